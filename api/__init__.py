@@ -1,0 +1,1 @@
+"""FastAPI control plane. Never imports trainer/ or evaluator/ (the API image has no torch)."""

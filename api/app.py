@@ -1,0 +1,70 @@
+"""The FastAPI application: routers combined in one place, problem details, size limit, metrics."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from fastapi import FastAPI
+from prometheus_client import Counter, Histogram
+
+from api import problems
+from api.routers import health, jobs, keys, scores
+from service.settings import get_settings
+
+REQUESTS = Counter("mathrl_http_requests_total", "HTTP requests", ["method", "route", "status"])
+LATENCY = Histogram(
+    "mathrl_http_request_seconds", "HTTP request latency", ["method", "route"],
+    buckets=(0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+)
+
+
+class LimitsAndMetrics:
+    """Pure ASGI middleware: refuse oversized bodies (413) and record Prometheus metrics."""
+
+    def __init__(self, app: Any, max_bytes: int) -> None:
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length = dict(scope.get("headers", [])).get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_bytes:
+            resp = problems.problem_response(
+                413, "Request too large", f"{problems.TOO_LARGE} Limit: {self.max_bytes} bytes.", scope["path"]
+            )
+            await resp(scope, receive, send)
+            return
+        start = time.perf_counter()
+        status = [500]
+
+        async def send_wrapper(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            route = getattr(scope.get("route"), "path", "unmatched")
+            REQUESTS.labels(scope["method"], route, str(status[0])).inc()
+            LATENCY.labels(scope["method"], route).observe(time.perf_counter() - start)
+
+
+def create_app() -> FastAPI:
+    settings = get_settings()
+    app = FastAPI(
+        title="mathrl",
+        version="0.1.0",
+        description="Train and evaluate math-reasoning language models with GRPO. "
+        "Authenticate with `Authorization: Bearer <key>`.",
+    )
+    for r in (jobs.router, scores.router, keys.router, health.router):
+        app.include_router(r)
+    problems.install(app)
+    app.add_middleware(LimitsAndMetrics, max_bytes=settings.max_request_bytes)
+    return app
+
+
+app = create_app()

@@ -1,0 +1,121 @@
+"""RFC 9457 problem details: every error a client can cause, with the field and the fix.
+
+Messages are named constants so the OpenAPI `responses=` and the handlers say the same thing.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from sqlalchemy.exc import DBAPIError, OperationalError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from mathrl.specs import JOB_KINDS
+
+log = logging.getLogger("mathrl.api")
+
+PROBLEM_JSON = "application/problem+json"
+JOB_NOT_FOUND = "No job with this id in your project."
+KEY_NOT_FOUND = "No API key with this id in your project."
+AUTH_MISSING = "Send your API key as 'Authorization: Bearer <key>' (create one with `mathrl keys create`)."
+AUTH_INVALID = "The API key is unknown, revoked or expired: create a new one with `mathrl keys create`."
+ADMIN_REQUIRED = "Creating a key for another project needs the operator's admin token."
+IDEMPOTENCY_CONFLICT = (
+    "This Idempotency-Key was used with a different request body: use a new key for a new job."
+)
+BAD_CURSOR = "The cursor is not one this API returned: pass next_cursor from the previous page."
+DB_UNAVAILABLE = "The database is unreachable right now; nothing was lost. Retry in a few seconds."
+TOO_LARGE = "The request body is larger than this server accepts."
+
+
+class Problem(Exception):
+    def __init__(
+        self, status: int, title: str, detail: str, errors: list[dict[str, Any]] | None = None,
+        headers: dict[str, str] | None = None,
+    ):
+        self.status, self.title, self.detail, self.errors, self.headers = status, title, detail, errors, headers
+
+
+def problem_response(
+    status: int, title: str, detail: str, instance: str = "", errors: list[dict[str, Any]] | None = None,
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
+    body: dict[str, Any] = {
+        "type": f"https://mathrl.dev/problems/{title.lower().replace(' ', '-')}",
+        "title": title,
+        "status": status,
+        "detail": detail,
+        "instance": instance,
+    }
+    if errors:
+        body["errors"] = errors
+    return JSONResponse(body, status_code=status, media_type=PROBLEM_JSON, headers=headers)
+
+
+def _pointer(loc: tuple[Any, ...]) -> str:
+    parts = list(loc)
+    if parts and parts[0] in ("body", "query", "path", "header"):
+        where = parts.pop(0)
+    else:
+        where = "body"
+    if where == "body" and parts and parts[0] in JOB_KINDS:
+        parts.pop(0)  # the discriminator tag pydantic adds for the union member
+    path = "/" + "/".join(str(p) for p in parts)
+    return path if where == "body" else f"{where}:{path}"
+
+
+def validation_errors(errors: Any) -> list[dict[str, Any]]:
+    out = []
+    for err in errors:
+        loc = tuple(err.get("loc", ()))
+        msg = str(err.get("msg", "invalid"))
+        ctx_error = (err.get("ctx") or {}).get("error")
+        field = getattr(ctx_error, "field", None)
+        if field:
+            loc = (*loc, field)
+        if msg.startswith("Value error, "):
+            msg = msg[len("Value error, "):]
+        if err.get("type") == "extra_forbidden":
+            msg = "unknown field: remove it or check its spelling against the spec (see /docs)"
+        elif err.get("type") == "union_tag_invalid":
+            msg = f"unknown job kind: use one of {', '.join(JOB_KINDS)}"
+        elif err.get("type") == "union_tag_not_found":
+            msg = f"'kind' is required: use one of {', '.join(JOB_KINDS)}"
+            loc = (*loc, "kind")
+        elif err.get("type") == "missing":
+            msg = "this field is required"
+        out.append({"pointer": _pointer(loc), "detail": msg, "type": err.get("type")})
+    return out
+
+
+def install(app: FastAPI) -> None:
+    @app.exception_handler(Problem)
+    async def _problem(request: Request, exc: Problem) -> JSONResponse:
+        return problem_response(exc.status, exc.title, exc.detail, request.url.path, exc.errors, exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = validation_errors(exc.errors())
+        first = errors[0] if errors else {"pointer": "/", "detail": "invalid"}
+        detail = f"{first['pointer']}: {first['detail']}" + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else "")
+        return problem_response(422, "Invalid request", detail, request.url.path, errors)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        title = {404: "Not found", 405: "Method not allowed", 413: "Request too large"}.get(exc.status_code, "Error")
+        return problem_response(exc.status_code, title, str(exc.detail), request.url.path, headers=exc.headers)
+
+    @app.exception_handler(OperationalError)
+    @app.exception_handler(DBAPIError)
+    async def _db_down(request: Request, exc: Exception) -> JSONResponse:
+        log.warning("database error on %s: %s", request.url.path, type(exc).__name__)
+        return problem_response(503, "Service unavailable", DB_UNAVAILABLE, request.url.path, headers={"Retry-After": "5"})
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s", request.url.path)
+        return problem_response(500, "Internal error", "An unexpected error; it has been logged.", request.url.path)

@@ -1,0 +1,258 @@
+"""/v1/jobs: submit, list, get, cancel; and each job's events, metrics, samples, checkpoints."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import re
+from collections import defaultdict
+from typing import Annotated, Any
+
+import anyio
+from fastapi import APIRouter, Body, Header, Query, Request, Response
+from fastapi.responses import StreamingResponse
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+
+from api.deps import CallerDep, SessionDep, SettingsDep
+from api.dispatch import dispatch
+from api.problems import BAD_CURSOR, IDEMPOTENCY_CONFLICT, JOB_NOT_FOUND, Problem
+from mathrl.presets import resolve_config
+from mathrl.schemas import (
+    CheckpointResponse,
+    EventResponse,
+    JobResponse,
+    JobStatus,
+    MetricPoint,
+    MetricSeries,
+    Page,
+    SampleResponse,
+)
+from mathrl.specs import JobSpec
+from store.db import get_sessionmaker
+from store.jobs import TERMINAL, request_cancel
+from store.models import Checkpoint, Event, Job, Metric, Sample
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+
+_UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+NOT_FOUND = {404: {"description": JOB_NOT_FOUND}}
+
+
+def _own_job(session: Any, project_id: str, job_id: str) -> Job:
+    job = session.get(Job, job_id) if _UUID.match(job_id) else None
+    if job is None or job.project_id != project_id:
+        raise Problem(404, "Not found", JOB_NOT_FOUND)
+    return job
+
+
+def _cursor(value: str | None) -> str | None:
+    if value is not None and not _UUID.match(value):
+        raise Problem(400, "Bad cursor", BAD_CURSOR, [{"pointer": "query:/cursor", "detail": BAD_CURSOR}])
+    return value
+
+
+@router.post(
+    "",
+    status_code=201,
+    response_model=JobResponse,
+    responses={409: {"description": IDEMPOTENCY_CONFLICT}, 422: {"description": "The spec is invalid."}},
+)
+def create_job(
+    spec: Annotated[JobSpec, Body()],
+    session: SessionDep,
+    caller: CallerDep,
+    settings: SettingsDep,
+    response: Response,
+    idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
+) -> Job:
+    """Submit a job. With an `Idempotency-Key`, resubmitting the same body returns the same job."""
+    body = spec.model_dump(mode="json")
+    request_hash = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+    if idempotency_key:
+        existing = session.scalar(
+            select(Job).where(Job.project_id == caller.project_id, Job.idempotency_key == idempotency_key)
+        )
+        if existing is not None:
+            return _replay(existing, request_hash, response)
+    job = Job(
+        project_id=caller.project_id, kind=spec.kind, name=spec.name, tags=spec.tags, spec=body,
+        resolved_config=resolve_config(spec), queue=spec.resources.queue, max_attempts=spec.max_attempts,
+        idempotency_key=idempotency_key, request_hash=request_hash,
+    )
+    session.add(job)
+    try:
+        session.flush()
+    except IntegrityError:  # a concurrent request with the same key won the race
+        session.rollback()
+        existing = session.scalar(
+            select(Job).where(Job.project_id == caller.project_id, Job.idempotency_key == idempotency_key)
+        )
+        if existing is None:
+            raise
+        return _replay(existing, request_hash, response)
+    session.add(Event(job_id=job.id, type="queued", message=f"queued on '{job.queue}'", level="info"))
+    session.commit()
+    dispatch(session, settings, job.id, job.queue)
+    return job
+
+
+def _replay(existing: Job, request_hash: str, response: Response) -> Job:
+    if existing.request_hash != request_hash:
+        raise Problem(409, "Conflict", IDEMPOTENCY_CONFLICT)
+    response.status_code = 200
+    response.headers["Idempotent-Replayed"] = "true"
+    return existing
+
+
+@router.get("", response_model=Page[JobResponse])
+def list_jobs(
+    session: SessionDep,
+    caller: CallerDep,
+    kind: str | None = None,
+    status: JobStatus | None = None,
+    tag: str | None = Query(None, max_length=64),
+    limit: int = Query(50, ge=1, le=500),
+    cursor: str | None = None,
+) -> dict[str, Any]:
+    """Jobs newest first. Follow `next_cursor` for the next page."""
+    q = select(Job).where(Job.project_id == caller.project_id)
+    if kind:
+        q = q.where(Job.kind == kind)
+    if status:
+        q = q.where(Job.status == status)
+    if (c := _cursor(cursor)) is not None:
+        q = q.where(Job.id < c)
+    q = q.order_by(Job.id.desc())
+    if tag:
+        # tags are a JSON list; filtering in Python keeps one query shape for SQLite and PostgreSQL
+        rows: list[Job] = []
+        for job in session.scalars(q.limit(limit * 20)):
+            if tag in (job.tags or []):
+                rows.append(job)
+                if len(rows) > limit:
+                    break
+    else:
+        rows = list(session.scalars(q.limit(limit + 1)))
+    more = len(rows) > limit
+    rows = rows[:limit]
+    return {"data": rows, "next_cursor": rows[-1].id if more and rows else None}
+
+
+@router.get("/{job_id}", response_model=JobResponse, responses=NOT_FOUND)
+def get_job(job_id: str, session: SessionDep, caller: CallerDep) -> Job:
+    return _own_job(session, caller.project_id, job_id)
+
+
+@router.post("/{job_id}/cancel", response_model=JobResponse, responses=NOT_FOUND)
+def cancel_job(job_id: str, session: SessionDep, caller: CallerDep) -> Job:
+    """Cancel: a queued job ends at once; a running one is stopped (SIGTERM, then SIGKILL)."""
+    job = _own_job(session, caller.project_id, job_id)
+    if job.status in TERMINAL:
+        return job
+    return request_cancel(session, job)
+
+
+@router.get("/{job_id}/events", response_model=Page[EventResponse], responses=NOT_FOUND)
+def list_events(
+    job_id: str, session: SessionDep, caller: CallerDep, after: int | None = Query(None, ge=0),
+    limit: int = Query(500, ge=1, le=5000),
+) -> dict[str, Any]:
+    """The event log in order. Pass the last `seq` you saw as `after`."""
+    _own_job(session, caller.project_id, job_id)
+    rows = _events_after(session, job_id, after, limit + 1)
+    more = len(rows) > limit
+    rows = rows[:limit]
+    return {"data": rows, "next_cursor": str(rows[-1].seq) if more else None}
+
+
+def _events_after(session: Any, job_id: str, after: int | None, limit: int) -> list[Event]:
+    q = select(Event).where(Event.job_id == job_id)
+    if after is not None:
+        q = q.where(Event.seq > after)
+    return list(session.scalars(q.order_by(Event.seq).limit(limit)))
+
+
+@router.get(
+    "/{job_id}/events/stream",
+    responses={**NOT_FOUND, 200: {"content": {"text/event-stream": {}}, "description": "Server-Sent Events"}},
+)
+def stream_events(
+    job_id: str, request: Request, session: SessionDep, caller: CallerDep, settings: SettingsDep,
+    after: int | None = Query(None, ge=0),
+) -> StreamingResponse:
+    """Server-Sent Events: every event as it is written; the stream ends when the job does."""
+    _own_job(session, caller.project_id, job_id)
+    url = settings.database.url
+
+    def poll(last: int | None) -> tuple[list[dict[str, Any]], bool]:
+        with get_sessionmaker(url)() as s:
+            rows = _events_after(s, job_id, last, 500)
+            status = s.scalar(select(Job.status).where(Job.id == job_id))
+            return [EventResponse.model_validate(r).model_dump(mode="json") for r in rows], status in TERMINAL
+
+    async def gen() -> Any:
+        last = after
+        idle = 0.0
+        while True:
+            rows, ended = await anyio.to_thread.run_sync(poll, last)
+            for row in rows:
+                last = row["seq"]
+                yield f"id: {row['seq']}\nevent: {row['type']}\ndata: {json.dumps(row)}\n\n"
+            if ended and not rows:
+                return
+            if await request.is_disconnected():
+                return
+            if rows:
+                idle = 0.0
+            else:
+                idle += 0.5
+                if idle >= 15:
+                    idle = 0.0
+                    yield ": keep-alive\n\n"
+                await asyncio.sleep(0.5)
+
+    return StreamingResponse(gen(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
+@router.get("/{job_id}/metrics", response_model=Page[MetricSeries], responses=NOT_FOUND)
+def get_metrics(
+    job_id: str, session: SessionDep, caller: CallerDep, name: str | None = Query(None, max_length=128),
+    after_step: int | None = Query(None, ge=-1),
+) -> dict[str, Any]:
+    """Series by name, ordered by step."""
+    _own_job(session, caller.project_id, job_id)
+    q = select(Metric).where(Metric.job_id == job_id)
+    if name:
+        q = q.where(Metric.name == name)
+    if after_step is not None:
+        q = q.where(Metric.step > after_step)
+    series: dict[str, list[MetricPoint]] = defaultdict(list)
+    for m in session.scalars(q.order_by(Metric.name, Metric.step)):
+        series[m.name].append(MetricPoint(step=m.step, value=m.value, time=m.time))
+    return {"data": [{"name": k, "points": v} for k, v in series.items()], "next_cursor": None}
+
+
+@router.get("/{job_id}/samples", response_model=Page[SampleResponse], responses=NOT_FOUND)
+def list_samples(
+    job_id: str, session: SessionDep, caller: CallerDep, step: int | None = None,
+    limit: int = Query(100, ge=1, le=1000), cursor: str | None = None,
+) -> dict[str, Any]:
+    _own_job(session, caller.project_id, job_id)
+    q = select(Sample).where(Sample.job_id == job_id)
+    if step is not None:
+        q = q.where(Sample.step == step)
+    if (c := _cursor(cursor)) is not None:
+        q = q.where(Sample.id > c)
+    rows = list(session.scalars(q.order_by(Sample.id).limit(limit + 1)))
+    more = len(rows) > limit
+    rows = rows[:limit]
+    return {"data": rows, "next_cursor": rows[-1].id if more else None}
+
+
+@router.get("/{job_id}/checkpoints", response_model=Page[CheckpointResponse], responses=NOT_FOUND)
+def list_checkpoints(job_id: str, session: SessionDep, caller: CallerDep) -> dict[str, Any]:
+    _own_job(session, caller.project_id, job_id)
+    rows = list(session.scalars(select(Checkpoint).where(Checkpoint.job_id == job_id).order_by(Checkpoint.step)))
+    return {"data": rows, "next_cursor": None}

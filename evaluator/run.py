@@ -1,0 +1,143 @@
+"""`run_eval(spec, sink)`: prompts -> generations -> grades -> scores and per-item records."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from evaluator import hf_backend, prompts
+from evaluator.benchmarks import Benchmark, get_benchmark
+from evaluator.data import Problem, load_benchmark, load_user_set
+from evaluator.grading import grade
+from evaluator.metrics import maj_at_k, pass_at_k, wilson_interval
+from evaluator.models import load_model, load_tokenizer
+from mathrl.sink import Sink
+from mathrl.specs import EvalSpec
+
+
+def run_eval(
+    spec: EvalSpec,
+    sink: Sink,
+    *,
+    model_path: str,
+    data_dir: str | None,
+    results_dir: Path | None = None,
+    model_ref: str | None = None,
+    checkpoint: str | None = None,
+) -> dict[str, float]:
+    """Evaluate and report through the sink. `model_path` is the resolved local path or hub id;
+    `model_ref` is what the user asked for (kept on every score)."""
+    bench, problems = _problems(spec, data_dir)
+    sink.event("loading", f"{len(problems)} problems from {bench.name} v{bench.version}; loading {model_path}")
+    t0 = time.monotonic()
+    tokenizer = load_tokenizer(model_path)
+    model = load_model(model_path, dtype=spec.dtype)
+    sink.event("loaded", f"model loaded in {time.monotonic() - t0:.1f}s")
+
+    shots = _shots(bench, data_dir, spec.few_shot)
+    texts = [prompts.render(bench.prompt, p.question, tokenizer, spec.system_prompt, shots) for p in problems]
+    s = spec.sampling
+    t1 = time.monotonic()
+    last = [0.0]
+
+    def on_batch(done: int, total: int) -> None:
+        if time.monotonic() - last[0] > 1.0 or done == total:
+            last[0] = time.monotonic()
+            sink.progress(done, total, f"generating ({done / max(time.monotonic() - t1, 1e-9):.2f} problems/s)")
+
+    gens = hf_backend.generate(
+        model, tokenizer, texts, max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p,
+        n=s.n, seed=s.seed, batch_size=spec.batch_size, on_batch=on_batch, should_stop=sink.should_stop,
+    )
+    gen_seconds = time.monotonic() - t1
+
+    items: list[dict[str, Any]] = []
+    per_problem_correct: list[list[bool]] = []
+    per_problem_answers: list[list[str | None]] = []
+    for p, text, outs in zip(problems, texts, gens):
+        verdicts = [grade(g.text, p.gold) for g in outs]
+        per_problem_correct.append([v.correct for v in verdicts])
+        per_problem_answers.append([v.extracted for v in verdicts])
+        for j, (g, v) in enumerate(zip(outs, verdicts)):
+            items.append({
+                "prompt": text,
+                "completion": g.text,
+                "data": {
+                    "problem": p.index, "sample": j, "gold": p.gold, "extracted": v.extracted,
+                    "correct": v.correct, "tokens": g.tokens, "truncated": g.truncated, **p.meta,
+                },
+            })
+    n_problems = len(problems)
+    values: dict[str, float] = {}
+    greedy_correct = sum(c[0] for c in per_problem_correct)
+    values["accuracy"] = greedy_correct / max(n_problems, 1)
+    intervals: dict[str, tuple[float, float]] = {"accuracy": wilson_interval(greedy_correct, n_problems)}
+    for k in spec.k:
+        if s.n > 1:
+            pk = [pass_at_k(s.n, sum(c), k) for c in per_problem_correct]
+            mk = [maj_at_k(a, c, k) for a, c in zip(per_problem_answers, per_problem_correct)]
+            values[f"pass@{k}"] = sum(pk) / max(n_problems, 1)
+            values[f"maj@{k}"] = sum(mk) / max(n_problems, 1)
+            intervals[f"maj@{k}"] = wilson_interval(int(sum(mk)), n_problems)
+    all_gens = [g for outs in gens for g in outs]
+    values["mean_completion_tokens"] = sum(g.tokens for g in all_gens) / max(len(all_gens), 1)
+    values["truncation_rate"] = sum(g.truncated for g in all_gens) / max(len(all_gens), 1)
+    values["problems_per_second"] = n_problems / max(gen_seconds, 1e-9)
+
+    sink.samples(None, items)
+    if results_dir is not None:
+        results_dir.mkdir(parents=True, exist_ok=True)
+        path = results_dir / "items.jsonl"
+        with path.open("w") as f:
+            for item in items:
+                f.write(json.dumps(item) + "\n")
+        sink.checkpoint(0, str(path), kind="results", data={"items": len(items)})
+
+    provenance = {
+        "model_ref": model_ref or model_path,
+        "checkpoint": checkpoint,
+        "benchmark": bench.name,
+        "benchmark_version": bench.version,
+        "n": n_problems,
+        "sampling": s.model_dump(),
+        "backend": hf_backend.BACKEND,
+        "backend_version": hf_backend.backend_version(),
+        "prompt_hash": prompts.template_hash(bench.prompt, spec.system_prompt, spec.few_shot, tokenizer.chat_template),
+        "seed": s.seed,
+    }
+    for metric, value in values.items():
+        low, high = intervals.get(metric, (None, None))
+        sink.score({**provenance, "metric": metric, "value": value, "ci_low": low, "ci_high": high})
+    sink.metrics(0, {f"eval/{k}": v for k, v in values.items()})
+    low, high = intervals["accuracy"]
+    sink.event(
+        "scored",
+        f"{bench.name}: accuracy {values['accuracy']:.1%} (95% CI {low:.1%}-{high:.1%}) on {n_problems} problems",
+        data=values,
+    )
+    return values
+
+
+def _problems(spec: EvalSpec, data_dir: str | None) -> tuple[Benchmark, list[Problem]]:
+    if spec.dataset is not None and spec.dataset.path is not None:
+        d = spec.dataset
+        bench = Benchmark(
+            name=f"custom:{Path(d.path).name}", version="user", hub_id="", hub_config=None, split="train",
+            local_file=None, question_field=d.question_field, answer_field=d.answer_field, gold_format="latex",
+            prompt="math",
+        )
+        return bench, load_user_set(Path(d.path), d.question_field, d.answer_field, spec.limit or d.limit)
+    bench = get_benchmark(spec.benchmark)
+    return bench, load_benchmark(bench, data_dir, spec.limit)
+
+
+def _shots(bench: Benchmark, data_dir: str | None, k: int) -> list[tuple[str, str]]:
+    if k == 0:
+        return []
+    train_name = {"gsm8k": "gsm8k-train", "math500": "math-train"}.get(bench.name)
+    if train_name is None:
+        return []
+    rows = load_benchmark(get_benchmark(train_name), data_dir, k)
+    return [(p.question, p.solution or p.gold) for p in rows]

@@ -1,0 +1,311 @@
+"""The Python SDK: `Client` (sync) and `AsyncClient`, over httpx.
+
+    from mathrl import Client
+    client = Client("http://127.0.0.1:8000", api_key="mrl_...")   # or MATHRL_URL / MATHRL_API_KEY
+    job = client.jobs.create({"kind": "eval", "model": "HuggingFaceTB/SmolLM2-135M-Instruct", "limit": 50})
+    for event in client.jobs.follow(job.id):
+        print(event.message)
+    print(client.scores.list(job_id=job.id))
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import httpx
+from pydantic import BaseModel
+
+from mathrl.schemas import (
+    TERMINAL_STATUSES,
+    CheckpointResponse,
+    EventResponse,
+    JobResponse,
+    KeyCreated,
+    MetricSeries,
+    SampleResponse,
+    ScoreResponse,
+)
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+
+
+class MathRLError(Exception):
+    """An error answer from the service, carrying its RFC 9457 problem details."""
+
+    def __init__(self, status: int, problem: dict[str, Any]):
+        self.status = status
+        self.problem = problem
+        self.title = problem.get("title", "error")
+        self.detail = problem.get("detail", "")
+        self.errors: list[dict[str, Any]] = problem.get("errors", [])
+        lines = [f"{status} {self.title}: {self.detail}"]
+        lines += [f"  {e.get('pointer', '')}: {e.get('detail', '')}" for e in self.errors]
+        super().__init__("\n".join(lines))
+
+
+def _spec_body(spec: Any) -> dict[str, Any]:
+    if isinstance(spec, BaseModel):
+        return spec.model_dump(mode="json", exclude_unset=True)
+    return dict(spec)
+
+
+def _raise_for(resp: httpx.Response) -> None:
+    if resp.status_code < 400:
+        return
+    try:
+        problem = resp.json()
+    except ValueError:
+        problem = {"title": resp.reason_phrase, "detail": resp.text[:500]}
+    raise MathRLError(resp.status_code, problem)
+
+
+def _params(**kw: Any) -> dict[str, Any]:
+    return {k: v for k, v in kw.items() if v is not None}
+
+
+def _parse_sse(lines: Iterator[str]) -> Iterator[EventResponse]:
+    data: list[str] = []
+    for line in lines:
+        if line.startswith("data:"):
+            data.append(line[5:].strip())
+        elif line == "" and data:
+            yield EventResponse.model_validate(json.loads("\n".join(data)))
+            data = []
+
+
+class _Base:
+    def __init__(self, base_url: str | None, api_key: str | None) -> None:
+        self.base_url = (base_url or os.environ.get("MATHRL_URL") or DEFAULT_URL).rstrip("/")
+        key = api_key or os.environ.get("MATHRL_API_KEY")
+        self.headers = {"Authorization": f"Bearer {key}"} if key else {}
+
+
+class Client(_Base):
+    def __init__(
+        self, base_url: str | None = None, api_key: str | None = None, timeout: float = 30.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        super().__init__(base_url, api_key)
+        self.http = httpx.Client(base_url=self.base_url, headers=self.headers, timeout=timeout, transport=transport)
+        self.jobs = Jobs(self)
+        self.scores = Scores(self)
+        self.keys = Keys(self)
+
+    def request(self, method: str, path: str, **kw: Any) -> Any:
+        resp = self.http.request(method, path, **kw)
+        _raise_for(resp)
+        return resp.json()
+
+    def close(self) -> None:
+        self.http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Jobs:
+    def __init__(self, client: Client) -> None:
+        self._c = client
+
+    def create(self, spec: Any, idempotency_key: str | None = None) -> JobResponse:
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+        return JobResponse.model_validate(self._c.request("POST", "/v1/jobs", json=_spec_body(spec), headers=headers))
+
+    def list(
+        self, kind: str | None = None, status: str | None = None, tag: str | None = None, page_size: int = 50
+    ) -> Iterator[JobResponse]:
+        """Every matching job, newest first, fetching pages as the iterator advances."""
+        cursor: str | None = None
+        while True:
+            page = self._c.request(
+                "GET", "/v1/jobs", params=_params(kind=kind, status=status, tag=tag, limit=page_size, cursor=cursor)
+            )
+            for row in page["data"]:
+                yield JobResponse.model_validate(row)
+            cursor = page["next_cursor"]
+            if not cursor:
+                return
+
+    def retrieve(self, job_id: str) -> JobResponse:
+        return JobResponse.model_validate(self._c.request("GET", f"/v1/jobs/{job_id}"))
+
+    def cancel(self, job_id: str) -> JobResponse:
+        return JobResponse.model_validate(self._c.request("POST", f"/v1/jobs/{job_id}/cancel"))
+
+    def events(self, job_id: str, after: int | None = None, limit: int = 500) -> list[EventResponse]:
+        page = self._c.request("GET", f"/v1/jobs/{job_id}/events", params=_params(after=after, limit=limit))
+        return [EventResponse.model_validate(e) for e in page["data"]]
+
+    def follow(self, job_id: str, after: int | None = None, timeout: float | None = None) -> Iterator[EventResponse]:
+        """Events as they happen (Server-Sent Events) until the job ends."""
+        with self._c.http.stream(
+            "GET", f"/v1/jobs/{job_id}/events/stream", params=_params(after=after),
+            timeout=httpx.Timeout(timeout or 30.0, read=timeout),
+        ) as resp:
+            if resp.status_code >= 400:
+                resp.read()
+                _raise_for(resp)
+            yield from _parse_sse(resp.iter_lines())
+
+    def metrics(self, job_id: str, name: str | None = None) -> list[MetricSeries]:
+        data = self._c.request("GET", f"/v1/jobs/{job_id}/metrics", params=_params(name=name))
+        return [MetricSeries.model_validate(s) for s in data["data"]]
+
+    def samples(self, job_id: str, step: int | None = None, limit: int = 100, cursor: str | None = None) -> list[SampleResponse]:
+        data = self._c.request("GET", f"/v1/jobs/{job_id}/samples", params=_params(step=step, limit=limit, cursor=cursor))
+        return [SampleResponse.model_validate(s) for s in data["data"]]
+
+    def checkpoints(self, job_id: str) -> list[CheckpointResponse]:
+        data = self._c.request("GET", f"/v1/jobs/{job_id}/checkpoints")
+        return [CheckpointResponse.model_validate(s) for s in data["data"]]
+
+    def wait(self, job_id: str, timeout: float = 3600.0, poll: float = 1.0) -> JobResponse:
+        """Block until the job reaches a terminal status (raises TimeoutError)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            job = self.retrieve(job_id)
+            if job.status in TERMINAL_STATUSES:
+                return job
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"job {job_id} still {job.status} after {timeout:.0f}s")
+            time.sleep(poll)
+
+
+class Scores:
+    def __init__(self, client: Client) -> None:
+        self._c = client
+
+    def list(
+        self, model: str | None = None, benchmark: str | None = None, job_id: str | None = None, limit: int = 200
+    ) -> list[ScoreResponse]:
+        data = self._c.request(
+            "GET", "/v1/scores", params=_params(model=model, benchmark=benchmark, job_id=job_id, limit=limit)
+        )
+        return [ScoreResponse.model_validate(s) for s in data["data"]]
+
+
+class Keys:
+    def __init__(self, client: Client) -> None:
+        self._c = client
+
+    def create(
+        self, name: str | None = None, project: str | None = None, expires_in_days: int | None = None,
+        admin_token: str | None = None,
+    ) -> KeyCreated:
+        headers = {"Authorization": f"Bearer {admin_token}"} if admin_token else {}
+        body = _params(name=name, project=project, expires_in_days=expires_in_days)
+        return KeyCreated.model_validate(self._c.request("POST", "/v1/keys", json=body, headers=headers))
+
+    def revoke(self, key_id: str) -> None:
+        self._c.request("DELETE", f"/v1/keys/{key_id}")
+
+
+class AsyncClient(_Base):
+    """The same calls as `Client`, awaitable. `client.jobs.follow` is an async iterator."""
+
+    def __init__(
+        self, base_url: str | None = None, api_key: str | None = None, timeout: float = 30.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        super().__init__(base_url, api_key)
+        self.http = httpx.AsyncClient(base_url=self.base_url, headers=self.headers, timeout=timeout, transport=transport)
+        self.jobs = AsyncJobs(self)
+        self.scores = AsyncScores(self)
+
+    async def request(self, method: str, path: str, **kw: Any) -> Any:
+        resp = await self.http.request(method, path, **kw)
+        _raise_for(resp)
+        return resp.json()
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+class AsyncJobs:
+    def __init__(self, client: AsyncClient) -> None:
+        self._c = client
+
+    async def create(self, spec: Any, idempotency_key: str | None = None) -> JobResponse:
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+        return JobResponse.model_validate(await self._c.request("POST", "/v1/jobs", json=_spec_body(spec), headers=headers))
+
+    async def list(
+        self, kind: str | None = None, status: str | None = None, tag: str | None = None, page_size: int = 50
+    ) -> AsyncIterator[JobResponse]:
+        cursor: str | None = None
+        while True:
+            page = await self._c.request(
+                "GET", "/v1/jobs", params=_params(kind=kind, status=status, tag=tag, limit=page_size, cursor=cursor)
+            )
+            for row in page["data"]:
+                yield JobResponse.model_validate(row)
+            cursor = page["next_cursor"]
+            if not cursor:
+                return
+
+    async def retrieve(self, job_id: str) -> JobResponse:
+        return JobResponse.model_validate(await self._c.request("GET", f"/v1/jobs/{job_id}"))
+
+    async def cancel(self, job_id: str) -> JobResponse:
+        return JobResponse.model_validate(await self._c.request("POST", f"/v1/jobs/{job_id}/cancel"))
+
+    async def events(self, job_id: str, after: int | None = None, limit: int = 500) -> list[EventResponse]:
+        page = await self._c.request("GET", f"/v1/jobs/{job_id}/events", params=_params(after=after, limit=limit))
+        return [EventResponse.model_validate(e) for e in page["data"]]
+
+    async def follow(self, job_id: str, after: int | None = None) -> AsyncIterator[EventResponse]:
+        async with self._c.http.stream(
+            "GET", f"/v1/jobs/{job_id}/events/stream", params=_params(after=after), timeout=httpx.Timeout(30.0, read=None)
+        ) as resp:
+            if resp.status_code >= 400:
+                await resp.aread()
+                _raise_for(resp)
+            data: list[str] = []
+            async for line in resp.aiter_lines():
+                if line.startswith("data:"):
+                    data.append(line[5:].strip())
+                elif line == "" and data:
+                    yield EventResponse.model_validate(json.loads("\n".join(data)))
+                    data = []
+
+    async def metrics(self, job_id: str, name: str | None = None) -> list[MetricSeries]:
+        data = await self._c.request("GET", f"/v1/jobs/{job_id}/metrics", params=_params(name=name))
+        return [MetricSeries.model_validate(s) for s in data["data"]]
+
+    async def wait(self, job_id: str, timeout: float = 3600.0, poll: float = 1.0) -> JobResponse:
+        import asyncio
+
+        deadline = time.monotonic() + timeout
+        while True:
+            job = await self.retrieve(job_id)
+            if job.status in TERMINAL_STATUSES:
+                return job
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"job {job_id} still {job.status} after {timeout:.0f}s")
+            await asyncio.sleep(poll)
+
+
+class AsyncScores:
+    def __init__(self, client: AsyncClient) -> None:
+        self._c = client
+
+    async def list(
+        self, model: str | None = None, benchmark: str | None = None, job_id: str | None = None, limit: int = 200
+    ) -> list[ScoreResponse]:
+        data = await self._c.request(
+            "GET", "/v1/scores", params=_params(model=model, benchmark=benchmark, job_id=job_id, limit=limit)
+        )
+        return [ScoreResponse.model_validate(s) for s in data["data"]]

@@ -1,0 +1,115 @@
+"""GRPO presets and their resolution into one concrete config.
+
+A preset names exactly the values it sets. Resolution order: TRL's defaults, then the
+preset, then every field the user set explicitly. The result is what the run stores.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from mathrl.specs import GRPOSpec
+
+
+def _err(field: str, message: str) -> ValueError:
+    from mathrl.specs import FieldError
+
+    return FieldError(field, message)
+
+# TRL 1.16 GRPOConfig defaults for the knobs a spec can reach (checked against the
+# installed TRL by tests/test_specs.py::test_trl_defaults_match_trl).
+TRL_DEFAULTS: dict[str, Any] = {
+    "learning_rate": 1e-6,
+    "beta": 0.0,
+    "num_generations": 8,
+    "max_prompt_length": 512,
+    "max_completion_length": 512,
+    "per_device_train_batch_size": 8,
+    "global_batch_size": None,  # None: one micro-batch per device, no accumulation
+    "num_iterations": 1,
+    "loss_type": "dapo",
+    "epsilon": 0.2,
+    "epsilon_high": None,
+    "delta": None,
+    "importance_sampling_level": "token",
+    "scale_rewards": "group",
+    "mask_truncated_completions": False,
+    "temperature": 1.0,
+    "top_p": 1.0,
+    "vllm_mode": "colocate",
+}
+
+# DeepSeekMath (Shao et al. 2024), section 4.2: policy lr 1e-6, KL coefficient 0.04,
+# 64 outputs per question, max length 1024, training batch 1024, a single policy update
+# per exploration stage; the original GRPO loss with per-group reward normalisation.
+PRESETS: dict[str, dict[str, Any]] = {
+    "trl-default": {},
+    "deepseekmath": {
+        "learning_rate": 1e-6,
+        "beta": 0.04,
+        "num_generations": 64,
+        "max_completion_length": 1024,
+        "global_batch_size": 1024,
+        "per_device_train_batch_size": 16,
+        "num_iterations": 1,
+        "loss_type": "grpo",
+        "scale_rewards": "group",
+        "epsilon": 0.2,
+    },
+}
+
+KNOBS: tuple[str, ...] = tuple(TRL_DEFAULTS)
+
+
+def resolve_grpo(spec: GRPOSpec) -> dict[str, Any]:
+    """Return every knob with its concrete value; raise ValueError saying how to fix it."""
+    values: dict[str, Any] = dict(TRL_DEFAULTS)
+    values.update(PRESETS[spec.preset])
+    for knob in KNOBS:
+        explicit = getattr(spec, knob)
+        if explicit is not None:
+            values[knob] = explicit
+
+    world = max(spec.resources.gpus, 1)
+    g = values["num_generations"]
+    per_device = values["per_device_train_batch_size"]
+    if g < 2:
+        raise _err("num_generations", f"num_generations={g}: GRPO normalises rewards within a group, so it needs at least 2"
+        )
+    if values["beta"] < 0:
+        raise _err("beta", f"beta={values['beta']} is negative: the KL coefficient must be >= 0 (0 disables KL)")
+    eps = values["epsilon"]
+    if values["epsilon_high"] is not None and values["epsilon_high"] < eps:
+        raise _err("epsilon_high", f"epsilon_high={values['epsilon_high']} is below epsilon={eps}: raise it or drop it")
+    if values["delta"] is not None and values["delta"] <= 1 + eps:
+        raise _err("delta", f"delta={values['delta']} must exceed 1 + epsilon = {1 + eps}: raise delta or drop it")
+
+    micro = per_device * world
+    global_batch = values["global_batch_size"] or micro
+    if global_batch % micro:
+        raise _err(
+            "global_batch_size",
+            f"global_batch_size={global_batch} is not a multiple of per_device_train_batch_size x GPUs "
+            f"= {per_device} x {world} = {micro}: change either so it divides"
+        )
+    if global_batch % g:
+        raise _err(
+            "num_generations",
+            f"the batch of {global_batch} completions is not divisible by num_generations={g}: "
+            f"every question needs its whole group; use a batch that is a multiple of {g}"
+        )
+    values["global_batch_size"] = global_batch
+    values["gradient_accumulation_steps"] = global_batch // micro
+    values["questions_per_step"] = global_batch // g
+    values["world_size"] = world
+    values["preset"] = spec.preset
+    return values
+
+
+def resolve_config(spec: Any) -> dict[str, Any]:
+    """The concrete configuration a job runs with, stored on the job row at submit time."""
+    config: dict[str, Any] = spec.model_dump(mode="json")
+    if spec.kind == "grpo":
+        config.update(resolve_grpo(spec))
+    return config

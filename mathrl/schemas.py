@@ -1,0 +1,133 @@
+"""Response schemas of the REST API (what the SDK receives)."""
+
+from __future__ import annotations
+
+from datetime import UTC
+from datetime import datetime as _datetime
+from typing import Annotated, Any, Generic, Literal, TypeVar
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+# SQLite hands back naive datetimes; every time the service stores is UTC.
+datetime = Annotated[_datetime, AfterValidator(lambda d: d if d.tzinfo else d.replace(tzinfo=UTC))]
+
+JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+TERMINAL_STATUSES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
+
+T = TypeVar("T")
+
+
+class _Out(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+
+class JobResponse(_Out):
+    id: str
+    project_id: str
+    kind: str
+    name: str | None
+    status: JobStatus
+    tags: list[str]
+    spec: dict[str, Any] = Field(description="The spec as submitted (validated, defaults filled).")
+    resolved_config: dict[str, Any] | None = Field(description="Every hyperparameter as the run uses it.")
+    queue: str
+    attempts: int
+    max_attempts: int
+    cancel_requested: bool
+    error: str | None
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+
+
+class Page(_Out, Generic[T]):
+    data: list[T]
+    next_cursor: str | None = Field(description="Pass as ?cursor= for the next page; null at the end.")
+
+
+class EventResponse(_Out):
+    seq: int
+    job_id: str
+    time: datetime
+    level: Literal["debug", "info", "warning", "error"]
+    type: str
+    message: str
+    data: dict[str, Any] | None
+
+
+class MetricPoint(_Out):
+    step: int
+    value: float
+    time: datetime
+
+
+class MetricSeries(_Out):
+    name: str
+    points: list[MetricPoint]
+
+
+class SampleResponse(_Out):
+    id: str
+    job_id: str
+    step: int | None
+    index: int
+    prompt: str
+    completion: str
+    data: dict[str, Any] | None
+
+
+class CheckpointResponse(_Out):
+    id: str
+    job_id: str
+    step: int
+    uri: str
+    kind: str
+    created_at: datetime
+    data: dict[str, Any] | None
+
+
+class ScoreResponse(_Out):
+    id: str
+    job_id: str
+    model_ref: str
+    checkpoint: str | None
+    benchmark: str
+    benchmark_version: str
+    metric: str
+    value: float
+    ci_low: float | None
+    ci_high: float | None
+    n: int
+    sampling: dict[str, Any]
+    backend: str
+    backend_version: str
+    prompt_hash: str | None
+    seed: int | None
+    created_at: datetime
+
+
+class KeyResponse(_Out):
+    id: str
+    project_id: str
+    project: str
+    name: str | None
+    prefix: str
+    created_at: datetime
+    expires_at: datetime | None
+    revoked_at: datetime | None
+
+
+class KeyCreated(KeyResponse):
+    key: str = Field(description="The secret. Shown once; only its hash is stored.")
+
+
+class KeyCreateRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str | None = Field(None, max_length=200)
+    project: str | None = Field(
+        None,
+        max_length=100,
+        pattern=r"^[a-z0-9][a-z0-9-]*$",
+        description="Another project (created if new): needs the operator's admin token.",
+    )
+    expires_in_days: int | None = Field(None, ge=1, le=3650)

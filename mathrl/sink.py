@@ -1,0 +1,65 @@
+"""The sink: how a trainer or evaluator reports what happens, without knowing where it goes.
+
+The worker passes a sink that writes to the database; `mathrl eval` run locally passes one
+that prints. Trainer and evaluator depend only on this protocol.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+
+class Sink(Protocol):
+    def event(self, type: str, message: str = "", level: str = "info", data: dict[str, Any] | None = None) -> None:
+        """A line in the job's event log."""
+
+    def progress(self, done: int, total: int, message: str = "") -> None:
+        """Progress of the current phase (throttled by the sink)."""
+
+    def metrics(self, step: int, values: dict[str, float]) -> None:
+        """Scalar metrics at a step. Writing the same (name, step) twice keeps the first."""
+
+    def samples(self, step: int | None, items: list[dict[str, Any]]) -> None:
+        """Completions: each item has 'prompt', 'completion' and optional 'data'."""
+
+    def checkpoint(self, step: int, uri: str, kind: str = "checkpoint", data: dict[str, Any] | None = None) -> None:
+        """A saved checkpoint or artifact."""
+
+    def score(self, record: dict[str, Any]) -> None:
+        """A benchmark score with its provenance (see store.models.BenchmarkScore)."""
+
+    def should_stop(self) -> bool:
+        """True when the job was asked to stop; checked between steps."""
+
+
+class PrintSink:
+    """For local runs with no service: events and scores go to the terminal via rich."""
+
+    def __init__(self) -> None:
+        from rich.console import Console
+
+        self.console = Console(stderr=True)
+        self.scores: list[dict[str, Any]] = []
+        self.items: list[dict[str, Any]] = []
+
+    def event(self, type: str, message: str = "", level: str = "info", data: dict[str, Any] | None = None) -> None:
+        self.console.print(f"[dim]{type}[/dim] {message}")
+
+    def progress(self, done: int, total: int, message: str = "") -> None:
+        self.console.print(f"[dim]progress[/dim] {done}/{total} {message}")
+
+    def metrics(self, step: int, values: dict[str, float]) -> None:
+        shown = ", ".join(f"{k}={v:.4g}" for k, v in sorted(values.items()))
+        self.console.print(f"[dim]step {step}[/dim] {shown}")
+
+    def samples(self, step: int | None, items: list[dict[str, Any]]) -> None:
+        self.items.extend(items)
+
+    def checkpoint(self, step: int, uri: str, kind: str = "checkpoint", data: dict[str, Any] | None = None) -> None:
+        self.console.print(f"[dim]{kind}[/dim] step {step}: {uri}")
+
+    def score(self, record: dict[str, Any]) -> None:
+        self.scores.append(record)
+
+    def should_stop(self) -> bool:
+        return False

@@ -1,0 +1,277 @@
+"""Job specs: what a user submits, validated the same way by the SDK, the API and the worker.
+
+A spec is discriminated by ``kind``. Every field carries a description (it becomes the
+OpenAPI documentation) and every impossible setting fails with a message that says how
+to fix it. GRPO knobs left unset are filled by a preset (see ``mathrl.presets``); the
+run stores the fully resolved values, never the preset name alone.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    field_validator,
+    model_validator,
+)
+
+# A model reference: a hub id ("org/name"), a local path ("/models/x", "./x"), or the
+# output of another job ("job:<id>" or "job:<id>@step-200").
+_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
+_JOB_REF = re.compile(r"^job:[A-Za-z0-9_-]+(@(step-\d+|latest|final))?$")
+
+
+def check_model_ref(value: str) -> str:
+    value = value.strip()
+    if not value:
+        raise ValueError("must not be empty: give a hub id such as 'Qwen/Qwen2.5-0.5B', a path, or 'job:<id>'")
+    if value.startswith("job:"):
+        if not _JOB_REF.match(value):
+            raise ValueError(
+                f"{value!r} is not a job reference: write 'job:<id>', 'job:<id>@step-200' or 'job:<id>@final'"
+            )
+        return value
+    if value.startswith(("/", "./", "../", "~")):
+        return value
+    if "://" in value:
+        raise ValueError(f"{value!r}: URLs are not accepted; use a hub id, a path under a configured root, or 'job:<id>'")
+    if not _HUB_ID.match(value):
+        raise ValueError(f"{value!r} is not a hub id ('org/name'), an absolute path, or 'job:<id>'")
+    return value
+
+
+ModelRef = Annotated[
+    str,
+    AfterValidator(check_model_ref),
+    Field(
+        min_length=1,
+        max_length=512,
+        description="Hub id ('org/name'), a local path, or another job's output ('job:<id>[@step-N]').",
+        examples=["HuggingFaceTB/SmolLM2-135M-Instruct"],
+    ),
+]
+
+
+class FieldError(ValueError):
+    """A cross-field error that knows which field to blame (the API's problem details point at it)."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(message)
+        self.field = field
+
+
+class StrictModel(BaseModel):
+    """Unknown fields are errors: a typo must not be silently ignored."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class Resources(StrictModel):
+    gpus: int = Field(0, ge=0, le=64, description="GPUs for the job; picks the worker queue ('cpu' or 'gpu-N').")
+    gpu_type: str | None = Field(None, max_length=64, description="Optional GPU type label, e.g. 'h100'.")
+
+    @property
+    def queue(self) -> str:
+        return "cpu" if self.gpus == 0 else f"gpu-{self.gpus}"
+
+
+class Sampling(StrictModel):
+    temperature: float = Field(0.0, ge=0.0, le=5.0, description="0 means greedy decoding.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
+    max_new_tokens: int = Field(512, ge=1, le=32768, description="Completion length limit in tokens.")
+    n: int = Field(1, ge=1, le=1024, description="Samples per problem (pass@k and maj@k need n >= k).")
+    seed: int = Field(0, ge=0, description="Sampling seed.")
+
+    @model_validator(mode="after")
+    def _greedy_single(self) -> Sampling:
+        if self.temperature == 0.0 and self.n > 1:
+            raise FieldError("n", "n > 1 needs temperature > 0: greedy decoding gives n identical samples")
+        return self
+
+
+class DatasetRef(StrictModel):
+    """Training or evaluation questions: a registered benchmark/split, or a user file."""
+
+    name: str | None = Field(None, max_length=128, description="Registered dataset, e.g. 'gsm8k' or 'math'.")
+    split: str = Field("train", max_length=32, description="Split of the registered dataset.")
+    path: str | None = Field(None, max_length=1024, description="A jsonl/parquet file under a configured data root.")
+    question_field: str = Field("question", max_length=64, description="Field holding the question (user files).")
+    answer_field: str = Field("answer", max_length=64, description="Field holding the gold answer (user files).")
+    limit: int | None = Field(None, ge=1, description="Use only the first N rows.")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> DatasetRef:
+        if (self.name is None) == (self.path is None):
+            raise FieldError("name", "give exactly one of 'name' (a registered dataset) or 'path' (a user file)")
+        return self
+
+
+class RewardRef(StrictModel):
+    name: str = Field(..., min_length=1, max_length=64, description="A registered reward function.")
+    weight: float = Field(1.0, ge=-100, le=100, description="Weight of this reward in the sum.")
+    model: ModelRef | None = Field(None, description="For 'reward_model': the RM (a path or 'job:<id>').")
+
+    @model_validator(mode="after")
+    def _model_only_for_rm(self) -> RewardRef:
+        if self.name == "reward_model" and self.model is None:
+            raise FieldError("model", "the 'reward_model' reward needs 'model': an RM path or 'job:<rm-job-id>'")
+        if self.name != "reward_model" and self.model is not None:
+            raise FieldError("model", f"'model' is only for the 'reward_model' reward, not {self.name!r}: remove it")
+        return self
+
+
+class LoRA(StrictModel):
+    enabled: bool = Field(True, description="Train LoRA adapters instead of all weights.")
+    r: int = Field(16, ge=1, le=1024, description="LoRA rank.")
+    alpha: int = Field(32, ge=1, le=4096, description="LoRA alpha.")
+    dropout: float = Field(0.05, ge=0.0, lt=1.0, description="LoRA dropout.")
+    target_modules: list[str] | Literal["all-linear"] = Field("all-linear", description="Modules to adapt.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _options_need_lora(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("enabled") is False:
+            extra = sorted(k for k in data if k != "enabled")
+            if extra:
+                raise FieldError(extra[0], f"LoRA options {extra} given with enabled=false: remove them or set enabled=true")
+        return data
+
+
+class _JobBase(StrictModel):
+    name: str | None = Field(None, max_length=200, description="A human-readable name.")
+    tags: list[Annotated[str, Field(min_length=1, max_length=64)]] = Field(
+        default_factory=list, max_length=32, description="Free labels; jobs can be listed by tag."
+    )
+    resources: Resources = Field(default_factory=Resources)  # type: ignore[arg-type]
+    max_attempts: int = Field(3, ge=1, le=20, description="Deliveries before the job fails for good.")
+
+    @field_validator("tags")
+    @classmethod
+    def _tags_plain(cls, tags: list[str]) -> list[str]:
+        for tag in tags:
+            if not re.match(r"^[A-Za-z0-9._:=-]+$", tag):
+                raise ValueError(f"tag {tag!r} may hold only letters, digits and . _ : = -")
+        return tags
+
+
+class EvalSpec(_JobBase):
+    kind: Literal["eval"] = "eval"
+    model: ModelRef
+    benchmark: str = Field("gsm8k", min_length=1, max_length=128, description="A registered benchmark.")
+    dataset: DatasetRef | None = Field(None, description="A user set instead of a registered benchmark.")
+    limit: int | None = Field(None, ge=1, le=1_000_000, description="Evaluate only the first N problems.")
+    backend: Literal["hf", "vllm"] = Field("hf", description="Generation backend.")
+    batch_size: int = Field(16, ge=1, le=4096, description="Prompts per generation batch (hf backend).")
+    sampling: Sampling = Field(default_factory=Sampling)  # type: ignore[arg-type]
+    k: list[int] = Field(default_factory=lambda: [1], description="k values for pass@k and maj@k.")
+    few_shot: int = Field(0, ge=0, le=16, description="Worked examples put before each question.")
+    system_prompt: str | None = Field(None, max_length=4000, description="Overrides the benchmark's system prompt.")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field("auto", description="Model weights dtype.")
+
+    @model_validator(mode="after")
+    def _k_fits_n(self) -> EvalSpec:
+        for k in self.k:
+            if k < 1 or k > self.sampling.n:
+                raise FieldError("k", f"k={k} needs sampling.n >= {k}: raise sampling.n or drop k={k}")
+        return self
+
+
+LossType = Literal["grpo", "dapo", "dr_grpo", "bnpo", "cispo", "sapo"]
+
+
+class GRPOSpec(_JobBase):
+    """GRPO policy training. Knobs left as null take the preset's value (or TRL's default)."""
+
+    kind: Literal["grpo"] = "grpo"
+    model: ModelRef
+    preset: Literal["deepseekmath", "trl-default"] = Field(
+        "trl-default", description="Fills every knob left unset; explicit fields override it."
+    )
+    dataset: DatasetRef = Field(..., description="Training questions with gold answers.")
+    rewards: list[RewardRef] = Field(
+        default_factory=lambda: [RewardRef(name="accuracy")], min_length=1, max_length=16
+    )
+    max_steps: int = Field(100, ge=1, le=10_000_000, description="Optimizer steps.")
+    learning_rate: float | None = Field(None, gt=0, le=1.0)
+    beta: float | None = Field(None, description="KL coefficient to the frozen reference policy.")
+    num_generations: int | None = Field(None, description="Group size G: completions per question.")
+    max_prompt_length: int | None = Field(None, ge=1, le=131072)
+    max_completion_length: int | None = Field(None, ge=1, le=131072)
+    per_device_train_batch_size: int | None = Field(None, ge=1, le=65536, description="Completions per device per micro-step.")
+    global_batch_size: int | None = Field(
+        None, ge=1, description="Completions per optimizer step over all devices; sets gradient accumulation."
+    )
+    num_iterations: int | None = Field(None, ge=1, le=64, description="Policy updates per generation round.")
+    loss_type: LossType | None = None
+    epsilon: float | None = Field(None, gt=0, lt=1, description="Lower clip range.")
+    epsilon_high: float | None = Field(None, gt=0, lt=10, description="Upper clip range (DAPO clip-higher).")
+    delta: float | None = Field(None, description="Two-sided clipping bound; must exceed 1 + epsilon.")
+    importance_sampling_level: Literal["token", "sequence"] | None = None
+    scale_rewards: Literal["group", "batch", "none"] | None = None
+    mask_truncated_completions: bool | None = None
+    temperature: float | None = Field(None, gt=0, le=5)
+    top_p: float | None = Field(None, gt=0, le=1)
+    lora: LoRA | None = Field(None, description="Train LoRA adapters through peft.")
+    use_vllm: bool = Field(False, description="Generate with vLLM (needs a GPU worker).")
+    vllm_mode: Literal["colocate", "server"] | None = None
+    deepspeed_zero3: bool = Field(False, description="Shard with DeepSpeed ZeRO-3 (multi-GPU).")
+    logging_steps: int = Field(1, ge=1)
+    save_steps: int = Field(50, ge=1, description="Checkpoint every N steps.")
+    sample_every: int = Field(10, ge=1, description="Store sampled completions every N steps.")
+    seed: int = Field(42, ge=0)
+
+    @model_validator(mode="after")
+    def _resolvable(self) -> GRPOSpec:
+        from mathrl.presets import resolve_grpo  # local import: presets imports this module
+
+        resolve_grpo(self)  # raises ValueError with a fix-it message
+        if self.vllm_mode is not None and not self.use_vllm:
+            raise FieldError("vllm_mode", "vllm_mode is set but use_vllm is false: set use_vllm=true or drop vllm_mode")
+        if self.deepspeed_zero3 and self.resources.gpus < 2:
+            raise FieldError("deepspeed_zero3", "deepspeed_zero3 shards over several GPUs: set resources.gpus >= 2 or drop it")
+        return self
+
+
+class RewardModelSpec(_JobBase):
+    """Reward-model training: sample, label automatically (Math-Shepherd), train."""
+
+    kind: Literal["reward_model"] = "reward_model"
+    model: ModelRef = Field(..., description="Base model the RM is trained from.")
+    policy: ModelRef | None = Field(None, description="Model that samples solutions; defaults to 'model'.")
+    type: Literal["outcome", "process"] = Field("outcome", description="Outcome (ORM) or process (PRM) labels.")
+    dataset: DatasetRef
+    samples_per_question: int = Field(8, ge=2, le=1024, description="Solutions sampled per question.")
+    completions_per_step: int = Field(4, ge=1, le=256, description="Process RM: rollouts from each step prefix.")
+    learning_rate: float = Field(2e-5, gt=0, le=1.0)
+    num_train_epochs: float = Field(1.0, gt=0, le=100)
+    per_device_train_batch_size: int = Field(8, ge=1, le=65536)
+    max_length: int = Field(1024, ge=16, le=131072)
+    heldout_fraction: float = Field(0.1, gt=0, lt=1, description="Questions kept for pairwise and best-of-N accuracy.")
+    sampling: Sampling = Field(
+        default_factory=lambda: Sampling(temperature=0.7, n=8, max_new_tokens=512)  # type: ignore[call-arg]
+    )
+    lora: LoRA | None = None
+    seed: int = Field(42, ge=0)
+
+    @model_validator(mode="after")
+    def _process_needs_steps(self) -> RewardModelSpec:
+        if self.type == "outcome" and "completions_per_step" in self.model_fields_set:
+            raise FieldError("completions_per_step", "completions_per_step is for type='process': remove it or set type='process'")
+        return self
+
+
+JobSpec = Annotated[Union[EvalSpec, GRPOSpec, RewardModelSpec], Field(discriminator="kind")]
+JOB_KINDS: tuple[str, ...] = ("eval", "grpo", "reward_model")
+
+_adapter: TypeAdapter[EvalSpec | GRPOSpec | RewardModelSpec] = TypeAdapter(JobSpec)
+
+
+def parse_spec(data: Any) -> EvalSpec | GRPOSpec | RewardModelSpec:
+    """Validate a spec from plain data (raises pydantic.ValidationError)."""
+    return _adapter.validate_python(data)

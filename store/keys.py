@@ -1,0 +1,65 @@
+"""API keys: random secrets, stored only as SHA-256 hashes, each bound to one project."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from datetime import timedelta
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from store.models import ApiKey, Project, utcnow
+
+
+def hash_key(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def get_or_create_project(session: Session, name: str) -> Project:
+    project = session.scalar(select(Project).where(Project.name == name))
+    if project is None:
+        project = Project(name=name)
+        session.add(project)
+        session.flush()
+    return project
+
+
+def create_key(
+    session: Session, project: Project, name: str | None = None, expires_in_days: int | None = None,
+    prefix: str = "mrl_",
+) -> tuple[ApiKey, str]:
+    """Returns the row and the secret (shown once, never stored)."""
+    secret = prefix + secrets.token_urlsafe(32)
+    row = ApiKey(
+        project_id=project.id, name=name, prefix=secret[: len(prefix) + 6], hash=hash_key(secret),
+        expires_at=utcnow() + timedelta(days=expires_in_days) if expires_in_days else None,
+    )
+    session.add(row)
+    session.flush()
+    return row, secret
+
+
+def authenticate(session: Session, secret: str) -> tuple[ApiKey, Project] | None:
+    row = session.execute(
+        select(ApiKey, Project).join(Project, Project.id == ApiKey.project_id).where(ApiKey.hash == hash_key(secret))
+    ).first()
+    if row is None:
+        return None
+    key, project = row
+    now = utcnow()
+    if key.revoked_at is not None:
+        return None
+    if key.expires_at is not None and key.expires_at.replace(tzinfo=now.tzinfo) <= now:
+        return None
+    return key, project
+
+
+def revoke(session: Session, project_id: str, key_id: str) -> bool:
+    result = session.execute(
+        update(ApiKey)
+        .where(ApiKey.id == key_id, ApiKey.project_id == project_id, ApiKey.revoked_at.is_(None))
+        .values(revoked_at=utcnow())
+        .execution_options(synchronize_session=False)
+    )
+    return result.rowcount == 1  # type: ignore[attr-defined]

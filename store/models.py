@@ -1,0 +1,163 @@
+"""Tables. The database is the source of truth for every job; Celery only delivers."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from store.ids import uuid7
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {
+        dict[str, Any]: JSON,
+        list[str]: JSON,
+        datetime: DateTime(timezone=True),
+    }
+
+
+class Project(Base):
+    __tablename__ = "projects"
+    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=uuid7)
+    name: Mapped[str] = mapped_column(String(100), unique=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    # Quotas (issue 8 enforces them; stored per project so an operator can raise one).
+    max_concurrent_jobs: Mapped[int] = mapped_column(Integer, default=16)
+
+
+class ApiKey(Base):
+    __tablename__ = "api_keys"
+    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=uuid7)
+    project_id: Mapped[str] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str | None] = mapped_column(String(200))
+    prefix: Mapped[str] = mapped_column(String(16))
+    hash: Mapped[str] = mapped_column(String(64), unique=True)  # sha256 hex of the secret
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    expires_at: Mapped[datetime | None] = mapped_column()
+    revoked_at: Mapped[datetime | None] = mapped_column()
+    last_used_at: Mapped[datetime | None] = mapped_column()
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+    __table_args__ = (
+        Index("ix_jobs_project_id_id", "project_id", "id"),
+        Index("ix_jobs_status_lease", "status", "lease_expires_at"),
+        UniqueConstraint("project_id", "idempotency_key", name="uq_jobs_project_idempotency"),
+    )
+    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=uuid7)
+    project_id: Mapped[str] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"))
+    kind: Mapped[str] = mapped_column(String(32))
+    name: Mapped[str | None] = mapped_column(String(200))
+    status: Mapped[str] = mapped_column(String(16), default="queued")
+    tags: Mapped[list[str]] = mapped_column(default=list)
+    spec: Mapped[dict[str, Any]] = mapped_column()
+    resolved_config: Mapped[dict[str, Any] | None] = mapped_column()
+    queue: Mapped[str] = mapped_column(String(32), default="cpu")
+    idempotency_key: Mapped[str | None] = mapped_column(String(200))
+    request_hash: Mapped[str | None] = mapped_column(String(64))
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    max_attempts: Mapped[int] = mapped_column(Integer, default=3)
+    lease_owner: Mapped[str | None] = mapped_column(String(200))
+    lease_expires_at: Mapped[datetime | None] = mapped_column()
+    celery_task_id: Mapped[str | None] = mapped_column(String(64))
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    dispatched_at: Mapped[datetime | None] = mapped_column()
+    started_at: Mapped[datetime | None] = mapped_column()
+    finished_at: Mapped[datetime | None] = mapped_column()
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+
+class Event(Base):
+    __tablename__ = "events"
+    __table_args__ = (Index("ix_events_job_seq", "job_id", "seq"),)
+    seq: Mapped[int] = mapped_column(
+        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    )
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    time: Mapped[datetime] = mapped_column(default=utcnow)
+    level: Mapped[str] = mapped_column(String(16), default="info")
+    type: Mapped[str] = mapped_column(String(64))
+    message: Mapped[str] = mapped_column(Text, default="")
+    data: Mapped[dict[str, Any] | None] = mapped_column()
+
+
+class Metric(Base):
+    __tablename__ = "metrics"
+    __table_args__ = (UniqueConstraint("job_id", "name", "step", name="uq_metrics_job_name_step"),)
+    id: Mapped[int] = mapped_column(
+        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    )
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(128))
+    step: Mapped[int] = mapped_column(Integer)
+    value: Mapped[float] = mapped_column(Float)
+    time: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Sample(Base):
+    __tablename__ = "samples"
+    __table_args__ = (Index("ix_samples_job_step", "job_id", "step", "index"),)
+    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=uuid7)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    step: Mapped[int | None] = mapped_column(Integer)
+    index: Mapped[int] = mapped_column(Integer)
+    prompt: Mapped[str] = mapped_column(Text)
+    completion: Mapped[str] = mapped_column(Text)
+    data: Mapped[dict[str, Any] | None] = mapped_column()
+
+
+class Checkpoint(Base):
+    __tablename__ = "checkpoints"
+    __table_args__ = (UniqueConstraint("job_id", "step", "kind", name="uq_checkpoints_job_step_kind"),)
+    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=uuid7)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    step: Mapped[int] = mapped_column(Integer)
+    kind: Mapped[str] = mapped_column(String(32), default="checkpoint")  # checkpoint | final | results
+    uri: Mapped[str] = mapped_column(String(2048))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    data: Mapped[dict[str, Any] | None] = mapped_column()
+
+
+class BenchmarkScore(Base):
+    __tablename__ = "benchmark_scores"
+    __table_args__ = (Index("ix_scores_project_benchmark", "project_id", "benchmark", "model_ref"),)
+    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=uuid7)
+    project_id: Mapped[str] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"))
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    model_ref: Mapped[str] = mapped_column(String(512))
+    checkpoint: Mapped[str | None] = mapped_column(String(512))
+    benchmark: Mapped[str] = mapped_column(String(128))
+    benchmark_version: Mapped[str] = mapped_column(String(64))
+    metric: Mapped[str] = mapped_column(String(64))
+    value: Mapped[float] = mapped_column(Float)
+    ci_low: Mapped[float | None] = mapped_column(Float)
+    ci_high: Mapped[float | None] = mapped_column(Float)
+    n: Mapped[int] = mapped_column(Integer)
+    sampling: Mapped[dict[str, Any]] = mapped_column()
+    backend: Mapped[str] = mapped_column(String(32))
+    backend_version: Mapped[str] = mapped_column(String(64))
+    prompt_hash: Mapped[str | None] = mapped_column(String(64))
+    seed: Mapped[int | None] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -1,0 +1,1 @@
+"""Training on TRL: reward models, GRPO, SFT. Knows nothing of the database, Celery or HTTP."""

@@ -1,0 +1,1 @@
+"""Celery workers: the only place where the store meets the trainer and the evaluator."""

@@ -1,0 +1,86 @@
+"""The job process. The supervisor starts `python -m worker.child <job_id> <owner>`; a crash,
+an OOM or a hung CUDA context here cannot take the worker down, and the accelerator's
+memory is returned when this process exits.
+
+Exit codes: 0 done, 2 stopped on request, 3 job kind not available here, 1 error.
+The last error is written to <job dir>/error.txt for the supervisor to store.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import traceback
+from pathlib import Path
+
+from mathrl.specs import parse_spec
+from service.settings import get_settings
+from store.db import session_scope
+from store.models import Job
+from worker.refs import resolve_model_ref
+from worker.sink import DatabaseSink
+
+EXIT_OK, EXIT_ERROR, EXIT_STOPPED, EXIT_UNAVAILABLE = 0, 1, 2, 3
+
+
+class NotAvailable(RuntimeError):
+    pass
+
+
+def job_dir(artifact_dir: str, job_id: str) -> Path:
+    return Path(artifact_dir).resolve() / "jobs" / job_id
+
+
+def run(job_id: str) -> int:
+    settings = get_settings()
+    url = settings.database.url
+    with session_scope(url) as s:
+        job = s.get(Job, job_id)
+        if job is None:
+            raise RuntimeError(f"job {job_id} not found")
+        spec = parse_spec(job.spec)
+        project_id = job.project_id
+        model_path, checkpoint = resolve_model_ref(s, project_id, spec.model)
+    sink = DatabaseSink(url, job_id, project_id, cancel_poll_seconds=settings.worker.heartbeat_seconds)
+    sink.install_sigterm()
+    out = job_dir(settings.artifact_dir, job_id)
+    out.mkdir(parents=True, exist_ok=True)
+    sink.event("started", f"job process {os.getpid()} started ({spec.kind})", data={"pid": os.getpid()})
+
+    if spec.kind == "eval":
+        from evaluator.run import run_eval
+
+        run_eval(
+            spec, sink, model_path=model_path, data_dir=settings.data_dir, results_dir=out / "eval",
+            model_ref=spec.model, checkpoint=checkpoint,
+        )
+        return EXIT_OK
+    raise NotAvailable(
+        f"job kind '{spec.kind}' is not available on this worker yet: this version runs 'eval' jobs only"
+    )
+
+
+def main(argv: list[str]) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    job_id = argv[1]
+    settings = get_settings()
+    err_file = job_dir(settings.artifact_dir, job_id) / "error.txt"
+    err_file.parent.mkdir(parents=True, exist_ok=True)
+    err_file.unlink(missing_ok=True)
+    try:
+        return run(job_id)
+    except InterruptedError:
+        return EXIT_STOPPED
+    except NotAvailable as exc:
+        err_file.write_text(str(exc))
+        DatabaseSink(settings.database.url, job_id, "").event("not_available", str(exc), level="error")
+        return EXIT_UNAVAILABLE
+    except Exception as exc:
+        traceback.print_exc()
+        err_file.write_text(f"{type(exc).__name__}: {exc}")
+        return EXIT_ERROR
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,29 @@
+"""Celery tasks: thin. A message carries a job id; the supervisor does the rest."""
+
+from __future__ import annotations
+
+import logging
+
+from celery import Task
+from celery.signals import worker_ready
+
+from service.settings import get_settings
+from worker import reconciler
+from worker.celery_app import TASK_RUN_JOB, get_celery
+from worker.supervisor import supervise, worker_identity
+
+log = logging.getLogger("mathrl.worker")
+
+_settings = get_settings()
+app = get_celery(_settings.broker.url, _settings.broker.visibility_timeout)
+
+
+@app.task(name=TASK_RUN_JOB, bind=True)
+def run_job(self: Task, job_id: str) -> str:
+    return supervise(get_settings(), job_id, worker_identity(self.request.id))
+
+
+@worker_ready.connect
+def _start_reconciler(**_: object) -> None:
+    reconciler.start(get_settings(), app)
+    log.info("reconciler started")
