@@ -83,6 +83,7 @@ def validation_errors(errors: Any) -> list[dict[str, Any]]:
             msg = "unknown field: remove it or check its spelling against the spec (see /docs)"
         elif err.get("type") == "union_tag_invalid":
             msg = f"unknown job kind: use one of {', '.join(JOB_KINDS)}"
+            loc = (*loc, "kind")
         elif err.get("type") == "union_tag_not_found":
             msg = f"'kind' is required: use one of {', '.join(JOB_KINDS)}"
             loc = (*loc, "kind")

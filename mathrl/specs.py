@@ -133,14 +133,16 @@ class LoRA(StrictModel):
     dropout: float = Field(0.05, ge=0.0, lt=1.0, description="LoRA dropout.")
     target_modules: list[str] | Literal["all-linear"] = Field("all-linear", description="Modules to adapt.")
 
-    @model_validator(mode="before")
-    @classmethod
-    def _options_need_lora(cls, data: Any) -> Any:
-        if isinstance(data, dict) and data.get("enabled") is False:
-            extra = sorted(k for k in data if k != "enabled")
-            if extra:
-                raise FieldError(extra[0], f"LoRA options {extra} given with enabled=false: remove them or set enabled=true")
-        return data
+    @model_validator(mode="after")
+    def _options_need_lora(self) -> LoRA:
+        if not self.enabled:
+            changed = sorted(
+                name for name, f in type(self).model_fields.items()
+                if name != "enabled" and getattr(self, name) != f.get_default(call_default_factory=True)
+            )
+            if changed:
+                raise FieldError(changed[0], f"LoRA options {changed} given with enabled=false: remove them or set enabled=true")
+        return self
 
 
 class _JobBase(StrictModel):
@@ -261,7 +263,8 @@ class RewardModelSpec(_JobBase):
 
     @model_validator(mode="after")
     def _process_needs_steps(self) -> RewardModelSpec:
-        if self.type == "outcome" and "completions_per_step" in self.model_fields_set:
+        default = type(self).model_fields["completions_per_step"].default
+        if self.type == "outcome" and self.completions_per_step != default:
             raise FieldError("completions_per_step", "completions_per_step is for type='process': remove it or set type='process'")
         return self
 

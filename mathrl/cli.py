@@ -1,0 +1,253 @@
+"""`mathrl`: the command line for the service (typer + rich).
+
+    mathrl jobs submit spec.yaml --follow
+    mathrl jobs list --status running
+    mathrl jobs logs <id> --follow
+    mathrl scores --benchmark gsm8k
+    mathrl keys create --name laptop
+
+The server and key come from --url/--api-key or MATHRL_URL/MATHRL_API_KEY.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from mathrl.client import Client, MathRLError
+from mathrl.schemas import JobResponse
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, help="Train and evaluate math LLMs with mathrl.")
+jobs_app = typer.Typer(no_args_is_help=True, help="Submit and watch jobs.")
+keys_app = typer.Typer(no_args_is_help=True, help="API keys.")
+app.add_typer(jobs_app, name="jobs")
+app.add_typer(keys_app, name="keys")
+
+console = Console()
+err = Console(stderr=True)
+
+UrlOpt = Annotated[str | None, typer.Option("--url", envvar="MATHRL_URL", help="Service URL")]
+KeyOpt = Annotated[str | None, typer.Option("--api-key", envvar="MATHRL_API_KEY", help="API key")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table")]
+
+
+def _client(url: str | None, key: str | None) -> Client:
+    return Client(url, api_key=key)
+
+
+def _fail(exc: MathRLError) -> None:
+    err.print(f"[red]{exc.status} {exc.title}[/red]: {exc.detail}")
+    for e in exc.errors:
+        err.print(f"  [bold]{e.get('pointer', '')}[/bold]: {e.get('detail', '')}")
+    raise typer.Exit(1)
+
+
+def _print_jobs(jobs: list[JobResponse]) -> None:
+    table = Table()
+    for col in ("id", "kind", "status", "name", "queue", "attempts", "created"):
+        table.add_column(col)
+    colors = {"succeeded": "green", "failed": "red", "cancelled": "yellow", "running": "cyan"}
+    for j in jobs:
+        c = colors.get(j.status, "white")
+        table.add_row(
+            j.id, j.kind, f"[{c}]{j.status}[/{c}]", j.name or "", j.queue, str(j.attempts),
+            f"{j.created_at:%Y-%m-%d %H:%M:%S}",
+        )
+    console.print(table)
+
+
+def load_spec_file(path: Path) -> dict[str, Any]:
+    """YAML or JSON; YAML is loaded with the safe loader (no Python objects)."""
+    text = path.read_text()
+    data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    if not isinstance(data, dict):
+        raise typer.BadParameter(f"{path} must hold one mapping (a job spec), not {type(data).__name__}")
+    return data
+
+
+@jobs_app.command("submit")
+def submit(
+    spec_file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="Job spec (YAML or JSON)")],
+    url: UrlOpt = None,
+    api_key: KeyOpt = None,
+    idempotency_key: Annotated[str | None, typer.Option(help="Resubmitting with the same key returns the same job")] = None,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Stream the job's events until it ends")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Submit a job spec."""
+    with _client(url, api_key) as c:
+        try:
+            job = c.jobs.create(load_spec_file(spec_file), idempotency_key=idempotency_key)
+        except MathRLError as exc:
+            _fail(exc)
+        if as_json:
+            console.print_json(job.model_dump_json())
+        else:
+            console.print(f"submitted [bold]{job.id}[/bold] ({job.kind}, {job.status}, queue {job.queue})")
+        if follow:
+            _follow(c, job.id)
+
+
+def _follow(c: Client, job_id: str) -> None:
+    for ev in c.jobs.follow(job_id):
+        style = {"error": "red", "warning": "yellow"}.get(ev.level, "")
+        line = f"[dim]{ev.time:%H:%M:%S}[/dim] {ev.type}: {ev.message}"
+        console.print(f"[{style}]{line}[/{style}]" if style else line)
+    job = c.jobs.retrieve(job_id)
+    console.print(f"job {job.id}: [bold]{job.status}[/bold]" + (f" ({job.error})" if job.error else ""))
+    if job.status != "succeeded":
+        raise typer.Exit(1)
+
+
+@jobs_app.command("list")
+def list_jobs(
+    url: UrlOpt = None,
+    api_key: KeyOpt = None,
+    kind: str | None = None,
+    status: str | None = None,
+    tag: str | None = None,
+    limit: Annotated[int, typer.Option(help="Show at most this many")] = 50,
+    as_json: JsonOpt = False,
+) -> None:
+    """List jobs, newest first."""
+    with _client(url, api_key) as c:
+        try:
+            jobs = []
+            for j in c.jobs.list(kind=kind, status=status, tag=tag, page_size=min(limit, 500)):
+                jobs.append(j)
+                if len(jobs) >= limit:
+                    break
+        except MathRLError as exc:
+            _fail(exc)
+    if as_json:
+        console.print_json(json.dumps([j.model_dump(mode="json") for j in jobs]))
+    else:
+        _print_jobs(jobs)
+
+
+@jobs_app.command("get")
+def get(job_id: str, url: UrlOpt = None, api_key: KeyOpt = None) -> None:
+    """Show one job, its resolved config included."""
+    with _client(url, api_key) as c:
+        try:
+            console.print_json(c.jobs.retrieve(job_id).model_dump_json())
+        except MathRLError as exc:
+            _fail(exc)
+
+
+@jobs_app.command("cancel")
+def cancel(job_id: str, url: UrlOpt = None, api_key: KeyOpt = None) -> None:
+    """Cancel a queued or running job."""
+    with _client(url, api_key) as c:
+        try:
+            job = c.jobs.cancel(job_id)
+        except MathRLError as exc:
+            _fail(exc)
+    console.print(f"{job.id}: {job.status}" + (" (stopping)" if job.status == "running" else ""))
+
+
+@jobs_app.command("logs")
+def logs(
+    job_id: str,
+    url: UrlOpt = None,
+    api_key: KeyOpt = None,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep streaming until the job ends")] = False,
+) -> None:
+    """Print a job's event log."""
+    with _client(url, api_key) as c:
+        try:
+            if follow:
+                _follow(c, job_id)
+                return
+            for ev in c.jobs.events(job_id):
+                console.print(f"[dim]{ev.time:%H:%M:%S}[/dim] {ev.type}: {ev.message}")
+        except MathRLError as exc:
+            _fail(exc)
+
+
+@jobs_app.command("metrics")
+def metrics(job_id: str, url: UrlOpt = None, api_key: KeyOpt = None, name: str | None = None) -> None:
+    """Latest value and length of each metric series."""
+    with _client(url, api_key) as c:
+        try:
+            series = c.jobs.metrics(job_id, name=name)
+        except MathRLError as exc:
+            _fail(exc)
+    table = Table()
+    for col in ("metric", "points", "last step", "last value"):
+        table.add_column(col)
+    for s in series:
+        last = s.points[-1]
+        table.add_row(s.name, str(len(s.points)), str(last.step), f"{last.value:.6g}")
+    console.print(table)
+
+
+@app.command("scores")
+def scores(
+    url: UrlOpt = None,
+    api_key: KeyOpt = None,
+    model: str | None = None,
+    benchmark: str | None = None,
+    job: str | None = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Benchmark scores with their provenance."""
+    with _client(url, api_key) as c:
+        try:
+            rows = c.scores.list(model=model, benchmark=benchmark, job_id=job)
+        except MathRLError as exc:
+            _fail(exc)
+    if as_json:
+        console.print_json(json.dumps([r.model_dump(mode="json") for r in rows]))
+        return
+    table = Table()
+    for col in ("benchmark", "model", "metric", "value", "95% CI", "n", "backend", "job"):
+        table.add_column(col)
+    for r in rows:
+        ci = f"{r.ci_low:.3f}-{r.ci_high:.3f}" if r.ci_low is not None and r.ci_high is not None else ""
+        table.add_row(
+            f"{r.benchmark} v{r.benchmark_version}", r.model_ref, r.metric, f"{r.value:.4g}", ci, str(r.n),
+            r.backend, r.job_id,
+        )
+    console.print(table)
+
+
+@keys_app.command("create")
+def keys_create(
+    url: UrlOpt = None,
+    api_key: KeyOpt = None,
+    name: str | None = None,
+    project: Annotated[str | None, typer.Option(help="Another project: needs --admin-token")] = None,
+    admin_token: Annotated[str | None, typer.Option(envvar="MATHRL_ADMIN_TOKEN", help="Operator token")] = None,
+    expires_in_days: int | None = None,
+) -> None:
+    """Create an API key (printed once; only its hash is stored)."""
+    with _client(url, api_key) as c:
+        try:
+            key = c.keys.create(name=name, project=project, expires_in_days=expires_in_days, admin_token=admin_token)
+        except MathRLError as exc:
+            _fail(exc)
+    err.print(f"key {key.id} for project '{key.project}' (shown once):")
+    sys.stdout.write(key.key + "\n")
+
+
+@keys_app.command("revoke")
+def keys_revoke(key_id: str, url: UrlOpt = None, api_key: KeyOpt = None) -> None:
+    """Revoke a key of your project."""
+    with _client(url, api_key) as c:
+        try:
+            c.keys.revoke(key_id)
+        except MathRLError as exc:
+            _fail(exc)
+    console.print(f"revoked {key_id}")
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,228 @@
+"""Test fixtures: a fresh PostgreSQL database per session (alembic upgrade head), a Redis
+database, a real uvicorn API process and real Celery worker processes.
+
+PostgreSQL and Redis must answer on 127.0.0.1 (scripts/test starts them). Override with
+MATHRL_TEST_PG (a server URL) and MATHRL_TEST_REDIS.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+
+ROOT = Path(__file__).resolve().parent.parent
+PG_SERVER = os.environ.get("MATHRL_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
+REDIS = os.environ.get("MATHRL_TEST_REDIS", "redis://127.0.0.1:6379/11")
+ADMIN_TOKEN = "test-admin-token-" + uuid.uuid4().hex
+
+
+def data_dir() -> str:
+    d = ROOT.parent / "shared" / "datasets"
+    if not d.is_dir():
+        pytest.skip("../shared/datasets is not present")
+    return str(d)
+
+
+@pytest.fixture(scope="session")
+def pg_url() -> Iterator[str]:
+    from store.migrate import upgrade
+
+    name = f"mathrl_test_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+    admin = create_engine(PG_SERVER, isolation_level="AUTOCOMMIT")
+    with admin.connect() as c:
+        c.execute(text(f'CREATE DATABASE "{name}"'))
+    url = make_url(PG_SERVER).set(database=name).render_as_string(hide_password=False)
+    upgrade(url)
+    yield url
+    from store.db import get_engine
+
+    get_engine.cache_clear()
+    with admin.connect() as c:
+        c.execute(text(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}'"))
+        c.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
+    admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> str:
+    import redis
+
+    r = redis.Redis.from_url(REDIS)
+    r.flushdb()
+    return REDIS
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> str:
+    from trainer.tiny import build_tiny_model
+
+    return str(build_tiny_model(tmp_path_factory.mktemp("models") / "tiny", chat=True))
+
+
+def service_env(pg_url: str, redis_url: str, artifacts: Path) -> dict[str, str]:
+    return {
+        **os.environ,
+        "MATHRL_DATABASE__URL": pg_url,
+        "MATHRL_BROKER__URL": redis_url,
+        "MATHRL_AUTH__ADMIN_TOKEN": ADMIN_TOKEN,
+        "MATHRL_ARTIFACT_DIR": str(artifacts),
+        "MATHRL_DATA_DIR": data_dir(),
+        "MATHRL_WORKER__LEASE_SECONDS": "4",
+        "MATHRL_WORKER__HEARTBEAT_SECONDS": "0.5",
+        "MATHRL_WORKER__CANCEL_GRACE_SECONDS": "3",
+        "MATHRL_WORKER__RECONCILE_SECONDS": "1",
+        "MATHRL_WORKER__REDELIVER_AFTER_SECONDS": "8",
+        "PYTHONUNBUFFERED": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "HF_HUB_OFFLINE": "1",
+    }
+
+
+@dataclass
+class Service:
+    """A real API process and real worker processes on PostgreSQL + Redis."""
+
+    env: dict[str, str]
+    logs: Path
+    port: int
+    api: subprocess.Popen[bytes] | None = None
+    workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start_api(self) -> None:
+        self.api = subprocess.Popen(
+            [sys.executable, "-m", "service.cli", "api", "--port", str(self.port)],
+            env=self.env, cwd=ROOT, stdout=open(self.logs / "api.log", "ab"), stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            assert self.api.poll() is None, (self.logs / "api.log").read_text()[-3000:]
+            try:
+                if httpx.get(f"{self.url}/livez", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError("API did not start")
+
+    def stop_api(self, sig: int = signal.SIGTERM) -> None:
+        if self.api is not None and self.api.poll() is None:
+            os.killpg(self.api.pid, sig)
+            self.api.wait(timeout=20)
+        self.api = None
+
+    def start_worker(self, queues: str = "cpu", name: str | None = None) -> subprocess.Popen[bytes]:
+        name = name or f"w{len(self.workers)}"
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "service.cli", "worker", "--queues", queues, "--hostname", f"{name}@%h"],
+            env=self.env, cwd=ROOT, stdout=open(self.logs / f"worker-{name}.log", "ab"), stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self.workers.append(proc)
+        deadline = time.monotonic() + 60
+        log = self.logs / f"worker-{name}.log"
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, log.read_text()[-3000:]
+            if log.exists() and "ready." in log.read_text():
+                return proc
+            time.sleep(0.2)
+        raise TimeoutError("worker did not start")
+
+    def stop_worker(self, proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:
+        if proc.poll() is None:
+            os.killpg(proc.pid, sig)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        if proc in self.workers:
+            self.workers.remove(proc)
+
+    def key(self, project: str | None = None) -> str:
+        project = project or f"p-{uuid.uuid4().hex[:8]}"
+        r = httpx.post(
+            f"{self.url}/v1/keys", json={"project": project}, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
+        )
+        assert r.status_code == 201, r.text
+        return str(r.json()["key"])
+
+    def client(self, key: str | None = None) -> Any:
+        from mathrl.client import Client
+
+        return Client(self.url, api_key=key or self.key())
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def service(pg_url: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    logs = tmp_path_factory.mktemp("logs")
+    svc = Service(env=service_env(pg_url, redis_url, tmp_path_factory.mktemp("artifacts")), logs=logs, port=_free_port())
+    svc.start_api()
+    svc.start_worker()
+    yield svc
+    svc.stop_api()
+    for w in list(svc.workers):
+        svc.stop_worker(w)
+
+
+@pytest.fixture(scope="session")
+def app_client(pg_url: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """The API in-process (FastAPI TestClient) on the same PostgreSQL and Redis."""
+    env = service_env(pg_url, redis_url, tmp_path_factory.mktemp("artifacts-inproc"))
+    old = dict(os.environ)
+    os.environ.update(env)
+    from service.settings import get_settings
+
+    get_settings.cache_clear()
+    from fastapi.testclient import TestClient
+
+    from api.app import create_app
+
+    with TestClient(create_app()) as c:
+        yield c
+    os.environ.clear()
+    os.environ.update(old)
+    get_settings.cache_clear()
+
+
+def admin_key(app_client: Any, project: str | None = None) -> dict[str, str]:
+    """Headers with a fresh key for a (new) project, through the in-process app."""
+    project = project or f"p-{uuid.uuid4().hex[:8]}"
+    r = app_client.post("/v1/keys", json={"project": project}, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+    assert r.status_code == 201, r.text
+    return {"Authorization": f"Bearer {r.json()['key']}"}
+
+
+def wait_for(predicate: Any, timeout: float = 60.0, interval: float = 0.2, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")

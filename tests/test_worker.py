@@ -1,0 +1,162 @@
+"""Jobs through the real thing: uvicorn API process, Redis broker, Celery worker processes,
+PostgreSQL, and a job process per job."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import select
+
+from store.db import session_scope
+from store.models import Job
+from tests.conftest import Service, wait_for
+
+pytestmark = pytest.mark.slow
+
+
+def eval_spec(model: str, **over: Any) -> dict[str, Any]:
+    return {"kind": "eval", "model": model, "benchmark": "gsm8k", "limit": 4, "batch_size": 4,
+            "sampling": {"max_new_tokens": 16}, **over}
+
+
+def long_eval(model: str) -> dict[str, Any]:
+    # ~1 s per batch of 2 on this CPU, 200 batches: long enough to act on while it runs
+    return eval_spec(model, limit=400, batch_size=2, sampling={"max_new_tokens": 400})
+
+
+def child_pid(client: Any, job_id: str) -> int:
+    def started() -> int | None:
+        for ev in client.jobs.events(job_id):
+            if ev.type == "started":
+                return int(ev.data["pid"])
+        return None
+
+    return int(wait_for(started, 90, what="the job process to start"))
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie is gone for our purposes
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_eval_job_end_to_end(service: Service, tiny_model: str) -> None:
+    c = service.client()
+    job = c.jobs.create(eval_spec(tiny_model, tags=["e2e"]))
+    done = c.jobs.wait(job.id, timeout=180)
+    assert done.status == "succeeded", done.error
+    assert done.attempts == 1 and done.started_at and done.finished_at
+    types = [e.type for e in c.jobs.events(job.id)]
+    for t in ("queued", "claimed", "started", "loading", "progress", "scored", "succeeded"):
+        assert t in types, types
+    scores = {s.metric: s for s in c.scores.list(job_id=job.id)}
+    acc = scores["accuracy"]
+    assert acc.benchmark == "gsm8k" and acc.n == 4 and acc.backend == "hf" and acc.model_ref == tiny_model
+    assert acc.ci_low is not None and acc.ci_low <= acc.value <= acc.ci_high
+    assert acc.sampling["max_new_tokens"] == 16 and acc.prompt_hash
+    samples = c.jobs.samples(job.id)
+    assert len(samples) == 4 and all(s.data and "gold" in s.data and "correct" in s.data for s in samples)
+    assert samples[0].data["gold"] == "18"  # GSM8K test #1 (Janet's ducks)
+    assert any(cp.kind == "results" for cp in c.jobs.checkpoints(job.id))
+    assert any(m.name == "eval/accuracy" for m in c.jobs.metrics(job.id))
+    # the SSE stream replays the whole log and ends with the job
+    streamed = [e.type for e in c.jobs.follow(job.id)]
+    assert streamed == types
+
+
+def test_unavailable_kind_fails_fast_with_a_clear_event(service: Service) -> None:
+    c = service.client()
+    job = c.jobs.create({"kind": "reward_model", "model": "org/m", "dataset": {"name": "gsm8k-train"}})
+    done = c.jobs.wait(job.id, timeout=120)
+    assert done.status == "failed" and "not available on this worker" in (done.error or "")
+    assert any(e.type == "not_available" for e in c.jobs.events(job.id))
+
+
+def test_bad_model_path_fails_with_the_error_captured(service: Service) -> None:
+    c = service.client()
+    job = c.jobs.create(eval_spec("/nonexistent/model-dir"))
+    done = c.jobs.wait(job.id, timeout=120)
+    assert done.status == "failed"
+    assert "nonexistent" in (done.error or "")
+
+
+def test_cancel_running_job_stops_its_process(service: Service, tiny_model: str) -> None:
+    c = service.client()
+    job = c.jobs.create(long_eval(tiny_model))
+    pid = child_pid(c, job.id)
+    assert pid_alive(pid)
+    t0 = time.monotonic()
+    assert c.jobs.cancel(job.id).cancel_requested
+    done = c.jobs.wait(job.id, timeout=30, poll=0.2)
+    assert done.status == "cancelled"
+    grace = float(service.env["MATHRL_WORKER__CANCEL_GRACE_SECONDS"])
+    assert time.monotonic() - t0 < grace + 5
+    wait_for(lambda: not pid_alive(pid), 5, what="the job process to exit")
+
+
+def test_crashing_job_process_fails_and_the_worker_keeps_serving(service: Service, tiny_model: str) -> None:
+    c = service.client()
+    job = c.jobs.create(long_eval(tiny_model))
+    pid = child_pid(c, job.id)
+    os.kill(pid, signal.SIGKILL)  # what the OOM killer does
+    done = c.jobs.wait(job.id, timeout=60)
+    assert done.status == "failed" and "SIGKILL" in (done.error or "")
+    assert all(w.poll() is None for w in service.workers)
+    after = c.jobs.create(eval_spec(tiny_model))
+    assert c.jobs.wait(after.id, timeout=180).status == "succeeded"
+
+
+def test_duplicate_delivery_runs_the_job_once(service: Service, tiny_model: str) -> None:
+    from worker.celery_app import get_celery, send_job
+
+    c = service.client()
+    job = c.jobs.create(eval_spec(tiny_model))
+    app = get_celery(service.env["MATHRL_BROKER__URL"])
+    send_job(app, job.id, "cpu")  # the same message again, as a redelivery would
+    send_job(app, job.id, "cpu")
+    done = c.jobs.wait(job.id, timeout=180)
+    assert done.status == "succeeded" and done.attempts == 1
+    time.sleep(3)  # give the duplicates time to be consumed
+    events = c.jobs.events(job.id)
+    assert [e.type for e in events].count("claimed") == 1
+    assert len([s for s in c.scores.list(job_id=job.id) if s.metric == "accuracy"]) == 1
+
+
+def test_api_restart_mid_job_loses_nothing(service: Service, tiny_model: str) -> None:
+    c = service.client()
+    job = c.jobs.create(eval_spec(tiny_model, limit=60, batch_size=2, sampling={"max_new_tokens": 64}))
+    child_pid(c, job.id)
+    before = c.jobs.events(job.id)
+    service.stop_api(signal.SIGKILL)
+    with pytest.raises(httpx.TransportError):
+        c.jobs.retrieve(job.id)
+    time.sleep(2)  # the job keeps running without the API
+    service.start_api()
+    done = c.jobs.wait(job.id, timeout=240)
+    assert done.status == "succeeded"
+    after = c.jobs.events(job.id)
+    assert [e.seq for e in after][: len(before)] == [e.seq for e in before]
+    assert "scored" in [e.type for e in after]
+    assert len(c.jobs.samples(job.id, limit=1000)) == 60
+
+
+def test_cancel_of_queued_job_reaches_no_worker(service: Service, pg_url: str) -> None:
+    c = service.client()
+    job = c.jobs.create({"kind": "eval", "model": "org/m", "resources": {"gpus": 2}})
+    assert job.queue == "gpu-2"
+    assert c.jobs.cancel(job.id).status == "cancelled"
+    with session_scope(pg_url) as s:
+        row = s.scalar(select(Job).where(Job.id == job.id))
+        assert row is not None and row.attempts == 0 and row.lease_owner is None
