@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import time
 from typing import Any
 
@@ -52,8 +53,17 @@ class LimitsAndMetrics:
             LATENCY.labels(scope["method"], route).observe(time.perf_counter() - start)
 
 
+def _tune_gc() -> None:
+    """Fewer, cheaper collections: the objects alive after start-up never become garbage,
+    so move them out of the collector's way (a gen-2 pass over them was a p99 spike)."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(20_000, 50, 100)
+
+
 def create_app() -> FastAPI:
     settings = get_settings()
+    _tune_gc()
     app = FastAPI(
         title="mathrl",
         version="0.1.0",

@@ -3,28 +3,38 @@
 from __future__ import annotations
 
 import hmac
-from collections.abc import Iterator
+import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Annotated
 
+import anyio
 from fastapi import Depends, Request
 from sqlalchemy.orm import Session
 
 from api.problems import AUTH_INVALID, AUTH_MISSING, Problem
 from service.settings import Settings, get_settings
 from store.db import get_sessionmaker
-from store.keys import authenticate
+from store.keys import authenticate, hash_key
 from store.models import ApiKey, Project
 
-SettingsDep = Annotated[Settings, Depends(get_settings)]
+
+# Dependencies are `async def` where they do not block, so a request makes one hop to the
+# thread pool (the endpoint itself) instead of one per dependency.
+async def settings_dep() -> Settings:
+    return get_settings()
 
 
-def get_db(settings: SettingsDep) -> Iterator[Session]:
+SettingsDep = Annotated[Settings, Depends(settings_dep)]
+
+
+async def get_db(settings: SettingsDep) -> AsyncIterator[Session]:
+    # A Session opens no connection until its first query, which runs in the endpoint's thread.
     session = get_sessionmaker(settings.database.url)()
     try:
         yield session
     finally:
-        session.close()
+        await anyio.to_thread.run_sync(session.close)
 
 
 SessionDep = Annotated[Session, Depends(get_db)]
@@ -50,16 +60,47 @@ def _bearer(request: Request) -> str:
     return token.strip()
 
 
-def get_caller(request: Request, session: SessionDep, settings: SettingsDep) -> Caller:
+# key hash -> (caller, monotonic expiry). A revoked key is refused at once by the process
+# that revoked it and within `auth.cache_seconds` by every other API process.
+_auth_cache: dict[str, tuple[Caller, float]] = {}
+
+
+def forget_key(secret_hash: str) -> None:
+    _auth_cache.pop(secret_hash, None)
+
+
+async def get_caller(request: Request, settings: SettingsDep) -> Caller:
     token = _bearer(request)
     admin = settings.auth.admin_token
     if admin and hmac.compare_digest(token.encode(), admin.encode()):
         return Caller(project=None, key=None, admin=True)
-    found = authenticate(session, token)
+    digest = hash_key(token)
+    hit = _auth_cache.get(digest)
+    now = time.monotonic()
+    if hit is not None and hit[1] > now:
+        return hit[0]
+
+    def lookup() -> tuple[ApiKey, Project] | None:
+        with get_sessionmaker(settings.database.url)() as s:
+            return authenticate(s, token)
+
+    found = await anyio.to_thread.run_sync(lookup)
     if found is None:
+        forget_key(digest)
         raise Problem(401, "Unauthorized", AUTH_INVALID, headers={"WWW-Authenticate": "Bearer"})
     key, project = found
-    return Caller(project=project, key=key)
+    caller = Caller(project=project, key=key)
+    ttl = settings.auth.cache_seconds
+    if key.expires_at is not None:
+        from store.models import utcnow
+
+        left = (key.expires_at.replace(tzinfo=utcnow().tzinfo) - utcnow()).total_seconds()
+        ttl = min(ttl, max(left, 0.0))
+    if ttl > 0:
+        if len(_auth_cache) > 10_000:
+            _auth_cache.clear()
+        _auth_cache[digest] = (caller, now + ttl)
+    return caller
 
 
 def get_project_caller(caller: Annotated[Caller, Depends(get_caller)]) -> Caller:

@@ -1,24 +1,32 @@
-"""Handing a job to the broker. Failures here lose nothing: the reconciler re-sends any
-queued job that was not dispatched."""
+"""Handing a job to the broker. The job row records the dispatch (task id, time) in the same
+transaction that creates it; if the broker cannot take the message, the row is marked
+undispatched and the reconciler sends it later. Nothing is lost either way."""
 
 from __future__ import annotations
 
 import logging
+import uuid
 
+from sqlalchemy import update
 from sqlalchemy.orm import Session
 
 from service.settings import Settings
-from store.jobs import mark_dispatched
+from store.models import Job
 from worker.celery_app import get_celery, send_job
 
 log = logging.getLogger("mathrl.api")
 
 
-def dispatch(session: Session, settings: Settings, job_id: str, queue: str) -> None:
+def new_task_id() -> str:
+    return str(uuid.uuid4())
+
+
+def dispatch(session: Session, settings: Settings, job_id: str, queue: str, task_id: str) -> None:
+    """Send a committed job whose row already holds `task_id` and `dispatched_at`."""
     try:
         app = get_celery(settings.broker.url, settings.broker.visibility_timeout)
-        task_id = send_job(app, job_id, queue)
-    except Exception as exc:  # broker down: the job stays queued and the reconciler sends it
+        send_job(app, job_id, queue, task_id)
+    except Exception as exc:  # broker down: the reconciler sends queued, undispatched jobs
         log.warning("could not send job %s to the broker (%s); the reconciler will retry", job_id, exc)
-        return
-    mark_dispatched(session, job_id, task_id)
+        session.execute(update(Job).where(Job.id == job_id).values(dispatched_at=None))
+        session.commit()

@@ -42,6 +42,7 @@ class WorkerSettings(BaseModel):
 class AuthSettings(BaseModel):
     admin_token: str | None = Field(None, description="Operator token that may create projects and their keys.")
     key_prefix: str = "mrl_"
+    cache_seconds: float = Field(2.0, description="How long an API process trusts a key it has checked.")
 
 
 class Settings(BaseSettings):

@@ -55,11 +55,13 @@ def authenticate(session: Session, secret: str) -> tuple[ApiKey, Project] | None
     return key, project
 
 
-def revoke(session: Session, project_id: str, key_id: str) -> bool:
-    result = session.execute(
+def revoke(session: Session, project_id: str, key_id: str) -> str | None:
+    """Revoke a key of the project; returns its hash, or None if there was no such live key."""
+    key_hash = session.scalar(
         update(ApiKey)
         .where(ApiKey.id == key_id, ApiKey.project_id == project_id, ApiKey.revoked_at.is_(None))
         .values(revoked_at=utcnow())
+        .returning(ApiKey.hash)
         .execution_options(synchronize_session=False)
     )
-    return result.rowcount == 1  # type: ignore[attr-defined]
+    return key_hash

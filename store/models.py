@@ -54,7 +54,6 @@ class ApiKey(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     expires_at: Mapped[datetime | None] = mapped_column()
     revoked_at: Mapped[datetime | None] = mapped_column()
-    last_used_at: Mapped[datetime | None] = mapped_column()
 
 
 class Job(Base):

@@ -16,7 +16,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
 from api.deps import CallerDep, SessionDep, SettingsDep
-from api.dispatch import dispatch
+from api.dispatch import dispatch, new_task_id
 from api.problems import BAD_CURSOR, IDEMPOTENCY_CONFLICT, JOB_NOT_FOUND, Problem
 from mathrl.presets import resolve_config
 from mathrl.schemas import (
@@ -32,7 +32,7 @@ from mathrl.schemas import (
 from mathrl.specs import JobSpec
 from store.db import get_sessionmaker
 from store.jobs import TERMINAL, request_cancel
-from store.models import Checkpoint, Event, Job, Metric, Sample
+from store.models import Checkpoint, Event, Job, Metric, Sample, utcnow
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
@@ -79,7 +79,8 @@ def create_job(
     job = Job(
         project_id=caller.project_id, kind=spec.kind, name=spec.name, tags=spec.tags, spec=body,
         resolved_config=resolve_config(spec), queue=spec.resources.queue, max_attempts=spec.max_attempts,
-        idempotency_key=idempotency_key, request_hash=request_hash,
+        idempotency_key=idempotency_key, request_hash=request_hash, celery_task_id=new_task_id(),
+        dispatched_at=utcnow(),
     )
     session.add(job)
     try:
@@ -94,7 +95,7 @@ def create_job(
         return _replay(existing, request_hash, response)
     session.add(Event(job_id=job.id, type="queued", message=f"queued on '{job.queue}'", level="info"))
     session.commit()
-    dispatch(session, settings, job.id, job.queue)
+    dispatch(session, settings, job.id, job.queue, job.celery_task_id or "")
     return job
 
 

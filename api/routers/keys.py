@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import APIRouter, Response
 from sqlalchemy.exc import IntegrityError
 
-from api.deps import AnyCallerDep, CallerDep, SessionDep, SettingsDep
+from api.deps import AnyCallerDep, CallerDep, SessionDep, SettingsDep, forget_key
 from api.problems import ADMIN_REQUIRED, KEY_NOT_FOUND, Problem
 from mathrl.schemas import KeyCreated, KeyCreateRequest
 from store.keys import create_key, get_or_create_project, revoke
@@ -40,9 +40,11 @@ def create(body: KeyCreateRequest, session: SessionDep, caller: AnyCallerDep, se
 @router.delete("/{key_id}", status_code=204, responses={404: {"description": KEY_NOT_FOUND}})
 def delete(key_id: str, session: SessionDep, caller: CallerDep) -> Response:
     """Revoke a key of your project; it is refused from then on."""
-    if not revoke(session, caller.project_id, key_id):
+    key_hash = revoke(session, caller.project_id, key_id)
+    if key_hash is None:
         raise Problem(404, "Not found", KEY_NOT_FOUND)
     session.commit()
+    forget_key(key_hash)
     return Response(status_code=204)
 
 

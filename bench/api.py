@@ -1,0 +1,208 @@
+"""Load benchmark of the control plane on loopback.
+
+Starts the real API (uvicorn processes) and one Celery worker on PostgreSQL + Redis, then
+prints req/s and p50/p99 latency for status reads and for submits, and the dispatch latency
+(submit -> claimed by a worker). Targets on a 2-core machine: reads >= 500 req/s with
+p99 < 50 ms, submit p99 < 100 ms, dispatch median < 1 s.
+
+    .venv/bin/python bench/api.py [--seconds 10] [--concurrency 16] [--api-workers 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from datetime import datetime
+from pathlib import Path
+
+import httpx
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+async def load(url: str, headers: dict[str, str], make_request, seconds: float, concurrency: int) -> tuple[int, list[float], int]:
+    latencies: list[float] = []
+    errors = 0
+    deadline = time.perf_counter() + seconds
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(base_url=url, headers=headers, limits=limits, timeout=30) as client:
+
+        async def one() -> None:
+            nonlocal errors
+            while time.perf_counter() < deadline:
+                t = time.perf_counter()
+                r = await make_request(client)
+                latencies.append(time.perf_counter() - t)
+                if r.status_code >= 400:
+                    errors += 1
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(one() for _ in range(concurrency)))
+        elapsed = time.perf_counter() - t0
+    return int(len(latencies) / elapsed), latencies, errors
+
+
+def report(name: str, rps: int, lat: list[float] | tuple[float, float], errors: int) -> None:
+    p50, p99 = (lat if isinstance(lat, tuple) else (pct(lat, .5), pct(lat, .99)))
+    print(f"{name:<14} {rps:>7} req/s   p50 {p50 * 1000:6.1f} ms   p99 {p99 * 1000:6.1f} ms   errors={errors}")
+
+
+def wrk(url: str, key: str, body: str | None, seconds: float, concurrency: int) -> tuple[int, tuple[float, float], int]:
+    """Run wrk; returns (req/s, (p50, p99) in seconds, non-2xx count)."""
+    script = None
+    lua = f'wrk.headers["Authorization"] = "Bearer {key}"\n'
+    if body is not None:
+        lua += f'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\nwrk.body = [[{body}]]\n'
+    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as f:
+        f.write(lua)
+        script = f.name
+    out = subprocess.run(
+        ["wrk", "-t2", f"-c{concurrency}", f"-d{int(seconds)}s", "--latency", "-s", script, url],
+        capture_output=True, text=True, check=True,
+    ).stdout
+    os.unlink(script)
+
+    def ms(token: str) -> float:
+        units = {"us": 1e-6, "ms": 1e-3, "s": 1.0}
+        for u in ("us", "ms", "s"):
+            if token.endswith(u):
+                return float(token[: -len(u)]) * units[u]
+        return float(token)
+
+    rps = int(float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)))  # type: ignore[union-attr]
+    p50 = ms(re.search(r"^\s+50%\s+(\S+)", out, re.M).group(1))  # type: ignore[union-attr]
+    p99 = ms(re.search(r"^\s+99%\s+(\S+)", out, re.M).group(1))  # type: ignore[union-attr]
+    bad = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
+    return rps, (p50, p99), int(bad.group(1)) if bad else 0
+
+
+def main() -> None:
+    sys.stdout.reconfigure(line_buffering=True)  # type: ignore[attr-defined]
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seconds", type=float, default=10)
+    ap.add_argument("--concurrency", type=int, default=16)
+    ap.add_argument("--api-workers", type=int, default=2)
+    ap.add_argument("--dispatch-jobs", type=int, default=20)
+    ap.add_argument("--python-client", action="store_true", help="use httpx even if wrk is installed")
+    ap.add_argument("--pg", default="postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
+    ap.add_argument("--redis", default="redis://127.0.0.1:6379/12")
+    args = ap.parse_args()
+
+    from store.migrate import upgrade
+
+    dbname = f"mathrl_bench_{uuid.uuid4().hex[:8]}"
+    admin = create_engine(args.pg, isolation_level="AUTOCOMMIT")
+    with admin.connect() as c:
+        c.execute(text(f'CREATE DATABASE "{dbname}"'))
+    db_url = make_url(args.pg).set(database=dbname).render_as_string(hide_password=False)
+    upgrade(db_url)
+    import redis
+
+    redis.Redis.from_url(args.redis).flushdb()
+    token = uuid.uuid4().hex
+    port = 18000 + os.getpid() % 1000
+    env = {**os.environ, "MATHRL_DATABASE__URL": db_url, "MATHRL_BROKER__URL": args.redis,
+           "MATHRL_AUTH__ADMIN_TOKEN": token, "MATHRL_ARTIFACT_DIR": f"/tmp/{dbname}",
+           "MATHRL_WORKER__HEARTBEAT_SECONDS": "1"}
+    py = sys.executable
+    procs = [
+        subprocess.Popen([py, "-m", "service.cli", "api", "--port", str(port), "--workers", str(args.api_workers)],
+                         env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL),
+    ]
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(150):
+            try:
+                if httpx.get(f"{url}/livez", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        key = httpx.post(f"{url}/v1/keys", json={"project": "bench"}, headers={"Authorization": f"Bearer {token}"}).json()["key"]
+        h = {"Authorization": f"Bearer {key}"}
+        parked = {"kind": "eval", "model": "org/model", "limit": 5, "resources": {"gpus": 1}}
+        job_id = httpx.post(f"{url}/v1/jobs", json=parked, headers=h).json()["id"]
+        print(f"mathrl API benchmark: {args.api_workers} uvicorn worker(s), concurrency {args.concurrency}, "
+              f"{args.seconds:.0f}s per phase, {os.cpu_count()} CPUs, PostgreSQL + Redis on loopback")
+
+        async def read(c: httpx.AsyncClient) -> httpx.Response:
+            return await c.get(f"/v1/jobs/{job_id}")
+
+        async def submit(c: httpx.AsyncClient) -> httpx.Response:
+            return await c.post("/v1/jobs", json=parked)
+
+        if shutil.which("wrk") and not args.python_client:
+            print("load generator: wrk (C, so the client takes little of the 2 cores)")
+            wrk(f"{url}/v1/jobs/{job_id}", key, None, 2, args.concurrency)  # warm-up
+            report("status read", *wrk(f"{url}/v1/jobs/{job_id}", key, None, args.seconds, args.concurrency))
+            report("submit", *wrk(f"{url}/v1/jobs", key, json.dumps(parked), args.seconds, max(4, args.concurrency // 2)))
+        else:
+            print("load generator: httpx asyncio (install wrk for a lighter client)")
+            asyncio.run(load(url, h, read, 2, args.concurrency))  # warm-up
+            report("status read", *asyncio.run(load(url, h, read, args.seconds, args.concurrency)))
+            report("submit", *asyncio.run(load(url, h, submit, args.seconds, max(4, args.concurrency // 2))))
+
+        # dispatch latency: submit -> claimed by an idle worker; each job is cancelled once claimed
+        worker = subprocess.Popen([py, "-m", "service.cli", "worker", "--queues", "cpu"], env=env, cwd=ROOT,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        procs.append(worker)
+        assert worker.stdout is not None
+        for line in worker.stdout:
+            if "ready." in line:
+                break
+        threading.Thread(target=lambda: [None for _ in worker.stdout], daemon=True).start()  # drain
+        delays = []
+        with httpx.Client(base_url=url, headers=h) as c:
+            for _ in range(args.dispatch_jobs):
+                job = c.post("/v1/jobs", json={"kind": "eval", "model": "org/model", "limit": 1}).json()
+                created = datetime.fromisoformat(job["created_at"])
+                for _ in range(500):
+                    evs = c.get(f"/v1/jobs/{job['id']}/events").json()["data"]
+                    claimed = [e for e in evs if e["type"] == "claimed"]
+                    if claimed:
+                        delays.append((datetime.fromisoformat(claimed[0]["time"]) - created).total_seconds())
+                        break
+                    time.sleep(0.02)
+                c.post(f"/v1/jobs/{job['id']}/cancel")
+                for _ in range(500):  # the next job must find the worker idle
+                    if c.get(f"/v1/jobs/{job['id']}").json()["status"] in ("failed", "succeeded", "cancelled"):
+                        break
+                    time.sleep(0.05)
+        print(f"dispatch       median {statistics.median(delays) * 1000:6.1f} ms   max {max(delays) * 1000:6.1f} ms"
+              f"   n={len(delays)} (submit -> claimed, idle worker)")
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        from store.db import get_engine
+
+        get_engine.cache_clear()
+        with admin.connect() as c:
+            c.execute(text(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{dbname}'"))
+            c.execute(text(f'DROP DATABASE IF EXISTS "{dbname}"'))
+
+
+if __name__ == "__main__":
+    main()

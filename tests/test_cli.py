@@ -1,0 +1,80 @@
+"""The `mathrl` CLI and the async SDK against the running service."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from mathrl.cli import app
+from mathrl.client import AsyncClient
+from tests.conftest import ADMIN_TOKEN, Service
+
+pytestmark = pytest.mark.slow
+runner = CliRunner()
+
+
+def cli(service: Service, key: str, *args: str) -> tuple[int, str]:
+    result = runner.invoke(app, list(args), env={"MATHRL_URL": service.url, "MATHRL_API_KEY": key})
+    return result.exit_code, result.output
+
+
+def test_cli_submit_follow_list_get_logs_scores(service: Service, tiny_model: str, tmp_path: Path) -> None:
+    key = service.key()
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(
+        f"kind: eval\nmodel: {tiny_model}\nbenchmark: gsm8k\nlimit: 2\n"
+        "sampling:\n  max_new_tokens: 8\ntags: [cli]\n"
+    )
+    code, out = cli(service, key, "jobs", "submit", str(spec), "--follow")
+    assert code == 0, out
+    assert "succeeded" in out and "scored" in out
+    job_id = out.split("submitted ")[1].split()[0]
+    code, out = cli(service, key, "jobs", "list", "--json", "--tag", "cli")
+    assert code == 0 and json.loads(out)[0]["id"] == job_id
+    code, out = cli(service, key, "jobs", "get", job_id)
+    assert code == 0 and json.loads(out)["resolved_config"]["limit"] == 2
+    code, out = cli(service, key, "jobs", "logs", job_id)
+    assert code == 0 and "claimed" in out
+    code, out = cli(service, key, "scores", "--job", job_id, "--json")
+    assert code == 0 and {s["metric"] for s in json.loads(out)} >= {"accuracy"}
+    code, out = cli(service, key, "jobs", "metrics", job_id)
+    assert code == 0 and "eval/accuracy" in out
+
+
+def test_cli_reports_problems_with_the_field(service: Service, tmp_path: Path) -> None:
+    spec = tmp_path / "bad.yaml"
+    spec.write_text("kind: grpo\nmodel: org/m\ndataset: {name: gsm8k-train}\nnum_generations: 1\n")
+    code, out = cli(service, service.key(), "jobs", "submit", str(spec))
+    assert code == 1 and "/num_generations" in out and "at least 2" in out
+    hostile = tmp_path / "hostile.yaml"
+    hostile.write_text("!!python/object/apply:os.system ['echo pwned']\n")
+    code, out = cli(service, service.key(), "jobs", "submit", str(hostile))
+    assert code != 0 and "pwned" not in out
+
+
+def test_cli_keys_create_and_cancel(service: Service) -> None:
+    result = runner.invoke(
+        app, ["keys", "create", "--project", "cli-proj", "--admin-token", ADMIN_TOKEN], env={"MATHRL_URL": service.url}
+    )
+    assert result.exit_code == 0, result.output
+    key = result.stdout.strip().splitlines()[-1]
+    assert key.startswith("mrl_")
+    job = service.client(key).jobs.create({"kind": "eval", "model": "org/m", "resources": {"gpus": 4}})
+    code, out = cli(service, key, "jobs", "cancel", job.id)
+    assert code == 0 and "cancelled" in out
+
+
+def test_async_client(service: Service) -> None:
+    async def go() -> None:
+        async with AsyncClient(service.url, api_key=service.key()) as c:
+            job = await c.jobs.create({"kind": "eval", "model": "org/m", "resources": {"gpus": 4}})
+            assert (await c.jobs.retrieve(job.id)).status == "queued"
+            assert [j.id async for j in c.jobs.list()] == [job.id]
+            assert (await c.jobs.cancel(job.id)).status == "cancelled"
+            assert [e.type async for e in c.jobs.follow(job.id)] == ["queued", "cancelled"]
+
+    asyncio.run(go())

@@ -1,0 +1,29 @@
+"""The README's first command on the embedded default: SQLite, SQLite broker, a worker and
+the API, no external services."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, data_dir
+
+pytestmark = pytest.mark.slow
+
+
+def test_embedded_demo_runs_an_eval_job_through_the_service(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MATHRL_")}
+    env["MATHRL_DATA_DIR"] = data_dir()
+    out = subprocess.run(
+        [sys.executable, "-m", "service.cli", "demo", "--home", str(tmp_path / "home"), "--model", "tiny",
+         "--limit", "3", "--max-new-tokens", "8", "--port", "0"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "submitted eval job" in out.stdout and "succeeded" in out.stdout
+    assert "accuracy" in out.stdout and "demo finished" in out.stdout
+    assert (tmp_path / "home" / "mathrl.db").exists() and (tmp_path / "home" / "broker.db").exists()
