@@ -112,8 +112,12 @@ class DatasetRef(StrictModel):
         return self
 
 
+RewardName = Literal["accuracy", "binary", "format", "overlong", "reward_model"]
+REWARD_NAMES: tuple[str, ...] = RewardName.__args__  # type: ignore[attr-defined]
+
+
 class RewardRef(StrictModel):
-    name: str = Field(..., min_length=1, max_length=64, description="A registered reward function.")
+    name: RewardName = Field(..., description="A registered reward function (trainer/rewards.py).")
     weight: float = Field(1.0, ge=-100, le=100, description="Weight of this reward in the sum.")
     model: ModelRef | None = Field(None, description="For 'reward_model': the RM (a path or 'job:<id>').")
 

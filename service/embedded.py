@@ -126,7 +126,7 @@ def run_demo(home: str, port: int, model: str, limit: int, max_new_tokens: int, 
     from mathrl.client import Client
 
     console = Console()
-    root = Path(home)
+    root = Path(home).resolve()
     t0 = time.monotonic()
     with console.status("preparing the model (first run converts SmolLM2's GGUF to safetensors)"):
         model_path = prepare_model(model, root)

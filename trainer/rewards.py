@@ -1,0 +1,166 @@
+"""Reward functions, chosen by name from a registry. The API never runs user code: a spec can
+only name one of these.
+
+Each is a picklable class instance called the way TRL calls rewards:
+`reward(completions, answer=[...], **columns) -> list[float | None]`, where `answer` is the
+gold answer column of the training set. TRL logs each under its `__name__`.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable
+from typing import Any
+
+from evaluator.grading import answers_match, extract_answer, last_boxed
+
+
+def completion_text(completion: Any) -> str:
+    """TRL passes plain strings, or message lists for conversational datasets."""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, list) and completion and isinstance(completion[-1], dict):
+        return str(completion[-1].get("content", ""))
+    return str(completion)
+
+
+class Reward:
+    name = "base"
+
+    def __init__(self, **_: Any) -> None:
+        self.__name__ = self.name
+
+    def __call__(self, completions: list[Any], answer: list[str] | None = None, **kw: Any) -> list[float | None]:
+        golds = answer if answer is not None else [None] * len(completions)
+        return [self.score(completion_text(c), g) for c, g in zip(completions, golds)]
+
+    def score(self, text: str, gold: str | None) -> float | None:
+        raise NotImplementedError
+
+
+class Accuracy(Reward):
+    """1 if math-verify finds the final answer equal to the gold answer, else 0."""
+
+    name = "accuracy"
+
+    def score(self, text: str, gold: str | None) -> float | None:
+        if gold is None:
+            return None
+        pred = extract_answer(text)
+        return 1.0 if pred is not None and answers_match(pred, gold) else 0.0
+
+
+class Binary(Reward):
+    """The DeepSeekMath-style rule reward: +1 correct, -1 wrong, -0.5 when no answer is given."""
+
+    name = "binary"
+
+    def score(self, text: str, gold: str | None) -> float | None:
+        if gold is None:
+            return None
+        pred = extract_answer(text)
+        if pred is None:
+            return -0.5
+        return 1.0 if answers_match(pred, gold) else -1.0
+
+
+class BoxedFormat(Reward):
+    """1 if the completion ends its answer in a non-empty \\boxed{...}, else 0."""
+
+    name = "format"
+
+    def score(self, text: str, gold: str | None) -> float | None:
+        boxed = last_boxed(text)
+        return 1.0 if boxed is not None and boxed.strip() else 0.0
+
+
+class Overlong(Reward):
+    """DAPO's soft overlong penalty: 0 up to (max - buffer) tokens, then down linearly to -1 at max.
+
+    Lengths are counted in completion tokens when TRL passes `completion_ids`, else in
+    whitespace words (a fallback for direct calls)."""
+
+    name = "overlong"
+
+    def __init__(self, max_length: int = 1024, buffer: int = 256, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.max_length, self.buffer = max_length, max(1, min(buffer, max_length))
+
+    def __call__(self, completions: list[Any], answer: list[str] | None = None, **kw: Any) -> list[float | None]:
+        ids = kw.get("completion_ids")
+        lengths = [len(x) for x in ids] if ids is not None else [len(completion_text(c).split()) for c in completions]
+        return [self.penalty(n) for n in lengths]
+
+    def penalty(self, length: int) -> float:
+        start = self.max_length - self.buffer
+        if length <= start:
+            return 0.0
+        return -min(1.0, (length - start) / self.buffer)
+
+
+class RewardModelScore(Reward):
+    """The scalar score of a trained outcome reward model (a sequence classifier with 1 label)."""
+
+    name = "reward_model"
+
+    def __init__(self, model: str, batch_size: int = 16, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.model_path, self.batch_size = model, batch_size
+        self._model: Any = None
+        self._tok: Any = None
+
+    def __getstate__(self) -> dict[str, Any]:  # picklable: the model is loaded lazily per process
+        return {**self.__dict__, "_model": None, "_tok": None}
+
+    def _load(self) -> None:
+        import torch
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+        self._tok = AutoTokenizer.from_pretrained(self.model_path)
+        if self._tok.pad_token is None:
+            self._tok.pad_token = self._tok.eos_token
+        self._model = AutoModelForSequenceClassification.from_pretrained(self.model_path, dtype=torch.float32)
+        self._model.eval()
+
+    def __call__(self, completions: list[Any], answer: list[str] | None = None, **kw: Any) -> list[float | None]:
+        import torch
+
+        if self._model is None:
+            self._load()
+        prompts = kw.get("prompts") or [""] * len(completions)
+        texts = [_prompt_text(p) + completion_text(c) for p, c in zip(prompts, completions)]
+        out: list[float | None] = []
+        for i in range(0, len(texts), self.batch_size):
+            enc = self._tok(texts[i : i + self.batch_size], return_tensors="pt", padding=True, truncation=True,
+                            max_length=2048)
+            with torch.inference_mode():
+                logits = self._model(**enc).logits[:, 0]
+            out.extend(float(x) for x in logits)
+        return out
+
+
+def _prompt_text(prompt: Any) -> str:
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list):
+        return "".join(str(m.get("content", "")) + "\n" for m in prompt if isinstance(m, dict))
+    return str(prompt)
+
+
+REGISTRY: dict[str, Callable[..., Reward]] = {
+    cls.name: cls for cls in (Accuracy, Binary, BoxedFormat, Overlong, RewardModelScore)
+}
+
+
+class UnknownReward(ValueError):
+    pass
+
+
+def get_reward(name: str, **kwargs: Any) -> Reward:
+    try:
+        cls = REGISTRY[name]
+    except KeyError:
+        close = difflib.get_close_matches(name, REGISTRY, n=2)
+        hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
+        raise UnknownReward(f"unknown reward {name!r}.{hint} Known: {', '.join(sorted(REGISTRY))}") from None
+    return cls(**kwargs)
