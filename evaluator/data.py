@@ -35,6 +35,10 @@ def _load_rows(source: str, split: str, config: str | None, data_file: Path | No
 
 def load_benchmark(bench: Benchmark, data_dir: str | None, limit: int | None = None) -> list[Problem]:
     """Rows of a registered benchmark: the offline copy when the data dir has it, else the hub."""
+    if bench.synthetic:
+        from evaluator import synthetic
+
+        return synthetic.heldout(limit) if bench.split == "test" else synthetic.train(limit or 10_000)
     local = Path(data_dir) / bench.local_file if data_dir and bench.local_file else None
     if local is not None and not local.exists():
         if os.environ.get("HF_HUB_OFFLINE") == "1":

@@ -31,6 +31,8 @@ def check_model_ref(value: str) -> str:
     value = value.strip()
     if not value:
         raise ValueError("must not be empty: give a hub id such as 'Qwen/Qwen2.5-0.5B', a path, or 'job:<id>'")
+    if re.fullmatch(r"tiny:\d{1,2}x\d{2,4}", value):
+        return value  # a fresh tiny model built by the worker (sft jobs)
     if value.startswith("job:"):
         if not _JOB_REF.match(value):
             raise ValueError(
@@ -237,6 +239,8 @@ class GRPOSpec(_JobBase):
         from mathrl.presets import resolve_grpo  # local import: presets imports this module
 
         resolve_grpo(self)  # raises ValueError with a fix-it message
+        if self.use_vllm and self.resources.gpus < 1:
+            raise FieldError("use_vllm", "use_vllm needs a GPU: set resources.gpus >= 1 or use_vllm=false")
         if self.vllm_mode is not None and not self.use_vllm:
             raise FieldError("vllm_mode", "vllm_mode is set but use_vllm is false: set use_vllm=true or drop vllm_mode")
         if self.deepspeed_zero3 and self.resources.gpus < 2:
@@ -273,12 +277,31 @@ class RewardModelSpec(_JobBase):
         return self
 
 
-JobSpec = Annotated[Union[EvalSpec, GRPOSpec, RewardModelSpec], Field(discriminator="kind")]
-JOB_KINDS: tuple[str, ...] = ("eval", "grpo", "reward_model")
+class SFTSpec(_JobBase):
+    """Supervised fine-tuning on worked solutions (prompt -> completion), the usual start for RL."""
 
-_adapter: TypeAdapter[EvalSpec | GRPOSpec | RewardModelSpec] = TypeAdapter(JobSpec)
+    kind: Literal["sft"] = "sft"
+    model: ModelRef = Field(..., description="Model to fine-tune; 'tiny:<layers>x<width>' builds a fresh tiny one.")
+    dataset: DatasetRef
+    max_steps: int = Field(200, ge=1, le=10_000_000)
+    learning_rate: float = Field(2e-5, gt=0, le=1.0)
+    per_device_train_batch_size: int = Field(8, ge=1, le=65536)
+    gradient_accumulation_steps: int = Field(1, ge=1, le=4096)
+    max_length: int = Field(1024, ge=8, le=131072, description="Prompt + completion tokens; longer rows are cut.")
+    warmup_ratio: float = Field(0.0, ge=0, lt=1)
+    lora: LoRA | None = None
+    logging_steps: int = Field(10, ge=1)
+    save_steps: int = Field(100, ge=1)
+    seed: int = Field(42, ge=0)
 
 
-def parse_spec(data: Any) -> EvalSpec | GRPOSpec | RewardModelSpec:
+JobSpec = Annotated[Union[EvalSpec, GRPOSpec, RewardModelSpec, SFTSpec], Field(discriminator="kind")]
+JOB_KINDS: tuple[str, ...] = ("eval", "grpo", "reward_model", "sft")
+AnySpec = EvalSpec | GRPOSpec | RewardModelSpec | SFTSpec
+
+_adapter: TypeAdapter[AnySpec] = TypeAdapter(JobSpec)
+
+
+def parse_spec(data: Any) -> AnySpec:
     """Validate a spec from plain data (raises pydantic.ValidationError)."""
     return _adapter.validate_python(data)

@@ -76,12 +76,19 @@ def test_eval_job_end_to_end(service: Service, tiny_model: str) -> None:
     assert streamed == types
 
 
-def test_unavailable_kind_fails_fast_with_a_clear_event(service: Service) -> None:
-    c = service.client()
-    job = c.jobs.create({"kind": "reward_model", "model": "org/m", "dataset": {"name": "gsm8k-train"}})
-    done = c.jobs.wait(job.id, timeout=120)
-    assert done.status == "failed" and "not available on this worker" in (done.error or "")
-    assert any(e.type == "not_available" for e in c.jobs.events(job.id))
+def test_job_this_worker_cannot_run_fails_fast_with_the_reason(service: Service) -> None:
+    # A worker serving the gpu-1 queue on a machine with no GPU (and no vLLM): the job must
+    # fail at once with the reason, not hang or pretend.
+    w = service.start_worker("gpu-1", name="nogpu")
+    try:
+        c = service.client()
+        job = c.jobs.create({"kind": "grpo", "model": "org/m", "dataset": {"name": "gsm8k-train"},
+                             "resources": {"gpus": 1}})
+        done = c.jobs.wait(job.id, timeout=120)
+        assert done.status == "failed" and "GPU" in (done.error or "")
+        assert any(e.type == "not_available" for e in c.jobs.events(job.id))
+    finally:
+        service.stop_worker(w)
 
 
 def test_bad_model_path_fails_with_the_error_captured(service: Service) -> None:

@@ -13,6 +13,7 @@ import os
 import sys
 import traceback
 from pathlib import Path
+from typing import Any
 
 from mathrl.specs import parse_spec
 from service.settings import get_settings
@@ -41,7 +42,16 @@ def run(job_id: str) -> int:
             raise RuntimeError(f"job {job_id} not found")
         spec = parse_spec(job.spec)
         project_id = job.project_id
-        model_path, checkpoint = resolve_model_ref(s, project_id, spec.model)
+        config = dict(job.resolved_config or {})
+
+    def resolve(ref: str) -> tuple[str, str | None]:
+        if ref.startswith("tiny:"):
+            return build_tiny(ref, settings.artifact_dir), None
+        with session_scope(url) as s:
+            return resolve_model_ref(s, project_id, ref)
+
+    _check_available(spec)
+    model_path, checkpoint = resolve(spec.model)
     sink = DatabaseSink(url, job_id, project_id, cancel_poll_seconds=settings.worker.heartbeat_seconds)
     sink.install_sigterm()
     out = job_dir(settings.artifact_dir, job_id)
@@ -55,10 +65,56 @@ def run(job_id: str) -> int:
             spec, sink, model_path=model_path, data_dir=settings.data_dir, results_dir=out / "eval",
             model_ref=spec.model, checkpoint=checkpoint,
         )
-        return EXIT_OK
-    raise NotAvailable(
-        f"job kind '{spec.kind}' is not available on this worker yet: this version runs 'eval' jobs only"
-    )
+    elif spec.kind == "grpo":
+        from trainer.grpo import run_grpo
+
+        run_grpo(spec, config, sink, model_path=model_path, data_dir=settings.data_dir, out_dir=out / "train",
+                 resolve_model=lambda ref: resolve(ref)[0])
+    elif spec.kind == "sft":
+        from trainer.sft import run_sft
+
+        run_sft(spec, sink, model_path=model_path, data_dir=settings.data_dir, out_dir=out / "train")
+    elif spec.kind == "reward_model":
+        from trainer.reward_model import run_reward_model
+
+        policy_path = resolve(spec.policy)[0] if spec.policy else model_path
+        run_reward_model(spec, sink, model_path=model_path, policy_path=policy_path, data_dir=settings.data_dir,
+                         out_dir=out / "train", model_ref=f"job:{job_id}")
+    else:
+        raise NotAvailable(f"job kind '{spec.kind}' is not available on this worker")
+    return EXIT_OK
+
+
+def _check_available(spec: Any) -> None:
+    """Fail fast, with the reason, when this worker lacks what the job needs."""
+    import importlib.util
+
+    wants_vllm = getattr(spec, "use_vllm", False) or getattr(spec, "backend", "hf") == "vllm"
+    if wants_vllm and importlib.util.find_spec("vllm") is None:
+        raise NotAvailable("this job needs vLLM, which is not installed on this worker: "
+                           "use backend 'hf' / use_vllm=false, or run a worker image with vLLM")
+    if spec.resources.gpus > 0:
+        import torch
+
+        have = torch.cuda.device_count()
+        if have < spec.resources.gpus:
+            raise NotAvailable(f"the job asks for {spec.resources.gpus} GPU(s); this worker has {have}")
+
+
+def build_tiny(ref: str, artifact_dir: str) -> str:
+    """'tiny:<layers>x<width>': a fresh tiny Qwen2 with a character tokenizer (built once, cached)."""
+    from trainer.tiny import build_tiny_model
+
+    layers, width = (int(x) for x in ref[5:].split("x"))
+    target = Path(artifact_dir).resolve() / "models" / f"tiny-{layers}x{width}"
+    if not (target / "config.json").exists():
+        tmp = target.with_name(f"{target.name}.{os.getpid()}.tmp")
+        build_tiny_model(tmp, hidden_size=width, layers=layers, heads=4 if width % 4 == 0 else 1)
+        try:
+            tmp.rename(target)
+        except OSError:  # another job built it meanwhile
+            pass
+    return str(target)
 
 
 def main(argv: list[str]) -> int:

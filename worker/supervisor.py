@@ -24,6 +24,18 @@ def worker_identity(task_id: str | None = None) -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}" + (f":{task_id}" if task_id else "")
 
 
+def _die_with_parent() -> None:
+    """In the job process (Linux): SIGKILL it if the supervising worker dies, so a killed worker
+    never leaves an orphan writing to the job while another worker takes it over."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
 def _kill_group(proc: subprocess.Popen[bytes], sig: int) -> None:
     try:
         os.killpg(proc.pid, sig)
@@ -60,6 +72,7 @@ def supervise(settings: Settings, job_id: str, owner: str) -> str:
             [sys.executable, "-m", "worker.child", job_id, owner],
             stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
             start_new_session=True,  # its own process group: a cancel reaches its children too
+            preexec_fn=_die_with_parent,
         )
     log.info("job %s attempt %d: process %d, log %s", job_id, attempt, proc.pid, log_path)
     cancelled = lost = False

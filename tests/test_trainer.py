@@ -1,0 +1,138 @@
+"""Training jobs through the service on this CPU, with models the tests build: SFT, outcome
+and process reward models, GRPO (with the RM as a reward), accuracy gained by GRPO, and a
+GRPO job whose worker is killed mid-run resuming from its checkpoint."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any
+
+import pytest
+
+from tests.conftest import Service, wait_for
+from tests.test_worker import child_pid
+
+pytestmark = pytest.mark.slow
+
+ARITH = {"name": "arith", "split": "train"}
+
+
+def eval_arith(c: Any, model: str, limit: int = 200) -> float:
+    job = c.jobs.create({"kind": "eval", "model": model, "benchmark": "arith", "limit": limit, "batch_size": 200,
+                         "sampling": {"max_new_tokens": 6}})
+    done = c.jobs.wait(job.id, timeout=300)
+    assert done.status == "succeeded", done.error
+    return next(s.value for s in c.scores.list(job_id=job.id) if s.metric == "accuracy")
+
+
+@pytest.fixture(scope="module")
+def sft_job(service: Service) -> tuple[Any, str]:
+    """A tiny model taught arithmetic by SFT to a middling accuracy, leaving GRPO room."""
+    c = service.client()
+    job = c.jobs.create({
+        "kind": "sft", "model": "tiny:4x128", "dataset": {**ARITH, "limit": 60000}, "max_steps": 420,
+        "learning_rate": 1e-3, "per_device_train_batch_size": 128, "max_length": 32, "warmup_ratio": 0.05,
+        "logging_steps": 20, "save_steps": 1000, "seed": 0,
+    })
+    done = c.jobs.wait(job.id, timeout=600)
+    assert done.status == "succeeded", done.error
+    return c, job.id
+
+
+def test_sft_job_records_metrics_and_a_final_checkpoint(sft_job: tuple[Any, str]) -> None:
+    c, job_id = sft_job
+    names = {m.name for m in c.jobs.metrics(job_id)}
+    assert {"loss", "step_time"} <= names
+    assert any(cp.kind == "final" for cp in c.jobs.checkpoints(job_id))
+
+
+def test_grpo_raises_heldout_accuracy(sft_job: tuple[Any, str]) -> None:
+    c, sft_id = sft_job
+    before = eval_arith(c, f"job:{sft_id}")
+    job = c.jobs.create({
+        "kind": "grpo", "model": f"job:{sft_id}", "dataset": {**ARITH, "limit": 20000}, "max_steps": 120,
+        "learning_rate": 2e-4, "beta": 0.0, "num_generations": 8, "per_device_train_batch_size": 64,
+        "max_completion_length": 6, "rewards": [{"name": "accuracy"}], "logging_steps": 5, "save_steps": 60,
+        "sample_every": 20, "seed": 1,
+    })
+    done = c.jobs.wait(job.id, timeout=900)
+    assert done.status == "succeeded", done.error
+    after = eval_arith(c, f"job:{job.id}")
+    print(f"\nGRPO on arith: held-out accuracy {before:.1%} -> {after:.1%}")
+    assert after > before + 0.05, (before, after)
+    metrics = {m.name: m for m in c.jobs.metrics(job.id)}
+    for name in ("rewards/accuracy/mean", "kl", "loss", "entropy", "completions/mean_length", "step_time",
+                 "tokens_per_second", "clip_ratio/region_mean"):
+        assert name in metrics, sorted(metrics)
+    samples = c.jobs.samples(job.id)
+    assert samples and "accuracy" in samples[0].data["rewards"]
+    steps = {cp.step for cp in c.jobs.checkpoints(job.id) if cp.kind == "checkpoint"}
+    assert {60, 120} <= steps
+    assert done.resolved_config["beta"] == 0.0 and done.resolved_config["loss_type"] == "dapo"
+
+
+def test_outcome_rm_then_grpo_with_the_rm_reward(sft_job: tuple[Any, str]) -> None:
+    c, sft_id = sft_job
+    rm = c.jobs.create({
+        "kind": "reward_model", "model": f"job:{sft_id}", "dataset": {**ARITH, "limit": 60},
+        "samples_per_question": 8, "sampling": {"temperature": 1.0, "max_new_tokens": 6, "n": 8},
+        "learning_rate": 1e-4, "num_train_epochs": 1, "per_device_train_batch_size": 16, "max_length": 32,
+        "heldout_fraction": 0.25,
+    })
+    done = c.jobs.wait(rm.id, timeout=600)
+    assert done.status == "succeeded", done.error
+    scores = {s.metric: s.value for s in c.scores.list(job_id=rm.id)}
+    assert {"best_of_8_accuracy", "maj_at_8_accuracy"} <= scores.keys()
+    print(f"\noutcome RM held-out: {scores}")
+    grpo = c.jobs.create({
+        "kind": "grpo", "model": f"job:{sft_id}", "dataset": {**ARITH, "limit": 2000}, "max_steps": 4,
+        "num_generations": 4, "per_device_train_batch_size": 16, "max_completion_length": 6,
+        "rewards": [{"name": "accuracy"}, {"name": "reward_model", "model": f"job:{rm.id}", "weight": 0.5}],
+        "logging_steps": 1, "save_steps": 100,
+    })
+    done = c.jobs.wait(grpo.id, timeout=600)
+    assert done.status == "succeeded", done.error
+    assert "rewards/reward_model/mean" in {m.name for m in c.jobs.metrics(grpo.id)}
+
+
+def test_process_rm(sft_job: tuple[Any, str]) -> None:
+    c, sft_id = sft_job
+    rm = c.jobs.create({
+        "kind": "reward_model", "type": "process", "model": f"job:{sft_id}", "dataset": {**ARITH, "limit": 12},
+        "samples_per_question": 4, "completions_per_step": 2,
+        "sampling": {"temperature": 1.0, "max_new_tokens": 6, "n": 4}, "num_train_epochs": 1,
+        "per_device_train_batch_size": 8, "max_length": 32, "heldout_fraction": 0.25,
+    })
+    done = c.jobs.wait(rm.id, timeout=600)
+    assert done.status == "succeeded", done.error
+    assert any(e.type == "labelled" and "steps labelled" in e.message for e in c.jobs.events(rm.id))
+
+
+def test_grpo_worker_killed_mid_run_resumes_from_checkpoint(service: Service, sft_job: tuple[Any, str]) -> None:
+    c, sft_id = sft_job
+    job = c.jobs.create({
+        "kind": "grpo", "model": f"job:{sft_id}", "dataset": {**ARITH, "limit": 5000}, "max_steps": 60,
+        "num_generations": 4, "per_device_train_batch_size": 16, "max_completion_length": 6,
+        "logging_steps": 1, "save_steps": 5, "learning_rate": 1e-4,
+    })
+    pid = child_pid(c, job.id)
+    wait_for(lambda: any(cp.step >= 10 for cp in c.jobs.checkpoints(job.id)), 300, what="a checkpoint")
+    # the pod dies: worker and job process together
+    victim = service.workers[0]
+    os.killpg(victim.pid, signal.SIGKILL)
+    os.kill(pid, signal.SIGKILL) if os.path.exists(f"/proc/{pid}") else None
+    victim.wait()
+    service.workers.remove(victim)
+    service.start_worker(name=f"after-kill-{int(time.time())}")
+    done = c.jobs.wait(job.id, timeout=600)
+    assert done.status == "succeeded", done.error
+    assert done.attempts == 2
+    events = c.jobs.events(job.id)
+    assert any(e.type == "requeued" for e in events)
+    resumed = [e for e in events if e.type == "resumed"]
+    assert resumed and resumed[0].data["step"] >= 10
+    loss = next(m for m in c.jobs.metrics(job.id) if m.name == "loss")
+    steps = [p.step for p in loss.points]
+    assert steps == sorted(set(steps)) and steps[-1] == 60

@@ -1,0 +1,101 @@
+"""A transformers TrainerCallback that reports a TRL run through a Sink: metrics every logging
+step (plus step time and tokens/s), sampled completions with their rewards every N steps,
+checkpoints as they are saved, and a stop request between steps."""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+from transformers import TrainerCallback
+
+from mathrl.sink import Sink
+
+
+class SinkCallback(TrainerCallback):  # type: ignore[misc]
+    def __init__(self, sink: Sink, sample_every: int = 10, samples_per_step: int = 8, total_steps: int | None = None):
+        self.sink = sink
+        self.sample_every = sample_every
+        self.samples_per_step = samples_per_step
+        self.total_steps = total_steps
+        self.trainer: Any = None  # set after the trainer is built (samples are read from it)
+        self._t_step = time.monotonic()
+        self._step_times: list[float] = []
+        self._tokens_at_log: float | None = None
+        self._t_log = time.monotonic()
+        self.stopped = False
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        self._t_step = self._t_log = time.monotonic()
+        if state.global_step:
+            self.sink.event("resumed", f"resumed from step {state.global_step}", data={"step": state.global_step})
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        now = time.monotonic()
+        self._step_times.append(now - self._t_step)
+        self._t_step = now
+        step = state.global_step
+        if self.trainer is not None and step % self.sample_every == 0:
+            self._record_samples(step)
+        if self.total_steps:
+            self.sink.progress(step, self.total_steps, "training")
+        if self.sink.should_stop():
+            self.stopped = True
+            control.should_training_stop = True
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kw: Any) -> None:
+        if not logs:
+            return
+        values: dict[str, float] = {}
+        for key, value in logs.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+                values[key] = float(value)
+        if self._step_times:
+            values["step_time"] = sum(self._step_times) / len(self._step_times)
+            self._step_times = []
+        tokens = logs.get("num_tokens")
+        now = time.monotonic()
+        if isinstance(tokens, (int, float)):
+            if self._tokens_at_log is not None and now > self._t_log:
+                values["tokens_per_second"] = (tokens - self._tokens_at_log) / (now - self._t_log)
+            self._tokens_at_log = float(tokens)
+        self._t_log = now
+        if values:
+            self.sink.metrics(state.global_step, values)
+
+    def on_save(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        path = f"{args.output_dir}/checkpoint-{state.global_step}"
+        self.sink.checkpoint(state.global_step, path, kind="checkpoint")
+
+    def _record_samples(self, step: int) -> None:
+        logs = getattr(self.trainer, "_logs", None)
+        if not logs or not logs.get("completion"):
+            return
+        prompts = list(logs["prompt"])[-self.samples_per_step :]
+        completions = list(logs["completion"])[-self.samples_per_step :]
+        rewards = {name: list(v)[-self.samples_per_step :] for name, v in logs["rewards"].items()}
+        advantages = list(logs["advantages"])[-self.samples_per_step :]
+        items = []
+        for i, (p, c) in enumerate(zip(prompts, completions)):
+            data: dict[str, Any] = {"rewards": {k: _num(v[i]) for k, v in rewards.items() if i < len(v)}}
+            if i < len(advantages):
+                data["advantage"] = _num(advantages[i])
+            items.append({"prompt": _text(p), "completion": _text(c), "data": data})
+        self.sink.samples(step, items)
+
+
+def _num(x: Any) -> float | None:
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return None
+    return v if math.isfinite(v) else None
+
+
+def _text(x: Any) -> str:
+    if isinstance(x, str):
+        return x
+    if isinstance(x, list):
+        return "\n".join(str(m.get("content", "")) if isinstance(m, dict) else str(m) for m in x)
+    return str(x)

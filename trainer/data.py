@@ -1,0 +1,48 @@
+"""Training questions with their gold answers, rendered with the same prompts as evaluation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from evaluator import prompts
+from evaluator.benchmarks import get_benchmark
+from evaluator.data import Problem, load_benchmark, load_user_set
+from mathrl.specs import DatasetRef
+
+
+def load_problems(ref: DatasetRef, data_dir: str | None) -> tuple[list[Problem], str]:
+    """The problems and the prompt template they use."""
+    if ref.path is not None:
+        return load_user_set(Path(ref.path), ref.question_field, ref.answer_field, ref.limit), "math"
+    assert ref.name is not None
+    from evaluator.benchmarks import REGISTRY
+
+    # 'gsm8k' with split 'train' means the registered 'gsm8k-train'
+    candidates = [ref.name, f"{ref.name}-{ref.split}"]
+    found = [REGISTRY[c] for c in candidates if c in REGISTRY and REGISTRY[c].split == ref.split]
+    if not found:
+        get_benchmark(ref.name)  # raises the did-you-mean error for an unknown name
+        raise ValueError(f"dataset {ref.name!r} has no split {ref.split!r}")
+    bench = found[0]
+    return load_benchmark(bench, data_dir, ref.limit), bench.prompt
+
+
+def prompt_dataset(
+    problems: list[Problem], template: str, tokenizer: Any, max_prompt_tokens: int | None = None
+) -> tuple[Any, int]:
+    """A `datasets.Dataset` with 'prompt' and 'answer' columns; returns it and how many
+    problems were dropped for a prompt over `max_prompt_tokens`."""
+    from datasets import Dataset
+
+    rows = []
+    dropped = 0
+    for p in problems:
+        text = prompts.render(template, p.question, tokenizer)
+        if max_prompt_tokens is not None and len(tokenizer(text, add_special_tokens=False).input_ids) > max_prompt_tokens:
+            dropped += 1
+            continue
+        rows.append({"prompt": text, "answer": p.gold})
+    if not rows:
+        raise ValueError(f"every prompt is longer than max_prompt_length={max_prompt_tokens}: raise it")
+    return Dataset.from_list(rows), dropped

@@ -1,0 +1,272 @@
+"""Reward-model jobs, with training data built the Math-Shepherd way.
+
+Outcome RM: sample N solutions per question from a policy, label each by checking its final
+answer with math-verify, train TRL's RewardTrainer on (correct, incorrect) pairs.
+Process RM: for each step of a sampled solution, complete k times from that prefix; the step
+is good if any completion reaches the gold answer. A token classifier learns to label the
+step ends. Both report held-out pairwise accuracy and best-of-N reranking accuracy against
+majority vote, as scores.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from evaluator import hf_backend, prompts
+from evaluator.data import Problem
+from evaluator.grading import grade
+from evaluator.metrics import maj_at_k, wilson_interval
+from evaluator.models import load_model, load_tokenizer
+from mathrl.sink import Sink
+from mathrl.specs import RewardModelSpec
+from trainer.data import load_problems
+
+STEP_TAG = "\n"  # a step is a line of the solution
+
+
+@dataclass
+class Sampled:
+    problem: Problem
+    prompt: str
+    completions: list[str]
+    answers: list[str | None]
+    correct: list[bool]
+
+
+def sample_solutions(spec: RewardModelSpec, sink: Sink, policy_path: str, problems: list[Problem], template: str) -> list[Sampled]:
+    tok = load_tokenizer(policy_path)
+    model = load_model(policy_path)
+    texts = [prompts.render(template, p.question, tok) for p in problems]
+    s = spec.sampling
+    gens = hf_backend.generate(
+        model, tok, texts, max_new_tokens=s.max_new_tokens, temperature=max(s.temperature, 0.3), top_p=s.top_p,
+        n=spec.samples_per_question, seed=spec.seed, batch_size=max(spec.samples_per_question, 32),
+        on_batch=lambda d, t: sink.progress(d, t, "sampling solutions"), should_stop=sink.should_stop,
+    )
+    out = []
+    for p, text, outs in zip(problems, texts, gens):
+        verdicts = [grade(g.text, p.gold) for g in outs]
+        out.append(Sampled(p, text, [g.text for g in outs], [v.extracted for v in verdicts], [v.correct for v in verdicts]))
+    return out
+
+
+def outcome_pairs(sampled: list[Sampled], max_pairs_per_question: int = 16, seed: int = 0) -> list[dict[str, str]]:
+    rng = random.Random(seed)
+    rows = []
+    for s in sampled:
+        good = [c for c, ok in zip(s.completions, s.correct) if ok]
+        bad = [c for c, ok in zip(s.completions, s.correct) if not ok]
+        pairs = [(g, b) for g in good for b in bad]
+        rng.shuffle(pairs)
+        rows += [{"prompt": s.prompt, "chosen": g, "rejected": b} for g, b in pairs[:max_pairs_per_question]]
+    return rows
+
+
+def process_labels(
+    spec: RewardModelSpec, sink: Sink, model: Any, tok: Any, sampled: list[Sampled]
+) -> list[dict[str, Any]]:
+    """Math-Shepherd hard labels: step i is good if one of k completions from steps[:i+1] is right."""
+    rows = []
+    total = sum(len(s.completions) for s in sampled)
+    done = 0
+    for s in sampled:
+        for completion, ok in zip(s.completions, s.correct):
+            steps = [x for x in completion.split(STEP_TAG) if x.strip()]
+            labels: list[int] = []
+            for i in range(len(steps)):
+                if i == len(steps) - 1:
+                    labels.append(int(ok))  # the last step's label is the outcome itself
+                    continue
+                prefix = s.prompt + STEP_TAG.join(steps[: i + 1]) + STEP_TAG
+                gens = hf_backend.generate(
+                    model, tok, [prefix], max_new_tokens=spec.sampling.max_new_tokens,
+                    temperature=max(spec.sampling.temperature, 0.3), n=spec.completions_per_step,
+                    seed=spec.seed + i, batch_size=spec.completions_per_step,
+                )[0]
+                labels.append(int(any(grade(g.text, s.problem.gold).correct for g in gens)))
+            if steps:
+                rows.append({"prompt": s.prompt, "steps": steps, "labels": labels})
+            done += 1
+            sink.progress(done, total, "labelling steps")
+    return rows
+
+
+def _train_outcome(spec: RewardModelSpec, pairs: list[dict[str, str]], model_path: str, out_dir: Path, sink: Sink) -> Any:
+    import torch
+    from trl import RewardConfig, RewardTrainer
+
+    from datasets import Dataset
+    from trainer.callbacks import SinkCallback
+
+    use_cpu = not torch.cuda.is_available()
+    args = RewardConfig(
+        output_dir=str(out_dir), learning_rate=spec.learning_rate, num_train_epochs=spec.num_train_epochs,
+        per_device_train_batch_size=spec.per_device_train_batch_size, max_length=spec.max_length, report_to=[],
+        use_cpu=use_cpu, bf16=not use_cpu, logging_steps=5, save_strategy="no", seed=spec.seed, disable_tqdm=True,
+        dataloader_num_workers=0,
+    )
+    tok = load_tokenizer(model_path)
+    trainer = RewardTrainer(model=model_path, args=args, train_dataset=Dataset.from_list(pairs), processing_class=tok,
+                            callbacks=[SinkCallback(sink, sample_every=10**9)])
+    if trainer.model.config.pad_token_id is None:
+        trainer.model.config.pad_token_id = tok.pad_token_id
+    trainer.train()
+    return trainer.model, tok
+
+
+def _train_process(spec: RewardModelSpec, rows: list[dict[str, Any]], model_path: str, out_dir: Path, sink: Sink) -> Any:
+    """Token classification on step ends (label at the last token of each step)."""
+    import torch
+    from transformers import AutoModelForTokenClassification, Trainer, TrainingArguments
+
+    from datasets import Dataset
+    from trainer.callbacks import SinkCallback
+
+    tok = load_tokenizer(model_path)
+    model = AutoModelForTokenClassification.from_pretrained(model_path, num_labels=2, dtype=torch.float32)
+    if model.config.pad_token_id is None:
+        model.config.pad_token_id = tok.pad_token_id
+
+    def encode(row: dict[str, Any]) -> dict[str, Any]:
+        ids = tok(row["prompt"], add_special_tokens=False).input_ids
+        labels = [-100] * len(ids)
+        for step, lab in zip(row["steps"], row["labels"]):
+            step_ids = tok(step + STEP_TAG, add_special_tokens=False).input_ids
+            ids += step_ids
+            labels += [-100] * (len(step_ids) - 1) + [lab]
+        return {"input_ids": ids[: spec.max_length], "labels": labels[: spec.max_length]}
+
+    data = Dataset.from_list([encode(r) for r in rows])
+
+    def collate(batch: list[dict[str, Any]]) -> dict[str, Any]:
+        n = max(len(b["input_ids"]) for b in batch)
+        ids = [b["input_ids"] + [tok.pad_token_id] * (n - len(b["input_ids"])) for b in batch]
+        labels = [b["labels"] + [-100] * (n - len(b["labels"])) for b in batch]
+        mask = [[1] * len(b["input_ids"]) + [0] * (n - len(b["input_ids"])) for b in batch]
+        return {"input_ids": torch.tensor(ids), "labels": torch.tensor(labels), "attention_mask": torch.tensor(mask)}
+
+    use_cpu = not torch.cuda.is_available()
+    args = TrainingArguments(
+        output_dir=str(out_dir), learning_rate=spec.learning_rate, num_train_epochs=spec.num_train_epochs,
+        per_device_train_batch_size=spec.per_device_train_batch_size, report_to=[], use_cpu=use_cpu,
+        bf16=not use_cpu, logging_steps=5, save_strategy="no", seed=spec.seed, disable_tqdm=True,
+        remove_unused_columns=False, dataloader_num_workers=0,
+    )
+    Trainer(model=model, args=args, train_dataset=data, data_collator=collate,
+            callbacks=[SinkCallback(sink, sample_every=10**9)]).train()
+    return model, tok
+
+
+def outcome_scores(model: Any, tok: Any, prompt: str, completions: list[str]) -> list[float]:
+    import torch
+
+    enc = tok([prompt + c for c in completions], return_tensors="pt", padding=True, truncation=True, max_length=2048)
+    enc = {k: v.to(model.device) for k, v in enc.items()}
+    with torch.inference_mode():
+        return [float(x) for x in model(**enc).logits[:, 0]]
+
+
+def process_scores(model: Any, tok: Any, prompt: str, completions: list[str]) -> list[float]:
+    """A solution's PRM score: the lowest probability that any of its steps is good."""
+    import torch
+
+    out = []
+    for c in completions:
+        steps = [x for x in c.split(STEP_TAG) if x.strip()] or [c]
+        ids = tok(prompt, add_special_tokens=False).input_ids
+        ends = []
+        for step in steps:
+            ids += tok(step + STEP_TAG, add_special_tokens=False).input_ids
+            ends.append(len(ids) - 1)
+        t = torch.tensor([ids[:2048]], device=model.device)
+        with torch.inference_mode():
+            probs = model(input_ids=t).logits[0].softmax(-1)[:, 1]
+        out.append(min(float(probs[e]) for e in ends if e < t.shape[1]) if any(e < t.shape[1] for e in ends) else 0.0)
+    return out
+
+
+def run_reward_model(
+    spec: RewardModelSpec, sink: Sink, *, model_path: str, policy_path: str, data_dir: str | None, out_dir: Path,
+    model_ref: str,
+) -> dict[str, float]:
+    t0 = time.monotonic()
+    problems, template = load_problems(spec.dataset, data_dir)
+    rng = random.Random(spec.seed)
+    order = list(range(len(problems)))
+    rng.shuffle(order)
+    n_held = max(1, int(len(problems) * spec.heldout_fraction))
+    held = [problems[i] for i in order[:n_held]]
+    train = [problems[i] for i in order[n_held:]]
+    sink.event("sampling", f"{spec.samples_per_question} solutions for each of {len(problems)} questions "
+               f"({len(train)} train, {len(held)} held out) from {policy_path}")
+    sampled = sample_solutions(spec, sink, policy_path, train + held, template)
+    s_train, s_held = sampled[: len(train)], sampled[len(train) :]
+    frac = sum(sum(s.correct) for s in sampled) / max(sum(len(s.correct) for s in sampled), 1)
+    sink.metrics(0, {"rm/sample_accuracy": frac})
+
+    if spec.type == "outcome":
+        pairs = outcome_pairs(s_train, seed=spec.seed)
+        if not pairs:
+            raise ValueError(
+                f"no (correct, incorrect) pairs: the policy was right on {frac:.0%} of samples; "
+                "use more questions, more samples_per_question, or a policy that is sometimes right"
+            )
+        sink.event("labelled", f"{len(pairs)} (correct, incorrect) pairs", data={"pairs": len(pairs)})
+        model, tok = _train_outcome(spec, pairs, model_path, out_dir, sink)
+        score_fn = outcome_scores
+    else:
+        policy_tok = load_tokenizer(policy_path)
+        policy = load_model(policy_path)
+        rows = process_labels(spec, sink, policy, policy_tok, s_train)
+        good = sum(sum(r["labels"]) for r in rows)
+        total = sum(len(r["labels"]) for r in rows)
+        sink.event("labelled", f"{total} steps labelled, {good} good", data={"steps": total, "good": good})
+        del policy
+        model, tok = _train_process(spec, rows, model_path, out_dir, sink)
+        score_fn = process_scores
+
+    model.eval()
+    final = out_dir / "final"
+    model.save_pretrained(str(final))
+    tok.save_pretrained(str(final))
+    sink.checkpoint(0, str(final), kind="final", data={"type": spec.type})
+
+    # held-out evaluation
+    held_pairs = outcome_pairs(s_held, seed=spec.seed + 1)
+    wins = 0
+    best_correct = maj_correct = 0
+    for s in s_held:
+        scores = score_fn(model, tok, s.prompt, s.completions)
+        by_text = dict(zip(s.completions, scores))
+        wins += sum(by_text[p["chosen"]] > by_text[p["rejected"]] for p in held_pairs if p["prompt"] == s.prompt)
+        best = max(range(len(scores)), key=lambda i: scores[i])
+        best_correct += s.correct[best]
+        maj_correct += int(maj_at_k(s.answers, s.correct, len(s.answers)))
+    n = len(s_held)
+    values = {
+        "pairwise_accuracy": wins / len(held_pairs) if held_pairs else float("nan"),
+        f"best_of_{spec.samples_per_question}_accuracy": best_correct / max(n, 1),
+        f"maj_at_{spec.samples_per_question}_accuracy": maj_correct / max(n, 1),
+    }
+    counts = {"pairwise_accuracy": (wins, len(held_pairs)),
+              f"best_of_{spec.samples_per_question}_accuracy": (best_correct, n),
+              f"maj_at_{spec.samples_per_question}_accuracy": (maj_correct, n)}
+    for metric, value in values.items():
+        if value != value:  # no held-out pairs: nothing to score
+            continue
+        c, total = counts[metric]
+        low, high = wilson_interval(int(c), total)
+        sink.score({
+            "model_ref": model_ref, "checkpoint": None, "benchmark": f"rm-heldout:{spec.dataset.name or 'custom'}",
+            "benchmark_version": "1.0", "metric": metric, "value": value, "ci_low": low, "ci_high": high,
+            "n": total, "sampling": spec.sampling.model_dump(), "backend": hf_backend.BACKEND,
+            "backend_version": hf_backend.backend_version(), "prompt_hash": None, "seed": spec.seed,
+        })
+    sink.metrics(0, {f"rm/{k}": v for k, v in values.items() if v == v})
+    sink.event("scored", ", ".join(f"{k} {v:.1%}" for k, v in values.items() if v == v)
+               + f" on {n} held-out questions ({time.monotonic() - t0:.0f}s)", data=values)
+    return values

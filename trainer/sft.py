@@ -1,0 +1,70 @@
+"""SFT jobs on TRL's SFTTrainer: prompt -> completion pairs rendered with the evaluation
+prompts, loss on the completion only."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from evaluator import prompts
+from evaluator.models import load_tokenizer
+from mathrl.sink import Sink
+from mathrl.specs import SFTSpec
+from trainer.callbacks import SinkCallback
+from trainer.data import load_problems
+from trainer.grpo import latest_checkpoint
+
+
+def sft_dataset(spec: SFTSpec, tokenizer: Any, data_dir: str | None) -> Any:
+    from datasets import Dataset
+
+    problems, template = load_problems(spec.dataset, data_dir)
+    rows = []
+    for p in problems:
+        target = p.solution if template != "plain" and p.solution else p.gold
+        rows.append({"prompt": prompts.render(template, p.question, tokenizer), "completion": target + tokenizer.eos_token})
+    return Dataset.from_list(rows)
+
+
+def run_sft(spec: SFTSpec, sink: Sink, *, model_path: str, data_dir: str | None, out_dir: Path) -> dict[str, Any]:
+    import torch
+    from trl import SFTConfig, SFTTrainer
+
+    tokenizer = load_tokenizer(model_path)
+    dataset = sft_dataset(spec, tokenizer, data_dir)
+    use_cpu = not torch.cuda.is_available()
+    args = SFTConfig(
+        output_dir=str(out_dir), max_steps=spec.max_steps, learning_rate=spec.learning_rate,
+        per_device_train_batch_size=spec.per_device_train_batch_size,
+        gradient_accumulation_steps=spec.gradient_accumulation_steps, max_length=spec.max_length,
+        warmup_steps=int(spec.warmup_ratio * spec.max_steps), logging_steps=spec.logging_steps, save_strategy="steps",
+        save_steps=spec.save_steps, seed=spec.seed, report_to=[], use_cpu=use_cpu, bf16=not use_cpu,
+        disable_tqdm=True, completion_only_loss=True, dataloader_num_workers=0, max_grad_norm=1.0,
+    )
+    peft_config = None
+    if spec.lora is not None and spec.lora.enabled:
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(r=spec.lora.r, lora_alpha=spec.lora.alpha, lora_dropout=spec.lora.dropout,
+                                 target_modules=spec.lora.target_modules, task_type="CAUSAL_LM")
+    callback = SinkCallback(sink, sample_every=10**9, total_steps=spec.max_steps)
+    trainer = SFTTrainer(model=model_path, args=args, train_dataset=dataset, processing_class=tokenizer,
+                         peft_config=peft_config, callbacks=[callback])
+    resume = latest_checkpoint(out_dir)
+    sink.event("training", f"SFT on {len(dataset)} examples, {spec.max_steps} steps"
+               + (f"; resuming from {resume.name}" if resume else ""))
+    t0 = time.monotonic()
+    trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+    seconds = time.monotonic() - t0
+    if callback.stopped:
+        raise InterruptedError("stop requested")
+    final = out_dir / "final"
+    if peft_config is not None:
+        trainer.model = trainer.model.merge_and_unload()
+    trainer.model.save_pretrained(str(final))
+    tokenizer.save_pretrained(str(final))
+    step = trainer.state.global_step
+    sink.checkpoint(step, str(final), kind="final")
+    sink.event("trained", f"{step} steps in {seconds:.1f}s", data={"train_seconds": seconds, "steps": step})
+    return {"steps": step, "train_seconds": seconds, "final": str(final)}
