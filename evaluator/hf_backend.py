@@ -42,7 +42,7 @@ def generate(
     import torch
 
     tokenizer.padding_side = "left"
-    eos_ids = _eos_ids(model, tokenizer)
+    stop_ids = eos_ids(model, tokenizer)
     lengths = [len(tokenizer(p, add_special_tokens=False).input_ids) for p in prompts]
     order = sorted(range(len(prompts)), key=lambda i: -lengths[i])
     results: list[list[Generation]] = [[] for _ in prompts]
@@ -59,7 +59,7 @@ def generate(
             "max_new_tokens": max_new_tokens,
             "num_return_sequences": n,
             "pad_token_id": tokenizer.pad_token_id,
-            "eos_token_id": eos_ids,
+            "eos_token_id": stop_ids,
         }
         if temperature > 0:
             kwargs.update(do_sample=True, temperature=temperature, top_p=top_p)
@@ -70,7 +70,7 @@ def generate(
         new = out[:, enc["input_ids"].shape[1] :].cpu()
         for row, seq in enumerate(new):
             tokens = seq.tolist()
-            ended = [j for j, t in enumerate(tokens) if t in eos_ids]
+            ended = [j for j, t in enumerate(tokens) if t in stop_ids]
             count = ended[0] + 1 if ended else len([t for t in tokens if t != tokenizer.pad_token_id])
             text = tokenizer.decode(tokens[: ended[0]] if ended else tokens, skip_special_tokens=True)
             results[idx[row // n]].append(Generation(text=text, tokens=count, truncated=not ended))
@@ -80,7 +80,7 @@ def generate(
     return results
 
 
-def _eos_ids(model: Any, tokenizer: Any) -> list[int]:
+def eos_ids(model: Any, tokenizer: Any) -> list[int]:
     ids: set[int] = set()
     for source in (getattr(model, "generation_config", None), tokenizer):
         eos = getattr(source, "eos_token_id", None)

@@ -33,8 +33,14 @@ def run_eval(
     sink.event("loading", f"{len(problems)} problems from {bench.name} v{bench.version}; loading {model_path}")
     t0 = time.monotonic()
     tokenizer = load_tokenizer(model_path)
-    model = load_model(model_path, dtype=spec.dtype)
-    sink.event("loaded", f"model loaded in {time.monotonic() - t0:.1f}s")
+    if spec.backend == "vllm":
+        from evaluator import vllm_backend as backend
+
+        model = backend.load_engine(model_path, dtype=spec.dtype, seed=spec.sampling.seed)
+    else:
+        backend = hf_backend  # type: ignore[assignment]
+        model = load_model(model_path, dtype=spec.dtype)
+    sink.event("loaded", f"{spec.backend} backend ready in {time.monotonic() - t0:.1f}s")
 
     shots = _shots(bench, data_dir, spec.few_shot)
     texts = [prompts.render(bench.prompt, p.question, tokenizer, spec.system_prompt, shots) for p in problems]
@@ -47,7 +53,7 @@ def run_eval(
             last[0] = time.monotonic()
             sink.progress(done, total, f"generating ({done / max(time.monotonic() - t1, 1e-9):.2f} problems/s)")
 
-    gens = hf_backend.generate(
+    gens = backend.generate(
         model, tokenizer, texts, max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p,
         n=s.n, seed=s.seed, batch_size=spec.batch_size, on_batch=on_batch, should_stop=sink.should_stop,
     )
@@ -102,8 +108,8 @@ def run_eval(
         "benchmark_version": bench.version,
         "n": n_problems,
         "sampling": s.model_dump(),
-        "backend": hf_backend.BACKEND,
-        "backend_version": hf_backend.backend_version(),
+        "backend": backend.BACKEND,
+        "backend_version": backend.backend_version(),
         "prompt_hash": prompts.template_hash(bench.prompt, spec.system_prompt, spec.few_shot, tokenizer.chat_template),
         "seed": s.seed,
     }

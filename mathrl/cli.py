@@ -219,6 +219,57 @@ def scores(
     console.print(table)
 
 
+@app.command("eval")
+def eval_local(
+    model: Annotated[str, typer.Option(help="Hub id or local path")],
+    benchmark: str = "gsm8k",
+    limit: int | None = None,
+    backend: str = "hf",
+    batch_size: int = 16,
+    temperature: float = 0.0,
+    n: int = 1,
+    k: Annotated[list[int] | None, typer.Option(help="k for pass@k / maj@k (repeatable)")] = None,
+    max_new_tokens: int = 512,
+    few_shot: int = 0,
+    data_dir: Annotated[str | None, typer.Option(envvar="MATHRL_DATA_DIR")] = None,
+    out: Annotated[Path | None, typer.Option(help="Directory for per-item results (items.jsonl)")] = None,
+) -> None:
+    """Evaluate a model locally, with no service (needs the worker extras: torch, transformers)."""
+    try:
+        from evaluator.run import run_eval
+    except ImportError as exc:
+        err.print(f"[red]local evaluation needs the worker extras[/red] ({exc}): pip install 'mathrl[worker]'")
+        raise typer.Exit(1) from None
+    from pydantic import ValidationError
+
+    from mathrl.sink import PrintSink
+    from mathrl.specs import EvalSpec
+
+    try:
+        spec = EvalSpec(
+            model=model, benchmark=benchmark, limit=limit, backend=backend, batch_size=batch_size,  # type: ignore[arg-type]
+            few_shot=few_shot, k=k or [1],
+            sampling={"temperature": temperature, "n": n, "max_new_tokens": max_new_tokens},  # type: ignore[arg-type]
+        )
+    except ValidationError as exc:
+        for e in exc.errors():
+            err.print(f"[red]{'.'.join(map(str, e['loc']))}[/red]: {e['msg']}")
+        raise typer.Exit(2) from None
+    if data_dir is None:
+        from mathrl.paths import default_data_dir
+
+        data_dir = default_data_dir()
+    sink = PrintSink()
+    run_eval(spec, sink, model_path=model, data_dir=data_dir, results_dir=out)
+    table = Table(title=f"{benchmark} ({backend})")
+    for col in ("metric", "value", "95% CI", "n"):
+        table.add_column(col)
+    for s in sink.scores:
+        ci = f"{s['ci_low']:.3f}-{s['ci_high']:.3f}" if s.get("ci_low") is not None else ""
+        table.add_row(s["metric"], f"{s['value']:.4g}", ci, str(s["n"]))
+    console.print(table)
+
+
 @keys_app.command("create")
 def keys_create(
     url: UrlOpt = None,

@@ -38,6 +38,7 @@ TRL_DEFAULTS: dict[str, Any] = {
     "temperature": 1.0,
     "top_p": 1.0,
     "vllm_mode": "colocate",
+    "warmup_ratio": 0.0,
 }
 
 # DeepSeekMath (Shao et al. 2024), section 4.2: policy lr 1e-6, KL coefficient 0.04,

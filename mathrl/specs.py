@@ -77,9 +77,15 @@ class StrictModel(BaseModel):
 class Resources(StrictModel):
     gpus: int = Field(0, ge=0, le=64, description="GPUs for the job; picks the worker queue ('cpu' or 'gpu-N').")
     gpu_type: str | None = Field(None, max_length=64, description="Optional GPU type label, e.g. 'h100'.")
+    pool: str | None = Field(
+        None, max_length=64, pattern=r"^[a-z0-9][a-z0-9-]*$",
+        description="A named worker pool's queue (e.g. 'h100-vllm'); default: 'cpu' or 'gpu-N' from gpus.",
+    )
 
     @property
     def queue(self) -> str:
+        if self.pool:
+            return self.pool
         return "cpu" if self.gpus == 0 else f"gpu-{self.gpus}"
 
 
@@ -122,9 +128,16 @@ class RewardRef(StrictModel):
     name: RewardName = Field(..., description="A registered reward function (trainer/rewards.py).")
     weight: float = Field(1.0, ge=-100, le=100, description="Weight of this reward in the sum.")
     model: ModelRef | None = Field(None, description="For 'reward_model': the RM (a path or 'job:<id>').")
+    buffer: int | None = Field(
+        None, ge=1, le=131072,
+        description="For 'overlong': tokens before max_completion_length over which the penalty ramps to -1 "
+        "(DAPO's soft overlong punishment); default a quarter of max_completion_length.",
+    )
 
     @model_validator(mode="after")
     def _model_only_for_rm(self) -> RewardRef:
+        if self.buffer is not None and self.name != "overlong":
+            raise FieldError("buffer", f"'buffer' is only for the 'overlong' reward, not {self.name!r}: remove it")
         if self.name == "reward_model" and self.model is None:
             raise FieldError("model", "the 'reward_model' reward needs 'model': an RM path or 'job:<rm-job-id>'")
         if self.name != "reward_model" and self.model is not None:
@@ -225,6 +238,7 @@ class GRPOSpec(_JobBase):
     mask_truncated_completions: bool | None = None
     temperature: float | None = Field(None, gt=0, le=5)
     top_p: float | None = Field(None, gt=0, le=1)
+    warmup_ratio: float | None = Field(None, ge=0, lt=1, description="Fraction of steps with a linear LR warm-up.")
     lora: LoRA | None = Field(None, description="Train LoRA adapters through peft.")
     use_vllm: bool = Field(False, description="Generate with vLLM (needs a GPU worker).")
     vllm_mode: Literal["colocate", "server"] | None = None

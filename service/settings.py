@@ -6,18 +6,11 @@ Nested blocks use a double underscore: MATHRL_DATABASE__URL, MATHRL_WORKER__LEAS
 from __future__ import annotations
 
 from functools import lru_cache
-from pathlib import Path
 
 from pydantic import BaseModel, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-
-def _default_data_dir() -> str:
-    here = Path(__file__).resolve().parent.parent
-    for candidate in (here.parent / "shared" / "datasets", Path.cwd().parent / "shared" / "datasets"):
-        if candidate.is_dir():
-            return str(candidate)
-    return str(here / "data")
+from mathrl.paths import default_data_dir
 
 
 class DatabaseSettings(BaseModel):
@@ -53,7 +46,7 @@ class Settings(BaseSettings):
     worker: WorkerSettings = Field(default_factory=WorkerSettings)  # type: ignore[arg-type]
     auth: AuthSettings = Field(default_factory=AuthSettings)  # type: ignore[arg-type]
     artifact_dir: str = Field("./.mathrl/artifacts", description="Checkpoints and per-item results.")
-    data_dir: str = Field(default_factory=_default_data_dir, description="Offline dataset copies.")
+    data_dir: str = Field(default_factory=default_data_dir, description="Offline dataset copies.")
     model_roots: list[str] = Field(default_factory=list, description="Extra directories local model paths may live in.")
     max_request_bytes: int = 1_000_000
 

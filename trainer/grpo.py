@@ -37,7 +37,7 @@ def build_rewards(spec: GRPOSpec, config: dict[str, Any], resolve_model: Any = N
             kwargs["model"] = resolve_model(ref.model) if resolve_model else ref.model
         if ref.name == "overlong":
             kwargs["max_length"] = config["max_completion_length"]
-            kwargs["buffer"] = max(1, config["max_completion_length"] // 4)
+            kwargs["buffer"] = ref.buffer or max(1, config["max_completion_length"] // 4)
         rewards.append(get_reward(ref.name, **kwargs))
         weights.append(ref.weight)
     return rewards, weights
@@ -67,6 +67,7 @@ def grpo_args(spec: GRPOSpec, config: dict[str, Any], output_dir: Path, use_cpu:
         use_vllm=spec.use_vllm,
         vllm_mode=config["vllm_mode"],
         max_steps=spec.max_steps,
+        warmup_steps=int(config["warmup_ratio"] * spec.max_steps),
         logging_steps=spec.logging_steps,
         save_strategy="steps",
         save_steps=spec.save_steps,

