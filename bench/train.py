@@ -55,7 +55,9 @@ def direct_trl(spec: Any, config: dict[str, Any], model_path: str, out: Path) ->
     problems, template = load_problems(spec.dataset, None)
     dataset, _ = prompt_dataset(problems, template, tok)
     rewards, weights = build_rewards(spec, config)
-    args = grpo_args(spec, config, out, use_cpu=True)
+    import torch
+
+    args = grpo_args(spec, config, out, use_cpu=not torch.cuda.is_available())
     args.reward_weights = weights
     timer = StepTimer()
     trainer = GRPOTrainer(model=model_path, reward_funcs=rewards, args=args, train_dataset=dataset,
@@ -68,6 +70,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--model", default="tiny")
+    ap.add_argument("--random-init", help="directory with config.json + tokenizer: random weights (speed only)")
+    ap.add_argument("--direct-only", action="store_true", help="only TRL directly (a machine without the service)")
+    ap.add_argument("--completion-length", type=int, default=16)
     args = ap.parse_args()
     sys.stdout.reconfigure(line_buffering=True)  # type: ignore[attr-defined]
 
@@ -77,18 +82,34 @@ def main() -> None:
     from service.embedded import demo_key, embedded_service, prepare_model
 
     work = Path(tempfile.mkdtemp(prefix="mathrl-bench-train-"))
-    model_path = prepare_model(args.model, work)
+    if args.random_init:
+        import torch
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+        model_path = str(work / "random")
+        torch.manual_seed(0)
+        AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(args.random_init)).save_pretrained(model_path)
+        AutoTokenizer.from_pretrained(args.random_init).save_pretrained(model_path)
+    else:
+        model_path = prepare_model(args.model, work)
     body = {
         "kind": "grpo", "model": model_path, "dataset": {"name": "arith", "split": "train", "limit": 5000},
         "max_steps": args.steps, "num_generations": 8, "per_device_train_batch_size": 32,
-        "max_completion_length": 16, "learning_rate": 1e-5, "logging_steps": 1, "save_steps": 10**6,
+        "max_completion_length": args.completion_length, "learning_rate": 1e-5, "logging_steps": 1, "save_steps": 10**6,
         "sample_every": 10, "rewards": [{"name": "accuracy"}, {"name": "format", "weight": 0.1}],
     }
     spec = GRPOSpec.model_validate(body)
     config = resolve_grpo(spec)
-    print(f"GRPO bench: {args.steps} steps, model {Path(model_path).name}, G=8, 32 completions/step, CPU")
+    import torch
 
+    where = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU"
+    print(f"GRPO bench: {args.steps} steps, model {Path(model_path).name}, G=8, 32 completions/step, {where}")
     direct = direct_trl(spec, config, model_path, work / "direct")
+    skip = max(1, args.steps // 10)  # the first steps warm caches in both runs
+    if args.direct_only:
+        print(f"per-step median, TRL direct: {statistics.median(direct[skip:]) * 1000:.1f} ms "
+              f"(mean {statistics.mean(direct[skip:]) * 1000:.1f} ms)")
+        return
     with embedded_service(work / "svc", 0) as (url, env):
         client = Client(url, api_key=demo_key(env))
         t0 = time.monotonic()
@@ -102,7 +123,6 @@ def main() -> None:
     trained = next(e for e in events if e.type == "trained")
     train_seconds = float(trained.data["train_seconds"])
 
-    skip = max(1, args.steps // 10)  # the first steps warm caches in both runs
     d = statistics.median(direct[skip:])
     s = statistics.median(service_steps[skip:])
     print(f"per-step median  TRL direct {d * 1000:7.1f} ms   through the service {s * 1000:7.1f} ms"

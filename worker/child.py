@@ -139,4 +139,9 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    code = main(sys.argv)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Exit now: everything the job reports is committed, and interpreter shutdown would wait
+    # on helper processes (vLLM's engine core) that the supervisor reaps with the process group.
+    os._exit(code)

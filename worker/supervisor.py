@@ -24,9 +24,12 @@ def worker_identity(task_id: str | None = None) -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}" + (f":{task_id}" if task_id else "")
 
 
-def _die_with_parent() -> None:
-    """In the job process (Linux): SIGKILL it if the supervising worker dies, so a killed worker
-    never leaves an orphan writing to the job while another worker takes it over."""
+def _prepare_child() -> None:
+    """Runs in the job process before exec. Unblock every signal (the worker's pool thread may
+    have some blocked, and a child inherits the mask: vLLM's engine hung on it), and (Linux)
+    SIGKILL the job if the supervising worker dies, so a killed worker never leaves an orphan
+    writing to the job while another worker takes it over."""
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
     try:
         import ctypes
 
@@ -72,7 +75,7 @@ def supervise(settings: Settings, job_id: str, owner: str) -> str:
             [sys.executable, "-m", "worker.child", job_id, owner],
             stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
             start_new_session=True,  # its own process group: a cancel reaches its children too
-            preexec_fn=_die_with_parent,
+            preexec_fn=_prepare_child,
         )
     log.info("job %s attempt %d: process %d, log %s", job_id, attempt, proc.pid, log_path)
     cancelled = lost = False
@@ -97,6 +100,7 @@ def supervise(settings: Settings, job_id: str, owner: str) -> str:
             cancelled = True
             code = stop_process(proc, w.cancel_grace_seconds)
             break
+    _kill_group(proc, signal.SIGKILL)  # whatever the job started (engine processes) goes with it
     return _record_end(settings, job_id, owner, code, cancelled, lost, log_path)
 
 
