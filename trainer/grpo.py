@@ -3,29 +3,17 @@ config (mathrl.presets.resolve_grpo) and nothing of the database."""
 
 from __future__ import annotations
 
-import re
 import time
 from pathlib import Path
 from typing import Any
 
 from evaluator.models import load_tokenizer
 from mathrl.sink import Sink
-from mathrl.specs import GRPOSpec
+from mathrl.specs import GRPOSpec, LoRA
 from trainer.callbacks import SinkCallback
+from trainer.checkpoints import latest_checkpoint, save_final
 from trainer.data import load_problems, prompt_dataset
 from trainer.rewards import Reward, get_reward
-
-
-def latest_checkpoint(out_dir: Path) -> Path | None:
-    """The newest complete TRL checkpoint (one with its trainer state written)."""
-    best: tuple[int, Path] | None = None
-    for d in out_dir.glob("checkpoint-*"):
-        m = re.fullmatch(r"checkpoint-(\d+)", d.name)
-        if m and (d / "trainer_state.json").exists():
-            step = int(m.group(1))
-            if best is None or step > best[0]:
-                best = (step, d)
-    return best[1] if best else None
 
 
 def build_rewards(spec: GRPOSpec, config: dict[str, Any], resolve_model: Any = None) -> tuple[list[Reward], list[float]]:
@@ -80,14 +68,15 @@ def grpo_args(spec: GRPOSpec, config: dict[str, Any], output_dir: Path, use_cpu:
     )
 
 
-def lora_config(spec: GRPOSpec) -> Any:
-    if spec.lora is None or not spec.lora.enabled:
+def lora_config(lora: LoRA | None) -> Any:
+    """peft's LoraConfig for a spec's `lora` block (None: train every weight)."""
+    if lora is None or not lora.enabled:
         return None
     from peft import LoraConfig
 
     return LoraConfig(
-        r=spec.lora.r, lora_alpha=spec.lora.alpha, lora_dropout=spec.lora.dropout,
-        target_modules=spec.lora.target_modules, task_type="CAUSAL_LM",
+        r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=lora.target_modules,
+        task_type="CAUSAL_LM",
     )
 
 
@@ -119,7 +108,7 @@ def run_grpo(
     callback = SinkCallback(sink, sample_every=spec.sample_every, total_steps=spec.max_steps)
     trainer = GRPOTrainer(
         model=model_path, reward_funcs=rewards, args=args, train_dataset=dataset, processing_class=tokenizer,
-        peft_config=lora_config(spec), callbacks=[callback],
+        peft_config=lora_config(spec.lora), callbacks=[callback],
     )
     callback.trainer = trainer
     resume = latest_checkpoint(out_dir)
@@ -135,22 +124,4 @@ def run_grpo(
     train_seconds = time.monotonic() - t1
     if callback.stopped:
         raise InterruptedError("stop requested")
-    final = out_dir / "final"
-    if spec.lora is not None and spec.lora.enabled:
-        trainer.save_model(str(out_dir / "adapter"))
-        _merge_lora(out_dir / "adapter", final)
-    else:
-        trainer.save_model(str(final))
-    tokenizer.save_pretrained(str(final))
-    step = trainer.state.global_step
-    sink.checkpoint(step, str(final), kind="final")
-    sink.event("trained", f"{step} steps in {train_seconds:.1f}s", data={"train_seconds": train_seconds, "steps": step})
-    return {"steps": step, "train_seconds": train_seconds, "final": str(final)}
-
-
-def _merge_lora(adapter: Path, final: Path) -> None:
-    """Merge the adapter into its base and save that, so evaluation and later jobs load it plainly."""
-    from peft import AutoPeftModelForCausalLM
-
-    merged = AutoPeftModelForCausalLM.from_pretrained(str(adapter)).merge_and_unload()
-    merged.save_pretrained(str(final))
+    return save_final(trainer, tokenizer, out_dir, sink, train_seconds)

@@ -13,7 +13,8 @@ from mathrl.sink import Sink
 from mathrl.specs import SFTSpec
 from trainer.callbacks import SinkCallback
 from trainer.data import load_problems
-from trainer.grpo import latest_checkpoint
+from trainer.checkpoints import latest_checkpoint, save_final
+from trainer.grpo import lora_config
 
 
 def sft_dataset(spec: SFTSpec, tokenizer: Any, data_dir: str | None) -> Any:
@@ -42,12 +43,7 @@ def run_sft(spec: SFTSpec, sink: Sink, *, model_path: str, data_dir: str | None,
         save_steps=spec.save_steps, seed=spec.seed, report_to=[], use_cpu=use_cpu, bf16=not use_cpu,
         disable_tqdm=True, completion_only_loss=True, dataloader_num_workers=0, max_grad_norm=1.0,
     )
-    peft_config = None
-    if spec.lora is not None and spec.lora.enabled:
-        from peft import LoraConfig
-
-        peft_config = LoraConfig(r=spec.lora.r, lora_alpha=spec.lora.alpha, lora_dropout=spec.lora.dropout,
-                                 target_modules=spec.lora.target_modules, task_type="CAUSAL_LM")
+    peft_config = lora_config(spec.lora)
     callback = SinkCallback(sink, sample_every=10**9, total_steps=spec.max_steps)
     trainer = SFTTrainer(model=model_path, args=args, train_dataset=dataset, processing_class=tokenizer,
                          peft_config=peft_config, callbacks=[callback])
@@ -59,12 +55,4 @@ def run_sft(spec: SFTSpec, sink: Sink, *, model_path: str, data_dir: str | None,
     seconds = time.monotonic() - t0
     if callback.stopped:
         raise InterruptedError("stop requested")
-    final = out_dir / "final"
-    if peft_config is not None:
-        trainer.model = trainer.model.merge_and_unload()
-    trainer.model.save_pretrained(str(final))
-    tokenizer.save_pretrained(str(final))
-    step = trainer.state.global_step
-    sink.checkpoint(step, str(final), kind="final")
-    sink.event("trained", f"{step} steps in {seconds:.1f}s", data={"train_seconds": seconds, "steps": step})
-    return {"steps": step, "train_seconds": seconds, "final": str(final)}
+    return save_final(trainer, tokenizer, out_dir, sink, seconds)
