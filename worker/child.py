@@ -54,6 +54,16 @@ def run(job_id: str) -> int:
     model_path, checkpoint = resolve(spec.model)
     sink = DatabaseSink(url, job_id, project_id, cancel_poll_seconds=settings.worker.heartbeat_seconds)
     sink.install_sigterm()
+    try:
+        return _run_kind(spec, config, sink, settings, job_id, model_path, checkpoint, resolve)
+    finally:
+        sink.flush()  # every metric and sample is stored before the process reports its end
+
+
+def _run_kind(
+    spec: Any, config: dict[str, Any], sink: DatabaseSink, settings: Any, job_id: str, model_path: str,
+    checkpoint: str | None, resolve: Any,
+) -> int:
     out = job_dir(settings.artifact_dir, job_id)
     out.mkdir(parents=True, exist_ok=True)
     sink.event("started", f"job process {os.getpid()} started ({spec.kind})", data={"pid": os.getpid()})

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import queue
 import signal
+import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import insert, select
@@ -15,12 +18,47 @@ from store.models import BenchmarkScore, Checkpoint, Job, Metric, Sample, utcnow
 
 
 class DatabaseSink:
+    """Events, checkpoints and scores are written at once. Metrics and samples, the per-step
+    traffic, go through one writer thread so a training step never waits on the database;
+    `flush()` (called before the job process exits) waits until they are all stored."""
+
     def __init__(self, url: str, job_id: str, project_id: str, cancel_poll_seconds: float = 2.0) -> None:
         self.url, self.job_id, self.project_id = url, job_id, project_id
         self._stop = False
         self._last_poll = 0.0
         self._poll_every = cancel_poll_seconds
         self._last_progress = 0.0
+        self._queue: queue.Queue[Callable[[], None]] = queue.Queue()
+        self._writer: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def _submit(self, write: Callable[[], None]) -> None:
+        if self._error is not None:
+            raise RuntimeError(f"writing to the database failed: {self._error}") from self._error
+        if self._writer is None:
+            self._writer = threading.Thread(target=self._drain, name="mathrl-sink-writer", daemon=True)
+            self._writer.start()
+        self._queue.put(write)
+
+    def _drain(self) -> None:
+        while True:
+            write = self._queue.get()
+            for attempt in range(30):  # ride out a short database outage
+                try:
+                    write()
+                    break
+                except Exception as exc:  # noqa: BLE001
+                    if attempt == 29:
+                        self._error = exc
+                    time.sleep(1.0)
+            self._queue.task_done()
+
+    def flush(self) -> None:
+        """Block until every queued metric and sample is stored (raises if one could not be)."""
+        if self._writer is not None:
+            self._queue.join()
+        if self._error is not None:
+            raise RuntimeError(f"writing to the database failed: {self._error}") from self._error
 
     def install_sigterm(self) -> None:
         """SIGTERM (a cancel, or a pod being stopped) asks the job to stop at its next check."""
@@ -45,23 +83,30 @@ class DatabaseSink:
             for k, v in values.items()
             if v is not None
         ]
-        with session_scope(self.url) as s:
-            dialect = s.get_bind().dialect.name
-            ins = postgresql.insert(Metric) if dialect == "postgresql" else sqlite.insert(Metric)
-            # a resumed job may log a step again: the first value stays
-            s.execute(ins.on_conflict_do_nothing(index_elements=["job_id", "name", "step"]), rows)
+
+        def write() -> None:
+            with session_scope(self.url) as s:
+                dialect = s.get_bind().dialect.name
+                ins = postgresql.insert(Metric) if dialect == "postgresql" else sqlite.insert(Metric)
+                # a resumed job may log a step again: the first value stays
+                s.execute(ins.on_conflict_do_nothing(index_elements=["job_id", "name", "step"]), rows)
+
+        self._submit(write)
 
     def samples(self, step: int | None, items: list[dict[str, Any]]) -> None:
         if not items:
             return
-        with session_scope(self.url) as s:
-            s.add_all(
-                Sample(
-                    job_id=self.job_id, step=step, index=i, prompt=it["prompt"], completion=it["completion"],
-                    data=it.get("data"),
-                )
-                for i, it in enumerate(items)
-            )
+        rows = [
+            Sample(job_id=self.job_id, step=step, index=i, prompt=it["prompt"], completion=it["completion"],
+                   data=it.get("data"))
+            for i, it in enumerate(items)
+        ]
+
+        def write() -> None:
+            with session_scope(self.url) as s:
+                s.add_all(rows)
+
+        self._submit(write)
 
     def checkpoint(self, step: int, uri: str, kind: str = "checkpoint", data: dict[str, Any] | None = None) -> None:
         with session_scope(self.url) as s:
