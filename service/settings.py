@@ -15,8 +15,6 @@ from mathrl.paths import default_data_dir
 
 class DatabaseSettings(BaseModel):
     url: str = Field("sqlite:///./.mathrl/mathrl.db", description="SQLAlchemy URL (postgresql+psycopg://...).")
-    pool_size: int = 10
-    echo: bool = False
 
 
 class BrokerSettings(BaseModel):
@@ -47,7 +45,6 @@ class Settings(BaseSettings):
     auth: AuthSettings = Field(default_factory=AuthSettings)  # type: ignore[arg-type]
     artifact_dir: str = Field("./.mathrl/artifacts", description="Checkpoints and per-item results.")
     data_dir: str = Field(default_factory=default_data_dir, description="Offline dataset copies.")
-    model_roots: list[str] = Field(default_factory=list, description="Extra directories local model paths may live in.")
     max_request_bytes: int = 1_000_000
 
 

@@ -40,8 +40,6 @@ class Project(Base):
     id: Mapped[str] = mapped_column(String(36), primary_key=True, default=uuid7)
     name: Mapped[str] = mapped_column(String(100), unique=True)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
-    # Quotas (issue 8 enforces them; stored per project so an operator can raise one).
-    max_concurrent_jobs: Mapped[int] = mapped_column(Integer, default=16)
 
 
 class ApiKey(Base):

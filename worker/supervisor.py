@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 from service.settings import Settings
@@ -134,7 +135,5 @@ def _record_end(
             return status
         except Exception as exc:
             log.warning("recording the end of %s failed (%s); retry %d", job_id, type(exc).__name__, attempt + 1)
-            import time
-
             time.sleep(1.0)
     return status
