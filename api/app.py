@@ -10,7 +10,7 @@ from fastapi import FastAPI
 from prometheus_client import Counter, Histogram
 
 from api import problems
-from api.routers import health, jobs, keys, scores
+from api.routers import health, jobs, keys, pipelines, scores
 from service.settings import get_settings
 
 REQUESTS = Counter("mathrl_http_requests_total", "HTTP requests", ["method", "route", "status"])
@@ -70,7 +70,7 @@ def create_app() -> FastAPI:
         description="Train and evaluate math-reasoning language models with GRPO. "
         "Authenticate with `Authorization: Bearer <key>`.",
     )
-    for r in (jobs.router, scores.router, keys.router, health.router):
+    for r in (jobs.router, pipelines.router, scores.router, keys.router, health.router):
         app.include_router(r)
     problems.install(app)
     app.add_middleware(LimitsAndMetrics, max_bytes=settings.max_request_bytes)

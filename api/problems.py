@@ -20,6 +20,7 @@ log = logging.getLogger("mathrl.api")
 
 PROBLEM_JSON = "application/problem+json"
 JOB_NOT_FOUND = "No job with this id in your project."
+PIPELINE_NOT_FOUND = "No pipeline with this id in your project."
 KEY_NOT_FOUND = "No API key with this id in your project."
 AUTH_MISSING = "Send your API key as 'Authorization: Bearer <key>' (create one with `mathrl keys create`)."
 AUTH_INVALID = "The API key is unknown, revoked or expired: create a new one with `mathrl keys create`."
@@ -64,6 +65,8 @@ def _pointer(loc: tuple[Any, ...]) -> str:
         where = "body"
     if where == "body" and parts and parts[0] in JOB_KINDS:
         parts.pop(0)  # the discriminator tag pydantic adds for the union member
+    elif where == "body" and len(parts) > 2 and parts[0] == "jobs" and parts[2] in JOB_KINDS:
+        parts.pop(2)  # the same, inside a pipeline's jobs/<step>
     path = "/" + "/".join(str(p) for p in parts)
     return path if where == "body" else f"{where}:{path}"
 

@@ -3,6 +3,7 @@
     mathrl jobs submit spec.yaml --follow
     mathrl jobs list --status running
     mathrl jobs logs <id> --follow
+    mathrl pipeline submit pipeline.yaml --wait
     mathrl scores --benchmark gsm8k
     mathrl keys create --name laptop
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -22,12 +24,14 @@ from rich.console import Console
 from rich.table import Table
 
 from mathrl.client import Client, MathRLError
-from mathrl.schemas import JobResponse
+from mathrl.schemas import TERMINAL_STATUSES, JobResponse, PipelineResponse
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="Train and evaluate math LLMs with mathrl.")
 jobs_app = typer.Typer(no_args_is_help=True, help="Submit and watch jobs.")
 keys_app = typer.Typer(no_args_is_help=True, help="API keys.")
+pipeline_app = typer.Typer(no_args_is_help=True, help="Several jobs in one submission, run in dependency order.")
 app.add_typer(jobs_app, name="jobs")
+app.add_typer(pipeline_app, name="pipeline")
 app.add_typer(keys_app, name="keys")
 
 console = Console()
@@ -66,10 +70,96 @@ def _print_jobs(jobs: list[JobResponse]) -> None:
 def load_spec_file(path: Path) -> dict[str, Any]:
     """YAML or JSON; YAML is loaded with the safe loader (no Python objects)."""
     text = path.read_text()
-    data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as exc:  # a python/object tag is a YAMLError here, never a call
+        raise typer.BadParameter(f"{path} is not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {exc}") from exc
     if not isinstance(data, dict):
         raise typer.BadParameter(f"{path} must hold one mapping (a job spec), not {type(data).__name__}")
     return data
+
+
+_COLORS = {"succeeded": "green", "failed": "red", "cancelled": "yellow", "running": "cyan", "waiting": "dim"}
+
+
+def _print_pipeline(p: PipelineResponse) -> None:
+    c = _COLORS.get(p.status, "white")
+    console.print(f"pipeline [bold]{p.id}[/bold] {p.name or ''} [{c}]{p.status}[/{c}]")
+    table = Table(box=None)
+    for col in ("step", "kind", "status", "job", "after", "error"):
+        table.add_column(col)
+    for j in p.jobs:
+        c = _COLORS.get(j.status, "white")
+        table.add_row(j.step, j.kind, f"[{c}]{j.status}[/{c}]", j.job_id, ", ".join(j.depends_on), j.error or "")
+    console.print(table)
+
+
+@pipeline_app.command("submit")
+def pipeline_submit(
+    spec_file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="Pipeline spec (YAML or JSON)")],
+    url: UrlOpt = None,
+    api_key: KeyOpt = None,
+    wait: Annotated[bool, typer.Option("--wait", "-w", help="Show progress until every job has ended")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Submit a pipeline: `jobs:` maps step names to job specs; 'job:<step>' names a step's output."""
+    with _client(url, api_key) as c:
+        try:
+            p = c.pipelines.create(load_spec_file(spec_file))
+            if as_json:
+                console.print_json(p.model_dump_json())
+            else:
+                _print_pipeline(p)
+            if wait:
+                last = None
+                while p.status not in TERMINAL_STATUSES:
+                    time.sleep(2.0)
+                    p = c.pipelines.retrieve(p.id)
+                    now = [(j.step, j.status) for j in p.jobs]
+                    if now != last:
+                        console.print(" ".join(f"{s}:{st}" for s, st in now))
+                        last = now
+                _print_pipeline(p)
+        except MathRLError as exc:
+            _fail(exc)
+    if wait and p.status != "succeeded":
+        raise typer.Exit(1)
+
+
+@pipeline_app.command("list")
+def pipeline_list(
+    url: UrlOpt = None, api_key: KeyOpt = None, limit: Annotated[int, typer.Option(help="Show at most this many")] = 20
+) -> None:
+    """List pipelines, newest first."""
+    with _client(url, api_key) as c:
+        try:
+            for i, p in enumerate(c.pipelines.list(page_size=min(limit, 200))):
+                if i >= limit:
+                    break
+                _print_pipeline(p)
+        except MathRLError as exc:
+            _fail(exc)
+
+
+@pipeline_app.command("get")
+def pipeline_get(pipeline_id: str, url: UrlOpt = None, api_key: KeyOpt = None, as_json: JsonOpt = False) -> None:
+    """Show a pipeline and each of its jobs."""
+    with _client(url, api_key) as c:
+        try:
+            p = c.pipelines.retrieve(pipeline_id)
+        except MathRLError as exc:
+            _fail(exc)
+    console.print_json(p.model_dump_json()) if as_json else _print_pipeline(p)
+
+
+@pipeline_app.command("cancel")
+def pipeline_cancel(pipeline_id: str, url: UrlOpt = None, api_key: KeyOpt = None) -> None:
+    """Cancel every job of the pipeline that has not ended."""
+    with _client(url, api_key) as c:
+        try:
+            _print_pipeline(c.pipelines.cancel(pipeline_id))
+        except MathRLError as exc:
+            _fail(exc)
 
 
 @jobs_app.command("submit")

@@ -26,6 +26,7 @@ from mathrl.schemas import (
     JobResponse,
     KeyCreated,
     MetricSeries,
+    PipelineResponse,
     SampleResponse,
     ScoreResponse,
 )
@@ -92,6 +93,7 @@ class Client(_Base):
         super().__init__(base_url, api_key)
         self.http = httpx.Client(base_url=self.base_url, headers=self.headers, timeout=timeout, transport=transport)
         self.jobs = Jobs(self)
+        self.pipelines = Pipelines(self)
         self.scores = Scores(self)
         self.keys = Keys(self)
 
@@ -178,6 +180,43 @@ class Jobs:
             time.sleep(poll)
 
 
+class Pipelines:
+    """Several job specs in one submission; a step names an earlier step's output 'job:<step>'."""
+
+    def __init__(self, client: Client) -> None:
+        self._c = client
+
+    def create(self, spec: Any) -> PipelineResponse:
+        return PipelineResponse.model_validate(self._c.request("POST", "/v1/pipelines", json=_spec_body(spec)))
+
+    def list(self, page_size: int = 20) -> Iterator[PipelineResponse]:
+        cursor: str | None = None
+        while True:
+            page = self._c.request("GET", "/v1/pipelines", params=_params(limit=page_size, cursor=cursor))
+            for row in page["data"]:
+                yield PipelineResponse.model_validate(row)
+            cursor = page["next_cursor"]
+            if not cursor:
+                return
+
+    def retrieve(self, pipeline_id: str) -> PipelineResponse:
+        return PipelineResponse.model_validate(self._c.request("GET", f"/v1/pipelines/{pipeline_id}"))
+
+    def cancel(self, pipeline_id: str) -> PipelineResponse:
+        return PipelineResponse.model_validate(self._c.request("POST", f"/v1/pipelines/{pipeline_id}/cancel"))
+
+    def wait(self, pipeline_id: str, timeout: float = 3600.0, poll: float = 1.0) -> PipelineResponse:
+        """Block until every job of the pipeline has ended (raises TimeoutError)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            p = self.retrieve(pipeline_id)
+            if p.status in TERMINAL_STATUSES:
+                return p
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"pipeline {pipeline_id} still {p.status} after {timeout:.0f}s")
+            time.sleep(poll)
+
+
 class Scores:
     def __init__(self, client: Client) -> None:
         self._c = client
@@ -217,6 +256,7 @@ class AsyncClient(_Base):
         super().__init__(base_url, api_key)
         self.http = httpx.AsyncClient(base_url=self.base_url, headers=self.headers, timeout=timeout, transport=transport)
         self.jobs = AsyncJobs(self)
+        self.pipelines = AsyncPipelines(self)
         self.scores = AsyncScores(self)
 
     async def request(self, method: str, path: str, **kw: Any) -> Any:
@@ -296,6 +336,20 @@ class AsyncJobs:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"job {job_id} still {job.status} after {timeout:.0f}s")
             await asyncio.sleep(poll)
+
+
+class AsyncPipelines:
+    def __init__(self, client: AsyncClient) -> None:
+        self._c = client
+
+    async def create(self, spec: Any) -> PipelineResponse:
+        return PipelineResponse.model_validate(await self._c.request("POST", "/v1/pipelines", json=_spec_body(spec)))
+
+    async def retrieve(self, pipeline_id: str) -> PipelineResponse:
+        return PipelineResponse.model_validate(await self._c.request("GET", f"/v1/pipelines/{pipeline_id}"))
+
+    async def cancel(self, pipeline_id: str) -> PipelineResponse:
+        return PipelineResponse.model_validate(await self._c.request("POST", f"/v1/pipelines/{pipeline_id}/cancel"))
 
 
 class AsyncScores:

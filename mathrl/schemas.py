@@ -11,7 +11,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 # SQLite hands back naive datetimes; every time the service stores is UTC.
 datetime = Annotated[_datetime, AfterValidator(lambda d: d if d.tzinfo else d.replace(tzinfo=UTC))]
 
-JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+JobStatus = Literal["waiting", "queued", "running", "succeeded", "failed", "cancelled"]
 TERMINAL_STATUSES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
 
 T = TypeVar("T")
@@ -35,8 +35,32 @@ class JobResponse(_Out):
     max_attempts: int
     cancel_requested: bool
     error: str | None
+    pipeline_id: str | None = Field(None, description="The pipeline this job belongs to, if any.")
+    pipeline_step: str | None = Field(None, description="Its step name in that pipeline.")
+    depends_on: list[str] = Field(default_factory=list, description="Job ids that must succeed before it starts.")
     created_at: datetime
     started_at: datetime | None
+    finished_at: datetime | None
+
+
+class PipelineJob(_Out):
+    step: str
+    job_id: str
+    kind: str
+    status: JobStatus
+    depends_on: list[str] = Field(description="Step names this step waits for.")
+    error: str | None
+
+
+class PipelineResponse(_Out):
+    id: str
+    project_id: str
+    name: str | None
+    tags: list[str]
+    status: Literal["queued", "running", "succeeded", "failed", "cancelled"]
+    spec: dict[str, Any] = Field(description="The pipeline as submitted.")
+    jobs: list[PipelineJob]
+    created_at: datetime
     finished_at: datetime | None
 
 

@@ -1,6 +1,9 @@
 """The job state machine. Every transition is one conditional UPDATE, so two workers, a
 duplicate broker message or a second pod can never both win.
 
+    waiting ──dependencies succeeded──> queued        (pipeline jobs; store/pipelines.py)
+      └──a dependency failed / was cancelled──> failed | cancelled
+
     queued ──claim──> running ──finish──> succeeded | failed | cancelled
       │                  │
       │                  └─lease lapsed (reconciler)──> queued   (attempts < max_attempts)
@@ -18,8 +21,10 @@ from sqlalchemy import and_, or_, select, update
 from sqlalchemy.orm import Session
 
 from store.models import Event, Job, utcnow
+from store.pipelines import settle_all, settle_dependents
 
 TRANSITIONS: dict[str, frozenset[str]] = {
+    "waiting": frozenset({"queued", "cancelled", "failed"}),
     "queued": frozenset({"running", "cancelled", "failed"}),
     "running": frozenset({"succeeded", "failed", "cancelled", "queued"}),
     "succeeded": frozenset(),
@@ -109,22 +114,25 @@ def finish(
         return False
     level = {"succeeded": "info", "cancelled": "warning", "failed": "error"}[status]
     add_event(session, job_id, status, message or (error or status), level=level)
+    settle_dependents(session, job_id)
     session.commit()
     return True
 
 
 def request_cancel(session: Session, job: Job) -> Job:
-    """Cancel a queued job at once; ask the supervisor of a running job to stop it."""
+    """Cancel a waiting or queued job at once; ask the supervisor of a running job to stop it."""
     now = utcnow()
-    if job.status == "queued":
+    if job.status in ("waiting", "queued"):
+        was = job.status
         result = session.execute(
             update(Job)
-            .where(Job.id == job.id, Job.status == "queued")
+            .where(Job.id == job.id, Job.status == was)
             .values(status="cancelled", cancel_requested=True, finished_at=now, updated_at=now)
             .execution_options(synchronize_session=False)
         )
         if result.rowcount == 1:  # type: ignore[attr-defined]
-            add_event(session, job.id, "cancelled", "cancelled while queued", level="warning")
+            add_event(session, job.id, "cancelled", f"cancelled while {was}", level="warning")
+            settle_dependents(session, job.id)
             session.commit()
             session.refresh(job)
             return job
@@ -145,6 +153,7 @@ def reconcile(session: Session, redeliver_after_seconds: float) -> list[Job]:
     """Find work the broker lost or a dead worker left behind; return the jobs to send again.
 
     - running with a lapsed lease: back to queued (or failed once attempts are used up);
+    - waiting pipeline jobs whose dependencies are decided: queued, failed or cancelled;
     - queued and not dispatched for `redeliver_after_seconds`: send again.
     """
     now = utcnow()
@@ -156,9 +165,13 @@ def reconcile(session: Session, redeliver_after_seconds: float) -> list[Job]:
             job.status, job.finished_at = "failed", now
             job.error = f"worker lost {job.attempts} times (lease lapsed); giving up after max_attempts={job.max_attempts}"
             add_event(session, job.id, "failed", job.error, level="error")
+            session.flush()
+            settle_dependents(session, job.id)
         elif job.cancel_requested:
             job.status, job.finished_at = "cancelled", now
             add_event(session, job.id, "cancelled", "worker lost while cancelling", level="warning")
+            session.flush()
+            settle_dependents(session, job.id)
         else:
             job.status = "queued"
             job.dispatched_at = None
@@ -168,6 +181,8 @@ def reconcile(session: Session, redeliver_after_seconds: float) -> list[Job]:
                 level="warning",
             )
         job.lease_owner, job.lease_expires_at = None, None
+    session.flush()
+    settle_all(session)  # pipelines whose settling a dead worker never finished
     cutoff = now - timedelta(seconds=redeliver_after_seconds)
     stale = session.scalars(
         select(Job)

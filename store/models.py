@@ -54,6 +54,20 @@ class ApiKey(Base):
     revoked_at: Mapped[datetime | None] = mapped_column()
 
 
+class Pipeline(Base):
+    """Named job specs submitted together; a job waits until the jobs it refers to succeed.
+    Its status is derived from its jobs' (store/pipelines.py), never stored twice."""
+
+    __tablename__ = "pipelines"
+    __table_args__ = (Index("ix_pipelines_project_id_id", "project_id", "id"),)
+    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=uuid7)
+    project_id: Mapped[str] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"))
+    name: Mapped[str | None] = mapped_column(String(200))
+    tags: Mapped[list[str]] = mapped_column(default=list)
+    spec: Mapped[dict[str, Any]] = mapped_column()
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
 class Job(Base):
     __tablename__ = "jobs"
     __table_args__ = (
@@ -78,6 +92,9 @@ class Job(Base):
     lease_expires_at: Mapped[datetime | None] = mapped_column()
     celery_task_id: Mapped[str | None] = mapped_column(String(64))
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    pipeline_id: Mapped[str | None] = mapped_column(ForeignKey("pipelines.id", ondelete="CASCADE"), index=True)
+    pipeline_step: Mapped[str | None] = mapped_column(String(64))
+    depends_on: Mapped[list[str]] = mapped_column(default=list)  # job ids that must succeed first
     error: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     dispatched_at: Mapped[datetime | None] = mapped_column()

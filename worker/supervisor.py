@@ -132,8 +132,20 @@ def _record_end(
             with session_scope(settings.database.url) as s:
                 if not finish(s, job_id, owner, status, error, message):
                     add_event(s, job_id, "stale_finish", f"{owner} finished after losing its lease", "warning")
+            _send_released(settings)
             return status
         except Exception as exc:
             log.warning("recording the end of %s failed (%s); retry %d", job_id, type(exc).__name__, attempt + 1)
             time.sleep(1.0)
     return status
+
+
+def _send_released(settings: Settings) -> None:
+    """Send the pipeline jobs this job's end released, now rather than at the next reconcile."""
+    from worker.celery_app import get_celery
+    from worker.reconciler import reconcile_once
+
+    try:
+        reconcile_once(settings, get_celery(settings.broker.url, settings.broker.visibility_timeout))
+    except Exception as exc:  # the reconciler thread sends them later
+        log.warning("sending released jobs failed (%s); the reconciler will", exc)

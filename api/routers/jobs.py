@@ -114,11 +114,14 @@ def list_jobs(
     kind: str | None = None,
     status: JobStatus | None = None,
     tag: str | None = Query(None, max_length=64),
+    pipeline_id: str | None = Query(None, max_length=36, description="Only the jobs of this pipeline."),
     limit: int = Query(50, ge=1, le=500),
     cursor: str | None = None,
 ) -> dict[str, Any]:
     """Jobs newest first. Follow `next_cursor` for the next page."""
     q = select(Job).where(Job.project_id == caller.project_id)
+    if pipeline_id:
+        q = q.where(Job.pipeline_id == pipeline_id)
     if kind:
         q = q.where(Job.kind == kind)
     if status:

@@ -1,0 +1,186 @@
+"""/v1/pipelines: several named job specs in one submission, run in dependency order.
+
+A step refers to an earlier step's output as 'job:<step>' (or 'job:<step>@step-200'); the
+API turns that into 'job:<job id>' in the stored job spec and records the dependency. Jobs
+with nothing to wait for are queued at once; the others wait (store/pipelines.py moves them).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Query
+from sqlalchemy import select
+
+from api.deps import CallerDep, SessionDep, SettingsDep
+from api.dispatch import dispatch, new_task_id
+from api.problems import BAD_CURSOR, PIPELINE_NOT_FOUND, Problem
+from mathrl.presets import resolve_config
+from mathrl.schemas import Page, PipelineResponse
+from mathrl.specs import PipelineSpec, model_refs, parse_spec, split_job_ref
+from store.ids import uuid7
+from store.jobs import TERMINAL, request_cancel
+from store.models import Event, Job, Pipeline, utcnow
+from store.pipelines import pipeline_status
+
+router = APIRouter(prefix="/v1/pipelines", tags=["pipelines"])
+
+_UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+NOT_FOUND = {404: {"description": PIPELINE_NOT_FOUND}}
+
+
+def _own_pipeline(session: Any, project_id: str, pipeline_id: str) -> Pipeline:
+    p = session.get(Pipeline, pipeline_id) if _UUID.match(pipeline_id) else None
+    if p is None or p.project_id != project_id:
+        raise Problem(404, "Not found", PIPELINE_NOT_FOUND)
+    return p
+
+
+def _set_path(data: dict[str, Any], path: str, value: str) -> None:
+    keys = path.split("/")
+    node: Any = data
+    for k in keys[:-1]:
+        node = node[int(k)] if isinstance(node, list) else node[k]
+    node[keys[-1]] = value
+
+
+def _order(deps: dict[str, list[str]]) -> list[str]:
+    """Steps with every dependency before them (the spec is known to be acyclic)."""
+    out: list[str] = []
+    seen: set[str] = set()
+
+    def visit(step: str) -> None:
+        if step in seen:
+            return
+        seen.add(step)
+        for d in deps[step]:
+            visit(d)
+        out.append(step)
+
+    for step in deps:
+        visit(step)
+    return out
+
+
+def view(pipeline: Pipeline, jobs: list[Job]) -> dict[str, Any]:
+    by_id = {j.id: j.pipeline_step for j in jobs}
+    statuses = [j.status for j in jobs]
+    status = pipeline_status(statuses)
+    finished = max((j.finished_at for j in jobs if j.finished_at), default=None) if status in TERMINAL else None
+    return {
+        "id": pipeline.id, "project_id": pipeline.project_id, "name": pipeline.name, "tags": pipeline.tags,
+        "status": status, "spec": pipeline.spec, "created_at": pipeline.created_at, "finished_at": finished,
+        "jobs": [
+            {
+                "step": j.pipeline_step, "job_id": j.id, "kind": j.kind, "status": j.status, "error": j.error,
+                "depends_on": [by_id.get(d, d) for d in j.depends_on],
+            }
+            for j in jobs
+        ],
+    }
+
+
+def _jobs_of(session: Any, pipeline_ids: list[str]) -> dict[str, list[Job]]:
+    out: dict[str, list[Job]] = {pid: [] for pid in pipeline_ids}
+    if pipeline_ids:
+        for j in session.scalars(select(Job).where(Job.pipeline_id.in_(pipeline_ids)).order_by(Job.id)):
+            out[j.pipeline_id].append(j)
+    return out
+
+
+@router.post(
+    "",
+    status_code=201,
+    response_model=PipelineResponse,
+    responses={422: {"description": "A spec is invalid, a reference dangles, or the steps form a cycle."}},
+)
+def create_pipeline(
+    spec: Annotated[PipelineSpec, Body()], session: SessionDep, caller: CallerDep, settings: SettingsDep
+) -> dict[str, Any]:
+    """Submit named job specs at once; a later step names an earlier one's output as 'job:<step>'."""
+    deps = spec.dependencies()
+    order = _order(deps)
+    ids = {step: uuid7() for step in order}
+    pipeline = Pipeline(
+        id=uuid7(), project_id=caller.project_id, name=spec.name, tags=spec.tags,
+        spec=spec.model_dump(mode="json", exclude_unset=True),
+    )
+    session.add(pipeline)
+    session.flush()
+    jobs: list[Job] = []
+    for step in order:
+        job_spec = spec.jobs[step]
+        body = job_spec.model_dump(mode="json")
+        for path, ref in model_refs(job_spec).items():
+            target, suffix = split_job_ref(ref)
+            if not target:
+                continue
+            if target in ids:
+                _set_path(body, path, f"job:{ids[target]}{suffix}")
+            else:
+                other = session.get(Job, target)
+                if other is None or other.project_id != caller.project_id:
+                    pointer = f"/jobs/{step}/{path}"
+                    msg = f"{ref!r}: no job with this id in your project (or name a step of this pipeline)"
+                    raise Problem(422, "Invalid request", f"{pointer}: {msg}", [{"pointer": pointer, "detail": msg}])
+        final = parse_spec(body)
+        waiting = bool(deps[step])
+        job = Job(
+            id=ids[step], project_id=caller.project_id, kind=final.kind,
+            name=final.name or f"{spec.name or 'pipeline'}/{step}",
+            tags=list(dict.fromkeys([*spec.tags, *final.tags])), spec=final.model_dump(mode="json"),
+            resolved_config=resolve_config(final), queue=final.resources.queue, max_attempts=final.max_attempts,
+            pipeline_id=pipeline.id, pipeline_step=step, depends_on=[ids[d] for d in deps[step]],
+            status="waiting" if waiting else "queued",
+            celery_task_id=None if waiting else new_task_id(), dispatched_at=None if waiting else utcnow(),
+        )
+        session.add(job)
+        jobs.append(job)
+    session.flush()
+    for job in jobs:
+        message = (
+            f"waiting for {', '.join(repr(d) for d in deps[job.pipeline_step or ''])}"
+            if job.status == "waiting" else f"queued on '{job.queue}'"
+        )
+        session.add(Event(job_id=job.id, type=job.status, message=message, level="info"))
+    session.commit()
+    for job in jobs:
+        if job.status == "queued":
+            dispatch(session, settings, job.id, job.queue, job.celery_task_id or "")
+    session.refresh(pipeline)
+    return view(pipeline, sorted(jobs, key=lambda j: j.id))
+
+
+@router.get("", response_model=Page[PipelineResponse])
+def list_pipelines(
+    session: SessionDep, caller: CallerDep, limit: int = Query(20, ge=1, le=200), cursor: str | None = None
+) -> dict[str, Any]:
+    """Pipelines newest first. Follow `next_cursor` for the next page."""
+    q = select(Pipeline).where(Pipeline.project_id == caller.project_id)
+    if cursor is not None:
+        if not _UUID.match(cursor):
+            raise Problem(400, "Bad cursor", BAD_CURSOR, [{"pointer": "query:/cursor", "detail": BAD_CURSOR}])
+        q = q.where(Pipeline.id < cursor)
+    rows = list(session.scalars(q.order_by(Pipeline.id.desc()).limit(limit + 1)))
+    more = len(rows) > limit
+    rows = rows[:limit]
+    jobs = _jobs_of(session, [p.id for p in rows])
+    return {"data": [view(p, jobs[p.id]) for p in rows], "next_cursor": rows[-1].id if more and rows else None}
+
+
+@router.get("/{pipeline_id}", response_model=PipelineResponse, responses=NOT_FOUND)
+def get_pipeline(pipeline_id: str, session: SessionDep, caller: CallerDep) -> dict[str, Any]:
+    p = _own_pipeline(session, caller.project_id, pipeline_id)
+    return view(p, _jobs_of(session, [p.id])[p.id])
+
+
+@router.post("/{pipeline_id}/cancel", response_model=PipelineResponse, responses=NOT_FOUND)
+def cancel_pipeline(pipeline_id: str, session: SessionDep, caller: CallerDep) -> dict[str, Any]:
+    """Cancel every job of the pipeline that has not ended (running ones are stopped)."""
+    p = _own_pipeline(session, caller.project_id, pipeline_id)
+    for job in _jobs_of(session, [p.id])[p.id]:
+        session.refresh(job)
+        if job.status not in TERMINAL:
+            request_cancel(session, job)
+    return view(p, _jobs_of(session, [p.id])[p.id])
