@@ -1,0 +1,119 @@
+# syntax=docker/dockerfile:1.7
+# Two images from one file:
+#   docker build --target api    -t REGISTRY/mathrl-api:0.1.0 .     # control plane + migrations, no torch
+#   docker build --target worker -t REGISTRY/mathrl-worker:0.1.0 .  # CUDA, torch, TRL, vLLM
+# Every version is a build argument; tests/test_deploy.py checks the worker's pins against the
+# ones the test environment installs (scripts/setup, pyproject.toml, TRL's supported vLLM range).
+
+# ---- versions ---------------------------------------------------------------------------------
+ARG PYTHON_IMAGE=python:3.11.13-slim-bookworm
+ARG CUDA_IMAGE=nvidia/cuda:13.0.1-runtime-ubuntu24.04
+# torch: the same release the tests run (CPU build there, CUDA build here).
+ARG TORCH_VERSION=2.13.0
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cu130
+# TRL 1.16 supports vLLM 0.22.0 to 0.31.0 (trl/import_utils.py); vLLM 0.31.0 needs
+# transformers >=5.10.4,<5.18 and torch 2.13.0.
+ARG TRL_VERSION=1.16.0
+ARG VLLM_VERSION=0.31.0
+ARG TRANSFORMERS_VERSION=5.17.0
+ARG PIP_VERSION=25.2
+ARG APP_UID=10001
+
+# ---- the project as a wheel (shared by both images) -------------------------------------------
+FROM ${PYTHON_IMAGE} AS wheel
+ARG PIP_VERSION
+WORKDIR /src
+RUN python -m pip install --no-cache-dir "pip==${PIP_VERSION}" "build==1.3.0"
+COPY pyproject.toml README.md alembic.ini ./
+COPY mathrl ./mathrl
+COPY api ./api
+COPY worker ./worker
+COPY trainer ./trainer
+COPY evaluator ./evaluator
+COPY store ./store
+COPY service ./service
+COPY migrations ./migrations
+RUN python -m build --wheel --outdir /wheels .
+
+# ---- api: FastAPI control plane, also runs `mathrl-server migrate` ----------------------------
+FROM ${PYTHON_IMAGE} AS api-build
+ARG PIP_VERSION
+RUN python -m venv /opt/venv && /opt/venv/bin/pip install --no-cache-dir "pip==${PIP_VERSION}"
+COPY --from=wheel /wheels /wheels
+RUN set -eux; whl=$(ls /wheels/mathrl-*.whl); /opt/venv/bin/pip install --no-cache-dir "${whl}[server]"
+
+FROM ${PYTHON_IMAGE} AS api
+ARG APP_UID
+RUN groupadd --gid ${APP_UID} mathrl \
+ && useradd --uid ${APP_UID} --gid ${APP_UID} --create-home --home-dir /home/mathrl --shell /usr/sbin/nologin mathrl \
+ && mkdir -p /var/lib/mathrl/artifacts /var/lib/mathrl/datasets \
+ && chown -R ${APP_UID}:${APP_UID} /var/lib/mathrl
+COPY --from=api-build /opt/venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    HOME=/home/mathrl \
+    MATHRL_ARTIFACT_DIR=/var/lib/mathrl/artifacts \
+    MATHRL_DATA_DIR=/var/lib/mathrl/datasets
+WORKDIR /home/mathrl
+USER ${APP_UID}:${APP_UID}
+EXPOSE 8000
+HEALTHCHECK --interval=15s --timeout=3s --start-period=20s --retries=3 \
+  CMD ["python", "-c", "import urllib.request,sys; sys.exit(urllib.request.urlopen('http://127.0.0.1:8000/livez', timeout=2).status != 200)"]
+ENTRYPOINT ["mathrl-server"]
+CMD ["api", "--host", "0.0.0.0", "--port", "8000", "--workers", "2"]
+
+# ---- worker: CUDA base with torch, TRL, vLLM ---------------------------------------------------
+FROM ${CUDA_IMAGE} AS worker-build
+ARG PIP_VERSION
+ARG TORCH_VERSION
+ARG TORCH_INDEX_URL
+ARG TRL_VERSION
+ARG VLLM_VERSION
+ARG TRANSFORMERS_VERSION
+ENV DEBIAN_FRONTEND=noninteractive
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends python3 python3-venv python3-dev build-essential git \
+ && rm -rf /var/lib/apt/lists/*
+RUN python3 -m venv /opt/venv && /opt/venv/bin/pip install --no-cache-dir "pip==${PIP_VERSION}"
+# torch first from the CUDA index; the constraints keep every later install on these pins.
+RUN printf 'torch==%s\ntrl==%s\nvllm==%s\ntransformers==%s\n' \
+      "${TORCH_VERSION}" "${TRL_VERSION}" "${VLLM_VERSION}" "${TRANSFORMERS_VERSION}" > /opt/pins.txt \
+ && /opt/venv/bin/pip install --no-cache-dir --index-url "${TORCH_INDEX_URL}" --extra-index-url https://pypi.org/simple \
+      "torch==${TORCH_VERSION}"
+COPY --from=wheel /wheels /wheels
+RUN set -eux; whl=$(ls /wheels/mathrl-*.whl); \
+    /opt/venv/bin/pip install --no-cache-dir --constraint /opt/pins.txt \
+      "torch==${TORCH_VERSION}" "trl==${TRL_VERSION}" "vllm==${VLLM_VERSION}" \
+      "transformers==${TRANSFORMERS_VERSION}" "${whl}[worker]"; \
+    /opt/venv/bin/python -c "import torch, trl, vllm, transformers; print(torch.__version__, trl.__version__, vllm.__version__, transformers.__version__)"
+
+FROM ${CUDA_IMAGE} AS worker
+ARG APP_UID
+ENV DEBIAN_FRONTEND=noninteractive
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends python3 libgomp1 ca-certificates tini \
+ && rm -rf /var/lib/apt/lists/* \
+ && (userdel --remove ubuntu 2>/dev/null || true) \
+ && groupadd --gid ${APP_UID} mathrl \
+ && useradd --uid ${APP_UID} --gid ${APP_UID} --create-home --home-dir /home/mathrl --shell /usr/sbin/nologin mathrl \
+ && mkdir -p /var/lib/mathrl/artifacts /var/lib/mathrl/datasets /var/cache/mathrl \
+ && chown -R ${APP_UID}:${APP_UID} /var/lib/mathrl /var/cache/mathrl
+COPY --from=worker-build /opt/venv /opt/venv
+COPY --from=worker-build /opt/pins.txt /opt/pins.txt
+ENV PATH=/opt/venv/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    HOME=/home/mathrl \
+    HF_HOME=/var/cache/mathrl/huggingface \
+    TRITON_CACHE_DIR=/var/cache/mathrl/triton \
+    VLLM_CACHE_ROOT=/var/cache/mathrl/vllm \
+    MATHRL_ARTIFACT_DIR=/var/lib/mathrl/artifacts \
+    MATHRL_DATA_DIR=/var/lib/mathrl/datasets \
+    NVIDIA_VISIBLE_DEVICES=all \
+    NVIDIA_DRIVER_CAPABILITIES=compute,utility
+WORKDIR /home/mathrl
+USER ${APP_UID}:${APP_UID}
+# tini forwards SIGTERM to the worker so a running job checkpoints before the pod goes.
+ENTRYPOINT ["tini", "--", "mathrl-server"]
+CMD ["worker", "--queues", "gpu-1"]
