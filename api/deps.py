@@ -12,6 +12,7 @@ import anyio
 from fastapi import Depends, Request
 from sqlalchemy.orm import Session
 
+from api import ratelimit
 from api.problems import AUTH_INVALID, AUTH_MISSING, Problem
 from service.settings import Settings, get_settings
 from store.db import get_sessionmaker
@@ -78,6 +79,7 @@ async def get_caller(request: Request, settings: SettingsDep) -> Caller:
     hit = _auth_cache.get(digest)
     now = time.monotonic()
     if hit is not None and hit[1] > now:
+        _rate_limit(hit[0], settings)
         return hit[0]
 
     def lookup() -> tuple[ApiKey, Project] | None:
@@ -100,7 +102,13 @@ async def get_caller(request: Request, settings: SettingsDep) -> Caller:
         if len(_auth_cache) > 10_000:
             _auth_cache.clear()
         _auth_cache[digest] = (caller, now + ttl)
+    _rate_limit(caller, settings)
     return caller
+
+
+def _rate_limit(caller: Caller, settings: Settings) -> None:
+    if caller.key is not None:
+        ratelimit.enforce(caller.key.id, settings.limits.rate_per_second, settings.limits.burst)
 
 
 def get_project_caller(caller: Annotated[Caller, Depends(get_caller)]) -> Caller:

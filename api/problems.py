@@ -11,7 +11,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import DataError, DBAPIError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from mathrl.specs import JOB_KINDS
@@ -31,6 +31,7 @@ IDEMPOTENCY_CONFLICT = (
 BAD_CURSOR = "The cursor is not one this API returned: pass next_cursor from the previous page."
 DB_UNAVAILABLE = "The database is unreachable right now; nothing was lost. Retry in a few seconds."
 TOO_LARGE = "The request body is larger than this server accepts."
+UNSTORABLE = "A value holds a character that cannot be stored (NUL, \\u0000): remove it."
 
 
 class Problem(Exception):
@@ -96,7 +97,82 @@ def validation_errors(errors: Any) -> list[dict[str, Any]]:
     return out
 
 
+PROBLEM_SCHEMA: dict[str, Any] = {
+    "title": "Problem",
+    "type": "object",
+    "description": "RFC 9457 problem details.",
+    "required": ["type", "title", "status", "detail"],
+    "properties": {
+        "type": {"type": "string"},
+        "title": {"type": "string"},
+        "status": {"type": "integer"},
+        "detail": {"type": "string", "description": "What went wrong and how to fix it."},
+        "instance": {"type": "string"},
+        "errors": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["pointer", "detail"],
+                "properties": {
+                    "pointer": {"type": "string", "description": "JSON pointer to the field ('query:/x' for a parameter)."},
+                    "detail": {"type": "string"},
+                    "type": {"type": ["string", "null"]},
+                },
+            },
+        },
+    },
+}
+
+# Responses any /v1 operation can give, besides those a route documents itself.
+_COMMON = {
+    "401": AUTH_INVALID,
+    "403": "The admin token manages keys only; use a project key for this route.",
+    "429": "Too many requests with this key (see Retry-After), or over a project quota.",
+    "503": DB_UNAVAILABLE,
+}
+
+
+def document_problems(schema: dict[str, Any]) -> dict[str, Any]:
+    """Make the OpenAPI document say what the handlers do: every 4xx/5xx is a problem+json
+    body, and the errors every authenticated route can give are listed on it."""
+    schema.setdefault("components", {}).setdefault("schemas", {})["Problem"] = PROBLEM_SCHEMA
+    schema["components"]["schemas"].pop("HTTPValidationError", None)
+    schema["components"]["schemas"].pop("ValidationError", None)
+    content = {PROBLEM_JSON: {"schema": {"$ref": "#/components/schemas/Problem"}}}
+    for path, item in schema.get("paths", {}).items():
+        for method, op in item.items():
+            responses = op.setdefault("responses", {})
+            if path.startswith("/v1/"):
+                for code, description in _COMMON.items():
+                    responses.setdefault(code, {"description": description})
+                if "requestBody" in op:
+                    responses.setdefault("413", {"description": TOO_LARGE})
+                    responses.setdefault("422", {"description": "The request body is invalid."})
+                params = op.get("parameters", [])
+                if any(p.get("in") == "path" for p in params):
+                    responses.setdefault("404", {"description": "Not found in your project."})
+                if any(p.get("name") == "cursor" for p in params):
+                    responses.setdefault("400", {"description": BAD_CURSOR})
+                if params:
+                    responses.setdefault("422", {"description": "A parameter is invalid."})
+            for code, response in responses.items():
+                if code[0] in "45":
+                    response["content"] = content
+    return schema
+
+
 def install(app: FastAPI) -> None:
+    from fastapi.openapi.utils import get_openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = document_problems(get_openapi(
+                title=app.title, version=app.version, description=app.description, routes=app.routes,
+            ))
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
     @app.exception_handler(Problem)
     async def _problem(request: Request, exc: Problem) -> JSONResponse:
         return problem_response(exc.status, exc.title, exc.detail, request.url.path, exc.errors, exc.headers)
@@ -112,6 +188,14 @@ def install(app: FastAPI) -> None:
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         title = {404: "Not found", 405: "Method not allowed", 413: "Request too large"}.get(exc.status_code, "Error")
         return problem_response(exc.status_code, title, str(exc.detail), request.url.path, headers=exc.headers)
+
+    @app.exception_handler(DataError)
+    async def _unstorable(request: Request, exc: DataError) -> JSONResponse:
+        # e.g. a NUL character, which PostgreSQL text cannot hold: the client's value, not an outage
+        bad = [k for k, v in request.query_params.multi_items() if "\x00" in v]
+        pointer = f"query:/{bad[0]}" if bad else "/"
+        errors = [{"pointer": pointer, "detail": UNSTORABLE}]
+        return problem_response(422, "Invalid request", f"{pointer}: {UNSTORABLE}", request.url.path, errors)
 
     @app.exception_handler(OperationalError)
     @app.exception_handler(DBAPIError)

@@ -7,6 +7,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 from evaluator.benchmarks import Benchmark
 from evaluator.grading import gsm8k_gold
@@ -23,13 +24,17 @@ class Problem:
     solution: str | None = None
 
 
-def _load_rows(source: str, split: str, config: str | None, data_file: Path | None) -> Any:
+def _load_rows(source: str, split: str, config: str | None, data_file: str | Path | None) -> Any:
+    """`data_file`: a local path, a file:// URL or an http(s) URL (admitted by api/admission.py)."""
     import datasets
 
     datasets.disable_progress_bars()
     if data_file is not None:
-        fmt = "parquet" if data_file.suffix == ".parquet" else "json"
-        return datasets.load_dataset(fmt, data_files=str(data_file), split="train")
+        data_file = str(data_file)
+        if data_file.startswith("file://"):
+            data_file = unquote(urlsplit(data_file).path)
+        fmt = "parquet" if data_file.endswith(".parquet") else "json"
+        return datasets.load_dataset(fmt, data_files=data_file, split="train")
     return datasets.load_dataset(source, config, split=split)
 
 
@@ -61,11 +66,11 @@ def load_benchmark(bench: Benchmark, data_dir: str | None, limit: int | None = N
     return problems
 
 
-def load_user_set(path: Path, question_field: str, answer_field: str, limit: int | None = None) -> list[Problem]:
+def load_user_set(path: str | Path, question_field: str, answer_field: str, limit: int | None = None) -> list[Problem]:
     rows = _load_rows("", "train", None, path)
     missing = [f for f in (question_field, answer_field) if f not in rows.column_names]
     if missing:
-        raise ValueError(f"{path.name} has no field(s) {missing}; it has {rows.column_names}: set question_field/answer_field")
+        raise ValueError(f"{str(path).rsplit('/', 1)[-1]} has no field(s) {missing}; it has {rows.column_names}: set question_field/answer_field")
     if limit is not None:
         rows = rows.select(range(min(limit, len(rows))))
     out = []

@@ -19,11 +19,23 @@ def _gguf_in(path: Path) -> str | None:
     return ggufs[0].name if ggufs else None
 
 
+def remote_code_kwargs(ref: str, allowed: list[str] | None = None) -> dict[str, Any]:
+    """`{"trust_remote_code": True}` only for a model the operator listed in
+    MATHRL_SOURCES__TRUST_REMOTE_CODE_MODELS (by hub id or path); a job spec cannot ask for it."""
+    if allowed is None:
+        from service.settings import get_settings
+
+        allowed = get_settings().sources.trust_remote_code_models
+    names = {ref, str(Path(ref).expanduser().resolve()) if ref.startswith(("/", ".", "~")) else ref}
+    listed = {a if not a.startswith(("/", ".", "~")) else str(Path(a).expanduser().resolve()) for a in allowed}
+    return {"trust_remote_code": True} if names & listed else {}
+
+
 def load_tokenizer(ref: str) -> Any:
     from transformers import AutoTokenizer
 
     path = Path(ref).expanduser()
-    kwargs: dict[str, Any] = {}
+    kwargs: dict[str, Any] = remote_code_kwargs(ref)
     if path.is_dir() and (gguf := _gguf_in(path)):
         kwargs["gguf_file"] = gguf
     tok = AutoTokenizer.from_pretrained(str(path) if path.exists() else ref, **kwargs)
@@ -37,7 +49,7 @@ def load_model(ref: str, dtype: str = "auto", device: str | None = None) -> Any:
     from transformers import AutoModelForCausalLM
 
     path = Path(ref).expanduser()
-    kwargs: dict[str, Any] = {}
+    kwargs: dict[str, Any] = remote_code_kwargs(ref)
     if path.is_dir() and (gguf := _gguf_in(path)):
         kwargs["gguf_file"] = gguf
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")

@@ -134,7 +134,7 @@ def _problems(spec: EvalSpec, data_dir: str | None) -> tuple[Benchmark, list[Pro
             local_file=None, question_field=d.question_field, answer_field=d.answer_field, gold_format="latex",
             prompt="math",
         )
-        return bench, load_user_set(Path(d.path), d.question_field, d.answer_field, spec.limit or d.limit)
+        return bench, load_user_set(d.path, d.question_field, d.answer_field, spec.limit or d.limit)
     bench = get_benchmark(spec.benchmark)
     return bench, load_benchmark(bench, data_dir, spec.limit)
 

@@ -164,7 +164,14 @@ class LoRA(StrictModel):
         return self
 
 
+def _kind_required(schema: dict[str, Any]) -> None:
+    # 'kind' has a default for Python callers, but the API picks the spec by it: say it is required
+    schema["required"] = sorted({*schema.get("required", []), "kind"})
+
+
 class _JobBase(StrictModel):
+    model_config = ConfigDict(json_schema_extra=_kind_required)
+
     name: str | None = Field(None, max_length=200, description="A human-readable name.")
     tags: list[Annotated[str, Field(min_length=1, max_length=64)]] = Field(
         default_factory=list, max_length=32, description="Free labels; jobs can be listed by tag."

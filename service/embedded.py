@@ -7,6 +7,7 @@ the API, the broker and the worker, exactly as in a cluster.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -20,9 +21,11 @@ from pathlib import Path
 import httpx
 
 
-def embedded_env(home: Path) -> dict[str, str]:
+def embedded_env(home: Path, model_roots: list[str] | None = None) -> dict[str, str]:
     home = home.resolve()
+    roots = [str(home / "models"), *(model_roots or [])]
     return {
+        "MATHRL_SOURCES__MODEL_ROOTS": json.dumps(roots),
         "MATHRL_DATABASE__URL": f"sqlite:///{home / 'mathrl.db'}",
         "MATHRL_BROKER__URL": f"sqla+sqlite:///{home / 'broker.db'}",
         "MATHRL_ARTIFACT_DIR": str(home / "artifacts"),
@@ -58,12 +61,12 @@ def wait_ready(url: str, procs: list[subprocess.Popen[bytes]], timeout: float = 
 
 
 @contextmanager
-def embedded_service(home: Path, port: int) -> Iterator[tuple[str, dict[str, str]]]:
+def embedded_service(home: Path, port: int, model_roots: list[str] | None = None) -> Iterator[tuple[str, dict[str, str]]]:
     """Start API and worker as child processes; stop them on exit. Yields (url, env)."""
     from store.migrate import upgrade
 
     home.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, **embedded_env(home)}
+    env = {**os.environ, **embedded_env(home, model_roots)}
     upgrade(env["MATHRL_DATABASE__URL"])
     port = free_port(port)
     logs = home / "logs"
@@ -132,7 +135,8 @@ def run_demo(home: str, port: int, model: str, limit: int, max_new_tokens: int, 
         model_path = prepare_model(model, root)
     console.print(f"model: [bold]{model_path}[/bold] ({time.monotonic() - t0:.0f}s)")
     with console.status("starting the embedded service: SQLite, SQLite broker, worker, API"):
-        ctx = embedded_service(root, port)
+        local = Path(model_path).expanduser()
+        ctx = embedded_service(root, port, [str(local.resolve())] if local.exists() else None)
         url, env = ctx.__enter__()
     try:
         key = demo_key(env)

@@ -36,6 +36,53 @@ class AuthSettings(BaseModel):
     cache_seconds: float = Field(2.0, description="How long an API process trusts a key it has checked.")
 
 
+class LimitsSettings(BaseModel):
+    """Per-project quotas (checked on every job submission, on the resolved config) and the
+    per-key rate limit. A quota refusal is a 4xx problem naming the field and the limit."""
+
+    max_active_jobs: int = Field(50, ge=1, description="Jobs a project may have waiting, queued or running at once.")
+    max_active_gpus: int = Field(64, ge=0, description="Sum of resources.gpus over a project's active jobs.")
+    max_steps: int = Field(1_000_000, ge=1, description="Optimizer steps one training job may ask for (max_steps).")
+    max_generations_per_step: int = Field(
+        8192, ge=1,
+        description="Completions generated per step: a GRPO job's resolved global batch (and num_generations), "
+        "an eval's sampling.n, a reward-model job's samples_per_question.",
+    )
+    max_tokens: int = Field(
+        32768, ge=1,
+        description="Tokens in one sequence: GRPO max_prompt_length + max_completion_length, sampling.max_new_tokens, "
+        "max_length of sft and reward-model jobs.",
+    )
+    rate_per_second: float = Field(
+        50.0, gt=0, description="Requests per second per API key (token bucket, per API process; health routes exempt)."
+    )
+    burst: int = Field(200, ge=1, description="Requests a key may make at once before the rate applies.")
+
+
+class SourcesSettings(BaseModel):
+    """Where models and datasets may come from. Checked before a job is stored, so nothing is
+    fetched for a refused source. Hub ids ('org/name') and 'job:<id>' refs are always allowed."""
+
+    model_roots: list[str] = Field(
+        default_factory=lambda: ["./.mathrl/models"],
+        description="Directories local model paths must lie under (the artifact and data dirs are always allowed).",
+    )
+    data_roots: list[str] = Field(
+        default_factory=list,
+        description="Directories user dataset files must lie under (the data and artifact dirs are always allowed).",
+    )
+    allowed_url_prefixes: list[str] = Field(
+        default_factory=list,
+        description="http(s) URL prefixes a dataset path may start with; the host must also not be a private, "
+        "loopback or link-local address.",
+    )
+    trust_remote_code_models: list[str] = Field(
+        default_factory=list,
+        description="Model refs (hub ids or paths) that may run their own modelling code (trust_remote_code); "
+        "a job spec cannot ask for it.",
+    )
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="MATHRL_", env_nested_delimiter="__", extra="ignore")
 
@@ -43,6 +90,8 @@ class Settings(BaseSettings):
     broker: BrokerSettings = Field(default_factory=BrokerSettings)  # type: ignore[arg-type]
     worker: WorkerSettings = Field(default_factory=WorkerSettings)  # type: ignore[arg-type]
     auth: AuthSettings = Field(default_factory=AuthSettings)  # type: ignore[arg-type]
+    limits: LimitsSettings = Field(default_factory=LimitsSettings)  # type: ignore[arg-type]
+    sources: SourcesSettings = Field(default_factory=SourcesSettings)  # type: ignore[arg-type]
     artifact_dir: str = Field("./.mathrl/artifacts", description="Checkpoints and per-item results.")
     data_dir: str = Field(default_factory=default_data_dir, description="Offline dataset copies.")
     max_request_bytes: int = 1_000_000

@@ -7,6 +7,7 @@ MATHRL_TEST_PG (a server URL) and MATHRL_TEST_REDIS.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -80,6 +81,9 @@ def service_env(pg_url: str, redis_url: str, artifacts: Path) -> dict[str, str]:
         "MATHRL_AUTH__ADMIN_TOKEN": ADMIN_TOKEN,
         "MATHRL_ARTIFACT_DIR": str(artifacts),
         "MATHRL_DATA_DIR": data_dir(),
+        # the tests' tiny models and user datasets live under pytest's base temp dir
+        "MATHRL_SOURCES__MODEL_ROOTS": json.dumps([str(artifacts.parent)]),
+        "MATHRL_SOURCES__DATA_ROOTS": json.dumps([str(artifacts.parent)]),
         "MATHRL_WORKER__LEASE_SECONDS": "4",
         "MATHRL_WORKER__HEARTBEAT_SECONDS": "0.5",
         "MATHRL_WORKER__CANCEL_GRACE_SECONDS": "3",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -91,9 +92,9 @@ def test_job_this_worker_cannot_run_fails_fast_with_the_reason(service: Service)
         service.stop_worker(w)
 
 
-def test_bad_model_path_fails_with_the_error_captured(service: Service) -> None:
+def test_bad_model_path_fails_with_the_error_captured(service: Service, tmp_path: Path) -> None:
     c = service.client()
-    job = c.jobs.create(eval_spec("/nonexistent/model-dir"))
+    job = c.jobs.create(eval_spec(str(tmp_path / "nonexistent" / "model-dir")))  # under an allowed root
     done = c.jobs.wait(job.id, timeout=120)
     assert done.status == "failed"
     assert "nonexistent" in (done.error or "")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from evaluator import prompts
@@ -14,7 +13,7 @@ from mathrl.specs import DatasetRef
 def load_problems(ref: DatasetRef, data_dir: str | None) -> tuple[list[Problem], str]:
     """The problems and the prompt template they use."""
     if ref.path is not None:
-        return load_user_set(Path(ref.path), ref.question_field, ref.answer_field, ref.limit), "math"
+        return load_user_set(ref.path, ref.question_field, ref.answer_field, ref.limit), "math"
     assert ref.name is not None
     from evaluator.benchmarks import REGISTRY
 

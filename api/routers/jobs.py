@@ -15,6 +15,7 @@ from fastapi.responses import StreamingResponse
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
+from api.admission import admit
 from api.deps import CallerDep, SessionDep, SettingsDep
 from api.dispatch import dispatch, new_task_id
 from api.problems import BAD_CURSOR, IDEMPOTENCY_CONFLICT, JOB_NOT_FOUND, Problem
@@ -57,7 +58,12 @@ def _cursor(value: str | None) -> str | None:
     "",
     status_code=201,
     response_model=JobResponse,
-    responses={409: {"description": IDEMPOTENCY_CONFLICT}, 422: {"description": "The spec is invalid."}},
+    responses={
+        200: {"description": "A replay: this Idempotency-Key and body created this job before.", "model": JobResponse},
+        409: {"description": IDEMPOTENCY_CONFLICT},
+        422: {"description": "The spec is invalid, names a source outside the allowed roots, or is over a limit."},
+        429: {"description": "Over the project's quota of active jobs or GPUs, or the key's rate limit."},
+    },
 )
 def create_job(
     spec: Annotated[JobSpec, Body()],
@@ -76,6 +82,7 @@ def create_job(
         )
         if existing is not None:
             return _replay(existing, request_hash, response)
+    admit(session, caller.project_id, spec, settings)
     job = Job(
         project_id=caller.project_id, kind=spec.kind, name=spec.name, tags=spec.tags, spec=body,
         resolved_config=resolve_config(spec), queue=spec.resources.queue, max_attempts=spec.max_attempts,

@@ -1,0 +1,196 @@
+"""Admission: what a job may use and how much, checked before anything is stored or fetched.
+
+`admit(session, project_id, spec, settings)` is called by every route that creates a job,
+once per job, after the spec validated and before the row is added. It raises a `Problem`
+(422 for a source or a per-job limit, 429 for a project quota) whose `errors[]` point at
+the offending field and say how to fix it. Nothing is fetched or opened: paths are resolved
+lexically (plus symlinks) and URL hosts are checked as literal addresses or by DNS.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from api.problems import Problem
+from mathrl.presets import resolve_config
+from service.settings import Settings
+from store.models import Job, Project
+
+ACTIVE_STATUSES: tuple[str, ...] = ("waiting", "queued", "running")
+
+
+def admit(session: Session, project_id: str, spec: Any, settings: Settings, pending: list[Any] | None = None) -> None:
+    """Refuse the job unless its sources are allowed and it fits the project's quotas.
+
+    `pending`: specs admitted earlier in the same submission (a pipeline) and not yet stored,
+    so that they count against the project's quotas too.
+    """
+    check_sources(spec, settings)
+    check_job_limits(spec, settings)
+    check_project_quota(session, project_id, spec, settings, pending or [])
+
+
+# --- sources ---------------------------------------------------------------------------
+
+def _roots(settings: Settings, extra: list[str]) -> list[Path]:
+    roots = [*extra, settings.artifact_dir, settings.data_dir]
+    return [Path(r).expanduser().resolve() for r in roots if r]
+
+
+def _refuse(pointer: str, detail: str) -> Problem:
+    return Problem(422, "Source not allowed", f"{pointer}: {detail}", [{"pointer": pointer, "detail": detail}])
+
+
+def _under_roots(value: str, roots: list[Path], pointer: str, what: str) -> None:
+    """A local path (or file:// URL) must resolve, symlinks and '..' included, under a root."""
+    raw = unquote(urlsplit(value).path) if value.startswith("file:") else value
+    if value.startswith("file:") and urlsplit(value).netloc not in ("", "localhost"):
+        raise _refuse(pointer, f"{value!r}: a file:// URL must name a local file (file:///path)")
+    resolved = Path(raw).expanduser().resolve()
+    if not any(resolved.is_relative_to(root) for root in roots):
+        listed = ", ".join(str(r) for r in roots)
+        raise _refuse(
+            pointer,
+            f"{value!r} resolves to {resolved}, outside the {what} roots this server allows ({listed}): "
+            f"copy it under one of them, use a hub id, or ask the operator to add a root",
+        )
+
+
+def _is_public(host: str) -> bool:
+    """True when every address the host names is public (not private/loopback/link-local/...)."""
+    try:
+        addresses = [ipaddress.ip_address(host.strip("[]"))]
+    except ValueError:
+        try:
+            infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+        except (OSError, UnicodeError):
+            return False
+        addresses = [ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in infos]
+    if not addresses:
+        return False
+    for addr in addresses:
+        if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+            addr = addr.ipv4_mapped
+        if not addr.is_global or addr.is_multicast:
+            return False
+    return True
+
+
+def check_url(value: str, settings: Settings, pointer: str) -> None:
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https"):
+        raise _refuse(pointer, f"{value!r}: only http(s) URLs under an allowed prefix, or local paths, are accepted")
+    prefixes = settings.sources.allowed_url_prefixes
+    if not any(value.startswith(p) for p in prefixes):
+        allowed = ", ".join(prefixes) if prefixes else "none are configured"
+        raise _refuse(
+            pointer, f"{value!r} is not under an allow-listed URL prefix ({allowed}): "
+            "put the file under a data root or ask the operator to allow its prefix",
+        )
+    host = parts.hostname or ""
+    if parts.username or parts.password:
+        raise _refuse(pointer, f"{value!r}: URLs with credentials are not accepted")
+    if not host or not _is_public(host):
+        raise _refuse(
+            pointer, f"{value!r}: the host {host!r} is a private, loopback or link-local address "
+            "(or does not resolve); only public hosts may be fetched",
+        )
+
+
+def check_model_source(value: str | None, settings: Settings, pointer: str) -> None:
+    if value is None or value.startswith(("job:", "tiny:")):
+        return  # another job's output (checked against the project by the worker) or a fresh tiny model
+    if "://" in value or value.startswith("file:"):
+        raise _refuse(pointer, f"{value!r}: models load from a hub id, a path under a model root, or 'job:<id>'")
+    if value.startswith(("/", "./", "../", "~")):
+        _under_roots(value, _roots(settings, settings.sources.model_roots), pointer, "model")
+    # anything else is a hub id ('org/name'), which the spec already checked syntactically
+
+
+def check_data_source(value: str | None, settings: Settings, pointer: str) -> None:
+    if value is None:
+        return
+    if value.startswith(("http://", "https://")) or ("://" in value and not value.startswith("file:")):
+        check_url(value, settings, pointer)
+        return
+    _under_roots(value, _roots(settings, settings.sources.data_roots), pointer, "data")
+
+
+def check_sources(spec: Any, settings: Settings) -> None:
+    check_model_source(getattr(spec, "model", None), settings, "/model")
+    check_model_source(getattr(spec, "policy", None), settings, "/policy")
+    for i, reward in enumerate(getattr(spec, "rewards", None) or []):
+        check_model_source(reward.model, settings, f"/rewards/{i}/model")
+    dataset = getattr(spec, "dataset", None)
+    if dataset is not None:
+        check_data_source(dataset.path, settings, "/dataset/path")
+
+
+# --- per-job limits (on the resolved config: presets fill values) ---------------------------
+
+def _over(pointer: str, value: int, limit: int, what: str) -> Problem:
+    detail = f"{pointer.lstrip('/')}={value} is over this server's limit of {limit} {what}: lower it"
+    return Problem(422, "Over a limit", f"{pointer}: {detail}", [{"pointer": pointer, "detail": detail}])
+
+
+def check_job_limits(spec: Any, settings: Settings) -> None:
+    limits = settings.limits
+    config = resolve_config(spec)
+    checks: list[tuple[str, int | None, int, str]] = [
+        ("/max_steps", config.get("max_steps"), limits.max_steps, "steps per job"),
+    ]
+    if spec.kind == "grpo":
+        checks += [
+            ("/global_batch_size", config["global_batch_size"], limits.max_generations_per_step, "completions per step"),
+            ("/num_generations", config["num_generations"], limits.max_generations_per_step, "completions per step"),
+            ("/max_completion_length", config["max_prompt_length"] + config["max_completion_length"], limits.max_tokens,
+             "tokens per sequence (max_prompt_length + max_completion_length)"),
+        ]
+    sampling = config.get("sampling")
+    if sampling:
+        checks += [
+            ("/sampling/n", sampling["n"], limits.max_generations_per_step, "completions per question"),
+            ("/sampling/max_new_tokens", sampling["max_new_tokens"], limits.max_tokens, "tokens per completion"),
+        ]
+    if spec.kind == "reward_model":
+        checks.append(("/samples_per_question", config["samples_per_question"], limits.max_generations_per_step,
+                       "completions per question"))
+    if "max_length" in config:
+        checks.append(("/max_length", config["max_length"], limits.max_tokens, "tokens per sequence"))
+    for pointer, value, limit, what in checks:
+        if value is not None and value > limit:
+            raise _over(pointer, value, limit, what)
+
+
+# --- project quotas ----------------------------------------------------------------------
+
+def check_project_quota(session: Session, project_id: str, spec: Any, settings: Settings, pending: list[Any]) -> None:
+    limits = settings.limits
+    # Lock the project's row until the caller commits, so two concurrent submissions cannot
+    # both take the last slot (PostgreSQL; SQLite serialises writers anyway).
+    session.execute(select(Project.id).where(Project.id == project_id).with_for_update())
+    rows = session.execute(
+        select(Job.spec).where(Job.project_id == project_id, Job.status.in_(ACTIVE_STATUSES))
+    ).scalars().all()
+    jobs = len(rows) + len(pending) + 1
+    gpus = sum(int(((s or {}).get("resources") or {}).get("gpus", 0)) for s in rows)
+    gpus += sum(p.resources.gpus for p in pending) + spec.resources.gpus
+    if jobs > limits.max_active_jobs:
+        detail = (
+            f"your project has {jobs - 1} active (waiting, queued or running) jobs and may have "
+            f"{limits.max_active_jobs}: wait for some to finish or cancel some"
+        )
+        raise Problem(429, "Quota exceeded", detail, [{"pointer": "/", "detail": detail}])
+    if gpus > limits.max_active_gpus:
+        detail = (
+            f"resources.gpus={spec.resources.gpus} would bring your project's active jobs to {gpus} GPUs; "
+            f"the quota is {limits.max_active_gpus}: ask for fewer or wait for running jobs to finish"
+        )
+        raise Problem(429, "Quota exceeded", detail, [{"pointer": "/resources/gpus", "detail": detail}])

@@ -1,0 +1,46 @@
+"""Per-key rate limit: a token bucket per API key, in each API process.
+
+With N API processes a key can make up to N x the rate (each process keeps its own buckets);
+that bounds abuse without a shared store on the request path. Routes without a key (health,
+metrics) are not limited; neither is the operator's admin token.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+
+from api.problems import Problem
+
+RATE_LIMITED = "Too many requests with this API key: slow down and retry after the number of seconds in Retry-After."
+
+# key id -> (tokens, monotonic time of the last refill)
+_buckets: dict[str, tuple[float, float]] = {}
+_lock = threading.Lock()
+
+
+def take(key_id: str, rate: float, burst: int) -> float:
+    """Spend one token from the key's bucket; return 0, or the seconds until one is available."""
+    now = time.monotonic()
+    with _lock:
+        tokens, last = _buckets.get(key_id, (float(burst), now))
+        tokens = min(float(burst), tokens + (now - last) * rate)
+        if tokens >= 1.0:
+            if len(_buckets) > 100_000:
+                _buckets.clear()
+            _buckets[key_id] = (tokens - 1.0, now)
+            return 0.0
+        _buckets[key_id] = (tokens, now)
+        return (1.0 - tokens) / rate
+
+
+def enforce(key_id: str, rate: float, burst: int) -> None:
+    wait = take(key_id, rate, burst)
+    if wait > 0:
+        raise Problem(429, "Too many requests", RATE_LIMITED, headers={"Retry-After": str(max(1, math.ceil(wait)))})
+
+
+def reset() -> None:
+    with _lock:
+        _buckets.clear()

@@ -1,0 +1,464 @@
+"""Abuse: one project cannot reach another's objects, the API survives fuzzing, limits hold,
+sources are confined, no user code runs, keys stay secret. RELIABILITY.md lists each case.
+
+In-process tests use the `app_client` app on real PostgreSQL and Redis; jobs they create go to
+a worker pool no test worker serves ('abuse-parked'), so nothing runs them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import re
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, Phase
+from hypothesis import settings as hsettings
+from sqlalchemy import text
+
+from tests.conftest import ADMIN_TOKEN, admin_key
+
+PARKED = {"pool": "abuse-parked"}
+
+
+def eval_spec(**over: Any) -> dict[str, Any]:
+    return {"kind": "eval", "model": "org/model", "limit": 5, "resources": dict(PARKED), **over}
+
+
+def grpo_spec(**over: Any) -> dict[str, Any]:
+    return {"kind": "grpo", "model": "org/m", "dataset": {"name": "gsm8k-train"}, "resources": dict(PARKED), **over}
+
+
+@contextlib.contextmanager
+def overridden(**blocks: dict[str, Any]) -> Iterator[None]:
+    """Change live settings of the in-process app (e.g. limits={'burst': 3}) and restore them."""
+    from service.settings import get_settings
+
+    settings = get_settings()
+    saved = {(b, k): getattr(getattr(settings, b), k) for b, values in blocks.items() for k in values}
+    try:
+        for b, values in blocks.items():
+            for k, v in values.items():
+                setattr(getattr(settings, b), k, v)
+        yield
+    finally:
+        for (b, k), v in saved.items():
+            setattr(getattr(settings, b), k, v)
+
+
+def project_jobs(app_client: Any, headers: dict[str, str]) -> list[dict[str, Any]]:
+    return list(app_client.get("/v1/jobs", headers=headers).json()["data"])
+
+
+def db(app_client: Any) -> Any:
+    from service.settings import get_settings
+    from store.db import get_engine
+
+    return get_engine(get_settings().database.url)
+
+
+# --- 1. object-level authorization, enumerated from the OpenAPI document --------------------
+
+def _make_objects(app_client: Any, owner: dict[str, str], paths: dict[str, Any]) -> dict[str, str]:
+    """One real object of the owner's project per path-parameter name the API uses."""
+    job = app_client.post("/v1/jobs", json=eval_spec(), headers=owner)
+    assert job.status_code == 201, job.text
+    key = app_client.post("/v1/keys", json={"name": "victim"}, headers=owner)
+    assert key.status_code == 201, key.text
+    ids = {"job_id": job.json()["id"], "key_id": key.json()["id"]}
+    if "/v1/pipelines" in paths and "post" in paths["/v1/pipelines"]:
+        p = app_client.post("/v1/pipelines", json={"jobs": {"only": eval_spec()}}, headers=owner)
+        assert p.status_code == 201, p.text
+        ids["pipeline_id"] = p.json()["id"]
+    return ids
+
+
+@pytest.mark.quick
+def test_every_route_with_an_id_is_404_to_another_project(app_client: Any) -> None:
+    a, b = admin_key(app_client), admin_key(app_client)
+    paths = app_client.app.openapi()["paths"]
+    ids = _make_objects(app_client, a, paths)
+    checked = []
+    for path, item in paths.items():
+        params = re.findall(r"{(\w+)}", path)
+        if not params:
+            continue
+        for method in item:
+            if method not in ("get", "post", "put", "patch", "delete"):
+                continue
+            unknown = [p for p in params if p not in ids]
+            assert not unknown, (
+                f"{method.upper()} {path} takes {unknown}: teach _make_objects to create one so the "
+                "route is checked for cross-project access"
+            )
+            url = path.format(**ids)
+            body = {} if method in ("post", "put", "patch") and "requestBody" in item[method] else None
+            r = app_client.request(method.upper(), url, headers=b, json=body)
+            assert r.status_code == 404, (method, path, r.status_code, r.text)
+            assert r.headers["content-type"].startswith("application/problem+json")
+            checked.append(f"{method.upper()} {path}")
+    assert len(checked) >= 9, checked  # jobs (8 routes) + key revocation at least
+    # the owner's objects are untouched by B's cancel / revoke attempts
+    assert app_client.get(f"/v1/jobs/{ids['job_id']}", headers=a).json()["status"] == "queued"
+    if "pipeline_id" in ids:
+        assert app_client.get(f"/v1/pipelines/{ids['pipeline_id']}", headers=a).json()["status"] != "cancelled"
+    with db(app_client).connect() as c:
+        assert c.scalar(text("SELECT revoked_at FROM api_keys WHERE id = :i"), {"i": ids["key_id"]}) is None
+    assert project_jobs(app_client, b) == []
+
+
+# --- 2. fuzzing with schemathesis ----------------------------------------------------------
+
+import schemathesis  # noqa: E402
+
+FUZZ_POOL = "fuzz-parked"
+
+
+@pytest.fixture(scope="module")
+def fuzz_key(app_client: Any) -> Iterator[dict[str, str]]:
+    headers = admin_key(app_client, f"fuzz-{uuid.uuid4().hex[:6]}")
+    yield headers
+    # cancel whatever the fuzzer managed to create; it was parked on a queue no worker serves
+    for job in project_jobs(app_client, headers):
+        app_client.post(f"/v1/jobs/{job['id']}/cancel", headers=headers)
+
+
+def _park(body: Any) -> None:
+    """Jobs the fuzzer creates go to a pool nobody serves (a test worker must not run them)."""
+    if isinstance(body, dict):
+        if isinstance(body.get("resources"), dict):
+            body["resources"]["pool"] = FUZZ_POOL
+        elif "kind" in body:
+            body["resources"] = {"pool": FUZZ_POOL}
+        for spec in (body.get("jobs") or {}).values() if isinstance(body.get("jobs"), dict) else []:
+            _park(spec)
+
+
+@pytest.mark.quick
+def test_fuzz_openapi(app_client: Any, fuzz_key: dict[str, str]) -> None:
+    """Every operation of the OpenAPI document, 25 derandomized examples each, with a valid key:
+    no 5xx, and every response matches its documented status codes and schema."""
+    from hypothesis import given
+    from schemathesis.checks import not_a_server_error
+    from schemathesis.specs.openapi.checks import response_schema_conformance, status_code_conformance
+
+    schema = schemathesis.openapi.from_asgi("/openapi.json", app_client.app)
+    checks = [not_a_server_error, response_schema_conformance, status_code_conformance]
+    failures: list[str] = []
+    ran = 0
+    for result in schema.get_all_operations():
+        operation = result.ok()
+        if operation.path.endswith("/events/stream"):
+            continue  # a stream stays open while its job lives; its 404 is checked above
+
+        @given(case=operation.as_strategy())
+        @hsettings(
+            max_examples=25, derandomize=True, deadline=None, database=None,
+            phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck),
+        )
+        def run(case: Any) -> None:
+            _park(case.body)
+            case.call_and_validate(headers=fuzz_key, checks=checks)
+
+        try:
+            run()
+        except (Exception, BaseExceptionGroup) as exc:  # collect every operation's failure, then report them all
+            failures.append(f"{operation.method.upper()} {operation.path}: {exc}")
+        ran += 1
+    assert ran >= 10
+    assert not failures, "\n\n".join(failures)
+
+
+@pytest.mark.quick
+def test_nul_characters_are_422_not_503(app_client: Any) -> None:
+    """Found by fuzzing: PostgreSQL text cannot hold NUL; that was answered as a database outage."""
+    h = admin_key(app_client)
+    r = app_client.post("/v1/jobs", json=eval_spec(name="a\x00b"), headers=h)
+    assert r.status_code == 422 and "NUL" in r.json()["detail"], r.text
+    r = app_client.get("/v1/jobs", params={"kind": "a\x00b"}, headers=h)
+    assert r.status_code == 422 and r.json()["errors"][0]["pointer"] == "query:/kind", r.text
+    assert app_client.post("/v1/keys", json={"name": "\x00"}, headers=h).status_code == 422
+    assert project_jobs(app_client, h) == []
+
+
+# --- 3. resource limits: size, quotas, rate ---------------------------------------------------
+
+@pytest.mark.quick
+def test_oversized_body_is_413(app_client: Any) -> None:
+    h = admin_key(app_client)
+    big = eval_spec(name="x", system_prompt="y" * 1_100_000)
+    r = app_client.post("/v1/jobs", json=big, headers=h)
+    assert r.status_code == 413 and "larger than this server accepts" in r.json()["detail"]
+    assert project_jobs(app_client, h) == []
+
+
+@pytest.mark.quick
+def test_quota_of_active_jobs(app_client: Any) -> None:
+    h = admin_key(app_client)
+    with overridden(limits={"max_active_jobs": 2}):
+        first = app_client.post("/v1/jobs", json=eval_spec(), headers=h).json()["id"]
+        assert app_client.post("/v1/jobs", json=eval_spec(), headers=h).status_code == 201
+        r = app_client.post("/v1/jobs", json=eval_spec(), headers=h)
+        assert r.status_code == 429 and r.json()["title"] == "Quota exceeded", r.text
+        assert "2 active" in r.json()["detail"] and "cancel" in r.json()["detail"]
+        assert len(project_jobs(app_client, h)) == 2
+        other = admin_key(app_client)  # the quota is per project
+        assert app_client.post("/v1/jobs", json=eval_spec(), headers=other).status_code == 201
+        app_client.post(f"/v1/jobs/{first}/cancel", headers=h)  # a finished job frees its slot
+        assert app_client.post("/v1/jobs", json=eval_spec(), headers=h).status_code == 201
+
+
+@pytest.mark.quick
+def test_quota_of_gpus(app_client: Any) -> None:
+    h = admin_key(app_client)
+    with overridden(limits={"max_active_gpus": 4}):
+        ok = app_client.post("/v1/jobs", json=eval_spec(resources={**PARKED, "gpus": 3}), headers=h)
+        assert ok.status_code == 201, ok.text
+        r = app_client.post("/v1/jobs", json=eval_spec(resources={**PARKED, "gpus": 2}), headers=h)
+        assert r.status_code == 429 and r.json()["errors"][0]["pointer"] == "/resources/gpus", r.text
+        assert "5 GPUs" in r.json()["detail"] and "quota is 4" in r.json()["detail"]
+        assert app_client.post("/v1/jobs", json=eval_spec(resources={**PARKED, "gpus": 1}), headers=h).status_code == 201
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize(
+    ("limits", "spec", "pointer"),
+    [
+        ({"max_steps": 100}, grpo_spec(max_steps=101), "/max_steps"),
+        ({"max_steps": 100}, {**grpo_spec(), "kind": "sft", "max_steps": 500}, "/max_steps"),
+        # the preset fills global_batch_size=1024: the limit applies to the resolved config
+        ({"max_generations_per_step": 512}, grpo_spec(preset="deepseekmath"), "/global_batch_size"),
+        ({"max_generations_per_step": 4}, eval_spec(sampling={"temperature": 1, "n": 8}), "/sampling/n"),
+        ({"max_generations_per_step": 4},
+         {"kind": "reward_model", "model": "org/m", "dataset": {"name": "gsm8k"}, "resources": PARKED}, "/sampling/n"),
+        ({"max_tokens": 1000}, grpo_spec(preset="deepseekmath"), "/max_completion_length"),
+        ({"max_tokens": 256}, eval_spec(), "/sampling/max_new_tokens"),
+        ({"max_tokens": 256}, {**grpo_spec(), "kind": "sft", "max_steps": 1}, "/max_length"),
+    ],
+)
+def test_per_job_limits(app_client: Any, limits: dict[str, int], spec: dict[str, Any], pointer: str) -> None:
+    h = admin_key(app_client)
+    with overridden(limits=limits):
+        r = app_client.post("/v1/jobs", json=spec, headers=h)
+    assert r.status_code == 422 and r.json()["errors"][0]["pointer"] == pointer, r.text
+    assert "limit" in r.json()["detail"] and "lower it" in r.json()["detail"]
+    assert project_jobs(app_client, h) == []
+    assert app_client.post("/v1/jobs", json=spec, headers=h).status_code == 201  # fine under the default limits
+
+
+@pytest.mark.quick
+def test_rate_limit_per_key(app_client: Any) -> None:
+    from api import ratelimit
+
+    h, other = admin_key(app_client), admin_key(app_client)
+    ratelimit.reset()
+    with overridden(limits={"rate_per_second": 0.5, "burst": 3}):
+        codes = [app_client.get("/v1/jobs", headers=h).status_code for _ in range(3)]
+        assert codes == [200, 200, 200]
+        r = app_client.get("/v1/jobs", headers=h)
+        assert r.status_code == 429 and r.json()["title"] == "Too many requests", r.text
+        assert 1 <= int(r.headers["Retry-After"]) <= 2
+        assert app_client.get("/v1/jobs", headers=other).status_code == 200  # per key
+        assert app_client.get("/livez").status_code == 200  # health is exempt
+        assert app_client.get("/metrics").status_code == 200
+    ratelimit.reset()
+
+
+# --- 4. sources ----------------------------------------------------------------------------
+
+ALLOWED_URLS = [
+    "http://127.0.0.1/", "http://169.254.169.254/", "http://10.0.0.1/", "http://[::1]/", "http://localhost/",
+    "https://93.184.216.34/",
+]
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize(
+    "path",
+    [
+        "{root}/../../etc/passwd",  # traversal out of an allowed root
+        "/etc/passwd",
+        "file:///etc/passwd",
+        "file://{root}/../../etc/passwd",
+        "http://127.0.0.1/data.jsonl",
+        "http://169.254.169.254/latest/meta-data/",
+        "http://10.0.0.1/",
+        "http://[::1]/x.jsonl",
+        "http://localhost/x.jsonl",  # resolves to loopback
+        "https://8.8.8.8/x.jsonl",  # public, but not an allow-listed prefix
+        "ftp://93.184.216.34/x.jsonl",
+    ],
+)
+def test_dataset_source_refused_before_storing(app_client: Any, tmp_path: Path, path: str) -> None:
+    h = admin_key(app_client)
+    spec = eval_spec(dataset={"path": path.format(root=tmp_path)})
+    with overridden(sources={"allowed_url_prefixes": ALLOWED_URLS}):
+        r = app_client.post("/v1/jobs", json=spec, headers=h)
+    assert r.status_code == 422 and r.json()["errors"][0]["pointer"] == "/dataset/path", r.text
+    assert project_jobs(app_client, h) == []
+
+
+@pytest.mark.quick
+def test_dataset_sources_accepted(app_client: Any, tmp_path: Path) -> None:
+    h = admin_key(app_client)
+    data = tmp_path / "set.jsonl"
+    data.write_text('{"question": "1+1?", "answer": "2"}\n')
+    with overridden(sources={"allowed_url_prefixes": ALLOWED_URLS}):
+        for path in (str(data), f"file://{data}", "https://93.184.216.34/sets/x.jsonl"):
+            r = app_client.post("/v1/jobs", json=eval_spec(dataset={"path": path}), headers=h)
+            assert r.status_code == 201, (path, r.text)
+
+
+@pytest.mark.quick
+def test_model_sources(app_client: Any, tmp_path: Path, tiny_model: str) -> None:
+    h = admin_key(app_client)
+    link = tmp_path / "escape"
+    link.symlink_to("/etc")
+    refused = [
+        ({"model": "/etc"}, "/model"),
+        ({"model": f"{tmp_path}/../../../etc"}, "/model"),
+        ({"model": str(link)}, "/model"),  # a symlink inside a root that points outside it
+        ({"model": "file:///etc/passwd"}, "/model"),
+        ({"model": "http://169.254.169.254/m"}, "/model"),
+    ]
+    for over, pointer in refused:
+        r = app_client.post("/v1/jobs", json=eval_spec(**over), headers=h)
+        assert r.status_code == 422 and r.json()["errors"][0]["pointer"] == pointer, (over, r.text)
+    rm = grpo_spec(rewards=[{"name": "reward_model", "model": "/opt/rm"}])
+    r = app_client.post("/v1/jobs", json=rm, headers=h)
+    assert r.status_code == 422 and r.json()["errors"][0]["pointer"] == "/rewards/0/model", r.text
+    policy = {"kind": "reward_model", "model": "org/m", "policy": "/root/policy", "dataset": {"name": "gsm8k"},
+              "resources": PARKED}
+    r = app_client.post("/v1/jobs", json=policy, headers=h)
+    assert r.status_code == 422 and r.json()["errors"][0]["pointer"] == "/policy", r.text
+    assert project_jobs(app_client, h) == []
+    for ok in (tiny_model, "Qwen/Qwen2.5-0.5B", "job:0190a0a0-0000-7000-8000-000000000000"):
+        r = app_client.post("/v1/jobs", json=eval_spec(model=ok), headers=h)
+        assert r.status_code == 201, (ok, r.text)
+
+
+# --- 5. no code from users ----------------------------------------------------------------
+
+@pytest.mark.quick
+def test_unknown_reward_name_is_422(app_client: Any) -> None:
+    h = admin_key(app_client)
+    r = app_client.post("/v1/jobs", json=grpo_spec(rewards=[{"name": "os.system"}]), headers=h)
+    assert r.status_code == 422 and r.json()["errors"][0]["pointer"] == "/rewards/0/name", r.text
+    assert project_jobs(app_client, h) == []
+
+
+@pytest.mark.quick
+def test_yaml_python_tags_are_refused(tmp_path: Path) -> None:
+    import typer
+
+    from mathrl.cli import load_spec_file
+
+    marker = tmp_path / "pwned"
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(f'!!python/object/apply:os.system ["touch {marker}"]\n')
+    with pytest.raises(typer.BadParameter, match="not valid YAML"):
+        load_spec_file(spec)
+    nested = tmp_path / "nested.yaml"
+    nested.write_text(f'kind: eval\nmodel: !!python/object/apply:os.system ["touch {marker}"]\n')
+    with pytest.raises(typer.BadParameter):
+        load_spec_file(nested)
+    assert not marker.exists()
+
+
+@pytest.mark.quick
+def test_trust_remote_code_only_for_operator_listed_models(tmp_path: Path) -> None:
+    from evaluator.models import remote_code_kwargs
+
+    allowed = ["org/custom-arch", str(tmp_path / "local-model")]
+    assert remote_code_kwargs("org/custom-arch", allowed) == {"trust_remote_code": True}
+    assert remote_code_kwargs(str(tmp_path / "local-model"), allowed) == {"trust_remote_code": True}
+    assert remote_code_kwargs(f"{tmp_path}/x/../local-model", allowed) == {"trust_remote_code": True}
+    assert remote_code_kwargs("org/other", allowed) == {}
+    assert remote_code_kwargs("org/custom-arch", []) == {}
+    # a spec cannot ask for it: there is no such field
+    from pydantic import ValidationError
+
+    from mathrl.specs import parse_spec
+
+    with pytest.raises(ValidationError, match="trust_remote_code"):
+        parse_spec({"kind": "eval", "model": "org/custom-arch", "trust_remote_code": True})
+
+
+# --- 6. keys ------------------------------------------------------------------------------
+
+def _new_key(app_client: Any, project: str | None = None) -> dict[str, Any]:
+    r = app_client.post(
+        "/v1/keys", json={"project": project or f"k-{uuid.uuid4().hex[:8]}"},
+        headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+    )
+    assert r.status_code == 201
+    return dict(r.json())
+
+
+@pytest.mark.quick
+def test_expired_and_revoked_keys_are_refused(app_client: Any) -> None:
+    expired = _new_key(app_client)
+    with db(app_client).begin() as c:
+        c.execute(text("UPDATE api_keys SET expires_at = now() - interval '1 second' WHERE id = :i"), {"i": expired["id"]})
+    r = app_client.get("/v1/jobs", headers={"Authorization": f"Bearer {expired['key']}"})
+    assert r.status_code == 401 and r.headers["WWW-Authenticate"] == "Bearer", r.text
+    assert r.headers["content-type"].startswith("application/problem+json")
+
+    revoked = _new_key(app_client)
+    h = {"Authorization": f"Bearer {revoked['key']}"}
+    assert app_client.get("/v1/jobs", headers=h).status_code == 200
+    assert app_client.delete(f"/v1/keys/{revoked['id']}", headers=h).status_code == 204
+    assert app_client.get("/v1/jobs", headers=h).status_code == 401
+    assert app_client.post("/v1/jobs", json=eval_spec(), headers=h).status_code == 401
+
+
+@pytest.mark.quick
+def test_keys_stored_hashed_and_echoed_only_once(app_client: Any) -> None:
+    created = _new_key(app_client)
+    secret = created["key"]
+    with db(app_client).connect() as c:
+        row = c.execute(text("SELECT * FROM api_keys WHERE id = :i"), {"i": created["id"]}).mappings().one()
+    assert row["hash"] == hashlib.sha256(secret.encode()).hexdigest()
+    assert all(secret not in str(v) for v in row.values())
+    assert len(row["prefix"]) < len(secret) // 3  # only a short prefix to recognise it by
+    h = {"Authorization": f"Bearer {secret}"}
+    job = app_client.post("/v1/jobs", json=eval_spec(), headers=h).json()
+    responses = [
+        app_client.get("/v1/jobs", headers=h), app_client.get(f"/v1/jobs/{job['id']}", headers=h),
+        app_client.get(f"/v1/jobs/{job['id']}/events", headers=h),
+        app_client.post("/v1/jobs", json={"kind": "eval"}, headers=h),  # a 422
+        app_client.post("/v1/keys", json={"name": "another"}, headers=h),  # another key's creation
+        app_client.get("/v1/jobs", headers={"Authorization": f"Bearer {secret}x"}),  # a 401
+        app_client.get("/v1/jobs/nope", headers=h),
+    ]
+    for r in responses:
+        assert secret not in r.text and secret not in str(r.headers), r.request.url
+
+
+@pytest.mark.slow
+def test_keys_never_in_the_logs(service: Any) -> None:
+    import httpx
+
+    secret = service.key()
+    h = {"Authorization": f"Bearer {secret}"}
+    with httpx.Client(base_url=service.url, headers=h) as c:
+        job = c.post("/v1/jobs", json=eval_spec())
+        assert job.status_code == 201
+        assert c.get(f"/v1/jobs/{job.json()['id']}").status_code == 200
+        assert c.post("/v1/jobs", json={"kind": "eval", "model": "/etc"}).status_code == 422
+        assert c.get("/v1/jobs", headers={"Authorization": f"Bearer {secret}-wrong"}).status_code == 401
+        created = c.post("/v1/keys", json={"name": "to-revoke"}).json()
+        assert c.delete(f"/v1/keys/{created['id']}").status_code == 204
+        assert c.get("/v1/jobs", headers={"Authorization": f"Bearer {created['key']}"}).status_code == 401
+        c.post(f"/v1/jobs/{job.json()['id']}/cancel")
+    logs = {p.name: p.read_text(errors="replace") for p in service.logs.glob("*.log")}
+    assert "api.log" in logs and "GET /v1/jobs" in logs["api.log"]  # the access log is there to search
+    for name, content in logs.items():
+        for s in (secret, created["key"]):
+            assert s not in content, f"an API key appears in {name}"
+            assert s[len("mrl_"):] not in content, f"an API key's secret part appears in {name}"
+
