@@ -1,0 +1,156 @@
+{{/* Names */}}
+{{- define "mathrl.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "mathrl.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "mathrl.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "mathrl.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "mathrl.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{ include "mathrl.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{- define "mathrl.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "mathrl.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- required "serviceAccount.name is required when serviceAccount.create=false" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Images: registry/repository:tag or @digest. Call with (list $ "api") */}}
+{{- define "mathrl.image" -}}
+{{- $root := index . 0 -}}
+{{- $img := index $root.Values.image (index . 1) -}}
+{{- $repo := $img.repository -}}
+{{- if $root.Values.image.registry -}}{{- $repo = printf "%s/%s" $root.Values.image.registry $img.repository -}}{{- end -}}
+{{- if $img.digest -}}
+{{- printf "%s@%s" $repo $img.digest -}}
+{{- else -}}
+{{- printf "%s:%s" $repo (default $root.Chart.AppVersion $img.tag) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Secrets: name and key of the database URL, the broker URL and the admin token */}}
+{{- define "mathrl.dbSecretName" -}}
+{{- if .Values.postgresql.enabled -}}
+{{- printf "%s-db" (include "mathrl.fullname" .) -}}
+{{- else -}}
+{{- required "postgresql.enabled=false needs externalDatabase.existingSecret (a Secret with the database URL)" .Values.externalDatabase.existingSecret -}}
+{{- end -}}
+{{- end -}}
+{{- define "mathrl.dbSecretKey" -}}
+{{- if .Values.postgresql.enabled -}}url{{- else -}}{{ .Values.externalDatabase.existingSecretKey }}{{- end -}}
+{{- end -}}
+
+{{- define "mathrl.brokerSecretName" -}}
+{{- if .Values.redis.enabled -}}
+{{- printf "%s-broker" (include "mathrl.fullname" .) -}}
+{{- else -}}
+{{- required "redis.enabled=false needs externalRedis.existingSecret (a Secret with the broker URL)" .Values.externalRedis.existingSecret -}}
+{{- end -}}
+{{- end -}}
+{{- define "mathrl.brokerSecretKey" -}}
+{{- if .Values.redis.enabled -}}url{{- else -}}{{ .Values.externalRedis.existingSecretKey }}{{- end -}}
+{{- end -}}
+
+{{- define "mathrl.adminSecretName" -}}
+{{- if .Values.auth.existingSecret -}}
+{{- .Values.auth.existingSecret -}}
+{{- else -}}
+{{- printf "%s-admin" (include "mathrl.fullname" .) -}}
+{{- end -}}
+{{- end -}}
+{{- define "mathrl.adminSecretKey" -}}
+{{- if .Values.auth.existingSecret -}}{{ .Values.auth.existingSecretKey }}{{- else -}}admin-token{{- end -}}
+{{- end -}}
+
+{{/* A generated secret value that survives upgrades: the existing Secret's value if the
+     cluster has one, else the given value, else a random one. Call with (list $ secretName key given) */}}
+{{- define "mathrl.secretValue" -}}
+{{- $root := index . 0 -}}
+{{- $name := index . 1 -}}
+{{- $key := index . 2 -}}
+{{- $given := index . 3 -}}
+{{- if $given -}}
+{{- $given -}}
+{{- else -}}
+{{- $existing := lookup "v1" "Secret" $root.Release.Namespace $name -}}
+{{- if and $existing (hasKey $existing.data $key) -}}
+{{- index $existing.data $key | b64dec -}}
+{{- else -}}
+{{- randAlphaNum 40 -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Environment shared by the API, workers and migrations */}}
+{{- define "mathrl.env" -}}
+- name: MATHRL_DATABASE__URL
+  valueFrom:
+    secretKeyRef: {name: {{ include "mathrl.dbSecretName" . }}, key: {{ include "mathrl.dbSecretKey" . }}}
+- name: MATHRL_BROKER__URL
+  valueFrom:
+    secretKeyRef: {name: {{ include "mathrl.brokerSecretName" . }}, key: {{ include "mathrl.brokerSecretKey" . }}}
+- name: MATHRL_AUTH__ADMIN_TOKEN
+  valueFrom:
+    secretKeyRef: {name: {{ include "mathrl.adminSecretName" . }}, key: {{ include "mathrl.adminSecretKey" . }}}
+- name: MATHRL_ARTIFACT_DIR
+  value: {{ .Values.artifacts.mountPath | quote }}
+- name: MATHRL_DATA_DIR
+  value: {{ .Values.datasets.mountPath | quote }}
+- name: HOME
+  value: /home/mathrl
+{{- with .Values.extraEnv }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{- define "mathrl.envFrom" -}}
+- configMapRef:
+    name: {{ include "mathrl.fullname" . }}-config
+{{- with .Values.artifacts.objectStore.existingSecret }}
+- secretRef:
+    name: {{ . }}
+{{- end }}
+{{- end -}}
+
+{{/* The artifact volume: a literal source, an existing claim or the chart's PVC */}}
+{{- define "mathrl.artifactsVolume" -}}
+- name: artifacts
+{{- if .Values.artifacts.volume }}
+{{ toYaml .Values.artifacts.volume | indent 2 }}
+{{- else }}
+  persistentVolumeClaim:
+    claimName: {{ default (printf "%s-artifacts" (include "mathrl.fullname" .)) .Values.artifacts.existingClaim }}
+{{- end }}
+{{- end -}}
+
+{{- define "mathrl.podSecurityContext" -}}
+{{ toYaml .Values.podSecurityContext }}
+{{- end -}}
+
+{{- define "mathrl.containerSecurityContext" -}}
+{{ toYaml .Values.containerSecurityContext }}
+{{- end -}}

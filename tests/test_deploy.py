@@ -1,0 +1,601 @@
+"""Deployment files: the Helm chart rendered by real Helm (helm-python-sdk embeds Helm's Go SDK),
+validated against the Kubernetes API schemas (kubernetes-validate ships them) and scanned by
+checkov; the Dockerfile and compose.yaml parsed and checked against the test environment's pins.
+No Docker engine or cluster is needed (or used)."""
+
+from __future__ import annotations
+
+import copy
+import importlib.metadata
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import helm_python as helm
+import kubernetes_validate
+import pytest
+import yaml
+from dockerfile_parse import DockerfileParser
+from kubernetes_validate.utils import SchemaNotFoundError
+from packaging.requirements import Requirement
+
+ROOT = Path(__file__).resolve().parent.parent
+CHART = ROOT / "helm" / "mathrl"
+GPU_VALUES = CHART / "ci" / "gpu-values.yaml"
+RELEASE, NAMESPACE = "mathrl", "ml"
+# the oldest Kubernetes the chart declares (Chart.yaml kubeVersion) and the newest with schemas
+K8S_VERSIONS = ("1.27", kubernetes_validate.utils.latest_version())
+CRD_KINDS = {"ScaledObject", "TriggerAuthentication", "ServiceMonitor"}
+
+pytestmark = pytest.mark.quick
+
+
+# ---- rendering --------------------------------------------------------------------------------
+
+class Rendered:
+    def __init__(self, manifests: dict[str, str]):
+        self.notes = next((v for k, v in manifests.items() if k.endswith("NOTES.txt")), "")
+        self.files = {k: v for k, v in manifests.items() if k.endswith(".yaml")}
+        self.docs = [d for v in self.files.values() for d in yaml.safe_load_all(v) if d]
+
+    def of(self, kind: str) -> list[dict[str, Any]]:
+        return [d for d in self.docs if d["kind"] == kind]
+
+    def get(self, kind: str, name: str) -> dict[str, Any]:
+        found = [d for d in self.of(kind) if d["metadata"]["name"] == name]
+        assert found, f"no {kind} {name}; have {[d['metadata']['name'] for d in self.of(kind)]}"
+        return found[0]
+
+    def workloads(self) -> list[dict[str, Any]]:
+        return [d for d in self.docs if d["kind"] in ("Deployment", "StatefulSet", "Job")]
+
+
+def render(values: dict[str, Any] | None = None) -> Rendered:
+    with helm.Chart.load(str(CHART)) as chart:
+        return Rendered(chart.render(values, name=RELEASE, namespace=NAMESPACE, is_install=True))
+
+
+def gpu_values() -> dict[str, Any]:
+    return yaml.safe_load(GPU_VALUES.read_text())
+
+
+@pytest.fixture(scope="module")
+def default() -> Rendered:
+    return render()
+
+
+@pytest.fixture(scope="module")
+def gpu() -> Rendered:
+    return render(gpu_values())
+
+
+def pod_spec(workload: dict[str, Any]) -> dict[str, Any]:
+    return workload["spec"]["template"]["spec"]
+
+
+def container(workload: dict[str, Any], name: str | None = None) -> dict[str, Any]:
+    containers = pod_spec(workload)["containers"]
+    return containers[0] if name is None else next(c for c in containers if c["name"] == name)
+
+
+def env_of(c: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {e["name"]: e for e in c.get("env", [])}
+
+
+def workers(r: Rendered) -> dict[str, dict[str, Any]]:
+    return {
+        d["metadata"]["labels"]["mathrl.io/pool"]: d
+        for d in r.of("Deployment") if d["metadata"]["labels"].get("app.kubernetes.io/component") == "worker"
+    }
+
+
+# ---- what matters in the chart ----------------------------------------------------------------
+
+@pytest.mark.parametrize("which", ["default", "gpu"])
+def test_gpus_and_tolerations_on_gpu_worker_pods_only(which: str, request: pytest.FixtureRequest) -> None:
+    r: Rendered = request.getfixturevalue(which)
+    pools = (gpu_values() if which == "gpu" else yaml.safe_load((CHART / "values.yaml").read_text()))["workerPools"]
+    by_name = workers(r)
+    assert set(by_name) == {p["name"] for p in pools}
+    for p in pools:
+        dep = by_name[p["name"]]
+        spec, c = pod_spec(dep), container(dep, "worker")
+        args = c["args"]
+        assert args[:3] == ["worker", "--queues", ",".join(p["queues"])], args
+        limits, requests = c["resources"]["limits"], c["resources"].get("requests", {})
+        tolerations = spec.get("tolerations", [])
+        gpu_toleration = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+        if p["gpus"]:
+            assert limits["nvidia.com/gpu"] == p["gpus"], limits  # GPUs are limits (requests follow)
+            assert "nvidia.com/gpu" not in requests
+            assert gpu_toleration in tolerations
+            for t in p.get("tolerations", []):
+                assert t in tolerations
+            assert dep["spec"]["strategy"]["type"] == "Recreate"  # the old pod frees the GPUs first
+        else:
+            assert not any("gpu" in k for k in limits), limits
+            assert gpu_toleration not in tolerations
+        for k, v in p.get("nodeSelector", {}).items():
+            assert spec["nodeSelector"][k] == v
+        if p.get("gpuType"):
+            assert spec["nodeSelector"]["nvidia.com/gpu.product"] == p["gpuType"]
+        assert spec["terminationGracePeriodSeconds"] >= 600  # time to checkpoint a running job
+    # the API never asks for a GPU nor lands on GPU nodes
+    for dep in [d for d in r.of("Deployment") if d["metadata"]["name"].endswith("-api")] + r.of("Job"):
+        spec = pod_spec(dep)
+        assert not spec.get("tolerations") and not spec.get("nodeSelector") and not spec.get("runtimeClassName")
+        for c in spec["containers"]:
+            assert not any("gpu" in k for k in c["resources"].get("limits", {})), c["resources"]
+
+
+def test_gpu_cluster_pools_get_their_scheduling_settings(gpu: Rendered) -> None:
+    big = pod_spec(workers(gpu)["gpu-8"])
+    assert big["runtimeClassName"] == "nvidia"  # from workerDefaults
+    assert big["terminationGracePeriodSeconds"] == 1800
+    assert big["nodeSelector"] == {"node-pool": "gpu-h100", "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    assert {"key": "dedicated", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"} in big["tolerations"]
+    shm = next(v for v in big["volumes"] if v["name"] == "shm")
+    assert shm["emptyDir"] == {"medium": "Memory", "sizeLimit": "64Gi"}
+    # a pool can turn off a default that is on (false must win over the default's true)
+    values = gpu_values()
+    values["workerPools"][0]["livenessProbe"] = {"enabled": False}
+    values["workerPools"][0]["pdb"] = {"enabled": False}
+    r = render(values)
+    assert "livenessProbe" not in container(workers(r)["cpu"])
+    assert "livenessProbe" in container(workers(r)["gpu-1"])
+    assert {d["metadata"]["name"] for d in r.of("PodDisruptionBudget")} == {
+        "mathrl-api", "mathrl-worker-gpu-1", "mathrl-worker-gpu-8"}
+
+
+def test_keda_scales_each_gpu_pool_on_its_redis_queues(default: Rendered, gpu: Rendered) -> None:
+    assert not default.of("ScaledObject")
+    deployments = workers(gpu)
+    scaled = {s["spec"]["scaleTargetRef"]["name"]: s for s in gpu.of("ScaledObject")}
+    assert set(scaled) == {deployments["gpu-1"]["metadata"]["name"], deployments["gpu-8"]["metadata"]["name"]}
+    eight = scaled[deployments["gpu-8"]["metadata"]["name"]]
+    assert [t["metadata"]["listName"] for t in eight["spec"]["triggers"]] == ["gpu-8", "h100-vllm"]
+    assert eight["spec"]["minReplicaCount"] == 0 and eight["spec"]["maxReplicaCount"] == 2
+    assert all(t["type"] == "redis" and t["metadata"]["address"] == "redis.internal:6380"
+               and t["metadata"]["enableTLS"] == "true" for t in eight["spec"]["triggers"])
+    auth = gpu.get("TriggerAuthentication", eight["spec"]["triggers"][0]["authenticationRef"]["name"])
+    assert auth["spec"]["secretTargetRef"] == [{"parameter": "password", "name": "redis-credentials", "key": "password"}]
+    # KEDA owns the replica count of the scaled pools
+    assert "replicas" not in deployments["gpu-8"]["spec"] and deployments["cpu"]["spec"]["replicas"] == 1
+
+
+@pytest.mark.parametrize("which, hook", [("default", "post-install,pre-upgrade"), ("gpu", "pre-install,pre-upgrade")])
+def test_migration_job_is_a_helm_hook_on_the_api_image(which: str, hook: str, request: pytest.FixtureRequest) -> None:
+    r: Rendered = request.getfixturevalue(which)
+    (job,) = r.of("Job")
+    notes = job["metadata"]["annotations"]
+    assert notes["helm.sh/hook"] == hook  # bundled PostgreSQL is created by the release itself
+    assert notes["helm.sh/hook-delete-policy"] == "before-hook-creation"
+    c = container(job)
+    api = container(r.get("Deployment", "mathrl-api"))
+    assert c["image"] == api["image"] and "worker" not in c["image"]
+    assert c["args"] == ["migrate"]
+    assert pod_spec(job)["restartPolicy"] == "Never"
+    # a pre-install hook runs before the chart's own Secrets and ConfigMap exist: only the
+    # database Secret may be referenced
+    refs = [e["valueFrom"]["secretKeyRef"]["name"] for e in c["env"] if "valueFrom" in e]
+    assert refs == [env_of(api)["MATHRL_DATABASE__URL"]["valueFrom"]["secretKeyRef"]["name"]]
+    assert "envFrom" not in c
+
+
+def test_probes(default: Rendered) -> None:
+    api = container(default.get("Deployment", "mathrl-api"))
+    port = {p["name"]: p["containerPort"] for p in api["ports"]}
+    assert port == {"http": 8000} and api["args"][api["args"].index("--port") + 1] == "8000"
+    assert api["livenessProbe"]["httpGet"] == {"path": "/livez", "port": "http"}
+    assert api["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    assert api["startupProbe"]["httpGet"]["path"] == "/livez"
+    w = container(workers(default)["gpu-1"])
+    assert "inspect ping" in " ".join(w["livenessProbe"]["exec"]["command"])
+    assert "gpu-1@${POD_NAME}" in w["livenessProbe"]["exec"]["command"][-1]
+    assert "gpu-1@$(POD_NAME)" in w["args"]  # the node name the probe pings
+    for sts in default.of("StatefulSet"):
+        c = container(sts)
+        assert c["livenessProbe"]["exec"] and c["readinessProbe"]["exec"]
+
+
+@pytest.mark.parametrize("which", ["default", "gpu"])
+def test_restrictive_security_context_everywhere(which: str, request: pytest.FixtureRequest) -> None:
+    r: Rendered = request.getfixturevalue(which)
+    assert r.workloads()
+    for w in r.workloads():
+        spec = pod_spec(w)
+        assert spec["automountServiceAccountToken"] is False
+        assert spec["securityContext"]["runAsNonRoot"] is True
+        assert spec["securityContext"]["runAsUser"] >= 10000
+        assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        volumes = {v["name"]: v for v in spec.get("volumes", [])}
+        for c in spec["containers"] + spec.get("initContainers", []):
+            sc = c["securityContext"]
+            assert sc["allowPrivilegeEscalation"] is False and sc["privileged"] is False
+            assert sc["readOnlyRootFilesystem"] is True and sc["runAsNonRoot"] is True
+            assert sc["capabilities"] == {"drop": ["ALL"]}
+            assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
+            assert c["resources"]["limits"]["memory"] and c["resources"]["limits"]["cpu"]
+            mounts = {m["mountPath"]: m["name"] for m in c.get("volumeMounts", [])}
+            if "mathrl" in c["image"]:  # our images write only to volumes
+                assert "emptyDir" in volumes[mounts["/tmp"]], f"{w['metadata']['name']}: /tmp is not an emptyDir"
+                assert "emptyDir" in volumes[mounts["/home/mathrl"]]
+    sa = r.of("ServiceAccount")
+    assert sa and sa[0]["automountServiceAccountToken"] is False
+
+
+def test_bundled_database_and_broker(default: Rendered) -> None:
+    env = env_of(container(default.get("Deployment", "mathrl-api")))
+    db_ref = env["MATHRL_DATABASE__URL"]["valueFrom"]["secretKeyRef"]
+    broker_ref = env["MATHRL_BROKER__URL"]["valueFrom"]["secretKeyRef"]
+    assert db_ref == {"name": "mathrl-db", "key": "url"} and broker_ref == {"name": "mathrl-broker", "key": "url"}
+    import base64
+
+    secret = default.get("Secret", "mathrl-db")
+    url = base64.b64decode(secret["data"]["url"]).decode()
+    password = base64.b64decode(secret["data"]["password"]).decode()
+    assert url == f"postgresql+psycopg://mathrl:{password}@mathrl-postgresql:5432/mathrl" and len(password) >= 32
+    assert default.get("StatefulSet", "mathrl-postgresql") and default.get("Service", "mathrl-postgresql")
+    broker = base64.b64decode(default.get("Secret", "mathrl-broker")["data"]["url"]).decode()
+    assert re.fullmatch(r"redis://:[A-Za-z0-9]{40}@mathrl-redis:6379/0", broker)
+    assert "--requirepass" in container(default.get("StatefulSet", "mathrl-redis"))["args"]
+    # only this release's pods reach the database
+    pol = default.get("NetworkPolicy", "mathrl-postgresql")
+    assert pol["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "postgresql"
+
+
+def test_external_database_and_broker_come_from_the_named_secrets(gpu: Rendered) -> None:
+    kinds = {(d["kind"], d["metadata"]["name"]) for d in gpu.docs}
+    assert not gpu.of("StatefulSet") and not gpu.of("Secret"), kinds  # no bundled PostgreSQL/Redis, no generated Secrets
+    assert ("Service", "mathrl-postgresql") not in kinds and ("Service", "mathrl-redis") not in kinds
+    for w in gpu.of("Deployment"):
+        env = env_of(container(w))
+        assert env["MATHRL_DATABASE__URL"]["valueFrom"]["secretKeyRef"] == {"name": "pg-credentials", "key": "sqlalchemy-url"}
+        assert env["MATHRL_BROKER__URL"]["valueFrom"]["secretKeyRef"] == {"name": "redis-credentials", "key": "broker-url"}
+        assert env["MATHRL_AUTH__ADMIN_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "mathrl-operator", "key": "token"}
+    job_env = env_of(container(gpu.of("Job")[0]))
+    assert job_env["MATHRL_DATABASE__URL"]["valueFrom"]["secretKeyRef"]["name"] == "pg-credentials"
+    # an external database without its Secret is refused at render time with the fix
+    values = gpu_values()
+    del values["externalDatabase"]["existingSecret"]
+    with pytest.raises(helm.HelmError, match="externalDatabase.existingSecret"):
+        render(values)
+
+
+def test_artifacts_shared_by_api_and_workers(default: Rendered, gpu: Rendered) -> None:
+    pvc = default.get("PersistentVolumeClaim", "mathrl-artifacts")
+    assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
+    for d in default.of("Deployment"):
+        vol = next(v for v in pod_spec(d)["volumes"] if v["name"] == "artifacts")
+        assert vol["persistentVolumeClaim"]["claimName"] == "mathrl-artifacts"
+        env = env_of(container(d))
+        assert env["MATHRL_ARTIFACT_DIR"]["value"] == "/var/lib/mathrl/artifacts"
+        assert {"name": "artifacts", "mountPath": "/var/lib/mathrl/artifacts"} in container(d)["volumeMounts"]
+    # an object store mounted through a CSI driver replaces the PVC
+    values = gpu_values()
+    values["artifacts"] = {"volume": {"csi": {"driver": "s3.csi.aws.com", "volumeAttributes": {"bucketName": "b"}}},
+                           "objectStore": {"existingSecret": "s3-keys"}}
+    r = render(values)
+    assert not r.of("PersistentVolumeClaim")
+    for d in r.of("Deployment"):
+        assert next(v for v in pod_spec(d)["volumes"] if v["name"] == "artifacts")["csi"]["driver"] == "s3.csi.aws.com"
+        assert {"secretRef": {"name": "s3-keys"}} in container(d)["envFrom"]
+    # the GPU values mount a shared model cache
+    cache = next(v for v in pod_spec(workers(gpu)["gpu-1"])["volumes"] if v["name"] == "cache")
+    assert cache == {"name": "cache", "persistentVolumeClaim": {"claimName": "mathrl-model-cache"}}
+
+
+def test_ingress_hpa_and_service_monitor(default: Rendered, gpu: Rendered) -> None:
+    for kind in ("Ingress", "HorizontalPodAutoscaler", "ServiceMonitor"):
+        assert not default.of(kind)
+    assert default.get("Deployment", "mathrl-api")["spec"]["replicas"] == 2
+    (ing,) = gpu.of("Ingress")
+    backend = ing["spec"]["rules"][0]["http"]["paths"][0]["backend"]["service"]
+    svc = gpu.get("Service", backend["name"])
+    assert backend["port"]["name"] in {p["name"] for p in svc["spec"]["ports"]}
+    assert ing["spec"]["tls"][0]["hosts"] == ["mathrl.gpu.example.com"]
+    (hpa,) = gpu.of("HorizontalPodAutoscaler")
+    assert hpa["spec"]["scaleTargetRef"]["name"] == "mathrl-api"
+    assert "replicas" not in gpu.get("Deployment", "mathrl-api")["spec"]  # the HPA owns it
+    (sm,) = gpu.of("ServiceMonitor")
+    assert sm["spec"]["endpoints"][0]["path"] == "/metrics"
+    assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    assert sm["spec"]["endpoints"][0]["port"] in {p["name"] for p in svc["spec"]["ports"]}
+
+
+def test_config_and_settings_names_are_real_settings(default: Rendered) -> None:
+    from service.settings import Settings
+
+    values = {"config": {"MATHRL_WORKER__CANCEL_GRACE_SECONDS": 60}}
+    cm = render(values).get("ConfigMap", "mathrl-config")
+    assert cm["data"] == {"MATHRL_WORKER__CANCEL_GRACE_SECONDS": "60"}
+    env = env_of(container(default.get("Deployment", "mathrl-api")))
+    names = [n for n in env if n.startswith("MATHRL_")]
+    for name in names:  # each maps onto a field of service/settings.py
+        parts = name.removeprefix("MATHRL_").lower().split("__")
+        model: Any = Settings
+        for part in parts:
+            assert part in model.model_fields, f"{name}: no setting {part!r}"
+            model = model.model_fields[part].annotation
+    os_env = {n: "x" for n in names} | {"MATHRL_DATABASE__URL": "postgresql+psycopg://u@h/d"}
+    import os
+
+    old = {k: os.environ.get(k) for k in os_env}
+    try:
+        os.environ.update(os_env)
+        s = Settings()
+        assert s.database.url == "postgresql+psycopg://u@h/d" and s.auth.admin_token == "x" and s.artifact_dir == "x"
+    finally:
+        for k, v in old.items():
+            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+
+
+def test_values_schema_refuses_bad_values() -> None:
+    for bad, where in (
+        ({"workerPools": [{"name": "GPU_1", "queues": ["gpu-1"]}]}, "/workerPools/0/name"),
+        ({"api": {"replica": 3}}, "replica"),
+        ({"workerDefaults": {"gpus": "two"}}, "/workerDefaults/gpus"),
+        ({"workerPools": [{"name": "x", "queues": []}]}, "/workerPools/0/queues"),
+        ({"config": {"DATABASE_URL": "x"}}, "does not match pattern '^MATHRL_"),
+    ):
+        with pytest.raises(helm.HelmValuesError, match=re.escape(where)):
+            render(bad)
+
+
+def test_every_value_is_documented() -> None:
+    """Each key in values.yaml has a comment right above it or sits under a commented key."""
+    lines = (CHART / "values.yaml").read_text().splitlines()
+    stack: list[tuple[int, bool]] = []  # (indent, documented) of the enclosing keys
+    undocumented = []
+    for i, line in enumerate(lines):
+        m = re.match(r"^(\s*)(- )?([A-Za-z][\w.-]*):", line)
+        if not m or line.lstrip().startswith("#"):
+            continue
+        indent = len(m.group(1)) + (2 if m.group(2) else 0)
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        j = i - 1
+        commented = j >= 0 and lines[j].lstrip().startswith("#")
+        if m.group(2) is None and j >= 0 and re.match(r"^\s*- ", lines[j]) and lines[j - 1].lstrip().startswith("#"):
+            commented = True  # "- # -- doc" then the first key of a list item
+        documented = commented or any(d for _, d in stack)
+        if not documented:
+            undocumented.append(f"{i + 1}: {line.strip()}")
+        stack.append((indent, documented))
+    assert not undocumented, "values.yaml keys without a comment:\n" + "\n".join(undocumented)
+
+
+def test_notes_give_the_curl_that_submits_a_first_job(default: Rendered, gpu: Rendered) -> None:
+    from mathrl.schemas import KeyCreateRequest
+    from mathrl.specs import parse_spec
+
+    for r, resources in ((default, {"gpus": 1}), (gpu, {"gpus": 1})):
+        notes = r.notes
+        assert "curl -s -X POST $MATHRL_URL/v1/jobs" in notes
+        body = re.search(r"-H 'Idempotency-Key: [^']+' \\\n\s+-d '([^']+)'", notes)
+        assert body, notes
+        spec = parse_spec(json.loads(body.group(1)))  # the same validation the API applies
+        assert spec.kind == "eval" and spec.resources.model_dump(exclude_defaults=True) == resources
+        key_body = re.search(r"/v1/keys .*?-d '([^']+)'", notes, re.S)
+        assert key_body and KeyCreateRequest.model_validate(json.loads(key_body.group(1))).project == "team-a"
+    assert "export MATHRL_URL=https://mathrl.gpu.example.com" in gpu.notes
+    assert "get secret mathrl-operator -o jsonpath='{.data.token}'" in gpu.notes
+    # a cluster whose only GPU pool is a named one gets a job for that pool
+    values = gpu_values()
+    values["workerPools"] = [{"name": "h100", "queues": ["h100-vllm"], "gpus": 8}]
+    notes = render(values).notes
+    body = json.loads(re.search(r"-d '(\{\"kind[^']+)'", notes).group(1))
+    assert parse_spec(body).resources.queue == "h100-vllm"
+
+
+# ---- Kubernetes API schemas and the security scan --------------------------------------------
+
+def _crd_checks(r: Rendered) -> None:
+    """No published schema for KEDA/Prometheus-operator kinds here: check what they point at."""
+    deployments = {d["metadata"]["name"]: d for d in r.of("Deployment")}
+    for so in r.of("ScaledObject"):
+        assert so["apiVersion"] == "keda.sh/v1alpha1"
+        target = deployments[so["spec"]["scaleTargetRef"]["name"]]
+        queues = container(target)["args"][2].split(",")
+        assert [t["metadata"]["listName"] for t in so["spec"]["triggers"]] == queues
+    for ta in r.of("TriggerAuthentication"):
+        assert ta["apiVersion"] == "keda.sh/v1alpha1" and ta["spec"]["secretTargetRef"]
+    for sm in r.of("ServiceMonitor"):
+        assert sm["apiVersion"] == "monitoring.coreos.com/v1" and sm["spec"]["endpoints"]
+
+
+@pytest.mark.parametrize("which", ["default", "gpu"])
+def test_manifests_validate_against_kubernetes_schemas(which: str, request: pytest.FixtureRequest) -> None:
+    r: Rendered = request.getfixturevalue(which)
+    checked = set()
+    for doc in r.docs:
+        if doc["kind"] in CRD_KINDS:
+            continue
+        for version in K8S_VERSIONS:
+            try:
+                kubernetes_validate.validate(doc, version, strict=True)
+            except SchemaNotFoundError as exc:
+                pytest.fail(f"{doc['kind']} {doc['apiVersion']}: {exc.message}")
+            except kubernetes_validate.ValidationError as exc:
+                pytest.fail(f"{doc['kind']}/{doc['metadata']['name']} on Kubernetes {version}: "
+                            f"{'.'.join(map(str, exc.path))}: {exc.message}")
+        checked.add(doc["kind"])
+    assert {"Deployment", "Service", "Job", "ServiceAccount", "NetworkPolicy", "PodDisruptionBudget"} <= checked
+    _crd_checks(r)
+
+
+def test_schema_validation_catches_a_broken_manifest(default: Rendered) -> None:
+    broken = copy.deepcopy(default.get("Deployment", "mathrl-api"))
+    broken["spec"]["template"]["spec"]["containers"][0]["resources"]["limit"] = {"cpu": "1"}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(broken, K8S_VERSIONS[0], strict=True)
+
+
+CHECKOV = ROOT / ".venv-checkov" / "bin" / "checkov"
+
+
+@pytest.mark.slow
+def test_checkov_finds_nothing_unexplained(default: Rendered, gpu: Rendered, tmp_path: Path) -> None:
+    if not CHECKOV.exists():
+        pytest.fail("checkov is not installed: run scripts/setup-checkov (scripts/test does)")
+    skips = yaml.safe_load((CHART / "checkov-skips.yaml").read_text())
+    assert all(re.fullmatch(r"CKV2?_K8S_\d+", k) and len(v) > 40 for k, v in skips.items())
+    # a third, deliberately weakened render shows the scan catches what it should
+    weak = render({"containerSecurityContext": {"allowPrivilegeEscalation": True, "readOnlyRootFilesystem": False,
+                                                "runAsNonRoot": True, "runAsUser": 10001}})
+    for label, r in (("default", default), ("gpu", gpu), ("weak", weak)):  # one scan (several -d misreport)
+        d = tmp_path / "rendered" / label
+        d.mkdir(parents=True)
+        for path, text in r.files.items():
+            (d / Path(path).name).write_text(text)
+    proc = subprocess.run(
+        [str(CHECKOV), "-d", str(tmp_path / "rendered"), "--framework", "kubernetes", "-o", "json", "--quiet",
+         "--compact", "--skip-download"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.stdout.strip(), proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    reports = report if isinstance(report, list) else [report]
+    failed: dict[str, list[dict[str, Any]]] = {"default": [], "gpu": [], "weak": []}
+    for rep in reports:
+        for f in rep["results"]["failed_checks"]:
+            failed[Path(f["file_abs_path"]).parent.name].append(f)
+    for label in ("default", "gpu"):
+        unexplained = sorted({f"{f['check_id']} {f['check_name']}: {f['resource']}"
+                              for f in failed[label] if f["check_id"] not in skips})
+        assert not unexplained, f"{label}: checkov findings not explained in checkov-skips.yaml:\n" + "\n".join(unexplained)
+        assert {Path(f["file_abs_path"]).name for f in failed[label]} >= {"api.yaml", "workers.yaml"}  # it was scanned
+    # the scan really ran, every exception is still needed, and weakened settings are caught
+    assert sum(rep["summary"]["passed"] for rep in reports) > 1000
+    assert {f["check_id"] for label in ("default", "gpu") for f in failed[label]} == set(skips), "stale skips"
+    caught = {f["check_id"] for f in failed["weak"]} - set(skips)
+    assert {"CKV_K8S_20", "CKV_K8S_22"} <= caught, caught  # privilege escalation, writable root fs
+
+
+# ---- Dockerfile and compose --------------------------------------------------------------------
+
+def dockerfile() -> DockerfileParser:
+    parser = DockerfileParser(fileobj=open(ROOT / "Dockerfile", "rb"))  # noqa: SIM115
+    return parser
+
+
+def stages(parser: DockerfileParser) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {}
+    current = None
+    for ins in parser.structure:
+        if ins["instruction"] == "FROM":
+            m = re.match(r"\S+\s+AS\s+(\S+)", ins["value"], re.I)
+            current = m.group(1) if m else f"stage{len(out)}"
+            out[current] = []
+        if current is not None:
+            out[current].append(ins)
+    return out
+
+
+def build_args(parser: DockerfileParser) -> dict[str, str]:
+    args = {}
+    for ins in parser.structure:
+        if ins["instruction"] == "ARG" and "=" in ins["value"]:
+            k, v = ins["value"].split("=", 1)
+            args[k.strip()] = v.strip()
+    return args
+
+
+def test_dockerfile_targets_run_as_non_root_and_split_torch() -> None:
+    parser = dockerfile()
+    st = stages(parser)
+    assert {"api", "worker"} <= set(st)
+    args = build_args(parser)
+    for target in ("api", "worker"):
+        users = [i["value"] for i in st[target] if i["instruction"] == "USER"]
+        assert users, f"{target}: no USER"
+        user = users[-1].split(":")[0]
+        if user.startswith("${"):
+            user = args[user.strip("${}")]
+        assert user not in ("root", "0") and int(user) >= 10000, users
+        entry = next(i["value"] for i in st[target] if i["instruction"] == "ENTRYPOINT")
+        assert "mathrl-server" in entry
+    cmd = lambda name: json.loads(next(i["value"] for i in st[name] if i["instruction"] == "CMD"))  # noqa: E731
+    assert cmd("api")[0] == "api" and cmd("worker")[:2] == ["worker", "--queues"]
+    # the API image installs the server extra only: no torch; the worker installs [worker] on CUDA
+    api_runs = " ".join(i["value"] for s in ("api-build", "api") for i in st[s] if i["instruction"] == "RUN")
+    assert "[server]" in api_runs and "torch" not in api_runs
+    worker_runs = " ".join(i["value"] for s in ("worker-build", "worker") for i in st[s] if i["instruction"] == "RUN")
+    assert "[worker]" in worker_runs
+    for pin in ("TORCH_VERSION", "TRL_VERSION", "VLLM_VERSION", "TRANSFORMERS_VERSION"):
+        assert f"==${{{pin}}}" in worker_runs, pin
+    assert args["CUDA_IMAGE"].startswith("nvidia/cuda:") and re.search(r":\d+\.\d+\.\d+-", args["CUDA_IMAGE"])
+    assert re.search(r":\d+\.\d+\.\d+-slim", args["PYTHON_IMAGE"])
+
+
+def test_worker_image_pins_match_the_test_environment() -> None:
+    args = build_args(dockerfile())
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    worker_reqs = {Requirement(r).name: Requirement(r) for r in extras["worker"]}
+    # torch: the very release scripts/setup and scripts/setup-vllm install (CPU build there)
+    for script in ("setup", "setup-vllm"):
+        pins = set(re.findall(r"torch==([\d.]+)", (ROOT / "scripts" / script).read_text()))
+        assert pins == {args["TORCH_VERSION"]}, (script, pins)
+    # TRL: the version the tests run, inside pyproject's range
+    assert args["TRL_VERSION"] == importlib.metadata.version("trl")
+    assert worker_reqs["trl"].specifier.contains(args["TRL_VERSION"])
+    # transformers: inside pyproject's range
+    assert worker_reqs["transformers"].specifier.contains(args["TRANSFORMERS_VERSION"])
+    # vLLM: inside the range the installed TRL declares for its vllm extra
+    trl_vllm = next(Requirement(r) for r in importlib.metadata.requires("trl") or [] if r.startswith("vllm"))
+    assert trl_vllm.specifier.contains(args["VLLM_VERSION"]), (trl_vllm, args["VLLM_VERSION"])
+
+
+def test_compose_file() -> None:
+    compose = yaml.safe_load((ROOT / "compose.yaml").read_text())
+    services = compose["services"]
+    assert set(services) == {"postgres", "redis", "migrate", "api", "worker"}
+    for name in ("postgres", "redis", "api", "worker"):
+        assert services[name]["healthcheck"]["test"], name
+    assert services["migrate"]["build"]["target"] == "api" and services["migrate"]["command"] == ["migrate"]
+    assert services["migrate"]["image"] == services["api"]["image"]
+    assert services["api"]["depends_on"]["migrate"] == {"condition": "service_completed_successfully"}
+    assert services["worker"]["depends_on"]["migrate"] == {"condition": "service_completed_successfully"}
+    assert services["migrate"]["depends_on"]["postgres"] == {"condition": "service_healthy"}
+    assert services["worker"]["build"]["target"] == "worker"
+    (device,) = services["worker"]["deploy"]["resources"]["reservations"]["devices"]
+    assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"] and device["count"] == 1
+    assert "gpu" not in json.dumps(services["api"].get("deploy", {}))
+    worker_args = services["worker"]["command"]
+    assert worker_args[:2] == ["worker", "--queues"] and "gpu-1" in worker_args[2]
+    # one artifacts volume shared by the API and the worker, at MATHRL_ARTIFACT_DIR
+    for name in ("api", "worker"):
+        env = services[name]["environment"]
+        assert f"artifacts:{env['MATHRL_ARTIFACT_DIR']}" in services[name]["volumes"]
+        assert env["MATHRL_DATABASE__URL"].startswith("postgresql+psycopg://") and "@postgres:5432/" in env["MATHRL_DATABASE__URL"]
+        assert env["MATHRL_BROKER__URL"].startswith("redis://redis:6379/")
+    assert {"artifacts", "pgdata"} <= set(compose["volumes"])
+
+
+@pytest.mark.slow
+def test_project_wheel_carries_the_migrations(tmp_path: Path) -> None:
+    """The images install the project as a wheel; `mathrl-server migrate` needs the Alembic
+    versions inside it."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    for pkg in ("mathrl", "api", "worker", "trainer", "evaluator", "store", "service", "migrations"):
+        shutil.copytree(ROOT / pkg, src / pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", str(src), "-w", str(tmp_path / "w")],
+        check=True, capture_output=True, timeout=120,
+    )
+    (wheel,) = (tmp_path / "w").glob("mathrl-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    versions = sorted(p.name for p in (ROOT / "migrations" / "versions").glob("*.py"))
+    assert versions and all(f"migrations/versions/{v}" in names for v in versions), names
+    assert "migrations/env.py" in names and "store/migrate.py" in names
+    entry_points = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
+    assert "mathrl-server = service.cli:app" in entry_points
