@@ -11,6 +11,7 @@ from prometheus_client import Counter, Histogram
 
 from api import problems
 from api.routers import health, jobs, keys, pipelines, scores
+from api.web.router import router as web_router
 from service.settings import get_settings
 
 REQUESTS = Counter("mathrl_http_requests_total", "HTTP requests", ["method", "route", "status"])
@@ -72,6 +73,7 @@ def create_app() -> FastAPI:
     )
     for r in (jobs.router, pipelines.router, scores.router, keys.router, health.router):
         app.include_router(r)
+    app.include_router(web_router)  # /ui: status pages (their data comes from the API above)
     problems.install(app)
     app.add_middleware(LimitsAndMetrics, max_bytes=settings.max_request_bytes)
     return app

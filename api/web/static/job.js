@@ -1,0 +1,177 @@
+// /ui/jobs/{id}: status, live training curves (polled every 2 s with after_step), the event
+// log, sampled completions with their rewards, checkpoints, scores and the resolved config.
+import { LineChart } from "./chart.js";
+import { $, TERMINAL, api, badge, boot, every, fmtDuration, fmtNum, fmtTime, h, pct, shortId } from "./common.js";
+
+// Panels in display order: a metric goes to every panel whose test it passes; the rest get
+// one small chart each under "Other metrics".
+const PANELS = [
+  ["Reward", (n) => n === "reward" || /^rewards\/.+\/mean$/.test(n)],
+  ["KL", (n) => n === "kl"],
+  ["Loss", (n) => n === "loss"],
+  ["Accuracy", (n) => n.includes("accuracy") && !n.endsWith("/std")],
+  ["Completion length", (n) => /^completions\/(mean|min|max)_length$/.test(n)],
+  ["Step time (s)", (n) => n === "step_time"],
+];
+
+const jobId = decodeURIComponent(location.pathname.split("/").pop());
+
+function facts(job) {
+  const spec = job.spec || {};
+  const items = [
+    ["kind", job.kind], ["model", spec.model], ["benchmark / dataset", spec.benchmark || spec.dataset?.name || spec.dataset?.path],
+    ["queue", job.queue], ["attempts", `${job.attempts} / ${job.max_attempts}`], ["created", fmtTime(job.created_at)],
+    ["started", fmtTime(job.started_at)], ["finished", fmtTime(job.finished_at)], ["ran", fmtDuration(job.started_at, job.finished_at)],
+  ];
+  const out = h("div", { class: "facts card" }, items.map(([k, v]) => h("div", {}, h("span", {}, k), v || "—")));
+  if (job.pipeline_id) out.append(h("div", {}, h("span", {}, "pipeline"), h("a", { href: `/ui/pipelines/${job.pipeline_id}` }, job.pipeline_step || shortId(job.pipeline_id))));
+  if (job.tags?.length) out.append(h("div", {}, h("span", {}, "tags"), job.tags.map((t) => h("span", { class: "tag" }, t))));
+  return out;
+}
+
+function sampleRow(s) {
+  const rewards = s.data?.rewards || {};
+  const graded = s.data && "correct" in s.data ? (s.data.correct ? "correct" : "wrong") : "";
+  return h("tr", { dataset: { step: s.step ?? "" } },
+    h("td", { class: "num" }, s.step ?? ""),
+    h("td", {}, h("pre", {}, s.prompt)),
+    h("td", {}, h("pre", {}, s.completion)),
+    h("td", { class: "mono" }, Object.entries(rewards).map(([k, v]) => h("div", {}, `${k} ${fmtNum(v, 3)}`)), graded),
+    h("td", { class: "num" }, fmtNum(s.data?.advantage, 3)));
+}
+
+boot(async (main) => {
+  let job = await api(`/v1/jobs/${encodeURIComponent(jobId)}`);
+  const title = h("h1", {}, `Job ${shortId(job.id)}`, job.name ? h("span", { class: "muted" }, job.name) : null, h("span", { id: "status" }, badge(job.status)));
+  const factsBox = h("div", { id: "facts" }, facts(job));
+  const errorBox = h("div", { id: "error" });
+  const bar = h("div", {}), progress = h("div", { class: "progress", hidden: true }, bar);
+  const progressText = h("span", { class: "muted", id: "progress" });
+  const grid = h("div", { class: "grid", id: "charts" });
+  const others = h("div", { class: "grid" });
+  const otherBox = h("details", { hidden: true }, h("summary", {}, "Other metrics"), others);
+  const noMetrics = h("p", { class: "muted", id: "nometrics" }, "No metrics yet.");
+  const samples = h("tbody", { id: "samples" });
+  const stepSel = h("select", { id: "samplestep" });
+  const sampleBox = h("label", { hidden: true }, "step", stepSel);
+  const checkpoints = h("tbody", { id: "checkpoints" });
+  const scores = h("tbody", { id: "scores" });
+  const log = h("div", { class: "log mono", id: "events" });
+  main.replaceChildren(title, factsBox, errorBox, progress, progressText,
+    h("h2", {}, "Metrics"), noMetrics, grid, otherBox,
+    h("h2", {}, "Events"), log,
+    h("h2", {}, "Sample completions"), h("div", { class: "controls" }, sampleBox),
+    h("table", {}, h("thead", {}, h("tr", {}, ["step", "prompt", "completion", "rewards", "advantage"].map((c) => h("th", {}, c)))), samples),
+    h("h2", {}, "Checkpoints"),
+    h("table", {}, h("thead", {}, h("tr", {}, ["step", "kind", "uri", "saved"].map((c) => h("th", {}, c)))), checkpoints),
+    h("div", { id: "scorebox", hidden: true }, h("h2", {}, "Scores"),
+      h("table", {}, h("thead", {}, h("tr", {}, ["benchmark", "metric", "value", "95% CI", "n", "model"].map((c) => h("th", {}, c)))), scores)),
+    h("h2", {}, "Resolved config"),
+    h("pre", { class: "config", id: "config" }, JSON.stringify(job.resolved_config ?? job.spec, null, 2)),
+    h("details", {}, h("summary", {}, "Spec as submitted"), h("pre", { class: "config" }, JSON.stringify(job.spec, null, 2))));
+
+  const charts = new Map(); // title -> LineChart
+  const chartFor = (titleText, other) => {
+    let c = charts.get(titleText);
+    if (!c) {
+      c = new LineChart(titleText);
+      charts.set(titleText, c);
+      if (other) { others.append(c.el); otherBox.hidden = false; } else {
+        // keep PANELS order
+        const order = PANELS.map(([t]) => t);
+        const after = [...grid.children].find((el) => order.indexOf(el.dataset.chart) > order.indexOf(titleText));
+        grid.insertBefore(c.el, after || null);
+      }
+    }
+    return c;
+  };
+
+  let lastStep = null, lastSeq = null, lastSample = null, finalPass = false;
+  async function metrics() {
+    const page = await api(`/v1/jobs/${jobId}/metrics`, { after_step: lastStep });
+    const touched = new Set();
+    for (const s of page.data) {
+      const pts = s.points.map((p) => ({ x: p.step, y: p.value }));
+      if (pts.length) lastStep = Math.max(lastStep ?? -1, pts[pts.length - 1].x);
+      const panels = PANELS.filter(([, test]) => test(s.name));
+      const targets = panels.length ? panels.map(([t]) => chartFor(t, false)) : [chartFor(s.name, true)];
+      for (const c of targets) { c.append(s.name, pts); touched.add(c); }
+    }
+    for (const c of touched) c.render();
+    noMetrics.hidden = charts.size > 0;
+  }
+  async function events() {
+    for (;;) {
+      const page = await api(`/v1/jobs/${jobId}/events`, { after: lastSeq, limit: 500 });
+      for (const e of page.data) {
+        lastSeq = e.seq;
+        if (e.type === "progress" && e.data?.total) {
+          progress.hidden = false;
+          bar.style.width = `${(100 * e.data.done) / e.data.total}%`;
+          progressText.textContent = e.message;
+          continue;
+        }
+        log.append(h("div", { class: e.level }, h("span", { class: "t" }, `${fmtTime(e.time)} `), `${e.type}: ${e.message}`));
+      }
+      if (page.data.length) log.scrollTop = log.scrollHeight;
+      if (!page.next_cursor) break;
+    }
+  }
+  // Samples of one step at a time (the newest unless the user picks another), eval items all.
+  const allSamples = [];
+  let followLatest = true;
+  stepSel.addEventListener("change", () => { followLatest = stepSel.selectedIndex === 0; showSamples(); });
+  function showSamples() {
+    const steps = [...new Set(allSamples.map((x) => x.step))].filter((x) => x !== null).sort((a, b) => b - a);
+    sampleBox.hidden = steps.length < 2;
+    const want = followLatest ? String(steps[0]) : stepSel.value;
+    stepSel.replaceChildren(...steps.map((x) => h("option", { value: x, selected: String(x) === want }, x)));
+    const shown = steps.length ? allSamples.filter((x) => String(x.step) === want) : allSamples;
+    samples.replaceChildren(...shown.slice(0, 500).map(sampleRow));
+    if (!allSamples.length) samples.append(h("tr", {}, h("td", { colspan: 5, class: "muted" }, "none yet")));
+  }
+  async function moreSamples() {
+    const page = await api(`/v1/jobs/${jobId}/samples`, { cursor: lastSample, limit: 500 });
+    if (!page.data.length && lastSample !== null) return;
+    if (page.data.length) lastSample = page.data[page.data.length - 1].id;
+    allSamples.push(...page.data);
+    showSamples();
+  }
+  async function ckpts() {
+    const page = await api(`/v1/jobs/${jobId}/checkpoints`);
+    checkpoints.replaceChildren(...page.data.map((c) => h("tr", {},
+      h("td", { class: "num" }, c.step), h("td", {}, c.kind), h("td", { class: "mono" }, c.uri), h("td", {}, fmtTime(c.created_at)))));
+    if (!page.data.length) checkpoints.append(h("tr", {}, h("td", { colspan: 4, class: "muted" }, "none yet")));
+  }
+  async function jobScores() {
+    const page = await api("/v1/scores", { job_id: jobId });
+    $("#scorebox").hidden = !page.data.length;
+    scores.replaceChildren(...page.data.map((s) => h("tr", {},
+      h("td", {}, s.benchmark), h("td", {}, s.metric), h("td", { class: "num" }, fmtNum(s.value)),
+      h("td", { class: "num" }, s.ci_low != null ? `${pct(s.ci_low)} – ${pct(s.ci_high)}` : ""),
+      h("td", { class: "num" }, s.n), h("td", { class: "mono" }, s.model_ref))));
+  }
+  function showJob() {
+    $("#status").replaceChildren(badge(job.status));
+    factsBox.replaceChildren(facts(job));
+    errorBox.replaceChildren(job.error ? h("p", { class: "notice error" }, job.error) : "");
+  }
+
+  async function refresh() {
+    await Promise.all([metrics(), events(), moreSamples(), ckpts()]);
+    main.dataset.loaded = "true";
+  }
+  showJob();
+  await refresh();
+  if (TERMINAL.has(job.status)) { await jobScores(); return; }
+  every(2000, async () => {
+    job = await api(`/v1/jobs/${jobId}`);
+    showJob();
+    await refresh();
+    if (!TERMINAL.has(job.status)) return true;
+    if (finalPass) return false;
+    finalPass = true; // one more round: the last rows may land just after the status
+    await jobScores();
+    return true;
+  });
+});
