@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from evaluator.benchmarks import Benchmark
-from evaluator.grading import gsm8k_gold
+from evaluator.grading import gsm8k_gold, last_boxed
 
 log = logging.getLogger(__name__)
+_LEVEL = re.compile(r"Level\s*(\S+)")
 
 
 @dataclass
@@ -24,18 +26,46 @@ class Problem:
     solution: str | None = None
 
 
-def _load_rows(source: str, split: str, config: str | None, data_file: str | Path | None) -> Any:
-    """`data_file`: a local path, a file:// URL or an http(s) URL (admitted by api/admission.py)."""
-    import datasets
-
-    datasets.disable_progress_bars()
+def load_args(
+    source: str, split: str, config: str | None, data_file: str | Path | None
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The positional and keyword arguments for `datasets.load_dataset`: a hub id with its config
+    and split, or, with `data_file` (a local path, a file:// URL or an http(s) URL admitted by
+    api/admission.py), the json/parquet builder on that file (whose one split is 'train')."""
     if data_file is not None:
         data_file = str(data_file)
         if data_file.startswith("file://"):
             data_file = unquote(urlsplit(data_file).path)
         fmt = "parquet" if data_file.endswith(".parquet") else "json"
-        return datasets.load_dataset(fmt, data_files=data_file, split="train")
-    return datasets.load_dataset(source, config, split=split)
+        return (fmt,), {"data_files": data_file, "split": "train"}
+    return (source, config), {"split": split}
+
+
+def benchmark_load_args(bench: Benchmark, data_dir: str | None) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """What `load_benchmark` loads for a registered benchmark: the offline copy when the data dir
+    has it, else the hub id, config and split of the registry entry."""
+    local = Path(data_dir) / bench.local_file if data_dir and bench.local_file else None
+    if local is not None and not local.exists():
+        if os.environ.get("HF_HUB_OFFLINE") == "1":
+            raise FileNotFoundError(f"{bench.name}: no offline copy at {local} and the hub is off")
+        log.info("%s: %s not found, loading %s from the hub", bench.name, local, bench.hub_id)
+        local = None
+    return load_args(bench.hub_id, bench.split, bench.hub_config, local)
+
+
+def _load_rows(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    import datasets
+
+    datasets.disable_progress_bars()
+    return datasets.load_dataset(*args, **kwargs)
+
+
+def _meta_value(name: str, value: Any) -> Any:
+    """MATH levels as numbers whichever copy they come from ('Level 3' on the hub, 3 in MATH-500;
+    the few unlabelled 'Level ?' rows become '?')."""
+    if name == "level" and isinstance(value, str) and (m := _LEVEL.fullmatch(value.strip())):
+        return int(m.group(1)) if m.group(1).isdigit() else m.group(1)
+    return value
 
 
 def load_benchmark(bench: Benchmark, data_dir: str | None, limit: int | None = None) -> list[Problem]:
@@ -44,22 +74,24 @@ def load_benchmark(bench: Benchmark, data_dir: str | None, limit: int | None = N
         from evaluator import synthetic
 
         return synthetic.heldout(limit) if bench.split == "test" else synthetic.train(limit or 10_000)
-    local = Path(data_dir) / bench.local_file if data_dir and bench.local_file else None
-    if local is not None and not local.exists():
-        if os.environ.get("HF_HUB_OFFLINE") == "1":
-            raise FileNotFoundError(f"{bench.name}: no offline copy at {local} and the hub is off")
-        log.info("%s: %s not found, loading %s from the hub", bench.name, local, bench.hub_id)
-        local = None
-    rows = _load_rows(bench.hub_id, bench.split, bench.hub_config, local)
+    rows = _load_rows(*benchmark_load_args(bench, data_dir))
+    missing = [f for f in (bench.question_field, bench.answer_field) if f not in rows.column_names]
+    if missing:
+        raise ValueError(f"{bench.name}: the data has no field(s) {missing}; it has {rows.column_names}")
     if limit is not None:
         rows = rows.select(range(min(limit, len(rows))))
     problems = []
     for i, row in enumerate(rows):
         raw_answer = row[bench.answer_field]
-        if raw_answer is None:
-            continue  # MATH train has 2 rows without an extractable answer
-        gold = gsm8k_gold(raw_answer) if bench.gold_format == "gsm8k" else str(raw_answer)
-        meta = {k: row[k] for k in bench.meta_fields if k in row}
+        if bench.answer_from == "boxed_solution":
+            raw_answer = last_boxed(raw_answer or "")
+        if raw_answer is None or not str(raw_answer).strip():
+            continue  # a solution without a final answer cannot grade anything
+        gold = gsm8k_gold(raw_answer) if bench.gold_format == "gsm8k" else str(raw_answer).strip()
+        for source, name in bench.renames:
+            if name not in row and source in row:
+                row[name] = row[source]
+        meta = {k: _meta_value(k, row[k]) for k in bench.meta_fields if k in row}
         problems.append(
             Problem(index=i, question=row[bench.question_field], gold=gold, meta=meta, solution=row.get("solution") or raw_answer)
         )
@@ -67,7 +99,7 @@ def load_benchmark(bench: Benchmark, data_dir: str | None, limit: int | None = N
 
 
 def load_user_set(path: str | Path, question_field: str, answer_field: str, limit: int | None = None) -> list[Problem]:
-    rows = _load_rows("", "train", None, path)
+    rows = _load_rows(*load_args("", "train", None, path))
     missing = [f for f in (question_field, answer_field) if f not in rows.column_names]
     if missing:
         raise ValueError(f"{str(path).rsplit('/', 1)[-1]} has no field(s) {missing}; it has {rows.column_names}: set question_field/answer_field")

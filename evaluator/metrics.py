@@ -1,10 +1,14 @@
-"""Score arithmetic: Wilson intervals, unbiased pass@k (Chen et al. 2021) and maj@k."""
+"""Score arithmetic: Wilson intervals, unbiased pass@k (Chen et al. 2021), maj@k, and accuracy
+broken down by a problem's subject and level."""
 
 from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+BREAKDOWN_KEYS = ("subject", "level")
 
 
 def wilson_interval(correct: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -40,3 +44,28 @@ def maj_at_k(answers: Sequence[str | None], correct: Sequence[bool], k: int) -> 
         if a is not None and votes[a] == top:
             return 1.0 if ok else 0.0
     return 0.0
+
+
+def accuracy_breakdown(
+    metas: Sequence[Mapping[str, Any]], correct: Sequence[bool], keys: Sequence[str] = BREAKDOWN_KEYS
+) -> dict[str, tuple[int, int]]:
+    """(correct, n) per group: {'accuracy/subject=Algebra': (3, 5), 'accuracy/level=2': (1, 4), ...}.
+
+    Only problems that carry a key count towards its groups; a key no problem carries gives none.
+    Groups come key by key, numbers in numeric order (level 2 before level 10), then names.
+    """
+    if len(metas) != len(correct):
+        raise ValueError(f"{len(metas)} problems but {len(correct)} verdicts")
+    out: dict[str, tuple[int, int]] = {}
+    for key in keys:
+        tally: dict[Any, list[int]] = {}
+        for meta, ok in zip(metas, correct):
+            value = meta.get(key)
+            if value is None or value == "":
+                continue
+            t = tally.setdefault(value, [0, 0])
+            t[0] += bool(ok)
+            t[1] += 1
+        for value in sorted(tally, key=lambda v: (not isinstance(v, int), v if isinstance(v, int) else 0, str(v))):
+            out[f"accuracy/{key}={value}"] = (tally[value][0], tally[value][1])
+    return out

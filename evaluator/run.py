@@ -11,7 +11,7 @@ from evaluator import hf_backend, prompts
 from evaluator.benchmarks import Benchmark, get_benchmark
 from evaluator.data import Problem, load_benchmark, load_user_set
 from evaluator.grading import grade
-from evaluator.metrics import maj_at_k, pass_at_k, wilson_interval
+from evaluator.metrics import accuracy_breakdown, maj_at_k, pass_at_k, wilson_interval
 from evaluator.models import load_model, load_tokenizer
 from mathrl.sink import Sink
 from mathrl.specs import EvalSpec
@@ -116,6 +116,11 @@ def run_eval(
     for metric, value in values.items():
         low, high = intervals.get(metric, (None, None))
         sink.score({**provenance, "metric": metric, "value": value, "ci_low": low, "ci_high": high})
+    # MATH's subjects and levels: greedy accuracy per group, each with its own n and interval
+    groups = accuracy_breakdown([p.meta for p in problems], [c[0] for c in per_problem_correct])
+    for metric, (correct, n) in groups.items():
+        low, high = wilson_interval(correct, n)
+        sink.score({**provenance, "n": n, "metric": metric, "value": correct / n, "ci_low": low, "ci_high": high})
     sink.metrics(0, {f"eval/{k}": v for k, v in values.items()})
     low, high = intervals["accuracy"]
     sink.event(
@@ -123,7 +128,7 @@ def run_eval(
         f"{bench.name}: accuracy {values['accuracy']:.1%} (95% CI {low:.1%}-{high:.1%}) on {n_problems} problems",
         data=values,
     )
-    return values
+    return {**values, **{metric: correct / n for metric, (correct, n) in groups.items()}}
 
 
 def _problems(spec: EvalSpec, data_dir: str | None) -> tuple[Benchmark, list[Problem]]:
@@ -142,7 +147,7 @@ def _problems(spec: EvalSpec, data_dir: str | None) -> tuple[Benchmark, list[Pro
 def _shots(bench: Benchmark, data_dir: str | None, k: int) -> list[tuple[str, str]]:
     if k == 0:
         return []
-    train_name = {"gsm8k": "gsm8k-train", "math500": "math-train"}.get(bench.name)
+    train_name = {"gsm8k": "gsm8k-train", "math500": "math-train", "math": "math-train"}.get(bench.name)
     if train_name is None:
         return []
     rows = load_benchmark(get_benchmark(train_name), data_dir, k)

@@ -1,0 +1,165 @@
+"""The benchmark registry and loader (MATH from the hub's layout, answers from the solution's
+last \\boxed{}), accuracy by subject and level, and a real tiny math500 eval job storing them."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from evaluator.benchmarks import REGISTRY, Benchmark, get_benchmark
+from evaluator.data import benchmark_load_args, load_benchmark
+from evaluator.metrics import accuracy_breakdown, wilson_interval
+from tests.conftest import Service, data_dir
+
+HUB_FIELDS = ("problem", "level", "solution", "type")  # DigitalLearningGmbH/MATH-lighteval, config 'default'
+
+
+def shared_rows(name: str, n: int | None = None) -> list[dict[str, Any]]:
+    rows = [json.loads(line) for line in (Path(data_dir()) / name).open()]
+    return rows[:n] if n else rows
+
+
+def hub_layout(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Real MATH rows as the hub dataset has them: 'type' for the subject, 'Level N', no answer."""
+    return [{"problem": r["problem"], "level": r["level"] if isinstance(r["level"], str) else f"Level {r['level']}",
+             "solution": r["solution"], "type": r["subject"]} for r in rows]
+
+
+def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize(("name", "split"), [("math", "test"), ("math-train", "train")])
+def test_math_entries_load_one_hub_config_when_no_offline_copy(
+    name: str, split: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # What load_benchmark hands to datasets.load_dataset when the data dir lacks the copy: the
+    # hub id with ONE config holding every subject, and the split (not EleutherAI/hendrycks_math,
+    # whose per-subject configs make load_dataset(id) fail and whose rows have no answer field).
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    bench = get_benchmark(name)
+    args, kwargs = benchmark_load_args(bench, str(tmp_path))
+    assert args == ("DigitalLearningGmbH/MATH-lighteval", "default") and kwargs == {"split": split}
+    # the hub rows have no 'answer': the gold must come from the solution
+    assert bench.answer_field == "solution" and bench.answer_from == "boxed_solution"
+    assert bench.question_field in HUB_FIELDS and ("type", "subject") in bench.renames
+    # with the hub off and no copy, the error names the missing file instead of a network failure
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(FileNotFoundError, match=str(bench.local_file)):
+        benchmark_load_args(bench, str(tmp_path))
+
+
+@pytest.mark.quick
+def test_math_hub_layout_loads_through_the_local_copy_path(tmp_path: Path) -> None:
+    rows = shared_rows("math_train.jsonl", 40)
+    write_jsonl(tmp_path / "math_test.jsonl", hub_layout(rows))
+    bench = get_benchmark("math")
+    args, kwargs = benchmark_load_args(bench, str(tmp_path))
+    assert args == ("json",) and kwargs == {"data_files": str(tmp_path / "math_test.jsonl"), "split": "train"}
+    problems = load_benchmark(bench, str(tmp_path))
+    assert len(problems) == 40
+    for p in problems:
+        src = rows[p.index]
+        assert p.gold == src["answer"].strip()  # last \boxed{} of the solution == the curated answer
+        assert p.question == src["problem"] and p.solution == src["solution"]
+        assert p.meta == {"subject": src["subject"], "level": int(src["level"].split()[-1])}
+    assert load_benchmark(bench, str(tmp_path), limit=5) == problems[:5]
+
+
+@pytest.mark.quick
+def test_math_hub_layout_as_parquet_and_odd_rows(tmp_path: Path) -> None:
+    import datasets
+
+    rows = [
+        {"problem": "Nested?", "level": "Level 2", "type": "Algebra", "solution": "So $x=\\boxed{\\frac{1}{2}}$."},
+        {"problem": "Two boxes?", "level": "Level ?", "type": "Geometry",
+         "solution": "First \\boxed{3}, corrected: \\boxed{4}."},
+        {"problem": "Bare box?", "level": "Level 3", "type": "Algebra", "solution": "It is $\\boxed 9$."},
+        {"problem": "No answer?", "level": "Level 5", "type": "Number Theory", "solution": "there are $\\boxed{}$"},
+        {"problem": "No box?", "level": "Level 1", "type": "Prealgebra", "solution": "It is 7."},
+    ]
+    datasets.Dataset.from_list(rows).to_parquet(str(tmp_path / "math_test.parquet"))
+    bench = dataclasses.replace(get_benchmark("math"), local_file="math_test.parquet")
+    assert benchmark_load_args(bench, str(tmp_path))[0] == ("parquet",)
+    problems = load_benchmark(bench, str(tmp_path))
+    assert [(p.index, p.gold, p.meta["level"], p.meta["subject"]) for p in problems] == [
+        (0, "\\frac{1}{2}", 2, "Algebra"), (1, "4", "?", "Geometry"), (2, "9", 3, "Algebra"),
+    ]
+
+
+@pytest.mark.quick
+def test_local_copies_keep_loading() -> None:
+    d = data_dir()
+    train = load_benchmark(get_benchmark("math-train"), d)
+    rows = shared_rows("math_train.jsonl")
+    # 7,500 rows: 2 have an empty \boxed{} (skipped); 2 written '\boxed 9' now get their answer
+    assert len(rows) == 7500 and len(train) == 7498
+    assert all(p.gold == rows[p.index]["answer"].strip() for p in train if rows[p.index]["answer"] is not None)
+    assert {p.meta["level"] for p in train} == {1, 2, 3, 4, 5, "?"}
+    assert len({p.meta["subject"] for p in train}) == 7
+    m500 = load_benchmark(get_benchmark("math500"), d, limit=3)
+    assert m500[0].meta["level"] == 2 and m500[0].meta["subject"] == "Precalculus"
+
+
+@pytest.mark.quick
+def test_registry_rejects_an_unknown_answer_source() -> None:
+    with pytest.raises(ValueError, match="answer_from"):
+        dataclasses.replace(REGISTRY["math"], answer_from="last_line")
+    assert isinstance(get_benchmark("math"), Benchmark)
+
+
+@pytest.mark.quick
+def test_accuracy_breakdown_by_subject_and_level() -> None:
+    metas = [
+        {"subject": "Algebra", "level": 2}, {"subject": "Algebra", "level": 10}, {"subject": "Geometry", "level": 2},
+        {"subject": "Algebra", "level": "?"}, {"subject": "Geometry"}, {},
+    ]
+    correct = [True, False, True, True, False, True]
+    got = accuracy_breakdown(metas, correct)
+    assert got == {
+        "accuracy/subject=Algebra": (2, 3), "accuracy/subject=Geometry": (1, 2),
+        "accuracy/level=2": (2, 2), "accuracy/level=10": (0, 1), "accuracy/level=?": (1, 1),
+    }
+    assert list(got)[2:] == ["accuracy/level=2", "accuracy/level=10", "accuracy/level=?"]
+    assert accuracy_breakdown([{}, {"unique_id": "x"}], [True, False]) == {}  # GSM8K: nothing to break down
+    with pytest.raises(ValueError):
+        accuracy_breakdown(metas, correct[:-1])
+
+
+@pytest.mark.slow
+def test_math500_eval_job_stores_breakdowns_with_provenance(service: Service, tiny_model: str) -> None:
+    c = service.client()
+    job = c.jobs.create({"kind": "eval", "model": tiny_model, "benchmark": "math500", "limit": 6, "batch_size": 6,
+                         "sampling": {"max_new_tokens": 8}})
+    done = c.jobs.wait(job.id, timeout=180)
+    assert done.status == "succeeded", done.error
+    scores = {s.metric: s for s in c.scores.list(job_id=job.id)}
+    rows = shared_rows("math500_test.jsonl", 6)
+    want: dict[str, int] = {}
+    for r in rows:
+        want[f"accuracy/subject={r['subject']}"] = want.get(f"accuracy/subject={r['subject']}", 0) + 1
+        want[f"accuracy/level={r['level']}"] = want.get(f"accuracy/level={r['level']}", 0) + 1
+    groups = {m: s for m, s in scores.items() if m.startswith("accuracy/")}
+    assert set(groups) == set(want)
+    correct_by_problem = {s.data["problem"]: s.data["correct"] for s in c.jobs.samples(job.id)}
+    head = scores["accuracy"]
+    for metric, s in groups.items():
+        assert s.n == want[metric]
+        key, value = metric.removeprefix("accuracy/").split("=", 1)
+        members = [i for i, r in enumerate(rows) if str(r[key]) == value]
+        hits = sum(correct_by_problem[i] for i in members)
+        assert math.isclose(s.value, hits / len(members))
+        assert (s.ci_low, s.ci_high) == pytest.approx(wilson_interval(hits, len(members)))
+        # the same provenance as the headline score
+        for col in ("model_ref", "benchmark", "benchmark_version", "sampling", "backend", "backend_version",
+                    "prompt_hash", "seed", "checkpoint"):
+            assert getattr(s, col) == getattr(head, col), col
+    assert head.n == 6 and head.benchmark == "math500" and head.model_ref == tiny_model
+    assert sum(s.n for m, s in groups.items() if m.startswith("accuracy/level=")) == 6
