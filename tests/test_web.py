@@ -12,13 +12,12 @@ import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
+import re
 from typing import Any
 
 import pytest
 
 from tests.conftest import Service, wait_for
-
-pytestmark = pytest.mark.slow
 
 CHROMIUM = os.environ.get("MATHRL_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -27,7 +26,7 @@ CHROMIUM_ARGS = [
 ]
 PARKED = {"resources": {"gpus": 1}}  # a queue no worker serves in these tests: the job stays queued
 TINY = "tiny:2x64"
-GRPO_STEPS = 16
+GRPO_STEPS = 12
 
 
 @pytest.fixture(scope="module")
@@ -87,6 +86,28 @@ def job_rows(page: Any) -> list[dict[str, str]]:
     return page.eval_on_selector_all("#jobs tr", "rows => rows.map(r => ({...r.dataset}))")
 
 
+@pytest.mark.quick
+def test_pages_and_their_files_are_served_without_a_key(app_client: Any) -> None:
+    """The HTML holds no data, so it needs no key; static files revalidate by ETag; every
+    module a page imports is one the server has."""
+    from api.web.router import STATIC
+
+    for path, script in [("/ui", "jobs"), ("/ui/jobs/x", "job"), ("/ui/pipelines", "pipelines"),
+                         ("/ui/pipelines/x", "pipeline"), ("/ui/scores", "scores")]:
+        r = app_client.get(path)
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
+        assert f'src="/ui/static/{script}.js?v=' in r.text and "frame-ancestors 'none'" in r.headers["content-security-policy"]
+    r = app_client.get("/ui/static/chart.js")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/javascript")
+    assert app_client.get("/ui/static/chart.js", headers={"If-None-Match": r.headers["etag"]}).status_code == 304
+    missing = app_client.get("/ui/static/nope.js")
+    assert missing.status_code == 404 and missing.headers["content-type"] == "application/problem+json"
+    for name, (body, _, _) in STATIC.items():
+        for imported in re.findall(r'from "\./([\w.]+)"', body.decode()):
+            assert imported in STATIC, f"{name} imports {imported}, which is not served"
+
+
+@pytest.mark.slow
 def test_job_list_loads_and_filters(service: Service, project: tuple[str, Any], page: Any, shots: Path) -> None:
     key, c = project
     ev = c.jobs.create({"kind": "eval", "model": "org/model", "limit": 5, "name": "parked eval", "tags": ["web"], **PARKED})
@@ -136,7 +157,7 @@ def grpo_job(service: Service, project: tuple[str, Any], browser: Any, shots: Pa
         "kind": "grpo", "model": TINY, "name": "web grpo", "dataset": {"name": "arith", "split": "train", "limit": 2000},
         "max_steps": GRPO_STEPS, "learning_rate": 1e-4, "beta": 0.04, "num_generations": 4, "per_device_train_batch_size": 16,
         "max_completion_length": 4, "rewards": [{"name": "accuracy"}, {"name": "overlong", "buffer": 2, "weight": 0.5}],
-        "logging_steps": 1, "save_steps": 8, "sample_every": 4, "seed": 3,
+        "logging_steps": 1, "save_steps": 6, "sample_every": 3, "seed": 3,
     })
     ctx = browser.new_context(viewport={"width": 1280, "height": 900})
     pg = ctx.new_page()
@@ -170,6 +191,7 @@ def grpo_job(service: Service, project: tuple[str, Any], browser: Any, shots: Pa
     return seen
 
 
+@pytest.mark.slow
 def test_running_job_chart_gains_points_while_watched(grpo_job: dict[str, Any]) -> None:
     assert grpo_job["running_when_first"] == "running"
     assert grpo_job["running_when_later"] == "running", "the points must arrive while the job runs"
@@ -179,20 +201,21 @@ def test_running_job_chart_gains_points_while_watched(grpo_job: dict[str, Any]) 
     assert charts["Reward"] == 3 * GRPO_STEPS, charts
     for title in ("KL", "Loss", "Accuracy", "Completion length", "Step time (s)"):
         assert charts.get(title, 0) >= GRPO_STEPS, (title, charts)
-    # sampled completions every 4 steps; the newest step's shown, the others one click away
-    assert grpo_job["sample_steps"] == [str(s) for s in range(GRPO_STEPS, 0, -4)]
+    # sampled completions every 3 steps; the newest step's shown, the others one click away
+    assert grpo_job["sample_steps"] == [str(s) for s in range(GRPO_STEPS, 0, -3)]
     assert len(grpo_job["samples"]) >= 4 and set(grpo_job["samples"]) == {str(GRPO_STEPS)}
     assert "checkpoint" in grpo_job["checkpoints"] and "final" in grpo_job["checkpoints"]
     assert "started" in grpo_job["events"] and "succeeded" in grpo_job["events"]
     assert '"num_generations": 4' in grpo_job["config"] and '"beta"' in grpo_job["config"]
 
 
+@pytest.mark.slow
 def test_scores_page_shows_stored_scores(
     service: Service, project: tuple[str, Any], grpo_job: dict[str, Any], page: Any, shots: Path
 ) -> None:
     key, c = project
     gid = grpo_job["id"]
-    models = [TINY, f"job:{gid}@step-8", f"job:{gid}"]  # before, a checkpoint, the final model
+    models = [TINY, f"job:{gid}@step-6", f"job:{gid}"]  # before, a checkpoint, the final model
     for m in models:  # one after the other: the scores' order is the models' order
         job = c.jobs.create({"kind": "eval", "model": m, "benchmark": "arith", "limit": 40, "batch_size": 40,
                              "sampling": {"max_new_tokens": 5}})
@@ -209,9 +232,9 @@ def test_scores_page_shows_stored_scores(
     assert page.input_value("#before") == TINY and page.input_value("#after") == f"job:{gid}"
     row = page.inner_text("#compare tbody tr")
     assert "arith" in row and f"{100 * acc[TINY].value:.1f}%" in row and " pt" in row
-    page.select_option("#after", f"job:{gid}@step-8")
-    assert f"{100 * acc[f'job:{gid}@step-8'].value:.1f}%" in page.inner_text("#compare tbody tr")
-    # score over training steps: the starting model (step 0), step 8 and the final model (step 16)
+    page.select_option("#after", f"job:{gid}@step-6")
+    assert f"{100 * acc[f'job:{gid}@step-6'].value:.1f}%" in page.inner_text("#compare tbody tr")
+    # score over training steps: the starting model (step 0), step 6 and the final model (step 12)
     steps = page.eval_on_selector_all("#steps .chart", "els => els.map(e => +e.dataset.points)")
     assert steps == [3], steps
     shoot(page, shots, "scores")
@@ -224,6 +247,7 @@ def test_scores_page_shows_stored_scores(
         assert float(text) == pytest.approx(tokens[m], rel=1e-3)
 
 
+@pytest.mark.slow
 def test_another_projects_key_sees_nothing(
     service: Service, grpo_job: dict[str, Any], page: Any, shots: Path
 ) -> None:
@@ -241,6 +265,7 @@ def test_another_projects_key_sees_nothing(
     assert page.query_selector("#leaderboard") is None
 
 
+@pytest.mark.slow
 def test_a_refused_key_brings_back_the_form(service: Service, page: Any) -> None:
     page.goto(f"{service.url}/ui/scores")
     page.fill("#keyform input[name=key]", "mrl_not-a-key")
@@ -250,6 +275,7 @@ def test_a_refused_key_brings_back_the_form(service: Service, page: Any) -> None
     assert page.evaluate("sessionStorage.getItem('mathrl.key')") is None
 
 
+@pytest.mark.slow
 def test_pipeline_page_draws_the_graph(service: Service, project: tuple[str, Any], page: Any, shots: Path) -> None:
     key, c = project
     r = c.request("POST", "/v1/pipelines", json={"name": "web dag", "jobs": {

@@ -72,7 +72,7 @@ def jobs_page() -> HTMLResponse:
 
 @router.get("/ui/jobs/{job_id}")
 def job_page(job_id: str) -> HTMLResponse:
-    return _page("job", f"Job {job_id[:8]}")
+    return _page("job", f"Job {job_id[-8:]}")
 
 
 @router.get("/ui/pipelines")
@@ -82,7 +82,7 @@ def pipelines_page() -> HTMLResponse:
 
 @router.get("/ui/pipelines/{pipeline_id}")
 def pipeline_page(pipeline_id: str) -> HTMLResponse:
-    return _page("pipeline", f"Pipeline {pipeline_id[:8]}")
+    return _page("pipeline", f"Pipeline {pipeline_id[-8:]}")
 
 
 @router.get("/ui/scores")

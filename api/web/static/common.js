@@ -62,7 +62,8 @@ export const $ = (sel, root = document) => root.querySelector(sel);
 
 export const TERMINAL = new Set(["succeeded", "failed", "cancelled"]);
 export const badge = (status) => h("span", { class: `badge ${status}`, "data-status": status }, status);
-export const shortId = (id) => (id ? id.slice(0, 8) : "");
+// ids are UUIDv7: the first digits are a timestamp shared by jobs made together, the last are random
+export const shortId = (id) => (id ? id.slice(-8) : "");
 
 export function fmtTime(iso) {
   if (!iso) return "";
@@ -82,7 +83,7 @@ export function fmtNum(v, digits = 4) {
   if (v === null || v === undefined || Number.isNaN(v)) return "";
   if (Number.isInteger(v)) return String(v);
   const a = Math.abs(v);
-  if (a !== 0 && (a < 1e-3 || a >= 1e5)) return v.toExponential(2);
+  if (a !== 0 && (a < 1e-3 || a >= 1e5)) return Number(v.toPrecision(3)).toExponential();
   return String(Number(v.toPrecision(digits)));
 }
 

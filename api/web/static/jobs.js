@@ -6,7 +6,7 @@ const STATUSES = ["waiting", "queued", "running", "succeeded", "failed", "cancel
 
 function row(job) {
   return h("tr", { dataset: { jobId: job.id, kind: job.kind, status: job.status } },
-    h("td", { class: "mono" }, h("a", { href: `/ui/jobs/${job.id}` }, shortId(job.id))),
+    h("td", { class: "mono" }, h("a", { href: `/ui/jobs/${job.id}`, title: job.id }, shortId(job.id))),
     h("td", {}, job.name || h("span", { class: "muted" }, "—")),
     h("td", {}, job.kind),
     h("td", {}, badge(job.status)),

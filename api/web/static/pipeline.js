@@ -66,7 +66,7 @@ boot(async (main) => {
     graph.replaceChildren(dag(p.jobs || []));
     body.replaceChildren(...(p.jobs || []).map((j) => h("tr", { dataset: { step: j.step, status: j.status } },
       h("td", {}, j.step), h("td", {}, j.kind), h("td", {}, badge(j.status)),
-      h("td", { class: "mono" }, j.job_id ? h("a", { href: `/ui/jobs/${j.job_id}` }, shortId(j.job_id)) : ""),
+      h("td", { class: "mono" }, j.job_id ? h("a", { href: `/ui/jobs/${j.job_id}`, title: j.job_id }, shortId(j.job_id)) : ""),
       h("td", {}, (j.depends_on || []).join(", ")), h("td", {}, j.error || ""))));
     main.dataset.loaded = "true";
   }

@@ -17,7 +17,7 @@ boot(async (main) => {
       const jobs = p.jobs || [];
       const done = jobs.filter((j) => j.status === "succeeded").length;
       return h("tr", { dataset: { pipelineId: p.id } },
-        h("td", { class: "mono" }, h("a", { href: `/ui/pipelines/${p.id}` }, shortId(p.id))),
+        h("td", { class: "mono" }, h("a", { href: `/ui/pipelines/${p.id}`, title: p.id }, shortId(p.id))),
         h("td", {}, p.name || ""), h("td", {}, badge(p.status)),
         h("td", {}, jobs.length ? `${done}/${jobs.length} done` : ""),
         h("td", {}, (p.tags || []).map((t) => h("span", { class: "tag" }, t))),

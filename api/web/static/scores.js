@@ -1,7 +1,7 @@
 // /ui/scores: a leaderboard (model x benchmark for one metric), a before/after comparison of
 // two models, and score over training steps for models that are checkpoints of a job.
 import { LineChart } from "./chart.js";
-import { NotFound, api, boot, fmtNum, fmtTime, h, pct } from "./common.js";
+import { NotFound, api, boot, fmtNum, fmtTime, h, pct, shortId } from "./common.js";
 
 const STEP_REF = /^job:([^@]+)@step-(\d+)$/;
 const FINAL_REF = /^job:([^@]+)(@final)?$/;
@@ -103,7 +103,7 @@ boot(async (main) => {
         if (!series.has(s.benchmark)) series.set(s.benchmark, new Map());
         series.get(s.benchmark).set(step, s.value);
       }
-      const name = meta?.job ? `${meta.job.kind} ${id.slice(0, 8)}${meta.job.name ? ` (${meta.job.name})` : ""}` : id.slice(0, 8);
+      const name = meta?.job ? `${meta.job.kind} ${shortId(id)}${meta.job.name ? ` (${meta.job.name})` : ""}` : shortId(id);
       const chart = new LineChart(`${metric}: ${name}`, { format: (v) => fmt(metric, v), yRange: isRate(metric) ? [0, 1] : null });
       for (const [bench, pts] of series) chart.append(bench, [...pts].sort((a, b) => a[0] - b[0]).map(([x, y]) => ({ x, y })));
       chart.render();
@@ -133,6 +133,6 @@ function rawTable(all) {
     h("tbody", {}, all.map((s) => h("tr", {},
       h("td", { class: "mono" }, s.model_ref), h("td", {}, `${s.benchmark} ${s.benchmark_version}`), h("td", {}, s.metric),
       h("td", { class: "num" }, fmtNum(s.value)), h("td", { class: "num" }, s.ci_low != null ? `${fmtNum(s.ci_low)}–${fmtNum(s.ci_high)}` : ""),
-      h("td", { class: "num" }, s.n), h("td", {}, s.backend), h("td", { class: "mono" }, h("a", { href: `/ui/jobs/${s.job_id}` }, s.job_id.slice(0, 8))),
+      h("td", { class: "num" }, s.n), h("td", {}, s.backend), h("td", { class: "mono" }, h("a", { href: `/ui/jobs/${s.job_id}`, title: s.job_id }, shortId(s.job_id))),
       h("td", {}, fmtTime(s.created_at))))));
 }
