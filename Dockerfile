@@ -91,8 +91,9 @@ RUN set -eux; whl=$(ls /wheels/mathrl-*.whl); \
 FROM ${CUDA_IMAGE} AS worker
 ARG APP_UID
 ENV DEBIAN_FRONTEND=noninteractive
+# gcc and Python headers: Triton (under torch.compile and vLLM) compiles small helpers at run time
 RUN apt-get update \
- && apt-get install -y --no-install-recommends python3 libgomp1 ca-certificates tini \
+ && apt-get install -y --no-install-recommends python3 python3-dev gcc libc6-dev libgomp1 ca-certificates tini \
  && rm -rf /var/lib/apt/lists/* \
  && (userdel --remove ubuntu 2>/dev/null || true) \
  && groupadd --gid ${APP_UID} mathrl \

@@ -336,6 +336,13 @@ def test_config_and_settings_names_are_real_settings(default: Rendered) -> None:
             os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
 
 
+def test_helm_lint_is_clean() -> None:
+    for values in (None, gpu_values()):
+        report = helm.lint(str(CHART), values, strict=True, namespace=NAMESPACE, kube_version="v1.27.0")
+        assert not report["errors"], report
+        assert not [m for m in report["messages"] if m["severity"] >= 2], report["messages"]  # warnings or errors
+
+
 def test_values_schema_refuses_bad_values() -> None:
     for bad, where in (
         ({"workerPools": [{"name": "GPU_1", "queues": ["gpu-1"]}]}, "/workerPools/0/name"),
