@@ -33,7 +33,6 @@ RELEASE, NAMESPACE = "mathrl", "ml"
 K8S_VERSIONS = ("1.27", kubernetes_validate.utils.latest_version())
 CRD_KINDS = {"ScaledObject", "TriggerAuthentication", "ServiceMonitor"}
 
-pytestmark = pytest.mark.quick
 
 
 # ---- rendering --------------------------------------------------------------------------------
@@ -97,6 +96,7 @@ def workers(r: Rendered) -> dict[str, dict[str, Any]]:
 
 # ---- what matters in the chart ----------------------------------------------------------------
 
+@pytest.mark.quick
 @pytest.mark.parametrize("which", ["default", "gpu"])
 def test_gpus_and_tolerations_on_gpu_worker_pods_only(which: str, request: pytest.FixtureRequest) -> None:
     r: Rendered = request.getfixturevalue(which)
@@ -134,6 +134,7 @@ def test_gpus_and_tolerations_on_gpu_worker_pods_only(which: str, request: pytes
             assert not any("gpu" in k for k in c["resources"].get("limits", {})), c["resources"]
 
 
+@pytest.mark.quick
 def test_gpu_cluster_pools_get_their_scheduling_settings(gpu: Rendered) -> None:
     big = pod_spec(workers(gpu)["gpu-8"])
     assert big["runtimeClassName"] == "nvidia"  # from workerDefaults
@@ -153,6 +154,7 @@ def test_gpu_cluster_pools_get_their_scheduling_settings(gpu: Rendered) -> None:
         "mathrl-api", "mathrl-worker-gpu-1", "mathrl-worker-gpu-8"}
 
 
+@pytest.mark.quick
 def test_keda_scales_each_gpu_pool_on_its_redis_queues(default: Rendered, gpu: Rendered) -> None:
     assert not default.of("ScaledObject")
     deployments = workers(gpu)
@@ -169,6 +171,7 @@ def test_keda_scales_each_gpu_pool_on_its_redis_queues(default: Rendered, gpu: R
     assert "replicas" not in deployments["gpu-8"]["spec"] and deployments["cpu"]["spec"]["replicas"] == 1
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("which, hook", [("default", "post-install,pre-upgrade"), ("gpu", "pre-install,pre-upgrade")])
 def test_migration_job_is_a_helm_hook_on_the_api_image(which: str, hook: str, request: pytest.FixtureRequest) -> None:
     r: Rendered = request.getfixturevalue(which)
@@ -188,6 +191,7 @@ def test_migration_job_is_a_helm_hook_on_the_api_image(which: str, hook: str, re
     assert "envFrom" not in c
 
 
+@pytest.mark.quick
 def test_probes(default: Rendered) -> None:
     api = container(default.get("Deployment", "mathrl-api"))
     port = {p["name"]: p["containerPort"] for p in api["ports"]}
@@ -204,6 +208,7 @@ def test_probes(default: Rendered) -> None:
         assert c["livenessProbe"]["exec"] and c["readinessProbe"]["exec"]
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("which", ["default", "gpu"])
 def test_restrictive_security_context_everywhere(which: str, request: pytest.FixtureRequest) -> None:
     r: Rendered = request.getfixturevalue(which)
@@ -230,6 +235,7 @@ def test_restrictive_security_context_everywhere(which: str, request: pytest.Fix
     assert sa and sa[0]["automountServiceAccountToken"] is False
 
 
+@pytest.mark.quick
 def test_bundled_database_and_broker(default: Rendered) -> None:
     env = env_of(container(default.get("Deployment", "mathrl-api")))
     db_ref = env["MATHRL_DATABASE__URL"]["valueFrom"]["secretKeyRef"]
@@ -250,6 +256,7 @@ def test_bundled_database_and_broker(default: Rendered) -> None:
     assert pol["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "postgresql"
 
 
+@pytest.mark.quick
 def test_external_database_and_broker_come_from_the_named_secrets(gpu: Rendered) -> None:
     kinds = {(d["kind"], d["metadata"]["name"]) for d in gpu.docs}
     assert not gpu.of("StatefulSet") and not gpu.of("Secret"), kinds  # no bundled PostgreSQL/Redis, no generated Secrets
@@ -268,6 +275,7 @@ def test_external_database_and_broker_come_from_the_named_secrets(gpu: Rendered)
         render(values)
 
 
+@pytest.mark.quick
 def test_artifacts_shared_by_api_and_workers(default: Rendered, gpu: Rendered) -> None:
     pvc = default.get("PersistentVolumeClaim", "mathrl-artifacts")
     assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
@@ -291,6 +299,7 @@ def test_artifacts_shared_by_api_and_workers(default: Rendered, gpu: Rendered) -
     assert cache == {"name": "cache", "persistentVolumeClaim": {"claimName": "mathrl-model-cache"}}
 
 
+@pytest.mark.quick
 def test_ingress_hpa_and_service_monitor(default: Rendered, gpu: Rendered) -> None:
     for kind in ("Ingress", "HorizontalPodAutoscaler", "ServiceMonitor"):
         assert not default.of(kind)
@@ -309,6 +318,7 @@ def test_ingress_hpa_and_service_monitor(default: Rendered, gpu: Rendered) -> No
     assert sm["spec"]["endpoints"][0]["port"] in {p["name"] for p in svc["spec"]["ports"]}
 
 
+@pytest.mark.quick
 def test_config_and_settings_names_are_real_settings(default: Rendered) -> None:
     from service.settings import Settings
 
@@ -336,6 +346,7 @@ def test_config_and_settings_names_are_real_settings(default: Rendered) -> None:
             os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
 
 
+@pytest.mark.quick
 def test_helm_lint_is_clean() -> None:
     for values in (None, gpu_values()):
         report = helm.lint(str(CHART), values, strict=True, namespace=NAMESPACE, kube_version="v1.27.0")
@@ -343,6 +354,7 @@ def test_helm_lint_is_clean() -> None:
         assert not [m for m in report["messages"] if m["severity"] >= 2], report["messages"]  # warnings or errors
 
 
+@pytest.mark.quick
 def test_values_schema_refuses_bad_values() -> None:
     for bad, where in (
         ({"workerPools": [{"name": "GPU_1", "queues": ["gpu-1"]}]}, "/workerPools/0/name"),
@@ -355,6 +367,7 @@ def test_values_schema_refuses_bad_values() -> None:
             render(bad)
 
 
+@pytest.mark.quick
 def test_every_value_is_documented() -> None:
     """Each key in values.yaml has a comment right above it or sits under a commented key."""
     lines = (CHART / "values.yaml").read_text().splitlines()
@@ -378,6 +391,7 @@ def test_every_value_is_documented() -> None:
     assert not undocumented, "values.yaml keys without a comment:\n" + "\n".join(undocumented)
 
 
+@pytest.mark.quick
 def test_notes_give_the_curl_that_submits_a_first_job(default: Rendered, gpu: Rendered) -> None:
     from mathrl.schemas import KeyCreateRequest
     from mathrl.specs import parse_spec
@@ -417,6 +431,7 @@ def _crd_checks(r: Rendered) -> None:
         assert sm["apiVersion"] == "monitoring.coreos.com/v1" and sm["spec"]["endpoints"]
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("which", ["default", "gpu"])
 def test_manifests_validate_against_kubernetes_schemas(which: str, request: pytest.FixtureRequest) -> None:
     r: Rendered = request.getfixturevalue(which)
@@ -437,6 +452,7 @@ def test_manifests_validate_against_kubernetes_schemas(which: str, request: pyte
     _crd_checks(r)
 
 
+@pytest.mark.quick
 def test_schema_validation_catches_a_broken_manifest(default: Rendered) -> None:
     broken = copy.deepcopy(default.get("Deployment", "mathrl-api"))
     broken["spec"]["template"]["spec"]["containers"][0]["resources"]["limit"] = {"cpu": "1"}
@@ -514,6 +530,7 @@ def build_args(parser: DockerfileParser) -> dict[str, str]:
     return args
 
 
+@pytest.mark.quick
 def test_dockerfile_targets_run_as_non_root_and_split_torch() -> None:
     parser = dockerfile()
     st = stages(parser)
@@ -541,6 +558,7 @@ def test_dockerfile_targets_run_as_non_root_and_split_torch() -> None:
     assert re.search(r":\d+\.\d+\.\d+-slim", args["PYTHON_IMAGE"])
 
 
+@pytest.mark.quick
 def test_worker_image_pins_match_the_test_environment() -> None:
     args = build_args(dockerfile())
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
@@ -559,6 +577,7 @@ def test_worker_image_pins_match_the_test_environment() -> None:
     assert trl_vllm.specifier.contains(args["VLLM_VERSION"]), (trl_vllm, args["VLLM_VERSION"])
 
 
+@pytest.mark.quick
 def test_compose_file() -> None:
     compose = yaml.safe_load((ROOT / "compose.yaml").read_text())
     services = compose["services"]
