@@ -20,6 +20,11 @@ log = logging.getLogger("mathrl.api")
 
 PROBLEM_JSON = "application/problem+json"
 JOB_NOT_FOUND = "No job with this id in your project."
+NO_RESULTS = "This job has no per-item results: an eval job writes them when it has scored every item."
+RESULTS_UNAVAILABLE = (
+    "This job's per-item results file is not readable from this API server (removed, or outside its"
+    " artifact directory): check that API and workers share MATHRL_ARTIFACT_DIR."
+)
 PIPELINE_NOT_FOUND = "No pipeline with this id in your project."
 KEY_NOT_FOUND = "No API key with this id in your project."
 AUTH_MISSING = "Send your API key as 'Authorization: Bearer <key>' (create one with `mathrl keys create`)."

@@ -3,6 +3,7 @@
     mathrl jobs submit spec.yaml --follow
     mathrl jobs list --status running
     mathrl jobs logs <id> --follow
+    mathrl jobs results <id> -o items.jsonl
     mathrl pipeline submit pipeline.yaml --wait
     mathrl scores --benchmark gsm8k
     mathrl keys create --name laptop
@@ -277,6 +278,28 @@ def metrics(job_id: str, url: UrlOpt = None, api_key: KeyOpt = None, name: str |
         last = s.points[-1]
         table.add_row(s.name, str(len(s.points)), str(last.step), f"{last.value:.6g}")
     console.print(table)
+
+
+@jobs_app.command("results")
+def results(
+    job_id: str,
+    url: UrlOpt = None,
+    api_key: KeyOpt = None,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write to this file instead of stdout")] = None,
+) -> None:
+    """An eval job's per-item results as JSON lines (prompt, completion, gold, extracted answer, verdict)."""
+    with _client(url, api_key) as c:
+        try:
+            items = c.jobs.results(job_id)
+        except MathRLError as exc:
+            _fail(exc)
+    text = "".join(json.dumps(item) + "\n" for item in items)
+    if output is None:
+        sys.stdout.write(text)
+        return
+    output.write_text(text)
+    correct = sum(bool((i.get("data") or {}).get("correct")) for i in items)
+    err.print(f"{len(items)} items ({correct} correct) -> {output}")
 
 
 @app.command("scores")

@@ -168,6 +168,15 @@ class Jobs:
         data = self._c.request("GET", f"/v1/jobs/{job_id}/checkpoints")
         return [CheckpointResponse.model_validate(s) for s in data["data"]]
 
+    def results(self, job_id: str) -> list[dict[str, Any]]:
+        """An eval job's per-item results: one dict per sample with prompt, completion and data
+        (gold, extracted answer, correct, tokens, and the problem's subject/level where it has them)."""
+        with self._c.http.stream("GET", f"/v1/jobs/{job_id}/results") as resp:
+            if resp.status_code >= 400:
+                resp.read()
+                _raise_for(resp)
+            return [json.loads(line) for line in resp.iter_lines() if line.strip()]
+
     def wait(self, job_id: str, timeout: float = 3600.0, poll: float = 1.0) -> JobResponse:
         """Block until the job reaches a terminal status (raises TimeoutError)."""
         deadline = time.monotonic() + timeout
@@ -324,6 +333,14 @@ class AsyncJobs:
     async def metrics(self, job_id: str, name: str | None = None) -> list[MetricSeries]:
         data = await self._c.request("GET", f"/v1/jobs/{job_id}/metrics", params=_params(name=name))
         return [MetricSeries.model_validate(s) for s in data["data"]]
+
+    async def results(self, job_id: str) -> list[dict[str, Any]]:
+        """An eval job's per-item results (see `Client.jobs.results`)."""
+        async with self._c.http.stream("GET", f"/v1/jobs/{job_id}/results") as resp:
+            if resp.status_code >= 400:
+                await resp.aread()
+                _raise_for(resp)
+            return [json.loads(line) async for line in resp.aiter_lines() if line.strip()]
 
     async def wait(self, job_id: str, timeout: float = 3600.0, poll: float = 1.0) -> JobResponse:
         import asyncio

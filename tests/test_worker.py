@@ -77,6 +77,85 @@ def test_eval_job_end_to_end(service: Service, tiny_model: str) -> None:
     assert streamed == types
 
 
+def test_eval_results_download(service: Service, tiny_model: str, pg_url: str, tmp_path: Path) -> None:
+    import asyncio
+    import json
+
+    from typer.testing import CliRunner
+
+    from mathrl.cli import app
+    from mathrl.client import AsyncClient, MathRLError
+
+    key = service.key()
+    c = service.client(key)
+    job = c.jobs.create(eval_spec(tiny_model, limit=3, batch_size=3, sampling={"max_new_tokens": 8}))
+    assert c.jobs.wait(job.id, timeout=180).status == "succeeded"
+
+    r = httpx.get(f"{service.url}/v1/jobs/{job.id}/results", headers={"Authorization": f"Bearer {key}"})
+    assert r.status_code == 200 and r.headers["content-type"].startswith("application/x-ndjson")
+    items = c.jobs.results(job.id)
+    assert items == [json.loads(line) for line in r.text.splitlines()]
+    assert len(items) == 3 and items[0]["data"]["gold"] == "18"  # GSM8K test #1
+    by_problem = {s.data["problem"]: s for s in c.jobs.samples(job.id)}
+    for item in items:
+        d, sample = item["data"], by_problem[item["data"]["problem"]]
+        assert {"gold", "extracted", "correct"} <= set(d) and isinstance(d["correct"], bool)
+        assert (item["prompt"], item["completion"], d) == (sample.prompt, sample.completion, sample.data)
+
+    async def async_results() -> list[dict[str, Any]]:
+        async with AsyncClient(service.url, api_key=key) as ac:
+            return await ac.jobs.results(job.id)
+
+    assert asyncio.run(async_results()) == items
+    out = tmp_path / "items.jsonl"
+    result = CliRunner().invoke(app, ["jobs", "results", job.id, "-o", str(out)],
+                                env={"MATHRL_URL": service.url, "MATHRL_API_KEY": key})
+    assert result.exit_code == 0, result.output
+    assert [json.loads(line) for line in out.read_text().splitlines()] == items
+
+    # another project's job, and a job with no results: 404 problems
+    with pytest.raises(MathRLError) as exc:
+        service.client().jobs.results(job.id)
+    assert exc.value.status == 404 and exc.value.problem["detail"] == "No job with this id in your project."
+    parked = c.jobs.create({"kind": "eval", "model": tiny_model, "limit": 1, "resources": {"pool": "results-parked"}})
+    with pytest.raises(MathRLError) as exc:
+        c.jobs.results(parked.id)
+    assert exc.value.status == 404 and "no per-item results" in exc.value.detail
+    result = CliRunner().invoke(app, ["jobs", "results", parked.id], env={"MATHRL_URL": service.url, "MATHRL_API_KEY": key})
+    assert result.exit_code == 1 and "no per-item results" in result.output
+
+    # a results row naming a file outside the artifact dir (directly, or through a symlink in it) is refused
+    from store.models import Checkpoint
+
+    artifacts = Path(service.env["MATHRL_ARTIFACT_DIR"])
+    secret = tmp_path / "secret.jsonl"
+    secret.write_text('{"secret": true}\n')
+    link = artifacts / "jobs" / parked.id / "items.jsonl"
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(secret)
+    with session_scope(pg_url) as s:
+        row = Checkpoint(job_id=parked.id, step=0, kind="results", uri="")
+        s.add(row)
+        s.flush()
+        row_id = row.id
+
+    def point_at(uri: str) -> None:
+        with session_scope(pg_url) as s:
+            s.get(Checkpoint, row_id).uri = uri
+
+    for uri in (str(secret), f"{artifacts}/jobs/../../{secret.parent.name}/secret.jsonl", f"file://{link}"):
+        point_at(uri)
+        r = httpx.get(f"{service.url}/v1/jobs/{parked.id}/results", headers={"Authorization": f"Bearer {key}"})
+        assert r.status_code == 404 and "secret" not in r.text, (uri, r.text)
+        assert r.headers["content-type"] == "application/problem+json" and "MATHRL_ARTIFACT_DIR" in r.json()["detail"]
+    # the same row pointing at a real file inside the artifact dir is served
+    inside = artifacts / "jobs" / parked.id / "real.jsonl"
+    inside.write_text('{"ok": 1}\n')
+    point_at(str(inside))
+    assert c.jobs.results(parked.id) == [{"ok": 1}]
+    c.jobs.cancel(parked.id)
+
+
 def test_job_this_worker_cannot_run_fails_fast_with_the_reason(service: Service) -> None:
     # A worker serving the gpu-1 queue on a machine with no GPU (and no vLLM): the job must
     # fail at once with the reason, not hang or pretend.

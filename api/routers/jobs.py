@@ -5,20 +5,23 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
 import re
 from collections import defaultdict
+from pathlib import Path
 from typing import Annotated, Any
+from urllib.parse import unquote, urlsplit
 
 import anyio
 from fastapi import APIRouter, Body, Header, Query, Request, Response
-from fastapi.responses import StreamingResponse
+from fastapi.responses import FileResponse, StreamingResponse
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
 from api.admission import admit
 from api.deps import CallerDep, SessionDep, SettingsDep
 from api.dispatch import dispatch, new_task_id
-from api.problems import BAD_CURSOR, IDEMPOTENCY_CONFLICT, JOB_NOT_FOUND, Problem
+from api.problems import BAD_CURSOR, IDEMPOTENCY_CONFLICT, JOB_NOT_FOUND, NO_RESULTS, RESULTS_UNAVAILABLE, Problem
 from mathrl.presets import resolve_config
 from mathrl.schemas import (
     CheckpointResponse,
@@ -36,6 +39,7 @@ from store.jobs import TERMINAL, request_cancel
 from store.models import Checkpoint, Event, Job, Metric, Sample, utcnow
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+log = logging.getLogger("mathrl.api")
 
 _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 NOT_FOUND = {404: {"description": JOB_NOT_FOUND}}
@@ -267,3 +271,31 @@ def list_checkpoints(job_id: str, session: SessionDep, caller: CallerDep) -> dic
     _own_job(session, caller.project_id, job_id)
     rows = list(session.scalars(select(Checkpoint).where(Checkpoint.job_id == job_id).order_by(Checkpoint.step)))
     return {"data": rows, "next_cursor": None}
+
+
+@router.get(
+    "/{job_id}/results",
+    response_class=FileResponse,
+    responses={
+        404: {"description": f"{JOB_NOT_FOUND} Or: {NO_RESULTS}"},
+        200: {"content": {"application/x-ndjson": {}},
+              "description": "One JSON object a line: prompt, completion, data (gold, extracted, correct, ...)."},
+    },
+)
+def get_results(job_id: str, session: SessionDep, caller: CallerDep, settings: SettingsDep) -> FileResponse:
+    """An eval job's per-item results (items.jsonl), streamed as NDJSON."""
+    _own_job(session, caller.project_id, job_id)
+    row = session.scalar(
+        select(Checkpoint).where(Checkpoint.job_id == job_id, Checkpoint.kind == "results")
+        .order_by(Checkpoint.created_at.desc(), Checkpoint.id.desc()).limit(1)
+    )
+    if row is None:
+        raise Problem(404, "Not found", NO_RESULTS)
+    # API and workers share the artifact dir; serve nothing a stored uri points at outside it
+    root = Path(settings.artifact_dir).resolve()
+    uri = unquote(urlsplit(row.uri).path) if row.uri.startswith("file://") else row.uri
+    path = Path(uri).resolve()
+    if not path.is_relative_to(root) or not path.is_file():
+        log.warning("job %s: results uri %r is not a file under %s", job_id, row.uri, root)
+        raise Problem(404, "Not found", RESULTS_UNAVAILABLE)
+    return FileResponse(path, media_type="application/x-ndjson", filename=f"{job_id}-items.jsonl")
