@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import logging
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
+
+T = TypeVar("T")
+log = logging.getLogger("mathrl.db")
 
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
@@ -31,7 +37,10 @@ def get_engine(url: str, echo: bool = False) -> Engine:
         engine = create_engine(url, echo=echo, connect_args={"timeout": 30, "check_same_thread": False})
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
-    return create_engine(url, echo=echo, pool_pre_ping=True, pool_size=10, max_overflow=20)
+    # connect_timeout: an unreachable server fails a request in seconds instead of hanging it
+    return create_engine(
+        url, echo=echo, pool_pre_ping=True, pool_size=10, max_overflow=20, connect_args={"connect_timeout": 5}
+    )
 
 
 @lru_cache(maxsize=8)
@@ -51,3 +60,28 @@ def session_scope(url: str) -> Iterator[Session]:
         raise
     finally:
         session.close()
+
+
+def is_transient(exc: BaseException) -> bool:
+    """The database is down or the connection dropped: the same write may succeed later.
+    (A constraint violation or a bad query is not transient.)"""
+    if isinstance(exc, (OperationalError, InterfaceError)):
+        return True
+    return isinstance(exc, DBAPIError) and bool(exc.connection_invalidated)
+
+
+def retry_transient(fn: Callable[[], T], what: str, give_up_after: float = 300.0, max_wait: float = 2.0) -> T:
+    """Run `fn` (one whole transaction) until it succeeds, riding out a database outage with
+    a bounded backoff (0.1 s doubling to `max_wait`). Raises the last error after
+    `give_up_after` seconds, or at once for an error that is not transient."""
+    deadline = time.monotonic() + give_up_after
+    wait = 0.1
+    while True:
+        try:
+            return fn()
+        except Exception as exc:
+            if not is_transient(exc) or time.monotonic() + wait > deadline:
+                raise
+            log.warning("%s: database unavailable (%s); retrying in %.1fs", what, type(exc).__name__, wait)
+            time.sleep(wait)
+            wait = min(wait * 2, max_wait)

@@ -149,17 +149,19 @@ def request_cancel(session: Session, job: Job) -> Job:
     return job
 
 
-def reconcile(session: Session, redeliver_after_seconds: float) -> list[Job]:
+def reconcile(session: Session, redeliver_after_seconds: float, take_lapsed: bool = True) -> list[Job]:
     """Find work the broker lost or a dead worker left behind; return the jobs to send again.
 
-    - running with a lapsed lease: back to queued (or failed once attempts are used up);
+    - running with a lapsed lease: back to queued (or failed once attempts are used up),
+      unless `take_lapsed` is False (the caller just saw the database down: leases lapsed
+      during the outage because no heartbeat could renew them, not because workers died);
     - waiting pipeline jobs whose dependencies are decided: queued, failed or cancelled;
     - queued and not dispatched for `redeliver_after_seconds`: send again.
     """
     now = utcnow()
     lapsed = session.scalars(
         select(Job).where(Job.status == "running", Job.lease_expires_at < now).with_for_update(skip_locked=True)
-    ).all()
+    ).all() if take_lapsed else []
     for job in lapsed:
         if job.attempts >= job.max_attempts:
             job.status, job.finished_at = "failed", now

@@ -2,12 +2,21 @@
 
 It runs in every worker process (a daemon thread). Several reconcilers at once are safe:
 a re-sent message for a job someone already claimed is skipped by the claim.
+
+A database outage longer than a lease lets every running job's lease lapse, since no
+heartbeat can renew it. Those workers are alive: their heartbeats renew within
+`heartbeat_seconds` of the database coming back. So a reconciler takes lapsed leases only
+once it has reached the database without a failure for a whole lease period (also right
+after it starts: it cannot know what happened before). This needs `lease_seconds` >
+`reconcile_seconds` + `heartbeat_seconds`, so an outage too short for a reconcile round to
+notice is also too short for a lease to lapse (the defaults: 30 > 15 + 5).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 
 from celery import Celery
 
@@ -19,9 +28,11 @@ from worker.celery_app import send_job
 log = logging.getLogger("mathrl.reconciler")
 
 
-def reconcile_once(settings: Settings, app: Celery) -> int:
+def reconcile_once(settings: Settings, app: Celery, take_lapsed: bool = False) -> int:
+    """One round. `take_lapsed`: also take back running jobs whose lease lapsed; only the
+    loop below, which knows whether the database was reachable long enough, passes True."""
     with session_scope(settings.database.url) as s:
-        jobs = [(j.id, j.queue) for j in reconcile(s, settings.worker.redeliver_after_seconds)]
+        jobs = [(j.id, j.queue) for j in reconcile(s, settings.worker.redeliver_after_seconds, take_lapsed)]
     for job_id, queue in jobs:
         task_id = send_job(app, job_id, queue)
         with session_scope(settings.database.url) as s:
@@ -32,13 +43,20 @@ def reconcile_once(settings: Settings, app: Celery) -> int:
 
 def start(settings: Settings, app: Celery) -> threading.Event:
     stop = threading.Event()
+    reachable_since: float | None = None  # monotonic time of the first success after a failure
 
     def loop() -> None:
+        nonlocal reachable_since
         while not stop.wait(settings.worker.reconcile_seconds):
+            now = time.monotonic()
+            settled = reachable_since is not None and now - reachable_since >= settings.worker.lease_seconds
             try:
-                reconcile_once(settings, app)
+                reconcile_once(settings, app, take_lapsed=settled)
+                if reachable_since is None:
+                    reachable_since = now
             except Exception as exc:  # database or broker down: try again next round
                 log.warning("reconcile failed: %s", exc)
+                reachable_since = None
 
     threading.Thread(target=loop, name="mathrl-reconciler", daemon=True).start()
     return stop

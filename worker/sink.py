@@ -1,4 +1,8 @@
-"""DatabaseSink: what the job process reports goes straight into the database."""
+"""DatabaseSink: what the job process reports goes straight into the database.
+
+Every write is one transaction retried through a database outage (store.db.retry_transient),
+so a job running while PostgreSQL restarts loses no metric, sample or event; it gives up,
+failing the job with the reason, only after `give_up_after` seconds."""
 
 from __future__ import annotations
 
@@ -12,7 +16,8 @@ from typing import Any
 from sqlalchemy import insert, select
 from sqlalchemy.dialects import postgresql, sqlite
 
-from store.db import session_scope
+from store.db import retry_transient, session_scope
+from store.ids import uuid7
 from store.jobs import add_event
 from store.models import BenchmarkScore, Checkpoint, Job, Metric, Sample, utcnow
 
@@ -22,8 +27,11 @@ class DatabaseSink:
     traffic, go through one writer thread so a training step never waits on the database;
     `flush()` (called before the job process exits) waits until they are all stored."""
 
-    def __init__(self, url: str, job_id: str, project_id: str, cancel_poll_seconds: float = 2.0) -> None:
+    def __init__(
+        self, url: str, job_id: str, project_id: str, cancel_poll_seconds: float = 2.0, give_up_after: float = 300.0
+    ) -> None:
         self.url, self.job_id, self.project_id = url, job_id, project_id
+        self.give_up_after = give_up_after
         self._stop = False
         self._last_poll = 0.0
         self._poll_every = cancel_poll_seconds
@@ -40,17 +48,17 @@ class DatabaseSink:
             self._writer.start()
         self._queue.put(write)
 
+    def _write(self, write: Callable[[], None], what: str) -> None:
+        retry_transient(write, f"job {self.job_id}: {what}", self.give_up_after)
+
     def _drain(self) -> None:
         while True:
             write = self._queue.get()
-            for attempt in range(30):  # ride out a short database outage
-                try:
-                    write()
-                    break
-                except Exception as exc:  # noqa: BLE001
-                    if attempt == 29:
-                        self._error = exc
-                    time.sleep(1.0)
+            try:
+                if self._error is None:  # after a failure the job is failing: later rows wait no more
+                    self._write(write, "metrics/samples")
+            except Exception as exc:  # noqa: BLE001
+                self._error = exc
             self._queue.task_done()
 
     def flush(self) -> None:
@@ -65,8 +73,11 @@ class DatabaseSink:
         signal.signal(signal.SIGTERM, lambda *_: setattr(self, "_stop", True))
 
     def event(self, type: str, message: str = "", level: str = "info", data: dict[str, Any] | None = None) -> None:
-        with session_scope(self.url) as s:
-            add_event(s, self.job_id, type, message, level, data)
+        def write() -> None:
+            with session_scope(self.url) as s:
+                add_event(s, self.job_id, type, message, level, data)
+
+        self._write(write, f"event {type}")
 
     def progress(self, done: int, total: int, message: str = "") -> None:
         now = time.monotonic()
@@ -97,31 +108,41 @@ class DatabaseSink:
         if not items:
             return
         rows = [
-            Sample(job_id=self.job_id, step=step, index=i, prompt=it["prompt"], completion=it["completion"],
-                   data=it.get("data"))
+            {"id": uuid7(), "job_id": self.job_id, "step": step, "index": i, "prompt": it["prompt"],
+             "completion": it["completion"], "data": it.get("data")}
             for i, it in enumerate(items)
         ]
 
         def write() -> None:
             with session_scope(self.url) as s:
-                s.add_all(rows)
+                dialect = s.get_bind().dialect.name
+                ins = postgresql.insert(Sample) if dialect == "postgresql" else sqlite.insert(Sample)
+                # ids are fixed up front: a retry after a commit whose answer was lost adds nothing
+                s.execute(ins.on_conflict_do_nothing(index_elements=["id"]), rows)
 
         self._submit(write)
 
     def checkpoint(self, step: int, uri: str, kind: str = "checkpoint", data: dict[str, Any] | None = None) -> None:
-        with session_scope(self.url) as s:
-            existing = s.scalar(
-                select(Checkpoint).where(Checkpoint.job_id == self.job_id, Checkpoint.step == step, Checkpoint.kind == kind)
-            )
-            if existing is None:
-                s.add(Checkpoint(job_id=self.job_id, step=step, uri=uri, kind=kind, data=data))
-            else:
-                existing.uri, existing.data = uri, data
-            add_event(s, self.job_id, kind, f"{kind} at step {step}: {uri}", data={"step": step, "uri": uri})
+        def write() -> None:
+            with session_scope(self.url) as s:
+                existing = s.scalar(
+                    select(Checkpoint)
+                    .where(Checkpoint.job_id == self.job_id, Checkpoint.step == step, Checkpoint.kind == kind)
+                )
+                if existing is None:
+                    s.add(Checkpoint(job_id=self.job_id, step=step, uri=uri, kind=kind, data=data))
+                else:
+                    existing.uri, existing.data = uri, data
+                add_event(s, self.job_id, kind, f"{kind} at step {step}: {uri}", data={"step": step, "uri": uri})
+
+        self._write(write, f"{kind} at step {step}")
 
     def score(self, record: dict[str, Any]) -> None:
-        with session_scope(self.url) as s:
-            s.execute(insert(BenchmarkScore), [{**record, "project_id": self.project_id, "job_id": self.job_id}])
+        def write() -> None:
+            with session_scope(self.url) as s:
+                s.execute(insert(BenchmarkScore), [{**record, "project_id": self.project_id, "job_id": self.job_id}])
+
+        self._write(write, "score")
 
     def should_stop(self) -> bool:
         if self._stop:
@@ -129,6 +150,9 @@ class DatabaseSink:
         now = time.monotonic()
         if now - self._last_poll >= self._poll_every:
             self._last_poll = now
-            with session_scope(self.url) as s:
-                self._stop = bool(s.scalar(select(Job.cancel_requested).where(Job.id == self.job_id)))
+            try:
+                with session_scope(self.url) as s:
+                    self._stop = bool(s.scalar(select(Job.cancel_requested).where(Job.id == self.job_id)))
+            except Exception:  # noqa: BLE001 - database down: a cancel also arrives as SIGTERM
+                pass
         return self._stop
