@@ -1,12 +1,77 @@
-"""Checkpoints and resume: finding the newest complete checkpoint, saving the final model."""
+"""Checkpoints and resume: saving atomically, finding the newest complete checkpoint, saving
+the final model.
+
+A checkpoint directory appears under its final name only once every file in it is written
+(written to a staging directory beside it, then renamed), so a crash or a full disk mid-save
+never leaves a half-written `checkpoint-N` for a resumed job to load. A failed write stops
+the job with a CheckpointWriteError naming the step and the cause; the earlier checkpoints
+stay as they were."""
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from mathrl.sink import Sink
+
+
+class CheckpointWriteError(RuntimeError):
+    pass
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def atomic_dir(target: Path, what: str) -> Iterator[Path]:
+    """Yield a staging directory to write into; on success it becomes `target` in one rename."""
+    staging = target.with_name(f".{target.name}.partial")
+    shutil.rmtree(staging, ignore_errors=True)  # left by a crash mid-save
+    try:
+        staging.mkdir(parents=True)
+        yield staging
+        for f in staging.rglob("*"):  # on disk before the rename makes them visible
+            if f.is_file():
+                _fsync(f)
+        if target.exists():  # the same step saved again (a resumed run): replace it
+            shutil.rmtree(target)
+        os.rename(staging, target)
+        _fsync(target.parent)
+    except Exception as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise CheckpointWriteError(f"{what} write failed: {type(exc).__name__}: {exc}") from exc
+
+
+def save_checkpoints_atomically(trainer: Any) -> None:
+    """Make a transformers Trainer write each checkpoint-N through atomic_dir: it saves into
+    a staging run directory (args.output_dir pointed there for the call), then it is renamed."""
+    inner = trainer._save_checkpoint
+
+    def save(model: Any, trial: Any, *args: Any, **kwargs: Any) -> None:
+        out = Path(trainer.args.output_dir)
+        name = f"checkpoint-{trainer.state.global_step}"
+        with atomic_dir(out / name, f"checkpoint at step {trainer.state.global_step}") as staging:
+            run_dir = staging / "run"
+            trainer.args.output_dir = str(run_dir)
+            try:
+                inner(model, trial, *args, **kwargs)
+            finally:
+                trainer.args.output_dir = str(out)
+            for f in (run_dir / name).iterdir():
+                f.rename(staging / f.name)
+            shutil.rmtree(run_dir)
+
+    trainer._save_checkpoint = save
 
 
 def latest_checkpoint(out_dir: Path) -> Path | None:
@@ -28,8 +93,9 @@ def save_final(trainer: Any, tokenizer: Any, out_dir: Path, sink: Sink, seconds:
     model = trainer.model
     if hasattr(model, "merge_and_unload"):  # a peft model
         model = model.merge_and_unload()
-    model.save_pretrained(str(final))
-    tokenizer.save_pretrained(str(final))
+    with atomic_dir(final, "final model") as staging:
+        model.save_pretrained(str(staging))
+        tokenizer.save_pretrained(str(staging))
     step = trainer.state.global_step
     sink.checkpoint(step, str(final), kind="final")
     sink.event("trained", f"{step} steps in {seconds:.1f}s", data={"train_seconds": seconds, "steps": step})

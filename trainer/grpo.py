@@ -11,7 +11,7 @@ from evaluator.models import load_tokenizer
 from mathrl.sink import Sink
 from mathrl.specs import GRPOSpec, LoRA
 from trainer.callbacks import SinkCallback
-from trainer.checkpoints import latest_checkpoint, save_final
+from trainer.checkpoints import latest_checkpoint, save_checkpoints_atomically, save_final
 from trainer.data import load_problems, prompt_dataset
 from trainer.rewards import Reward, get_reward
 
@@ -111,6 +111,7 @@ def run_grpo(
         peft_config=lora_config(spec.lora), callbacks=[callback],
     )
     callback.trainer = trainer
+    save_checkpoints_atomically(trainer)
     resume = latest_checkpoint(out_dir)
     sink.event(
         "training",

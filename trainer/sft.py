@@ -13,7 +13,7 @@ from mathrl.sink import Sink
 from mathrl.specs import SFTSpec
 from trainer.callbacks import SinkCallback
 from trainer.data import load_problems
-from trainer.checkpoints import latest_checkpoint, save_final
+from trainer.checkpoints import latest_checkpoint, save_checkpoints_atomically, save_final
 from trainer.grpo import lora_config
 
 
@@ -47,6 +47,7 @@ def run_sft(spec: SFTSpec, sink: Sink, *, model_path: str, data_dir: str | None,
     callback = SinkCallback(sink, sample_every=10**9, total_steps=spec.max_steps)
     trainer = SFTTrainer(model=model_path, args=args, train_dataset=dataset, processing_class=tokenizer,
                          peft_config=peft_config, callbacks=[callback])
+    save_checkpoints_atomically(trainer)
     resume = latest_checkpoint(out_dir)
     sink.event("training", f"SFT on {len(dataset)} examples, {spec.max_steps} steps"
                + (f"; resuming from {resume.name}" if resume else ""))
