@@ -1,18 +1,14 @@
 """Training jobs through the service on this CPU, with models the tests build: SFT, outcome
-and process reward models, GRPO (with the RM as a reward), accuracy gained by GRPO, and a
-GRPO job whose worker is killed mid-run resuming from its checkpoint."""
+and process reward models, GRPO (with the RM as a reward), accuracy gained by GRPO. (A GRPO
+job whose worker is killed mid-run resuming from its checkpoint: tests/test_drills.py.)"""
 
 from __future__ import annotations
 
-import os
-import signal
-import time
 from typing import Any
 
 import pytest
 
-from tests.conftest import Service, wait_for
-from tests.test_worker import child_pid
+from tests.conftest import Service
 
 pytestmark = pytest.mark.slow
 
@@ -113,31 +109,3 @@ def test_process_rm(sft_job: tuple[Any, str]) -> None:
     done = c.jobs.wait(rm.id, timeout=600)
     assert done.status == "succeeded", done.error
     assert any(e.type == "labelled" and "steps labelled" in e.message for e in c.jobs.events(rm.id))
-
-
-def test_grpo_worker_killed_mid_run_resumes_from_checkpoint(service: Service, sft_job: tuple[Any, str]) -> None:
-    c, sft_id = sft_job
-    job = c.jobs.create({
-        "kind": "grpo", "model": f"job:{sft_id}", "dataset": {**ARITH, "limit": 5000}, "max_steps": 60,
-        "num_generations": 4, "per_device_train_batch_size": 16, "max_completion_length": 6,
-        "logging_steps": 1, "save_steps": 5, "learning_rate": 1e-4,
-    })
-    pid = child_pid(c, job.id)
-    wait_for(lambda: any(cp.step >= 10 for cp in c.jobs.checkpoints(job.id)), 300, what="a checkpoint")
-    # the pod dies: worker and job process together
-    victim = service.workers[0]
-    os.killpg(victim.pid, signal.SIGKILL)
-    os.kill(pid, signal.SIGKILL) if os.path.exists(f"/proc/{pid}") else None
-    victim.wait()
-    service.workers.remove(victim)
-    service.start_worker(name=f"after-kill-{int(time.time())}")
-    done = c.jobs.wait(job.id, timeout=600)
-    assert done.status == "succeeded", done.error
-    assert done.attempts == 2
-    events = c.jobs.events(job.id)
-    assert any(e.type == "requeued" for e in events)
-    resumed = [e for e in events if e.type == "resumed"]
-    assert resumed and resumed[0].data["step"] >= 10
-    loss = next(m for m in c.jobs.metrics(job.id) if m.name == "loss")
-    steps = [p.step for p in loss.points]
-    assert steps == sorted(set(steps)) and steps[-1] == 60

@@ -205,22 +205,6 @@ def test_crashing_job_process_fails_and_the_worker_keeps_serving(service: Servic
     assert c.jobs.wait(after.id, timeout=180).status == "succeeded"
 
 
-def test_duplicate_delivery_runs_the_job_once(service: Service, tiny_model: str) -> None:
-    from worker.celery_app import get_celery, send_job
-
-    c = service.client()
-    job = c.jobs.create(eval_spec(tiny_model))
-    app = get_celery(service.env["MATHRL_BROKER__URL"])
-    send_job(app, job.id, "cpu")  # the same message again, as a redelivery would
-    send_job(app, job.id, "cpu")
-    done = c.jobs.wait(job.id, timeout=180)
-    assert done.status == "succeeded" and done.attempts == 1
-    time.sleep(3)  # give the duplicates time to be consumed
-    events = c.jobs.events(job.id)
-    assert [e.type for e in events].count("claimed") == 1
-    assert len([s for s in c.scores.list(job_id=job.id) if s.metric == "accuracy"]) == 1
-
-
 def test_api_restart_mid_job_loses_nothing(service: Service, tiny_model: str) -> None:
     c = service.client()
     job = c.jobs.create(eval_spec(tiny_model, limit=60, batch_size=2, sampling={"max_new_tokens": 64}))
