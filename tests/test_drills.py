@@ -52,7 +52,7 @@ def grpo_spec(model: str, **over: Any) -> dict[str, Any]:
 
 
 def sft_spec(model: str, **over: Any) -> dict[str, Any]:
-    return {"kind": "sft", "model": model, "dataset": {**ARITH, "limit": 1000}, "max_steps": 30,
+    return {"kind": "sft", "model": model, "dataset": {**ARITH, "limit": 500}, "max_steps": 30,
             "learning_rate": 1e-3, "per_device_train_batch_size": 64, "max_length": 32, "logging_steps": 1,
             "save_steps": 10, **over}
 
@@ -109,13 +109,107 @@ def drills(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     broker = redis_db(13)
     flush_redis(broker)
     env = service_env(url, broker, tmp_path_factory.mktemp("artifacts-drills"))
-    svc = start_service(env, tmp_path_factory.mktemp("logs-drills"))
+    svc = start_service(env, tmp_path_factory.mktemp("logs-drills"), workers=0)  # each drill sets its workers
     yield svc
     stop_service(svc)
     with admin.connect() as c:
         c.execute(text(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}'"))
         c.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
     admin.dispose()
+
+
+# The drills that share the `drills` service run in the order that restarts the fewest workers.
+
+
+# -- drill 2 ---------------------------------------------------------------------------------
+
+
+def test_broker_flushed_with_jobs_queued_runs_each_job_exactly_once(drills: Service, tiny_model: str) -> None:
+    """Jobs queued while no worker runs, then Redis loses every message: the reconciler sends
+    them again from the database and each runs once."""
+    import redis
+
+    svc = drills
+    set_workers(svc, 0)
+    c = svc.client()
+    jobs = [c.jobs.create(eval_spec(tiny_model, limit=2, batch_size=2)) for _ in range(3)]
+    broker = redis.Redis.from_url(svc.env["MATHRL_BROKER__URL"])
+    assert broker.llen("cpu") == 3
+    broker.flushdb()
+    assert broker.dbsize() == 0
+    set_workers(svc, 1)
+    for j in jobs:
+        done = c.jobs.wait(j.id, timeout=180, poll=0.5)
+        assert done.status == "succeeded" and done.attempts == 1, done.error
+        events = c.jobs.events(j.id)
+        assert count(events, "claimed") == 1 and count(events, "started") == 1
+        assert len([s for s in c.scores.list(job_id=j.id) if s.metric == "accuracy"]) == 1
+
+
+# -- drill 5 ---------------------------------------------------------------------------------
+
+
+def test_checkpoint_write_failure_fails_the_job_and_keeps_the_last_checkpoint(drills: Service, tiny_model: str) -> None:
+    """After the first checkpoint, the job process may write no file over 256 KiB (its
+    RLIMIT_FSIZE, lowered from outside: the write fails as on a full disk, and it works as
+    root, where a read-only directory would not stop anything). The next checkpoint's model
+    file (~350 KiB) fails: the job fails with the reason, and the first checkpoint is intact."""
+    from transformers import AutoModelForCausalLM
+
+    from trainer.checkpoints import latest_checkpoint
+
+    svc = drills
+    set_workers(svc, 1)
+    c = svc.client()
+    job = c.jobs.create(sft_spec(tiny_model, max_steps=60))
+    pid = child_pid(c, job.id)
+    wait_for(lambda: c.jobs.checkpoints(job.id), 120, 0.05, "the first checkpoint")
+    limit = 256 * 1024
+    resource.prlimit(pid, resource.RLIMIT_FSIZE, (limit, limit))
+    first = [cp.step for cp in c.jobs.checkpoints(job.id)]
+    assert first == [10], first  # the limit came before the next save
+
+    done = c.jobs.wait(job.id, timeout=120, poll=0.5)
+    assert done.status == "failed"
+    assert "checkpoint at step 20 write failed" in (done.error or ""), done.error
+    assert "File too large" in (done.error or ""), done.error
+    assert [cp.step for cp in c.jobs.checkpoints(job.id)] == [10]
+    train = Path(svc.env["MATHRL_ARTIFACT_DIR"]) / "jobs" / job.id / "train"
+    assert sorted(p.name for p in train.iterdir() if "checkpoint" in p.name) == ["checkpoint-10"]
+    assert latest_checkpoint(train) == train / "checkpoint-10"
+    state = json.loads((train / "checkpoint-10" / "trainer_state.json").read_text())
+    assert state["global_step"] == 10
+    model = AutoModelForCausalLM.from_pretrained(train / "checkpoint-10")
+    assert sum(p.numel() for p in model.parameters()) > 0
+
+
+# -- drill 3 ---------------------------------------------------------------------------------
+
+
+def test_duplicate_delivery_runs_the_job_once(drills: Service, tiny_model: str) -> None:
+    """The same message delivered twice more while the job runs, to an idle second worker:
+    each duplicate finds the job leased and is skipped."""
+    from worker.celery_app import get_celery, send_job
+
+    svc = drills
+    set_workers(svc, 2)
+    c = svc.client()
+    job = c.jobs.create(eval_spec(tiny_model, limit=16, batch_size=2, sampling={"max_new_tokens": 32}))
+    child_pid(c, job.id)
+    app = get_celery(svc.env["MATHRL_BROKER__URL"])
+    send_job(app, job.id, "cpu")  # the same message again, as a redelivery would
+    send_job(app, job.id, "cpu")
+
+    def skipped() -> int:
+        return sum(f.read_text().count(f"job {job.id} not claimable") for f in svc.logs.glob("worker-*.log"))
+
+    wait_for(lambda: skipped() == 2, 30, what="both duplicates to be consumed")
+    assert c.jobs.retrieve(job.id).status == "running"  # they were skipped because of the lease
+    done = c.jobs.wait(job.id, timeout=180, poll=0.5)
+    assert done.status == "succeeded" and done.attempts == 1
+    events = c.jobs.events(job.id)
+    assert count(events, "claimed") == 1 and count(events, "started") == 1
+    assert len([s for s in c.scores.list(job_id=job.id) if s.metric == "accuracy"]) == 1
 
 
 # -- drill 1 ---------------------------------------------------------------------------------
@@ -157,97 +251,6 @@ def test_worker_killed_mid_grpo_resumes_from_its_latest_checkpoint(drills: Servi
     assert series["loss"] == list(range(1, 13)), series["loss"]
     for name, steps in series.items():
         assert len(steps) == len(set(steps)), f"{name} logged a step twice: {steps}"
-
-
-# -- drill 2 ---------------------------------------------------------------------------------
-
-
-def test_broker_flushed_with_jobs_queued_runs_each_job_exactly_once(drills: Service, tiny_model: str) -> None:
-    """Jobs queued while no worker runs, then Redis loses every message: the reconciler sends
-    them again from the database and each runs once."""
-    import redis
-
-    svc = drills
-    set_workers(svc, 0)
-    c = svc.client()
-    jobs = [c.jobs.create(eval_spec(tiny_model, limit=2, batch_size=2)) for _ in range(3)]
-    broker = redis.Redis.from_url(svc.env["MATHRL_BROKER__URL"])
-    assert broker.llen("cpu") == 3
-    broker.flushdb()
-    assert broker.dbsize() == 0
-    set_workers(svc, 1)
-    for j in jobs:
-        done = c.jobs.wait(j.id, timeout=180, poll=0.5)
-        assert done.status == "succeeded" and done.attempts == 1, done.error
-        events = c.jobs.events(j.id)
-        assert count(events, "claimed") == 1 and count(events, "started") == 1
-        assert len([s for s in c.scores.list(job_id=j.id) if s.metric == "accuracy"]) == 1
-
-
-# -- drill 3 ---------------------------------------------------------------------------------
-
-
-def test_duplicate_delivery_runs_the_job_once(drills: Service, tiny_model: str) -> None:
-    """The same message delivered twice more while the job runs, to an idle second worker:
-    each duplicate finds the job leased and is skipped."""
-    from worker.celery_app import get_celery, send_job
-
-    svc = drills
-    set_workers(svc, 2)
-    c = svc.client()
-    job = c.jobs.create(eval_spec(tiny_model, limit=16, batch_size=2, sampling={"max_new_tokens": 32}))
-    child_pid(c, job.id)
-    app = get_celery(svc.env["MATHRL_BROKER__URL"])
-    send_job(app, job.id, "cpu")  # the same message again, as a redelivery would
-    send_job(app, job.id, "cpu")
-
-    def skipped() -> int:
-        return sum(f.read_text().count(f"job {job.id} not claimable") for f in svc.logs.glob("worker-*.log"))
-
-    wait_for(lambda: skipped() == 2, 30, what="both duplicates to be consumed")
-    assert c.jobs.retrieve(job.id).status == "running"  # they were skipped because of the lease
-    done = c.jobs.wait(job.id, timeout=180, poll=0.5)
-    assert done.status == "succeeded" and done.attempts == 1
-    events = c.jobs.events(job.id)
-    assert count(events, "claimed") == 1 and count(events, "started") == 1
-    assert len([s for s in c.scores.list(job_id=job.id) if s.metric == "accuracy"]) == 1
-
-
-# -- drill 5 ---------------------------------------------------------------------------------
-
-
-def test_checkpoint_write_failure_fails_the_job_and_keeps_the_last_checkpoint(drills: Service, tiny_model: str) -> None:
-    """After the first checkpoint, the job process may write no file over 256 KiB (its
-    RLIMIT_FSIZE, lowered from outside: the write fails as on a full disk, and it works as
-    root, where a read-only directory would not stop anything). The next checkpoint's model
-    file (~350 KiB) fails: the job fails with the reason, and the first checkpoint is intact."""
-    from transformers import AutoModelForCausalLM
-
-    from trainer.checkpoints import latest_checkpoint
-
-    svc = drills
-    set_workers(svc, 1)
-    c = svc.client()
-    job = c.jobs.create(sft_spec(tiny_model, max_steps=60))
-    pid = child_pid(c, job.id)
-    wait_for(lambda: c.jobs.checkpoints(job.id), 120, 0.05, "the first checkpoint")
-    limit = 256 * 1024
-    resource.prlimit(pid, resource.RLIMIT_FSIZE, (limit, limit))
-    first = [cp.step for cp in c.jobs.checkpoints(job.id)]
-    assert first == [10], first  # the limit came before the next save
-
-    done = c.jobs.wait(job.id, timeout=120, poll=0.5)
-    assert done.status == "failed"
-    assert "checkpoint at step 20 write failed" in (done.error or ""), done.error
-    assert "File too large" in (done.error or ""), done.error
-    assert [cp.step for cp in c.jobs.checkpoints(job.id)] == [10]
-    train = Path(svc.env["MATHRL_ARTIFACT_DIR"]) / "jobs" / job.id / "train"
-    assert sorted(p.name for p in train.iterdir() if "checkpoint" in p.name) == ["checkpoint-10"]
-    assert latest_checkpoint(train) == train / "checkpoint-10"
-    state = json.loads((train / "checkpoint-10" / "trainer_state.json").read_text())
-    assert state["global_step"] == 10
-    model = AutoModelForCausalLM.from_pretrained(train / "checkpoint-10")
-    assert sum(p.numel() for p in model.parameters()) > 0
 
 
 # -- drill 4 ---------------------------------------------------------------------------------
@@ -307,13 +310,17 @@ class Traffic(threading.Thread):
     def run(self) -> None:
         calls = [("GET", f"/v1/jobs/{self.job_id}"), ("GET", "/v1/jobs?limit=5"),
                  ("GET", f"/v1/jobs/{self.job_id}/events"), ("GET", f"/v1/jobs/{self.job_id}/metrics"),
-                 ("POST", f"/v1/jobs/{uuid.uuid4()}/cancel"), ("GET", "/readyz")]
+                 ("POST", f"/v1/jobs/{uuid.uuid4()}/cancel"), ("POST", "/v1/jobs"), ("GET", "/readyz")]
         i = 0
         while not self.stop.is_set():
             method, path = calls[i % len(calls)]
             i += 1
             t0 = time.monotonic()
-            r = self.http.request(method, path)
+            if method == "POST" and path == "/v1/jobs":  # on a queue no worker serves: it never runs
+                r = self.http.post(path, json={"kind": "eval", "model": "org/m", "resources": {"gpus": 2}},
+                                   headers={"Idempotency-Key": "outage-drill"})
+            else:
+                r = self.http.request(method, path)
             self.calls.append((t0, time.monotonic(), path, r.status_code, r.headers.get("content-type", ""),
                                r.headers.get("retry-after")))
             time.sleep(0.05)
@@ -339,7 +346,7 @@ def test_database_outage_answers_503_and_the_running_job_loses_nothing(
         svc = start_service(env, tmp_path_factory.mktemp("logs-outage"))
         key = svc.key()
         c = svc.client(key)
-        job = c.jobs.create(sft_spec(tiny_model, max_steps=40))
+        job = c.jobs.create(sft_spec(tiny_model, max_steps=24, save_steps=8))
         wait_for(lambda: any(m.name == "loss" and m.points[-1].step >= 3 for m in c.jobs.metrics(job.id)),
                  120, 0.2, "training to be under way")
         traffic = Traffic(svc.url, key, job.id)
@@ -365,17 +372,17 @@ def test_database_outage_answers_503_and_the_running_job_loses_nothing(
         assert not bad, bad[:5]
         assert any(p == "/readyz" for _, _, p, *_ in during)
         after = [x for x in calls if x[0] > up_at]
-        assert after and all(x[3] in (200, 404) for x in after), after[:5]
+        assert after and all(x[3] in (200, 201, 404) for x in after), after[:5]
 
         assert done.status == "succeeded", done.error
         assert done.attempts == 1  # its lease lapsed in the outage, yet nobody took it away
         events = c.jobs.events(job.id)
         assert count(events, "requeued") == 0 and count(events, "claimed") == 1
-        assert {e.data["step"] for e in events if e.type == "checkpoint"} == {10, 20, 30, 40}
+        assert {e.data["step"] for e in events if e.type == "checkpoint"} == {8, 16, 24}
         assert [e.type for e in events][-3:] == ["final", "trained", "succeeded"], [e.type for e in events][-5:]
         assert [e.seq for e in events] == sorted({e.seq for e in events})
         series = {m.name: [p.step for p in m.points] for m in c.jobs.metrics(job.id)}
-        assert series["loss"] == list(range(1, 41)), series["loss"]
+        assert series["loss"] == list(range(1, 25)), series["loss"]
     finally:
         if svc is not None:
             stop_service(svc)
