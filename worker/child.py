@@ -17,7 +17,7 @@ from typing import Any
 
 from mathrl.specs import parse_spec
 from service.settings import get_settings
-from store.db import session_scope
+from store.db import retry_transient, session_scope
 from store.models import Job
 from worker.refs import resolve_model_ref
 from worker.sink import DatabaseSink
@@ -36,19 +36,25 @@ def job_dir(artifact_dir: str, job_id: str) -> Path:
 def run(job_id: str) -> int:
     settings = get_settings()
     url = settings.database.url
-    with session_scope(url) as s:
-        job = s.get(Job, job_id)
-        if job is None:
-            raise RuntimeError(f"job {job_id} not found")
-        spec = parse_spec(job.spec)
-        project_id = job.project_id
-        config = dict(job.resolved_config or {})
+
+    def load() -> tuple[Any, str, dict[str, Any]]:
+        with session_scope(url) as s:
+            job = s.get(Job, job_id)
+            if job is None:
+                raise RuntimeError(f"job {job_id} not found")
+            return parse_spec(job.spec), job.project_id, dict(job.resolved_config or {})
+
+    spec, project_id, config = retry_transient(load, f"job {job_id}: loading")
 
     def resolve(ref: str) -> tuple[str, str | None]:
         if ref.startswith("tiny:"):
             return build_tiny(ref, settings.artifact_dir), None
-        with session_scope(url) as s:
-            return resolve_model_ref(s, project_id, ref)
+
+        def lookup() -> tuple[str, str | None]:
+            with session_scope(url) as s:
+                return resolve_model_ref(s, project_id, ref)
+
+        return retry_transient(lookup, f"job {job_id}: resolving {ref}")
 
     _check_available(spec)
     model_path, checkpoint = resolve(spec.model)
