@@ -41,22 +41,38 @@ def reconcile_once(settings: Settings, app: Celery, take_lapsed: bool = False) -
     return len(jobs)
 
 
+class Reachability:
+    """Whether the database has answered without a failure for at least `period` seconds
+    (counted from the first success after the last failure, or after start)."""
+
+    def __init__(self, period: float) -> None:
+        self.period = period
+        self.since: float | None = None
+
+    def settled(self, now: float) -> bool:
+        return self.since is not None and now - self.since >= self.period
+
+    def succeeded(self, now: float) -> None:
+        if self.since is None:
+            self.since = now
+
+    def failed(self) -> None:
+        self.since = None
+
+
 def start(settings: Settings, app: Celery) -> threading.Event:
     stop = threading.Event()
-    reachable_since: float | None = None  # monotonic time of the first success after a failure
+    db = Reachability(settings.worker.lease_seconds)
 
     def loop() -> None:
-        nonlocal reachable_since
         while not stop.wait(settings.worker.reconcile_seconds):
             now = time.monotonic()
-            settled = reachable_since is not None and now - reachable_since >= settings.worker.lease_seconds
             try:
-                reconcile_once(settings, app, take_lapsed=settled)
-                if reachable_since is None:
-                    reachable_since = now
+                reconcile_once(settings, app, take_lapsed=db.settled(now))
+                db.succeeded(now)
             except Exception as exc:  # database or broker down: try again next round
                 log.warning("reconcile failed: %s", exc)
-                reachable_since = None
+                db.failed()
 
     threading.Thread(target=loop, name="mathrl-reconciler", daemon=True).start()
     return stop
