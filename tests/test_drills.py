@@ -112,6 +112,7 @@ def drills(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     svc = start_service(env, tmp_path_factory.mktemp("logs-drills"), workers=0)  # each drill sets its workers
     yield svc
     stop_service(svc)
+    flush_redis(broker)
     with admin.connect() as c:
         c.execute(text(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}'"))
         c.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
@@ -386,4 +387,5 @@ def test_database_outage_answers_503_and_the_running_job_loses_nothing(
     finally:
         if svc is not None:
             stop_service(svc)
+        flush_redis(redis_db(14))
         pg.remove()
