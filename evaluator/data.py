@@ -73,7 +73,9 @@ def load_benchmark(bench: Benchmark, data_dir: str | None, limit: int | None = N
     if bench.synthetic:
         from evaluator import synthetic
 
-        return synthetic.heldout(limit) if bench.split == "test" else synthetic.train(limit or 10_000)
+        if bench.split == "test":
+            return synthetic.heldout(limit)
+        return synthetic.train(limit or 10_000, carry_slip=bench.carry_slip)
     rows = _load_rows(*benchmark_load_args(bench, data_dir))
     missing = [f for f in (bench.question_field, bench.answer_field) if f not in rows.column_names]
     if missing:

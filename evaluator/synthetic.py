@@ -2,6 +2,11 @@
 
 Deterministic from a seed, so the held-out set is fixed and the train stream never
 contains a held-out problem.
+
+`train(..., carry_slip=p)` imitates imperfect demonstrations: a teacher who forgets the
+carry from the units in a fraction p of the problems that need one ("37+48=" -> "75").
+A model fine-tuned on them learns the slip; a correctness reward, which checks the true
+sum, can unlearn it. The demo pipeline uses this to show what RL adds over imitation.
 """
 
 from __future__ import annotations
@@ -31,13 +36,26 @@ def heldout(limit: int | None = None) -> list[Problem]:
     return out
 
 
-def train(n: int, seed: int = 0) -> list[Problem]:
-    """n training problems, none of them in the held-out set."""
+def slipped(question: str) -> str | None:
+    """The answer with the carry from the units forgotten, or None if no carry is needed."""
+    a, b = (int(x) for x in question.rstrip("=").split("+"))
+    if a % 10 + b % 10 < 10:
+        return None
+    return str(a + b - 10)
+
+
+def train(n: int, seed: int = 0, carry_slip: float = 0.0) -> list[Problem]:
+    """n training problems, none of them in the held-out set; with `carry_slip`, that share
+    of the carrying problems get the answer without the carry."""
     held = {p.question for p in heldout()}
     rng = random.Random(seed)
+    slip_rng = random.Random(seed + 1)
     out: list[Problem] = []
     while len(out) < n:
         q, a = _problem(rng)
         if q not in held:
+            wrong = slipped(q)
+            if carry_slip and wrong is not None and slip_rng.random() < carry_slip:
+                a = wrong
             out.append(Problem(index=len(out), question=q, gold=a))
     return out
