@@ -221,3 +221,13 @@ def test_cancel_of_a_running_pipeline_stops_the_job_and_cancels_the_rest(service
     done = c.pipelines.wait(p.id, timeout=60)
     assert {j.step: j.status for j in done.jobs} == {"train": "cancelled", "after": "cancelled"}
     assert done.status == "cancelled"
+
+
+@pytest.mark.quick
+def test_each_step_goes_through_admission_before_anything_is_stored(app_client: Any) -> None:
+    h = admin_key(app_client)
+    r = app_client.post("/v1/pipelines", json={"jobs": {"train": sft(), "bad": ev("/etc/models/x")}}, headers=h)
+    assert r.status_code == 422, r.text
+    assert r.json()["errors"][0]["pointer"] == "/jobs/bad/model" and "step 'bad'" in r.json()["detail"]
+    assert app_client.get("/v1/pipelines", headers=h).json()["data"] == []
+    assert app_client.get("/v1/jobs", headers=h).json()["data"] == []

@@ -13,6 +13,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, Query
 from sqlalchemy import select
 
+from api.admission import admit
 from api.deps import CallerDep, SessionDep, SettingsDep
 from api.dispatch import dispatch, new_task_id
 from api.problems import BAD_CURSOR, PIPELINE_NOT_FOUND, Problem
@@ -63,6 +64,13 @@ def _order(deps: dict[str, list[str]]) -> list[str]:
     return out
 
 
+def _in_step(exc: Problem, step: str) -> Problem:
+    """A job's admission problem, pointing into the pipeline (/model -> /jobs/<step>/model)."""
+    errors = [{**e, "pointer": f"/jobs/{step}{e.get('pointer', '')}"} for e in exc.errors or []]
+    detail = f"step '{step}': {exc.detail}"
+    return Problem(exc.status, exc.title, detail, errors, exc.headers)
+
+
 def view(pipeline: Pipeline, jobs: list[Job]) -> dict[str, Any]:
     by_id = {j.id: j.pipeline_step for j in jobs}
     statuses = [j.status for j in jobs]
@@ -93,7 +101,10 @@ def _jobs_of(session: Any, pipeline_ids: list[str]) -> dict[str, list[Job]]:
     "",
     status_code=201,
     response_model=PipelineResponse,
-    responses={422: {"description": "A spec is invalid, a reference dangles, or the steps form a cycle."}},
+    responses={
+        422: {"description": "A spec is invalid, a reference dangles, the steps form a cycle, or a source is not allowed."},
+        429: {"description": "The pipeline's jobs would exceed the project's quota of active jobs or GPUs."},
+    },
 )
 def create_pipeline(
     spec: Annotated[PipelineSpec, Body()], session: SessionDep, caller: CallerDep, settings: SettingsDep
@@ -102,14 +113,8 @@ def create_pipeline(
     deps = spec.dependencies()
     order = _order(deps)
     ids = {step: uuid7() for step in order}
-    pipeline = Pipeline(
-        id=uuid7(), project_id=caller.project_id, name=spec.name, tags=spec.tags,
-        spec=spec.model_dump(mode="json", exclude_unset=True),
-    )
-    session.add(pipeline)
-    session.flush()
-    jobs: list[Job] = []
-    for step in order:
+    finals: dict[str, Any] = {}
+    for step in order:  # everything is checked before anything is stored
         job_spec = spec.jobs[step]
         body = job_spec.model_dump(mode="json")
         for path, ref in model_refs(job_spec).items():
@@ -124,7 +129,20 @@ def create_pipeline(
                     pointer = f"/jobs/{step}/{path}"
                     msg = f"{ref!r}: no job with this id in your project (or name a step of this pipeline)"
                     raise Problem(422, "Invalid request", f"{pointer}: {msg}", [{"pointer": pointer, "detail": msg}])
-        final = parse_spec(body)
+        finals[step] = parse_spec(body)
+        try:
+            admit(session, caller.project_id, finals[step], settings, pending=[finals[s] for s in finals if s != step])
+        except Problem as exc:
+            raise _in_step(exc, step) from None
+    pipeline = Pipeline(
+        id=uuid7(), project_id=caller.project_id, name=spec.name, tags=spec.tags,
+        spec=spec.model_dump(mode="json", exclude_unset=True),
+    )
+    session.add(pipeline)
+    session.flush()
+    jobs: list[Job] = []
+    for step in order:
+        final = finals[step]
         waiting = bool(deps[step])
         job = Job(
             id=ids[step], project_id=caller.project_id, kind=final.kind,
