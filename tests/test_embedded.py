@@ -15,11 +15,26 @@ from tests.conftest import ROOT, data_dir
 pytestmark = pytest.mark.slow
 
 
-def test_embedded_demo_runs_an_eval_job_through_the_service(tmp_path: Path) -> None:
+def test_embedded_demo_pipeline_runs_every_step_and_prints_the_gain(tmp_path: Path) -> None:
+    """The README's first command, shrunk (--quick): the same pipeline file, seconds-long jobs."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MATHRL_")}
     env["MATHRL_DATA_DIR"] = data_dir()
     out = subprocess.run(
-        [sys.executable, "-m", "service.cli", "demo", "--home", str(tmp_path / "home"), "--model", "tiny",
+        [sys.executable, "-m", "service.cli", "demo", "--home", str(tmp_path / "home"), "--quick", "--port", "0"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    for step in ("sft", "eval-sft", "rm", "grpo", "eval-grpo"):
+        assert f"{step} succeeded" in " ".join(out.stdout.split()), (step, out.stdout[-3000:])
+    assert "GRPO gain:" in out.stdout and "points" in out.stdout and "/ui/pipelines/" in out.stdout
+    assert "demo finished" in out.stdout
+
+
+def test_embedded_eval_demo_runs_an_eval_job_through_the_service(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MATHRL_")}
+    env["MATHRL_DATA_DIR"] = data_dir()
+    out = subprocess.run(
+        [sys.executable, "-m", "service.cli", "demo", "--home", str(tmp_path / "home"), "--eval-model", "tiny",
          "--limit", "3", "--max-new-tokens", "8", "--port", "0"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
     )

@@ -10,6 +10,7 @@ majority vote, as scores.
 
 from __future__ import annotations
 
+import os
 import random
 import time
 from dataclasses import dataclass
@@ -161,10 +162,20 @@ def _train_process(spec: RewardModelSpec, rows: list[dict[str, Any]], model_path
     return model, tok
 
 
+def rm_text(tok: Any, prompt: str, completion: str) -> str:
+    """The text an outcome RM scores, exactly as TRL's RewardTrainer trained it: prompt +
+    completion + EOS (the score is read at the last token; without the EOS it is read at a
+    position the RM never learned to score)."""
+    text = prompt + completion
+    eos = tok.eos_token or ""
+    return text if text.endswith(eos) else text + eos
+
+
 def outcome_scores(model: Any, tok: Any, prompt: str, completions: list[str]) -> list[float]:
     import torch
 
-    enc = tok([prompt + c for c in completions], return_tensors="pt", padding=True, truncation=True, max_length=2048)
+    enc = tok([rm_text(tok, prompt, c) for c in completions], return_tensors="pt", padding=True, truncation=True,
+              max_length=2048)
     enc = {k: v.to(model.device) for k, v in enc.items()}
     with torch.inference_mode():
         return [float(x) for x in model(**enc).logits[:, 0]]
@@ -231,8 +242,9 @@ def run_reward_model(
 
     model.eval()
     final = out_dir / "final"
-    model.save_pretrained(str(final))
-    tok.save_pretrained(str(final))
+    if int(os.environ.get("RANK", "0")) == 0:  # several data-parallel ranks: the main one saves
+        model.save_pretrained(str(final))
+        tok.save_pretrained(str(final))
     sink.checkpoint(0, str(final), kind="final", data={"type": spec.type})
 
     # held-out evaluation

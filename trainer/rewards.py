@@ -128,7 +128,9 @@ class RewardModelScore(Reward):
         if self._model is None:
             self._load()
         prompts = kw.get("prompts") or [""] * len(completions)
-        texts = [_prompt_text(p) + completion_text(c) for p, c in zip(prompts, completions)]
+        from trainer.reward_model import rm_text
+
+        texts = [rm_text(self._tok, _prompt_text(p), completion_text(c)) for p, c in zip(prompts, completions)]
         out: list[float | None] = []
         for i in range(0, len(texts), self.batch_size):
             enc = self._tok(texts[i : i + self.batch_size], return_tensors="pt", padding=True, truncation=True,

@@ -1,0 +1,181 @@
+"""The laptop demos, run through the embedded service exactly as a user would (API + worker).
+
+- `run_pipeline_demo`: the README's first command. Submits examples/arith-pipeline.yaml (SFT
+  on a sloppy teacher's additions -> outcome RM -> GRPO with the rule reward and the RM ->
+  evaluation before and after), shows progress, and prints the scores with the gain.
+- `run_eval_demo`: one eval job, e.g. SmolLM2-135M-Instruct on the first GSM8K problems.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from service.embedded import demo_key, embedded_service, prepare_model
+
+PIPELINE_FILE = Path(__file__).resolve().parent.parent / "examples" / "arith-pipeline.yaml"
+
+
+def demo_pipeline(quick: bool = False) -> dict[str, Any]:
+    """The demo pipeline spec; `quick` shrinks every job to seconds (for the tests)."""
+    spec: dict[str, Any] = yaml.safe_load(PIPELINE_FILE.read_text())
+    if quick:
+        jobs = spec["jobs"]
+        jobs["sft"].update(max_steps=200, save_steps=200, logging_steps=50)  # right often enough for RM pairs
+        jobs["rm"]["dataset"]["limit"] = 20
+        jobs["rm"].update(samples_per_question=4, sampling={"temperature": 1.0, "n": 4, "max_new_tokens": 5})
+        jobs["grpo"].update(max_steps=3, num_generations=4, per_device_train_batch_size=16, save_steps=3,
+                            logging_steps=1, sample_every=1)
+        for name in ("eval-sft", "eval-grpo"):
+            jobs[name]["limit"] = 30
+        spec["name"] += " (quick)"
+    return spec
+
+
+def _accuracy(client: Any, job_id: str) -> Any:
+    return next((s for s in client.scores.list(job_id=job_id) if s.metric == "accuracy"), None)
+
+
+def run_pipeline_demo(home: str, port: int, quick: bool, keep_running: bool) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from mathrl.client import Client
+
+    console = Console()
+    root = Path(home).resolve()
+    t0 = time.monotonic()
+    with console.status("starting the embedded service: SQLite, SQLite broker, one worker, the API"):
+        ctx = embedded_service(root, port)
+        url, env = ctx.__enter__()
+    try:
+        key = demo_key(env)
+        (root / "demo-key").write_text(key + "\n")
+        console.print(f"API at [bold]{url}[/bold] (up in {time.monotonic() - t0:.0f}s); key in {root / 'demo-key'}")
+        client = Client(url, api_key=key)
+        p = client.pipelines.create(demo_pipeline(quick))
+        console.print(f"submitted pipeline [bold]{p.id}[/bold]: " + " -> ".join(j.step for j in p.jobs))
+        console.print(f"watch it at {url}/ui/pipelines/{p.id}")
+        last_seq: dict[str, int] = {}
+        shown_tenth: dict[str, int] = {}  # progress is printed every 10%, not every second
+        while True:
+            p = client.pipelines.retrieve(p.id)
+            for j in p.jobs:
+                if j.status in ("waiting", "queued") and j.job_id not in last_seq:
+                    continue
+                for ev in client.jobs.events(j.job_id, after=last_seq.get(j.job_id)):
+                    last_seq[j.job_id] = ev.seq
+                    if ev.type in ("waiting", "queued"):
+                        continue
+                    if ev.type == "progress" and ev.data and ev.data.get("total"):
+                        tenth = int(10 * ev.data["done"] / ev.data["total"])
+                        if tenth <= shown_tenth.get(j.job_id, 0) and ev.data["done"] < ev.data["total"]:
+                            continue
+                        shown_tenth[j.job_id] = tenth
+                    style = {"error": "red", "warning": "yellow"}.get(ev.level, "")
+                    line = f"[dim]{ev.time:%H:%M:%S}[/dim] [bold]{j.step:>9}[/bold] {ev.type}: {ev.message}"
+                    console.print(f"[{style}]{line}[/{style}]" if style else line, highlight=False)
+                last_seq.setdefault(j.job_id, 0)
+            if p.status in ("succeeded", "failed", "cancelled"):
+                break
+            time.sleep(1.0)
+        if p.status != "succeeded":
+            for j in p.jobs:
+                if j.error:
+                    console.print(f"[red]{j.step}: {j.status}: {j.error}[/red]")
+            return 1
+        steps = {j.step: j.job_id for j in p.jobs}
+        before, after = _accuracy(client, steps["eval-sft"]), _accuracy(client, steps["eval-grpo"])
+        table = Table(title="held-out arithmetic ('arith', 300 problems, greedy)")
+        for col in ("model", "accuracy", "95% CI"):
+            table.add_column(col)
+        for label, s in (("SFT on the sloppy teacher (start)", before), ("after GRPO", after)):
+            table.add_row(label, f"{s.value:.1%}", f"{s.ci_low:.1%} - {s.ci_high:.1%}")
+        console.print(table)
+        gain = (after.value - before.value) * 100
+        console.print(f"GRPO gain: [bold]{gain:+.1f} points[/bold]")
+        rm = {s.metric: s.value for s in client.scores.list(job_id=steps["rm"])}
+        if rm:
+            console.print("reward model (held-out): " + ", ".join(f"{k} {v:.1%}" for k, v in sorted(rm.items())))
+        console.print(
+            f"\nnext:\n"
+            f"  status pages  {url}/ui/pipelines/{p.id}   (key: cat {root / 'demo-key'})\n"
+            f"  API           curl -H \"Authorization: Bearer $(cat {root / 'demo-key'})\" {url}/v1/pipelines/{p.id}\n"
+            f"  CLI           MATHRL_URL={url} MATHRL_API_KEY=$(cat {root / 'demo-key'}) "
+            f"mathrl jobs metrics {steps['grpo']}"
+        )
+        console.print(f"demo finished in {time.monotonic() - t0:.0f}s")
+        if keep_running:
+            console.print("service left running; Ctrl-C to stop")
+            while True:
+                time.sleep(3600)
+        return 0
+    finally:
+        ctx.__exit__(None, None, None)
+
+
+def run_eval_demo(home: str, port: int, model: str, limit: int, max_new_tokens: int, keep_running: bool) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.table import Table
+
+    from mathrl.client import Client
+
+    console = Console()
+    root = Path(home).resolve()
+    t0 = time.monotonic()
+    with console.status("preparing the model (first run converts SmolLM2's GGUF to safetensors)"):
+        model_path = prepare_model(model, root)
+    console.print(f"model: [bold]{model_path}[/bold] ({time.monotonic() - t0:.0f}s)")
+    with console.status("starting the embedded service: SQLite, SQLite broker, worker, API"):
+        local = Path(model_path).expanduser()
+        ctx = embedded_service(root, port, [str(local.resolve())] if local.exists() else None)
+        url, env = ctx.__enter__()
+    try:
+        key = demo_key(env)
+        console.print(f"API at [bold]{url}[/bold] (docs: {url}/docs); demo key written to {root / 'demo-key'}")
+        (root / "demo-key").write_text(key + "\n")
+        client = Client(url, api_key=key)
+        spec = {
+            "kind": "eval", "name": "demo: GSM8K", "model": model_path, "benchmark": "gsm8k", "limit": limit,
+            "batch_size": 10, "sampling": {"max_new_tokens": max_new_tokens}, "tags": ["demo"],
+        }
+        job = client.jobs.create(spec)
+        console.print(f"submitted eval job [bold]{job.id}[/bold] through the API")
+        with Progress(
+            TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+            TimeElapsedColumn(), console=console,
+        ) as bar:
+            task = bar.add_task("queued", total=limit)
+            for ev in client.jobs.follow(job.id):
+                if ev.type == "progress" and ev.data:
+                    bar.update(task, completed=ev.data["done"], total=ev.data["total"], description="generating")
+                else:
+                    bar.console.print(f"[dim]{ev.time:%H:%M:%S}[/dim] {ev.type}: {ev.message}")
+        job = client.jobs.retrieve(job.id)
+        if job.status != "succeeded":
+            console.print(f"[red]job {job.status}: {job.error}[/red]")
+            return 1
+        table = Table(title=f"GSM8K, first {limit} test problems")
+        for col in ("model", "metric", "value", "95% CI", "n", "backend"):
+            table.add_column(col)
+        for s in sorted(client.scores.list(job_id=job.id), key=lambda s: s.metric):
+            ci = f"{s.ci_low:.1%} - {s.ci_high:.1%}" if s.ci_low is not None else ""
+            value = f"{s.value:.1%}" if s.metric == "accuracy" or "@" in s.metric or "rate" in s.metric else f"{s.value:.2f}"
+            table.add_row(Path(s.model_ref).name, s.metric, value, ci, str(s.n), s.backend)
+        console.print(table)
+        console.print(
+            f"next: MATHRL_URL={url} MATHRL_API_KEY=$(cat {root / 'demo-key'}) mathrl jobs get {job.id}\n"
+            f"      curl -H 'Authorization: Bearer ...' {url}/v1/jobs/{job.id}/samples"
+        )
+        console.print(f"demo finished in {time.monotonic() - t0:.0f}s")
+        if keep_running:
+            console.print("service left running; Ctrl-C to stop")
+            while True:
+                time.sleep(3600)
+        return 0
+    finally:
+        ctx.__exit__(None, None, None)
