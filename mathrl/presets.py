@@ -72,7 +72,7 @@ def resolve_grpo(spec: GRPOSpec) -> dict[str, Any]:
         if explicit is not None:
             values[knob] = explicit
 
-    world = max(spec.resources.gpus, 1)
+    world = spec.resources.num_processes
     g = values["num_generations"]
     per_device = values["per_device_train_batch_size"]
     if g < 2:
@@ -91,7 +91,7 @@ def resolve_grpo(spec: GRPOSpec) -> dict[str, Any]:
     if global_batch % micro:
         raise _err(
             "global_batch_size",
-            f"global_batch_size={global_batch} is not a multiple of per_device_train_batch_size x GPUs "
+            f"global_batch_size={global_batch} is not a multiple of per_device_train_batch_size x processes "
             f"= {per_device} x {world} = {micro}: change either so it divides"
         )
     if global_batch % g:

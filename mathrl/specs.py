@@ -81,6 +81,23 @@ class Resources(StrictModel):
         None, max_length=64, pattern=r"^[a-z0-9][a-z0-9-]*$",
         description="A named worker pool's queue (e.g. 'h100-vllm'); default: 'cpu' or 'gpu-N' from gpus.",
     )
+    processes: int | None = Field(
+        None, ge=1, le=64,
+        description="Data-parallel processes for a training job (accelerate launch); default: gpus, or 1 on CPU. "
+        "With gpus > 0 it must equal gpus (one process per GPU); with gpus = 0 it runs that many CPU processes.",
+    )
+
+    @model_validator(mode="after")
+    def _one_process_per_gpu(self) -> Resources:
+        if self.gpus > 0 and self.processes is not None and self.processes != self.gpus:
+            raise FieldError("processes", f"processes={self.processes} with gpus={self.gpus}: a GPU job runs one "
+                             f"process per GPU; set processes={self.gpus} or drop it")
+        return self
+
+    @property
+    def num_processes(self) -> int:
+        """How many processes the job runs as (1: a plain job process)."""
+        return self.processes or max(self.gpus, 1)
 
     @property
     def queue(self) -> str:
@@ -207,6 +224,9 @@ class EvalSpec(_JobBase):
         for k in self.k:
             if k < 1 or k > self.sampling.n:
                 raise FieldError("k", f"k={k} needs sampling.n >= {k}: raise sampling.n or drop k={k}")
+        if (self.resources.processes or 1) > 1:
+            raise FieldError("resources", "resources.processes > 1 is for training jobs (grpo, sft, reward_model); "
+                             "an eval job runs as one process: drop resources.processes")
         return self
 
 

@@ -40,7 +40,7 @@ class SinkCallback(TrainerCallback):  # type: ignore[misc]
             self._record_samples(step)
         if self.total_steps:
             self.sink.progress(step, self.total_steps, "training")
-        if self.sink.should_stop():
+        if _any_rank(self.sink.should_stop(), args):
             self.stopped = True
             control.should_training_stop = True
 
@@ -83,6 +83,20 @@ class SinkCallback(TrainerCallback):  # type: ignore[misc]
                 data["advantage"] = _num(advantages[i])
             items.append({"prompt": _text(p), "completion": _text(c), "data": data})
         self.sink.samples(step, items)
+
+
+def _any_rank(flag: bool, args: Any) -> bool:
+    """True when any rank of a multi-process run says so: every rank stops at the same step
+    (one rank stopping alone would leave the others waiting in the next step's all-reduce)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return flag
+    import torch
+
+    t = torch.tensor([1 if flag else 0], device=args.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
 
 
 def _num(x: Any) -> float | None:

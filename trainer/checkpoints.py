@@ -32,10 +32,14 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
+def _staging(target: Path) -> Path:
+    return target.with_name(f".{target.name}.partial")
+
+
 @contextmanager
 def atomic_dir(target: Path, what: str) -> Iterator[Path]:
     """Yield a staging directory to write into; on success it becomes `target` in one rename."""
-    staging = target.with_name(f".{target.name}.partial")
+    staging = _staging(target)
     shutil.rmtree(staging, ignore_errors=True)  # left by a crash mid-save
     try:
         staging.mkdir(parents=True)
@@ -52,6 +56,27 @@ def atomic_dir(target: Path, what: str) -> Iterator[Path]:
         raise CheckpointWriteError(f"{what} write failed: {type(exc).__name__}: {exc}") from exc
 
 
+@contextmanager
+def ranks_dir(trainer: Any, target: Path, what: str) -> Iterator[Path]:
+    """atomic_dir for every rank of a run: the main rank makes the staging directory and, once
+    every rank has written its part (per-rank RNG state, ZeRO-3 shards) into it, renames it."""
+    acc = trainer.accelerator
+    if acc.num_processes == 1:
+        with atomic_dir(target, what) as staging:
+            yield staging
+        return
+    if acc.is_main_process:
+        with atomic_dir(target, what) as staging:
+            acc.wait_for_everyone()  # the staging directory exists
+            yield staging
+            acc.wait_for_everyone()  # every rank has written
+    else:
+        acc.wait_for_everyone()
+        yield _staging(target)
+        acc.wait_for_everyone()
+    acc.wait_for_everyone()  # renamed: no rank goes on before the checkpoint is in place
+
+
 def save_checkpoints_atomically(trainer: Any) -> None:
     """Make a transformers Trainer write each checkpoint-N through atomic_dir: it saves into
     a staging run directory (args.output_dir pointed there for the call), then it is renamed."""
@@ -60,16 +85,19 @@ def save_checkpoints_atomically(trainer: Any) -> None:
     def save(model: Any, trial: Any, *args: Any, **kwargs: Any) -> None:
         out = Path(trainer.args.output_dir)
         name = f"checkpoint-{trainer.state.global_step}"
-        with atomic_dir(out / name, f"checkpoint at step {trainer.state.global_step}") as staging:
+        with ranks_dir(trainer, out / name, f"checkpoint at step {trainer.state.global_step}") as staging:
             run_dir = staging / "run"
             trainer.args.output_dir = str(run_dir)
             try:
                 inner(model, trial, *args, **kwargs)
             finally:
                 trainer.args.output_dir = str(out)
-            for f in (run_dir / name).iterdir():
-                f.rename(staging / f.name)
-            shutil.rmtree(run_dir)
+            if trainer.accelerator.num_processes > 1:
+                trainer.accelerator.wait_for_everyone()
+            if trainer.accelerator.is_main_process:
+                for f in (run_dir / name).iterdir():
+                    f.rename(staging / f.name)
+                shutil.rmtree(run_dir)
 
     trainer._save_checkpoint = save
 
@@ -90,12 +118,19 @@ def save_final(trainer: Any, tokenizer: Any, out_dir: Path, sink: Sink, seconds:
     """Save the trained model (LoRA adapters merged into their base) to out_dir/final, so
     evaluation and later jobs load it like any model, and report it."""
     final = out_dir / "final"
-    model = trainer.model
-    if hasattr(model, "merge_and_unload"):  # a peft model
-        model = model.merge_and_unload()
-    with atomic_dir(final, "final model") as staging:
-        model.save_pretrained(str(staging))
-        tokenizer.save_pretrained(str(staging))
+    if trainer.is_deepspeed_enabled:  # ZeRO-3 shards the weights: every rank joins in gathering them
+        with ranks_dir(trainer, final, "final model") as staging:
+            trainer.save_model(str(staging))
+            if trainer.accelerator.is_main_process:
+                tokenizer.save_pretrained(str(staging))
+    elif trainer.accelerator.is_main_process:
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        if hasattr(model, "merge_and_unload"):  # a peft model
+            model = model.merge_and_unload()
+        with atomic_dir(final, "final model") as staging:
+            model.save_pretrained(str(staging))
+            tokenizer.save_pretrained(str(staging))
+    trainer.accelerator.wait_for_everyone()
     step = trainer.state.global_step
     sink.checkpoint(step, str(final), kind="final")
     sink.event("trained", f"{step} steps in {seconds:.1f}s", data={"train_seconds": seconds, "steps": step})

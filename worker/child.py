@@ -4,6 +4,11 @@ memory is returned when this process exits.
 
 Exit codes: 0 done, 2 stopped on request, 3 job kind not available here, 1 error.
 The last error is written to <job dir>/error.txt for the supervisor to store.
+
+A multi-process training job (worker.launch) runs this module once per rank under
+`accelerate launch`: every rank loads the job and resolves its model refs the same way, only
+the main rank (RANK 0) writes to the database, error.txt and the exit-code file; the other
+ranks report through a sink that drops writes but still sees stop requests.
 """
 
 from __future__ import annotations
@@ -19,8 +24,9 @@ from mathrl.specs import parse_spec
 from service.settings import get_settings
 from store.db import retry_transient, session_scope
 from store.models import Job
+from worker.launch import EXIT_CODE_FILE, die_with_parent, error_file, is_main, world_size
 from worker.refs import resolve_model_ref
-from worker.sink import DatabaseSink
+from worker.sink import DatabaseSink, ReadOnlySink
 
 EXIT_OK, EXIT_ERROR, EXIT_STOPPED, EXIT_UNAVAILABLE = 0, 1, 2, 3
 
@@ -58,7 +64,8 @@ def run(job_id: str) -> int:
 
     _check_available(spec)
     model_path, checkpoint = resolve(spec.model)
-    sink = DatabaseSink(url, job_id, project_id, cancel_poll_seconds=settings.worker.heartbeat_seconds)
+    sink_class = DatabaseSink if is_main() else ReadOnlySink
+    sink = sink_class(url, job_id, project_id, cancel_poll_seconds=settings.worker.heartbeat_seconds)
     sink.install_sigterm()
     try:
         return _run_kind(spec, config, sink, settings, job_id, model_path, checkpoint, resolve)
@@ -72,7 +79,9 @@ def _run_kind(
 ) -> int:
     out = job_dir(settings.artifact_dir, job_id)
     out.mkdir(parents=True, exist_ok=True)
-    sink.event("started", f"job process {os.getpid()} started ({spec.kind})", data={"pid": os.getpid()})
+    world = world_size()
+    sink.event("started", f"job process {os.getpid()} started ({spec.kind})" + (f", rank 0 of {world}" if world > 1 else ""),
+               data={"pid": os.getpid(), "processes": world})
 
     if spec.kind == "eval":
         from evaluator.run import run_eval
@@ -109,6 +118,9 @@ def _check_available(spec: Any) -> None:
     if wants_vllm and importlib.util.find_spec("vllm") is None:
         raise NotAvailable("this job needs vLLM, which is not installed on this worker: "
                            "use backend 'hf' / use_vllm=false, or run a worker image with vLLM")
+    if getattr(spec, "deepspeed_zero3", False) and importlib.util.find_spec("deepspeed") is None:
+        raise NotAvailable("this job asks for deepspeed_zero3, and DeepSpeed is not installed on this worker: "
+                           "drop deepspeed_zero3, or run a worker image with deepspeed")
     if spec.resources.gpus > 0:
         import torch
 
@@ -128,17 +140,30 @@ def build_tiny(ref: str, artifact_dir: str) -> str:
         build_tiny_model(tmp, hidden_size=width, layers=layers, heads=4 if width % 4 == 0 else 1)
         try:
             tmp.rename(target)
-        except OSError:  # another job built it meanwhile
-            pass
+        except OSError:  # another job (or rank) built it meanwhile
+            import shutil
+
+            shutil.rmtree(tmp, ignore_errors=True)
     return str(target)
 
 
 def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if world_size() > 1:  # a rank: it goes when its launcher goes (killed with the worker)
+        die_with_parent()
+        if os.getppid() == 1:
+            return EXIT_ERROR
     job_id = argv[1]
     settings = get_settings()
-    err_file = job_dir(settings.artifact_dir, job_id) / "error.txt"
-    err_file.parent.mkdir(parents=True, exist_ok=True)
+    out = job_dir(settings.artifact_dir, job_id)
+    out.mkdir(parents=True, exist_ok=True)
+    code = _main(job_id, settings, error_file(out))
+    if is_main():
+        (out / EXIT_CODE_FILE).write_text(str(code))
+    return code
+
+
+def _main(job_id: str, settings: Any, err_file: Path) -> int:
     err_file.unlink(missing_ok=True)
     try:
         return run(job_id)
@@ -146,7 +171,8 @@ def main(argv: list[str]) -> int:
         return EXIT_STOPPED
     except NotAvailable as exc:
         err_file.write_text(str(exc))
-        DatabaseSink(settings.database.url, job_id, "").event("not_available", str(exc), level="error")
+        if is_main():
+            DatabaseSink(settings.database.url, job_id, "").event("not_available", str(exc), level="error")
         return EXIT_UNAVAILABLE
     except Exception as exc:
         traceback.print_exc()

@@ -156,3 +156,24 @@ class DatabaseSink:
             except Exception:  # noqa: BLE001 - database down: a cancel also arrives as SIGTERM
                 pass
         return self._stop
+
+
+class ReadOnlySink(DatabaseSink):
+    """For the ranks other than the main one in a multi-process job: the main rank reports
+    (metrics, samples, events, checkpoints, scores), these writes are dropped; stop requests
+    (cancel_requested, read-only, and SIGTERM) are still seen."""
+
+    def event(self, type: str, message: str = "", level: str = "info", data: dict[str, Any] | None = None) -> None:
+        pass
+
+    def metrics(self, step: int, values: dict[str, float]) -> None:
+        pass
+
+    def samples(self, step: int | None, items: list[dict[str, Any]]) -> None:
+        pass
+
+    def checkpoint(self, step: int, uri: str, kind: str = "checkpoint", data: dict[str, Any] | None = None) -> None:
+        pass
+
+    def score(self, record: dict[str, Any]) -> None:
+        pass

@@ -13,10 +13,12 @@ import threading
 import time
 from pathlib import Path
 
+from mathrl.specs import parse_spec
 from service.settings import Settings
 from store.db import session_scope
 from store.jobs import add_event, claim, finish, renew_lease
 from worker.child import EXIT_OK, EXIT_STOPPED, EXIT_UNAVAILABLE, job_dir
+from worker.launch import clear_outcome, describe, die_with_parent, job_command, job_exit_code, job_groups, read_error
 
 log = logging.getLogger("mathrl.worker")
 
@@ -31,20 +33,17 @@ def _prepare_child() -> None:
     SIGKILL the job if the supervising worker dies, so a killed worker never leaves an orphan
     writing to the job while another worker takes it over."""
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
+    die_with_parent()
 
 
 def _kill_group(proc: subprocess.Popen[bytes], sig: int) -> None:
-    try:
-        os.killpg(proc.pid, sig)
-    except ProcessLookupError:
-        pass
+    """Signal the job's process group and the groups below it (each rank of a multi-process
+    job leads its own)."""
+    for group in job_groups(proc.pid):
+        try:
+            os.killpg(group, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def stop_process(proc: subprocess.Popen[bytes], grace: float) -> int:
@@ -67,18 +66,30 @@ def supervise(settings: Settings, job_id: str, owner: str) -> str:
             log.info("job %s not claimable (already taken, cancelled or finished); skipping", job_id)
             return "skipped"
         attempt = job.attempts
+        try:
+            cmd = job_command(parse_spec(job.spec), job_id, owner)
+        except ValueError:  # a spec this version cannot read: the job process reports why
+            cmd = [sys.executable, "-m", "worker.child", job_id, owner]
     out = job_dir(settings.artifact_dir, job_id)
     out.mkdir(parents=True, exist_ok=True)
+    clear_outcome(out)
     log_path = out / f"attempt-{attempt}.log"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     with open(log_path, "ab") as logf:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "worker.child", job_id, owner],
+            cmd,
             stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
             start_new_session=True,  # its own process group: a cancel reaches its children too
             preexec_fn=_prepare_child,
         )
-    log.info("job %s attempt %d: process %d, log %s", job_id, attempt, proc.pid, log_path)
+    log.info("job %s attempt %d: process %d, %s, log %s", job_id, attempt, proc.pid, describe(cmd), log_path)
+    if cmd[1:3] != ["-m", "worker.child"]:
+        try:
+            with session_scope(url) as s:
+                add_event(s, job_id, "launched", f"launched {describe(cmd)}",
+                          data={"processes": int(cmd[cmd.index("--num_processes") + 1]), "command": cmd[1:]})
+        except Exception as exc:  # database briefly down: the job runs anyway
+            log.warning("recording the launch of %s failed (%s)", job_id, type(exc).__name__)
     cancelled = lost = False
     while True:
         try:
@@ -102,6 +113,7 @@ def supervise(settings: Settings, job_id: str, owner: str) -> str:
             code = stop_process(proc, w.cancel_grace_seconds)
             break
     _kill_group(proc, signal.SIGKILL)  # whatever the job started (engine processes) goes with it
+    code = job_exit_code(code, out)
     return _record_end(settings, job_id, owner, code, cancelled, lost, log_path)
 
 
@@ -110,8 +122,7 @@ def _record_end(
 ) -> str:
     if lost:
         return "lost"
-    err_file = job_dir(settings.artifact_dir, job_id) / "error.txt"
-    error = err_file.read_text().strip() if err_file.exists() else None
+    error = read_error(job_dir(settings.artifact_dir, job_id))
     if cancelled or code == EXIT_STOPPED:
         status, error, message = "cancelled", None, f"cancelled; job process exited with {code}"
     elif code == EXIT_OK:

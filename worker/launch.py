@@ -1,0 +1,153 @@
+"""How a job's process is started: one `python -m worker.child` process, or, for a training job
+that runs as several data-parallel processes (resources.processes, default one per GPU),
+`accelerate launch` starting that many copies of it (torchrun underneath; DeepSpeed ZeRO-3 when
+the spec asks for it). Also what the ranks share with the supervisor: which rank is the main
+one, the per-rank error files, and the exit code the job's processes agreed on.
+
+torchrun starts each rank in a session of its own, so a signal to the launcher's process group
+does not reach the ranks by itself: `job_groups` finds their groups for the supervisor, and each
+rank asks the kernel to SIGKILL it when the launcher dies (`die_with_parent`)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+TRAINING_KINDS = ("grpo", "sft", "reward_model")
+EXIT_CODE_FILE = "exit-code"
+
+
+def num_processes(spec: Any) -> int:
+    """How many processes the job runs as: training jobs honour resources.processes/gpus."""
+    return spec.resources.num_processes if spec.kind in TRAINING_KINDS else 1
+
+
+def uses_deepspeed(spec: Any) -> bool:
+    return bool(getattr(spec, "deepspeed_zero3", False)) and num_processes(spec) > 1
+
+
+def job_command(
+    spec: Any, job_id: str, owner: str, cpu_count: int | None = None, have_deepspeed: bool | None = None
+) -> list[str]:
+    """The job process's command line (cpu_count, have_deepspeed: this machine's, by default)."""
+    if have_deepspeed is None:
+        have_deepspeed = importlib.util.find_spec("deepspeed") is not None
+    child = ["-m", "worker.child", job_id, owner]
+    n = num_processes(spec)
+    if n <= 1:
+        return [sys.executable, *child]
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(n), "--num_machines", "1",
+           "--main_process_port", "0", "--dynamo_backend", "no"]  # port 0: a free one, jobs side by side
+    if spec.resources.gpus == 0:
+        # data-parallel CPU processes (gloo): accelerate's `--cpu` means one process (or mpirun),
+        # its torchrun launcher is the one behind --multi_gpu; the trainer picks the CPU itself
+        threads = max(1, (cpu_count or os.cpu_count() or 1) // n)
+        cmd += ["--multi_gpu", "--mixed_precision", "no", "--num_cpu_threads_per_process", str(threads)]
+    elif uses_deepspeed(spec) and have_deepspeed:
+        # TRL's ZeRO-3 recipe: shard parameters at load, gather a 16-bit model to save, no offload
+        cmd += ["--use_deepspeed", "--zero_stage", "3", "--zero3_init_flag", "true", "--zero3_save_16bit_model", "true",
+                "--offload_optimizer_device", "none", "--offload_param_device", "none", "--mixed_precision", "bf16"]
+    else:
+        # (deepspeed asked for but not installed: launched anyway, every rank's check fails with the reason)
+        cmd += ["--multi_gpu", "--mixed_precision", "bf16"]
+    return cmd + child
+
+
+def describe(cmd: list[str]) -> str:
+    if "accelerate.commands.launch" not in cmd:
+        return "1 process"
+    n = cmd[cmd.index("--num_processes") + 1]
+    how = "DeepSpeed ZeRO-3" if "--use_deepspeed" in cmd else ("CPU, gloo" if "--num_cpu_threads_per_process" in cmd else "DDP")
+    return f"{n} processes (accelerate launch, {how})"
+
+
+# ---- inside the job's processes ------------------------------------------------------------
+
+
+def rank() -> int:
+    return int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0")))
+
+
+def world_size() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def is_main() -> bool:
+    return rank() == 0
+
+
+def die_with_parent() -> None:
+    """(Linux) SIGKILL this process when its parent dies: the supervisor's job process when the
+    worker dies, a rank when its launcher dies."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def error_file(out: Path) -> Path:
+    """Where this rank writes its last error: error.txt for the main rank, error-rank-N.txt else."""
+    return out / ("error.txt" if is_main() else f"error-rank-{rank()}.txt")
+
+
+# ---- in the supervisor -----------------------------------------------------------------------
+
+
+def clear_outcome(out: Path) -> None:
+    """Before an attempt: no error or exit code of an earlier attempt may be read as this one's."""
+    for f in [out / "error.txt", out / EXIT_CODE_FILE, *out.glob("error-rank-*.txt")]:
+        f.unlink(missing_ok=True)
+
+
+def read_error(out: Path) -> str | None:
+    main = out / "error.txt"
+    if main.exists():
+        return main.read_text().strip() or None
+    for f in sorted(out.glob("error-rank-*.txt")):
+        return f"rank {f.stem.rsplit('-', 1)[1]}: {f.read_text().strip()}"
+    return None
+
+
+def job_exit_code(code: int, out: Path) -> int:
+    """The job's exit code. `accelerate launch` exits 1 when any rank fails, whatever the rank's
+    own code said (stopped on request, kind not available): the main rank's code, when it
+    failed, says which. 0 only when every rank exited 0."""
+    f = out / EXIT_CODE_FILE
+    if code <= 0 or not f.exists():
+        return code
+    try:
+        main_code = int(f.read_text().strip())
+    except ValueError:
+        return code
+    return main_code if main_code != 0 else code
+
+
+def job_groups(pid: int) -> set[int]:
+    """The process groups of `pid` and of every process below it (Linux /proc; ranks started by
+    torchrun lead groups of their own)."""
+    children: dict[int, list[int]] = {}
+    pgid: dict[int, int] = {}
+    for d in Path("/proc").iterdir() if Path("/proc").is_dir() else []:
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) "
+        p = int(d.name)
+        children.setdefault(int(fields[1]), []).append(p)
+        pgid[p] = int(fields[2])
+    groups, todo = {pid}, [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            groups.add(pgid.get(c, c))
+            todo.append(c)
+    return groups
