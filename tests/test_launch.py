@@ -181,3 +181,6 @@ def test_cancel_stops_every_rank(service: Service) -> None:
     done = c.jobs.wait(job.id, timeout=60, poll=0.2)
     assert done.status == "cancelled", done.error
     wait_for(lambda: not job_processes(job.id), 10, what="every process of the job to exit")
+    # the ranks stopped together between steps (not killed after the grace period): rank 0 said so
+    exit_code = Path(service.env["MATHRL_ARTIFACT_DIR"]) / "jobs" / job.id / "exit-code"
+    assert exit_code.read_text() == "2"
