@@ -95,6 +95,17 @@ def service_env(pg_url: str, redis_url: str, artifacts: Path) -> dict[str, str]:
     }
 
 
+def _die_with_parent() -> None:
+    """(Linux) SIGTERM a service process if the pytest that started it dies without its
+    teardown (killed, timed out): no orphaned API or worker keeps training on the CPU."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
 @dataclass
 class Service:
     """A real API process and real worker processes on PostgreSQL + Redis."""
@@ -113,7 +124,7 @@ class Service:
         self.api = subprocess.Popen(
             [sys.executable, "-m", "service.cli", "api", "--port", str(self.port)],
             env=self.env, cwd=ROOT, stdout=open(self.logs / "api.log", "ab"), stderr=subprocess.STDOUT,
-            start_new_session=True,
+            start_new_session=True, preexec_fn=_die_with_parent,
         )
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -137,7 +148,7 @@ class Service:
         proc = subprocess.Popen(
             [sys.executable, "-m", "service.cli", "worker", "--queues", queues, "--hostname", f"{name}@%h"],
             env=self.env, cwd=ROOT, stdout=open(self.logs / f"worker-{name}.log", "ab"), stderr=subprocess.STDOUT,
-            start_new_session=True,
+            start_new_session=True, preexec_fn=_die_with_parent,
         )
         self.workers.append(proc)
         deadline = time.monotonic() + 60
