@@ -39,6 +39,15 @@ def _accuracy(client: Any, job_id: str) -> Any:
     return next((s for s in client.scores.list(job_id=job_id) if s.metric == "accuracy"), None)
 
 
+def _finish(console: Any, t0: float, keep_running: bool) -> int:
+    console.print(f"demo finished in {time.monotonic() - t0:.0f}s")
+    if keep_running:
+        console.print("service left running; Ctrl-C to stop")
+        while True:
+            time.sleep(3600)
+    return 0
+
+
 def run_pipeline_demo(home: str, port: int, quick: bool, keep_running: bool) -> int:
     from rich.console import Console
     from rich.table import Table
@@ -107,12 +116,7 @@ def run_pipeline_demo(home: str, port: int, quick: bool, keep_running: bool) -> 
             f"  CLI           MATHRL_URL={url} MATHRL_API_KEY=$(cat {root / 'demo-key'}) "
             f"mathrl jobs metrics {steps['grpo']}"
         )
-        console.print(f"demo finished in {time.monotonic() - t0:.0f}s")
-        if keep_running:
-            console.print("service left running; Ctrl-C to stop")
-            while True:
-                time.sleep(3600)
-        return 0
+        return _finish(console, t0, keep_running)
     finally:
         ctx.__exit__(None, None, None)
 
@@ -171,11 +175,6 @@ def run_eval_demo(home: str, port: int, model: str, limit: int, max_new_tokens: 
             f"next: MATHRL_URL={url} MATHRL_API_KEY=$(cat {root / 'demo-key'}) mathrl jobs get {job.id}\n"
             f"      curl -H 'Authorization: Bearer ...' {url}/v1/jobs/{job.id}/samples"
         )
-        console.print(f"demo finished in {time.monotonic() - t0:.0f}s")
-        if keep_running:
-            console.print("service left running; Ctrl-C to stop")
-            while True:
-                time.sleep(3600)
-        return 0
+        return _finish(console, t0, keep_running)
     finally:
         ctx.__exit__(None, None, None)
