@@ -122,7 +122,11 @@ def main() -> None:
     port = 18000 + os.getpid() % 1000
     env = {**os.environ, "MATHRL_DATABASE__URL": db_url, "MATHRL_BROKER__URL": args.redis,
            "MATHRL_AUTH__ADMIN_TOKEN": token, "MATHRL_ARTIFACT_DIR": f"/tmp/{dbname}",
-           "MATHRL_WORKER__HEARTBEAT_SECONDS": "1"}
+           "MATHRL_WORKER__HEARTBEAT_SECONDS": "1",
+           # the per-key rate limit and the active-jobs quota would answer 429s: lift them so
+           # the figures are the API's own (admission still runs on every submit)
+           "MATHRL_LIMITS__RATE_PER_SECOND": "1e9", "MATHRL_LIMITS__BURST": "1000000000",
+           "MATHRL_LIMITS__MAX_ACTIVE_JOBS": "1000000000"}
     py = sys.executable
     procs = [
         subprocess.Popen([py, "-m", "service.cli", "api", "--port", str(port), "--workers", str(args.api_workers)],
