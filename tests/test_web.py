@@ -26,7 +26,9 @@ CHROMIUM_ARGS = [
 ]
 PARKED = {"resources": {"gpus": 1}}  # a queue no worker serves in these tests: the job stays queued
 TINY = "tiny:2x64"
-GRPO_STEPS = 12
+GRPO_STEPS = 48  # long enough that points keep arriving while the page watches, even on an idle machine
+SAVE_STEPS = 24
+SAMPLE_EVERY = 12
 
 
 @pytest.fixture(scope="module")
@@ -157,7 +159,7 @@ def grpo_job(service: Service, project: tuple[str, Any], browser: Any, shots: Pa
         "kind": "grpo", "model": TINY, "name": "web grpo", "dataset": {"name": "arith", "split": "train", "limit": 2000},
         "max_steps": GRPO_STEPS, "learning_rate": 1e-4, "beta": 0.04, "num_generations": 4, "per_device_train_batch_size": 16,
         "max_completion_length": 4, "rewards": [{"name": "accuracy"}, {"name": "overlong", "buffer": 2, "weight": 0.5}],
-        "logging_steps": 1, "save_steps": 6, "sample_every": 3, "seed": 3,
+        "logging_steps": 1, "save_steps": SAVE_STEPS, "sample_every": SAMPLE_EVERY, "seed": 3,
     })
     ctx = browser.new_context(viewport={"width": 1280, "height": 900})
     pg = ctx.new_page()
@@ -201,8 +203,8 @@ def test_running_job_chart_gains_points_while_watched(grpo_job: dict[str, Any]) 
     assert charts["Reward"] == 3 * GRPO_STEPS, charts
     for title in ("KL", "Loss", "Accuracy", "Completion length", "Step time (s)"):
         assert charts.get(title, 0) >= GRPO_STEPS, (title, charts)
-    # sampled completions every 3 steps; the newest step's shown, the others one click away
-    assert grpo_job["sample_steps"] == [str(s) for s in range(GRPO_STEPS, 0, -3)]
+    # sampled completions every SAMPLE_EVERY steps; the newest step's shown, the others one click away
+    assert grpo_job["sample_steps"] == [str(s) for s in range(GRPO_STEPS, 0, -SAMPLE_EVERY)]
     assert len(grpo_job["samples"]) >= 4 and set(grpo_job["samples"]) == {str(GRPO_STEPS)}
     assert "checkpoint" in grpo_job["checkpoints"] and "final" in grpo_job["checkpoints"]
     assert "started" in grpo_job["events"] and "succeeded" in grpo_job["events"]
@@ -215,7 +217,7 @@ def test_scores_page_shows_stored_scores(
 ) -> None:
     key, c = project
     gid = grpo_job["id"]
-    models = [TINY, f"job:{gid}@step-6", f"job:{gid}"]  # before, a checkpoint, the final model
+    models = [TINY, f"job:{gid}@step-{SAVE_STEPS}", f"job:{gid}"]  # before, a checkpoint, the final model
     for m in models:  # one after the other: the scores' order is the models' order
         job = c.jobs.create({"kind": "eval", "model": m, "benchmark": "arith", "limit": 40, "batch_size": 40,
                              "sampling": {"max_new_tokens": 5}})
@@ -232,9 +234,9 @@ def test_scores_page_shows_stored_scores(
     assert page.input_value("#before") == TINY and page.input_value("#after") == f"job:{gid}"
     row = page.inner_text("#compare tbody tr")
     assert "arith" in row and f"{100 * acc[TINY].value:.1f}%" in row and " pt" in row
-    page.select_option("#after", f"job:{gid}@step-6")
-    assert f"{100 * acc[f'job:{gid}@step-6'].value:.1f}%" in page.inner_text("#compare tbody tr")
-    # score over training steps: the starting model (step 0), step 6 and the final model (step 12)
+    page.select_option("#after", f"job:{gid}@step-{SAVE_STEPS}")
+    assert f"{100 * acc[f'job:{gid}@step-{SAVE_STEPS}'].value:.1f}%" in page.inner_text("#compare tbody tr")
+    # score over training steps: the starting model (step 0), the checkpoint and the final model
     steps = page.eval_on_selector_all("#steps .chart", "els => els.map(e => +e.dataset.points)")
     assert steps == [3], steps
     shoot(page, shots, "scores")
