@@ -44,6 +44,15 @@ def load_tokenizer(ref: str) -> Any:
     return tok
 
 
+def resolve_dtype(dtype: str, on_gpu: bool) -> str:
+    """"auto" means bfloat16 on a GPU and float32 on a CPU, for both backends: the same weights
+    in the same precision, so HF and vLLM scores are comparable (and a CPU without native
+    bfloat16 runs float32 several times faster)."""
+    if dtype != "auto":
+        return dtype
+    return "bfloat16" if on_gpu else "float32"
+
+
 def load_model(ref: str, dtype: str = "auto", device: str | None = None) -> Any:
     import torch
     from transformers import AutoModelForCausalLM
@@ -53,10 +62,7 @@ def load_model(ref: str, dtype: str = "auto", device: str | None = None) -> Any:
     if path.is_dir() and (gguf := _gguf_in(path)):
         kwargs["gguf_file"] = gguf
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if dtype == "auto":
-        torch_dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    else:
-        torch_dtype = getattr(torch, dtype)
+    torch_dtype = getattr(torch, resolve_dtype(dtype, on_gpu=device.startswith("cuda")))
     model = AutoModelForCausalLM.from_pretrained(str(path) if path.exists() else ref, dtype=torch_dtype, **kwargs)
     model.to(device)
     model.eval()

@@ -33,18 +33,21 @@ def run_eval(
     sink.event("loading", f"{len(problems)} problems from {bench.name} v{bench.version}; loading {model_path}")
     t0 = time.monotonic()
     tokenizer = load_tokenizer(model_path)
+    shots = _shots(bench, data_dir, spec.few_shot)
+    texts = [prompts.render(bench.prompt, p.question, tokenizer, spec.system_prompt, shots) for p in problems]
+    s = spec.sampling
     if spec.backend == "vllm":
         from evaluator import vllm_backend as backend
 
-        model = backend.load_engine(model_path, dtype=spec.dtype, seed=spec.sampling.seed)
+        # the longest sequence this run needs, not the model's maximum: vLLM reserves KV cache
+        # for at least one full-length request, which on a CPU can exceed its share of memory
+        longest = max((len(tokenizer(t, add_special_tokens=False).input_ids) for t in texts), default=0)
+        model = backend.load_engine(model_path, dtype=spec.dtype, seed=s.seed, max_model_len=longest + s.max_new_tokens)
     else:
         backend = hf_backend  # type: ignore[assignment]
         model = load_model(model_path, dtype=spec.dtype)
     sink.event("loaded", f"{spec.backend} backend ready in {time.monotonic() - t0:.1f}s")
 
-    shots = _shots(bench, data_dir, spec.few_shot)
-    texts = [prompts.render(bench.prompt, p.question, tokenizer, spec.system_prompt, shots) for p in problems]
-    s = spec.sampling
     t1 = time.monotonic()
     last = [0.0]
 

@@ -25,16 +25,31 @@ def load_engine(
     model_path: str, dtype: str = "auto", seed: int = 0, max_model_len: int | None = None,
     memory_fraction: float | None = None,
 ) -> Any:
-    """`memory_fraction` is vLLM's gpu_memory_utilization; on the CPU build it is the share of
-    host memory reserved for the KV cache, so it defaults lower there."""
+    """`memory_fraction` is vLLM's gpu_memory_utilization (default 0.9, or
+    MATHRL_VLLM_MEMORY_FRACTION). On the CPU build the KV cache gets a fixed size instead,
+    MATHRL_VLLM_CPU_KV_GIB (default 2): vLLM's CPU rule (a share of the node's memory minus what
+    the process already holds) left a float32 SmolLM2 0.25 GiB, too little for one request.
+
+    On a CPU, "auto" dtype is float32 as in the HF backend (vLLM's own "auto" picks bfloat16,
+    which is emulated, ~5x slower, on CPUs without AVX512-BF16/AMX, and gives different greedy
+    text). vLLM's CPU build also keeps one core per worker for its scheduler; on a small machine
+    (<= 4 cores) that costs ~1.7x, so there it reserves none unless
+    VLLM_CPU_NUM_OF_RESERVED_CPU says otherwise (issue 3's note has the figures)."""
     import os
 
     import torch
     from vllm import LLM
 
+    from evaluator.models import resolve_dtype
+
     on_gpu = torch.cuda.is_available()
-    fraction = memory_fraction or float(os.environ.get("MATHRL_VLLM_MEMORY_FRACTION", 0.9 if on_gpu else 0.2))
-    kwargs: dict[str, Any] = {"model": model_path, "seed": seed, "dtype": dtype, "gpu_memory_utilization": fraction}
+    if not on_gpu and (os.cpu_count() or 1) <= 4:
+        os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+    kwargs: dict[str, Any] = {"model": model_path, "seed": seed, "dtype": resolve_dtype(dtype, on_gpu)}
+    if on_gpu:
+        kwargs["gpu_memory_utilization"] = memory_fraction or float(os.environ.get("MATHRL_VLLM_MEMORY_FRACTION", 0.9))
+    else:
+        kwargs["kv_cache_memory_bytes"] = int(float(os.environ.get("MATHRL_VLLM_CPU_KV_GIB", 2)) * 2**30)
     if max_model_len:
         kwargs["max_model_len"] = max_model_len
     return LLM(**kwargs)
