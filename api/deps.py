@@ -6,14 +6,15 @@ import hmac
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Any, TypeVar
 
 import anyio
 from fastapi import Depends, Request
 from sqlalchemy.orm import Session
 
 from api import ratelimit
-from api.problems import AUTH_INVALID, AUTH_MISSING, Problem
+from api.problems import AUTH_INVALID, AUTH_MISSING, BAD_CURSOR, Problem
+from mathrl.specs import ID_PATTERN
 from service.settings import Settings, get_settings
 from store.db import get_sessionmaker
 from store.keys import authenticate, hash_key
@@ -119,3 +120,22 @@ def get_project_caller(caller: Annotated[Caller, Depends(get_caller)]) -> Caller
 
 AnyCallerDep = Annotated[Caller, Depends(get_caller)]
 CallerDep = Annotated[Caller, Depends(get_project_caller)]
+
+
+Row = TypeVar("Row")
+
+
+def owned(session: Session, model: type[Row], project_id: str, row_id: str, not_found: str) -> Row:
+    """The project's row with this id, else a 404 (the same for another project's row and a
+    malformed id, so ids of other projects cannot be probed)."""
+    row: Any = session.get(model, row_id) if ID_PATTERN.match(row_id) else None
+    if row is None or row.project_id != project_id:
+        raise Problem(404, "Not found", not_found)
+    return row  # type: ignore[no-any-return]
+
+
+def page_cursor(value: str | None) -> str | None:
+    """A `cursor` query parameter: None, or an id from a previous page's next_cursor."""
+    if value is not None and not ID_PATTERN.match(value):
+        raise Problem(400, "Bad cursor", BAD_CURSOR, [{"pointer": "query:/cursor", "detail": BAD_CURSOR}])
+    return value

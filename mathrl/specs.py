@@ -351,7 +351,8 @@ def parse_spec(data: Any) -> AnySpec:
 # ---- pipelines -------------------------------------------------------------------------
 
 STEP_NAME = r"^[a-z][a-z0-9_-]{0,63}$"
-_UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+# a job, pipeline or checkpoint id as the API returns it
+ID_PATTERN = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 
 
 def model_refs(spec: AnySpec) -> dict[str, str]:
@@ -395,7 +396,7 @@ class PipelineSpec(StrictModel):
             deps[step] = []
             for path, ref in model_refs(spec).items():
                 target, _ = split_job_ref(ref)
-                if not target or _UUID.match(target):
+                if not target or ID_PATTERN.match(target):
                     continue  # not a job reference, or an existing job's id (the API checks it)
                 if target not in self.jobs:
                     known = ", ".join(sorted(self.jobs))

@@ -6,7 +6,6 @@ import asyncio
 import hashlib
 import json
 import logging
-import re
 from collections import defaultdict
 from pathlib import Path
 from typing import Annotated, Any
@@ -19,9 +18,15 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
 from api.admission import admit
-from api.deps import CallerDep, SessionDep, SettingsDep
+from api.deps import CallerDep, SessionDep, SettingsDep, owned, page_cursor
 from api.dispatch import dispatch, new_task_id
-from api.problems import BAD_CURSOR, IDEMPOTENCY_CONFLICT, JOB_NOT_FOUND, NO_RESULTS, RESULTS_UNAVAILABLE, Problem
+from api.problems import (
+    IDEMPOTENCY_CONFLICT,
+    JOB_NOT_FOUND,
+    NO_RESULTS,
+    RESULTS_UNAVAILABLE,
+    Problem,
+)
 from mathrl.presets import resolve_config
 from mathrl.schemas import (
     CheckpointResponse,
@@ -41,21 +46,11 @@ from store.models import Checkpoint, Event, Job, Metric, Sample, utcnow
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 log = logging.getLogger("mathrl.api")
 
-_UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 NOT_FOUND = {404: {"description": JOB_NOT_FOUND}}
 
 
 def _own_job(session: Any, project_id: str, job_id: str) -> Job:
-    job = session.get(Job, job_id) if _UUID.match(job_id) else None
-    if job is None or job.project_id != project_id:
-        raise Problem(404, "Not found", JOB_NOT_FOUND)
-    return job
-
-
-def _cursor(value: str | None) -> str | None:
-    if value is not None and not _UUID.match(value):
-        raise Problem(400, "Bad cursor", BAD_CURSOR, [{"pointer": "query:/cursor", "detail": BAD_CURSOR}])
-    return value
+    return owned(session, Job, project_id, job_id, JOB_NOT_FOUND)
 
 
 @router.post(
@@ -137,7 +132,7 @@ def list_jobs(
         q = q.where(Job.kind == kind)
     if status:
         q = q.where(Job.status == status)
-    if (c := _cursor(cursor)) is not None:
+    if (c := page_cursor(cursor)) is not None:
         q = q.where(Job.id < c)
     q = q.order_by(Job.id.desc())
     if tag:
@@ -258,7 +253,7 @@ def list_samples(
     q = select(Sample).where(Sample.job_id == job_id)
     if step is not None:
         q = q.where(Sample.step == step)
-    if (c := _cursor(cursor)) is not None:
+    if (c := page_cursor(cursor)) is not None:
         q = q.where(Sample.id > c)
     rows = list(session.scalars(q.order_by(Sample.id).limit(limit + 1)))
     more = len(rows) > limit

@@ -7,16 +7,15 @@ with nothing to wait for are queued at once; the others wait (store/pipelines.py
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Query
 from sqlalchemy import select
 
 from api.admission import admit
-from api.deps import CallerDep, SessionDep, SettingsDep
+from api.deps import CallerDep, SessionDep, SettingsDep, owned, page_cursor
 from api.dispatch import dispatch, new_task_id
-from api.problems import BAD_CURSOR, PIPELINE_NOT_FOUND, Problem
+from api.problems import PIPELINE_NOT_FOUND, Problem
 from mathrl.presets import resolve_config
 from mathrl.schemas import Page, PipelineResponse
 from mathrl.specs import PipelineSpec, model_refs, parse_spec, split_job_ref
@@ -27,15 +26,11 @@ from store.pipelines import pipeline_status
 
 router = APIRouter(prefix="/v1/pipelines", tags=["pipelines"])
 
-_UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 NOT_FOUND = {404: {"description": PIPELINE_NOT_FOUND}}
 
 
 def _own_pipeline(session: Any, project_id: str, pipeline_id: str) -> Pipeline:
-    p = session.get(Pipeline, pipeline_id) if _UUID.match(pipeline_id) else None
-    if p is None or p.project_id != project_id:
-        raise Problem(404, "Not found", PIPELINE_NOT_FOUND)
-    return p
+    return owned(session, Pipeline, project_id, pipeline_id, PIPELINE_NOT_FOUND)
 
 
 def _set_path(data: dict[str, Any], path: str, value: str) -> None:
@@ -176,9 +171,7 @@ def list_pipelines(
 ) -> dict[str, Any]:
     """Pipelines newest first. Follow `next_cursor` for the next page."""
     q = select(Pipeline).where(Pipeline.project_id == caller.project_id)
-    if cursor is not None:
-        if not _UUID.match(cursor):
-            raise Problem(400, "Bad cursor", BAD_CURSOR, [{"pointer": "query:/cursor", "detail": BAD_CURSOR}])
+    if page_cursor(cursor) is not None:
         q = q.where(Pipeline.id < cursor)
     rows = list(session.scalars(q.order_by(Pipeline.id.desc()).limit(limit + 1)))
     more = len(rows) > limit
