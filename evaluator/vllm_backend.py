@@ -47,9 +47,9 @@ def load_engine(
         os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
     kwargs: dict[str, Any] = {"model": model_path, "seed": seed, "dtype": resolve_dtype(dtype, on_gpu)}
     if on_gpu:
-        kwargs["gpu_memory_utilization"] = memory_fraction or float(os.environ.get("MATHRL_VLLM_MEMORY_FRACTION", 0.9))
+        kwargs["gpu_memory_utilization"] = memory_fraction or float(os.environ.get("MATHRL_VLLM_MEMORY_FRACTION", "0.9"))
     else:
-        kwargs["kv_cache_memory_bytes"] = int(float(os.environ.get("MATHRL_VLLM_CPU_KV_GIB", 2)) * 2**30)
+        kwargs["kv_cache_memory_bytes"] = int(float(os.environ.get("MATHRL_VLLM_CPU_KV_GIB", "2")) * 2**30)
     if max_model_len:
         kwargs["max_model_len"] = max_model_len
     return LLM(**kwargs)

@@ -116,6 +116,17 @@ def test_registry_rejects_an_unknown_answer_source() -> None:
 
 
 @pytest.mark.quick
+def test_auto_dtype_is_the_same_for_both_backends() -> None:
+    # vLLM's own "auto" would take bfloat16 from a config on a CPU: emulated there, ~5x slower,
+    # and different greedy text from the HF backend's float32
+    from evaluator.models import resolve_dtype
+
+    assert resolve_dtype("auto", on_gpu=False) == "float32"
+    assert resolve_dtype("auto", on_gpu=True) == "bfloat16"
+    assert resolve_dtype("float16", on_gpu=False) == "float16"
+
+
+@pytest.mark.quick
 def test_accuracy_breakdown_by_subject_and_level() -> None:
     metas = [
         {"subject": "Algebra", "level": 2}, {"subject": "Algebra", "level": 10}, {"subject": "Geometry", "level": 2},

@@ -45,8 +45,9 @@ def test_vllm_and_hf_give_the_same_greedy_completions(vllm_ready: Path, model_fo
     vllm_items = _eval(vllm_ready, model_for_vllm, "vllm", tmp_path / "vllm")
     hf_items = _eval(ROOT / ".venv" / "bin" / "python", model_for_vllm, "hf", tmp_path / "hf")
     assert [i["prompt"] for i in vllm_items] == [i["prompt"] for i in hf_items]
+    # both run float32 on the CPU: the same greedy text, token for token
     same = sum(a["completion"] == b["completion"] for a, b in zip(vllm_items, hf_items))
-    assert same >= 5, [(a["completion"], b["completion"]) for a, b in zip(vllm_items, hf_items)]
+    assert same == len(hf_items), [(a["completion"], b["completion"]) for a, b in zip(vllm_items, hf_items)]
 
 
 def test_eval_job_on_a_worker_with_vllm(vllm_ready: Path, service: Service, model_for_vllm: str) -> None:
