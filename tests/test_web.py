@@ -26,7 +26,8 @@ CHROMIUM_ARGS = [
 ]
 PARKED = {"resources": {"gpus": 1}}  # a queue no worker serves in these tests: the job stays queued
 TINY = "tiny:2x64"
-GRPO_STEPS = 48  # long enough that points keep arriving while the page watches, even on an idle machine
+GRPO_STEPS = 48
+LIVE_STEPS = 100_000  # the watched job: never ends on its own; the test cancels it
 SAVE_STEPS = 24
 SAMPLE_EVERY = 12
 
@@ -152,21 +153,24 @@ def chart_points(page: Any, title: str) -> int:
 
 @pytest.fixture(scope="module")
 def grpo_job(service: Service, project: tuple[str, Any], browser: Any, shots: Path) -> dict[str, Any]:
-    """A real GRPO job on a tiny model, watched in the job page while it runs (module-scoped
-    so the scores test can evaluate its checkpoints). Returns what the page showed."""
+    """Two real GRPO jobs on a tiny model (module-scoped so the scores test can evaluate the
+    finished one's checkpoints). A long one is watched in its job page while it runs, then
+    cancelled: it cannot end before the page has polled twice, however fast the machine. A
+    short one runs to the end and its page is read. Returns what the pages showed."""
     key, c = project
-    job = c.jobs.create({
-        "kind": "grpo", "model": TINY, "name": "web grpo", "dataset": {"name": "arith", "split": "train", "limit": 2000},
+    spec = {
+        "kind": "grpo", "model": TINY, "dataset": {"name": "arith", "split": "train", "limit": 2000},
         "max_steps": GRPO_STEPS, "learning_rate": 1e-4, "beta": 0.04, "num_generations": 4, "per_device_train_batch_size": 16,
         "max_completion_length": 4, "rewards": [{"name": "accuracy"}, {"name": "overlong", "buffer": 2, "weight": 0.5}],
         "logging_steps": 1, "save_steps": SAVE_STEPS, "sample_every": SAMPLE_EVERY, "seed": 3,
-    })
+    }
     ctx = browser.new_context(viewport={"width": 1280, "height": 900})
     pg = ctx.new_page()
     pg.set_default_timeout(20_000)
-    seen: dict[str, Any] = {"id": job.id}
+    seen: dict[str, Any] = {}
     try:
-        sign_in(pg, f"{service.url}/ui/jobs/{job.id}", key)
+        live = c.jobs.create({**spec, "name": "web grpo live", "max_steps": LIVE_STEPS, "save_steps": LIVE_STEPS})
+        sign_in(pg, f"{service.url}/ui/jobs/{live.id}", key)
         # first points (the job process needs some seconds to start), then more while running
         first = wait_for(lambda: chart_points(pg, "Reward"), 180, 0.25, "the first reward points")
         seen["running_when_first"] = pg.get_attribute("#status .badge", "data-status")
@@ -174,10 +178,15 @@ def grpo_job(service: Service, project: tuple[str, Any], browser: Any, shots: Pa
         shoot(pg, shots, "job-running")
         seen["later"] = wait_for(lambda: (n := chart_points(pg, "Reward")) > first and n, 60, 0.25, "more points")
         seen["running_when_later"] = pg.get_attribute("#status .badge", "data-status")
-        seen["api_steps_when_later"] = max(
-            (p.step for s in c.jobs.metrics(job.id, name="reward") for p in s.points), default=None)
+        c.jobs.cancel(live.id)
+        assert c.jobs.wait(live.id, timeout=120).status == "cancelled"
+        pg.wait_for_selector("#status .badge[data-status=cancelled]", timeout=15_000)
+
+        job = c.jobs.create({**spec, "name": "web grpo"})
+        seen["id"] = job.id
         done = c.jobs.wait(job.id, timeout=300)
         assert done.status == "succeeded", done.error
+        pg.goto(f"{service.url}/ui/jobs/{job.id}")  # the key is remembered for the session
         pg.wait_for_selector("#status .badge[data-status=succeeded]", timeout=15_000)
         wait_for(lambda: chart_points(pg, "Loss") >= GRPO_STEPS, 15, what="every loss point")
         pg.wait_for_selector("#samples tr[data-step]")
