@@ -21,14 +21,11 @@ def backend_version() -> str:
     return f"vllm-{vllm.__version__}"
 
 
-def load_engine(
-    model_path: str, dtype: str = "auto", seed: int = 0, max_model_len: int | None = None,
-    memory_fraction: float | None = None,
-) -> Any:
-    """`memory_fraction` is vLLM's gpu_memory_utilization (default 0.9, or
-    MATHRL_VLLM_MEMORY_FRACTION). On the CPU build the KV cache gets a fixed size instead,
-    MATHRL_VLLM_CPU_KV_GIB (default 2): vLLM's CPU rule (a share of the node's memory minus what
-    the process already holds) left a float32 SmolLM2 0.25 GiB, too little for one request.
+def load_engine(model_path: str, dtype: str = "auto", seed: int = 0, max_model_len: int | None = None) -> Any:
+    """On a GPU, vLLM's gpu_memory_utilization is MATHRL_VLLM_MEMORY_FRACTION (default 0.9).
+    On the CPU build the KV cache gets a fixed size instead, MATHRL_VLLM_CPU_KV_GIB (default 2):
+    vLLM's CPU rule (a share of the node's memory minus what the process already holds) left a
+    float32 SmolLM2 0.25 GiB, too little for one request.
 
     On a CPU, "auto" dtype is float32 as in the HF backend (vLLM's own "auto" picks bfloat16,
     which is emulated, ~5x slower, on CPUs without AVX512-BF16/AMX, and gives different greedy
@@ -47,7 +44,7 @@ def load_engine(
         os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
     kwargs: dict[str, Any] = {"model": model_path, "seed": seed, "dtype": resolve_dtype(dtype, on_gpu)}
     if on_gpu:
-        kwargs["gpu_memory_utilization"] = memory_fraction or float(os.environ.get("MATHRL_VLLM_MEMORY_FRACTION", "0.9"))
+        kwargs["gpu_memory_utilization"] = float(os.environ.get("MATHRL_VLLM_MEMORY_FRACTION", "0.9"))
     else:
         kwargs["kv_cache_memory_bytes"] = int(float(os.environ.get("MATHRL_VLLM_CPU_KV_GIB", "2")) * 2**30)
     if max_model_len:
