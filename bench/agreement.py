@@ -1,5 +1,5 @@
 """Do the two generation backends give the same scores? Runs `mathrl eval` (local, no service)
-with the HF backend (.venv) and the vLLM backend (.venv-vllm) on the same model, benchmarks,
+with the HF backend and the vLLM backend (both in .venv) on the same model, benchmarks,
 prompts and greedy settings, one after the other, and prints greedy pass@1 for each with the
 difference, how many completions are identical, and how many verdicts agree.
 
@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-PYTHONS = {"hf": ROOT / ".venv" / "bin" / "python", "vllm": ROOT / ".venv-vllm" / "bin" / "python"}
+PYTHONS = {"hf": ROOT / ".venv" / "bin" / "python", "vllm": ROOT / ".venv" / "bin" / "python"}
 
 
 def run_eval(backend: str, model: str, benchmark: str, limit: int, max_new_tokens: int, batch_size: int,
@@ -59,7 +59,7 @@ def main() -> None:
 
     for backend, python in PYTHONS.items():
         if not python.exists():
-            sys.exit(f"{python} missing: run scripts/setup{'-vllm' if backend == 'vllm' else ''}")
+            sys.exit(f"{python} missing: run scripts/setup")
     data_dir = args.data_dir or default_data_dir()
     model = str(Path(args.model).resolve()) if Path(args.model).exists() else args.model  # a path, or a hub id
     out_root = Path(args.out or tempfile.mkdtemp(prefix="mathrl-agreement-"))

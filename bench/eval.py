@@ -3,7 +3,7 @@ model, problems and sampling settings, in one run. Targets on a 2-core CPU: batc
 one-at-a-time; vLLM >= batched HF.
 
     .venv/bin/python bench/eval.py --model .mathrl/models/SmolLM2-135M-Instruct --limit 32
-    .venv/bin/python bench/eval.py --model PATH --vllm-python .venv-vllm/bin/python
+    .venv/bin/python bench/eval.py --model PATH --vllm-python .venv/bin/python
 
 --random-init DIR builds a model with DIR's config.json and random weights (speed only;
 for machines the weights cannot travel to). Generation time only; start-up is reported apart.
@@ -65,7 +65,7 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=32)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--data-dir", default=None)
-    ap.add_argument("--vllm-python", help="python of an environment with vLLM (e.g. .venv-vllm/bin/python)")
+    ap.add_argument("--vllm-python", help="python of an environment with vLLM (e.g. .venv/bin/python)")
     ap.add_argument("--one", help=argparse.SUPPRESS)  # internal: run one backend, print JSON
     args = ap.parse_args()
     sys.stdout.reconfigure(line_buffering=True)  # type: ignore[attr-defined]

@@ -38,7 +38,7 @@ from mathrl.schemas import (
     Page,
     SampleResponse,
 )
-from mathrl.specs import JobSpec
+from mathrl.specs import AnySpec
 from store.db import get_sessionmaker
 from store.jobs import TERMINAL, request_cancel
 from store.models import Checkpoint, Event, Job, Metric, Sample, utcnow
@@ -65,7 +65,9 @@ def _own_job(session: Any, project_id: str, job_id: str) -> Job:
     },
 )
 def create_job(
-    spec: Annotated[JobSpec, Body()],
+    # the discriminator on Body itself: FastAPI 0.136 (vLLM 0.31 caps it below 0.137) drops the
+    # one inside an Annotated JobSpec, and errors then point at every union member
+    spec: Annotated[AnySpec, Body(discriminator="kind")],
     session: SessionDep,
     caller: CallerDep,
     settings: SettingsDep,
