@@ -8,6 +8,7 @@ equals the gold answer (fractions, decimals, percentages, sets, intervals, matri
 from __future__ import annotations
 
 import re
+import threading
 from dataclasses import dataclass
 
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
@@ -70,15 +71,22 @@ def extract_answer(completion: str) -> str | None:
 
 
 _GOLD_CFG = (LatexExtractionConfig(), ExprExtractionConfig())
+TIMEOUT_SECONDS = 5
+
+
+def _timeout() -> int | None:
+    """math-verify's timeouts use signal.alarm, which only the main thread may set: elsewhere
+    (async GRPO scores rewards in a rollout thread) it runs without one, as math-verify advises."""
+    return TIMEOUT_SECONDS if threading.current_thread() is threading.main_thread() else None
 
 
 def _parse_answer(text: str) -> list[object]:
     """math-verify parse of a bare answer: try it as LaTeX first, then as a plain expression."""
     stripped = text.strip()
     wrapped = stripped if stripped.startswith("$") else f"${stripped}$"
-    parsed = parse(wrapped, extraction_config=_GOLD_CFG, parsing_timeout=5)
+    parsed = parse(wrapped, extraction_config=_GOLD_CFG, parsing_timeout=_timeout())
     if not parsed:
-        parsed = parse(stripped, extraction_config=_GOLD_CFG, parsing_timeout=5)
+        parsed = parse(stripped, extraction_config=_GOLD_CFG, parsing_timeout=_timeout())
     return parsed
 
 
@@ -89,7 +97,7 @@ def answers_match(predicted: str, gold: str) -> bool:
     if not gold_parsed or not pred_parsed:
         return predicted.strip() == gold.strip()
     try:
-        return bool(verify(gold_parsed, pred_parsed, timeout_seconds=5))
+        return bool(verify(gold_parsed, pred_parsed, timeout_seconds=_timeout()))
     except Exception:  # math-verify raises on pathological input; that is a wrong answer
         return False
 

@@ -109,3 +109,12 @@ def test_wilson_interval() -> None:
     assert low == 0.0 and 0.25 < high < 0.35
     low, high = wilson_interval(50, 100)
     assert math.isclose(low, 0.4038, abs_tol=1e-3) and math.isclose(high, 0.5962, abs_tol=1e-3)
+
+
+def test_grading_works_off_the_main_thread() -> None:
+    """Async GRPO scores rewards in a rollout thread; math-verify's signal-based timeout cannot
+    run there (it raised 'signal only works in main thread' and stopped the rollouts)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        assert pool.submit(grade, "so the answer is \\boxed{\\frac{1}{2}}", "0.5").result().correct
