@@ -19,7 +19,24 @@ TEMPLATES: dict[str, dict[str, str]] = {
         "user": "{question}\n\nReason step by step, and put your final answer within \\boxed{{}}.",
     },
     "plain": {"system": "", "user": "{question}"},
+    "arith-words": {"system": "", "user": "What is {question}? Give the final answer as a number."},
 }
+
+
+def messages(
+    template: str, question: str, system_prompt: str | None = None, shots: list[tuple[str, str]] | None = None
+) -> list[dict[str, str]]:
+    """The prompt as chat messages (system, few-shot turns, the question)."""
+    t = TEMPLATES[template]
+    system = t["system"] if system_prompt is None else system_prompt
+    turns: list[dict[str, str]] = []
+    if system:
+        turns.append({"role": "system", "content": system})
+    for q, a in shots or []:
+        turns.append({"role": "user", "content": t["user"].format(question=q)})
+        turns.append({"role": "assistant", "content": a})
+    turns.append({"role": "user", "content": t["user"].format(question=question)})
+    return turns
 
 
 def render(
@@ -30,15 +47,7 @@ def render(
     shots: list[tuple[str, str]] | None = None,
 ) -> str:
     """The full prompt string: through the tokenizer's chat template when it has one."""
-    t = TEMPLATES[template]
-    system = t["system"] if system_prompt is None else system_prompt
-    turns: list[dict[str, str]] = []
-    if system:
-        turns.append({"role": "system", "content": system})
-    for q, a in shots or []:
-        turns.append({"role": "user", "content": t["user"].format(question=q)})
-        turns.append({"role": "assistant", "content": a})
-    turns.append({"role": "user", "content": t["user"].format(question=question)})
+    turns = messages(template, question, system_prompt, shots)
     if tokenizer is not None and getattr(tokenizer, "chat_template", None):
         text: str = tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
         return text
