@@ -21,11 +21,15 @@ def backend_version() -> str:
     return f"vllm-{vllm.__version__}"
 
 
-def load_engine(model_path: str, dtype: str = "auto", seed: int = 0, max_model_len: int | None = None) -> Any:
-    """On a GPU, vLLM's gpu_memory_utilization is MATHRL_VLLM_MEMORY_FRACTION (default 0.9).
-    On the CPU build the KV cache gets a fixed size instead, MATHRL_VLLM_CPU_KV_GIB (default 2):
-    vLLM's CPU rule (a share of the node's memory minus what the process already holds) left a
-    float32 SmolLM2 0.25 GiB, too little for one request.
+def engine_options(
+    dtype: str = "auto", gpu_memory_utilization: float | None = None, enable_prefix_caching: bool | None = None
+) -> dict[str, Any]:
+    """The vLLM engine arguments every engine of ours gets (eval jobs and GRPO's colocated engine).
+
+    On a GPU, vLLM's gpu_memory_utilization is the given fraction, else MATHRL_VLLM_MEMORY_FRACTION
+    (default 0.9). On the CPU build the KV cache gets a fixed size instead, MATHRL_VLLM_CPU_KV_GIB
+    (default 2): vLLM's CPU rule (a share of the node's memory minus what the process already
+    holds) left a float32 SmolLM2 0.25 GiB, too little for one request.
 
     On a CPU, "auto" dtype is float32 as in the HF backend (vLLM's own "auto" picks bfloat16,
     which is emulated, ~5x slower, on CPUs without AVX512-BF16/AMX, and gives different greedy
@@ -35,18 +39,28 @@ def load_engine(model_path: str, dtype: str = "auto", seed: int = 0, max_model_l
     import os
 
     import torch
-    from vllm import LLM
 
     from evaluator.models import resolve_dtype
 
     on_gpu = torch.cuda.is_available()
     if not on_gpu and (os.cpu_count() or 1) <= 4:
         os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
-    kwargs: dict[str, Any] = {"model": model_path, "seed": seed, "dtype": resolve_dtype(dtype, on_gpu)}
+    kwargs: dict[str, Any] = {"dtype": resolve_dtype(dtype, on_gpu)}
     if on_gpu:
-        kwargs["gpu_memory_utilization"] = float(os.environ.get("MATHRL_VLLM_MEMORY_FRACTION", "0.9"))
+        fraction = gpu_memory_utilization or float(os.environ.get("MATHRL_VLLM_MEMORY_FRACTION", "0.9"))
+        kwargs["gpu_memory_utilization"] = fraction
     else:
         kwargs["kv_cache_memory_bytes"] = int(float(os.environ.get("MATHRL_VLLM_CPU_KV_GIB", "2")) * 2**30)
+    if enable_prefix_caching is not None:
+        kwargs["enable_prefix_caching"] = enable_prefix_caching
+    return kwargs
+
+
+def load_engine(model_path: str, dtype: str = "auto", seed: int = 0, max_model_len: int | None = None) -> Any:
+    """An offline engine for eval jobs, with `engine_options`."""
+    from vllm import LLM
+
+    kwargs: dict[str, Any] = {"model": model_path, "seed": seed, **engine_options(dtype)}
     if max_model_len:
         kwargs["max_model_len"] = max_model_len
     return LLM(**kwargs)

@@ -37,7 +37,6 @@ TRL_DEFAULTS: dict[str, Any] = {
     "mask_truncated_completions": False,
     "temperature": 1.0,
     "top_p": 1.0,
-    "vllm_mode": "colocate",
     "warmup_ratio": 0.0,
 }
 
@@ -62,6 +61,13 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 KNOBS: tuple[str, ...] = tuple(TRL_DEFAULTS)
 
+# Knobs TRL 1.16's AsyncGRPOTrainer has no setting for (its loss is its own, with no KL term):
+# an async job refuses them at submit and stores them as null (not applicable).
+ASYNC_UNSUPPORTED: tuple[str, ...] = (
+    "beta", "num_iterations", "loss_type", "delta", "importance_sampling_level", "scale_rewards",
+    "mask_truncated_completions",
+)
+
 
 def resolve_grpo(spec: GRPOSpec) -> dict[str, Any]:
     """Return every knob with its concrete value; raise ValueError saying how to fix it."""
@@ -72,7 +78,7 @@ def resolve_grpo(spec: GRPOSpec) -> dict[str, Any]:
         if explicit is not None:
             values[knob] = explicit
 
-    world = spec.resources.num_processes
+    world = spec.training_processes  # in server mode, the GPUs the vLLM server does not take
     g = values["num_generations"]
     per_device = values["per_device_train_batch_size"]
     if g < 2:
@@ -104,7 +110,13 @@ def resolve_grpo(spec: GRPOSpec) -> dict[str, Any]:
     values["gradient_accumulation_steps"] = global_batch // micro
     values["questions_per_step"] = global_batch // g
     values["world_size"] = world
+    values["generation_backend"] = spec.generation.resolve(spec.resources.gpus)
+    values["generation_mode"] = spec.generation.mode if values["generation_backend"] == "vllm" else None
+    values["vllm_server_gpus"] = spec.generation.resolved_server_gpus(spec.resources.gpus)
     values["preset"] = spec.preset
+    values["algorithm"] = spec.algorithm
+    if spec.algorithm == "async":
+        values.update(dict.fromkeys(ASYNC_UNSUPPORTED))
     return values
 
 

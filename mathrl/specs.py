@@ -233,6 +233,53 @@ class EvalSpec(_JobBase):
 LossType = Literal["grpo", "dapo", "dr_grpo", "bnpo", "cispo", "sapo"]
 
 
+class Generation(StrictModel):
+    """How a GRPO job samples its completions. The backend that ran is stored with the job
+    (resolved config `generation_backend`, and a 'generation' event from the worker)."""
+
+    backend: Literal["auto", "hf", "vllm"] = Field(
+        "auto", description="'vllm': vLLM's engine; 'hf': transformers' generate; 'auto': vLLM (colocated) on GPU "
+        "jobs, hf on CPU jobs (vLLM's CPU build runs when asked for explicitly).",
+    )
+    mode: Literal["colocate", "server"] = Field(
+        "colocate", description="'colocate': the vLLM engine runs inside each training process and gets the new "
+        "weights after every optimizer step. 'server': the worker starts a vLLM server for the job (on "
+        "server_gpus of its GPUs, or on the CPU for a CPU job) and stops it when the job ends; with LoRA the "
+        "trainer syncs the adapter to it after every step (any device), without LoRA the full weights over NCCL "
+        "(GPUs only).",
+    )
+    server_gpus: int | None = Field(
+        None, ge=1, le=64, description="Server mode: GPUs of the job's resources.gpus that serve vLLM; the "
+        "others train. Default: a quarter of them, at least 1 (e.g. 8 GPUs: 6 train, 2 generate).",
+    )
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="vLLM weights dtype; 'auto' is bfloat16 on a GPU and float32 on a CPU.",
+    )
+    gpu_memory_utilization: float | None = Field(
+        None, gt=0, le=1, description="Share of each GPU's memory vLLM may take (weights, activations, KV cache); "
+        "colocated with training, keep it low (TRL's default 0.3). Default: 0.3.",
+    )
+    tensor_parallel_size: int = Field(
+        1, ge=1, le=64, description="GPUs one vLLM engine is split over; must divide the job's processes.",
+    )
+    enable_prefix_caching: bool | None = Field(
+        None, description="vLLM's prefix caching (the G completions of one question share its prompt); "
+        "default: vLLM's own.",
+    )
+
+    def resolved_server_gpus(self, gpus: int) -> int:
+        """GPUs the vLLM server gets (0: it runs on the CPU, for a CPU job)."""
+        if self.mode != "server" or gpus == 0:
+            return 0
+        return self.server_gpus or max(1, gpus // 4)
+
+    def resolve(self, gpus: int) -> str:
+        """The backend a job with `gpus` GPUs runs: 'vllm' or 'hf'."""
+        if self.backend == "auto":
+            return "vllm" if gpus > 0 else "hf"
+        return self.backend
+
+
 class GRPOSpec(_JobBase):
     """GRPO policy training. Knobs left as null take the preset's value (or TRL's default)."""
 
@@ -267,26 +314,112 @@ class GRPOSpec(_JobBase):
     top_p: float | None = Field(None, gt=0, le=1)
     warmup_ratio: float | None = Field(None, ge=0, lt=1, description="Fraction of steps with a linear LR warm-up.")
     lora: LoRA | None = Field(None, description="Train LoRA adapters through peft.")
-    use_vllm: bool = Field(False, description="Generate with vLLM (needs a GPU worker).")
-    vllm_mode: Literal["colocate", "server"] | None = None
+    generation: Generation = Field(
+        default_factory=Generation,  # type: ignore[arg-type]
+        description="Generation backend and its vLLM knobs (replaces the old use_vllm / vllm_mode fields).",
+    )
+    algorithm: Literal["sync", "async"] = Field(
+        "sync", description="'sync': generate, then train on what was generated (GRPO as in DeepSeekMath). "
+        "'async' (experimental): TRL's AsyncGRPOTrainer; a rollout worker keeps generating on the job's vLLM "
+        "server while the trainer trains on samples up to max_staleness updates old (needs generation.mode "
+        "'server').",
+    )
+    max_staleness: int | None = Field(
+        None, ge=0, le=1000, description="Async only: how many weight updates a sample may lag behind the policy "
+        "before it is dropped (0: on-policy). Default: TRL's 4.",
+    )
     deepspeed_zero3: bool = Field(False, description="Shard with DeepSpeed ZeRO-3 (multi-GPU).")
     logging_steps: int = Field(1, ge=1)
     save_steps: int = Field(50, ge=1, description="Checkpoint every N steps.")
     sample_every: int = Field(10, ge=1, description="Store sampled completions every N steps.")
     seed: int = Field(42, ge=0)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _translate_old_vllm_fields(cls, data: Any) -> Any:
+        """Specs stored before the `generation` block had `use_vllm` and `vllm_mode`: read them
+        as the same request (workers re-parse stored specs, so they must not be rejected)."""
+        if not isinstance(data, dict) or ("use_vllm" not in data and "vllm_mode" not in data):
+            return data
+        data = dict(data)
+        use_vllm, mode = data.pop("use_vllm", None), data.pop("vllm_mode", None)
+        if "generation" in data:
+            raise FieldError("use_vllm", "use_vllm / vllm_mode are replaced by 'generation': "
+                             "give only generation.backend and generation.mode")
+        if mode is not None and not use_vllm:
+            raise FieldError("vllm_mode", "vllm_mode is set but use_vllm is false: use generation.backend='vllm'")
+        data["generation"] = {"backend": "vllm" if use_vllm else "hf", **({"mode": mode} if mode else {})}
+        return data
+
     @model_validator(mode="after")
     def _resolvable(self) -> GRPOSpec:
         from mathrl.presets import resolve_grpo  # local import: presets imports this module
 
-        resolve_grpo(self)  # raises ValueError with a fix-it message
-        if self.use_vllm and self.resources.gpus < 1:
-            raise FieldError("use_vllm", "use_vllm needs a GPU: set resources.gpus >= 1 or use_vllm=false")
-        if self.vllm_mode is not None and not self.use_vllm:
-            raise FieldError("vllm_mode", "vllm_mode is set but use_vllm is false: set use_vllm=true or drop vllm_mode")
+        gen = self.generation
+        if gen.gpu_memory_utilization is not None and self.resources.gpus == 0:
+            raise FieldError("generation/gpu_memory_utilization", "gpu_memory_utilization is for GPU jobs; a CPU "
+                             "job's KV cache is MATHRL_VLLM_CPU_KV_GIB on the worker: drop it or set resources.gpus")
+        if self.resources.num_processes % gen.tensor_parallel_size:
+            raise FieldError("generation/tensor_parallel_size", f"tensor_parallel_size={gen.tensor_parallel_size} "
+                             f"must divide the job's {self.resources.num_processes} process(es): use a divisor")
+        backend = gen.resolve(self.resources.gpus)
+        if gen.mode == "server":
+            self._check_server_mode(backend)
+        elif gen.server_gpus is not None:
+            raise FieldError("generation/server_gpus", "server_gpus is for mode 'server': drop it or set "
+                             "generation.mode='server'")
+        if gen.tensor_parallel_size > 1 and backend != "vllm":
+            raise FieldError("generation/tensor_parallel_size", "tensor_parallel_size is a vLLM setting: "
+                             "set generation.backend='vllm' or drop it")
         if self.deepspeed_zero3 and self.resources.gpus < 2:
             raise FieldError("deepspeed_zero3", "deepspeed_zero3 shards over several GPUs: set resources.gpus >= 2 or drop it")
+        if self.algorithm == "async" and (backend != "vllm" or gen.mode != "server"):
+            raise FieldError("algorithm", "async GRPO generates on the job's vLLM server: set generation.backend="
+                             "'vllm' and generation.mode='server', or algorithm='sync'")
+        if self.max_staleness is not None and self.algorithm != "async":
+            raise FieldError("max_staleness", "max_staleness is for algorithm='async': drop it or set algorithm='async'")
+        if self.algorithm == "async":
+            self._check_async_knobs()
+        resolve_grpo(self)  # raises ValueError with a fix-it message
         return self
+
+
+    def _check_server_mode(self, backend: str) -> None:
+        gen, gpus = self.generation, self.resources.gpus
+        if backend != "vllm":
+            raise FieldError("generation/mode", "mode 'server' is a vLLM mode: set generation.backend='vllm' "
+                             "(or 'auto' with GPUs), or use mode 'colocate'")
+        if gpus > 0 and gen.resolved_server_gpus(gpus) >= gpus:
+            raise FieldError("generation/server_gpus", f"server_gpus={gen.resolved_server_gpus(gpus)} of "
+                             f"resources.gpus={gpus} leaves no GPU to train on: lower server_gpus or raise gpus")
+        if self.resources.processes is not None and gpus > 0:
+            raise FieldError("resources/processes", "in server mode the training processes are resources.gpus "
+                             "minus generation.server_gpus: drop resources.processes")
+        if gpus == 0 and (self.lora is None or not self.lora.enabled):
+            raise FieldError("generation/mode", "mode 'server' on a CPU job syncs LoRA adapters to the server "
+                             "(the full-weight sync needs CUDA/NCCL): add a 'lora' block, or use mode 'colocate'")
+        if gen.tensor_parallel_size > 1:
+            raise FieldError("generation/tensor_parallel_size", "in server mode the server is split over "
+                             "generation.server_gpus: drop tensor_parallel_size")
+
+    def _check_async_knobs(self) -> None:
+        """TRL's AsyncGRPOTrainer has its own loss and no KL term: knobs it cannot honour are refused
+        rather than stored as if they had run."""
+        from mathrl.presets import ASYNC_UNSUPPORTED
+
+        if self.preset != "trl-default":
+            raise FieldError("preset", f"preset '{self.preset}' sets knobs async GRPO has no use for (its KL "
+                             "coefficient, loss type): drop the preset or use algorithm='sync'")
+        for knob in ASYNC_UNSUPPORTED:
+            if getattr(self, knob) is not None:
+                raise FieldError(knob, f"{knob} is not a setting of async GRPO (TRL's AsyncGRPOTrainer has its own "
+                                 "loss, without a KL term): drop it, or use algorithm='sync'")
+
+    @property
+    def training_processes(self) -> int:
+        """Processes that train: in server mode the GPUs the vLLM server does not take."""
+        server = self.generation.resolved_server_gpus(self.resources.gpus)
+        return self.resources.num_processes - server if server else self.resources.num_processes
 
 
 class RewardModelSpec(_JobBase):
@@ -306,6 +439,10 @@ class RewardModelSpec(_JobBase):
     heldout_fraction: float = Field(0.1, gt=0, lt=1, description="Questions kept for pairwise and best-of-N accuracy.")
     sampling: Sampling = Field(
         default_factory=lambda: Sampling(temperature=0.7, n=8, max_new_tokens=512)  # type: ignore[call-arg]
+    )
+    backend: Literal["hf", "vllm"] = Field(
+        "hf", description="Backend that samples the policy's solutions (and the process RM's step rollouts): "
+        "'hf' (transformers) or 'vllm' (vLLM's offline engine; needs a worker with vLLM).",
     )
     lora: LoRA | None = None
     seed: int = Field(42, ge=0)

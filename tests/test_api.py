@@ -45,6 +45,8 @@ MALFORMED: list[tuple[dict[str, Any], str]] = [
     ({**GRPO, "loss_type": "ppo"}, "/loss_type"),
     ({**GRPO, "lora": {"enabled": False, "r": 4}}, "/lora/r"),
     ({**GRPO, "vllm_mode": "colocate"}, "/vllm_mode"),
+    ({**GRPO, "resources": {"gpus": 1}, "generation": {"gpu_memory_utilization": 0}}, "/generation/gpu_memory_utilization"),
+    ({**GRPO, "generation": {"backend": "vllm", "tensor_parallel_size": 2}}, "/generation/tensor_parallel_size"),
     ({**GRPO, "rewards": [{"name": "reward_model"}]}, "/rewards/0/model"),
     ({**GRPO, "rewards": []}, "/rewards"),
     ({"kind": "grpo", "model": "org/m"}, "/dataset"),

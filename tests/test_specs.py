@@ -54,8 +54,24 @@ def test_trl_defaults_match_installed_trl() -> None:
         ({"num_generations": 6}, "num_generations", "multiple of 6"),
         ({"global_batch_size": 12, "per_device_train_batch_size": 8}, "global_batch_size", "multiple"),
         ({"lora": {"enabled": False, "r": 8}}, "r", "enabled=true"),
-        ({"vllm_mode": "server"}, "vllm_mode", "use_vllm=true"),
+        ({"vllm_mode": "server"}, "vllm_mode", "generation.backend='vllm'"),
+        ({"generation": {"gpu_memory_utilization": 0.5}}, "generation/gpu_memory_utilization", "MATHRL_VLLM_CPU_KV_GIB"),
+        ({"generation": {"backend": "vllm", "tensor_parallel_size": 2}}, "generation/tensor_parallel_size", "divide"),
+        ({"generation": {"backend": "hf", "tensor_parallel_size": 2}, "resources": {"processes": 2}},
+         "generation/tensor_parallel_size", "backend='vllm'"),
+        ({"use_vllm": True, "generation": {"backend": "vllm"}}, "use_vllm", "only generation.backend"),
+        ({"generation": {"backend": "vllm", "mode": "server"}}, "generation/mode", "add a 'lora' block"),
+        ({"generation": {"backend": "hf", "mode": "server"}, "lora": {}}, "generation/mode", "backend='vllm'"),
+        ({"generation": {"mode": "server", "server_gpus": 2}, "resources": {"gpus": 2}}, "generation/server_gpus",
+         "leaves no GPU"),
+        ({"generation": {"server_gpus": 1}, "resources": {"gpus": 2}}, "generation/server_gpus", "mode 'server'"),
         ({"epsilon": 0.2, "delta": 1.1}, "delta", "exceed"),
+        ({"algorithm": "async", "beta": 0.04, "lora": {}, "generation": {"backend": "vllm", "mode": "server"}},
+         "beta", "not a setting of async GRPO"),
+        ({"algorithm": "async", "preset": "deepseekmath", "lora": {}, "generation": {"backend": "vllm", "mode": "server"}},
+         "preset", "algorithm='sync'"),
+        ({"max_staleness": 2}, "max_staleness", "algorithm='async'"),
+        ({"algorithm": "async"}, "algorithm", "mode='server'"),
         ({"deepspeed_zero3": True}, "deepspeed_zero3", "gpus >= 2"),
     ],
 )
@@ -65,6 +81,29 @@ def test_impossible_grpo_settings_say_how_to_fix(spec: dict, field: str, words: 
     err = info.value.errors()[0]
     assert getattr(err["ctx"]["error"], "field", None) == field or field in err["loc"]
     assert words in err["msg"]
+
+
+def test_generation_backend_resolves_and_old_specs_translate() -> None:
+    base = {"kind": "grpo", "model": "org/m", "dataset": DATASET}
+    assert resolve_grpo(parse_spec(base))["generation_backend"] == "hf"  # auto on a CPU job
+    gpu = parse_spec({**base, "resources": {"gpus": 1}})
+    assert resolve_grpo(gpu)["generation_backend"] == "vllm"  # auto on a GPU job: vLLM colocated
+    assert resolve_grpo(parse_spec({**base, "generation": {"backend": "vllm"}}))["generation_backend"] == "vllm"
+    # stored specs from before the generation block still parse, meaning what they meant
+    old = parse_spec({**base, "use_vllm": True, "vllm_mode": "colocate", "resources": {"gpus": 1}})
+    assert old.generation.backend == "vllm" and old.generation.mode == "colocate"
+    assert parse_spec({**base, "use_vllm": False, "vllm_mode": None}).generation.backend == "hf"
+    server = parse_spec({**base, "use_vllm": True, "vllm_mode": "server", "resources": {"gpus": 8}})
+    assert server.generation.mode == "server" and server.training_processes == 6  # 6 train, 2 generate
+    resolved = resolve_grpo(server)
+    assert resolved["vllm_server_gpus"] == 2 and resolved["world_size"] == 6 and resolved["generation_mode"] == "server"
+    # async: the knobs AsyncGRPOTrainer has no setting for are stored as not applicable
+    asynchronous = resolve_grpo(parse_spec({**base, "algorithm": "async", "lora": {}, "max_staleness": 0,
+                                            "generation": {"backend": "vllm", "mode": "server"}}))
+    assert asynchronous["algorithm"] == "async" and asynchronous["beta"] is None and asynchronous["loss_type"] is None
+    with pytest.raises(ValidationError) as info:
+        parse_spec({**base, "generation": {"gpu_memory_utilization": 1.5}, "resources": {"gpus": 1}})
+    assert info.value.errors()[0]["loc"][-2:] == ("generation", "gpu_memory_utilization")
 
 
 def test_model_refs() -> None:

@@ -1,4 +1,4 @@
-"""The vLLM backend for real, on vLLM's CPU build (in .venv-vllm, made by scripts/setup-vllm):
+"""The vLLM backend for real, on vLLM's CPU build (in .venv beside TRL, made by scripts/setup):
 local evaluation agreeing with the HF backend, and an eval job through a worker that has vLLM."""
 
 from __future__ import annotations
@@ -6,20 +6,22 @@ from __future__ import annotations
 import json
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.conftest import ROOT, Service, data_dir
+from tests.conftest import ROOT, Service, data_dir, wait_for
 
 pytestmark = pytest.mark.slow
 
-VLLM_PY = ROOT / ".venv-vllm" / "bin" / "python"
+VLLM_PY = ROOT / ".venv" / "bin" / "python"
 
 
 @pytest.fixture(scope="module")
 def vllm_ready() -> Path:
-    if not VLLM_PY.exists():
-        pytest.skip("no .venv-vllm: run scripts/setup-vllm (scripts/test does)")
+    import importlib.util
+
+    assert importlib.util.find_spec("vllm") is not None, "no vLLM in .venv: run scripts/setup (scripts/test does)"
     return VLLM_PY
 
 
@@ -76,3 +78,153 @@ def test_eval_job_on_a_worker_with_vllm(vllm_ready: Path, service: Service, mode
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=60)
+
+
+@pytest.mark.parametrize("mode", ["colocate", "server"])
+def test_grpo_vllm_generates_with_the_updated_weights(mode: str, model_for_vllm: str, tmp_path: Path) -> None:
+    """Stale weights are the classic bug here (and on the CPU build, whose linear layers are
+    prepacked, TRL's in-place load into the colocated engine used to fail outright). After GRPO
+    steps and the trainer's weight sync (colocate: full weights; server: a LoRA adapter loaded by
+    the worker's vLLM server), vLLM's greedy text must be the updated HF model's, token for
+    token, and must differ from vLLM's text before training on at least one prompt."""
+    r = subprocess.run(
+        [str(VLLM_PY), str(ROOT / "tests" / "vllm_sync_check.py"), mode, model_for_vllm, str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=900, env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+    )
+    line = next((x for x in r.stdout.splitlines() if x.startswith("RESULT ")), None)
+    assert line is not None, r.stdout[-2000:] + r.stderr[-4000:]
+    out = json.loads(line[7:])
+    assert out["after"] == out["hf"], out
+    assert any(a != b for a, b in zip(out["after"], out["before"])), "the engine still generates the initial model's text"
+    assert out["timings"]["weight_sync_seconds"] > 0 and out["timings"]["generation_seconds"] > 0, out["timings"]
+
+
+def test_grpo_job_generates_with_vllm_through_the_service(service: Service, model_for_vllm: str) -> None:
+    """A GRPO job with generation.backend='vllm' on the CPU queue: the worker's job process runs
+    the colocated engine, records which backend ran, and stores the per-step timing metrics."""
+    c = service.client()
+    job = c.jobs.create({
+        "kind": "grpo", "model": model_for_vllm, "dataset": {"name": "arith-train", "limit": 64}, "max_steps": 2,
+        "learning_rate": 1e-4, "num_generations": 4, "per_device_train_batch_size": 8, "max_completion_length": 6,
+        "generation": {"backend": "vllm"}, "logging_steps": 1, "save_steps": 100,
+    })
+    assert job.resolved_config["generation_backend"] == "vllm"
+    done = c.jobs.wait(job.id, timeout=900)
+    assert done.status == "succeeded", done.error
+    gen = next(e for e in c.jobs.events(job.id) if e.type == "generation")
+    assert gen.data["backend"] == "vllm" and gen.data["version"].startswith("vllm-0.31"), gen
+    assert gen.data["engine_options"]["dtype"] == "float32"
+    metrics = {m.name: [p.value for p in m.points] for m in c.jobs.metrics(job.id)}
+    for name in ("generation_seconds", "weight_sync_seconds", "training_seconds", "generation_tokens_per_second"):
+        assert len(metrics[name]) == 2 and all(v >= 0 for v in metrics[name]), (name, metrics.get(name))
+    assert metrics["weight_sync_seconds"][1] > 0  # step 2 generated with step 1's weights: a sync ran
+    assert all(0 < v < 1 for v in metrics["generation_share"]), metrics["generation_share"]
+
+
+def test_reward_model_job_samples_with_vllm(service: Service, model_for_vllm: str) -> None:
+    """A process RM job with backend 'vllm': the policy's solutions and the per-step rollouts come
+    from vLLM's engine, and the scores say so."""
+    c = service.client()
+    rm = c.jobs.create({
+        "kind": "reward_model", "type": "process", "model": model_for_vllm, "dataset": {"name": "arith-train", "limit": 8},
+        "samples_per_question": 4, "completions_per_step": 2, "backend": "vllm",
+        "sampling": {"temperature": 1.0, "max_new_tokens": 6, "n": 4}, "num_train_epochs": 1,
+        "per_device_train_batch_size": 8, "max_length": 32, "heldout_fraction": 0.25,
+    })
+    done = c.jobs.wait(rm.id, timeout=600)
+    assert done.status == "succeeded", done.error
+    sampling = next(e for e in c.jobs.events(rm.id) if e.type == "sampling" and e.data)
+    assert sampling.data["backend"] == "vllm" and sampling.data["version"].startswith("vllm-0.31"), sampling
+    scores = c.scores.list(job_id=rm.id)
+    assert scores and all(s.backend == "vllm" and s.backend_version.startswith("vllm-") for s in scores), scores
+
+
+def _server_spec(model: str, **over: Any) -> dict[str, Any]:
+    return {"kind": "grpo", "model": model, "dataset": {"name": "arith-train", "limit": 4000}, "max_steps": 2,
+            "learning_rate": 1e-3, "num_generations": 4, "per_device_train_batch_size": 8, "max_completion_length": 6,
+            "lora": {"r": 8}, "generation": {"backend": "vllm", "mode": "server"}, "logging_steps": 1,
+            "save_steps": 100, **over}
+
+
+def _group_alive(pgid: int) -> list[int]:
+    """Processes still in process group `pgid` (the server's: it leads its own)."""
+    alive = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                stat = (d / "stat").read_text()
+            except OSError:
+                continue
+            fields = stat[stat.rindex(")") + 2:].split()
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                alive.append(int(d.name))
+    return alive
+
+
+def _port_free(url: str) -> bool:
+    import socket
+
+    port = int(url.rsplit(":", 1)[1])
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+def test_grpo_job_in_server_mode_syncs_lora_to_the_workers_vllm_server(service: Service, model_for_vllm: str) -> None:
+    """Server mode end to end: the worker starts a vLLM server for the job on a free port, the
+    trainer syncs its LoRA adapter to it every step, and the server is gone when the job ends."""
+    c = service.client()
+    job = c.jobs.create(_server_spec(model_for_vllm))
+    assert job.resolved_config["generation_mode"] == "server"
+    done = c.jobs.wait(job.id, timeout=900)
+    assert done.status == "succeeded", done.error
+    events = c.jobs.events(job.id)
+    started = next(e for e in events if e.type == "vllm_server")
+    assert started.data["url"].startswith("http://127.0.0.1:") and not started.data["url"].endswith(":8000")
+    gen = next(e for e in events if e.type == "generation")
+    assert gen.data["mode"] == "server" and "LoRA adapter" in gen.message, gen
+    metrics = {m.name: [p.value for p in m.points] for m in c.jobs.metrics(job.id)}
+    assert metrics["weight_sync_seconds"][1] > 0 and len(metrics["generation_seconds"]) == 2, metrics
+    wait_for(lambda: not _group_alive(started.data["pid"]), 30, what="the job's vLLM server to stop")
+    assert _port_free(started.data["url"])
+
+
+def test_worker_killed_mid_job_takes_its_vllm_server_with_it(service: Service, model_for_vllm: str) -> None:
+    """kill -9 of the worker (as when a node dies): the job's vLLM server and everything in its
+    process group die with it, and its port is free again."""
+    import os
+    import signal
+
+    worker = service.start_worker(queues="vllm-drill", name="vllm-drill")
+    c = service.client()
+    job = c.jobs.create(_server_spec(model_for_vllm, max_steps=100000, resources={"pool": "vllm-drill"},
+                                     max_attempts=1))
+    try:
+        started = wait_for(lambda: next((e for e in c.jobs.events(job.id) if e.type == "vllm_server"), None), 120,
+                           what="the vLLM server to start")
+        wait_for(lambda: c.jobs.metrics(job.id), 600, 1.0, "a training step (server up, adapter synced)")
+        assert _group_alive(started.data["pid"])
+        os.killpg(worker.pid, signal.SIGKILL)
+        worker.wait()
+        service.workers.remove(worker)
+        wait_for(lambda: not _group_alive(started.data["pid"]), 30, what="the orphaned vLLM server to die")
+        assert _port_free(started.data["url"])
+    finally:
+        c.jobs.cancel(job.id)
+
+
+def test_async_grpo_job_trains_on_samples_no_staler_than_max_staleness(service: Service, model_for_vllm: str) -> None:
+    """algorithm: async (experimental) on CPU: TRL's AsyncGRPOTrainer with its rollout worker on
+    the job's vLLM server, LoRA adapters synced by name, staleness recorded and bounded."""
+    c = service.client()
+    job = c.jobs.create(_server_spec(model_for_vllm, algorithm="async", max_staleness=1, max_steps=3))
+    done = c.jobs.wait(job.id, timeout=900)
+    assert done.status == "succeeded", done.error
+    gen = next(e for e in c.jobs.events(job.id) if e.type == "generation")
+    assert gen.data["algorithm"] == "async" and gen.data["max_staleness"] == 1, gen
+    metrics = {m.name: [p.value for p in m.points] for m in c.jobs.metrics(job.id)}
+    assert metrics["sample/staleness_max"] and max(metrics["sample/staleness_max"]) <= 1, metrics
+    assert len(metrics["loss"]) == 3

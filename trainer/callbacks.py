@@ -53,6 +53,7 @@ class SinkCallback(TrainerCallback):  # type: ignore[misc]
                 values[key] = float(value)
         if self._step_times:
             values["step_time"] = sum(self._step_times) / len(self._step_times)
+            values.update(self._step_breakdown())
             self._step_times = []
         tokens = logs.get("num_tokens")
         now = time.monotonic()
@@ -63,6 +64,26 @@ class SinkCallback(TrainerCallback):  # type: ignore[misc]
         self._t_log = now
         if values:
             self.sink.metrics(state.global_step, values)
+
+    def _step_breakdown(self) -> dict[str, float]:
+        """Per step, averaged over the steps since the last log: generation seconds, weight-sync
+        seconds, the rest ('training_seconds': scoring, log-probs, backward, optimizer), generated
+        tokens per second of generation, and generation's share of the step (TimedGRPOTrainer)."""
+        pop = getattr(self.trainer, "pop_timings", None)
+        if pop is None:
+            return {}
+        t = pop()
+        n, wall = len(self._step_times), sum(self._step_times)
+        gen, sync = t["generation_seconds"], t["weight_sync_seconds"]
+        out = {
+            "generation_seconds": gen / n,
+            "weight_sync_seconds": sync / n,
+            "training_seconds": max(wall - gen - sync, 0.0) / n,
+            "generation_share": gen / wall if wall > 0 else 0.0,
+        }
+        if gen > 0:
+            out["generation_tokens_per_second"] = t["generated_tokens"] / gen
+        return out
 
     def on_save(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         path = f"{args.output_dir}/checkpoint-{state.global_step}"

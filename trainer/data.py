@@ -28,10 +28,12 @@ def load_problems(ref: DatasetRef, data_dir: str | None) -> tuple[list[Problem],
 
 
 def prompt_dataset(
-    problems: list[Problem], template: str, tokenizer: Any, max_prompt_tokens: int | None = None
+    problems: list[Problem], template: str, tokenizer: Any, max_prompt_tokens: int | None = None,
+    conversational: bool = False,
 ) -> tuple[Any, int]:
     """A `datasets.Dataset` with 'prompt' and 'answer' columns; returns it and how many
-    problems were dropped for a prompt over `max_prompt_tokens`."""
+    problems were dropped for a prompt over `max_prompt_tokens`. The prompt is the rendered
+    text, or with `conversational` the chat messages (for trainers that apply the template)."""
     from datasets import Dataset
 
     rows = []
@@ -41,7 +43,7 @@ def prompt_dataset(
         if max_prompt_tokens is not None and len(tokenizer(text, add_special_tokens=False).input_ids) > max_prompt_tokens:
             dropped += 1
             continue
-        rows.append({"prompt": text, "answer": p.gold})
+        rows.append({"prompt": prompts.messages(template, p.question) if conversational else text, "answer": p.gold})
     if not rows:
         raise ValueError(f"every prompt is longer than max_prompt_length={max_prompt_tokens}: raise it")
     return Dataset.from_list(rows), dropped

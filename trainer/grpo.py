@@ -31,7 +31,10 @@ def build_rewards(spec: GRPOSpec, config: dict[str, Any], resolve_model: Any = N
     return rewards, weights
 
 
-def grpo_args(spec: GRPOSpec, config: dict[str, Any], output_dir: Path, use_cpu: bool) -> Any:
+def grpo_args(
+    spec: GRPOSpec, config: dict[str, Any], output_dir: Path, use_cpu: bool, backend: str = "hf",
+    server_url: str | None = None,
+) -> Any:
     from trl import GRPOConfig
 
     return GRPOConfig(
@@ -52,8 +55,13 @@ def grpo_args(spec: GRPOSpec, config: dict[str, Any], output_dir: Path, use_cpu:
         mask_truncated_completions=config["mask_truncated_completions"],
         temperature=config["temperature"],
         top_p=config["top_p"],
-        use_vllm=spec.use_vllm,
-        vllm_mode=config["vllm_mode"],
+        use_vllm=backend == "vllm",
+        vllm_mode=spec.generation.mode,
+        vllm_tensor_parallel_size=spec.generation.tensor_parallel_size,
+        # prompt + completion: the engine's KV cache is sized for this, not the model's 8k context
+        vllm_max_model_length=config["max_prompt_length"] + config["max_completion_length"],
+        vllm_server_base_url=server_url,
+        vllm_server_timeout=900.0,  # a CPU server compiles for minutes before it answers /health
         max_steps=spec.max_steps,
         warmup_steps=int(config["warmup_ratio"] * spec.max_steps),
         logging_steps=spec.logging_steps,
@@ -66,6 +74,28 @@ def grpo_args(spec: GRPOSpec, config: dict[str, Any], output_dir: Path, use_cpu:
         disable_tqdm=True,
         dataloader_num_workers=0,
     )
+
+
+def generation_backend(config: dict[str, Any], sink: Sink) -> str:
+    """The backend this process generates with: the resolved one, except that 'auto' falls back
+    to hf on a worker without vLLM (an explicit 'vllm' was refused by worker.child before)."""
+    import importlib.util
+
+    backend = config.get("generation_backend", "hf")
+    if backend == "vllm" and importlib.util.find_spec("vllm") is None:
+        sink.event("generation", "generation.backend 'auto' chose vLLM for this GPU job, but this worker has no "
+                   "vLLM: generating with hf", "warning")
+        return "hf"
+    return backend
+
+
+def vllm_engine_options(spec: GRPOSpec) -> dict[str, Any]:
+    """Engine arguments for GRPO's colocated vLLM (same dtype and CPU cache rules as eval jobs)."""
+    from evaluator.vllm_backend import engine_options
+
+    gen = spec.generation
+    # colocated with training: TRL's 0.3 of the GPU unless the spec says otherwise
+    return engine_options(gen.dtype, gen.gpu_memory_utilization or 0.3, gen.enable_prefix_caching)
 
 
 def lora_config(lora: LoRA | None) -> Any:
@@ -89,27 +119,49 @@ def run_grpo(
     data_dir: str | None,
     out_dir: Path,
     resolve_model: Any = None,
+    vllm_server_url: str | None = None,
 ) -> dict[str, Any]:
     """Train; checkpoints go to out_dir/checkpoint-N, the final model to out_dir/final.
-    A run that finds a checkpoint in out_dir resumes from it."""
+    A run that finds a checkpoint in out_dir resumes from it. In server mode, `vllm_server_url`
+    is the server the worker started for this job (worker.vllm_server)."""
     import torch
-    from trl import GRPOTrainer
+
+    from trainer.vllm_generation import TimedGRPOTrainer
 
     t0 = time.monotonic()
     tokenizer = load_tokenizer(model_path)
     problems, template = load_problems(spec.dataset, data_dir)
-    dataset, dropped = prompt_dataset(problems, template, tokenizer, config.get("max_prompt_length"))
+    # TRL's async trainer applies the chat template itself (it re-renders multi-turn rollouts)
+    dataset, dropped = prompt_dataset(problems, template, tokenizer, config.get("max_prompt_length"),
+                                      conversational=spec.algorithm == "async")
     if dropped:
         sink.event("data", f"dropped {dropped} prompts longer than {config['max_prompt_length']} tokens", "warning")
     rewards, weights = build_rewards(spec, config, resolve_model)
     use_cpu = not torch.cuda.is_available()
-    args = grpo_args(spec, config, out_dir, use_cpu)
-    args.reward_weights = weights
+    backend = generation_backend(config, sink)
+    if backend == "vllm" and spec.generation.mode == "server" and not vllm_server_url:
+        raise RuntimeError("generation.mode is 'server' but the worker started no vLLM server for this job")
     callback = SinkCallback(sink, sample_every=spec.sample_every, total_steps=spec.max_steps)
-    trainer = GRPOTrainer(
-        model=model_path, reward_funcs=rewards, args=args, train_dataset=dataset, processing_class=tokenizer,
-        peft_config=lora_config(spec.lora), callbacks=[callback],
-    )
+    if spec.algorithm == "async":
+        from trainer.async_grpo import build_async_trainer
+
+        assert vllm_server_url is not None  # async needs server mode (checked at submit)
+        trainer = build_async_trainer(
+            spec, config, sink, model_path=model_path, dataset=dataset, tokenizer=tokenizer, rewards=rewards,
+            weights=weights, out_dir=out_dir, server_url=vllm_server_url, callbacks=[callback],
+            peft_config=lora_config(spec.lora),
+        )
+    else:
+        args = grpo_args(spec, config, out_dir, use_cpu, backend, vllm_server_url)
+        args.reward_weights = weights
+        engine = vllm_engine_options(spec) if backend == "vllm" else None
+        trainer = TimedGRPOTrainer(
+            model=model_path, reward_funcs=rewards, args=args, train_dataset=dataset, processing_class=tokenizer,
+            peft_config=lora_config(spec.lora), callbacks=[callback], engine_options=engine,
+        )
+        sink.event("generation", _describe_generation(backend, spec, engine, time.monotonic() - t0),
+                   data={"backend": backend, "mode": spec.generation.mode if backend == "vllm" else None,
+                         "version": _backend_version(backend), "engine_options": engine})
     callback.trainer = trainer
     save_checkpoints_atomically(trainer)
     resume = latest_checkpoint(out_dir)
@@ -126,3 +178,21 @@ def run_grpo(
     if callback.stopped:
         raise InterruptedError("stop requested")
     return save_final(trainer, tokenizer, out_dir, sink, train_seconds)
+
+
+def _backend_version(backend: str) -> str:
+    if backend == "vllm":
+        from evaluator.vllm_backend import backend_version
+    else:
+        from evaluator.hf_backend import backend_version
+    return str(backend_version())
+
+
+def _describe_generation(backend: str, spec: GRPOSpec, engine: dict[str, Any] | None, seconds: float) -> str:
+    if backend != "vllm":
+        return f"generating with hf ({_backend_version(backend)})"
+    where = "the job's vLLM server" if spec.generation.mode == "server" else "a colocated engine"
+    sync = ("LoRA adapter" if spec.lora and spec.lora.enabled else "full weights") if spec.generation.mode == "server" \
+        else "full weights"
+    return (f"generating with {_backend_version(backend)} in {where}, dtype {engine and engine['dtype']}, syncing "
+            f"{sync} every step (trainer and generation ready in {seconds:.0f}s)")

@@ -38,12 +38,29 @@ class Sampled:
     correct: list[bool]
 
 
-def sample_solutions(spec: RewardModelSpec, sink: Sink, policy_path: str, problems: list[Problem], template: str) -> list[Sampled]:
+def load_policy(spec: RewardModelSpec, policy_path: str, prompts_for_length: list[str], tok: Any) -> tuple[Any, Any]:
+    """(generation module, model or engine) for the spec's sampling backend."""
+    if spec.backend == "vllm":
+        from evaluator import vllm_backend
+
+        longest = max((len(tok(t, add_special_tokens=False).input_ids) for t in prompts_for_length), default=0)
+        # process-RM rollouts continue a prefix of a sampled solution: room for two completions
+        room = spec.sampling.max_new_tokens * (2 if spec.type == "process" else 1)
+        return vllm_backend, vllm_backend.load_engine(policy_path, seed=spec.seed, max_model_len=longest + room)
+    return hf_backend, load_model(policy_path)
+
+
+def sample_solutions(
+    spec: RewardModelSpec, sink: Sink, policy_path: str, problems: list[Problem], template: str,
+    policy: tuple[Any, Any] | None = None,
+) -> list[Sampled]:
     tok = load_tokenizer(policy_path)
-    model = load_model(policy_path)
     texts = [prompts.render(template, p.question, tok) for p in problems]
+    backend, model = policy or load_policy(spec, policy_path, texts, tok)
+    sink.event("sampling", f"sampling with the {spec.backend} backend ({backend.backend_version()})",
+               data={"backend": spec.backend, "version": backend.backend_version()})
     s = spec.sampling
-    gens = hf_backend.generate(
+    gens = backend.generate(
         model, tok, texts, max_new_tokens=s.max_new_tokens, temperature=max(s.temperature, 0.3), top_p=s.top_p,
         n=spec.samples_per_question, seed=spec.seed, batch_size=max(spec.samples_per_question, 32),
         on_batch=lambda d, t: sink.progress(d, t, "sampling solutions"), should_stop=sink.should_stop,
@@ -68,7 +85,7 @@ def outcome_pairs(sampled: list[Sampled], max_pairs_per_question: int = 16, seed
 
 
 def process_labels(
-    spec: RewardModelSpec, sink: Sink, model: Any, tok: Any, sampled: list[Sampled]
+    spec: RewardModelSpec, sink: Sink, model: Any, tok: Any, sampled: list[Sampled], backend: Any = hf_backend
 ) -> list[dict[str, Any]]:
     """Math-Shepherd hard labels: step i is good if one of k completions from steps[:i+1] is right."""
     rows = []
@@ -83,7 +100,7 @@ def process_labels(
                     labels.append(int(ok))  # the last step's label is the outcome itself
                     continue
                 prefix = s.prompt + STEP_TAG.join(steps[: i + 1]) + STEP_TAG
-                gens = hf_backend.generate(
+                gens = backend.generate(
                     model, tok, [prefix], max_new_tokens=spec.sampling.max_new_tokens,
                     temperature=max(spec.sampling.temperature, 0.3), n=spec.completions_per_step,
                     seed=spec.seed + i, batch_size=spec.completions_per_step,
@@ -214,12 +231,17 @@ def run_reward_model(
     train = [problems[i] for i in order[n_held:]]
     sink.event("sampling", f"{spec.samples_per_question} solutions for each of {len(problems)} questions "
                f"({len(train)} train, {len(held)} held out) from {policy_path}")
-    sampled = sample_solutions(spec, sink, policy_path, train + held, template)
+    policy_tok = load_tokenizer(policy_path)
+    texts = [prompts.render(template, p.question, policy_tok) for p in train + held]
+    policy = load_policy(spec, policy_path, texts, policy_tok)
+    sampler_version = policy[0].backend_version()
+    sampled = sample_solutions(spec, sink, policy_path, train + held, template, policy)
     s_train, s_held = sampled[: len(train)], sampled[len(train) :]
     frac = sum(sum(s.correct) for s in sampled) / max(sum(len(s.correct) for s in sampled), 1)
     sink.metrics(0, {"rm/sample_accuracy": frac})
 
     if spec.type == "outcome":
+        del policy  # the sampler's memory (an engine's KV cache) goes before the RM trains
         pairs = outcome_pairs(s_train, seed=spec.seed)
         if not pairs:
             raise ValueError(
@@ -230,9 +252,7 @@ def run_reward_model(
         model, tok = _train_outcome(spec, pairs, model_path, out_dir, sink)
         score_fn = outcome_scores
     else:
-        policy_tok = load_tokenizer(policy_path)
-        policy = load_model(policy_path)
-        rows = process_labels(spec, sink, policy, policy_tok, s_train)
+        rows = process_labels(spec, sink, policy[1], policy_tok, s_train, policy[0])
         good = sum(sum(r["labels"]) for r in rows)
         total = sum(len(r["labels"]) for r in rows)
         sink.event("labelled", f"{total} steps labelled, {good} good", data={"steps": total, "good": good})
@@ -275,8 +295,8 @@ def run_reward_model(
         sink.score({
             "model_ref": model_ref, "checkpoint": None, "benchmark": f"rm-heldout:{spec.dataset.name or 'custom'}",
             "benchmark_version": "1.0", "metric": metric, "value": value, "ci_low": low, "ci_high": high,
-            "n": total, "sampling": spec.sampling.model_dump(), "backend": hf_backend.BACKEND,
-            "backend_version": hf_backend.backend_version(), "prompt_hash": None, "seed": spec.seed,
+            "n": total, "sampling": spec.sampling.model_dump(), "backend": spec.backend,
+            "backend_version": sampler_version, "prompt_hash": None, "seed": spec.seed,
         })
     sink.metrics(0, {f"rm/{k}": v for k, v in values.items() if v == v})
     sink.event("scored", ", ".join(f"{k} {v:.1%}" for k, v in values.items() if v == v)

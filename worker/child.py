@@ -93,8 +93,10 @@ def _run_kind(
     elif spec.kind == "grpo":
         from trainer.grpo import run_grpo
 
+        from worker.vllm_server import URL_ENV
+
         run_grpo(spec, config, sink, model_path=model_path, data_dir=settings.data_dir, out_dir=out / "train",
-                 resolve_model=lambda ref: resolve(ref)[0])
+                 resolve_model=lambda ref: resolve(ref)[0], vllm_server_url=os.environ.get(URL_ENV))
     elif spec.kind == "sft":
         from trainer.sft import run_sft
 
@@ -114,10 +116,13 @@ def _check_available(spec: Any) -> None:
     """Fail fast, with the reason, when this worker lacks what the job needs."""
     import importlib.util
 
-    wants_vllm = getattr(spec, "use_vllm", False) or getattr(spec, "backend", "hf") == "vllm"
+    generation = getattr(spec, "generation", None)
+    field = "generation.backend" if generation is not None else "backend"
+    wants_vllm = (generation.backend if generation is not None else getattr(spec, "backend", "hf")) == "vllm"
     if wants_vllm and importlib.util.find_spec("vllm") is None:
-        raise NotAvailable("this job needs vLLM, which is not installed on this worker: "
-                           "use backend 'hf' / use_vllm=false, or run a worker image with vLLM")
+        raise NotAvailable(f"this job asks for vLLM ({field}='vllm'), which is not installed on this worker: "
+                           f"set {field} to 'hf'" + (" or 'auto'" if generation is not None else "")
+                           + ", or send it to a pool whose image has vLLM (resources.pool)")
     if getattr(spec, "deepspeed_zero3", False) and importlib.util.find_spec("deepspeed") is None:
         raise NotAvailable("this job asks for deepspeed_zero3, and DeepSpeed is not installed on this worker: "
                            "drop deepspeed_zero3, or run a worker image with deepspeed")

@@ -23,7 +23,10 @@ EXIT_CODE_FILE = "exit-code"
 
 def num_processes(spec: Any) -> int:
     """How many processes the job runs as: training jobs honour resources.processes/gpus."""
-    return spec.resources.num_processes if spec.kind in TRAINING_KINDS else 1
+    if spec.kind not in TRAINING_KINDS:
+        return 1
+    # a GRPO job in server mode trains on the GPUs its vLLM server does not take
+    return int(getattr(spec, "training_processes", spec.resources.num_processes))
 
 
 def uses_deepspeed(spec: Any) -> bool:
@@ -80,14 +83,14 @@ def is_main() -> bool:
     return rank() == 0
 
 
-def die_with_parent() -> None:
-    """(Linux) SIGKILL this process when its parent dies: the supervisor's job process when the
-    worker dies, a rank when its launcher dies."""
+def die_with_parent(sig: int = signal.SIGKILL) -> None:
+    """(Linux) Send this process `sig` (default SIGKILL) when its parent dies: the supervisor's
+    job process when the worker dies, a rank when its launcher dies."""
     try:
         import ctypes
 
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        libc.prctl(1, sig)  # PR_SET_PDEATHSIG
     except OSError:
         pass
 

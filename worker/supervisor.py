@@ -12,12 +12,14 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from mathrl.specs import parse_spec
 from service.settings import Settings
 from store.db import session_scope
 from store.jobs import add_event, claim, finish, renew_lease
-from worker.child import EXIT_OK, EXIT_STOPPED, EXIT_UNAVAILABLE, job_dir
+from worker.child import EXIT_ERROR, EXIT_OK, EXIT_STOPPED, EXIT_UNAVAILABLE, job_dir
+from worker.vllm_server import needs_server, start_server
 from worker.launch import clear_outcome, describe, die_with_parent, job_command, job_exit_code, job_groups, read_error
 
 log = logging.getLogger("mathrl.worker")
@@ -66,15 +68,71 @@ def supervise(settings: Settings, job_id: str, owner: str) -> str:
             log.info("job %s not claimable (already taken, cancelled or finished); skipping", job_id)
             return "skipped"
         attempt = job.attempts
+        spec = None
         try:
-            cmd = job_command(parse_spec(job.spec), job_id, owner)
+            spec = parse_spec(job.spec)
+            cmd = job_command(spec, job_id, owner)
         except ValueError:  # a spec this version cannot read: the job process reports why
             cmd = [sys.executable, "-m", "worker.child", job_id, owner]
+        project_id, config = job.project_id, dict(job.resolved_config or {})
     out = job_dir(settings.artifact_dir, job_id)
     out.mkdir(parents=True, exist_ok=True)
     clear_outcome(out)
     log_path = out / f"attempt-{attempt}.log"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    server = None
+    if spec is not None and needs_server(spec):
+        try:
+            server, server_env = _start_vllm_server(settings, spec, config, project_id, out / f"vllm-server-{attempt}.log")
+        except Exception as exc:  # a model ref that does not resolve, no vLLM here: the job fails with it
+            (out / "error.txt").write_text(f"starting the vLLM server failed: {type(exc).__name__}: {exc}")
+            return _record_end(settings, job_id, owner, EXIT_ERROR, False, False, log_path)
+        env.update(server_env)
+        _event(url, job_id, "vllm_server", f"started a vLLM server for this job at {server.url} (process "
+               f"{server.proc.pid}, log {server.log_path.name})", {"url": server.url, "pid": server.proc.pid})
+    try:
+        return _run_job_process(settings, job_id, owner, cmd, env, out, log_path, attempt, server)
+    finally:
+        if server is not None:
+            server.stop()
+
+
+def _event(url: str, job_id: str, kind: str, message: str, data: dict | None = None, level: str = "info") -> None:
+    try:
+        with session_scope(url) as s:
+            add_event(s, job_id, kind, message, level, data=data)
+    except Exception as exc:  # database briefly down: the job runs anyway
+        log.warning("recording %s of %s failed (%s)", kind, job_id, type(exc).__name__)
+
+
+def _start_vllm_server(settings: Settings, spec: Any, config: dict[str, Any], project_id: str, log_path: Path) -> Any:
+    from worker.refs import resolve_model_ref
+
+    with session_scope(settings.database.url) as s:
+        model_path, _ = resolve_model_ref(s, project_id, spec.model)
+    visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d]
+    if spec.resources.gpus and not visible:
+        import torch
+
+        visible = [str(i) for i in range(torch.cuda.device_count())]
+    return start_server(spec, config, model_path, log_path, _prepare_child, visible)
+
+
+def _report_server_exit(url: str, job_id: str, server: Any, out: Path) -> None:
+    """The server's exit code and the tail of its log, as the job's error and in its events."""
+    code = server.exited()
+    (out / "error.txt").write_text(f"the job's vLLM server exited with code {code}; its log ends: "
+                                   f"...{server.log_tail(600)}")
+    _event(url, job_id, "vllm_server", f"the vLLM server exited with code {code}", {"log_tail": server.log_tail()},
+           "error")
+
+
+def _run_job_process(
+    settings: Settings, job_id: str, owner: str, cmd: list[str], env: dict[str, str], out: Path, log_path: Path,
+    attempt: int, server: Any,
+) -> str:
+    url = settings.database.url
+    w = settings.worker
     with open(log_path, "ab") as logf:
         proc = subprocess.Popen(
             cmd,
@@ -84,13 +142,9 @@ def supervise(settings: Settings, job_id: str, owner: str) -> str:
         )
     log.info("job %s attempt %d: process %d, %s, log %s", job_id, attempt, proc.pid, describe(cmd), log_path)
     if cmd[1:3] != ["-m", "worker.child"]:
-        try:
-            with session_scope(url) as s:
-                add_event(s, job_id, "launched", f"launched {describe(cmd)}",
-                          data={"processes": int(cmd[cmd.index("--num_processes") + 1]), "command": cmd[1:]})
-        except Exception as exc:  # database briefly down: the job runs anyway
-            log.warning("recording the launch of %s failed (%s)", job_id, type(exc).__name__)
-    cancelled = lost = False
+        _event(url, job_id, "launched", f"launched {describe(cmd)}",
+               {"processes": int(cmd[cmd.index("--num_processes") + 1]), "command": cmd[1:]})
+    cancelled = lost = server_reported = False
     while True:
         try:
             code = proc.wait(timeout=w.heartbeat_seconds)
@@ -103,6 +157,12 @@ def supervise(settings: Settings, job_id: str, owner: str) -> str:
         except Exception as exc:  # database briefly down: keep the job running, retry next beat
             log.warning("heartbeat for %s failed (%s); retrying", job_id, type(exc).__name__)
             continue
+        if server is not None and server.exited() is not None:
+            _report_server_exit(url, job_id, server, out)
+            server_reported = True
+            stop_process(proc, w.cancel_grace_seconds)
+            code = EXIT_ERROR
+            break
         if not beat.owned:
             log.warning("lost the lease on %s; stopping its process", job_id)
             lost = True
@@ -113,7 +173,9 @@ def supervise(settings: Settings, job_id: str, owner: str) -> str:
             code = stop_process(proc, w.cancel_grace_seconds)
             break
     _kill_group(proc, signal.SIGKILL)  # whatever the job started (engine processes) goes with it
-    code = job_exit_code(code, out)
+    if server is not None and not server_reported and code != EXIT_OK and server.exited() is not None:
+        _report_server_exit(url, job_id, server, out)  # the job failed because its server went away
+    code = job_exit_code(code, out) if not server_reported else code
     return _record_end(settings, job_id, owner, code, cancelled, lost, log_path)
 
 

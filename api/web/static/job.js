@@ -12,6 +12,10 @@ const PANELS = [
   ["Accuracy", (n) => n.includes("accuracy") && !n.endsWith("/std")],
   ["Completion length", (n) => /^completions\/(mean|min|max)_length$/.test(n)],
   ["Step time (s)", (n) => n === "step_time"],
+  // where a GRPO step's time goes (trainer/callbacks.py): generation, weight sync, the rest
+  ["Step breakdown (s)", (n) => /^(generation|weight_sync|training)_seconds$/.test(n)],
+  ["Generation share", (n) => n === "generation_share"],
+  ["Generated tokens/s", (n) => n === "generation_tokens_per_second"],
 ];
 
 const jobId = decodeURIComponent(location.pathname.split("/").pop());

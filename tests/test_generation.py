@@ -1,0 +1,103 @@
+"""GRPO generation pieces that need no model: the vLLM server's command line and GPU split, and
+the CPU stand-in for TRL's FlashAttention-3 tree attention (async GRPO)."""
+
+from __future__ import annotations
+
+import pytest
+
+from mathrl.presets import resolve_config
+from mathrl.specs import parse_spec
+
+pytestmark = pytest.mark.quick
+
+BASE = {"kind": "grpo", "model": "/models/m", "dataset": {"name": "gsm8k-train"}, "max_completion_length": 64,
+        "max_prompt_length": 128}
+
+
+def test_server_command_for_a_lora_job_on_cpu() -> None:
+    from worker.vllm_server import server_command
+
+    spec = parse_spec({**BASE, "lora": {"r": 4}, "generation": {"backend": "vllm", "mode": "server"}})
+    cmd = server_command(spec, resolve_config(spec), "/models/m", 41234, on_gpu=False)
+    assert cmd[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    flag = lambda name: cmd[cmd.index(name) + 1]  # noqa: E731
+    assert flag("--port") == "41234" and flag("--host") == "127.0.0.1"
+    assert "--enable-lora" in cmd and flag("--max-lora-rank") == "8"  # r=4 served under vLLM's smallest rank >= 4
+    assert flag("--max-model-len") == "192" and flag("--dtype") == "float32"
+    assert "--kv-cache-memory-bytes" in cmd and "--gpu-memory-utilization" not in cmd
+
+
+def test_server_takes_the_jobs_last_gpus_and_full_weights_use_trls_server() -> None:
+    from worker.vllm_server import server_command, split_gpus
+
+    spec = parse_spec({**BASE, "resources": {"gpus": 8}, "generation": {"mode": "server"}})
+    assert split_gpus(spec, [str(i) for i in range(8)]) == (["0", "1", "2", "3", "4", "5"], ["6", "7"])
+    assert resolve_config(spec)["world_size"] == 6
+    cmd = server_command(spec, resolve_config(spec), "/models/m", 5, on_gpu=True)
+    assert cmd[1:3] == ["-m", "trl.scripts.vllm_serve"] and cmd[cmd.index("--tensor_parallel_size") + 1] == "2"
+    three = parse_spec({**BASE, "resources": {"gpus": 4}, "generation": {"mode": "server", "server_gpus": 3}})
+    assert split_gpus(three, ["a", "b", "c", "d", "e"]) == (["a"], ["b", "c", "d"])
+
+
+def test_varlen_causal_attention_matches_attention_per_sample() -> None:
+    """Two packed segments with different query and key lengths (a segment that continues a
+    shared prefix sees the prefix's keys): each equals causal attention over its own path."""
+    import torch
+    import torch.nn.functional as F
+
+    from trainer.async_grpo import varlen_causal_attention
+
+    torch.manual_seed(0)
+    heads, kv_heads, dim = 4, 2, 8
+    k = torch.randn(7, kv_heads, dim)
+    v = torch.randn(7, kv_heads, dim)
+    # segment 0: queries 0..2 over keys 0..2; segment 1: queries 3..6 continue the prefix keys 0..1
+    q = torch.randn(7, heads, dim)
+    kv_index = torch.tensor([0, 1, 2, 0, 1, 3, 4, 5, 6])
+    out = varlen_causal_attention(
+        q, k.index_select(0, kv_index), v.index_select(0, kv_index), torch.tensor([0, 3, 7]), torch.tensor([0, 3, 9]),
+        4, 6, softmax_scale=dim**-0.5,
+    )
+
+    def reference(qs: torch.Tensor, path: list[int]) -> torch.Tensor:
+        kk = k[path].transpose(0, 1).repeat_interleave(2, 0)
+        vv = v[path].transpose(0, 1).repeat_interleave(2, 0)
+        full_q = torch.zeros(len(path), heads, dim)
+        full_q[len(path) - len(qs):] = qs
+        res = F.scaled_dot_product_attention(full_q.transpose(0, 1), kk, vv, is_causal=True)
+        return res.transpose(0, 1)[len(path) - len(qs):]
+
+    torch.testing.assert_close(out[:3], reference(q[:3], [0, 1, 2]))
+    torch.testing.assert_close(out[3:], reference(q[3:], [0, 1, 3, 4, 5, 6]))
+
+
+def _wait_forever(event: object) -> None:
+    event.wait()  # type: ignore[attr-defined]
+
+
+def test_async_rollout_worker_stop_returns_when_its_child_died() -> None:
+    """A rollout child that dies while waiting on TRL's stop event (a reward raised in it) made
+    AsyncRolloutWorker.stop hang forever in Event.set, so a failed async job never ended."""
+    import multiprocessing as mp
+    import os
+    import signal
+    import threading
+    import time
+
+    from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker
+
+    from trainer.async_grpo import _stop_without_hanging
+
+    ctx = mp.get_context("spawn")
+    worker = AsyncRolloutWorker.__new__(AsyncRolloutWorker)
+    worker._stop_event_mp = ctx.Event()
+    worker._process = ctx.Process(target=_wait_forever, args=(worker._stop_event_mp,), daemon=True)
+    worker._process.start()
+    time.sleep(2.0)  # the child is waiting on the event
+    os.kill(worker._process.pid, signal.SIGKILL)
+    worker._process.join(10)
+    _stop_without_hanging()
+    done = threading.Event()
+    threading.Thread(target=lambda: (worker.stop(), done.set()), daemon=True).start()
+    assert done.wait(20), "AsyncRolloutWorker.stop hung on a dead child"
+    assert worker._process is None

@@ -1,0 +1,102 @@
+"""Run by tests/test_vllm.py in a process of its own (vLLM's engine wants a __main__): a few
+GRPO steps generating with vLLM (TimedGRPOTrainer, as GRPO jobs run it), then greedy completions
+for fixed prompts from vLLM, after the trainer's own weight sync, and from the trainer's updated
+HF model, and vLLM's greedy completions before training. Prints JSON.
+
+    python tests/vllm_sync_check.py colocate MODEL_DIR OUT_DIR   # full weights into the colocated engine
+    python tests/vllm_sync_check.py server MODEL_DIR OUT_DIR     # LoRA adapters to the worker's vLLM server
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+PROMPTS = ["12+34=", "56+78=", "90+12=", "34+56=", "7+8=", "11+22="]
+NEW_TOKENS = 8
+
+
+def reward_digit_sevens(completions: list[str], **_: object) -> list[float]:
+    """A dense reward that moves a random model's greedy text fast: how many '7's it writes."""
+    return [float(c.count("7")) for c in completions]
+
+
+def main(mode: str, model: str, out: str) -> None:
+    import torch
+    from datasets import Dataset
+    from trl import GRPOConfig
+
+    from evaluator.models import load_tokenizer
+    from evaluator.vllm_backend import engine_options
+    from trainer.grpo import lora_config
+    from trainer.vllm_generation import TimedGRPOTrainer
+
+    tok = load_tokenizer(model)
+    server = None
+    if mode == "server":  # started as the worker starts it for a job in server mode
+        from mathrl.specs import parse_spec
+        from mathrl.presets import resolve_config
+        from worker.vllm_server import start_server
+
+        spec = parse_spec({"kind": "grpo", "model": model, "dataset": {"name": "arith-train"}, "lora": {"r": 8},
+                           "generation": {"backend": "vllm", "mode": "server"}, "max_prompt_length": 32,
+                           "max_completion_length": NEW_TOKENS, "num_generations": 4, "per_device_train_batch_size": 16})
+        server, env = start_server(spec, resolve_config(spec), model, Path(out) / "server.log", None, [])
+    try:
+        args = GRPOConfig(
+            output_dir=out, learning_rate=3e-3 if mode == "colocate" else 2e-2, beta=0.0, num_generations=4,
+            per_device_train_batch_size=16, max_completion_length=NEW_TOKENS, max_steps=3, use_cpu=True, bf16=False,
+            report_to=[], logging_steps=1, save_strategy="no", disable_tqdm=True, seed=0, use_vllm=True,
+            vllm_mode=mode, vllm_max_model_length=64, vllm_server_base_url=server.url if server else None,
+            vllm_server_timeout=600,
+        )
+        trainer = TimedGRPOTrainer(
+            model=model, reward_funcs=[reward_digit_sevens], args=args, processing_class=tok,
+            train_dataset=Dataset.from_list([{"prompt": p} for p in PROMPTS * 8]),
+            engine_options=engine_options("auto"), peft_config=lora_config_for(mode, lora_config),
+        )
+        gen = trainer.vllm_generation
+        prompt_ids = [tok(p, add_special_tokens=False).input_ids for p in PROMPTS]
+
+        def from_vllm() -> list[list[int]]:
+            if mode == "server":
+                return gen.vllm_client.generate(prompt_ids, n=1, temperature=0.0, top_p=1.0, top_k=0, min_p=0.0,
+                                                max_tokens=NEW_TOKENS)["completion_ids"]
+            from vllm import SamplingParams
+
+            greedy = SamplingParams(temperature=0, max_tokens=NEW_TOKENS)
+            return [list(o.outputs[0].token_ids) for o in gen.llm.generate(PROMPTS, greedy, use_tqdm=False)]
+
+        before = from_vllm()
+        trainer.train()
+        gen.sync_weights()  # what the trainer runs before each generation round
+        after = from_vllm()
+    finally:
+        if server is not None:
+            server.stop()
+    model_ = trainer.model.eval()
+    hf = []
+    with torch.no_grad():
+        for p in PROMPTS:
+            ids = tok(p, return_tensors="pt", add_special_tokens=False).input_ids
+            gen = model_.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS, do_sample=False,
+                                  pad_token_id=tok.pad_token_id)
+            hf.append(gen[0, ids.shape[1]:].tolist())
+    timings = trainer.timings
+    print("RESULT " + json.dumps({"before": before, "after": after, "hf": hf, "timings": timings}), flush=True)
+
+
+def lora_config_for(mode: str, make: object) -> object:
+    if mode != "server":
+        return None
+    from mathrl.specs import LoRA
+
+    return make(LoRA(r=8, alpha=16, dropout=0.0))  # type: ignore[operator]
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], sys.argv[3])

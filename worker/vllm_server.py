@@ -1,0 +1,170 @@
+"""The vLLM server a GRPO job in server mode generates with, managed by the worker.
+
+The supervisor starts it next to the job's process, on the job's last `generation.server_gpus`
+GPUs (the training processes get the others), on a free loopback port, and hands its URL to
+the job process in MATHRL_VLLM_SERVER_URL. The trainer waits for it to answer /health. It is
+stopped (its whole process group) when the job ends, fails or is cancelled, and it dies with
+the worker: it runs under a small guard (`python -m worker.vllm_server --guard PPID -- CMD`) that
+leads the server's process group, gets SIGTERM from the kernel when the worker dies
+(PR_SET_PDEATHSIG), and then SIGKILLs the whole group. The guard is needed because `vllm serve`
+starts processes of its own (the engine core, multiprocessing's resource tracker) that outlive a
+killed parent. If the server exits while the job runs, the tail of its log goes into the job's
+events and the job is stopped.
+
+Two kinds of server, by how the trainer syncs weights:
+- LoRA jobs: `vllm serve --enable-lora` (OpenAI API). After each optimizer step the trainer saves
+  the adapter and loads it through /v1/load_lora_adapter; generation names the newest adapter.
+  No NCCL, no CUDA needed: this is what runs (and is tested) on CPU.
+- Full-weight jobs (GPU only): TRL's `trl vllm-serve`, which receives the weights over NCCL
+  from the trainer. Untested here (no GPUs on the test machines).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# max_lora_rank values vLLM accepts (a capacity bound: an r=4 adapter is served under 8)
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+URL_ENV = "MATHRL_VLLM_SERVER_URL"
+
+
+def needs_server(spec: Any) -> bool:
+    gen = getattr(spec, "generation", None)
+    return gen is not None and gen.mode == "server"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def lora_rank(r: int) -> int:
+    return next(x for x in VLLM_LORA_RANKS if x >= r)
+
+
+def split_gpus(spec: Any, visible: list[str]) -> tuple[list[str], list[str]]:
+    """(training GPUs, server GPUs): the server takes the job's last `server_gpus`."""
+    gpus = visible[: spec.resources.gpus]
+    n = spec.generation.resolved_server_gpus(spec.resources.gpus)
+    return gpus[: len(gpus) - n], gpus[len(gpus) - n :]
+
+
+def server_command(spec: Any, config: dict[str, Any], model_path: str, port: int, on_gpu: bool) -> list[str]:
+    from evaluator.vllm_backend import engine_options
+
+    gen = spec.generation
+    opts = engine_options(gen.dtype, gen.gpu_memory_utilization, gen.enable_prefix_caching)
+    max_len = config["max_prompt_length"] + config["max_completion_length"]
+    tp = str(max(1, gen.resolved_server_gpus(spec.resources.gpus)))
+    # adapters loaded at once: the new one before the old is unloaded; async GRPO also keeps every
+    # version a queued request may still name (max_staleness + 1, TRL's default staleness 4)
+    loras = (4 if spec.max_staleness is None else spec.max_staleness) + 2 if spec.algorithm == "async" else 2
+    if spec.lora is None or not spec.lora.enabled:
+        # TRL's server: full weights over NCCL (GPU only; the spec check refuses it on CPU)
+        return [sys.executable, "-m", "trl.scripts.vllm_serve", "--model", model_path, "--host", "127.0.0.1",
+                "--port", str(port), "--tensor_parallel_size", tp, "--dtype", opts["dtype"],
+                "--max_model_len", str(max_len), "--gpu_memory_utilization", str(opts.get("gpu_memory_utilization", 0.9))]
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_path, "--host", "127.0.0.1",
+           "--port", str(port), "--dtype", opts["dtype"], "--max-model-len", str(max_len), "--seed", str(spec.seed),
+           "--enable-lora", "--max-lora-rank", str(lora_rank(spec.lora.r)), "--max-loras", str(loras),
+           "--logprobs-mode", "processed_logprobs", "--tensor-parallel-size", tp, "--disable-log-stats"]
+    if on_gpu:
+        cmd += ["--gpu-memory-utilization", str(opts["gpu_memory_utilization"])]
+    else:
+        cmd += ["--kv-cache-memory-bytes", str(opts["kv_cache_memory_bytes"])]
+    if opts.get("enable_prefix_caching") is not None:
+        cmd.append("--enable-prefix-caching" if opts["enable_prefix_caching"] else "--no-enable-prefix-caching")
+    return cmd
+
+
+@dataclass
+class VLLMServer:
+    proc: subprocess.Popen[bytes]
+    url: str
+    log_path: Path
+
+    def exited(self) -> int | None:
+        return self.proc.poll()
+
+    def log_tail(self, chars: int = 3000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+    def stop(self, grace: float = 15.0) -> None:
+        """SIGTERM the server's process group, SIGKILL what is left after `grace` seconds."""
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(self.proc.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                return
+            try:
+                self.proc.wait(timeout=grace)
+                if sig == signal.SIGTERM:
+                    os.killpg(self.proc.pid, signal.SIGKILL)  # anything it left in its group
+            except subprocess.TimeoutExpired:
+                continue
+            except (ProcessLookupError, PermissionError):
+                return
+            return
+
+
+def start_server(
+    spec: Any, config: dict[str, Any], model_path: str, log_path: Path, preexec: Any, visible_gpus: list[str]
+) -> tuple[VLLMServer, dict[str, str]]:
+    """Start the job's vLLM server. Returns it and the environment the job's process needs
+    (the server's URL; on GPUs, the training share of the devices)."""
+    port = free_port()
+    on_gpu = spec.resources.gpus > 0
+    env = {**os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1", "VLLM_SERVER_DEV_MODE": "1"}
+    job_env: dict[str, str] = {}
+    if on_gpu:
+        train, serve = split_gpus(spec, visible_gpus)
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(serve)
+        job_env["CUDA_VISIBLE_DEVICES"] = ",".join(train)
+    cmd = guarded(server_command(spec, config, model_path, port, on_gpu))
+    with open(log_path, "ab") as logf:
+        proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                start_new_session=True, preexec_fn=preexec)
+    url = f"http://127.0.0.1:{port}"
+    job_env[URL_ENV] = url
+    return VLLMServer(proc, url, log_path), job_env
+
+
+def guarded(cmd: list[str]) -> list[str]:
+    """`cmd` run under the guard, which kills its process group when this process dies."""
+    return [sys.executable, "-m", "worker.vllm_server", "--guard", str(os.getpid()), "--", *cmd]
+
+
+def guard(parent: int, cmd: list[str]) -> int:
+    """Run `cmd` as a child in this process's group (the guard is started as a group leader);
+    SIGKILL the whole group on SIGTERM or SIGINT, which the kernel sends when `parent` dies.
+    Returns the server's exit code."""
+    import subprocess as sp
+
+    from worker.launch import die_with_parent
+
+    def kill_group(*_: object) -> None:
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+
+    signal.signal(signal.SIGTERM, kill_group)
+    signal.signal(signal.SIGINT, kill_group)
+    die_with_parent(signal.SIGTERM)
+    if os.getppid() != parent:  # the parent died before the death signal was armed
+        kill_group()
+    return sp.Popen(cmd).wait()
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 5 or sys.argv[1] != "--guard" or sys.argv[3] != "--":
+        sys.exit("usage: python -m worker.vllm_server --guard PARENT_PID -- COMMAND...")
+    sys.exit(guard(int(sys.argv[2]), sys.argv[4:]))
