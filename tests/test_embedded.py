@@ -26,7 +26,7 @@ def test_embedded_demo_pipeline_runs_every_step_and_prints_the_gain(tmp_path: Pa
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     for step in ("sft", "eval-sft", "rm", "grpo", "eval-grpo"):
         assert f"{step} succeeded" in " ".join(out.stdout.split()), (step, out.stdout[-3000:])
-    assert "GRPO gain:" in out.stdout and "points" in out.stdout and "/ui/pipelines/" in out.stdout
+    assert "GRPO gain on arith:" in out.stdout and "points" in out.stdout and "/ui/pipelines/" in out.stdout
     assert "demo finished" in out.stdout
 
 
