@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import math
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -28,18 +30,38 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cur.close()
 
 
+def _finite(value: Any) -> Any:
+    """`value` with every NaN and infinity (at any depth) replaced by None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+def json_serializer(value: Any) -> str:
+    """How JSON columns are written: NaN and infinities become null. PostgreSQL refuses them
+    ('Token "NaN" is invalid') where SQLite stores them, so an event carrying an undefined
+    metric failed its job on one store and not the other."""
+    return json.dumps(_finite(value))
+
+
 @lru_cache(maxsize=8)
 def get_engine(url: str, echo: bool = False) -> Engine:
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
         if parsed.database and parsed.database != ":memory:":
             Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
-        engine = create_engine(url, echo=echo, connect_args={"timeout": 30, "check_same_thread": False})
+        engine = create_engine(url, echo=echo, json_serializer=json_serializer,
+                               connect_args={"timeout": 30, "check_same_thread": False})
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
     # connect_timeout: an unreachable server fails a request in seconds instead of hanging it
     return create_engine(
-        url, echo=echo, pool_pre_ping=True, pool_size=10, max_overflow=20, connect_args={"connect_timeout": 5}
+        url, echo=echo, json_serializer=json_serializer, pool_pre_ping=True, pool_size=10, max_overflow=20,
+        connect_args={"connect_timeout": 5},
     )
 
 

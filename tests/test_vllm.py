@@ -135,6 +135,8 @@ def test_reward_model_job_samples_with_vllm(service: Service, model_for_vllm: st
     assert done.status == "succeeded", done.error
     sampling = next(e for e in c.jobs.events(rm.id) if e.type == "sampling" and e.data)
     assert sampling.data["backend"] == "vllm" and sampling.data["version"].startswith("vllm-0.31"), sampling
+    scored = next(e for e in c.jobs.events(rm.id) if e.type == "scored")  # pairwise: a number, or null with no pairs
+    assert scored.data["pairwise_accuracy"] is None or 0 <= scored.data["pairwise_accuracy"] <= 1, scored
     scores = c.scores.list(job_id=rm.id)
     assert scores and all(s.backend == "vllm" and s.backend_version.startswith("vllm-") for s in scores), scores
 
@@ -162,10 +164,13 @@ def _group_alive(pgid: int) -> list[int]:
 
 
 def _port_free(url: str) -> bool:
+    """A new server could listen on the port, as vLLM's does (with SO_REUSEADDR: the killed
+    server's connections may linger in TIME_WAIT, which holds no listener)."""
     import socket
 
     port = int(url.rsplit(":", 1)[1])
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
             return True

@@ -220,7 +220,7 @@ def process_scores(model: Any, tok: Any, prompt: str, completions: list[str]) ->
 def run_reward_model(
     spec: RewardModelSpec, sink: Sink, *, model_path: str, policy_path: str, data_dir: str | None, out_dir: Path,
     model_ref: str,
-) -> dict[str, float]:
+) -> dict[str, float | None]:
     t0 = time.monotonic()
     problems, template = load_problems(spec.dataset, data_dir)
     rng = random.Random(spec.seed)
@@ -279,8 +279,8 @@ def run_reward_model(
         best_correct += s.correct[best]
         maj_correct += int(maj_at_k(s.answers, s.correct, len(s.answers)))
     n = len(s_held)
-    values = {
-        "pairwise_accuracy": wins / len(held_pairs) if held_pairs else float("nan"),
+    values: dict[str, float | None] = {  # None: no held-out pairs (every sample right, or every one wrong)
+        "pairwise_accuracy": wins / len(held_pairs) if held_pairs else None,
         f"best_of_{spec.samples_per_question}_accuracy": best_correct / max(n, 1),
         f"maj_at_{spec.samples_per_question}_accuracy": maj_correct / max(n, 1),
     }
@@ -288,7 +288,7 @@ def run_reward_model(
               f"best_of_{spec.samples_per_question}_accuracy": (best_correct, n),
               f"maj_at_{spec.samples_per_question}_accuracy": (maj_correct, n)}
     for metric, value in values.items():
-        if value != value:  # no held-out pairs: nothing to score
+        if value is None:  # nothing to score
             continue
         c, total = counts[metric]
         low, high = wilson_interval(int(c), total)
@@ -298,7 +298,8 @@ def run_reward_model(
             "n": total, "sampling": spec.sampling.model_dump(), "backend": spec.backend,
             "backend_version": sampler_version, "prompt_hash": None, "seed": spec.seed,
         })
-    sink.metrics(0, {f"rm/{k}": v for k, v in values.items() if v == v})
-    sink.event("scored", ", ".join(f"{k} {v:.1%}" for k, v in values.items() if v == v)
+    sink.metrics(0, {f"rm/{k}": v for k, v in values.items() if v is not None})
+    sink.event("scored", ", ".join(f"{k} {v:.1%}" if v is not None else f"{k} undefined (no held-out pairs)"
+                                   for k, v in values.items())
                + f" on {n} held-out questions ({time.monotonic() - t0:.0f}s)", data=values)
     return values
