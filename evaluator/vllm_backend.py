@@ -21,8 +21,12 @@ def backend_version() -> str:
     return f"vllm-{vllm.__version__}"
 
 
+BATCHED_TOKENS = 4096  # tokens per engine step (TRL's colocated default); at least max_model_len on CPUs
+
+
 def engine_options(
-    dtype: str = "auto", gpu_memory_utilization: float | None = None, enable_prefix_caching: bool | None = None
+    dtype: str = "auto", gpu_memory_utilization: float | None = None, enable_prefix_caching: bool | None = None,
+    max_model_len: int | None = None,
 ) -> dict[str, Any]:
     """The vLLM engine arguments every engine of ours gets (eval jobs and GRPO's colocated engine).
 
@@ -35,7 +39,13 @@ def engine_options(
     which is emulated, ~5x slower, on CPUs without AVX512-BF16/AMX, and gives different greedy
     text). vLLM's CPU build also keeps one core per worker for its scheduler; on a small machine
     (<= 4 cores) that costs ~1.7x, so there it reserves none unless
-    VLLM_CPU_NUM_OF_RESERVED_CPU says otherwise (issue 3's note has the figures)."""
+    VLLM_CPU_NUM_OF_RESERVED_CPU says otherwise (issue 3's note has the figures).
+
+    On a CPU, prefills are never chunked: a seeded sampling request (eval with temperature > 0
+    and a seed, TRL's async rollouts, which seed every request) whose prefill is split crashes
+    the engine ("CPU Generator does not use offset": vLLM 0.31 rewinds the request's torch
+    Generator by an offset, which CPU generators do not have). Each step then holds up to
+    max(BATCHED_TOKENS, max_model_len) tokens, so any single prompt fits in one."""
     import os
 
     import torch
@@ -51,6 +61,8 @@ def engine_options(
         kwargs["gpu_memory_utilization"] = fraction
     else:
         kwargs["kv_cache_memory_bytes"] = int(float(os.environ.get("MATHRL_VLLM_CPU_KV_GIB", "2")) * 2**30)
+        kwargs["enable_chunked_prefill"] = False
+        kwargs["max_num_batched_tokens"] = max(BATCHED_TOKENS, max_model_len or 0)
     if enable_prefix_caching is not None:
         kwargs["enable_prefix_caching"] = enable_prefix_caching
     return kwargs
@@ -60,7 +72,7 @@ def load_engine(model_path: str, dtype: str = "auto", seed: int = 0, max_model_l
     """An offline engine for eval jobs, with `engine_options`."""
     from vllm import LLM
 
-    kwargs: dict[str, Any] = {"model": model_path, "seed": seed, **engine_options(dtype)}
+    kwargs: dict[str, Any] = {"model": model_path, "seed": seed, **engine_options(dtype, max_model_len=max_model_len)}
     if max_model_len:
         kwargs["max_model_len"] = max_model_len
     return LLM(**kwargs)

@@ -25,6 +25,9 @@ def test_server_command_for_a_lora_job_on_cpu() -> None:
     assert "--enable-lora" in cmd and flag("--max-lora-rank") == "8"  # r=4 served under vLLM's smallest rank >= 4
     assert flag("--max-model-len") == "192" and flag("--dtype") == "float32"
     assert "--kv-cache-memory-bytes" in cmd and "--gpu-memory-utilization" not in cmd
+    # seeded requests (TRL's async rollouts seed each one) must never have their prefill split on a CPU
+    assert "--no-enable-chunked-prefill" in cmd
+    assert int(cmd[cmd.index("--max-num-batched-tokens") + 1]) >= int(cmd[cmd.index("--max-model-len") + 1])
 
 
 def test_server_takes_the_jobs_last_gpus_and_full_weights_use_trls_server() -> None:

@@ -67,8 +67,11 @@ def test_eval_job_on_a_worker_with_vllm(vllm_ready: Path, service: Service, mode
 
         wait_for(lambda: "ready." in (service.logs / "worker-vllm.log").read_text(), 120, what="the vLLM worker")
         c = service.client()
-        job = c.jobs.create({"kind": "eval", "model": model_for_vllm, "benchmark": "gsm8k", "limit": 3,
-                             "backend": "vllm", "sampling": {"max_new_tokens": 8},
+        # sampled with a seed, and more prompt tokens than one engine step holds: on the CPU a
+        # seeded request whose prefill vLLM split killed the engine ("CPU Generator does not use
+        # offset"); evaluator.vllm_backend.engine_options turns prefill chunking off there
+        job = c.jobs.create({"kind": "eval", "model": model_for_vllm, "benchmark": "gsm8k", "limit": 32,
+                             "backend": "vllm", "sampling": {"max_new_tokens": 8, "temperature": 1.0, "n": 4, "seed": 5},
                              "resources": {"pool": "vllm-test"}})
         assert job.queue == "vllm-test"
         done = c.jobs.wait(job.id, timeout=600)

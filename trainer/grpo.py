@@ -89,13 +89,14 @@ def generation_backend(config: dict[str, Any], sink: Sink) -> str:
     return backend
 
 
-def vllm_engine_options(spec: GRPOSpec) -> dict[str, Any]:
-    """Engine arguments for GRPO's colocated vLLM (same dtype and CPU cache rules as eval jobs)."""
+def vllm_engine_options(spec: GRPOSpec, config: dict[str, Any]) -> dict[str, Any]:
+    """Engine arguments for GRPO's colocated vLLM (same dtype and CPU rules as eval jobs)."""
     from evaluator.vllm_backend import engine_options
 
     gen = spec.generation
     # colocated with training: TRL's 0.3 of the GPU unless the spec says otherwise
-    return engine_options(gen.dtype, gen.gpu_memory_utilization or 0.3, gen.enable_prefix_caching)
+    return engine_options(gen.dtype, gen.gpu_memory_utilization or 0.3, gen.enable_prefix_caching,
+                          max_model_len=config["max_prompt_length"] + config["max_completion_length"])
 
 
 def lora_config(lora: LoRA | None) -> Any:
@@ -154,7 +155,7 @@ def run_grpo(
     else:
         args = grpo_args(spec, config, out_dir, use_cpu, backend, vllm_server_url)
         args.reward_weights = weights
-        engine = vllm_engine_options(spec) if backend == "vllm" else None
+        engine = vllm_engine_options(spec, config) if backend == "vllm" else None
         trainer = TimedGRPOTrainer(
             model=model_path, reward_funcs=rewards, args=args, train_dataset=dataset, processing_class=tokenizer,
             peft_config=lora_config(spec.lora), callbacks=[callback], engine_options=engine,

@@ -25,6 +25,8 @@ import torch
 from trl import GRPOTrainer
 from trl.generation.vllm_generation import VLLMGeneration
 
+from evaluator.vllm_backend import BATCHED_TOKENS
+
 
 class MathrlVLLMGeneration(VLLMGeneration):  # type: ignore[misc]
     """TRL's vLLM generation, with our engine options in colocate mode and a CPU-safe sync."""
@@ -72,10 +74,9 @@ class MathrlVLLMGeneration(VLLMGeneration):  # type: ignore[misc]
             max_num_seqs=self.max_num_seqs,
             distributed_executor_backend="external_launcher",
             seed=acc.process_index // self.tensor_parallel_size,
-            max_num_batched_tokens=4096,
             logprobs_mode="processed_logprobs",
             trust_remote_code=self.trust_remote_code,
-            **self.engine_options,
+            **{"max_num_batched_tokens": BATCHED_TOKENS, **self.engine_options},  # the options may raise it
         )
         self._llm_weights_sleeping = False
         acc.wait_for_everyone()

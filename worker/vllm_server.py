@@ -61,8 +61,8 @@ def server_command(spec: Any, config: dict[str, Any], model_path: str, port: int
     from evaluator.vllm_backend import engine_options
 
     gen = spec.generation
-    opts = engine_options(gen.dtype, gen.gpu_memory_utilization, gen.enable_prefix_caching)
     max_len = config["max_prompt_length"] + config["max_completion_length"]
+    opts = engine_options(gen.dtype, gen.gpu_memory_utilization, gen.enable_prefix_caching, max_model_len=max_len)
     tp = str(max(1, gen.resolved_server_gpus(spec.resources.gpus)))
     # adapters loaded at once: the new one before the old is unloaded; async GRPO also keeps every
     # version a queued request may still name (max_staleness + 1, TRL's default staleness 4)
@@ -79,7 +79,8 @@ def server_command(spec: Any, config: dict[str, Any], model_path: str, port: int
     if on_gpu:
         cmd += ["--gpu-memory-utilization", str(opts["gpu_memory_utilization"])]
     else:
-        cmd += ["--kv-cache-memory-bytes", str(opts["kv_cache_memory_bytes"])]
+        cmd += ["--kv-cache-memory-bytes", str(opts["kv_cache_memory_bytes"]), "--no-enable-chunked-prefill",
+                "--max-num-batched-tokens", str(opts["max_num_batched_tokens"])]  # see engine_options
     if opts.get("enable_prefix_caching") is not None:
         cmd.append("--enable-prefix-caching" if opts["enable_prefix_caching"] else "--no-enable-prefix-caching")
     return cmd
