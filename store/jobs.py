@@ -17,10 +17,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, or_, select, update
+from sqlalchemy import ColumnElement, and_, case, cast, exists, func, literal, or_, select, update
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Session
 
-from store.models import Event, Job, utcnow
+from store.models import Event, Job, Pipeline, utcnow
 from store.pipelines import settle_all, settle_dependents
 
 TRANSITIONS: dict[str, frozenset[str]] = {
@@ -97,12 +98,23 @@ def renew_lease(session: Session, job_id: str, owner: str, lease_seconds: float)
     return Heartbeat(owned=owned, cancel_requested=cancel)
 
 
+def lock_pipeline_of(session: Session, job_id: str) -> None:
+    """Take the lock of the job's pipeline row, if it has one. The one lock order: the pipeline
+    first, then job rows. Finishing or cancelling a pipeline job settles its pipeline, which
+    updates the other jobs of it: job-then-pipeline in one transaction against
+    pipeline-then-job in another deadlocked."""
+    pipeline_id = session.scalar(select(Job.pipeline_id).where(Job.id == job_id))  # never changes
+    if pipeline_id is not None:
+        session.execute(select(Pipeline.id).where(Pipeline.id == pipeline_id).with_for_update())
+
+
 def finish(
     session: Session, job_id: str, owner: str, status: str, error: str | None = None, message: str = ""
 ) -> bool:
     """Move an owned running job to a terminal status. False if the lease was lost."""
     assert status in TERMINAL, status
     now = utcnow()
+    lock_pipeline_of(session, job_id)
     result = session.execute(
         update(Job)
         .where(Job.id == job_id, Job.status == "running", Job.lease_owner == owner)
@@ -119,50 +131,92 @@ def finish(
     return True
 
 
+NOT_STARTED = ("waiting", "queued")
+
+
 def request_cancel(session: Session, job: Job) -> Job:
-    """Cancel a waiting or queued job at once; ask the supervisor of a running job to stop it."""
+    """Cancel a job in whatever state it is now (not the state it was read in): one conditional
+    UPDATE cancels a waiting or queued job at once and asks the supervisor of a running job to
+    stop it; an ended job is left as it is. (Two statements raced: a job that went from waiting
+    to queued meanwhile kept running, and a running job re-queued meanwhile was left queued with
+    cancel_requested set, which nothing claims or sends: queued for ever.)"""
     now = utcnow()
-    if job.status in ("waiting", "queued"):
-        was = job.status
-        result = session.execute(
-            update(Job)
-            .where(Job.id == job.id, Job.status == was)
-            .values(status="cancelled", cancel_requested=True, finished_at=now, updated_at=now)
-            .execution_options(synchronize_session=False)
+    lock_pipeline_of(session, job.id)
+    not_started = Job.status.in_(NOT_STARTED)
+    before = session.execute(
+        select(Job.status, Job.cancel_requested).where(Job.id == job.id).with_for_update()
+    ).one()
+    session.execute(
+        update(Job)
+        .where(Job.id == job.id, Job.status.in_((*NOT_STARTED, "running")))
+        .values(
+            cancel_requested=True, updated_at=now,
+            status=case((not_started, "cancelled"), else_=Job.status),
+            finished_at=case((not_started, now), else_=Job.finished_at),
         )
-        if result.rowcount == 1:  # type: ignore[attr-defined]
-            add_event(session, job.id, "cancelled", f"cancelled while {was}", level="warning")
-            settle_dependents(session, job.id)
-            session.commit()
-            session.refresh(job)
-            return job
-        session.rollback()
-        session.refresh(job)  # it was claimed meanwhile: fall through to the running case
-    if job.status == "running" and not job.cancel_requested:
-        session.execute(
-            update(Job).where(Job.id == job.id).values(cancel_requested=True, updated_at=now)
-            .execution_options(synchronize_session=False)
-        )
+        .execution_options(synchronize_session=False)
+    )
+    if before.status in NOT_STARTED:
+        add_event(session, job.id, "cancelled", f"cancelled while {before.status}", level="warning")
+        settle_dependents(session, job.id)
+    elif before.status == "running" and not before.cancel_requested:
         add_event(session, job.id, "cancel_requested", "cancel requested; stopping the job process", level="warning")
-        session.commit()
-        session.refresh(job)
+    session.commit()
+    session.refresh(job)
     return job
 
 
-def reconcile(session: Session, redeliver_after_seconds: float, take_lapsed: bool = True) -> list[Job]:
-    """Find work the broker lost or a dead worker left behind; return the jobs to send again.
+def has_tag(session: Session, tag: str) -> ColumnElement[bool]:
+    """A WHERE clause: the job's JSON `tags` list holds `tag` (PostgreSQL: jsonb containment;
+    SQLite: json_each), so that pages are cut in SQL after the filter."""
+    if session.get_bind().dialect.name == "postgresql":
+        return cast(Job.tags, JSONB).contains([tag])
+    each = func.json_each(Job.tags).table_valued("value")
+    return exists(select(literal(1)).select_from(each).where(each.c.value == tag))
+
+
+@dataclass
+class Due:
+    """A queued job the reconciler must look at: `sent_before` False means no message of it is
+    out (re-queued after a lost lease, or never sent): send one; True means one was sent over
+    `redeliver_after_seconds` ago and may be lost or still waiting for a worker."""
+
+    job_id: str
+    queue: str
+    sent_before: bool
+
+
+@dataclass
+class Reconciled:
+    due: list[Due]
+    sent: dict[str, int]  # queue -> queued jobs with a message out, when the round started
+
+
+def reconcile(session: Session, redeliver_after_seconds: float, take_lapsed: bool = True) -> Reconciled:
+    """Find work the broker lost or a dead worker left behind; return the queued jobs to check.
 
     - running with a lapsed lease: back to queued (or failed once attempts are used up),
       unless `take_lapsed` is False (the caller just saw the database down: leases lapsed
       during the outage because no heartbeat could renew them, not because workers died);
     - waiting pipeline jobs whose dependencies are decided: queued, failed or cancelled;
-    - queued and not dispatched for `redeliver_after_seconds`: send again.
+    - queued and not dispatched for `redeliver_after_seconds`: due (worker/reconciler.py
+      sends again only what the broker lost). Their dispatched_at is set to now, so that
+      several reconcilers do not check the same job in the same round.
     """
     now = utcnow()
-    lapsed = session.scalars(
-        select(Job).where(Job.status == "running", Job.lease_expires_at < now).with_for_update(skip_locked=True)
+    lapsed_ids = session.scalars(
+        select(Job.id).where(Job.status == "running", Job.lease_expires_at < now)
     ).all() if take_lapsed else []
-    for job in lapsed:
+    session.commit()
+    for job_id in lapsed_ids:  # one transaction each, pipeline lock first (see lock_pipeline_of)
+        lock_pipeline_of(session, job_id)
+        job = session.scalar(
+            select(Job).where(Job.id == job_id, Job.status == "running", Job.lease_expires_at < now)
+            .with_for_update(skip_locked=True).execution_options(populate_existing=True)
+        )
+        if job is None:  # renewed, finished or taken by another reconciler meanwhile
+            session.commit()
+            continue
         if job.attempts >= job.max_attempts:
             job.status, job.finished_at = "failed", now
             job.error = f"worker lost {job.attempts} times (lease lapsed); giving up after max_attempts={job.max_attempts}"
@@ -183,9 +237,16 @@ def reconcile(session: Session, redeliver_after_seconds: float, take_lapsed: boo
                 level="warning",
             )
         job.lease_owner, job.lease_expires_at = None, None
+        session.commit()
     session.flush()
     settle_all(session)  # pipelines whose settling a dead worker never finished
     cutoff = now - timedelta(seconds=redeliver_after_seconds)
+    sent: dict[str, int] = {
+        queue: count for queue, count in session.execute(
+            select(Job.queue, func.count()).where(Job.status == "queued", Job.dispatched_at.is_not(None))
+            .group_by(Job.queue)
+        )
+    }
     stale = session.scalars(
         select(Job)
         .where(
@@ -195,10 +256,11 @@ def reconcile(session: Session, redeliver_after_seconds: float, take_lapsed: boo
         )
         .with_for_update(skip_locked=True)
     ).all()
+    due = [Due(job.id, job.queue, job.dispatched_at is not None) for job in stale]
     for job in stale:
         job.dispatched_at = now
     session.commit()
-    return list(stale)
+    return Reconciled(due, sent)
 
 
 def mark_dispatched(session: Session, job_id: str, task_id: str, when: datetime | None = None) -> None:

@@ -156,7 +156,11 @@ class Checkpoint(Base):
 
 class BenchmarkScore(Base):
     __tablename__ = "benchmark_scores"
-    __table_args__ = (Index("ix_scores_project_benchmark", "project_id", "benchmark", "model_ref"),)
+    __table_args__ = (
+        Index("ix_scores_project_benchmark", "project_id", "benchmark", "model_ref"),
+        # a job scores a model on a benchmark metric once: a re-run attempt replaces the value
+        UniqueConstraint("job_id", "model_ref", "benchmark", "metric", name="uq_scores_natural_key"),
+    )
     id: Mapped[str] = mapped_column(String(36), primary_key=True, default=uuid7)
     project_id: Mapped[str] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"))
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)

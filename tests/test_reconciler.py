@@ -57,3 +57,38 @@ def test_reachability_needs_a_whole_period_without_failure() -> None:
     db.succeeded(10.0)
     db.succeeded(12.0)
     assert not db.settled(13.0) and db.settled(14.0)
+
+
+@pytest.mark.parametrize("broker", ["redis", "sqlalchemy"])
+def test_a_waiting_message_is_not_sent_again_a_lost_one_is(broker: str, tmp_path: Path,
+                                                          request: pytest.FixtureRequest) -> None:
+    """Issue 16.3: a queued job whose message still waited in the broker (no worker for its
+    queue) was sent again every round: 4 copies after 4 minutes, growing without bound."""
+    import uuid
+
+    from service.settings import Settings
+    from worker.celery_app import make_celery
+    from worker.reconciler import broker_backlog, reconcile_once
+
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    upgrade(url)
+    broker_url = (str(request.getfixturevalue("redis_url")) if broker == "redis"
+                  else f"sqla+sqlite:///{tmp_path / 'broker.db'}")
+    settings = Settings(database={"url": url}, broker={"url": broker_url},  # type: ignore[arg-type]
+                        worker={"redeliver_after_seconds": 0})  # every queued job is due every round
+    app = make_celery(broker_url)
+    queue = f"parked-{uuid.uuid4().hex[:8]}"  # no worker consumes it
+    with session_scope(url) as s:
+        proj = Project(name="p")
+        s.add(proj)
+        s.flush()
+        s.add(Job(project_id=proj.id, kind="eval", spec={}, tags=[], status="queued", queue=queue))
+    assert reconcile_once(settings, app) == 1  # never sent: sent now
+    for _ in range(3):
+        assert reconcile_once(settings, app) == 0  # its message waits: nothing sent
+    assert broker_backlog(app, queue) == 1
+    with app.connection_for_write() as conn:  # the broker loses it (flushed, failed over)
+        conn.default_channel.queue_purge(queue)
+    assert broker_backlog(app, queue) == 0
+    assert reconcile_once(settings, app) == 1  # lost: sent again
+    assert broker_backlog(app, queue) == 1

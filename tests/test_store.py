@@ -1,4 +1,4 @@
-"""The store's own rules, on PostgreSQL and SQLite alike."""
+"""The store's own rules (and the job sink's writes that rely on them), on PostgreSQL and SQLite alike."""
 
 from __future__ import annotations
 
@@ -40,3 +40,150 @@ def test_json_columns_store_undefined_numbers_as_null(store_url: str) -> None:
         assert event.data == {"pairwise_accuracy": None, "n": 0, "curve": [1.0, None]}
         assert s.get(Job, job_id).spec == {"limit": None}  # type: ignore[union-attr]
 
+
+def test_a_rerun_attempt_replaces_its_scores(store_url: str) -> None:
+    """Issue 16.7: a job re-run after a lost worker wrote its benchmark scores a second time."""
+    from sqlalchemy import select
+
+    from store.models import BenchmarkScore
+    from worker.sink import DatabaseSink
+
+    with session_scope(store_url) as s:
+        project = get_or_create_project(s, "rerun-scores")
+        job = Job(project_id=project.id, kind="eval", spec={})
+        s.add(job)
+        s.flush()
+        job_id, project_id = job.id, project.id
+    record = {"model_ref": "org/m", "checkpoint": None, "benchmark": "gsm8k", "benchmark_version": "1.0",
+              "n": 10, "sampling": {}, "backend": "hf", "backend_version": "t", "prompt_hash": None, "seed": 0}
+    for attempt, value in ((1, 0.3), (2, 0.4)):  # the same job, two attempts
+        sink = DatabaseSink(store_url, job_id, project_id)
+        sink.score({**record, "metric": "accuracy", "value": value, "ci_low": None, "ci_high": None})
+        sink.score({**record, "metric": "pass@1", "value": value, "ci_low": None, "ci_high": None})
+    with session_scope(store_url) as s:
+        rows = s.scalars(select(BenchmarkScore).where(BenchmarkScore.job_id == job_id)).all()
+        assert sorted((r.metric, r.value) for r in rows) == [("accuracy", 0.4), ("pass@1", 0.4)]
+
+
+def test_tag_filter_runs_in_sql(store_url: str) -> None:
+    """Issue 16.9: tags were filtered in Python over 20 pages' worth of rows, so a page with no
+    match there ended the listing early. has_tag is a WHERE clause on both databases."""
+    from sqlalchemy import select
+
+    from store.jobs import has_tag
+
+    with session_scope(store_url) as s:
+        project = get_or_create_project(s, "tags")
+        s.add_all([Job(project_id=project.id, kind="eval", spec={}, tags=tags)
+                   for tags in (["a"], [], ["b", "a"], ["ab"], ["A"])])
+    with session_scope(store_url) as s:
+        found = s.scalars(select(Job.tags).where(Job.project_id == project.id, has_tag(s, "a"))).all()
+        assert sorted(map(tuple, found)) == [("a",), ("b", "a")]
+
+
+def _job(store_url: str, **fields: object) -> str:
+    with session_scope(store_url) as s:
+        project = get_or_create_project(s, "state")
+        job = Job(project_id=project.id, kind="eval", spec={}, tags=[], **fields)
+        s.add(job)
+        s.flush()
+        return job.id
+
+
+@pytest.mark.parametrize(("read_as", "moved_to", "moved"), [
+    # issue 16.5: read as waiting, queued by its pipeline meanwhile: the cancel was lost
+    ("waiting", "queued", {}),
+    # issue 16.5: read as running, re-queued after a lost lease meanwhile: left queued with
+    # cancel_requested set, which nothing claims or sends again (and the quota counted it)
+    ("running", "queued", {"lease_owner": None, "lease_expires_at": None}),
+])
+def test_cancel_acts_on_the_state_the_job_is_in_now(store_url: str, read_as: str, moved_to: str,
+                                                    moved: dict[str, object]) -> None:
+    from store.jobs import request_cancel
+    from store.models import utcnow
+
+    job_id = _job(store_url, status=read_as, lease_owner="w1" if read_as == "running" else None,
+                  lease_expires_at=utcnow() if read_as == "running" else None)
+    with session_scope(store_url) as api:
+        job = api.get(Job, job_id)
+        assert job is not None and job.status == read_as
+        api.commit()  # the route read it; then, before its cancel, another process moves it
+        with session_scope(store_url) as other:
+            row = other.get(Job, job_id)
+            assert row is not None
+            row.status = moved_to
+            for k, v in moved.items():
+                setattr(row, k, v)
+        request_cancel(api, job)
+    with session_scope(store_url) as s:
+        row = s.get(Job, job_id)
+        assert row is not None and row.status == "cancelled" and row.finished_at is not None, (row.status,)
+        assert [e.type for e in s.query(Event).filter_by(job_id=job_id)] == ["cancelled"]
+
+
+def test_cancel_of_an_ended_job_changes_nothing(store_url: str) -> None:
+    from store.jobs import request_cancel
+
+    job_id = _job(store_url, status="succeeded")
+    with session_scope(store_url) as s:
+        job = s.get(Job, job_id)
+        assert job is not None
+        assert request_cancel(s, job).status == "succeeded" and not job.cancel_requested
+
+
+def test_finish_and_cancel_in_one_pipeline_do_not_deadlock(pg_url: str) -> None:
+    """Issue 16.5: finishing a pipeline job locked its row, then the pipeline's (to settle the
+    jobs waiting on it); cancelling a waiting job of the same pipeline locked that job, then the
+    pipeline: PostgreSQL found the cycle and aborted one. Both now lock the pipeline first."""
+    import threading
+
+    from sqlalchemy import create_engine, select
+
+    from store.jobs import finish, request_cancel
+    from store.models import Pipeline, utcnow
+
+    with session_scope(pg_url) as s:
+        project = get_or_create_project(s, "locks")
+        pipe = Pipeline(project_id=project.id, name="p", tags=[], spec={})
+        s.add(pipe)
+        s.flush()
+        up = Job(project_id=project.id, kind="eval", spec={}, tags=[], status="running", lease_owner="w1",
+                 lease_expires_at=utcnow(), pipeline_id=pipe.id, pipeline_step="up")
+        s.add(up)
+        s.flush()
+        down = Job(project_id=project.id, kind="eval", spec={}, tags=[], status="waiting", pipeline_id=pipe.id,
+                   pipeline_step="down", depends_on=[up.id])
+        s.add(down)
+        s.flush()
+        pipe_id, up_id, down_id = pipe.id, up.id, down.id
+
+    holder = create_engine(pg_url).connect()  # holds the pipeline's lock until both have queued on it
+    holder.execute(select(Pipeline.id).where(Pipeline.id == pipe_id).with_for_update())
+    errors: list[BaseException] = []
+
+    def run(fn: object) -> None:
+        try:
+            with session_scope(pg_url) as s:
+                fn(s)  # type: ignore[operator]
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    def cancel_down(s: object) -> None:
+        job = s.get(Job, down_id)  # type: ignore[attr-defined]
+        request_cancel(s, job)  # type: ignore[arg-type]
+
+    threads = [threading.Thread(target=run, args=(lambda s: finish(s, up_id, "w1", "succeeded"),)),
+               threading.Thread(target=run, args=(cancel_down,))]
+    for t in threads:
+        t.start()
+    import time
+
+    time.sleep(1.0)  # both wait on the holder now (before: each also held its own job's row)
+    holder.rollback()
+    holder.close()
+    for t in threads:
+        t.join(30)
+    assert not errors, errors
+    with session_scope(pg_url) as s:
+        assert s.get(Job, up_id).status == "succeeded"  # type: ignore[union-attr]
+        assert s.get(Job, down_id).status == "cancelled"  # type: ignore[union-attr]

@@ -32,13 +32,33 @@ def reconcile_once(settings: Settings, app: Celery, take_lapsed: bool = False) -
     """One round. `take_lapsed`: also take back running jobs whose lease lapsed; only the
     loop below, which knows whether the database was reachable long enough, passes True."""
     with session_scope(settings.database.url) as s:
-        jobs = [(j.id, j.queue) for j in reconcile(s, settings.worker.redeliver_after_seconds, take_lapsed)]
+        found = reconcile(s, settings.worker.redeliver_after_seconds, take_lapsed)
+    # A message that waits in its queue (no worker for the pool yet, or all busy) is not lost:
+    # sending it again every round piled up copies. Re-send a queue's jobs only when the
+    # broker holds fewer messages than jobs were sent to it (or cannot say how many it holds).
+    intact = {queue for queue in {d.queue for d in found.due if d.sent_before}
+              if (waiting := broker_backlog(app, queue)) is not None and waiting >= found.sent.get(queue, 0)}
+    jobs = [(d.job_id, d.queue) for d in found.due if not (d.sent_before and d.queue in intact)]
     for job_id, queue in jobs:
         task_id = send_job(app, job_id, queue)
         with session_scope(settings.database.url) as s:
             mark_dispatched(s, job_id, task_id)
         log.info("re-delivered job %s to %s", job_id, queue)
     return len(jobs)
+
+
+def broker_backlog(app: Celery, queue: str) -> int | None:
+    """Messages waiting in `queue` and not yet taken by a worker; None when the broker cannot
+    be asked. (kombu's passive declare: Redis, RabbitMQ and the SQLAlchemy transport count.)"""
+    try:
+        with app.connection_for_read() as conn:
+            try:
+                return int(conn.default_channel.queue_declare(queue=queue, passive=True).message_count)
+            except conn.channel_errors:  # no such queue (Redis drops an empty list): nothing waits
+                return 0
+    except Exception as exc:  # noqa: BLE001 - broker down: the send will say so
+        log.warning("could not count the messages in %s: %s", queue, exc)
+        return None
 
 
 class Reachability:

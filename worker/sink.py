@@ -13,13 +13,15 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import insert, select
+from sqlalchemy import select
 from sqlalchemy.dialects import postgresql, sqlite
 
 from store.db import retry_transient, session_scope
 from store.ids import uuid7
 from store.jobs import add_event
 from store.models import BenchmarkScore, Checkpoint, Job, Metric, Sample, utcnow
+
+SCORE_KEY = ("job_id", "model_ref", "benchmark", "metric")  # store.models' uq_scores_natural_key
 
 
 class DatabaseSink:
@@ -138,9 +140,16 @@ class DatabaseSink:
         self._write(write, f"{kind} at step {step}")
 
     def score(self, record: dict[str, Any]) -> None:
+        row = {**record, "project_id": self.project_id, "job_id": self.job_id}
+
         def write() -> None:
             with session_scope(self.url) as s:
-                s.execute(insert(BenchmarkScore), [{**record, "project_id": self.project_id, "job_id": self.job_id}])
+                dialect = s.get_bind().dialect.name
+                ins = postgresql.insert(BenchmarkScore) if dialect == "postgresql" else sqlite.insert(BenchmarkScore)
+                # upsert on the natural key: an attempt re-run after a lost worker replaces its scores
+                replace = {k: getattr(ins.excluded, k) for k in row if k not in SCORE_KEY}
+                replace["created_at"] = utcnow()
+                s.execute(ins.values(**row).on_conflict_do_update(index_elements=list(SCORE_KEY), set_=replace))
 
         self._write(write, "score")
 

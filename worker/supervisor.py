@@ -179,6 +179,14 @@ def _run_job_process(
     return _record_end(settings, job_id, owner, code, cancelled, lost, log_path)
 
 
+def _log_name(settings: Settings, log_path: Path) -> str:
+    """The job log as the operator finds it, without this server's paths (users see job errors)."""
+    try:
+        return f"{log_path.relative_to(Path(settings.artifact_dir).resolve())} in the artifact directory"
+    except ValueError:
+        return log_path.name
+
+
 def _record_end(
     settings: Settings, job_id: str, owner: str, code: int, cancelled: bool, lost: bool, log_path: Path
 ) -> str:
@@ -198,7 +206,7 @@ def _record_end(
             error = error or "job kind not available on this worker"
         else:
             error = error or f"job process exited with code {code}"
-            error += f" (log: {log_path})"
+            error += f" (log: {_log_name(settings, log_path)})"
         message = error
     for attempt in range(30):  # the database may be briefly down: the outcome must not be lost
         try:
