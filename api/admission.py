@@ -9,8 +9,6 @@ lexically (plus symlinks) and URL hosts are checked as literal addresses or by D
 
 from __future__ import annotations
 
-import ipaddress
-import socket
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -21,6 +19,7 @@ from sqlalchemy.orm import Session
 from api.problems import Problem
 from mathrl.presets import resolve_config
 from service.settings import Settings
+from service.sources import url_refusal
 from store.models import Job, Project
 
 ACTIVE_STATUSES: tuple[str, ...] = ("waiting", "queued", "running")
@@ -33,6 +32,7 @@ def admit(session: Session, project_id: str, spec: Any, settings: Settings, pend
     so that they count against the project's quotas too.
     """
     check_sources(spec, settings)
+    check_benchmarks(spec)
     check_job_limits(spec, settings)
     check_project_quota(session, project_id, spec, settings, pending or [])
 
@@ -53,9 +53,12 @@ def _under_roots(value: str, roots: list[Path], pointer: str, what: str) -> None
     raw = unquote(urlsplit(value).path) if value.startswith("file:") else value
     if value.startswith("file:") and urlsplit(value).netloc not in ("", "localhost"):
         raise _refuse(pointer, f"{value!r}: a file:// URL must name a local file (file:///path)")
-    resolved = Path(raw).expanduser().resolve()
+    listed = ", ".join(str(r) for r in roots)
+    if not raw.startswith("/"):  # './x', 'x', '~/x': relative to this server's process, not to anything of yours
+        raise _refuse(pointer, f"{value!r} is a relative path, which would resolve against the API server's own "
+                               f"working directory: give the absolute path (under one of {listed})")
+    resolved = Path(raw).resolve()
     if not any(resolved.is_relative_to(root) for root in roots):
-        listed = ", ".join(str(r) for r in roots)
         raise _refuse(
             pointer,
             f"{value!r} resolves to {resolved}, outside the {what} roots this server allows ({listed}): "
@@ -63,45 +66,9 @@ def _under_roots(value: str, roots: list[Path], pointer: str, what: str) -> None
         )
 
 
-def _is_public(host: str) -> bool:
-    """True when every address the host names is public (not private/loopback/link-local/...)."""
-    try:
-        addresses = [ipaddress.ip_address(host.strip("[]"))]
-    except ValueError:
-        try:
-            infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
-        except (OSError, UnicodeError):
-            return False
-        addresses = [ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in infos]
-    if not addresses:
-        return False
-    for addr in addresses:
-        if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
-            addr = addr.ipv4_mapped
-        if not addr.is_global or addr.is_multicast:
-            return False
-    return True
-
-
 def check_url(value: str, settings: Settings, pointer: str) -> None:
-    parts = urlsplit(value)
-    if parts.scheme not in ("http", "https"):
-        raise _refuse(pointer, f"{value!r}: only http(s) URLs under an allowed prefix, or local paths, are accepted")
-    prefixes = settings.sources.allowed_url_prefixes
-    if not any(value.startswith(p) for p in prefixes):
-        allowed = ", ".join(prefixes) if prefixes else "none are configured"
-        raise _refuse(
-            pointer, f"{value!r} is not under an allow-listed URL prefix ({allowed}): "
-            "put the file under a data root or ask the operator to allow its prefix",
-        )
-    host = parts.hostname or ""
-    if parts.username or parts.password:
-        raise _refuse(pointer, f"{value!r}: URLs with credentials are not accepted")
-    if not host or not _is_public(host):
-        raise _refuse(
-            pointer, f"{value!r}: the host {host!r} is a private, loopback or link-local address "
-            "(or does not resolve); only public hosts may be fetched",
-        )
+    if (why := url_refusal(value, settings.sources.allowed_url_prefixes)) is not None:
+        raise _refuse(pointer, why)
 
 
 def check_model_source(value: str | None, settings: Settings, pointer: str) -> None:
@@ -131,6 +98,26 @@ def check_sources(spec: Any, settings: Settings) -> None:
     dataset = getattr(spec, "dataset", None)
     if dataset is not None:
         check_data_source(dataset.path, settings, "/dataset/path")
+
+
+# --- registered benchmarks -------------------------------------------------------------------
+
+def check_benchmarks(spec: Any) -> None:
+    """Registered names must exist now: an unknown one was accepted (201) and failed the job later."""
+    from evaluator.benchmarks import UnknownBenchmark, get_benchmark
+
+    names: list[tuple[str, str]] = []
+    dataset = getattr(spec, "dataset", None)
+    if dataset is not None and dataset.name is not None:
+        names.append(("/dataset/name", dataset.name))
+    if spec.kind == "eval" and dataset is None:
+        names.append(("/benchmark", spec.benchmark))
+    for pointer, name in names:
+        try:
+            get_benchmark(name)
+        except UnknownBenchmark as exc:
+            detail = f"{exc}. Use one of these, or give dataset.path (a file under a data root)"
+            raise Problem(422, "Unknown benchmark", f"{pointer}: {detail}", [{"pointer": pointer, "detail": detail}])
 
 
 # --- per-job limits (on the resolved config: presets fill values) ---------------------------

@@ -7,9 +7,14 @@ import time
 from typing import Any
 
 from fastapi import FastAPI
+from fastapi.responses import JSONResponse
 from prometheus_client import Counter, Histogram
+from sqlalchemy.exc import DBAPIError
+from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException
 
 from api import problems
+from api.deps import CALLER_STATE, caller_for
 from api.routers import health, jobs, keys, pipelines, scores
 from api.web.router import router as web_router
 from service.settings import get_settings
@@ -21,23 +26,63 @@ LATENCY = Histogram(
 )
 
 
+BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+
+
 class LimitsAndMetrics:
-    """Pure ASGI middleware: refuse oversized bodies (413) and record Prometheus metrics."""
+    """Pure ASGI middleware: a request with a body has its key checked before a byte of the body
+    is read (every API route that takes a body needs a key), and its body is refused with a 413
+    past `max_bytes`, by Content-Length or, for a chunked body, while it is read. Records
+    Prometheus metrics."""
 
     def __init__(self, app: Any, max_bytes: int) -> None:
         self.app, self.max_bytes = app, max_bytes
+
+    def _too_large(self) -> str:
+        return f"{problems.TOO_LARGE} Limit: {self.max_bytes} bytes."
+
+    async def _authenticate(self, scope: dict[str, Any]) -> JSONResponse | None:
+        """None with the caller left in the request's state, else the problem to answer."""
+        authorization = Headers(scope=scope).get("authorization", "")
+        try:
+            caller = await caller_for(authorization, get_settings())
+        except problems.Problem as p:
+            return problems.problem_response(p.status, p.title, p.detail, scope["path"], p.errors, p.headers)
+        except DBAPIError:
+            return problems.problem_response(503, "Service unavailable", problems.DB_UNAVAILABLE, scope["path"],
+                                             headers={"Retry-After": "5"})
+        scope.setdefault("state", {})[CALLER_STATE] = caller
+        return None
+
+    def _limited(self, receive: Any) -> Any:
+        """`receive` that counts body bytes and stops the request past the limit."""
+        seen = 0
+
+        async def wrapped() -> dict[str, Any]:
+            nonlocal seen
+            message: dict[str, Any] = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:  # FastAPI passes HTTPException through its body reading
+                    raise HTTPException(413, self._too_large())
+            return message
+
+        return wrapped
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         length = dict(scope.get("headers", [])).get(b"content-length")
+        refused = None
         if length is not None and length.isdigit() and int(length) > self.max_bytes:
-            resp = problems.problem_response(
-                413, "Request too large", f"{problems.TOO_LARGE} Limit: {self.max_bytes} bytes.", scope["path"]
-            )
-            await resp(scope, receive, send)
+            refused = problems.problem_response(413, "Request too large", self._too_large(), scope["path"])
+        elif scope["method"] in BODY_METHODS and scope["path"].startswith("/v1/"):
+            refused = await self._authenticate(scope)
+        if refused is not None:
+            await refused(scope, receive, send)
             return
+        receive = self._limited(receive)
         start = time.perf_counter()
         status = [500]
 

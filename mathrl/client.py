@@ -68,6 +68,15 @@ def _params(**kw: Any) -> dict[str, Any]:
     return {k: v for k, v in kw.items() if v is not None}
 
 
+def _merge_series(pages: list[list[dict[str, Any]]]) -> list[MetricSeries]:
+    """Metric pages (whole steps each) joined into one series per name, in step order."""
+    points: dict[str, list[Any]] = {}
+    for page in pages:
+        for series in page:
+            points.setdefault(series["name"], []).extend(series["points"])
+    return [MetricSeries.model_validate({"name": k, "points": v}) for k, v in sorted(points.items())]
+
+
 def _parse_sse(lines: Iterator[str]) -> Iterator[EventResponse]:
     data: list[str] = []
     for line in lines:
@@ -157,8 +166,13 @@ class Jobs:
             yield from _parse_sse(resp.iter_lines())
 
     def metrics(self, job_id: str, name: str | None = None) -> list[MetricSeries]:
-        data = self._c.request("GET", f"/v1/jobs/{job_id}/metrics", params=_params(name=name))
-        return [MetricSeries.model_validate(s) for s in data["data"]]
+        """Every point of the job's series (the API pages them: this follows the pages)."""
+        pages, after = [], None
+        while True:
+            data = self._c.request("GET", f"/v1/jobs/{job_id}/metrics", params=_params(name=name, after_step=after))
+            pages.append(data["data"])
+            if not (after := data["next_cursor"]):
+                return _merge_series(pages)
 
     def samples(self, job_id: str, step: int | None = None, limit: int = 100, cursor: str | None = None) -> list[SampleResponse]:
         data = self._c.request("GET", f"/v1/jobs/{job_id}/samples", params=_params(step=step, limit=limit, cursor=cursor))
@@ -331,8 +345,13 @@ class AsyncJobs:
                     data = []
 
     async def metrics(self, job_id: str, name: str | None = None) -> list[MetricSeries]:
-        data = await self._c.request("GET", f"/v1/jobs/{job_id}/metrics", params=_params(name=name))
-        return [MetricSeries.model_validate(s) for s in data["data"]]
+        """Every point of the job's series (the API pages them: this follows the pages)."""
+        pages, after = [], None
+        while True:
+            data = await self._c.request("GET", f"/v1/jobs/{job_id}/metrics", params=_params(name=name, after_step=after))
+            pages.append(data["data"])
+            if not (after := data["next_cursor"]):
+                return _merge_series(pages)
 
     async def results(self, job_id: str) -> list[dict[str, Any]]:
         """An eval job's per-item results (see `Client.jobs.results`)."""

@@ -196,6 +196,35 @@ def test_oversized_body_is_413(app_client: Any) -> None:
     assert project_jobs(app_client, h) == []
 
 
+def _chunks(total: int, read: list[int], data: bytes = b"y") -> Iterator[bytes]:
+    """A chunked body (no Content-Length) of `total` bytes; `read` counts the chunks taken."""
+    for _ in range(0, total, 65536):
+        read.append(1)
+        yield data * 65536
+
+
+@pytest.mark.quick
+def test_chunked_body_over_the_limit_is_413_while_read(app_client: Any) -> None:
+    """Issue 16.2: the limit read only Content-Length; a chunked body was read whole and parsed."""
+    h = admin_key(app_client)
+    read: list[int] = []
+    body = (b'{"kind": "eval", "model": "org/m", "system_prompt": "', *_chunks(1_100_000, read), b'"}')
+    r = app_client.post("/v1/jobs", content=iter(body), headers={**h, "Content-Type": "application/json"})
+    assert r.status_code == 413 and "larger than this server accepts" in r.json()["detail"], r.text
+    assert project_jobs(app_client, h) == []
+
+
+@pytest.mark.quick
+def test_body_without_a_valid_key_is_refused_before_it_is_read(app_client: Any) -> None:
+    """Issue 16.2: a keyless 20 MB POST was read into memory and JSON-parsed before the key check."""
+    for headers in ({}, {"Authorization": "Bearer mrl_not-a-key"}):
+        read: list[int] = []
+        r = app_client.post("/v1/jobs", content=_chunks(20 * 2**20, read, b"{"),
+                            headers={**headers, "Content-Type": "application/json"})
+        assert r.status_code == 401 and r.headers["content-type"] == "application/problem+json", r.text
+        assert read == [], f"{len(read)} chunks of the body were read before the key was refused"
+
+
 @pytest.mark.quick
 def test_quota_of_active_jobs(app_client: Any) -> None:
     h = admin_key(app_client)
@@ -299,6 +328,25 @@ def test_dataset_source_refused_before_storing(app_client: Any, tmp_path: Path, 
     with overridden(sources={"allowed_url_prefixes": ALLOWED_URLS}):
         r = app_client.post("/v1/jobs", json=spec, headers=h)
     assert r.status_code == 422 and r.json()["errors"][0]["pointer"] == "/dataset/path", r.text
+    assert project_jobs(app_client, h) == []
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("path", ["set.jsonl", "./set.jsonl", "sub/../set.jsonl", "~/set.jsonl"])
+def test_relative_paths_are_refused_not_resolved_against_the_servers_cwd(
+    app_client: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, path: str
+) -> None:
+    """Issue 16.9: a relative path was resolved against the API process's working directory
+    (and '~' against its home): here both are an allowed root, and the job was accepted."""
+    (tmp_path / "set.jsonl").write_text('{"question": "1+1?", "answer": "2"}\n')
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    h = admin_key(app_client)
+    for spec, pointer in ((eval_spec(dataset={"path": path}), "/dataset/path"),
+                          (eval_spec(model=path if path.startswith(("./", "~")) else f"./{path}"), "/model")):
+        r = app_client.post("/v1/jobs", json=spec, headers=h)
+        assert r.status_code == 422 and r.json()["errors"][0]["pointer"] == pointer, r.text
+        assert "relative path" in r.json()["detail"] and "absolute path" in r.json()["detail"]
     assert project_jobs(app_client, h) == []
 
 
@@ -463,3 +511,54 @@ def test_keys_never_in_the_logs(service: Any) -> None:
             assert s not in content, f"an API key appears in {name}"
             assert s[len("mrl_"):] not in content, f"an API key's secret part appears in {name}"
 
+
+
+@pytest.mark.slow
+def test_open_event_streams_hold_no_database_connection(service: Any, pg_url: str) -> None:
+    """Issue 16.1: each SSE stream kept its request's session, idle in a transaction, for its
+    whole life; 30 streams (the pool: 10 + 20 overflow) stalled every other request of the API."""
+    import asyncio
+    import time
+
+    import httpx
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+
+    streams = 60
+    h = {"Authorization": f"Bearer {service.key()}"}
+    job_id = httpx.post(f"{service.url}/v1/jobs", json=eval_spec(), headers=h).json()["id"]  # parked: never ends
+    admin = create_engine(pg_url)
+
+    def idle_in_transaction() -> int:
+        with admin.connect() as c:
+            return int(c.execute(text("SELECT count(*) FROM pg_stat_activity WHERE datname = :d AND "
+                                      "state = 'idle in transaction'"), {"d": make_url(pg_url).database}).scalar())
+
+    async def main() -> tuple[list[int], int, int]:
+        statuses: list[int] = []
+        limits = httpx.Limits(max_connections=streams + 10)
+        async with httpx.AsyncClient(base_url=service.url, headers=h, limits=limits,
+                                     timeout=httpx.Timeout(60, read=None)) as c:
+            async def follow() -> None:
+                async with c.stream("GET", f"/v1/jobs/{job_id}/events/stream") as r:
+                    statuses.append(r.status_code)
+                    async for _ in r.aiter_lines():
+                        pass
+
+            tasks = [asyncio.create_task(follow()) for _ in range(streams)]
+            deadline = time.monotonic() + 45
+            while len(statuses) < streams and time.monotonic() < deadline:
+                await asyncio.sleep(0.2)
+            await asyncio.sleep(2)  # every stream has polled a few times
+            held = max([await asyncio.to_thread(idle_in_transaction) for _ in range(5)])
+            other = await c.get(f"/v1/jobs/{job_id}", timeout=10)
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            return statuses, held, other.status_code
+
+    statuses, held, other = asyncio.run(main())
+    admin.dispose()
+    assert statuses == [200] * streams, statuses
+    assert held <= 10, f"{held} connections idle in transaction with {streams} streams open"
+    assert other == 200

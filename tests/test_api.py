@@ -39,6 +39,9 @@ MALFORMED: list[tuple[dict[str, Any], str]] = [
     ({"kind": "eval", "model": "org/m", "tags": ["has space"]}, "/tags"),
     ({"kind": "eval", "model": "org/m", "resources": {"gpus": -1}}, "/resources/gpus"),
     ({"kind": "eval", "model": "org/m", "max_attempts": 0}, "/max_attempts"),
+    # issue 16.9: unknown registered names were accepted (201) and failed the job later
+    ({"kind": "eval", "model": "org/m", "benchmark": "gsm9k"}, "/benchmark"),
+    ({**GRPO, "dataset": {"name": "gsm8k-trian"}}, "/dataset/name"),
     ({**GRPO, "num_generations": 1}, "/num_generations"),
     ({**GRPO, "beta": -0.5}, "/beta"),
     ({**GRPO, "num_generations": 3}, "/num_generations"),
@@ -120,6 +123,42 @@ def test_pagination_walks_every_job_once(app_client: Any) -> None:
     assert bad.status_code == 400 and bad.json()["errors"][0]["pointer"] == "query:/cursor"
 
 
+def test_metrics_come_in_pages_of_whole_steps(app_client: Any, pg_url: str) -> None:
+    """Issue 16.9: the metrics route returned every point of a job in one response."""
+    from store.db import session_scope
+    from store.models import Metric, utcnow
+
+    h = admin_key(app_client)
+    job_id = app_client.post("/v1/jobs", json=eval_spec(), headers=h).json()["id"]
+    with session_scope(pg_url) as s:
+        s.add_all([Metric(job_id=job_id, name=n, step=step, value=float(step), time=utcnow())
+                   for step in range(10) for n in ("loss", "reward", "kl")])
+    pages, after = [], None
+    while True:
+        params = {"limit": 7, **({"after_step": after} if after is not None else {})}
+        page = app_client.get(f"/v1/jobs/{job_id}/metrics", params=params, headers=h).json()
+        pages.append({s["name"]: [p["step"] for p in s["points"]] for s in page["data"]})
+        if not (after := page["next_cursor"]):
+            break
+    assert pages[0] == {"kl": [0, 1], "loss": [0, 1], "reward": [0, 1]}  # 6 points: step 2 would split
+    assert len(pages) == 5 and all(sum(map(len, p.values())) <= 7 for p in pages)
+    walked = {n: [step for p in pages for step in p.get(n, [])] for n in ("kl", "loss", "reward")}
+    assert walked == {n: list(range(10)) for n in ("kl", "loss", "reward")}
+    one = app_client.get(f"/v1/jobs/{job_id}/metrics", params={"limit": 2}, headers=h).json()
+    assert sum(len(s["points"]) for s in one["data"]) == 3 and one["next_cursor"] == "0"  # a step is never split
+
+
+def test_tag_filter_finds_a_match_behind_many_newer_jobs(app_client: Any) -> None:
+    """Issue 16.9: the tag filter scanned 20 pages' worth of rows in Python and stopped there:
+    one tagged job behind 21 newer untagged ones was not listed."""
+    h = admin_key(app_client)
+    tagged = app_client.post("/v1/jobs", json=eval_spec(tags=["needle"]), headers=h).json()["id"]
+    for _ in range(21):
+        app_client.post("/v1/jobs", json=eval_spec(), headers=h)
+    page = app_client.get("/v1/jobs", params={"tag": "needle", "limit": 1}, headers=h).json()
+    assert [j["id"] for j in page["data"]] == [tagged] and page["next_cursor"] is None
+
+
 def test_another_projects_job_is_404_everywhere(app_client: Any) -> None:
     a, b = admin_key(app_client), admin_key(app_client)
     job_id = app_client.post("/v1/jobs", json=eval_spec(), headers=a).json()["id"]
@@ -176,3 +215,9 @@ def test_health_docs_metrics_and_limits(app_client: Any) -> None:
     big = app_client.post("/v1/jobs", content=b"x" * 2_000_000, headers={**admin_key(app_client), "content-type": "application/json"})
     assert big.status_code == 413 and big.json()["status"] == 413
     assert app_client.get("/v1/nothing-here").json()["status"] == 404
+
+
+def test_unknown_benchmark_names_the_close_ones(app_client: Any) -> None:
+    r = app_client.post("/v1/jobs", json=eval_spec(benchmark="gsm9k"), headers=admin_key(app_client))
+    assert r.status_code == 422 and r.json()["title"] == "Unknown benchmark", r.text
+    assert "Did you mean 'gsm8k'?" in r.json()["detail"] and "dataset.path" in r.json()["detail"]

@@ -63,6 +63,7 @@ def run(job_id: str) -> int:
         return retry_transient(lookup, f"job {job_id}: resolving {ref}")
 
     _check_available(spec)
+    spec = _fetch_dataset(spec, settings, job_id)
     model_path, checkpoint = resolve(spec.model)
     sink_class = DatabaseSink if is_main() else ReadOnlySink
     sink = sink_class(url, job_id, project_id, cancel_poll_seconds=settings.worker.heartbeat_seconds)
@@ -110,6 +111,20 @@ def _run_kind(
     else:
         raise NotAvailable(f"job kind '{spec.kind}' is not available on this worker")
     return EXIT_OK
+
+
+def _fetch_dataset(spec: Any, settings: Any, job_id: str) -> Any:
+    """A dataset URL is fetched here, checked again now (service.sources.fetch_url: the prefix,
+    the host's addresses as DNS answers now, and every redirect), and the job reads the copy."""
+    dataset = getattr(spec, "dataset", None)
+    if dataset is None or not (dataset.path or "").lower().startswith(("http://", "https://")):
+        return spec
+    from service.sources import fetch_url
+
+    rank = os.environ.get("RANK", "0")
+    local = fetch_url(dataset.path, settings.sources.allowed_url_prefixes,
+                      job_dir(settings.artifact_dir, job_id) / "data" / f"rank-{rank}")
+    return spec.model_copy(update={"dataset": dataset.model_copy(update={"path": str(local)})})
 
 
 def _check_available(spec: Any) -> None:

@@ -40,7 +40,7 @@ from mathrl.schemas import (
 )
 from mathrl.specs import AnySpec
 from store.db import get_sessionmaker
-from store.jobs import TERMINAL, request_cancel
+from store.jobs import TERMINAL, has_tag, request_cancel
 from store.models import Checkpoint, Event, Job, Metric, Sample, utcnow
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
@@ -134,19 +134,11 @@ def list_jobs(
         q = q.where(Job.kind == kind)
     if status:
         q = q.where(Job.status == status)
+    if tag:
+        q = q.where(has_tag(session, tag))
     if (c := page_cursor(cursor)) is not None:
         q = q.where(Job.id < c)
-    q = q.order_by(Job.id.desc())
-    if tag:
-        # tags are a JSON list; filtering in Python keeps one query shape for SQLite and PostgreSQL
-        rows: list[Job] = []
-        for job in session.scalars(q.limit(limit * 20)):
-            if tag in (job.tags or []):
-                rows.append(job)
-                if len(rows) > limit:
-                    break
-    else:
-        rows = list(session.scalars(q.limit(limit + 1)))
+    rows = list(session.scalars(q.order_by(Job.id.desc()).limit(limit + 1)))
     more = len(rows) > limit
     rows = rows[:limit]
     return {"data": rows, "next_cursor": rows[-1].id if more and rows else None}
@@ -196,6 +188,10 @@ def stream_events(
 ) -> StreamingResponse:
     """Server-Sent Events: every event as it is written; the stream ends when the job does."""
     _own_job(session, caller.project_id, job_id)
+    # The request's session would stay checked out (idle in a transaction) for the stream's whole
+    # life: 30 open streams emptied the pool and stalled every other request. Each poll below
+    # takes a connection for one query and gives it back.
+    session.close()
     url = settings.database.url
 
     def poll(last: int | None) -> tuple[list[dict[str, Any]], bool]:
@@ -228,22 +224,35 @@ def stream_events(
     return StreamingResponse(gen(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 
+METRICS_PAGE_POINTS = 5000
+
+
 @router.get("/{job_id}/metrics", response_model=Page[MetricSeries], responses=NOT_FOUND)
 def get_metrics(
     job_id: str, session: SessionDep, caller: CallerDep, name: str | None = Query(None, max_length=128),
-    after_step: int | None = Query(None, ge=-1),
+    after_step: int | None = Query(None, ge=-1, description="Only points after this step (a page's next_cursor)."),
+    limit: int = Query(METRICS_PAGE_POINTS, ge=1, le=50_000, description="Points per page, cut at a whole step."),
 ) -> dict[str, Any]:
-    """Series by name, ordered by step."""
+    """Series by name, ordered by step, at most `limit` points a page (default 5000), in whole
+    steps: when more remain, `next_cursor` is the last step returned; pass it as `after_step`."""
     _own_job(session, caller.project_id, job_id)
     q = select(Metric).where(Metric.job_id == job_id)
     if name:
         q = q.where(Metric.name == name)
     if after_step is not None:
         q = q.where(Metric.step > after_step)
+    rows = list(session.scalars(q.order_by(Metric.step, Metric.name).limit(limit + 1)))
+    next_cursor = None
+    if len(rows) > limit:
+        cut = rows[limit].step  # the first step not wholly on this page
+        rows = [m for m in rows[:limit] if m.step < cut]
+        if not rows:  # one step alone holds more than `limit` points: that step, whole
+            rows = list(session.scalars(q.where(Metric.step == cut).order_by(Metric.name)))
+        next_cursor = str(rows[-1].step)
     series: dict[str, list[MetricPoint]] = defaultdict(list)
-    for m in session.scalars(q.order_by(Metric.name, Metric.step)):
+    for m in rows:
         series[m.name].append(MetricPoint(step=m.step, value=m.value, time=m.time))
-    return {"data": [{"name": k, "points": v} for k, v in series.items()], "next_cursor": None}
+    return {"data": [{"name": k, "points": series[k]} for k in sorted(series)], "next_cursor": next_cursor}
 
 
 @router.get("/{job_id}/samples", response_model=Page[SampleResponse], responses=NOT_FOUND)

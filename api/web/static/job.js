@@ -92,14 +92,17 @@ boot(async (main) => {
 
   let lastStep = null, lastSeq = null, lastSample = null, finalPass = false;
   async function metrics() {
-    const page = await api(`/v1/jobs/${jobId}/metrics`, { after_step: lastStep });
     const touched = new Set();
-    for (const s of page.data) {
-      const pts = s.points.map((p) => ({ x: p.step, y: p.value }));
-      if (pts.length) lastStep = Math.max(lastStep ?? -1, pts[pts.length - 1].x);
-      const panels = PANELS.filter(([, test]) => test(s.name));
-      const targets = panels.length ? panels.map(([t]) => chartFor(t, false)) : [chartFor(s.name, true)];
-      for (const c of targets) { c.append(s.name, pts); touched.add(c); }
+    for (;;) {  // pages of whole steps: next_cursor is the last step of a page
+      const page = await api(`/v1/jobs/${jobId}/metrics`, { after_step: lastStep });
+      for (const s of page.data) {
+        const pts = s.points.map((p) => ({ x: p.step, y: p.value }));
+        if (pts.length) lastStep = Math.max(lastStep ?? -1, pts[pts.length - 1].x);
+        const panels = PANELS.filter(([, test]) => test(s.name));
+        const targets = panels.length ? panels.map(([t]) => chartFor(t, false)) : [chartFor(s.name, true)];
+        for (const c of targets) { c.append(s.name, pts); touched.add(c); }
+      }
+      if (!page.next_cursor) break;
     }
     for (const c of touched) c.render();
     noMetrics.hidden = charts.size > 0;
