@@ -13,7 +13,7 @@ from fastapi import Depends, Request
 from sqlalchemy.orm import Session
 
 from api import ratelimit
-from api.problems import AUTH_INVALID, AUTH_MISSING, BAD_CURSOR, Problem
+from api.problems import AUTH_INVALID, AUTH_MISSING, BAD_CURSOR, SCOPE_MISSING, Problem
 from mathrl.specs import ID_PATTERN
 from service.settings import Settings, get_settings
 from store.db import get_sessionmaker
@@ -75,10 +75,21 @@ CALLER_STATE = "mathrl_caller"
 
 
 async def get_caller(request: Request, settings: SettingsDep) -> Caller:
-    checked = request.scope.get("state", {}).get(CALLER_STATE)
-    if checked is not None:  # requests with a body: checked before the body was read (api/app.py)
-        return checked  # type: ignore[no-any-return]
-    return await caller_for(request.headers.get("authorization", ""), settings)
+    caller = request.scope.get("state", {}).get(CALLER_STATE)
+    if caller is None:  # requests with a body were checked before the body was read (api/app.py)
+        caller = await caller_for(request.headers.get("authorization", ""), settings)
+    need = required_scope(request.method, request.url.path)
+    if caller.key is not None and need not in (caller.key.scopes or []):
+        detail = SCOPE_MISSING.format(need=need, has=", ".join(caller.key.scopes or []) or "none")
+        raise Problem(403, "Forbidden", detail)
+    return caller  # type: ignore[no-any-return]
+
+
+def required_scope(method: str, path: str) -> str:
+    """The key scope a route needs: 'keys' for /v1/keys, 'read' for GETs, 'submit' for the rest."""
+    if path.rstrip("/").startswith("/v1/keys"):
+        return "keys"
+    return "read" if method in ("GET", "HEAD") else "submit"
 
 
 async def caller_for(authorization: str, settings: Settings) -> Caller:

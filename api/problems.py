@@ -30,6 +30,9 @@ KEY_NOT_FOUND = "No API key with this id in your project."
 AUTH_MISSING = "Send your API key as 'Authorization: Bearer <key>' (create one with `mathrl keys create`)."
 AUTH_INVALID = "The API key is unknown, revoked or expired: create a new one with `mathrl keys create`."
 ADMIN_REQUIRED = "Creating a key for another project needs the operator's admin token."
+SCOPE_MISSING = ("This key lacks the '{need}' scope (it has: {has}): use a key with it, or have a key with the "
+                 "'keys' scope create one (`mathrl keys create --scope {need}`).")
+SCOPE_NOT_HELD = "A key cannot grant a scope it does not hold: drop {extra} from scopes, or use a key that has it."
 IDEMPOTENCY_CONFLICT = (
     "This Idempotency-Key was used with a different request body: use a new key for a new job."
 )

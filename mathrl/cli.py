@@ -390,16 +390,34 @@ def keys_create(
     name: str | None = None,
     project: Annotated[str | None, typer.Option(help="Another project: needs --admin-token")] = None,
     admin_token: Annotated[str | None, typer.Option(envvar="MATHRL_ADMIN_TOKEN", help="Operator token")] = None,
-    expires_in_days: int | None = None,
+    expires_in_days: Annotated[int | None, typer.Option(help="Default: the server's (90 days)")] = None,
+    scope: Annotated[list[str] | None, typer.Option(
+        help="read, submit or keys; repeat for several (default: your key's own scopes)")] = None,
 ) -> None:
     """Create an API key (printed once; only its hash is stored)."""
     with _client(url, api_key) as c:
         try:
-            key = c.keys.create(name=name, project=project, expires_in_days=expires_in_days, admin_token=admin_token)
+            key = c.keys.create(name=name, project=project, expires_in_days=expires_in_days, admin_token=admin_token,
+                                scopes=scope or None)
         except MathRLError as exc:
             _fail(exc)
     err.print(f"key {key.id} for project '{key.project}' (shown once):")
     sys.stdout.write(key.key + "\n")
+
+
+@keys_app.command("list")
+def keys_list(url: UrlOpt = None, api_key: KeyOpt = None) -> None:
+    """Your project's keys: prefix, scopes, expiry, whether revoked (never the secrets)."""
+    with _client(url, api_key) as c:
+        try:
+            keys = c.keys.list()
+        except MathRLError as exc:
+            _fail(exc)
+    table = Table("id", "name", "prefix", "scopes", "expires", "revoked")
+    for k in keys:
+        table.add_row(k.id, k.name or "", k.prefix, ",".join(k.scopes), str(k.expires_at or "never"),
+                      str(k.revoked_at or ""))
+    console.print(table)
 
 
 @keys_app.command("revoke")

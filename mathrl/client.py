@@ -25,6 +25,7 @@ from mathrl.schemas import (
     EventResponse,
     JobResponse,
     KeyCreated,
+    KeyResponse,
     MetricSeries,
     PipelineResponse,
     SampleResponse,
@@ -259,11 +260,16 @@ class Keys:
 
     def create(
         self, name: str | None = None, project: str | None = None, expires_in_days: int | None = None,
-        admin_token: str | None = None,
+        admin_token: str | None = None, scopes: list[str] | None = None,
     ) -> KeyCreated:
+        """scopes: of 'read', 'submit', 'keys' (default: the creating key's own)."""
         headers = {"Authorization": f"Bearer {admin_token}"} if admin_token else {}
-        body = _params(name=name, project=project, expires_in_days=expires_in_days)
+        body = _params(name=name, project=project, expires_in_days=expires_in_days, scopes=scopes)
         return KeyCreated.model_validate(self._c.request("POST", "/v1/keys", json=body, headers=headers))
+
+    def list(self) -> list[KeyResponse]:
+        """Your project's keys (prefixes, scopes, dates; never secrets)."""
+        return [KeyResponse.model_validate(k) for k in self._c.request("GET", "/v1/keys")["data"]]
 
     def revoke(self, key_id: str) -> None:
         self._c.request("DELETE", f"/v1/keys/{key_id}")

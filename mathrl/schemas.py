@@ -130,6 +130,10 @@ class ScoreResponse(_Out):
     created_at: datetime
 
 
+KeyScope = Literal["read", "submit", "keys"]
+KEY_SCOPES: tuple[str, ...] = KeyScope.__args__  # type: ignore[attr-defined]
+
+
 class KeyResponse(_Out):
     id: str
     project_id: str
@@ -139,6 +143,10 @@ class KeyResponse(_Out):
     created_at: datetime
     expires_at: datetime | None
     revoked_at: datetime | None
+    scopes: list[str] = Field(
+        description="What the key may do: 'read' (GET routes), 'submit' (create jobs and pipelines, cancel), "
+        "'keys' (create, list and revoke the project's keys).",
+    )
 
 
 class KeyCreated(KeyResponse):
@@ -154,4 +162,11 @@ class KeyCreateRequest(BaseModel):
         pattern=r"^[a-z0-9][a-z0-9-]*$",
         description="Another project (created if new): needs the operator's admin token.",
     )
-    expires_in_days: int | None = Field(None, ge=1, le=3650)
+    expires_in_days: int | None = Field(
+        None, ge=1, le=3650, description="Default: the server's auth.default_key_days (90 unless the operator "
+        "changed it; 0 there means no expiry).",
+    )
+    scopes: list[KeyScope] | None = Field(
+        None, min_length=1, description="Default: the creating key's own scopes (all three with the admin token). "
+        "A key cannot grant a scope it does not hold.",
+    )

@@ -34,6 +34,10 @@ class AuthSettings(BaseModel):
     admin_token: str | None = Field(None, description="Operator token that may create projects and their keys.")
     key_prefix: str = "mrl_"
     cache_seconds: float = Field(2.0, description="How long an API process trusts a key it has checked.")
+    default_key_days: int = Field(
+        90, ge=0, le=3650,
+        description="Days a new key lives when its creator gives no expires_in_days (0: keys never expire by default).",
+    )
 
 
 class LimitsSettings(BaseModel):

@@ -25,15 +25,19 @@ def get_or_create_project(session: Session, name: str) -> Project:
     return project
 
 
+ALL_SCOPES = ("read", "submit", "keys")
+
+
 def create_key(
     session: Session, project: Project, name: str | None = None, expires_in_days: int | None = None,
-    prefix: str = "mrl_",
+    prefix: str = "mrl_", scopes: list[str] | tuple[str, ...] = ALL_SCOPES,
 ) -> tuple[ApiKey, str]:
-    """Returns the row and the secret (shown once, never stored)."""
+    """Returns the row and the secret (shown once, never stored). No `expires_in_days`: never expires."""
     secret = prefix + secrets.token_urlsafe(32)
     row = ApiKey(
         project_id=project.id, name=name, prefix=secret[: len(prefix) + 6], hash=hash_key(secret),
         expires_at=utcnow() + timedelta(days=expires_in_days) if expires_in_days else None,
+        scopes=[s for s in ALL_SCOPES if s in scopes],
     )
     session.add(row)
     session.flush()
@@ -65,3 +69,8 @@ def revoke(session: Session, project_id: str, key_id: str) -> str | None:
         .execution_options(synchronize_session=False)
     )
     return key_hash
+
+
+def list_keys(session: Session, project_id: str) -> list[ApiKey]:
+    """The project's keys, newest first (revoked and expired ones included, marked by their dates)."""
+    return list(session.scalars(select(ApiKey).where(ApiKey.project_id == project_id).order_by(ApiKey.id.desc())))

@@ -52,6 +52,8 @@ class ApiKey(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     expires_at: Mapped[datetime | None] = mapped_column()
     revoked_at: Mapped[datetime | None] = mapped_column()
+    # what the key may do (mathrl.schemas.KEY_SCOPES): read, submit (jobs, pipelines, cancels), keys
+    scopes: Mapped[list[str]] = mapped_column(default=lambda: ["read", "submit", "keys"])
 
 
 class Pipeline(Base):

@@ -7,7 +7,7 @@ import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -44,10 +44,10 @@ def test_refusals_say_why(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 class _Handler(BaseHTTPRequestHandler):
-    routes: dict[str, tuple[int, dict[str, str], bytes]] = {}
-    hits: list[str] = []
+    routes: ClassVar[dict[str, tuple[int, dict[str, str], bytes]]] = {}
+    hits: ClassVar[list[str]] = []
 
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         self.hits.append(self.path)
         status, headers, body = self.routes.get(self.path, (404, {}, b""))
         self.send_response(status)

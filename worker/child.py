@@ -93,7 +93,6 @@ def _run_kind(
         )
     elif spec.kind == "grpo":
         from trainer.grpo import run_grpo
-
         from worker.vllm_server import URL_ENV
 
         run_grpo(spec, config, sink, model_path=model_path, data_dir=settings.data_dir, out_dir=out / "train",
