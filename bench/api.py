@@ -1,8 +1,9 @@
 """Load benchmark of the control plane on loopback.
 
 Starts the real API (uvicorn processes) and one Celery worker on PostgreSQL + Redis, then
-prints req/s and p50/p99 latency for status reads and for submits, and the dispatch latency
-(submit -> claimed by a worker). Targets on a 2-core machine: reads >= 500 req/s with
+prints req/s and p50/p99 latency for status reads and for submits, status reads again while
+--streams SSE clients follow a job (with the database connections they hold), and the dispatch
+latency (submit -> claimed by a worker). Targets on a 2-core machine: reads >= 500 req/s with
 p99 < 50 ms, submit p99 < 100 ms, dispatch median < 1 s.
 
     .venv/bin/python bench/api.py [--seconds 10] [--concurrency 16] [--api-workers 2]
@@ -66,6 +67,39 @@ def report(name: str, rps: int, lat: list[float] | tuple[float, float], errors: 
     print(f"{name:<14} {rps:>7} req/s   p50 {p50 * 1000:6.1f} ms   p99 {p99 * 1000:6.1f} ms   errors={errors}")
 
 
+async def with_streams(url: str, headers: dict[str, str], job_id: str, streams: int, make_request, seconds: float,
+                       concurrency: int, db_url: str) -> tuple[tuple[int, list[float], int], int, int]:
+    """Status reads while `streams` SSE clients follow a job that never ends. Returns the load
+    result, how many streams opened, and the most connections seen idle in a transaction."""
+    opened: list[int] = []
+    limits = httpx.Limits(max_connections=streams + 10)
+    async with httpx.AsyncClient(base_url=url, headers=headers, limits=limits, timeout=httpx.Timeout(60, read=None)) as c:
+        async def follow() -> None:
+            async with c.stream("GET", f"/v1/jobs/{job_id}/events/stream") as r:
+                opened.append(r.status_code)
+                async for _ in r.aiter_lines():
+                    pass
+
+        tasks = [asyncio.create_task(follow()) for _ in range(streams)]
+        deadline = time.perf_counter() + 60
+        while len(opened) < streams and time.perf_counter() < deadline:
+            await asyncio.sleep(0.2)
+        engine = create_engine(db_url)
+
+        def idle() -> int:
+            with engine.connect() as conn:
+                return int(conn.execute(text("SELECT count(*) FROM pg_stat_activity WHERE datname = :d AND state = "
+                                             "'idle in transaction'"), {"d": make_url(db_url).database}).scalar())
+
+        held = max([await asyncio.to_thread(idle) for _ in range(5)])
+        result = await load(url, headers, make_request, seconds, concurrency)
+        engine.dispose()
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    return result, sum(code == 200 for code in opened), held
+
+
 def wrk(url: str, key: str, body: str | None, seconds: float, concurrency: int) -> tuple[int, tuple[float, float], int]:
     """Run wrk; returns (req/s, (p50, p99) in seconds, non-2xx count)."""
     script = None
@@ -103,6 +137,7 @@ def main() -> None:
     ap.add_argument("--api-workers", type=int, default=2)
     ap.add_argument("--dispatch-jobs", type=int, default=20)
     ap.add_argument("--python-client", action="store_true", help="use httpx even if wrk is installed")
+    ap.add_argument("--streams", type=int, default=200, help="SSE clients open during the last read phase")
     ap.add_argument("--pg", default="postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
     ap.add_argument("--redis", default="redis://127.0.0.1:6379/12")
     args = ap.parse_args()
@@ -163,6 +198,14 @@ def main() -> None:
             asyncio.run(load(url, h, read, 2, args.concurrency))  # warm-up
             report("status read", *asyncio.run(load(url, h, read, args.seconds, args.concurrency)))
             report("submit", *asyncio.run(load(url, h, submit, args.seconds, max(4, args.concurrency // 2))))
+
+        # open event streams must not starve other requests (each held a pooled connection once):
+        # reads with the same client, without and with the streams open, side by side
+        report("read (httpx)", *asyncio.run(load(url, h, read, args.seconds, args.concurrency)))
+        result, opened, held = asyncio.run(with_streams(url, h, job_id, args.streams, read, args.seconds,
+                                                        args.concurrency, db_url))
+        report(f"read, {args.streams} SSE", *result)
+        print(f"  {opened}/{args.streams} streams open; at most {held} database connections idle in a transaction")
 
         # dispatch latency: submit -> claimed by an idle worker; each job is cancelled once claimed
         worker = subprocess.Popen([py, "-m", "service.cli", "worker", "--queues", "cpu"], env=env, cwd=ROOT,
