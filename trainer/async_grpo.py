@@ -126,30 +126,11 @@ def async_args(spec: GRPOSpec, config: dict[str, Any], output_dir: Path, use_cpu
     kwargs: dict[str, Any] = {}
     if spec.max_staleness is not None:
         kwargs["max_staleness"] = spec.max_staleness
+    from trainer.grpo import common_args
+
     return AsyncGRPOConfig(
-        output_dir=str(output_dir),
-        learning_rate=config["learning_rate"],
-        num_generations=config["num_generations"],
-        max_completion_length=config["max_completion_length"],
-        per_device_train_batch_size=config["per_device_train_batch_size"],
-        gradient_accumulation_steps=config["gradient_accumulation_steps"],
-        epsilon=config["epsilon"],
-        epsilon_high=config["epsilon_high"],
-        temperature=config["temperature"],
-        top_p=config["top_p"],
-        vllm_server_base_url=server_url,
-        vllm_server_timeout=900.0,
-        max_steps=spec.max_steps,
-        warmup_steps=int(config["warmup_ratio"] * spec.max_steps),
-        logging_steps=spec.logging_steps,
-        save_strategy="steps",
-        save_steps=spec.save_steps,
-        seed=spec.seed,
-        report_to=[],
-        use_cpu=use_cpu,
-        bf16=not use_cpu,
+        **common_args(spec, config, output_dir, use_cpu, server_url),
         dtype="float32" if use_cpu else "bfloat16",
-        disable_tqdm=True,
         **kwargs,
     )
 
