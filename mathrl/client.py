@@ -110,7 +110,7 @@ class Client(_Base):
     def request(self, method: str, path: str, **kw: Any) -> Any:
         resp = self.http.request(method, path, **kw)
         _raise_for(resp)
-        return resp.json()
+        return resp.json() if resp.content else None  # 204 (a revoke) has no body
 
     def close(self) -> None:
         self.http.close()
@@ -287,11 +287,12 @@ class AsyncClient(_Base):
         self.jobs = AsyncJobs(self)
         self.pipelines = AsyncPipelines(self)
         self.scores = AsyncScores(self)
+        self.keys = AsyncKeys(self)
 
     async def request(self, method: str, path: str, **kw: Any) -> Any:
         resp = await self.http.request(method, path, **kw)
         _raise_for(resp)
-        return resp.json()
+        return resp.json() if resp.content else None  # 204 (a revoke) has no body
 
     async def aclose(self) -> None:
         await self.http.aclose()
@@ -335,9 +336,12 @@ class AsyncJobs:
         page = await self._c.request("GET", f"/v1/jobs/{job_id}/events", params=_params(after=after, limit=limit))
         return [EventResponse.model_validate(e) for e in page["data"]]
 
-    async def follow(self, job_id: str, after: int | None = None) -> AsyncIterator[EventResponse]:
+    async def follow(self, job_id: str, after: int | None = None,
+                     timeout: float | None = None) -> AsyncIterator[EventResponse]:
+        """Events as they happen (Server-Sent Events) until the job ends."""
         async with self._c.http.stream(
-            "GET", f"/v1/jobs/{job_id}/events/stream", params=_params(after=after), timeout=httpx.Timeout(30.0, read=None)
+            "GET", f"/v1/jobs/{job_id}/events/stream", params=_params(after=after),
+            timeout=httpx.Timeout(timeout or 30.0, read=timeout),
         ) as resp:
             if resp.status_code >= 400:
                 await resp.aread()
@@ -358,6 +362,16 @@ class AsyncJobs:
             pages.append(data["data"])
             if not (after := data["next_cursor"]):
                 return _merge_series(pages)
+
+    async def samples(self, job_id: str, step: int | None = None, limit: int = 100,
+                      cursor: str | None = None) -> list[SampleResponse]:
+        data = await self._c.request("GET", f"/v1/jobs/{job_id}/samples",
+                                     params=_params(step=step, limit=limit, cursor=cursor))
+        return [SampleResponse.model_validate(s) for s in data["data"]]
+
+    async def checkpoints(self, job_id: str) -> list[CheckpointResponse]:
+        data = await self._c.request("GET", f"/v1/jobs/{job_id}/checkpoints")
+        return [CheckpointResponse.model_validate(s) for s in data["data"]]
 
     async def results(self, job_id: str) -> list[dict[str, Any]]:
         """An eval job's per-item results (see `Client.jobs.results`)."""
@@ -393,6 +407,29 @@ class AsyncPipelines:
     async def cancel(self, pipeline_id: str) -> PipelineResponse:
         return PipelineResponse.model_validate(await self._c.request("POST", f"/v1/pipelines/{pipeline_id}/cancel"))
 
+    async def list(self, page_size: int = 20) -> AsyncIterator[PipelineResponse]:
+        cursor: str | None = None
+        while True:
+            page = await self._c.request("GET", "/v1/pipelines", params=_params(limit=page_size, cursor=cursor))
+            for row in page["data"]:
+                yield PipelineResponse.model_validate(row)
+            cursor = page["next_cursor"]
+            if not cursor:
+                return
+
+    async def wait(self, pipeline_id: str, timeout: float = 3600.0, poll: float = 1.0) -> PipelineResponse:
+        """Wait until every job of the pipeline has ended (raises TimeoutError)."""
+        import asyncio
+
+        deadline = time.monotonic() + timeout
+        while True:
+            p = await self.retrieve(pipeline_id)
+            if p.status in TERMINAL_STATUSES:
+                return p
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"pipeline {pipeline_id} still {p.status} after {timeout:.0f}s")
+            await asyncio.sleep(poll)
+
 
 class AsyncScores:
     def __init__(self, client: AsyncClient) -> None:
@@ -405,3 +442,23 @@ class AsyncScores:
             "GET", "/v1/scores", params=_params(model=model, benchmark=benchmark, job_id=job_id, limit=limit)
         )
         return [ScoreResponse.model_validate(s) for s in data["data"]]
+
+
+class AsyncKeys:
+    def __init__(self, client: AsyncClient) -> None:
+        self._c = client
+
+    async def create(
+        self, name: str | None = None, project: str | None = None, expires_in_days: int | None = None,
+        admin_token: str | None = None, scopes: list[str] | None = None,
+    ) -> KeyCreated:
+        """scopes: of 'read', 'submit', 'keys' (default: the creating key's own)."""
+        headers = {"Authorization": f"Bearer {admin_token}"} if admin_token else {}
+        body = _params(name=name, project=project, expires_in_days=expires_in_days, scopes=scopes)
+        return KeyCreated.model_validate(await self._c.request("POST", "/v1/keys", json=body, headers=headers))
+
+    async def list(self) -> list[KeyResponse]:
+        return [KeyResponse.model_validate(k) for k in (await self._c.request("GET", "/v1/keys"))["data"]]
+
+    async def revoke(self, key_id: str) -> None:
+        await self._c.request("DELETE", f"/v1/keys/{key_id}")
