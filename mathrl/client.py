@@ -69,6 +69,32 @@ def _params(**kw: Any) -> dict[str, Any]:
     return {k: v for k, v in kw.items() if v is not None}
 
 
+def _wait(retrieve: Any, what: str, ident: str, timeout: float, poll: float) -> Any:
+    """Poll `retrieve(ident)` until its status is terminal (raises TimeoutError)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        obj = retrieve(ident)
+        if obj.status in TERMINAL_STATUSES:
+            return obj
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} {ident} still {obj.status} after {timeout:.0f}s")
+        time.sleep(poll)
+
+
+async def _wait_async(retrieve: Any, what: str, ident: str, timeout: float, poll: float) -> Any:
+    """`_wait` for the AsyncClient."""
+    import asyncio
+
+    deadline = time.monotonic() + timeout
+    while True:
+        obj = await retrieve(ident)
+        if obj.status in TERMINAL_STATUSES:
+            return obj
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} {ident} still {obj.status} after {timeout:.0f}s")
+        await asyncio.sleep(poll)
+
+
 def _merge_series(pages: list[list[dict[str, Any]]]) -> list[MetricSeries]:
     """Metric pages (whole steps each) joined into one series per name, in step order."""
     points: dict[str, list[Any]] = {}
@@ -194,14 +220,7 @@ class Jobs:
 
     def wait(self, job_id: str, timeout: float = 3600.0, poll: float = 1.0) -> JobResponse:
         """Block until the job reaches a terminal status (raises TimeoutError)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            job = self.retrieve(job_id)
-            if job.status in TERMINAL_STATUSES:
-                return job
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"job {job_id} still {job.status} after {timeout:.0f}s")
-            time.sleep(poll)
+        return _wait(self.retrieve, "job", job_id, timeout, poll)  # type: ignore[no-any-return]
 
 
 class Pipelines:
@@ -231,14 +250,7 @@ class Pipelines:
 
     def wait(self, pipeline_id: str, timeout: float = 3600.0, poll: float = 1.0) -> PipelineResponse:
         """Block until every job of the pipeline has ended (raises TimeoutError)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            p = self.retrieve(pipeline_id)
-            if p.status in TERMINAL_STATUSES:
-                return p
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"pipeline {pipeline_id} still {p.status} after {timeout:.0f}s")
-            time.sleep(poll)
+        return _wait(self.retrieve, "pipeline", pipeline_id, timeout, poll)  # type: ignore[no-any-return]
 
 
 class Scores:
@@ -382,16 +394,7 @@ class AsyncJobs:
             return [json.loads(line) async for line in resp.aiter_lines() if line.strip()]
 
     async def wait(self, job_id: str, timeout: float = 3600.0, poll: float = 1.0) -> JobResponse:
-        import asyncio
-
-        deadline = time.monotonic() + timeout
-        while True:
-            job = await self.retrieve(job_id)
-            if job.status in TERMINAL_STATUSES:
-                return job
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"job {job_id} still {job.status} after {timeout:.0f}s")
-            await asyncio.sleep(poll)
+        return await _wait_async(self.retrieve, "job", job_id, timeout, poll)  # type: ignore[no-any-return]
 
 
 class AsyncPipelines:
@@ -419,16 +422,7 @@ class AsyncPipelines:
 
     async def wait(self, pipeline_id: str, timeout: float = 3600.0, poll: float = 1.0) -> PipelineResponse:
         """Wait until every job of the pipeline has ended (raises TimeoutError)."""
-        import asyncio
-
-        deadline = time.monotonic() + timeout
-        while True:
-            p = await self.retrieve(pipeline_id)
-            if p.status in TERMINAL_STATUSES:
-                return p
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"pipeline {pipeline_id} still {p.status} after {timeout:.0f}s")
-            await asyncio.sleep(poll)
+        return await _wait_async(self.retrieve, "pipeline", pipeline_id, timeout, poll)  # type: ignore[no-any-return]
 
 
 class AsyncScores:

@@ -49,6 +49,8 @@ def test_the_same_calls_work_sync_and_async(app_client: Any) -> None:
     pipeline = c.pipelines.create({"name": "p", "jobs": {"a": parked}})
     made = c.keys.create(name="reader", scopes=["read"])
     c.keys.revoke(made.id)  # a 204 with no body
+    with pytest.raises(TimeoutError, match=f"job {job.id} still queued"):
+        c.jobs.wait(job.id, timeout=0, poll=0)
 
     async def run() -> dict[str, Any]:
         transport = httpx.ASGITransport(app=app_client.app)
@@ -58,6 +60,8 @@ def test_the_same_calls_work_sync_and_async(app_client: Any) -> None:
                 "pipelines": [p.id async for p in ac.pipelines.list()],
                 "keys": [k.id for k in await ac.keys.list()],
             }
+            with pytest.raises(TimeoutError, match=f"pipeline {pipeline.id} still queued"):
+                await ac.pipelines.wait(pipeline.id, timeout=0, poll=0)
             await ac.jobs.cancel(job.id)
             await ac.pipelines.cancel(pipeline.id)
             out["waited"] = (await ac.pipelines.wait(pipeline.id, timeout=10, poll=0.1)).status
