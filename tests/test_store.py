@@ -81,10 +81,23 @@ def test_tag_filter_runs_in_sql(store_url: str) -> None:
         assert sorted(map(tuple, found)) == [("a",), ("b", "a")]
 
 
+# The suite's PostgreSQL database is shared with the service fixture, whose workers reconcile
+# every second: jobs here sit on a queue no worker serves, and running ones hold a live lease.
+PARKED_QUEUE = "store-tests"
+
+
+def _lease() -> object:
+    from datetime import timedelta
+
+    from store.models import utcnow
+
+    return utcnow() + timedelta(hours=1)
+
+
 def _job(store_url: str, **fields: object) -> str:
     with session_scope(store_url) as s:
         project = get_or_create_project(s, "state")
-        job = Job(project_id=project.id, kind="eval", spec={}, tags=[], **fields)
+        job = Job(project_id=project.id, kind="eval", spec={}, tags=[], queue=PARKED_QUEUE, **fields)
         s.add(job)
         s.flush()
         return job.id
@@ -100,10 +113,9 @@ def _job(store_url: str, **fields: object) -> str:
 def test_cancel_acts_on_the_state_the_job_is_in_now(store_url: str, read_as: str, moved_to: str,
                                                     moved: dict[str, object]) -> None:
     from store.jobs import request_cancel
-    from store.models import utcnow
 
     job_id = _job(store_url, status=read_as, lease_owner="w1" if read_as == "running" else None,
-                  lease_expires_at=utcnow() if read_as == "running" else None)
+                  lease_expires_at=_lease() if read_as == "running" else None)
     with session_scope(store_url) as api:
         job = api.get(Job, job_id)
         assert job is not None and job.status == read_as
@@ -140,7 +152,7 @@ def test_finish_and_cancel_in_one_pipeline_do_not_deadlock(pg_url: str) -> None:
     from sqlalchemy import create_engine, select
 
     from store.jobs import finish, request_cancel
-    from store.models import Pipeline, utcnow
+    from store.models import Pipeline
 
     with session_scope(pg_url) as s:
         project = get_or_create_project(s, "locks")
@@ -148,11 +160,11 @@ def test_finish_and_cancel_in_one_pipeline_do_not_deadlock(pg_url: str) -> None:
         s.add(pipe)
         s.flush()
         up = Job(project_id=project.id, kind="eval", spec={}, tags=[], status="running", lease_owner="w1",
-                 lease_expires_at=utcnow(), pipeline_id=pipe.id, pipeline_step="up")
+                 lease_expires_at=_lease(), pipeline_id=pipe.id, pipeline_step="up", queue=PARKED_QUEUE)
         s.add(up)
         s.flush()
         down = Job(project_id=project.id, kind="eval", spec={}, tags=[], status="waiting", pipeline_id=pipe.id,
-                   pipeline_step="down", depends_on=[up.id])
+                   pipeline_step="down", depends_on=[up.id], queue=PARKED_QUEUE)
         s.add(down)
         s.flush()
         pipe_id, up_id, down_id = pipe.id, up.id, down.id
