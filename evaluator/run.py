@@ -26,9 +26,11 @@ def run_eval(
     results_dir: Path | None = None,
     model_ref: str | None = None,
     checkpoint: str | None = None,
+    work_dir: Path | None = None,
 ) -> dict[str, float]:
     """Evaluate and report through the sink. `model_path` is the resolved local path or hub id;
-    `model_ref` is what the user asked for (kept on every score)."""
+    `model_ref` is what the user asked for (kept on every score). Per-item results go to
+    results_dir/items.jsonl (written into work_dir first when given; the sink moves them)."""
     bench, problems = _problems(spec, data_dir)
     sink.event("loading", f"{len(problems)} problems from {bench.name} v{bench.version}; loading {model_path}")
     t0 = time.monotonic()
@@ -97,12 +99,13 @@ def run_eval(
 
     sink.samples(None, items)
     if results_dir is not None:
-        results_dir.mkdir(parents=True, exist_ok=True)
-        path = results_dir / "items.jsonl"
-        with path.open("w") as f:
+        written = (work_dir or results_dir) / "items.jsonl"
+        written.parent.mkdir(parents=True, exist_ok=True)
+        with written.open("w") as f:
             for item in items:
                 f.write(json.dumps(item) + "\n")
-        sink.checkpoint(0, str(path), kind="results", data={"items": len(items)})
+        sink.checkpoint(0, str(results_dir / "items.jsonl"), kind="results", data={"items": len(items)},
+                        source=str(written))
 
     provenance = {
         "model_ref": model_ref or model_path,

@@ -6,6 +6,9 @@ that prints. Trainer and evaluator depend only on this protocol.
 
 from __future__ import annotations
 
+import os
+import shutil
+from pathlib import Path
 from typing import Any, Protocol
 
 
@@ -22,14 +25,41 @@ class Sink(Protocol):
     def samples(self, step: int | None, items: list[dict[str, Any]]) -> None:
         """Completions: each item has 'prompt', 'completion' and optional 'data'."""
 
-    def checkpoint(self, step: int, uri: str, kind: str = "checkpoint", data: dict[str, Any] | None = None) -> None:
-        """A saved checkpoint or artifact."""
+    def checkpoint(
+        self, step: int, uri: str, kind: str = "checkpoint", data: dict[str, Any] | None = None,
+        source: str | None = None,
+    ) -> None:
+        """A saved checkpoint or artifact, which lives at `uri` from now on. `source`: where the
+        process wrote it, if elsewhere (a job attempt's own directory): the sink moves it to
+        `uri`, and the worker's sink does so only while the attempt still owns the job."""
 
     def score(self, record: dict[str, Any]) -> None:
         """A benchmark score with its provenance (see store.models.BenchmarkScore)."""
 
     def should_stop(self) -> bool:
         """True when the job was asked to stop; checked between steps."""
+
+
+def promote(source: Path, target: Path) -> None:
+    """Move a finished checkpoint (or result file) from where a process wrote it to its place,
+    replacing what a replayed step left there: the old one is renamed aside first, so a crash
+    mid-way leaves either the old or the new one under the name, never half of one."""
+    if not source.exists() and target.exists():
+        return  # moved already (a retried transaction whose first commit's answer was lost)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    old = target.with_name(f".{target.name}.replaced")
+    _remove(old)
+    if target.exists():
+        os.rename(target, old)
+    os.rename(source, target)
+    _remove(old)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
 
 
 class PrintSink:
@@ -55,7 +85,12 @@ class PrintSink:
     def samples(self, step: int | None, items: list[dict[str, Any]]) -> None:
         self.items.extend(items)
 
-    def checkpoint(self, step: int, uri: str, kind: str = "checkpoint", data: dict[str, Any] | None = None) -> None:
+    def checkpoint(
+        self, step: int, uri: str, kind: str = "checkpoint", data: dict[str, Any] | None = None,
+        source: str | None = None,
+    ) -> None:
+        if source is not None and source != uri:
+            promote(Path(source), Path(uri))
         self.console.print(f"[dim]{kind}[/dim] step {step}: {uri}")
 
     def score(self, record: dict[str, Any]) -> None:
@@ -63,3 +98,4 @@ class PrintSink:
 
     def should_stop(self) -> bool:
         return False
+

@@ -98,6 +98,22 @@ def renew_lease(session: Session, job_id: str, owner: str, lease_seconds: float)
     return Heartbeat(owned=owned, cancel_requested=cancel)
 
 
+def holds_lease(session: Session, job_id: str, owner: str, attempt: int) -> bool:
+    """The fence of a job process's writes: True if attempt `attempt` under `owner` still runs
+    the job, and then nobody can take the job from it until this transaction ends (PostgreSQL:
+    a share lock on the job row, which the reconciler's re-queue and a new claim wait for;
+    SQLite: the database's write lock, taken by a no-op UPDATE). The attempt number is the
+    fencing token: every claim increments it, so a process that lost its lease, to a lapsed
+    lease and a re-queue, can never write as the job's owner again."""
+    owned = and_(Job.id == job_id, Job.status == "running", Job.lease_owner == owner, Job.attempts == attempt)
+    if session.get_bind().dialect.name == "postgresql":
+        return session.scalar(select(Job.id).where(owned).with_for_update(read=True)) is not None
+    result = session.execute(
+        update(Job).where(owned).values(lease_owner=Job.lease_owner).execution_options(synchronize_session=False)
+    )
+    return result.rowcount == 1  # type: ignore[attr-defined]
+
+
 def lock_pipeline_of(session: Session, job_id: str) -> None:
     """Take the lock of the job's pipeline row, if it has one. The one lock order: the pipeline
     first, then job rows. Finishing or cancelling a pipeline job settles its pipeline, which

@@ -143,11 +143,14 @@ class Service:
             self.api.wait(timeout=20)
         self.api = None
 
-    def start_worker(self, queues: str = "cpu", name: str | None = None) -> subprocess.Popen[bytes]:
+    def start_worker(
+        self, queues: str = "cpu", name: str | None = None, env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
+        """A worker (env: these variables over the service's)."""
         name = name or f"w{len(self.workers)}"
         proc = subprocess.Popen(
             [sys.executable, "-m", "service.cli", "worker", "--queues", queues, "--hostname", f"{name}@%h"],
-            env=self.env, cwd=ROOT, stdout=open(self.logs / f"worker-{name}.log", "ab"), stderr=subprocess.STDOUT,
+            env={**self.env, **(env or {})}, cwd=ROOT, stdout=open(self.logs / f"worker-{name}.log", "ab"), stderr=subprocess.STDOUT,
             start_new_session=True, preexec_fn=_die_with_parent,
         )
         self.workers.append(proc)

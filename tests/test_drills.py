@@ -254,6 +254,138 @@ def test_worker_killed_mid_grpo_resumes_from_its_latest_checkpoint(drills: Servi
         assert len(steps) == len(set(steps)), f"{name} logged a step twice: {steps}"
 
 
+# -- drill 6 ---------------------------------------------------------------------------------
+
+
+class Partition:
+    """A TCP proxy between one worker and PostgreSQL that the test can cut: while cut, its open
+    connections are closed and new ones are closed as soon as they arrive (the worker sees the
+    database go away; everyone else still reaches it directly)."""
+
+    def __init__(self, upstream: tuple[str, int]) -> None:
+        import socket
+
+        self.upstream, self.cut = upstream, threading.Event()
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        self.open: set[Any] = set()
+        self.lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import socket
+
+        while True:
+            try:
+                client, _ = self.server.accept()
+            except OSError:
+                return
+            if self.cut.is_set():
+                client.close()
+                continue
+            try:
+                up = socket.create_connection(self.upstream)
+            except OSError:
+                client.close()
+                continue
+            with self.lock:
+                self.open.update((client, up))
+            for a, b in ((client, up), (up, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    def _pump(self, src: Any, dst: Any) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        for sock in (src, dst):
+            self._close(sock)
+
+    def _close(self, sock: Any) -> None:
+        import socket
+
+        with self.lock:
+            self.open.discard(sock)
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        sock.close()
+
+    def block(self) -> None:
+        self.cut.set()
+        with self.lock:
+            socks = list(self.open)
+        for sock in socks:
+            self._close(sock)
+
+    def unblock(self) -> None:
+        self.cut.clear()
+
+    def close(self) -> None:
+        self.block()
+        self.server.close()
+
+
+def test_worker_cut_off_from_the_database_cannot_write_into_the_job_it_lost(drills: Service, tiny_model: str) -> None:
+    """Issue 16.4: only worker A's database connection is cut (its reconciler too; the API and
+    worker B still reach the database) for longer than the lease. B's reconciler re-queues the
+    job and B resumes it (attempt 2). When A's link comes back, every write its job process
+    tries is refused by the fence (counted), the process stops, and the job's checkpoints and
+    final model are B's."""
+    from sqlalchemy.engine import make_url as _url
+
+    svc = drills
+    set_workers(svc, 0)
+    url = _url(svc.env["MATHRL_DATABASE__URL"])
+    link = Partition((url.host or "127.0.0.1", url.port or 5432))
+    try:
+        proxied = url.set(host="127.0.0.1", port=link.port).render_as_string(hide_password=False)
+        svc.start_worker(name=f"cut-{uuid.uuid4().hex[:6]}", env={"MATHRL_DATABASE__URL": proxied})
+        c = svc.client()
+        job = c.jobs.create(sft_spec(tiny_model, max_steps=40, save_steps=10))
+        stale_pid = child_pid(c, job.id)
+        wait_for(lambda: c.jobs.checkpoints(job.id), 120, 0.05, "the first checkpoint")
+        link.block()
+        cut_at = time.monotonic()
+        svc.start_worker(name=f"direct-{uuid.uuid4().hex[:6]}")
+
+        def claimed_again() -> bool:
+            return any(e.type == "claimed" and e.data["attempt"] == 2 for e in c.jobs.events(job.id))
+
+        wait_for(claimed_again, 60, 0.2, "worker B to take the job over")
+        assert pid_alive(stale_pid)  # A's process is still there, unable to reach the database
+        time.sleep(max(0.0, 6 - (time.monotonic() - cut_at)))  # cut for longer than the 4 s lease
+        link.unblock()
+        wait_for(lambda: not pid_alive(stale_pid), 30, 0.2, "the stale job process to stop")
+
+        done = c.jobs.wait(job.id, timeout=180, poll=0.5)
+        assert done.status == "succeeded" and done.attempts == 2, done.error
+        events = c.jobs.events(job.id)
+        stale = [e for e in events if e.type == "stale_attempt"]
+        assert len(stale) == 1 and stale[0].data["attempt"] == 1, [(e.type, e.message) for e in events]
+        rejected = stale[0].data["rejected_writes"]
+        attempt1 = Path(svc.env["MATHRL_ARTIFACT_DIR"]) / "jobs" / job.id / "attempt-1"
+        assert rejected >= 1 and len((attempt1 / "rejected-writes.log").read_text().splitlines()) == rejected
+        print(f"partition drill: {rejected} writes of the stale attempt refused")
+        # what the job keeps was promoted by the owner of each moment: attempt 1 up to the cut, then 2
+        ckpts = c.jobs.checkpoints(job.id)
+        final = [cp for cp in ckpts if cp.kind == "final"]
+        assert len(final) == 1 and final[0].data["attempt"] == 2 and final[0].step == 40
+        resumed = [e.data["step"] for e in events if e.type == "resumed"]
+        assert len(resumed) == 1
+        assert all(cp.data["attempt"] == 2 for cp in ckpts if cp.step > resumed[0]), [(cp.step, cp.data) for cp in ckpts]
+        train = attempt1.parent / "train"  # the job's directory holds exactly what was recorded
+        assert {p.name for p in train.iterdir()} == {f"checkpoint-{cp.step}" for cp in ckpts if cp.kind == "checkpoint"} | {"final"}
+        assert (train / "final" / "config.json").exists()
+        steps = [m for m in c.jobs.metrics(job.id) if m.name == "loss"][0]
+        assert [p.step for p in steps.points] == list(range(1, 41))
+    finally:
+        link.close()
+        set_workers(svc, 0)
+
+
 # -- drill 4 ---------------------------------------------------------------------------------
 
 

@@ -42,24 +42,24 @@ def flag(cmd: list[str], name: str) -> str:
 
 @pytest.mark.quick
 def test_four_gpu_job_is_launched_with_four_processes() -> None:
-    cmd = job_command(parse_spec(grpo(resources={"gpus": 4})), "j1", "w1", have_deepspeed=False)
+    cmd = job_command(parse_spec(grpo(resources={"gpus": 4})), "j1", "w1", 1, have_deepspeed=False)
     assert cmd[:3] == [sys.executable, "-m", "accelerate.commands.launch"]
     assert flag(cmd, "--num_processes") == "4" and flag(cmd, "--num_machines") == "1"
     assert "--multi_gpu" in cmd and flag(cmd, "--mixed_precision") == "bf16" and "--use_deepspeed" not in cmd
-    assert cmd[-4:] == ["-m", "worker.child", "j1", "w1"]
+    assert cmd[-5:] == ["-m", "worker.child", "j1", "w1", "1"]
     assert describe(cmd) == "4 processes (accelerate launch, DDP)"
 
 
 @pytest.mark.quick
 def test_zero3_job_is_launched_with_deepspeed_stage_3() -> None:
     spec = parse_spec(grpo(resources={"gpus": 4}, deepspeed_zero3=True))
-    cmd = job_command(spec, "j1", "w1", have_deepspeed=True)
+    cmd = job_command(spec, "j1", "w1", 1, have_deepspeed=True)
     assert "--use_deepspeed" in cmd and "--multi_gpu" not in cmd
     assert flag(cmd, "--zero_stage") == "3" and flag(cmd, "--zero3_init_flag") == "true"
     assert flag(cmd, "--zero3_save_16bit_model") == "true" and flag(cmd, "--offload_param_device") == "none"
-    assert flag(cmd, "--num_processes") == "4" and cmd[-4:] == ["-m", "worker.child", "j1", "w1"]
+    assert flag(cmd, "--num_processes") == "4" and cmd[-5:] == ["-m", "worker.child", "j1", "w1", "1"]
     # no DeepSpeed on the worker: launched without it, and every rank fails with the reason
-    assert "--use_deepspeed" not in job_command(spec, "j1", "w1", have_deepspeed=False)
+    assert "--use_deepspeed" not in job_command(spec, "j1", "w1", 1, have_deepspeed=False)
 
 
 @pytest.mark.quick
@@ -68,12 +68,12 @@ def test_zero3_job_is_launched_with_deepspeed_stage_3() -> None:
     {"kind": "eval", "model": "org/m", "resources": {"gpus": 2}},  # eval is one process (vLLM shards itself)
 ])
 def test_single_process_jobs_run_the_plain_job_process(spec: dict[str, Any]) -> None:
-    assert job_command(parse_spec(spec), "j1", "w1") == [sys.executable, "-m", "worker.child", "j1", "w1"]
+    assert job_command(parse_spec(spec), "j1", "w1", 1) == [sys.executable, "-m", "worker.child", "j1", "w1", "1"]
 
 
 @pytest.mark.quick
 def test_cpu_processes_use_torchrun_with_the_cores_shared() -> None:
-    cmd = job_command(parse_spec(sft(resources={"processes": 2})), "j1", "w1", cpu_count=8)
+    cmd = job_command(parse_spec(sft(resources={"processes": 2})), "j1", "w1", 1, cpu_count=8)
     assert flag(cmd, "--num_processes") == "2" and flag(cmd, "--num_cpu_threads_per_process") == "4"
     assert flag(cmd, "--mixed_precision") == "no"
     assert describe(cmd) == "2 processes (accelerate launch, CPU, gloo)"
@@ -182,5 +182,5 @@ def test_cancel_stops_every_rank(service: Service) -> None:
     assert done.status == "cancelled", done.error
     wait_for(lambda: not job_processes(job.id), 10, what="every process of the job to exit")
     # the ranks stopped together between steps (not killed after the grace period): rank 0 said so
-    exit_code = Path(service.env["MATHRL_ARTIFACT_DIR"]) / "jobs" / job.id / "exit-code"
+    exit_code = Path(service.env["MATHRL_ARTIFACT_DIR"]) / "jobs" / job.id / "attempt-1" / "exit-code"
     assert exit_code.read_text() == "2"

@@ -105,11 +105,12 @@ def test_fetch_checks_the_host_again_when_it_fetches(server: str, tmp_path: Path
 def test_the_job_process_reads_its_own_checked_copy(server: str, tmp_path: Path) -> None:
     from mathrl.specs import parse_spec
     from service.settings import Settings
-    from worker.child import _fetch_dataset
+    from worker.child import _fetch_dataset, attempt_dir
 
     settings = Settings(artifact_dir=str(tmp_path), sources={"allowed_url_prefixes": [f"{server}/sets"]})  # type: ignore[arg-type]
     spec = parse_spec({"kind": "eval", "model": "org/m", "dataset": {"path": f"{server}/sets/moved.jsonl"}})
-    fetched = _fetch_dataset(spec, settings, "job-1")
+    work = attempt_dir(settings.artifact_dir, "job-1", 1)
+    fetched = _fetch_dataset(spec, settings, work)
     local = Path(fetched.dataset.path)
-    assert local.is_relative_to(tmp_path / "jobs" / "job-1" / "data") and local.read_text().startswith('{"question"')
+    assert local.is_relative_to(tmp_path / "jobs" / "job-1" / "attempt-1" / "data") and local.read_text().startswith('{"question"')
     assert fetched.dataset.question_field == spec.dataset.question_field

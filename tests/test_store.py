@@ -199,3 +199,107 @@ def test_finish_and_cancel_in_one_pipeline_do_not_deadlock(pg_url: str) -> None:
     with session_scope(pg_url) as s:
         assert s.get(Job, up_id).status == "succeeded"  # type: ignore[union-attr]
         assert s.get(Job, down_id).status == "cancelled"  # type: ignore[union-attr]
+
+
+def _requeue_and_claim(store_url: str, job_id: str, owner: str) -> None:
+    """What happens to a job whose worker was cut off: the lease lapses, a reconciler puts the
+    job back in the queue, another worker claims it (attempt 2)."""
+    from datetime import timedelta
+
+    from store.jobs import claim, reconcile
+    from store.models import utcnow
+
+    with session_scope(store_url) as s:
+        row = s.get(Job, job_id)
+        assert row is not None
+        row.lease_expires_at = utcnow() - timedelta(seconds=1)
+    with session_scope(store_url) as s:
+        reconcile(s, redeliver_after_seconds=3600)
+    with session_scope(store_url) as s:
+        assert claim(s, job_id, owner, 3600) is not None
+
+
+def test_a_process_that_lost_its_lease_has_every_write_refused(store_url: str, tmp_path: Path) -> None:
+    """Issue 16.4: a worker cut off from the database kept its job process running; once its
+    lease lapsed another worker ran the job too, and both wrote into the same job (and its
+    directory). Every write of a job process is fenced by (owner, attempt): the stale one's
+    are refused, counted, and its checkpoint never replaces the owner's."""
+    from sqlalchemy import func, select
+
+    from store.models import Checkpoint, Metric
+    from worker.sink import DatabaseSink, Fence, LeaseLost
+
+    job_id = _job(store_url, status="running", lease_owner="w1", lease_expires_at=_lease(), attempts=1)
+    with session_scope(store_url) as s:
+        project_id = s.get(Job, job_id).project_id  # type: ignore[union-attr]
+    rejected = tmp_path / "rejected-writes.log"
+    stale = DatabaseSink(store_url, job_id, project_id, cancel_poll_seconds=0, fence=Fence("w1", 1, rejected))
+    stale.event("started", "attempt 1")  # owned: written
+    stale.metrics(1, {"loss": 1.0})
+    stale.flush()
+
+    _requeue_and_claim(store_url, job_id, "w2")
+    owner = DatabaseSink(store_url, job_id, project_id, fence=Fence("w2", 2))
+    owners_ckpt = tmp_path / "job" / "train" / "checkpoint-4"
+    (tmp_path / "a2" / "checkpoint-4").mkdir(parents=True)
+    (tmp_path / "a2" / "checkpoint-4" / "who").write_text("attempt 2")
+    owner.checkpoint(4, str(owners_ckpt), source=str(tmp_path / "a2" / "checkpoint-4"))
+    assert (owners_ckpt / "who").read_text() == "attempt 2"
+
+    (tmp_path / "a1" / "checkpoint-4").mkdir(parents=True)
+    (tmp_path / "a1" / "checkpoint-4" / "who").write_text("attempt 1")
+    with pytest.raises(LeaseLost):
+        stale.checkpoint(4, str(owners_ckpt), source=str(tmp_path / "a1" / "checkpoint-4"))
+    with pytest.raises(LeaseLost):
+        stale.event("progress", "5/10")
+    stale.metrics(5, {"loss": 0.5})  # queued; its writer finds the lease lost
+    with pytest.raises(LeaseLost):
+        stale.flush()
+    assert stale.lost and stale.should_stop()
+    assert stale.rejected == 3 and len(rejected.read_text().splitlines()) == 3
+    assert (owners_ckpt / "who").read_text() == "attempt 2"  # not replaced by the stale attempt
+    with session_scope(store_url) as s:
+        ckpt = s.scalars(select(Checkpoint).where(Checkpoint.job_id == job_id)).one()
+        assert ckpt.data == {"attempt": 2}
+        assert s.scalar(select(func.count()).select_from(Metric).where(Metric.job_id == job_id)) == 1
+        assert sorted(e.type for e in s.query(Event).filter_by(job_id=job_id)) == [
+            "checkpoint", "claimed", "requeued", "started"]  # none of the stale attempt's after it lost
+
+
+def test_a_stale_process_learns_it_lost_the_job_without_writing(store_url: str) -> None:
+    """The stop request poll sees a lost lease too: a process that only reads stops as well."""
+    from worker.sink import DatabaseSink, Fence
+
+    job_id = _job(store_url, status="running", lease_owner="w1", lease_expires_at=_lease(), attempts=1)
+    with session_scope(store_url) as s:
+        project_id = s.get(Job, job_id).project_id  # type: ignore[union-attr]
+    sink = DatabaseSink(store_url, job_id, project_id, cancel_poll_seconds=0, fence=Fence("w1", 1))
+    assert not sink.should_stop()
+    _requeue_and_claim(store_url, job_id, "w2")
+    assert sink.should_stop() and sink.lost
+
+
+def test_the_fence_holds_the_job_until_the_write_commits(pg_url: str) -> None:
+    """While a fenced write is in its transaction the reconciler cannot re-queue the job (it
+    skips the locked row and takes it on a later round), so a write checked as the owner's
+    commits as the owner's."""
+    from datetime import timedelta
+
+    from store.jobs import holds_lease, reconcile
+    from store.models import utcnow
+
+    job_id = _job(pg_url, status="running", lease_owner="w1", attempts=1,
+                  lease_expires_at=utcnow() - timedelta(seconds=1))  # lapsed, not yet re-queued
+    with session_scope(pg_url) as writer:
+        assert holds_lease(writer, job_id, "w1", 1)
+        assert not holds_lease(writer, job_id, "w1", 2) and not holds_lease(writer, job_id, "w2", 1)
+        with session_scope(pg_url) as s:
+            reconcile(s, redeliver_after_seconds=3600)
+        with session_scope(pg_url) as s:
+            assert s.get(Job, job_id).status == "running"  # type: ignore[union-attr]
+        add_event(writer, job_id, "metric-write")
+    with session_scope(pg_url) as s:
+        reconcile(s, redeliver_after_seconds=3600)
+    with session_scope(pg_url) as s:
+        assert s.get(Job, job_id).status == "queued"  # type: ignore[union-attr]
+        assert s.query(Event).filter_by(job_id=job_id, type="metric-write").count() == 1

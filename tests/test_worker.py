@@ -178,7 +178,7 @@ def test_bad_model_path_fails_with_the_error_captured(service: Service, tmp_path
     assert done.status == "failed"
     assert "nonexistent" in (done.error or "")
     # issue 16.9: the log is named as the operator finds it, not by this server's absolute path
-    assert f"(log: jobs/{job.id}/attempt-1.log in the artifact directory)" in (done.error or ""), done.error
+    assert f"(log: jobs/{job.id}/attempt-1/job.log in the artifact directory)" in (done.error or ""), done.error
 
 
 def test_cancel_running_job_stops_its_process(service: Service, tiny_model: str) -> None:

@@ -14,8 +14,14 @@ from mathrl.sink import Sink
 
 
 class SinkCallback(TrainerCallback):  # type: ignore[misc]
-    def __init__(self, sink: Sink, sample_every: int = 10, samples_per_step: int = 8, total_steps: int | None = None):
+    def __init__(
+        self, sink: Sink, sample_every: int = 10, samples_per_step: int = 8, total_steps: int | None = None,
+        checkpoint_dir: str | None = None,
+    ):
         self.sink = sink
+        # where saved checkpoints go (the job's directory) when the trainer writes them elsewhere
+        # (the attempt's own args.output_dir): the sink moves each one there as it records it
+        self.checkpoint_dir = checkpoint_dir
         self.sample_every = sample_every
         self.samples_per_step = samples_per_step
         self.total_steps = total_steps
@@ -86,8 +92,10 @@ class SinkCallback(TrainerCallback):  # type: ignore[misc]
         return out
 
     def on_save(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-        path = f"{args.output_dir}/checkpoint-{state.global_step}"
-        self.sink.checkpoint(state.global_step, path, kind="checkpoint")
+        name = f"checkpoint-{state.global_step}"
+        written = f"{args.output_dir}/{name}"
+        target = f"{self.checkpoint_dir}/{name}" if self.checkpoint_dir else written
+        self.sink.checkpoint(state.global_step, target, kind="checkpoint", source=written)
 
     def _record_samples(self, step: int) -> None:
         logs = getattr(self.trainer, "_logs", None)

@@ -114,10 +114,13 @@ def latest_checkpoint(out_dir: Path) -> Path | None:
     return best[1] if best else None
 
 
-def save_final(trainer: Any, tokenizer: Any, out_dir: Path, sink: Sink, seconds: float) -> dict[str, Any]:
+def save_final(
+    trainer: Any, tokenizer: Any, out_dir: Path, sink: Sink, seconds: float, work_dir: Path | None = None
+) -> dict[str, Any]:
     """Save the trained model (LoRA adapters merged into their base) to out_dir/final, so
-    evaluation and later jobs load it like any model, and report it."""
-    final = out_dir / "final"
+    evaluation and later jobs load it like any model, and report it. With `work_dir` (a job
+    attempt's own directory) it is written there and the sink moves it to out_dir/final."""
+    final = (work_dir or out_dir) / "final"
     if trainer.is_deepspeed_enabled:  # ZeRO-3 shards the weights: every rank joins in gathering them
         with ranks_dir(trainer, final, "final model") as staging:
             trainer.save_model(str(staging))
@@ -132,6 +135,6 @@ def save_final(trainer: Any, tokenizer: Any, out_dir: Path, sink: Sink, seconds:
             tokenizer.save_pretrained(str(staging))
     trainer.accelerator.wait_for_everyone()
     step = trainer.state.global_step
-    sink.checkpoint(step, str(final), kind="final")
+    sink.checkpoint(step, str(out_dir / "final"), kind="final", source=str(final))
     sink.event("trained", f"{step} steps in {seconds:.1f}s", data={"train_seconds": seconds, "steps": step})
-    return {"steps": step, "train_seconds": seconds, "final": str(final)}
+    return {"steps": step, "train_seconds": seconds, "final": str(out_dir / "final")}

@@ -130,10 +130,14 @@ def run_grpo(
     out_dir: Path,
     resolve_model: Any = None,
     vllm_server_url: str | None = None,
+    work_dir: Path | None = None,
 ) -> dict[str, Any]:
     """Train; checkpoints go to out_dir/checkpoint-N, the final model to out_dir/final.
-    A run that finds a checkpoint in out_dir resumes from it. In server mode, `vllm_server_url`
-    is the server the worker started for this job (worker.vllm_server)."""
+    A run that finds a checkpoint in out_dir resumes from it. With `work_dir` (a job attempt's
+    own directory) the trainer writes there and the sink moves each checkpoint and the final
+    model into out_dir as it records them (the worker's sink: only while the attempt owns the
+    job). In server mode, `vllm_server_url` is the server the worker started for this job
+    (worker.vllm_server)."""
     import torch
 
     from trainer.vllm_generation import TimedGRPOTrainer
@@ -151,18 +155,19 @@ def run_grpo(
     backend = generation_backend(config, sink)
     if backend == "vllm" and spec.generation.mode == "server" and not vllm_server_url:
         raise RuntimeError("generation.mode is 'server' but the worker started no vLLM server for this job")
-    callback = SinkCallback(sink, sample_every=spec.sample_every, total_steps=spec.max_steps)
+    callback = SinkCallback(sink, sample_every=spec.sample_every, total_steps=spec.max_steps, checkpoint_dir=str(out_dir))
+    work = work_dir or out_dir
     if spec.algorithm == "async":
         from trainer.async_grpo import build_async_trainer
 
         assert vllm_server_url is not None  # async needs server mode (checked at submit)
         trainer = build_async_trainer(
             spec, config, sink, model_path=model_path, dataset=dataset, tokenizer=tokenizer, rewards=rewards,
-            weights=weights, out_dir=out_dir, server_url=vllm_server_url, callbacks=[callback],
+            weights=weights, out_dir=work, server_url=vllm_server_url, callbacks=[callback],
             peft_config=lora_config(spec.lora),
         )
     else:
-        args = grpo_args(spec, config, out_dir, use_cpu, backend, vllm_server_url)
+        args = grpo_args(spec, config, work, use_cpu, backend, vllm_server_url)
         args.reward_weights = weights
         engine = vllm_engine_options(spec, config) if backend == "vllm" else None
         trainer = TimedGRPOTrainer(
@@ -187,7 +192,7 @@ def run_grpo(
     train_seconds = time.monotonic() - t1
     if callback.stopped:
         raise InterruptedError("stop requested")
-    return save_final(trainer, tokenizer, out_dir, sink, train_seconds)
+    return save_final(trainer, tokenizer, out_dir, sink, train_seconds, work_dir)
 
 
 def _backend_version(backend: str) -> str:

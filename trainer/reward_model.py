@@ -219,9 +219,12 @@ def process_scores(model: Any, tok: Any, prompt: str, completions: list[str]) ->
 
 def run_reward_model(
     spec: RewardModelSpec, sink: Sink, *, model_path: str, policy_path: str, data_dir: str | None, out_dir: Path,
-    model_ref: str,
+    model_ref: str, work_dir: Path | None = None,
 ) -> dict[str, float | None]:
+    """Sample, label, train, and evaluate on held-out questions; the model ends up in
+    out_dir/final (written into work_dir first when given, and moved there by the sink)."""
     t0 = time.monotonic()
+    work = work_dir or out_dir
     problems, template = load_problems(spec.dataset, data_dir)
     rng = random.Random(spec.seed)
     order = list(range(len(problems)))
@@ -249,7 +252,7 @@ def run_reward_model(
                 "use more questions, more samples_per_question, or a policy that is sometimes right"
             )
         sink.event("labelled", f"{len(pairs)} (correct, incorrect) pairs", data={"pairs": len(pairs)})
-        model, tok = _train_outcome(spec, pairs, model_path, out_dir, sink)
+        model, tok = _train_outcome(spec, pairs, model_path, work, sink)
         score_fn = outcome_scores
     else:
         rows = process_labels(spec, sink, policy[1], policy_tok, s_train, policy[0])
@@ -257,15 +260,15 @@ def run_reward_model(
         total = sum(len(r["labels"]) for r in rows)
         sink.event("labelled", f"{total} steps labelled, {good} good", data={"steps": total, "good": good})
         del policy
-        model, tok = _train_process(spec, rows, model_path, out_dir, sink)
+        model, tok = _train_process(spec, rows, model_path, work, sink)
         score_fn = process_scores
 
     model.eval()
-    final = out_dir / "final"
+    final = work / "final"
     if int(os.environ.get("RANK", "0")) == 0:  # several data-parallel ranks: the main one saves
         model.save_pretrained(str(final))
         tok.save_pretrained(str(final))
-    sink.checkpoint(0, str(final), kind="final", data={"type": spec.type})
+    sink.checkpoint(0, str(out_dir / "final"), kind="final", data={"type": spec.type}, source=str(final))
 
     # held-out evaluation
     held_pairs = outcome_pairs(s_held, seed=spec.seed + 1)

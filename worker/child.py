@@ -1,9 +1,15 @@
-"""The job process. The supervisor starts `python -m worker.child <job_id> <owner>`; a crash,
-an OOM or a hung CUDA context here cannot take the worker down, and the accelerator's
+"""The job process. The supervisor starts `python -m worker.child <job_id> <owner> <attempt>`;
+a crash, an OOM or a hung CUDA context here cannot take the worker down, and the accelerator's
 memory is returned when this process exits.
 
-Exit codes: 0 done, 2 stopped on request, 3 job kind not available here, 1 error.
-The last error is written to <job dir>/error.txt for the supervisor to store.
+Exit codes: 0 done, 2 stopped on request, 3 job kind not available here, 4 lost the job (its
+lease lapsed and the job was re-queued: every write was refused from then on), 1 error.
+
+Each attempt works in a directory of its own, <job dir>/attempt-N: its log, error.txt, the
+exit-code file, and what the trainer writes (checkpoints before they are the job's). What
+the job keeps, in <job dir>/train and <job dir>/eval, is moved there by the sink only while
+the attempt owns the job (worker.sink), so a process that lost its job cannot overwrite the
+checkpoints of the one that took it over.
 
 A multi-process training job (worker.launch) runs this module once per rank under
 `accelerate launch`: every rank loads the job and resolves its model refs the same way, only
@@ -26,9 +32,10 @@ from store.db import retry_transient, session_scope
 from store.models import Job
 from worker.launch import EXIT_CODE_FILE, die_with_parent, error_file, is_main, world_size
 from worker.refs import resolve_model_ref
-from worker.sink import DatabaseSink, ReadOnlySink
+from worker.sink import DatabaseSink, Fence, LeaseLost, ReadOnlySink
 
-EXIT_OK, EXIT_ERROR, EXIT_STOPPED, EXIT_UNAVAILABLE = 0, 1, 2, 3
+EXIT_OK, EXIT_ERROR, EXIT_STOPPED, EXIT_UNAVAILABLE, EXIT_LOST = 0, 1, 2, 3, 4
+REJECTED_WRITES = "rejected-writes.log"  # in the attempt's directory: a line per refused write
 
 
 class NotAvailable(RuntimeError):
@@ -39,7 +46,11 @@ def job_dir(artifact_dir: str, job_id: str) -> Path:
     return Path(artifact_dir).resolve() / "jobs" / job_id
 
 
-def run(job_id: str) -> int:
+def attempt_dir(artifact_dir: str, job_id: str, attempt: int) -> Path:
+    return job_dir(artifact_dir, job_id) / f"attempt-{attempt}"
+
+
+def run(job_id: str, owner: str, attempt: int) -> int:
     settings = get_settings()
     url = settings.database.url
 
@@ -63,23 +74,28 @@ def run(job_id: str) -> int:
         return retry_transient(lookup, f"job {job_id}: resolving {ref}")
 
     _check_available(spec)
-    spec = _fetch_dataset(spec, settings, job_id)
+    work = attempt_dir(settings.artifact_dir, job_id, attempt)
+    spec = _fetch_dataset(spec, settings, work)
     model_path, checkpoint = resolve(spec.model)
     sink_class = DatabaseSink if is_main() else ReadOnlySink
-    sink = sink_class(url, job_id, project_id, cancel_poll_seconds=settings.worker.heartbeat_seconds)
+    sink = sink_class(url, job_id, project_id, cancel_poll_seconds=settings.worker.heartbeat_seconds,
+                      fence=Fence(owner, attempt, work / REJECTED_WRITES))
     sink.install_sigterm()
     try:
-        return _run_kind(spec, config, sink, settings, job_id, model_path, checkpoint, resolve)
+        return _run_kind(spec, config, sink, settings, job_id, model_path, checkpoint, resolve, work)
+    except InterruptedError:
+        if sink.lost:  # stopped because this attempt saw it no longer owns the job
+            raise LeaseLost(f"attempt {attempt} lost job {job_id}") from None
+        raise
     finally:
         sink.flush()  # every metric and sample is stored before the process reports its end
 
 
 def _run_kind(
     spec: Any, config: dict[str, Any], sink: DatabaseSink, settings: Any, job_id: str, model_path: str,
-    checkpoint: str | None, resolve: Any,
+    checkpoint: str | None, resolve: Any, work: Path,
 ) -> int:
     out = job_dir(settings.artifact_dir, job_id)
-    out.mkdir(parents=True, exist_ok=True)
     world = world_size()
     sink.event("started", f"job process {os.getpid()} started ({spec.kind})" + (f", rank 0 of {world}" if world > 1 else ""),
                data={"pid": os.getpid(), "processes": world})
@@ -89,30 +105,32 @@ def _run_kind(
 
         run_eval(
             spec, sink, model_path=model_path, data_dir=settings.data_dir, results_dir=out / "eval",
-            model_ref=spec.model, checkpoint=checkpoint,
+            model_ref=spec.model, checkpoint=checkpoint, work_dir=work / "eval",
         )
     elif spec.kind == "grpo":
         from trainer.grpo import run_grpo
         from worker.vllm_server import URL_ENV
 
         run_grpo(spec, config, sink, model_path=model_path, data_dir=settings.data_dir, out_dir=out / "train",
-                 resolve_model=lambda ref: resolve(ref)[0], vllm_server_url=os.environ.get(URL_ENV))
+                 resolve_model=lambda ref: resolve(ref)[0], vllm_server_url=os.environ.get(URL_ENV),
+                 work_dir=work / "train")
     elif spec.kind == "sft":
         from trainer.sft import run_sft
 
-        run_sft(spec, sink, model_path=model_path, data_dir=settings.data_dir, out_dir=out / "train")
+        run_sft(spec, sink, model_path=model_path, data_dir=settings.data_dir, out_dir=out / "train",
+                work_dir=work / "train")
     elif spec.kind == "reward_model":
         from trainer.reward_model import run_reward_model
 
         policy_path = resolve(spec.policy)[0] if spec.policy else model_path
         run_reward_model(spec, sink, model_path=model_path, policy_path=policy_path, data_dir=settings.data_dir,
-                         out_dir=out / "train", model_ref=f"job:{job_id}")
+                         out_dir=out / "train", model_ref=f"job:{job_id}", work_dir=work / "train")
     else:
         raise NotAvailable(f"job kind '{spec.kind}' is not available on this worker")
     return EXIT_OK
 
 
-def _fetch_dataset(spec: Any, settings: Any, job_id: str) -> Any:
+def _fetch_dataset(spec: Any, settings: Any, work: Path) -> Any:
     """A dataset URL is fetched here, checked again now (service.sources.fetch_url: the prefix,
     the host's addresses as DNS answers now, and every redirect), and the job reads the copy."""
     dataset = getattr(spec, "dataset", None)
@@ -121,8 +139,7 @@ def _fetch_dataset(spec: Any, settings: Any, job_id: str) -> Any:
     from service.sources import fetch_url
 
     rank = os.environ.get("RANK", "0")
-    local = fetch_url(dataset.path, settings.sources.allowed_url_prefixes,
-                      job_dir(settings.artifact_dir, job_id) / "data" / f"rank-{rank}")
+    local = fetch_url(dataset.path, settings.sources.allowed_url_prefixes, work / "data" / f"rank-{rank}")
     return spec.model_copy(update={"dataset": dataset.model_copy(update={"path": str(local)})})
 
 
@@ -172,26 +189,33 @@ def main(argv: list[str]) -> int:
         die_with_parent()
         if os.getppid() == 1:
             return EXIT_ERROR
-    job_id = argv[1]
+    job_id, owner, attempt = argv[1], argv[2], int(argv[3])
     settings = get_settings()
-    out = job_dir(settings.artifact_dir, job_id)
+    out = attempt_dir(settings.artifact_dir, job_id, attempt)
     out.mkdir(parents=True, exist_ok=True)
-    code = _main(job_id, settings, error_file(out))
+    code = _main(job_id, owner, attempt, settings, error_file(out))
     if is_main():
         (out / EXIT_CODE_FILE).write_text(str(code))
     return code
 
 
-def _main(job_id: str, settings: Any, err_file: Path) -> int:
+def _main(job_id: str, owner: str, attempt: int, settings: Any, err_file: Path) -> int:
     err_file.unlink(missing_ok=True)
     try:
-        return run(job_id)
+        return run(job_id, owner, attempt)
     except InterruptedError:
         return EXIT_STOPPED
+    except LeaseLost as exc:
+        err_file.write_text(str(exc))
+        return EXIT_LOST
     except NotAvailable as exc:
         err_file.write_text(str(exc))
         if is_main():
-            DatabaseSink(settings.database.url, job_id, "").event("not_available", str(exc), level="error")
+            fence = Fence(owner, attempt, err_file.parent / REJECTED_WRITES)
+            try:
+                DatabaseSink(settings.database.url, job_id, "", fence=fence).event("not_available", str(exc), level="error")
+            except LeaseLost:
+                return EXIT_LOST
         return EXIT_UNAVAILABLE
     except Exception as exc:
         traceback.print_exc()

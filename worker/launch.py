@@ -33,13 +33,18 @@ def uses_deepspeed(spec: Any) -> bool:
     return bool(getattr(spec, "deepspeed_zero3", False)) and num_processes(spec) > 1
 
 
+def child_args(job_id: str, owner: str, attempt: int) -> list[str]:
+    """`python` + these: one job process (owner and attempt: the fence of its writes)."""
+    return ["-m", "worker.child", job_id, owner, str(attempt)]
+
+
 def job_command(
-    spec: Any, job_id: str, owner: str, cpu_count: int | None = None, have_deepspeed: bool | None = None
+    spec: Any, job_id: str, owner: str, attempt: int, cpu_count: int | None = None, have_deepspeed: bool | None = None
 ) -> list[str]:
     """The job process's command line (cpu_count, have_deepspeed: this machine's, by default)."""
     if have_deepspeed is None:
         have_deepspeed = importlib.util.find_spec("deepspeed") is not None
-    child = ["-m", "worker.child", job_id, owner]
+    child = child_args(job_id, owner, attempt)
     n = num_processes(spec)
     if n <= 1:
         return [sys.executable, *child]

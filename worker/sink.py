@@ -2,7 +2,14 @@
 
 Every write is one transaction retried through a database outage (store.db.retry_transient),
 so a job running while PostgreSQL restarts loses no metric, sample or event; it gives up,
-failing the job with the reason, only after `give_up_after` seconds."""
+failing the job with the reason, only after `give_up_after` seconds.
+
+Every write is also fenced (store.jobs.holds_lease): it commits only while this attempt still
+owns the job. A process cut off from the database while its lease lapsed and another worker
+took the job over finds, once it reaches the database again, its writes refused: it counts
+them (a line each in its attempt's `rejected-writes.log`), raises LeaseLost and stops.
+Checkpoints are written into the attempt's own directory and moved into the job's, where
+resume and later jobs read them, inside the same fenced transaction that records them."""
 
 from __future__ import annotations
 
@@ -11,17 +18,35 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.dialects import postgresql, sqlite
 
+from mathrl.sink import promote
 from store.db import retry_transient, session_scope
 from store.ids import uuid7
-from store.jobs import add_event
+from store.jobs import add_event, holds_lease
 from store.models import BenchmarkScore, Checkpoint, Job, Metric, Sample, utcnow
 
 SCORE_KEY = ("job_id", "model_ref", "benchmark", "metric")  # store.models' uq_scores_natural_key
+
+
+@dataclass(frozen=True)
+class Fence:
+    """Who may write: the lease owner and the attempt number of the claim that started this
+    process; `rejected_log`: where refused writes are counted (read by the supervisor)."""
+
+    owner: str
+    attempt: int
+    rejected_log: Path | None = None
+
+
+class LeaseLost(RuntimeError):
+    """This attempt no longer owns its job (its lease lapsed and the job was re-queued or
+    taken by another worker): its writes are refused and the process must stop."""
 
 
 class DatabaseSink:
@@ -30,10 +55,14 @@ class DatabaseSink:
     `flush()` (called before the job process exits) waits until they are all stored."""
 
     def __init__(
-        self, url: str, job_id: str, project_id: str, cancel_poll_seconds: float = 2.0, give_up_after: float = 300.0
+        self, url: str, job_id: str, project_id: str, cancel_poll_seconds: float = 2.0, give_up_after: float = 300.0,
+        fence: Fence | None = None,
     ) -> None:
         self.url, self.job_id, self.project_id = url, job_id, project_id
         self.give_up_after = give_up_after
+        self.fence = fence  # None: unfenced (tests and tools writing for a job they do not run)
+        self.lost = False
+        self.rejected = 0
         self._stop = False
         self._last_poll = 0.0
         self._poll_every = cancel_poll_seconds
@@ -42,16 +71,46 @@ class DatabaseSink:
         self._writer: threading.Thread | None = None
         self._error: BaseException | None = None
 
+    def _raise_error(self) -> None:
+        if isinstance(self._error, LeaseLost):
+            raise self._error
+        raise RuntimeError(f"writing to the database failed: {self._error}") from self._error
+
     def _submit(self, write: Callable[[], None]) -> None:
         if self._error is not None:
-            raise RuntimeError(f"writing to the database failed: {self._error}") from self._error
+            self._raise_error()
         if self._writer is None:
             self._writer = threading.Thread(target=self._drain, name="mathrl-sink-writer", daemon=True)
             self._writer.start()
         self._queue.put(write)
 
-    def _write(self, write: Callable[[], None], what: str) -> None:
-        retry_transient(write, f"job {self.job_id}: {what}", self.give_up_after)
+    def _write(self, write: Callable[[Any], None], what: str) -> None:
+        """One fenced transaction: `write(session)` runs, and commits, only while this attempt
+        owns the job (retried through a database outage)."""
+
+        def fenced() -> None:
+            if self.lost:
+                raise LeaseLost(f"attempt {self.fence.attempt if self.fence else '?'} lost job {self.job_id}")
+            with session_scope(self.url) as s:
+                if self.fence is not None and not holds_lease(s, self.job_id, self.fence.owner, self.fence.attempt):
+                    self.lost = True
+                    raise LeaseLost(f"attempt {self.fence.attempt} no longer owns job {self.job_id} (its lease "
+                                    "lapsed and the job was re-queued): its writes are refused")
+                write(s)
+
+        try:
+            retry_transient(fenced, f"job {self.job_id}: {what}", self.give_up_after)
+        except LeaseLost:
+            self._count_rejected(what)
+            self._stop = True
+            raise
+
+    def _count_rejected(self, what: str) -> None:
+        self.rejected += 1
+        log = self.fence.rejected_log if self.fence else None
+        if log is not None:  # appended at once: the process may be killed any moment now
+            with open(log, "a") as f:
+                f.write(f"{time.time():.3f} {what}\n")
 
     def _drain(self) -> None:
         while True:
@@ -59,6 +118,8 @@ class DatabaseSink:
             try:
                 if self._error is None:  # after a failure the job is failing: later rows wait no more
                     self._write(write, "metrics/samples")
+                elif isinstance(self._error, LeaseLost):
+                    self._count_rejected("metrics/samples")
             except Exception as exc:  # noqa: BLE001
                 self._error = exc
             self._queue.task_done()
@@ -68,18 +129,14 @@ class DatabaseSink:
         if self._writer is not None:
             self._queue.join()
         if self._error is not None:
-            raise RuntimeError(f"writing to the database failed: {self._error}") from self._error
+            self._raise_error()
 
     def install_sigterm(self) -> None:
         """SIGTERM (a cancel, or a pod being stopped) asks the job to stop at its next check."""
         signal.signal(signal.SIGTERM, lambda *_: setattr(self, "_stop", True))
 
     def event(self, type: str, message: str = "", level: str = "info", data: dict[str, Any] | None = None) -> None:
-        def write() -> None:
-            with session_scope(self.url) as s:
-                add_event(s, self.job_id, type, message, level, data)
-
-        self._write(write, f"event {type}")
+        self._write(lambda s: add_event(s, self.job_id, type, message, level, data), f"event {type}")
 
     def progress(self, done: int, total: int, message: str = "") -> None:
         now = time.monotonic()
@@ -97,12 +154,10 @@ class DatabaseSink:
             if v is not None
         ]
 
-        def write() -> None:
-            with session_scope(self.url) as s:
-                dialect = s.get_bind().dialect.name
-                ins = postgresql.insert(Metric) if dialect == "postgresql" else sqlite.insert(Metric)
-                # a resumed job may log a step again: the first value stays
-                s.execute(ins.on_conflict_do_nothing(index_elements=["job_id", "name", "step"]), rows)
+        def write(s: Any) -> None:
+            ins = postgresql.insert(Metric) if s.get_bind().dialect.name == "postgresql" else sqlite.insert(Metric)
+            # a resumed job may log a step again: the first value stays
+            s.execute(ins.on_conflict_do_nothing(index_elements=["job_id", "name", "step"]), rows)
 
         self._submit(write)
 
@@ -115,45 +170,54 @@ class DatabaseSink:
             for i, it in enumerate(items)
         ]
 
-        def write() -> None:
-            with session_scope(self.url) as s:
-                dialect = s.get_bind().dialect.name
-                ins = postgresql.insert(Sample) if dialect == "postgresql" else sqlite.insert(Sample)
-                # ids are fixed up front: a retry after a commit whose answer was lost adds nothing
-                s.execute(ins.on_conflict_do_nothing(index_elements=["id"]), rows)
+        def write(s: Any) -> None:
+            ins = postgresql.insert(Sample) if s.get_bind().dialect.name == "postgresql" else sqlite.insert(Sample)
+            # ids are fixed up front: a retry after a commit whose answer was lost adds nothing
+            s.execute(ins.on_conflict_do_nothing(index_elements=["id"]), rows)
 
         self._submit(write)
 
-    def checkpoint(self, step: int, uri: str, kind: str = "checkpoint", data: dict[str, Any] | None = None) -> None:
-        def write() -> None:
-            with session_scope(self.url) as s:
-                existing = s.scalar(
-                    select(Checkpoint)
-                    .where(Checkpoint.job_id == self.job_id, Checkpoint.step == step, Checkpoint.kind == kind)
-                )
-                if existing is None:
-                    s.add(Checkpoint(job_id=self.job_id, step=step, uri=uri, kind=kind, data=data))
-                else:
-                    existing.uri, existing.data = uri, data
-                add_event(s, self.job_id, kind, f"{kind} at step {step}: {uri}", data={"step": step, "uri": uri})
+    def checkpoint(
+        self, step: int, uri: str, kind: str = "checkpoint", data: dict[str, Any] | None = None,
+        source: str | None = None,
+    ) -> None:
+        if self.fence is not None:
+            data = {**(data or {}), "attempt": self.fence.attempt}
+        # every metric and sample logged before it is stored first: a job resumed from this
+        # checkpoint replays only the steps after it, so what was still queued would be lost
+        self.flush()
+
+        def write(s: Any) -> None:
+            existing = s.scalar(
+                select(Checkpoint)
+                .where(Checkpoint.job_id == self.job_id, Checkpoint.step == step, Checkpoint.kind == kind)
+            )
+            if existing is None:
+                s.add(Checkpoint(job_id=self.job_id, step=step, uri=uri, kind=kind, data=data))
+            else:
+                existing.uri, existing.data = uri, data
+            add_event(s, self.job_id, kind, f"{kind} at step {step}: {uri}", data={"step": step, "uri": uri})
+            s.flush()  # the rows are in: only the commit is left after the move
+            if source is not None and source != uri:  # owned (the fence holds until commit): make it the job's
+                promote(Path(source), Path(uri))
 
         self._write(write, f"{kind} at step {step}")
 
     def score(self, record: dict[str, Any]) -> None:
         row = {**record, "project_id": self.project_id, "job_id": self.job_id}
 
-        def write() -> None:
-            with session_scope(self.url) as s:
-                dialect = s.get_bind().dialect.name
-                ins = postgresql.insert(BenchmarkScore) if dialect == "postgresql" else sqlite.insert(BenchmarkScore)
-                # upsert on the natural key: an attempt re-run after a lost worker replaces its scores
-                replace = {k: getattr(ins.excluded, k) for k in row if k not in SCORE_KEY}
-                replace["created_at"] = utcnow()
-                s.execute(ins.values(**row).on_conflict_do_update(index_elements=list(SCORE_KEY), set_=replace))
+        def write(s: Any) -> None:
+            dialect = s.get_bind().dialect.name
+            ins = postgresql.insert(BenchmarkScore) if dialect == "postgresql" else sqlite.insert(BenchmarkScore)
+            # upsert on the natural key: an attempt re-run after a lost worker replaces its scores
+            replace = {k: getattr(ins.excluded, k) for k in row if k not in SCORE_KEY}
+            replace["created_at"] = utcnow()
+            s.execute(ins.values(**row).on_conflict_do_update(index_elements=list(SCORE_KEY), set_=replace))
 
         self._write(write, "score")
 
     def should_stop(self) -> bool:
+        """A cancel was requested, SIGTERM came, or this attempt lost the job (then `lost`)."""
         if self._stop:
             return True
         now = time.monotonic()
@@ -161,9 +225,14 @@ class DatabaseSink:
             self._last_poll = now
             try:
                 with session_scope(self.url) as s:
-                    self._stop = bool(s.scalar(select(Job.cancel_requested).where(Job.id == self.job_id)))
+                    row = s.execute(select(Job.cancel_requested, Job.status, Job.lease_owner, Job.attempts)
+                                    .where(Job.id == self.job_id)).one()
             except Exception:  # noqa: BLE001 - database down: a cancel also arrives as SIGTERM
-                pass
+                return self._stop
+            f = self.fence
+            if f is not None and (row.status != "running" or row.lease_owner != f.owner or row.attempts != f.attempt):
+                self.lost = True
+            self._stop = bool(row.cancel_requested) or self.lost
         return self._stop
 
 
@@ -181,7 +250,10 @@ class ReadOnlySink(DatabaseSink):
     def samples(self, step: int | None, items: list[dict[str, Any]]) -> None:
         pass
 
-    def checkpoint(self, step: int, uri: str, kind: str = "checkpoint", data: dict[str, Any] | None = None) -> None:
+    def checkpoint(
+        self, step: int, uri: str, kind: str = "checkpoint", data: dict[str, Any] | None = None,
+        source: str | None = None,
+    ) -> None:
         pass
 
     def score(self, record: dict[str, Any]) -> None:

@@ -18,9 +18,11 @@ from mathrl.specs import parse_spec
 from service.settings import Settings
 from store.db import session_scope
 from store.jobs import add_event, claim, finish, renew_lease
-from worker.child import EXIT_ERROR, EXIT_OK, EXIT_STOPPED, EXIT_UNAVAILABLE, job_dir
+from worker.child import EXIT_ERROR, EXIT_LOST, EXIT_OK, EXIT_STOPPED, EXIT_UNAVAILABLE, REJECTED_WRITES, attempt_dir
+from worker.launch import (
+    child_args, clear_outcome, describe, die_with_parent, job_command, job_exit_code, job_groups, read_error,
+)
 from worker.vllm_server import needs_server, start_server
-from worker.launch import clear_outcome, describe, die_with_parent, job_command, job_exit_code, job_groups, read_error
 
 log = logging.getLogger("mathrl.worker")
 
@@ -71,22 +73,22 @@ def supervise(settings: Settings, job_id: str, owner: str) -> str:
         spec = None
         try:
             spec = parse_spec(job.spec)
-            cmd = job_command(spec, job_id, owner)
+            cmd = job_command(spec, job_id, owner, attempt)
         except ValueError:  # a spec this version cannot read: the job process reports why
-            cmd = [sys.executable, "-m", "worker.child", job_id, owner]
+            cmd = [sys.executable, *child_args(job_id, owner, attempt)]
         project_id, config = job.project_id, dict(job.resolved_config or {})
-    out = job_dir(settings.artifact_dir, job_id)
+    out = attempt_dir(settings.artifact_dir, job_id, attempt)  # this attempt's own (worker.child)
     out.mkdir(parents=True, exist_ok=True)
     clear_outcome(out)
-    log_path = out / f"attempt-{attempt}.log"
+    log_path = out / "job.log"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     server = None
     if spec is not None and needs_server(spec):
         try:
-            server, server_env = _start_vllm_server(settings, spec, config, project_id, out / f"vllm-server-{attempt}.log")
+            server, server_env = _start_vllm_server(settings, spec, config, project_id, out / "vllm-server.log")
         except Exception as exc:  # a model ref that does not resolve, no vLLM here: the job fails with it
             (out / "error.txt").write_text(f"starting the vLLM server failed: {type(exc).__name__}: {exc}")
-            return _record_end(settings, job_id, owner, EXIT_ERROR, False, False, log_path)
+            return _record_end(settings, job_id, owner, EXIT_ERROR, False, log_path)
         env.update(server_env)
         _event(url, job_id, "vllm_server", f"started a vLLM server for this job at {server.url} (process "
                f"{server.proc.pid}, log {server.log_path.name})", {"url": server.url, "pid": server.proc.pid})
@@ -176,7 +178,22 @@ def _run_job_process(
     if server is not None and not server_reported and code != EXIT_OK and server.exited() is not None:
         _report_server_exit(url, job_id, server, out)  # the job failed because its server went away
     code = job_exit_code(code, out) if not server_reported else code
-    return _record_end(settings, job_id, owner, code, cancelled, lost, log_path)
+    if lost or code == EXIT_LOST:
+        _report_stale(url, job_id, owner, attempt, out)
+        return "lost"
+    return _record_end(settings, job_id, owner, code, cancelled, log_path)
+
+
+def _report_stale(url: str, job_id: str, owner: str, attempt: int, out: Path) -> None:
+    """This attempt lost the job to another (its lease lapsed while it could not reach the
+    database): say so, with how many of its process's writes the fence refused."""
+    rejected_log = out / REJECTED_WRITES
+    rejected = len(rejected_log.read_text().splitlines()) if rejected_log.exists() else 0
+    log.warning("job %s attempt %d: lost the lease; the job process stopped, %d of its writes refused",
+                job_id, attempt, rejected)
+    _event(url, job_id, "stale_attempt", f"attempt {attempt} ({owner}) lost its lease to another attempt; its "
+           f"process stopped, {rejected} of its writes refused", {"attempt": attempt, "rejected_writes": rejected},
+           "warning")
 
 
 def _log_name(settings: Settings, log_path: Path) -> str:
@@ -188,11 +205,9 @@ def _log_name(settings: Settings, log_path: Path) -> str:
 
 
 def _record_end(
-    settings: Settings, job_id: str, owner: str, code: int, cancelled: bool, lost: bool, log_path: Path
+    settings: Settings, job_id: str, owner: str, code: int, cancelled: bool, log_path: Path
 ) -> str:
-    if lost:
-        return "lost"
-    error = read_error(job_dir(settings.artifact_dir, job_id))
+    error = read_error(log_path.parent)
     if cancelled or code == EXIT_STOPPED:
         status, error, message = "cancelled", None, f"cancelled; job process exited with {code}"
     elif code == EXIT_OK:
