@@ -17,6 +17,25 @@ from trainer.checkpoints import latest_checkpoint, save_checkpoints_atomically, 
 from trainer.grpo import lora_config
 
 
+def carry_token_count(trainer: Any) -> None:
+    """Make SFTTrainer's `num_tokens` metric survive a resume. TRL counts the tokens trained on
+    in an attribute of the trainer, not in its saved state, so a resumed run counted from 0
+    again (tests/test_resume.py found it). The count is kept in the trainer state's
+    `num_input_tokens_seen` (unused by the Trainer itself unless include_num_input_tokens_seen
+    is set, which SFT jobs do not), which every checkpoint saves, and read back on resume."""
+    from transformers import TrainerCallback
+
+    class Carry(TrainerCallback):  # type: ignore[misc]
+        def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            trainer._total_train_tokens = state.num_input_tokens_seen or 0
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            state.num_input_tokens_seen = trainer._total_train_tokens
+
+    assert hasattr(trainer, "_total_train_tokens"), "TRL's SFTTrainer no longer keeps _total_train_tokens"
+    trainer.add_callback(Carry())
+
+
 def sft_dataset(spec: SFTSpec, tokenizer: Any, data_dir: str | None) -> Any:
     from datasets import Dataset
 
@@ -28,7 +47,10 @@ def sft_dataset(spec: SFTSpec, tokenizer: Any, data_dir: str | None) -> Any:
     return Dataset.from_list(rows)
 
 
-def run_sft(spec: SFTSpec, sink: Sink, *, model_path: str, data_dir: str | None, out_dir: Path) -> dict[str, Any]:
+def run_sft(
+    spec: SFTSpec, sink: Sink, *, model_path: str, data_dir: str | None, out_dir: Path, work_dir: Path | None = None
+) -> dict[str, Any]:
+    """Train; checkpoints and the final model end up in out_dir (see run_grpo for work_dir)."""
     import torch
     from trl import SFTConfig, SFTTrainer
 
@@ -36,7 +58,7 @@ def run_sft(spec: SFTSpec, sink: Sink, *, model_path: str, data_dir: str | None,
     dataset = sft_dataset(spec, tokenizer, data_dir)
     use_cpu = not torch.cuda.is_available()
     args = SFTConfig(
-        output_dir=str(out_dir), max_steps=spec.max_steps, learning_rate=spec.learning_rate,
+        output_dir=str(work_dir or out_dir), max_steps=spec.max_steps, learning_rate=spec.learning_rate,
         per_device_train_batch_size=spec.per_device_train_batch_size,
         gradient_accumulation_steps=spec.gradient_accumulation_steps, max_length=spec.max_length,
         warmup_steps=int(spec.warmup_ratio * spec.max_steps), logging_steps=spec.logging_steps, save_strategy="steps",
@@ -44,10 +66,11 @@ def run_sft(spec: SFTSpec, sink: Sink, *, model_path: str, data_dir: str | None,
         disable_tqdm=True, completion_only_loss=True, dataloader_num_workers=0, max_grad_norm=1.0,
     )
     peft_config = lora_config(spec.lora)
-    callback = SinkCallback(sink, sample_every=10**9, total_steps=spec.max_steps)
+    callback = SinkCallback(sink, sample_every=10**9, total_steps=spec.max_steps, checkpoint_dir=str(out_dir))
     trainer = SFTTrainer(model=model_path, args=args, train_dataset=dataset, processing_class=tokenizer,
                          peft_config=peft_config, callbacks=[callback])
     save_checkpoints_atomically(trainer)
+    carry_token_count(trainer)
     resume = latest_checkpoint(out_dir)
     sink.event("training", f"SFT on {len(dataset)} examples, {spec.max_steps} steps"
                + (f"; resuming from {resume.name}" if resume else ""))
@@ -56,4 +79,4 @@ def run_sft(spec: SFTSpec, sink: Sink, *, model_path: str, data_dir: str | None,
     seconds = time.monotonic() - t0
     if callback.stopped:
         raise InterruptedError("stop requested")
-    return save_final(trainer, tokenizer, out_dir, sink, seconds)
+    return save_final(trainer, tokenizer, out_dir, sink, seconds, work_dir)
