@@ -627,3 +627,22 @@ def test_project_wheel_carries_the_migrations(tmp_path: Path) -> None:
     assert "migrations/env.py" in names and "store/migrate.py" in names
     entry_points = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
     assert "mathrl-server = service.cli:app" in entry_points
+
+
+@pytest.mark.quick
+def test_setup_steps_print_one_line_each_and_the_log_only_on_failure(tmp_path: Path) -> None:
+    """Issue 20.8: the set-up scripts printed pip's wall of progress and warnings; each step now
+    prints one line, and its output goes to a log shown (its end) only when the step fails."""
+    import os
+
+    log = tmp_path / "setup.log"
+    script = f". {ROOT / 'scripts' / 'steps.sh'}; step 'quiet one' sh -c 'echo pip noise; echo more noise >&2'; " \
+             "step 'loud one' sh -c 'echo why it broke; exit 3'; echo not reached"
+    r = subprocess.run(["bash", "-euc", script], env={**os.environ, "SETUP_LOG": str(log)}, capture_output=True,
+                       text=True, timeout=30)
+    assert r.returncode == 3 and r.stdout == ""
+    lines = r.stderr.splitlines()
+    assert re.fullmatch(r"==> quiet one \(\d+s\)", lines[0]), lines
+    assert "noise" not in lines[0] and lines[1] == f"==> loud one FAILED (exit 3); the end of {log}:"
+    assert "why it broke" in r.stderr and "not reached" not in r.stderr
+    assert "pip noise" in log.read_text() and "more noise" in log.read_text()
