@@ -19,13 +19,21 @@ def _gguf_in(path: Path) -> str | None:
     return ggufs[0].name if ggufs else None
 
 
-def remote_code_kwargs(ref: str, allowed: list[str] | None = None) -> dict[str, Any]:
-    """`{"trust_remote_code": True}` only for a model the operator listed in
-    MATHRL_SOURCES__TRUST_REMOTE_CODE_MODELS (by hub id or path); a job spec cannot ask for it."""
-    if allowed is None:
-        from service.settings import get_settings
+_TRUSTED: list[str] = []  # set by the process that runs jobs (trust_remote_code_for); none by default
 
-        allowed = get_settings().sources.trust_remote_code_models
+
+def trust_remote_code_for(models: list[str]) -> None:
+    """The models (hub ids or paths) that may run their own modelling code in this process: the
+    operator's MATHRL_SOURCES__TRUST_REMOTE_CODE_MODELS, passed in by the worker's job process
+    (the evaluator does not read the service's settings itself)."""
+    _TRUSTED[:] = list(models)
+
+
+def remote_code_kwargs(ref: str, allowed: list[str] | None = None) -> dict[str, Any]:
+    """`{"trust_remote_code": True}` only for a model the operator listed (`allowed`, default the
+    list given to trust_remote_code_for) by hub id or path; a job spec cannot ask for it."""
+    if allowed is None:
+        allowed = _TRUSTED
     names = {ref, str(Path(ref).expanduser().resolve()) if ref.startswith(("/", ".", "~")) else ref}
     listed = {a if not a.startswith(("/", ".", "~")) else str(Path(a).expanduser().resolve()) for a in allowed}
     return {"trust_remote_code": True} if names & listed else {}
@@ -45,7 +53,7 @@ def load_tokenizer(ref: str) -> Any:
 
 
 def resolve_dtype(dtype: str, on_gpu: bool) -> str:
-    """"auto" means bfloat16 on a GPU and float32 on a CPU, for both backends: the same weights
+    """ "auto" means bfloat16 on a GPU and float32 on a CPU, for both backends: the same weights
     in the same precision, so HF and vLLM scores are comparable (and a CPU without native
     bfloat16 runs float32 several times faster)."""
     if dtype != "auto":

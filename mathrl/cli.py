@@ -62,7 +62,12 @@ def _print_jobs(jobs: list[JobResponse]) -> None:
     for j in jobs:
         c = colors.get(j.status, "white")
         table.add_row(
-            j.id, j.kind, f"[{c}]{j.status}[/{c}]", j.name or "", j.queue, str(j.attempts),
+            j.id,
+            j.kind,
+            f"[{c}]{j.status}[/{c}]",
+            j.name or "",
+            j.queue,
+            str(j.attempts),
             f"{j.created_at:%Y-%m-%d %H:%M:%S}",
         )
     console.print(table)
@@ -168,7 +173,9 @@ def submit(
     spec_file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="Job spec (YAML or JSON)")],
     url: UrlOpt = None,
     api_key: KeyOpt = None,
-    idempotency_key: Annotated[str | None, typer.Option(help="Resubmitting with the same key returns the same job")] = None,
+    idempotency_key: Annotated[
+        str | None, typer.Option(help="Resubmitting with the same key returns the same job")
+    ] = None,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Stream the job's events until it ends")] = False,
     as_json: JsonOpt = False,
 ) -> None:
@@ -326,60 +333,15 @@ def scores(
     for r in rows:
         ci = f"{r.ci_low:.3f}-{r.ci_high:.3f}" if r.ci_low is not None and r.ci_high is not None else ""
         table.add_row(
-            f"{r.benchmark} v{r.benchmark_version}", r.model_ref, r.metric, f"{r.value:.4g}", ci, str(r.n),
-            r.backend, r.job_id,
+            f"{r.benchmark} v{r.benchmark_version}",
+            r.model_ref,
+            r.metric,
+            f"{r.value:.4g}",
+            ci,
+            str(r.n),
+            r.backend,
+            r.job_id,
         )
-    console.print(table)
-
-
-@app.command("eval")
-def eval_local(
-    model: Annotated[str, typer.Option(help="Hub id or local path")],
-    benchmark: str = "gsm8k",
-    limit: int | None = None,
-    backend: str = "hf",
-    batch_size: int = 16,
-    temperature: float = 0.0,
-    n: int = 1,
-    k: Annotated[list[int] | None, typer.Option(help="k for pass@k / maj@k (repeatable)")] = None,
-    max_new_tokens: int = 512,
-    few_shot: int = 0,
-    data_dir: Annotated[str | None, typer.Option(envvar="MATHRL_DATA_DIR")] = None,
-    out: Annotated[Path | None, typer.Option(help="Directory for per-item results (items.jsonl)")] = None,
-) -> None:
-    """Evaluate a model locally, with no service (needs the worker extras: torch, transformers)."""
-    try:
-        from evaluator.run import run_eval
-    except ImportError as exc:
-        err.print(f"[red]local evaluation needs the worker extras[/red] ({exc}): pip install 'mathrl[worker]'")
-        raise typer.Exit(1) from None
-    from pydantic import ValidationError
-
-    from mathrl.sink import PrintSink
-    from mathrl.specs import EvalSpec
-
-    try:
-        spec = EvalSpec(
-            model=model, benchmark=benchmark, limit=limit, backend=backend, batch_size=batch_size,  # type: ignore[arg-type]
-            few_shot=few_shot, k=k or [1],
-            sampling={"temperature": temperature, "n": n, "max_new_tokens": max_new_tokens},  # type: ignore[arg-type]
-        )
-    except ValidationError as exc:
-        for e in exc.errors():
-            err.print(f"[red]{'.'.join(map(str, e['loc']))}[/red]: {e['msg']}")
-        raise typer.Exit(2) from None
-    if data_dir is None:
-        from mathrl.paths import default_data_dir
-
-        data_dir = default_data_dir()
-    sink = PrintSink()
-    run_eval(spec, sink, model_path=model, data_dir=data_dir, results_dir=out)
-    table = Table(title=f"{benchmark} ({backend})")
-    for col in ("metric", "value", "95% CI", "n"):
-        table.add_column(col)
-    for s in sink.scores:
-        ci = f"{s['ci_low']:.3f}-{s['ci_high']:.3f}" if s.get("ci_low") is not None else ""
-        table.add_row(s["metric"], f"{s['value']:.4g}", ci, str(s["n"]))
     console.print(table)
 
 
@@ -391,14 +353,20 @@ def keys_create(
     project: Annotated[str | None, typer.Option(help="Another project: needs --admin-token")] = None,
     admin_token: Annotated[str | None, typer.Option(envvar="MATHRL_ADMIN_TOKEN", help="Operator token")] = None,
     expires_in_days: Annotated[int | None, typer.Option(help="Default: the server's (90 days)")] = None,
-    scope: Annotated[list[str] | None, typer.Option(
-        help="read, submit or keys; repeat for several (default: your key's own scopes)")] = None,
+    scope: Annotated[
+        list[str] | None, typer.Option(help="read, submit or keys; repeat for several (default: your key's own scopes)")
+    ] = None,
 ) -> None:
     """Create an API key (printed once; only its hash is stored)."""
     with _client(url, api_key) as c:
         try:
-            key = c.keys.create(name=name, project=project, expires_in_days=expires_in_days, admin_token=admin_token,
-                                scopes=scope or None)
+            key = c.keys.create(
+                name=name,
+                project=project,
+                expires_in_days=expires_in_days,
+                admin_token=admin_token,
+                scopes=scope or None,
+            )
         except MathRLError as exc:
             _fail(exc)
     err.print(f"key {key.id} for project '{key.project}' (shown once):")
@@ -415,8 +383,9 @@ def keys_list(url: UrlOpt = None, api_key: KeyOpt = None) -> None:
             _fail(exc)
     table = Table("id", "name", "prefix", "scopes", "expires", "revoked")
     for k in keys:
-        table.add_row(k.id, k.name or "", k.prefix, ",".join(k.scopes), str(k.expires_at or "never"),
-                      str(k.revoked_at or ""))
+        table.add_row(
+            k.id, k.name or "", k.prefix, ",".join(k.scopes), str(k.expires_at or "never"), str(k.revoked_at or "")
+        )
     console.print(table)
 
 

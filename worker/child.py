@@ -51,8 +51,11 @@ def attempt_dir(artifact_dir: str, job_id: str, attempt: int) -> Path:
 
 
 def run(job_id: str, owner: str, attempt: int) -> int:
+    from evaluator.models import trust_remote_code_for
+
     settings = get_settings()
     url = settings.database.url
+    trust_remote_code_for(settings.sources.trust_remote_code_models)
 
     def load() -> tuple[Any, str, dict[str, Any]]:
         with session_scope(url) as s:
@@ -78,8 +81,13 @@ def run(job_id: str, owner: str, attempt: int) -> int:
     spec = _fetch_dataset(spec, settings, work)
     model_path, checkpoint = resolve(spec.model)
     sink_class = DatabaseSink if is_main() else ReadOnlySink
-    sink = sink_class(url, job_id, project_id, cancel_poll_seconds=settings.worker.heartbeat_seconds,
-                      fence=Fence(owner, attempt, work / REJECTED_WRITES))
+    sink = sink_class(
+        url,
+        job_id,
+        project_id,
+        cancel_poll_seconds=settings.worker.heartbeat_seconds,
+        fence=Fence(owner, attempt, work / REJECTED_WRITES),
+    )
     sink.install_sigterm()
     try:
         return _run_kind(spec, config, sink, settings, job_id, model_path, checkpoint, resolve, work)
@@ -92,39 +100,77 @@ def run(job_id: str, owner: str, attempt: int) -> int:
 
 
 def _run_kind(
-    spec: Any, config: dict[str, Any], sink: DatabaseSink, settings: Any, job_id: str, model_path: str,
-    checkpoint: str | None, resolve: Any, work: Path,
+    spec: Any,
+    config: dict[str, Any],
+    sink: DatabaseSink,
+    settings: Any,
+    job_id: str,
+    model_path: str,
+    checkpoint: str | None,
+    resolve: Any,
+    work: Path,
 ) -> int:
     out = job_dir(settings.artifact_dir, job_id)
     world = world_size()
-    sink.event("started", f"job process {os.getpid()} started ({spec.kind})" + (f", rank 0 of {world}" if world > 1 else ""),
-               data={"pid": os.getpid(), "processes": world})
+    sink.event(
+        "started",
+        f"job process {os.getpid()} started ({spec.kind})" + (f", rank 0 of {world}" if world > 1 else ""),
+        data={"pid": os.getpid(), "processes": world},
+    )
 
     if spec.kind == "eval":
         from evaluator.run import run_eval
 
         run_eval(
-            spec, sink, model_path=model_path, data_dir=settings.data_dir, results_dir=out / "eval",
-            model_ref=spec.model, checkpoint=checkpoint, work_dir=work / "eval",
+            spec,
+            sink,
+            model_path=model_path,
+            data_dir=settings.data_dir,
+            results_dir=out / "eval",
+            model_ref=spec.model,
+            checkpoint=checkpoint,
+            work_dir=work / "eval",
         )
     elif spec.kind == "grpo":
         from trainer.grpo import run_grpo
         from worker.vllm_server import URL_ENV
 
-        run_grpo(spec, config, sink, model_path=model_path, data_dir=settings.data_dir, out_dir=out / "train",
-                 resolve_model=lambda ref: resolve(ref)[0], vllm_server_url=os.environ.get(URL_ENV),
-                 work_dir=work / "train")
+        run_grpo(
+            spec,
+            config,
+            sink,
+            model_path=model_path,
+            data_dir=settings.data_dir,
+            out_dir=out / "train",
+            resolve_model=lambda ref: resolve(ref)[0],
+            vllm_server_url=os.environ.get(URL_ENV),
+            work_dir=work / "train",
+        )
     elif spec.kind == "sft":
         from trainer.sft import run_sft
 
-        run_sft(spec, sink, model_path=model_path, data_dir=settings.data_dir, out_dir=out / "train",
-                work_dir=work / "train")
+        run_sft(
+            spec,
+            sink,
+            model_path=model_path,
+            data_dir=settings.data_dir,
+            out_dir=out / "train",
+            work_dir=work / "train",
+        )
     elif spec.kind == "reward_model":
         from trainer.reward_model import run_reward_model
 
         policy_path = resolve(spec.policy)[0] if spec.policy else model_path
-        run_reward_model(spec, sink, model_path=model_path, policy_path=policy_path, data_dir=settings.data_dir,
-                         out_dir=out / "train", model_ref=f"job:{job_id}", work_dir=work / "train")
+        run_reward_model(
+            spec,
+            sink,
+            model_path=model_path,
+            policy_path=policy_path,
+            data_dir=settings.data_dir,
+            out_dir=out / "train",
+            model_ref=f"job:{job_id}",
+            work_dir=work / "train",
+        )
     else:
         raise NotAvailable(f"job kind '{spec.kind}' is not available on this worker")
     return EXIT_OK
@@ -151,12 +197,17 @@ def _check_available(spec: Any) -> None:
     field = "generation.backend" if generation is not None else "backend"
     wants_vllm = (generation.backend if generation is not None else getattr(spec, "backend", "hf")) == "vllm"
     if wants_vllm and importlib.util.find_spec("vllm") is None:
-        raise NotAvailable(f"this job asks for vLLM ({field}='vllm'), which is not installed on this worker: "
-                           f"set {field} to 'hf'" + (" or 'auto'" if generation is not None else "")
-                           + ", or send it to a pool whose image has vLLM (resources.pool)")
+        raise NotAvailable(
+            f"this job asks for vLLM ({field}='vllm'), which is not installed on this worker: "
+            f"set {field} to 'hf'"
+            + (" or 'auto'" if generation is not None else "")
+            + ", or send it to a pool whose image has vLLM (resources.pool)"
+        )
     if getattr(spec, "deepspeed_zero3", False) and importlib.util.find_spec("deepspeed") is None:
-        raise NotAvailable("this job asks for deepspeed_zero3, and DeepSpeed is not installed on this worker: "
-                           "drop deepspeed_zero3, or run a worker image with deepspeed")
+        raise NotAvailable(
+            "this job asks for deepspeed_zero3, and DeepSpeed is not installed on this worker: "
+            "drop deepspeed_zero3, or run a worker image with deepspeed"
+        )
     if spec.resources.gpus > 0:
         import torch
 
@@ -213,7 +264,9 @@ def _main(job_id: str, owner: str, attempt: int, settings: Any, err_file: Path) 
         if is_main():
             fence = Fence(owner, attempt, err_file.parent / REJECTED_WRITES)
             try:
-                DatabaseSink(settings.database.url, job_id, "", fence=fence).event("not_available", str(exc), level="error")
+                DatabaseSink(settings.database.url, job_id, "", fence=fence).event(
+                    "not_available", str(exc), level="error"
+                )
             except LeaseLost:
                 return EXIT_LOST
         return EXIT_UNAVAILABLE
