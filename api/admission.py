@@ -39,6 +39,7 @@ def admit(session: Session, project_id: str, spec: Any, settings: Settings, pend
 
 # --- sources ---------------------------------------------------------------------------
 
+
 def _roots(settings: Settings, extra: list[str]) -> list[Path]:
     roots = [*extra, settings.artifact_dir, settings.data_dir]
     return [Path(r).expanduser().resolve() for r in roots if r]
@@ -55,8 +56,11 @@ def _under_roots(value: str, roots: list[Path], pointer: str, what: str) -> None
         raise _refuse(pointer, f"{value!r}: a file:// URL must name a local file (file:///path)")
     listed = ", ".join(str(r) for r in roots)
     if not raw.startswith("/"):  # './x', 'x', '~/x': relative to this server's process, not to anything of yours
-        raise _refuse(pointer, f"{value!r} is a relative path, which would resolve against the API server's own "
-                               f"working directory: give the absolute path (under one of {listed})")
+        raise _refuse(
+            pointer,
+            f"{value!r} is a relative path, which would resolve against the API server's own "
+            f"working directory: give the absolute path (under one of {listed})",
+        )
     resolved = Path(raw).resolve()
     if not any(resolved.is_relative_to(root) for root in roots):
         raise _refuse(
@@ -102,6 +106,7 @@ def check_sources(spec: Any, settings: Settings) -> None:
 
 # --- registered benchmarks -------------------------------------------------------------------
 
+
 def check_benchmarks(spec: Any) -> None:
     """Registered names must exist now: an unknown one was accepted (201) and failed the job later."""
     from evaluator.benchmarks import UnknownBenchmark, get_benchmark
@@ -117,10 +122,13 @@ def check_benchmarks(spec: Any) -> None:
             get_benchmark(name)
         except UnknownBenchmark as exc:
             detail = f"{exc}. Use one of these, or give dataset.path (a file under a data root)"
-            raise Problem(422, "Unknown benchmark", f"{pointer}: {detail}", [{"pointer": pointer, "detail": detail}])
+            raise Problem(
+                422, "Unknown benchmark", f"{pointer}: {detail}", [{"pointer": pointer, "detail": detail}]
+            ) from None
 
 
 # --- per-job limits (on the resolved config: presets fill values) ---------------------------
+
 
 def _over(pointer: str, value: int, limit: int, what: str) -> Problem:
     detail = f"{pointer.lstrip('/')}={value} is over this server's limit of {limit} {what}: lower it"
@@ -135,10 +143,19 @@ def check_job_limits(spec: Any, settings: Settings) -> None:
     ]
     if spec.kind == "grpo":
         checks += [
-            ("/global_batch_size", config["global_batch_size"], limits.max_generations_per_step, "completions per step"),
+            (
+                "/global_batch_size",
+                config["global_batch_size"],
+                limits.max_generations_per_step,
+                "completions per step",
+            ),
             ("/num_generations", config["num_generations"], limits.max_generations_per_step, "completions per step"),
-            ("/max_completion_length", config["max_prompt_length"] + config["max_completion_length"], limits.max_tokens,
-             "tokens per sequence (max_prompt_length + max_completion_length)"),
+            (
+                "/max_completion_length",
+                config["max_prompt_length"] + config["max_completion_length"],
+                limits.max_tokens,
+                "tokens per sequence (max_prompt_length + max_completion_length)",
+            ),
         ]
     sampling = config.get("sampling")
     if sampling:
@@ -147,8 +164,14 @@ def check_job_limits(spec: Any, settings: Settings) -> None:
             ("/sampling/max_new_tokens", sampling["max_new_tokens"], limits.max_tokens, "tokens per completion"),
         ]
     if spec.kind == "reward_model":
-        checks.append(("/samples_per_question", config["samples_per_question"], limits.max_generations_per_step,
-                       "completions per question"))
+        checks.append(
+            (
+                "/samples_per_question",
+                config["samples_per_question"],
+                limits.max_generations_per_step,
+                "completions per question",
+            )
+        )
     if "max_length" in config:
         checks.append(("/max_length", config["max_length"], limits.max_tokens, "tokens per sequence"))
     for pointer, value, limit, what in checks:
@@ -158,14 +181,17 @@ def check_job_limits(spec: Any, settings: Settings) -> None:
 
 # --- project quotas ----------------------------------------------------------------------
 
+
 def check_project_quota(session: Session, project_id: str, spec: Any, settings: Settings, pending: list[Any]) -> None:
     limits = settings.limits
     # Lock the project's row until the caller commits, so two concurrent submissions cannot
     # both take the last slot (PostgreSQL; SQLite serialises writers anyway).
     session.execute(select(Project.id).where(Project.id == project_id).with_for_update())
-    rows = session.execute(
-        select(Job.spec).where(Job.project_id == project_id, Job.status.in_(ACTIVE_STATUSES))
-    ).scalars().all()
+    rows = (
+        session.execute(select(Job.spec).where(Job.project_id == project_id, Job.status.in_(ACTIVE_STATUSES)))
+        .scalars()
+        .all()
+    )
     jobs = len(rows) + len(pending) + 1
     gpus = sum(int(((s or {}).get("resources") or {}).get("gpus", 0)) for s in rows)
     gpus += sum(p.resources.gpus for p in pending) + spec.resources.gpus

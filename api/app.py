@@ -21,7 +21,9 @@ from service.settings import get_settings
 
 REQUESTS = Counter("mathrl_http_requests_total", "HTTP requests", ["method", "route", "status"])
 LATENCY = Histogram(
-    "mathrl_http_request_seconds", "HTTP request latency", ["method", "route"],
+    "mathrl_http_request_seconds",
+    "HTTP request latency",
+    ["method", "route"],
     buckets=(0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
 )
 
@@ -49,8 +51,9 @@ class LimitsAndMetrics:
         except problems.Problem as p:
             return problems.problem_response(p.status, p.title, p.detail, scope["path"], p.errors, p.headers)
         except DBAPIError:
-            return problems.problem_response(503, "Service unavailable", problems.DB_UNAVAILABLE, scope["path"],
-                                             headers={"Retry-After": "5"})
+            return problems.problem_response(
+                503, "Service unavailable", problems.DB_UNAVAILABLE, scope["path"], headers={"Retry-After": "5"}
+            )
         scope.setdefault("state", {})[CALLER_STATE] = caller
         return None
 

@@ -30,12 +30,12 @@ KEY_NOT_FOUND = "No API key with this id in your project."
 AUTH_MISSING = "Send your API key as 'Authorization: Bearer <key>' (create one with `mathrl keys create`)."
 AUTH_INVALID = "The API key is unknown, revoked or expired: create a new one with `mathrl keys create`."
 ADMIN_REQUIRED = "Creating a key for another project needs the operator's admin token."
-SCOPE_MISSING = ("This key lacks the '{need}' scope (it has: {has}): use a key with it, or have a key with the "
-                 "'keys' scope create one (`mathrl keys create --scope {need}`).")
-SCOPE_NOT_HELD = "A key cannot grant a scope it does not hold: drop {extra} from scopes, or use a key that has it."
-IDEMPOTENCY_CONFLICT = (
-    "This Idempotency-Key was used with a different request body: use a new key for a new job."
+SCOPE_MISSING = (
+    "This key lacks the '{need}' scope (it has: {has}): use a key with it, or have a key with the "
+    "'keys' scope create one (`mathrl keys create --scope {need}`)."
 )
+SCOPE_NOT_HELD = "A key cannot grant a scope it does not hold: drop {extra} from scopes, or use a key that has it."
+IDEMPOTENCY_CONFLICT = "This Idempotency-Key was used with a different request body: use a new key for a new job."
 BAD_CURSOR = "The cursor is not one this API returned: pass next_cursor from the previous page."
 DB_UNAVAILABLE = "The database is unreachable right now; nothing was lost. Retry in a few seconds."
 TOO_LARGE = "The request body is larger than this server accepts."
@@ -44,14 +44,22 @@ UNSTORABLE = "A value holds a character that cannot be stored (NUL, \\u0000): re
 
 class Problem(Exception):
     def __init__(
-        self, status: int, title: str, detail: str, errors: list[dict[str, Any]] | None = None,
+        self,
+        status: int,
+        title: str,
+        detail: str,
+        errors: list[dict[str, Any]] | None = None,
         headers: dict[str, str] | None = None,
     ):
         self.status, self.title, self.detail, self.errors, self.headers = status, title, detail, errors, headers
 
 
 def problem_response(
-    status: int, title: str, detail: str, instance: str = "", errors: list[dict[str, Any]] | None = None,
+    status: int,
+    title: str,
+    detail: str,
+    instance: str = "",
+    errors: list[dict[str, Any]] | None = None,
     headers: dict[str, str] | None = None,
 ) -> JSONResponse:
     body: dict[str, Any] = {
@@ -90,7 +98,7 @@ def validation_errors(errors: Any) -> list[dict[str, Any]]:
         if field:
             loc = (*loc, field)
         if msg.startswith("Value error, "):
-            msg = msg[len("Value error, "):]
+            msg = msg[len("Value error, ") :]
         if err.get("type") == "extra_forbidden":
             msg = "unknown field: remove it or check its spelling against the spec (see /docs)"
         elif err.get("type") == "union_tag_invalid":
@@ -122,7 +130,10 @@ PROBLEM_SCHEMA: dict[str, Any] = {
                 "type": "object",
                 "required": ["pointer", "detail"],
                 "properties": {
-                    "pointer": {"type": "string", "description": "JSON pointer to the field ('query:/x' for a parameter)."},
+                    "pointer": {
+                        "type": "string",
+                        "description": "JSON pointer to the field ('query:/x' for a parameter).",
+                    },
                     "detail": {"type": "string"},
                     "type": {"type": ["string", "null"]},
                 },
@@ -148,7 +159,7 @@ def document_problems(schema: dict[str, Any]) -> dict[str, Any]:
     schema["components"]["schemas"].pop("ValidationError", None)
     content = {PROBLEM_JSON: {"schema": {"$ref": "#/components/schemas/Problem"}}}
     for path, item in schema.get("paths", {}).items():
-        for method, op in item.items():
+        for op in item.values():
             responses = op.setdefault("responses", {})
             if path.startswith("/v1/"):
                 for code, description in _COMMON.items():
@@ -174,9 +185,14 @@ def install(app: FastAPI) -> None:
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
-            app.openapi_schema = document_problems(get_openapi(
-                title=app.title, version=app.version, description=app.description, routes=app.routes,
-            ))
+            app.openapi_schema = document_problems(
+                get_openapi(
+                    title=app.title,
+                    version=app.version,
+                    description=app.description,
+                    routes=app.routes,
+                )
+            )
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
@@ -189,7 +205,9 @@ def install(app: FastAPI) -> None:
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         errors = validation_errors(exc.errors())
         first = errors[0] if errors else {"pointer": "/", "detail": "invalid"}
-        detail = f"{first['pointer']}: {first['detail']}" + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else "")
+        detail = f"{first['pointer']}: {first['detail']}" + (
+            f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        )
         return problem_response(422, "Invalid request", detail, request.url.path, errors)
 
     @app.exception_handler(StarletteHTTPException)
@@ -209,7 +227,9 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(DBAPIError)
     async def _db_down(request: Request, exc: Exception) -> JSONResponse:
         log.warning("database error on %s: %s", request.url.path, type(exc).__name__)
-        return problem_response(503, "Service unavailable", DB_UNAVAILABLE, request.url.path, headers={"Retry-After": "5"})
+        return problem_response(
+            503, "Service unavailable", DB_UNAVAILABLE, request.url.path, headers={"Retry-After": "5"}
+        )
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

@@ -40,7 +40,9 @@ def pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))]
 
 
-async def load(url: str, headers: dict[str, str], make_request, seconds: float, concurrency: int) -> tuple[int, list[float], int]:
+async def load(
+    url: str, headers: dict[str, str], make_request, seconds: float, concurrency: int
+) -> tuple[int, list[float], int]:
     latencies: list[float] = []
     errors = 0
     deadline = time.perf_counter() + seconds
@@ -63,17 +65,28 @@ async def load(url: str, headers: dict[str, str], make_request, seconds: float, 
 
 
 def report(name: str, rps: int, lat: list[float] | tuple[float, float], errors: int) -> None:
-    p50, p99 = (lat if isinstance(lat, tuple) else (pct(lat, .5), pct(lat, .99)))
+    p50, p99 = lat if isinstance(lat, tuple) else (pct(lat, 0.5), pct(lat, 0.99))
     print(f"{name:<14} {rps:>7} req/s   p50 {p50 * 1000:6.1f} ms   p99 {p99 * 1000:6.1f} ms   errors={errors}")
 
 
-async def with_streams(url: str, headers: dict[str, str], job_id: str, streams: int, make_request, seconds: float,
-                       concurrency: int, db_url: str) -> tuple[tuple[int, list[float], int], int, int]:
+async def with_streams(
+    url: str,
+    headers: dict[str, str],
+    job_id: str,
+    streams: int,
+    make_request,
+    seconds: float,
+    concurrency: int,
+    db_url: str,
+) -> tuple[tuple[int, list[float], int], int, int]:
     """Status reads while `streams` SSE clients follow a job that never ends. Returns the load
     result, how many streams opened, and the most connections seen idle in a transaction."""
     opened: list[int] = []
     limits = httpx.Limits(max_connections=streams + 10)
-    async with httpx.AsyncClient(base_url=url, headers=headers, limits=limits, timeout=httpx.Timeout(60, read=None)) as c:
+    async with httpx.AsyncClient(
+        base_url=url, headers=headers, limits=limits, timeout=httpx.Timeout(60, read=None)
+    ) as c:
+
         async def follow() -> None:
             async with c.stream("GET", f"/v1/jobs/{job_id}/events/stream") as r:
                 opened.append(r.status_code)
@@ -88,8 +101,14 @@ async def with_streams(url: str, headers: dict[str, str], job_id: str, streams: 
 
         def idle() -> int:
             with engine.connect() as conn:
-                return int(conn.execute(text("SELECT count(*) FROM pg_stat_activity WHERE datname = :d AND state = "
-                                             "'idle in transaction'"), {"d": make_url(db_url).database}).scalar())
+                return int(
+                    conn.execute(
+                        text(
+                            "SELECT count(*) FROM pg_stat_activity WHERE datname = :d AND state = 'idle in transaction'"
+                        ),
+                        {"d": make_url(db_url).database},
+                    ).scalar()
+                )
 
         held = max([await asyncio.to_thread(idle) for _ in range(5)])
         result = await load(url, headers, make_request, seconds, concurrency)
@@ -111,7 +130,9 @@ def wrk(url: str, key: str, body: str | None, seconds: float, concurrency: int) 
         script = f.name
     out = subprocess.run(
         ["wrk", "-t2", f"-c{concurrency}", f"-d{int(seconds)}s", "--latency", "-s", script, url],
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     os.unlink(script)
 
@@ -155,17 +176,28 @@ def main() -> None:
     redis.Redis.from_url(args.redis).flushdb()
     token = uuid.uuid4().hex
     port = 18000 + os.getpid() % 1000
-    env = {**os.environ, "MATHRL_DATABASE__URL": db_url, "MATHRL_BROKER__URL": args.redis,
-           "MATHRL_AUTH__ADMIN_TOKEN": token, "MATHRL_ARTIFACT_DIR": f"/tmp/{dbname}",
-           "MATHRL_WORKER__HEARTBEAT_SECONDS": "1",
-           # the per-key rate limit and the active-jobs quota would answer 429s: lift them so
-           # the figures are the API's own (admission still runs on every submit)
-           "MATHRL_LIMITS__RATE_PER_SECOND": "1e9", "MATHRL_LIMITS__BURST": "1000000000",
-           "MATHRL_LIMITS__MAX_ACTIVE_JOBS": "1000000000"}
+    env = {
+        **os.environ,
+        "MATHRL_DATABASE__URL": db_url,
+        "MATHRL_BROKER__URL": args.redis,
+        "MATHRL_AUTH__ADMIN_TOKEN": token,
+        "MATHRL_ARTIFACT_DIR": f"/tmp/{dbname}",
+        "MATHRL_WORKER__HEARTBEAT_SECONDS": "1",
+        # the per-key rate limit and the active-jobs quota would answer 429s: lift them so
+        # the figures are the API's own (admission still runs on every submit)
+        "MATHRL_LIMITS__RATE_PER_SECOND": "1e9",
+        "MATHRL_LIMITS__BURST": "1000000000",
+        "MATHRL_LIMITS__MAX_ACTIVE_JOBS": "1000000000",
+    }
     py = sys.executable
     procs = [
-        subprocess.Popen([py, "-m", "service.cli", "api", "--port", str(port), "--workers", str(args.api_workers)],
-                         env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL),
+        subprocess.Popen(
+            [py, "-m", "service.cli", "api", "--port", str(port), "--workers", str(args.api_workers)],
+            env=env,
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        ),
     ]
     url = f"http://127.0.0.1:{port}"
     try:
@@ -175,12 +207,16 @@ def main() -> None:
                     break
             except httpx.HTTPError:
                 time.sleep(0.2)
-        key = httpx.post(f"{url}/v1/keys", json={"project": "bench"}, headers={"Authorization": f"Bearer {token}"}).json()["key"]
+        key = httpx.post(
+            f"{url}/v1/keys", json={"project": "bench"}, headers={"Authorization": f"Bearer {token}"}
+        ).json()["key"]
         h = {"Authorization": f"Bearer {key}"}
         parked = {"kind": "eval", "model": "org/model", "limit": 5, "resources": {"gpus": 1}}
         job_id = httpx.post(f"{url}/v1/jobs", json=parked, headers=h).json()["id"]
-        print(f"mathrl API benchmark: {args.api_workers} uvicorn worker(s), concurrency {args.concurrency}, "
-              f"{args.seconds:.0f}s per phase, {os.cpu_count()} CPUs, PostgreSQL + Redis on loopback")
+        print(
+            f"mathrl API benchmark: {args.api_workers} uvicorn worker(s), concurrency {args.concurrency}, "
+            f"{args.seconds:.0f}s per phase, {os.cpu_count()} CPUs, PostgreSQL + Redis on loopback"
+        )
 
         async def read(c: httpx.AsyncClient) -> httpx.Response:
             return await c.get(f"/v1/jobs/{job_id}")
@@ -192,7 +228,9 @@ def main() -> None:
             print("load generator: wrk (C, so the client takes little of the 2 cores)")
             wrk(f"{url}/v1/jobs/{job_id}", key, None, 2, args.concurrency)  # warm-up
             report("status read", *wrk(f"{url}/v1/jobs/{job_id}", key, None, args.seconds, args.concurrency))
-            report("submit", *wrk(f"{url}/v1/jobs", key, json.dumps(parked), args.seconds, max(4, args.concurrency // 2)))
+            report(
+                "submit", *wrk(f"{url}/v1/jobs", key, json.dumps(parked), args.seconds, max(4, args.concurrency // 2))
+            )
         else:
             print("load generator: httpx asyncio (install wrk for a lighter client)")
             asyncio.run(load(url, h, read, 2, args.concurrency))  # warm-up
@@ -202,14 +240,21 @@ def main() -> None:
         # open event streams must not starve other requests (each held a pooled connection once):
         # reads with the same client, without and with the streams open, side by side
         report("read (httpx)", *asyncio.run(load(url, h, read, args.seconds, args.concurrency)))
-        result, opened, held = asyncio.run(with_streams(url, h, job_id, args.streams, read, args.seconds,
-                                                        args.concurrency, db_url))
+        result, opened, held = asyncio.run(
+            with_streams(url, h, job_id, args.streams, read, args.seconds, args.concurrency, db_url)
+        )
         report(f"read, {args.streams} SSE", *result)
         print(f"  {opened}/{args.streams} streams open; at most {held} database connections idle in a transaction")
 
         # dispatch latency: submit -> claimed by an idle worker; each job is cancelled once claimed
-        worker = subprocess.Popen([py, "-m", "service.cli", "worker", "--queues", "cpu"], env=env, cwd=ROOT,
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        worker = subprocess.Popen(
+            [py, "-m", "service.cli", "worker", "--queues", "cpu"],
+            env=env,
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         procs.append(worker)
         assert worker.stdout is not None
         for line in worker.stdout:
@@ -233,8 +278,10 @@ def main() -> None:
                     if c.get(f"/v1/jobs/{job['id']}").json()["status"] in ("failed", "succeeded", "cancelled"):
                         break
                     time.sleep(0.05)
-        print(f"dispatch       median {statistics.median(delays) * 1000:6.1f} ms   max {max(delays) * 1000:6.1f} ms"
-              f"   n={len(delays)} (submit -> claimed, idle worker)")
+        print(
+            f"dispatch       median {statistics.median(delays) * 1000:6.1f} ms   max {max(delays) * 1000:6.1f} ms"
+            f"   n={len(delays)} (submit -> claimed, idle worker)"
+        )
     finally:
         for p in procs:
             p.terminate()

@@ -53,9 +53,16 @@ def time_backend(backend: str, model: str, texts: list[str], max_new_tokens: int
     gens = b.generate(engine, tok, texts, max_new_tokens=max_new_tokens, batch_size=batch_size)
     seconds = time.perf_counter() - t1
     tokens = sum(g[0].tokens for g in gens)
-    return {"backend": backend, "batch_size": batch_size, "seconds": seconds, "startup": startup,
-            "problems_per_s": len(texts) / seconds, "tokens_per_s": tokens / seconds, "tokens": tokens,
-            "texts": [g[0].text for g in gens]}
+    return {
+        "backend": backend,
+        "batch_size": batch_size,
+        "seconds": seconds,
+        "startup": startup,
+        "problems_per_s": len(texts) / seconds,
+        "tokens_per_s": tokens / seconds,
+        "tokens": tokens,
+        "texts": [g[0].text for g in gens],
+    }
 
 
 def main() -> None:
@@ -89,8 +96,20 @@ def main() -> None:
         return
 
     def run(spec: str, python: str = sys.executable) -> dict:
-        cmd = [python, __file__, "--model", model, "--limit", str(args.limit), "--max-new-tokens",
-               str(args.max_new_tokens), "--data-dir", data_dir, "--one", spec]
+        cmd = [
+            python,
+            __file__,
+            "--model",
+            model,
+            "--limit",
+            str(args.limit),
+            "--max-new-tokens",
+            str(args.max_new_tokens),
+            "--data-dir",
+            data_dir,
+            "--one",
+            spec,
+        ]
         out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
         line = next((x for x in out.stdout.splitlines() if x.startswith("RESULT ")), None)
         if line is None:
@@ -99,8 +118,13 @@ def main() -> None:
 
     import torch
 
-    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"CPU ({__import__('os').cpu_count()} cores)"
-    print(f"eval bench: {Path(model).name}, {args.limit} GSM8K problems, greedy, max {args.max_new_tokens} new tokens, {device}")
+    device = (
+        torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"CPU ({__import__('os').cpu_count()} cores)"
+    )
+    print(
+        f"eval bench: {Path(model).name}, {args.limit} GSM8K problems, greedy, "
+        f"max {args.max_new_tokens} new tokens, {device}"
+    )
     one = run("hf:1")
     batched = run(f"hf:{args.limit}")
     rows = [one, batched]
@@ -109,14 +133,16 @@ def main() -> None:
         vllm = run(f"vllm:{args.limit}", args.vllm_python)
         rows.append(vllm)
     for r in rows:
-        print(f"  {r['backend']:<5} batch {r['batch_size']:>4}: {r['problems_per_s']:7.3f} problems/s "
-              f"{r['tokens_per_s']:8.1f} tokens/s  ({r['seconds']:.1f}s generating, {r['startup']:.1f}s start-up)")
+        print(
+            f"  {r['backend']:<5} batch {r['batch_size']:>4}: {r['problems_per_s']:7.3f} problems/s "
+            f"{r['tokens_per_s']:8.1f} tokens/s  ({r['seconds']:.1f}s generating, {r['startup']:.1f}s start-up)"
+        )
     print(f"batched HF / one-at-a-time HF: {batched['problems_per_s'] / one['problems_per_s']:.2f}x (target >= 4)")
-    same = sum(a == b for a, b in zip(one["texts"], batched["texts"]))
+    same = sum(a == b for a, b in zip(one["texts"], batched["texts"], strict=True))
     print(f"  identical completions, batched vs one-at-a-time: {same}/{len(texts)}")
     if vllm is not None:
         print(f"vLLM / batched HF: {vllm['problems_per_s'] / batched['problems_per_s']:.2f}x (target >= 1)")
-        same = sum(a == b for a, b in zip(vllm["texts"], batched["texts"]))
+        same = sum(a == b for a, b in zip(vllm["texts"], batched["texts"], strict=True))
         print(f"  identical completions, vLLM vs batched HF: {same}/{len(texts)}")
 
 

@@ -64,11 +64,20 @@ class MetricsSink:
 
 def spec_for(mode: str, args: argparse.Namespace) -> dict[str, Any]:
     return {
-        "kind": "grpo", "model": args.model, "dataset": {"name": "add2-words-train", "limit": 4000},
-        "max_steps": args.steps, "learning_rate": 1e-5, "num_generations": args.generations,
-        "per_device_train_batch_size": args.completions, "max_completion_length": args.max_new_tokens,
-        "rewards": [{"name": "accuracy"}], "logging_steps": 1, "save_steps": 10_000, "sample_every": 10_000,
-        "seed": 0, **({} if mode == "async" else {"beta": 0.0}),  # async GRPO has no KL term to turn off
+        "kind": "grpo",
+        "model": args.model,
+        "dataset": {"name": "add2-words-train", "limit": 4000},
+        "max_steps": args.steps,
+        "learning_rate": 1e-5,
+        "num_generations": args.generations,
+        "per_device_train_batch_size": args.completions,
+        "max_completion_length": args.max_new_tokens,
+        "rewards": [{"name": "accuracy"}],
+        "logging_steps": 1,
+        "save_steps": 10_000,
+        "sample_every": 10_000,
+        "seed": 0,
+        **({} if mode == "async" else {"beta": 0.0}),  # async GRPO has no KL term to turn off
         **MODES[mode],
     }
 
@@ -90,8 +99,15 @@ def one_run(mode: str, args: argparse.Namespace) -> None:
         server, env = start_server(spec, config, args.model, out / "server.log", None, [])
         os.environ.update(env)
     try:
-        run_grpo(spec, config, sink, model_path=args.model, data_dir=None, out_dir=out / "train",  # type: ignore[arg-type]
-                 vllm_server_url=server.url if server else None)
+        run_grpo(
+            spec,
+            config,
+            sink,
+            model_path=args.model,
+            data_dir=None,
+            out_dir=out / "train",  # type: ignore[arg-type]
+            vllm_server_url=server.url if server else None,
+        )
     finally:
         if server is not None:
             server.stop()
@@ -100,9 +116,22 @@ def one_run(mode: str, args: argparse.Namespace) -> None:
 
 
 def run(mode: str, args: argparse.Namespace) -> dict[str, Any]:
-    cmd = [sys.executable, __file__, "--one", mode, "--model", args.model, "--completions", str(args.completions),
-           "--generations", str(args.generations), "--max-new-tokens", str(args.max_new_tokens),
-           "--steps", str(args.steps)]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--one",
+        mode,
+        "--model",
+        args.model,
+        "--completions",
+        str(args.completions),
+        "--generations",
+        str(args.generations),
+        "--max-new-tokens",
+        str(args.max_new_tokens),
+        "--steps",
+        str(args.steps),
+    ]
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
     line = next((x for x in r.stdout.splitlines() if x.startswith("RESULT ")), None)
     if line is None:
@@ -116,9 +145,16 @@ def summary(result: dict[str, Any]) -> dict[str, float]:
     warm = steps[1:] or steps
     mean = lambda key: sum(s.get(key, 0.0) for s in warm) / len(warm)  # noqa: E731
     step, gen, sync = mean("step_time"), mean("generation_seconds"), mean("weight_sync_seconds")
-    return {"step": step, "generation": gen, "sync": sync, "rest": step - gen - sync,
-            "tokens_per_s": mean("generation_tokens_per_second"), "share": gen / step if step else 0.0,
-            "startup": result["total"] - sum(s["step_time"] for s in steps), "steps": len(steps)}
+    return {
+        "step": step,
+        "generation": gen,
+        "sync": sync,
+        "rest": step - gen - sync,
+        "tokens_per_s": mean("generation_tokens_per_second"),
+        "share": gen / step if step else 0.0,
+        "startup": result["total"] - sum(s["step_time"] for s in steps),
+        "steps": len(steps),
+    }
 
 
 def main() -> None:
@@ -128,27 +164,38 @@ def main() -> None:
     ap.add_argument("--generations", type=int, default=8, help="group size G")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--steps", type=int, default=4, help="optimizer steps per mode (the first is a warm-up)")
-    ap.add_argument("--modes", default="hf,vllm,server",
-                    help=f"comma-separated, of {', '.join(MODES)} (async: see above; slow on a small CPU)")
+    ap.add_argument(
+        "--modes",
+        default="hf,vllm,server",
+        help=f"comma-separated, of {', '.join(MODES)} (async: see above; slow on a small CPU)",
+    )
     ap.add_argument("--one", help=argparse.SUPPRESS)
     args = ap.parse_args()
     args.model = str(Path(args.model).resolve())
     if args.one:
         return one_run(args.one, args)
 
-    print(f"GRPO step bench: {Path(args.model).name}, {args.completions} completions/step (G={args.generations}), "
-          f"max {args.max_new_tokens} new tokens, {args.steps} steps (first left out), {os.cpu_count()} CPU cores",
-          flush=True)
+    print(
+        f"GRPO step bench: {Path(args.model).name}, {args.completions} completions/step (G={args.generations}), "
+        f"max {args.max_new_tokens} new tokens, {args.steps} steps (first left out), {os.cpu_count()} CPU cores",
+        flush=True,
+    )
     rows: dict[str, dict[str, float]] = {}
     for mode in args.modes.split(","):
         rows[mode] = s = summary(run(mode, args))
         if mode == "async":
-            print(f"  {mode:<6} step {s['step']:6.1f}s (generation overlapped with training); "
-                  f"start-up {s['startup']:.0f}s", flush=True)
+            print(
+                f"  {mode:<6} step {s['step']:6.1f}s (generation overlapped with training); "
+                f"start-up {s['startup']:.0f}s",
+                flush=True,
+            )
         else:
-            print(f"  {mode:<6} step {s['step']:6.1f}s = generation {s['generation']:6.1f}s + weight sync "
-                  f"{s['sync']:4.1f}s + rest {s['rest']:5.1f}s; {s['tokens_per_s']:6.1f} generated tokens/s; "
-                  f"generation share {100 * s['share']:.0f}%; start-up {s['startup']:.0f}s", flush=True)
+            print(
+                f"  {mode:<6} step {s['step']:6.1f}s = generation {s['generation']:6.1f}s + weight sync "
+                f"{s['sync']:4.1f}s + rest {s['rest']:5.1f}s; {s['tokens_per_s']:6.1f} generated tokens/s; "
+                f"generation share {100 * s['share']:.0f}%; start-up {s['startup']:.0f}s",
+                flush=True,
+            )
     hf = rows.get("hf")
     if hf:
         for mode, s in rows.items():
@@ -158,7 +205,10 @@ def main() -> None:
             print(f"{mode} vs hf: {gen}whole step {hf['step'] / s['step']:.2f}x faster")
     if "vllm" in rows and hf:
         ratio = hf["generation"] / rows["vllm"]["generation"]
-        print(f"target: vLLM colocated generation >= 1.5x HF per step: {ratio:.2f}x ({'met' if ratio >= 1.5 else 'NOT met'})")
+        print(
+            f"target: vLLM colocated generation >= 1.5x HF per step: {ratio:.2f}x "
+            f"({'met' if ratio >= 1.5 else 'NOT met'})"
+        )
     if "server" in rows and "async" in rows:
         print(f"async vs server (both LoRA): whole step {rows['server']['step'] / rows['async']['step']:.2f}x faster")
 

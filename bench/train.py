@@ -60,8 +60,14 @@ def direct_trl(spec: Any, config: dict[str, Any], model_path: str, out: Path) ->
     args = grpo_args(spec, config, out, use_cpu=not torch.cuda.is_available())
     args.reward_weights = weights
     timer = StepTimer()
-    trainer = GRPOTrainer(model=model_path, reward_funcs=rewards, args=args, train_dataset=dataset,
-                          processing_class=tok, callbacks=[timer.callback])
+    trainer = GRPOTrainer(
+        model=model_path,
+        reward_funcs=rewards,
+        args=args,
+        train_dataset=dataset,
+        processing_class=tok,
+        callbacks=[timer.callback],
+    )
     trainer.train()
     return timer.times
 
@@ -93,10 +99,18 @@ def main() -> None:
     else:
         model_path = prepare_model(args.model, work)
     body = {
-        "kind": "grpo", "model": model_path, "dataset": {"name": "arith", "split": "train", "limit": 5000},
-        "max_steps": args.steps, "num_generations": 8, "per_device_train_batch_size": 32,
-        "max_completion_length": args.completion_length, "learning_rate": 1e-5, "logging_steps": 1, "save_steps": 10**6,
-        "sample_every": 10, "rewards": [{"name": "accuracy"}, {"name": "format", "weight": 0.1}],
+        "kind": "grpo",
+        "model": model_path,
+        "dataset": {"name": "arith", "split": "train", "limit": 5000},
+        "max_steps": args.steps,
+        "num_generations": 8,
+        "per_device_train_batch_size": 32,
+        "max_completion_length": args.completion_length,
+        "learning_rate": 1e-5,
+        "logging_steps": 1,
+        "save_steps": 10**6,
+        "sample_every": 10,
+        "rewards": [{"name": "accuracy"}, {"name": "format", "weight": 0.1}],
     }
     spec = GRPOSpec.model_validate(body)
     config = resolve_grpo(spec)
@@ -107,8 +121,10 @@ def main() -> None:
     direct = direct_trl(spec, config, model_path, work / "direct")
     skip = max(1, args.steps // 10)  # the first steps warm caches in both runs
     if args.direct_only:
-        print(f"per-step median, TRL direct: {statistics.median(direct[skip:]) * 1000:.1f} ms "
-              f"(mean {statistics.mean(direct[skip:]) * 1000:.1f} ms)")
+        print(
+            f"per-step median, TRL direct: {statistics.median(direct[skip:]) * 1000:.1f} ms "
+            f"(mean {statistics.mean(direct[skip:]) * 1000:.1f} ms)"
+        )
         return
     with embedded_service(work / "svc", 0) as (url, env):
         client = Client(url, api_key=demo_key(env))
@@ -125,12 +141,18 @@ def main() -> None:
 
     d = statistics.median(direct[skip:])
     s = statistics.median(service_steps[skip:])
-    print(f"per-step median  TRL direct {d * 1000:7.1f} ms   through the service {s * 1000:7.1f} ms"
-          f"   ratio {s / d:.3f} (target <= 1.05)")
-    print(f"per-step mean    TRL direct {statistics.mean(direct[skip:]) * 1000:7.1f} ms   "
-          f"through the service {statistics.mean(service_steps[skip:]) * 1000:7.1f} ms")
-    print(f"fixed start-up of the job (submit -> training, and saving after): {wall - train_seconds:.1f} s "
-          f"of {wall:.1f} s wall")
+    print(
+        f"per-step median  TRL direct {d * 1000:7.1f} ms   through the service {s * 1000:7.1f} ms"
+        f"   ratio {s / d:.3f} (target <= 1.05)"
+    )
+    print(
+        f"per-step mean    TRL direct {statistics.mean(direct[skip:]) * 1000:7.1f} ms   "
+        f"through the service {statistics.mean(service_steps[skip:]) * 1000:7.1f} ms"
+    )
+    print(
+        f"fixed start-up of the job (submit -> training, and saving after): {wall - train_seconds:.1f} s "
+        f"of {wall:.1f} s wall"
+    )
 
 
 if __name__ == "__main__":

@@ -95,7 +95,13 @@ def load_benchmark(bench: Benchmark, data_dir: str | None, limit: int | None = N
                 row[name] = row[source]
         meta = {k: _meta_value(k, row[k]) for k in bench.meta_fields if k in row}
         problems.append(
-            Problem(index=i, question=row[bench.question_field], gold=gold, meta=meta, solution=row.get("solution") or raw_answer)
+            Problem(
+                index=i,
+                question=row[bench.question_field],
+                gold=gold,
+                meta=meta,
+                solution=row.get("solution") or raw_answer,
+            )
         )
     return problems
 
@@ -104,7 +110,10 @@ def load_user_set(path: str | Path, question_field: str, answer_field: str, limi
     rows = _load_rows(*load_args("", "train", None, path))
     missing = [f for f in (question_field, answer_field) if f not in rows.column_names]
     if missing:
-        raise ValueError(f"{str(path).rsplit('/', 1)[-1]} has no field(s) {missing}; it has {rows.column_names}: set question_field/answer_field")
+        raise ValueError(
+            f"{str(path).rsplit('/', 1)[-1]} has no field(s) {missing}; it has {rows.column_names}: "
+            "set question_field/answer_field"
+        )
     if limit is not None:
         rows = rows.select(range(min(limit, len(rows))))
     out = []

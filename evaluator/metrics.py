@@ -40,7 +40,7 @@ def maj_at_k(answers: Sequence[str | None], correct: Sequence[bool], k: int) -> 
     if not votes:
         return 0.0
     top = max(votes.values())
-    for a, ok in zip(answers[:k], correct[:k]):
+    for a, ok in zip(answers[:k], correct[:k], strict=True):
         if a is not None and votes[a] == top:
             return 1.0 if ok else 0.0
     return 0.0
@@ -59,7 +59,7 @@ def accuracy_breakdown(
     out: dict[str, tuple[int, int]] = {}
     for key in keys:
         tally: dict[Any, list[int]] = {}
-        for meta, ok in zip(metas, correct):
+        for meta, ok in zip(metas, correct, strict=True):
             value = meta.get(key)
             if value is None or value == "":
                 continue

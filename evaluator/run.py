@@ -59,27 +59,44 @@ def run_eval(
             sink.progress(done, total, f"generating ({done / max(time.monotonic() - t1, 1e-9):.2f} problems/s)")
 
     gens = backend.generate(
-        model, tokenizer, texts, max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p,
-        n=s.n, seed=s.seed, batch_size=spec.batch_size, on_batch=on_batch, should_stop=sink.should_stop,
+        model,
+        tokenizer,
+        texts,
+        max_new_tokens=s.max_new_tokens,
+        temperature=s.temperature,
+        top_p=s.top_p,
+        n=s.n,
+        seed=s.seed,
+        batch_size=spec.batch_size,
+        on_batch=on_batch,
+        should_stop=sink.should_stop,
     )
     gen_seconds = time.monotonic() - t1
 
     items: list[dict[str, Any]] = []
     per_problem_correct: list[list[bool]] = []
     per_problem_answers: list[list[str | None]] = []
-    for p, text, outs in zip(problems, texts, gens):
+    for p, text, outs in zip(problems, texts, gens, strict=True):
         verdicts = [grade(g.text, p.gold) for g in outs]
         per_problem_correct.append([v.correct for v in verdicts])
         per_problem_answers.append([v.extracted for v in verdicts])
-        for j, (g, v) in enumerate(zip(outs, verdicts)):
-            items.append({
-                "prompt": text,
-                "completion": g.text,
-                "data": {
-                    "problem": p.index, "sample": j, "gold": p.gold, "extracted": v.extracted,
-                    "correct": v.correct, "tokens": g.tokens, "truncated": g.truncated, **p.meta,
-                },
-            })
+        for j, (g, v) in enumerate(zip(outs, verdicts, strict=True)):
+            items.append(
+                {
+                    "prompt": text,
+                    "completion": g.text,
+                    "data": {
+                        "problem": p.index,
+                        "sample": j,
+                        "gold": p.gold,
+                        "extracted": v.extracted,
+                        "correct": v.correct,
+                        "tokens": g.tokens,
+                        "truncated": g.truncated,
+                        **p.meta,
+                    },
+                }
+            )
     n_problems = len(problems)
     values: dict[str, float] = {}
     greedy_correct = sum(c[0] for c in per_problem_correct)
@@ -88,7 +105,7 @@ def run_eval(
     for k in spec.k:
         if s.n > 1:
             pk = [pass_at_k(s.n, sum(c), k) for c in per_problem_correct]
-            mk = [maj_at_k(a, c, k) for a, c in zip(per_problem_answers, per_problem_correct)]
+            mk = [maj_at_k(a, c, k) for a, c in zip(per_problem_answers, per_problem_correct, strict=True)]
             values[f"pass@{k}"] = sum(pk) / max(n_problems, 1)
             values[f"maj@{k}"] = sum(mk) / max(n_problems, 1)
             intervals[f"maj@{k}"] = wilson_interval(int(sum(mk)), n_problems)
@@ -104,8 +121,9 @@ def run_eval(
         with written.open("w") as f:
             for item in items:
                 f.write(json.dumps(item) + "\n")
-        sink.checkpoint(0, str(results_dir / "items.jsonl"), kind="results", data={"items": len(items)},
-                        source=str(written))
+        sink.checkpoint(
+            0, str(results_dir / "items.jsonl"), kind="results", data={"items": len(items)}, source=str(written)
+        )
 
     provenance = {
         "model_ref": model_ref or model_path,
@@ -141,8 +159,15 @@ def _problems(spec: EvalSpec, data_dir: str | None) -> tuple[Benchmark, list[Pro
     if spec.dataset is not None and spec.dataset.path is not None:
         d = spec.dataset
         bench = Benchmark(
-            name=f"custom:{Path(d.path).name}", version="user", hub_id="", hub_config=None, split="train",
-            local_file=None, question_field=d.question_field, answer_field=d.answer_field, gold_format="latex",
+            name=f"custom:{Path(d.path).name}",
+            version="user",
+            hub_id="",
+            hub_config=None,
+            split="train",
+            local_file=None,
+            question_field=d.question_field,
+            answer_field=d.answer_field,
+            gold_format="latex",
             prompt="math",
         )
         return bench, load_user_set(d.path, d.question_field, d.answer_field, spec.limit or d.limit)

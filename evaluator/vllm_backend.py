@@ -25,7 +25,9 @@ BATCHED_TOKENS = 4096  # tokens per engine step (TRL's colocated default); at le
 
 
 def engine_options(
-    dtype: str = "auto", gpu_memory_utilization: float | None = None, enable_prefix_caching: bool | None = None,
+    dtype: str = "auto",
+    gpu_memory_utilization: float | None = None,
+    enable_prefix_caching: bool | None = None,
     max_model_len: int | None = None,
 ) -> dict[str, Any]:
     """The vLLM engine arguments every engine of ours gets (eval jobs and GRPO's colocated engine).
@@ -98,21 +100,30 @@ def generate(
     from evaluator.hf_backend import eos_ids
 
     params = SamplingParams(
-        n=n, temperature=temperature, top_p=top_p if temperature > 0 else 1.0, max_tokens=max_new_tokens,
-        seed=seed, stop_token_ids=eos_ids(None, tokenizer), skip_special_tokens=True,
+        n=n,
+        temperature=temperature,
+        top_p=top_p if temperature > 0 else 1.0,
+        max_tokens=max_new_tokens,
+        seed=seed,
+        stop_token_ids=eos_ids(None, tokenizer),
+        skip_special_tokens=True,
     )
     results: list[list[Generation]] = []
     # chunks only so progress and stop requests are seen; vLLM schedules within a chunk
     for start in range(0, len(prompts), batch_size):
         if should_stop is not None and should_stop():
             raise InterruptedError("stop requested")
-        chunk = [TokensPrompt(prompt_token_ids=tokenizer(p, add_special_tokens=False).input_ids)
-                 for p in prompts[start : start + batch_size]]
+        chunk = [
+            TokensPrompt(prompt_token_ids=tokenizer(p, add_special_tokens=False).input_ids)
+            for p in prompts[start : start + batch_size]
+        ]
         for out in engine.generate(chunk, params, use_tqdm=False):
-            results.append([
-                Generation(text=o.text, tokens=len(o.token_ids), truncated=o.finish_reason == "length")
-                for o in out.outputs
-            ])
+            results.append(
+                [
+                    Generation(text=o.text, tokens=len(o.token_ids), truncated=o.finish_reason == "length")
+                    for o in out.outputs
+                ]
+            )
         if on_batch is not None:
             on_batch(len(results), len(prompts))
     return results

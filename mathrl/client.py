@@ -1,15 +1,16 @@
 """The Python SDK: `Client` (sync) and `AsyncClient`, over httpx.
 
-    from mathrl import Client
-    client = Client("http://127.0.0.1:8000", api_key="mrl_...")   # or MATHRL_URL / MATHRL_API_KEY
-    job = client.jobs.create({"kind": "eval", "model": "HuggingFaceTB/SmolLM2-135M-Instruct", "limit": 50})
-    for event in client.jobs.follow(job.id):
-        print(event.message)
-    print(client.scores.list(job_id=job.id))
+from mathrl import Client
+client = Client("http://127.0.0.1:8000", api_key="mrl_...")   # or MATHRL_URL / MATHRL_API_KEY
+job = client.jobs.create({"kind": "eval", "model": "HuggingFaceTB/SmolLM2-135M-Instruct", "limit": 50})
+for event in client.jobs.follow(job.id):
+    print(event.message)
+print(client.scores.list(job_id=job.id))
 """
 
 from __future__ import annotations
 
+import builtins
 import json
 import os
 import time
@@ -123,7 +124,10 @@ class _Base:
 
 class Client(_Base):
     def __init__(
-        self, base_url: str | None = None, api_key: str | None = None, timeout: float = 30.0,
+        self,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        timeout: float = 30.0,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         super().__init__(base_url, api_key)
@@ -177,14 +181,16 @@ class Jobs:
     def cancel(self, job_id: str) -> JobResponse:
         return JobResponse.model_validate(self._c.request("POST", f"/v1/jobs/{job_id}/cancel"))
 
-    def events(self, job_id: str, after: int | None = None, limit: int = 500) -> list[EventResponse]:
+    def events(self, job_id: str, after: int | None = None, limit: int = 500) -> builtins.list[EventResponse]:
         page = self._c.request("GET", f"/v1/jobs/{job_id}/events", params=_params(after=after, limit=limit))
         return [EventResponse.model_validate(e) for e in page["data"]]
 
     def follow(self, job_id: str, after: int | None = None, timeout: float | None = None) -> Iterator[EventResponse]:
         """Events as they happen (Server-Sent Events) until the job ends."""
         with self._c.http.stream(
-            "GET", f"/v1/jobs/{job_id}/events/stream", params=_params(after=after),
+            "GET",
+            f"/v1/jobs/{job_id}/events/stream",
+            params=_params(after=after),
             timeout=httpx.Timeout(timeout or 30.0, read=timeout),
         ) as resp:
             if resp.status_code >= 400:
@@ -192,7 +198,7 @@ class Jobs:
                 _raise_for(resp)
             yield from _parse_sse(resp.iter_lines())
 
-    def metrics(self, job_id: str, name: str | None = None) -> list[MetricSeries]:
+    def metrics(self, job_id: str, name: str | None = None) -> builtins.list[MetricSeries]:
         """Every point of the job's series (the API pages them: this follows the pages)."""
         pages, after = [], None
         while True:
@@ -201,15 +207,19 @@ class Jobs:
             if not (after := data["next_cursor"]):
                 return _merge_series(pages)
 
-    def samples(self, job_id: str, step: int | None = None, limit: int = 100, cursor: str | None = None) -> list[SampleResponse]:
-        data = self._c.request("GET", f"/v1/jobs/{job_id}/samples", params=_params(step=step, limit=limit, cursor=cursor))
+    def samples(
+        self, job_id: str, step: int | None = None, limit: int = 100, cursor: str | None = None
+    ) -> builtins.list[SampleResponse]:
+        data = self._c.request(
+            "GET", f"/v1/jobs/{job_id}/samples", params=_params(step=step, limit=limit, cursor=cursor)
+        )
         return [SampleResponse.model_validate(s) for s in data["data"]]
 
-    def checkpoints(self, job_id: str) -> list[CheckpointResponse]:
+    def checkpoints(self, job_id: str) -> builtins.list[CheckpointResponse]:
         data = self._c.request("GET", f"/v1/jobs/{job_id}/checkpoints")
         return [CheckpointResponse.model_validate(s) for s in data["data"]]
 
-    def results(self, job_id: str) -> list[dict[str, Any]]:
+    def results(self, job_id: str) -> builtins.list[dict[str, Any]]:
         """An eval job's per-item results: one dict per sample with prompt, completion and data
         (gold, extracted answer, correct, tokens, and the problem's subject/level where it has them)."""
         with self._c.http.stream("GET", f"/v1/jobs/{job_id}/results") as resp:
@@ -271,8 +281,12 @@ class Keys:
         self._c = client
 
     def create(
-        self, name: str | None = None, project: str | None = None, expires_in_days: int | None = None,
-        admin_token: str | None = None, scopes: list[str] | None = None,
+        self,
+        name: str | None = None,
+        project: str | None = None,
+        expires_in_days: int | None = None,
+        admin_token: str | None = None,
+        scopes: list[str] | None = None,
     ) -> KeyCreated:
         """scopes: of 'read', 'submit', 'keys' (default: the creating key's own)."""
         headers = {"Authorization": f"Bearer {admin_token}"} if admin_token else {}
@@ -291,11 +305,16 @@ class AsyncClient(_Base):
     """The same calls as `Client`, awaitable. `client.jobs.follow` is an async iterator."""
 
     def __init__(
-        self, base_url: str | None = None, api_key: str | None = None, timeout: float = 30.0,
+        self,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        timeout: float = 30.0,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         super().__init__(base_url, api_key)
-        self.http = httpx.AsyncClient(base_url=self.base_url, headers=self.headers, timeout=timeout, transport=transport)
+        self.http = httpx.AsyncClient(
+            base_url=self.base_url, headers=self.headers, timeout=timeout, transport=transport
+        )
         self.jobs = AsyncJobs(self)
         self.pipelines = AsyncPipelines(self)
         self.scores = AsyncScores(self)
@@ -322,7 +341,9 @@ class AsyncJobs:
 
     async def create(self, spec: Any, idempotency_key: str | None = None) -> JobResponse:
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
-        return JobResponse.model_validate(await self._c.request("POST", "/v1/jobs", json=_spec_body(spec), headers=headers))
+        return JobResponse.model_validate(
+            await self._c.request("POST", "/v1/jobs", json=_spec_body(spec), headers=headers)
+        )
 
     async def list(
         self, kind: str | None = None, status: str | None = None, tag: str | None = None, page_size: int = 50
@@ -344,15 +365,18 @@ class AsyncJobs:
     async def cancel(self, job_id: str) -> JobResponse:
         return JobResponse.model_validate(await self._c.request("POST", f"/v1/jobs/{job_id}/cancel"))
 
-    async def events(self, job_id: str, after: int | None = None, limit: int = 500) -> list[EventResponse]:
+    async def events(self, job_id: str, after: int | None = None, limit: int = 500) -> builtins.list[EventResponse]:
         page = await self._c.request("GET", f"/v1/jobs/{job_id}/events", params=_params(after=after, limit=limit))
         return [EventResponse.model_validate(e) for e in page["data"]]
 
-    async def follow(self, job_id: str, after: int | None = None,
-                     timeout: float | None = None) -> AsyncIterator[EventResponse]:
+    async def follow(
+        self, job_id: str, after: int | None = None, timeout: float | None = None
+    ) -> AsyncIterator[EventResponse]:
         """Events as they happen (Server-Sent Events) until the job ends."""
         async with self._c.http.stream(
-            "GET", f"/v1/jobs/{job_id}/events/stream", params=_params(after=after),
+            "GET",
+            f"/v1/jobs/{job_id}/events/stream",
+            params=_params(after=after),
             timeout=httpx.Timeout(timeout or 30.0, read=timeout),
         ) as resp:
             if resp.status_code >= 400:
@@ -366,26 +390,30 @@ class AsyncJobs:
                     yield EventResponse.model_validate(json.loads("\n".join(data)))
                     data = []
 
-    async def metrics(self, job_id: str, name: str | None = None) -> list[MetricSeries]:
+    async def metrics(self, job_id: str, name: str | None = None) -> builtins.list[MetricSeries]:
         """Every point of the job's series (the API pages them: this follows the pages)."""
         pages, after = [], None
         while True:
-            data = await self._c.request("GET", f"/v1/jobs/{job_id}/metrics", params=_params(name=name, after_step=after))
+            data = await self._c.request(
+                "GET", f"/v1/jobs/{job_id}/metrics", params=_params(name=name, after_step=after)
+            )
             pages.append(data["data"])
             if not (after := data["next_cursor"]):
                 return _merge_series(pages)
 
-    async def samples(self, job_id: str, step: int | None = None, limit: int = 100,
-                      cursor: str | None = None) -> list[SampleResponse]:
-        data = await self._c.request("GET", f"/v1/jobs/{job_id}/samples",
-                                     params=_params(step=step, limit=limit, cursor=cursor))
+    async def samples(
+        self, job_id: str, step: int | None = None, limit: int = 100, cursor: str | None = None
+    ) -> builtins.list[SampleResponse]:
+        data = await self._c.request(
+            "GET", f"/v1/jobs/{job_id}/samples", params=_params(step=step, limit=limit, cursor=cursor)
+        )
         return [SampleResponse.model_validate(s) for s in data["data"]]
 
-    async def checkpoints(self, job_id: str) -> list[CheckpointResponse]:
+    async def checkpoints(self, job_id: str) -> builtins.list[CheckpointResponse]:
         data = await self._c.request("GET", f"/v1/jobs/{job_id}/checkpoints")
         return [CheckpointResponse.model_validate(s) for s in data["data"]]
 
-    async def results(self, job_id: str) -> list[dict[str, Any]]:
+    async def results(self, job_id: str) -> builtins.list[dict[str, Any]]:
         """An eval job's per-item results (see `Client.jobs.results`)."""
         async with self._c.http.stream("GET", f"/v1/jobs/{job_id}/results") as resp:
             if resp.status_code >= 400:
@@ -443,8 +471,12 @@ class AsyncKeys:
         self._c = client
 
     async def create(
-        self, name: str | None = None, project: str | None = None, expires_in_days: int | None = None,
-        admin_token: str | None = None, scopes: list[str] | None = None,
+        self,
+        name: str | None = None,
+        project: str | None = None,
+        expires_in_days: int | None = None,
+        admin_token: str | None = None,
+        scopes: list[str] | None = None,
     ) -> KeyCreated:
         """scopes: of 'read', 'submit', 'keys' (default: the creating key's own)."""
         headers = {"Authorization": f"Bearer {admin_token}"} if admin_token else {}

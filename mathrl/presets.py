@@ -17,6 +17,7 @@ def _err(field: str, message: str) -> ValueError:
 
     return FieldError(field, message)
 
+
 # TRL 1.16 GRPOConfig defaults for the knobs a spec can reach (checked against the
 # installed TRL by tests/test_specs.py::test_trl_defaults_match_trl).
 TRL_DEFAULTS: dict[str, Any] = {
@@ -64,7 +65,12 @@ KNOBS: tuple[str, ...] = tuple(TRL_DEFAULTS)
 # Knobs TRL 1.16's AsyncGRPOTrainer has no setting for (its loss is its own, with no KL term):
 # an async job refuses them at submit and stores them as null (not applicable).
 ASYNC_UNSUPPORTED: tuple[str, ...] = (
-    "beta", "num_iterations", "loss_type", "delta", "importance_sampling_level", "scale_rewards",
+    "beta",
+    "num_iterations",
+    "loss_type",
+    "delta",
+    "importance_sampling_level",
+    "scale_rewards",
     "mask_truncated_completions",
 )
 
@@ -82,7 +88,8 @@ def resolve_grpo(spec: GRPOSpec) -> dict[str, Any]:
     g = values["num_generations"]
     per_device = values["per_device_train_batch_size"]
     if g < 2:
-        raise _err("num_generations", f"num_generations={g}: GRPO normalises rewards within a group, so it needs at least 2"
+        raise _err(
+            "num_generations", f"num_generations={g}: GRPO normalises rewards within a group, so it needs at least 2"
         )
     if values["beta"] < 0:
         raise _err("beta", f"beta={values['beta']} is negative: the KL coefficient must be >= 0 (0 disables KL)")
@@ -98,13 +105,13 @@ def resolve_grpo(spec: GRPOSpec) -> dict[str, Any]:
         raise _err(
             "global_batch_size",
             f"global_batch_size={global_batch} is not a multiple of per_device_train_batch_size x processes "
-            f"= {per_device} x {world} = {micro}: change either so it divides"
+            f"= {per_device} x {world} = {micro}: change either so it divides",
         )
     if global_batch % g:
         raise _err(
             "num_generations",
             f"the batch of {global_batch} completions is not divisible by num_generations={g}: "
-            f"every question needs its whole group; use a batch that is a multiple of {g}"
+            f"every question needs its whole group; use a batch that is a multiple of {g}",
         )
     values["global_batch_size"] = global_batch
     values["gradient_accumulation_steps"] = global_batch // micro

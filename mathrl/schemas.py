@@ -163,10 +163,15 @@ class KeyCreateRequest(BaseModel):
         description="Another project (created if new): needs the operator's admin token.",
     )
     expires_in_days: int | None = Field(
-        None, ge=1, le=3650, description="Default: the server's auth.default_key_days (90 unless the operator "
+        None,
+        ge=1,
+        le=3650,
+        description="Default: the server's auth.default_key_days (90 unless the operator "
         "changed it; 0 there means no expiry).",
     )
     scopes: list[KeyScope] | None = Field(
-        None, min_length=1, description="Default: the creating key's own scopes (all three with the admin token). "
+        None,
+        min_length=1,
+        description="Default: the creating key's own scopes (all three with the admin token). "
         "A key cannot grant a scope it does not hold.",
     )

@@ -9,7 +9,7 @@ run stores the fully resolved values, never the preset name alone.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -42,7 +42,9 @@ def check_model_ref(value: str) -> str:
     if value.startswith(("/", "./", "../", "~")):
         return value
     if "://" in value:
-        raise ValueError(f"{value!r}: URLs are not accepted; use a hub id, a path under a configured root, or 'job:<id>'")
+        raise ValueError(
+            f"{value!r}: URLs are not accepted; use a hub id, a path under a configured root, or 'job:<id>'"
+        )
     if not _HUB_ID.match(value):
         raise ValueError(f"{value!r} is not a hub id ('org/name'), an absolute path, or 'job:<id>'")
     return value
@@ -78,11 +80,15 @@ class Resources(StrictModel):
     gpus: int = Field(0, ge=0, le=64, description="GPUs for the job; picks the worker queue ('cpu' or 'gpu-N').")
     gpu_type: str | None = Field(None, max_length=64, description="Optional GPU type label, e.g. 'h100'.")
     pool: str | None = Field(
-        None, max_length=64, pattern=r"^[a-z0-9][a-z0-9-]*$",
+        None,
+        max_length=64,
+        pattern=r"^[a-z0-9][a-z0-9-]*$",
         description="A named worker pool's queue (e.g. 'h100-vllm'); default: 'cpu' or 'gpu-N' from gpus.",
     )
     processes: int | None = Field(
-        None, ge=1, le=64,
+        None,
+        ge=1,
+        le=64,
         description="Data-parallel processes for a training job (accelerate launch); default: gpus, or 1 on CPU. "
         "With gpus > 0 it must equal gpus (one process per GPU); with gpus = 0 it runs that many CPU processes.",
     )
@@ -90,8 +96,11 @@ class Resources(StrictModel):
     @model_validator(mode="after")
     def _one_process_per_gpu(self) -> Resources:
         if self.gpus > 0 and self.processes is not None and self.processes != self.gpus:
-            raise FieldError("processes", f"processes={self.processes} with gpus={self.gpus}: a GPU job runs one "
-                             f"process per GPU; set processes={self.gpus} or drop it")
+            raise FieldError(
+                "processes",
+                f"processes={self.processes} with gpus={self.gpus}: a GPU job runs one "
+                f"process per GPU; set processes={self.gpus} or drop it",
+            )
         return self
 
     @property
@@ -146,7 +155,9 @@ class RewardRef(StrictModel):
     weight: float = Field(1.0, ge=-100, le=100, description="Weight of this reward in the sum.")
     model: ModelRef | None = Field(None, description="For 'reward_model': the RM (a path or 'job:<id>').")
     buffer: int | None = Field(
-        None, ge=1, le=131072,
+        None,
+        ge=1,
+        le=131072,
         description="For 'overlong': tokens before max_completion_length over which the penalty ramps to -1 "
         "(DAPO's soft overlong punishment); default a quarter of max_completion_length.",
     )
@@ -173,11 +184,14 @@ class LoRA(StrictModel):
     def _options_need_lora(self) -> LoRA:
         if not self.enabled:
             changed = sorted(
-                name for name, f in type(self).model_fields.items()
+                name
+                for name, f in type(self).model_fields.items()
                 if name != "enabled" and getattr(self, name) != f.get_default(call_default_factory=True)
             )
             if changed:
-                raise FieldError(changed[0], f"LoRA options {changed} given with enabled=false: remove them or set enabled=true")
+                raise FieldError(
+                    changed[0], f"LoRA options {changed} given with enabled=false: remove them or set enabled=true"
+                )
         return self
 
 
@@ -193,7 +207,7 @@ class _JobBase(StrictModel):
     tags: list[Annotated[str, Field(min_length=1, max_length=64)]] = Field(
         default_factory=list, max_length=32, description="Free labels; jobs can be listed by tag."
     )
-    resources: Resources = Field(default_factory=Resources)  # type: ignore[arg-type]
+    resources: Resources = Field(default_factory=Resources)
     max_attempts: int = Field(3, ge=1, le=20, description="Deliveries before the job fails for good.")
 
     @field_validator("tags")
@@ -213,7 +227,7 @@ class EvalSpec(_JobBase):
     limit: int | None = Field(None, ge=1, le=1_000_000, description="Evaluate only the first N problems.")
     backend: Literal["hf", "vllm"] = Field("hf", description="Generation backend.")
     batch_size: int = Field(16, ge=1, le=4096, description="Prompts per generation batch (hf backend).")
-    sampling: Sampling = Field(default_factory=Sampling)  # type: ignore[arg-type]
+    sampling: Sampling = Field(default_factory=Sampling)
     k: list[int] = Field(default_factory=lambda: [1], description="k values for pass@k and maj@k.")
     few_shot: int = Field(0, ge=0, le=16, description="Worked examples put before each question.")
     system_prompt: str | None = Field(None, max_length=4000, description="Overrides the benchmark's system prompt.")
@@ -225,8 +239,11 @@ class EvalSpec(_JobBase):
             if k < 1 or k > self.sampling.n:
                 raise FieldError("k", f"k={k} needs sampling.n >= {k}: raise sampling.n or drop k={k}")
         if (self.resources.processes or 1) > 1:
-            raise FieldError("resources", "resources.processes > 1 is for training jobs (grpo, sft, reward_model); "
-                             "an eval job runs as one process: drop resources.processes")
+            raise FieldError(
+                "resources",
+                "resources.processes > 1 is for training jobs (grpo, sft, reward_model); "
+                "an eval job runs as one process: drop resources.processes",
+            )
         return self
 
 
@@ -238,33 +255,45 @@ class Generation(StrictModel):
     (resolved config `generation_backend`, and a 'generation' event from the worker)."""
 
     backend: Literal["auto", "hf", "vllm"] = Field(
-        "auto", description="'vllm': vLLM's engine; 'hf': transformers' generate; 'auto': vLLM (colocated) on GPU "
+        "auto",
+        description="'vllm': vLLM's engine; 'hf': transformers' generate; 'auto': vLLM (colocated) on GPU "
         "jobs, hf on CPU jobs (vLLM's CPU build runs when asked for explicitly).",
     )
     mode: Literal["colocate", "server"] = Field(
-        "colocate", description="'colocate': the vLLM engine runs inside each training process and gets the new "
+        "colocate",
+        description="'colocate': the vLLM engine runs inside each training process and gets the new "
         "weights after every optimizer step. 'server': the worker starts a vLLM server for the job (on "
         "server_gpus of its GPUs, or on the CPU for a CPU job) and stops it when the job ends; with LoRA the "
         "trainer syncs the adapter to it after every step (any device), without LoRA the full weights over NCCL "
         "(GPUs only).",
     )
     server_gpus: int | None = Field(
-        None, ge=1, le=64, description="Server mode: GPUs of the job's resources.gpus that serve vLLM; the "
+        None,
+        ge=1,
+        le=64,
+        description="Server mode: GPUs of the job's resources.gpus that serve vLLM; the "
         "others train. Default: a quarter of them, at least 1 (e.g. 8 GPUs: 6 train, 2 generate).",
     )
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
-        "auto", description="vLLM weights dtype; 'auto' is bfloat16 on a GPU and float32 on a CPU.",
+        "auto",
+        description="vLLM weights dtype; 'auto' is bfloat16 on a GPU and float32 on a CPU.",
     )
     gpu_memory_utilization: float | None = Field(
-        None, gt=0, le=1, description="Share of each GPU's memory vLLM may take (weights, activations, KV cache); "
+        None,
+        gt=0,
+        le=1,
+        description="Share of each GPU's memory vLLM may take (weights, activations, KV cache); "
         "colocated with training, keep it low (TRL's default 0.3). Default: 0.3.",
     )
     tensor_parallel_size: int = Field(
-        1, ge=1, le=64, description="GPUs one vLLM engine is split over; must divide the job's processes.",
+        1,
+        ge=1,
+        le=64,
+        description="GPUs one vLLM engine is split over; must divide the job's processes.",
     )
     enable_prefix_caching: bool | None = Field(
-        None, description="vLLM's prefix caching (the G completions of one question share its prompt); "
-        "default: vLLM's own.",
+        None,
+        description="vLLM's prefix caching (the G completions of one question share its prompt); default: vLLM's own.",
     )
 
     def resolved_server_gpus(self, gpus: int) -> int:
@@ -289,16 +318,16 @@ class GRPOSpec(_JobBase):
         "trl-default", description="Fills every knob left unset; explicit fields override it."
     )
     dataset: DatasetRef = Field(..., description="Training questions with gold answers.")
-    rewards: list[RewardRef] = Field(
-        default_factory=lambda: [RewardRef(name="accuracy")], min_length=1, max_length=16
-    )
+    rewards: list[RewardRef] = Field(default_factory=lambda: [RewardRef(name="accuracy")], min_length=1, max_length=16)
     max_steps: int = Field(100, ge=1, le=10_000_000, description="Optimizer steps.")
     learning_rate: float | None = Field(None, gt=0, le=1.0)
     beta: float | None = Field(None, description="KL coefficient to the frozen reference policy.")
     num_generations: int | None = Field(None, description="Group size G: completions per question.")
     max_prompt_length: int | None = Field(None, ge=1, le=131072)
     max_completion_length: int | None = Field(None, ge=1, le=131072)
-    per_device_train_batch_size: int | None = Field(None, ge=1, le=65536, description="Completions per device per micro-step.")
+    per_device_train_batch_size: int | None = Field(
+        None, ge=1, le=65536, description="Completions per device per micro-step."
+    )
     global_batch_size: int | None = Field(
         None, ge=1, description="Completions per optimizer step over all devices; sets gradient accumulation."
     )
@@ -315,17 +344,21 @@ class GRPOSpec(_JobBase):
     warmup_ratio: float | None = Field(None, ge=0, lt=1, description="Fraction of steps with a linear LR warm-up.")
     lora: LoRA | None = Field(None, description="Train LoRA adapters through peft.")
     generation: Generation = Field(
-        default_factory=Generation,  # type: ignore[arg-type]
+        default_factory=Generation,
         description="Generation backend and its vLLM knobs (replaces the old use_vllm / vllm_mode fields).",
     )
     algorithm: Literal["sync", "async"] = Field(
-        "sync", description="'sync': generate, then train on what was generated (GRPO as in DeepSeekMath). "
+        "sync",
+        description="'sync': generate, then train on what was generated (GRPO as in DeepSeekMath). "
         "'async' (experimental): TRL's AsyncGRPOTrainer; a rollout worker keeps generating on the job's vLLM "
         "server while the trainer trains on samples up to max_staleness updates old (needs generation.mode "
         "'server').",
     )
     max_staleness: int | None = Field(
-        None, ge=0, le=1000, description="Async only: how many weight updates a sample may lag behind the policy "
+        None,
+        ge=0,
+        le=1000,
+        description="Async only: how many weight updates a sample may lag behind the policy "
         "before it is dropped (0: on-policy). Default: TRL's 4.",
     )
     deepspeed_zero3: bool = Field(False, description="Shard with DeepSpeed ZeRO-3 (multi-GPU).")
@@ -344,8 +377,10 @@ class GRPOSpec(_JobBase):
         data = dict(data)
         use_vllm, mode = data.pop("use_vllm", None), data.pop("vllm_mode", None)
         if "generation" in data:
-            raise FieldError("use_vllm", "use_vllm / vllm_mode are replaced by 'generation': "
-                             "give only generation.backend and generation.mode")
+            raise FieldError(
+                "use_vllm",
+                "use_vllm / vllm_mode are replaced by 'generation': give only generation.backend and generation.mode",
+            )
         if mode is not None and not use_vllm:
             raise FieldError("vllm_mode", "vllm_mode is set but use_vllm is false: use generation.backend='vllm'")
         data["generation"] = {"backend": "vllm" if use_vllm else "hf", **({"mode": mode} if mode else {})}
@@ -357,50 +392,79 @@ class GRPOSpec(_JobBase):
 
         gen = self.generation
         if gen.gpu_memory_utilization is not None and self.resources.gpus == 0:
-            raise FieldError("generation/gpu_memory_utilization", "gpu_memory_utilization is for GPU jobs; a CPU "
-                             "job's KV cache is MATHRL_VLLM_CPU_KV_GIB on the worker: drop it or set resources.gpus")
+            raise FieldError(
+                "generation/gpu_memory_utilization",
+                "gpu_memory_utilization is for GPU jobs; a CPU "
+                "job's KV cache is MATHRL_VLLM_CPU_KV_GIB on the worker: drop it or set resources.gpus",
+            )
         if self.resources.num_processes % gen.tensor_parallel_size:
-            raise FieldError("generation/tensor_parallel_size", f"tensor_parallel_size={gen.tensor_parallel_size} "
-                             f"must divide the job's {self.resources.num_processes} process(es): use a divisor")
+            raise FieldError(
+                "generation/tensor_parallel_size",
+                f"tensor_parallel_size={gen.tensor_parallel_size} "
+                f"must divide the job's {self.resources.num_processes} process(es): use a divisor",
+            )
         backend = gen.resolve(self.resources.gpus)
         if gen.mode == "server":
             self._check_server_mode(backend)
         elif gen.server_gpus is not None:
-            raise FieldError("generation/server_gpus", "server_gpus is for mode 'server': drop it or set "
-                             "generation.mode='server'")
+            raise FieldError(
+                "generation/server_gpus", "server_gpus is for mode 'server': drop it or set generation.mode='server'"
+            )
         if gen.tensor_parallel_size > 1 and backend != "vllm":
-            raise FieldError("generation/tensor_parallel_size", "tensor_parallel_size is a vLLM setting: "
-                             "set generation.backend='vllm' or drop it")
+            raise FieldError(
+                "generation/tensor_parallel_size",
+                "tensor_parallel_size is a vLLM setting: set generation.backend='vllm' or drop it",
+            )
         if self.deepspeed_zero3 and self.resources.gpus < 2:
-            raise FieldError("deepspeed_zero3", "deepspeed_zero3 shards over several GPUs: set resources.gpus >= 2 or drop it")
+            raise FieldError(
+                "deepspeed_zero3", "deepspeed_zero3 shards over several GPUs: set resources.gpus >= 2 or drop it"
+            )
         if self.algorithm == "async" and (backend != "vllm" or gen.mode != "server"):
-            raise FieldError("algorithm", "async GRPO generates on the job's vLLM server: set generation.backend="
-                             "'vllm' and generation.mode='server', or algorithm='sync'")
+            raise FieldError(
+                "algorithm",
+                "async GRPO generates on the job's vLLM server: set generation.backend="
+                "'vllm' and generation.mode='server', or algorithm='sync'",
+            )
         if self.max_staleness is not None and self.algorithm != "async":
-            raise FieldError("max_staleness", "max_staleness is for algorithm='async': drop it or set algorithm='async'")
+            raise FieldError(
+                "max_staleness", "max_staleness is for algorithm='async': drop it or set algorithm='async'"
+            )
         if self.algorithm == "async":
             self._check_async_knobs()
         resolve_grpo(self)  # raises ValueError with a fix-it message
         return self
 
-
     def _check_server_mode(self, backend: str) -> None:
         gen, gpus = self.generation, self.resources.gpus
         if backend != "vllm":
-            raise FieldError("generation/mode", "mode 'server' is a vLLM mode: set generation.backend='vllm' "
-                             "(or 'auto' with GPUs), or use mode 'colocate'")
+            raise FieldError(
+                "generation/mode",
+                "mode 'server' is a vLLM mode: set generation.backend='vllm' "
+                "(or 'auto' with GPUs), or use mode 'colocate'",
+            )
         if gpus > 0 and gen.resolved_server_gpus(gpus) >= gpus:
-            raise FieldError("generation/server_gpus", f"server_gpus={gen.resolved_server_gpus(gpus)} of "
-                             f"resources.gpus={gpus} leaves no GPU to train on: lower server_gpus or raise gpus")
+            raise FieldError(
+                "generation/server_gpus",
+                f"server_gpus={gen.resolved_server_gpus(gpus)} of "
+                f"resources.gpus={gpus} leaves no GPU to train on: lower server_gpus or raise gpus",
+            )
         if self.resources.processes is not None and gpus > 0:
-            raise FieldError("resources/processes", "in server mode the training processes are resources.gpus "
-                             "minus generation.server_gpus: drop resources.processes")
+            raise FieldError(
+                "resources/processes",
+                "in server mode the training processes are resources.gpus "
+                "minus generation.server_gpus: drop resources.processes",
+            )
         if gpus == 0 and (self.lora is None or not self.lora.enabled):
-            raise FieldError("generation/mode", "mode 'server' on a CPU job syncs LoRA adapters to the server "
-                             "(the full-weight sync needs CUDA/NCCL): add a 'lora' block, or use mode 'colocate'")
+            raise FieldError(
+                "generation/mode",
+                "mode 'server' on a CPU job syncs LoRA adapters to the server "
+                "(the full-weight sync needs CUDA/NCCL): add a 'lora' block, or use mode 'colocate'",
+            )
         if gen.tensor_parallel_size > 1:
-            raise FieldError("generation/tensor_parallel_size", "in server mode the server is split over "
-                             "generation.server_gpus: drop tensor_parallel_size")
+            raise FieldError(
+                "generation/tensor_parallel_size",
+                "in server mode the server is split over generation.server_gpus: drop tensor_parallel_size",
+            )
 
     def _check_async_knobs(self) -> None:
         """TRL's AsyncGRPOTrainer has its own loss and no KL term: knobs it cannot honour are refused
@@ -408,12 +472,18 @@ class GRPOSpec(_JobBase):
         from mathrl.presets import ASYNC_UNSUPPORTED
 
         if self.preset != "trl-default":
-            raise FieldError("preset", f"preset '{self.preset}' sets knobs async GRPO has no use for (its KL "
-                             "coefficient, loss type): drop the preset or use algorithm='sync'")
+            raise FieldError(
+                "preset",
+                f"preset '{self.preset}' sets knobs async GRPO has no use for (its KL "
+                "coefficient, loss type): drop the preset or use algorithm='sync'",
+            )
         for knob in ASYNC_UNSUPPORTED:
             if getattr(self, knob) is not None:
-                raise FieldError(knob, f"{knob} is not a setting of async GRPO (TRL's AsyncGRPOTrainer has its own "
-                                 "loss, without a KL term): drop it, or use algorithm='sync'")
+                raise FieldError(
+                    knob,
+                    f"{knob} is not a setting of async GRPO (TRL's AsyncGRPOTrainer has its own "
+                    "loss, without a KL term): drop it, or use algorithm='sync'",
+                )
 
     @property
     def training_processes(self) -> int:
@@ -437,11 +507,10 @@ class RewardModelSpec(_JobBase):
     per_device_train_batch_size: int = Field(8, ge=1, le=65536)
     max_length: int = Field(1024, ge=16, le=131072)
     heldout_fraction: float = Field(0.1, gt=0, lt=1, description="Questions kept for pairwise and best-of-N accuracy.")
-    sampling: Sampling = Field(
-        default_factory=lambda: Sampling(temperature=0.7, n=8, max_new_tokens=512)  # type: ignore[call-arg]
-    )
+    sampling: Sampling = Field(default_factory=lambda: Sampling(temperature=0.7, n=8, max_new_tokens=512))
     backend: Literal["hf", "vllm"] = Field(
-        "hf", description="Backend that samples the policy's solutions (and the process RM's step rollouts): "
+        "hf",
+        description="Backend that samples the policy's solutions (and the process RM's step rollouts): "
         "'hf' (transformers) or 'vllm' (vLLM's offline engine; needs a worker with vLLM).",
     )
     lora: LoRA | None = None
@@ -451,7 +520,9 @@ class RewardModelSpec(_JobBase):
     def _process_needs_steps(self) -> RewardModelSpec:
         default = type(self).model_fields["completions_per_step"].default
         if self.type == "outcome" and self.completions_per_step != default:
-            raise FieldError("completions_per_step", "completions_per_step is for type='process': remove it or set type='process'")
+            raise FieldError(
+                "completions_per_step", "completions_per_step is for type='process': remove it or set type='process'"
+            )
         return self
 
 
@@ -473,7 +544,7 @@ class SFTSpec(_JobBase):
     seed: int = Field(42, ge=0)
 
 
-JobSpec = Annotated[Union[EvalSpec, GRPOSpec, RewardModelSpec, SFTSpec], Field(discriminator="kind")]
+JobSpec = Annotated[EvalSpec | GRPOSpec | RewardModelSpec | SFTSpec, Field(discriminator="kind")]
 JOB_KINDS: tuple[str, ...] = ("eval", "grpo", "reward_model", "sft")
 AnySpec = EvalSpec | GRPOSpec | RewardModelSpec | SFTSpec
 
@@ -522,7 +593,9 @@ class PipelineSpec(StrictModel):
         default_factory=list, max_length=32, description="Labels copied onto every job of the pipeline."
     )
     jobs: dict[Annotated[str, Field(pattern=STEP_NAME)], JobSpec] = Field(
-        ..., min_length=1, max_length=32,
+        ...,
+        min_length=1,
+        max_length=32,
         description="Step name -> job spec. Step names: lowercase letters, digits, '-' and '_'.",
     )
 
@@ -556,7 +629,7 @@ class PipelineSpec(StrictModel):
             state[step] = 1
             for nxt in deps[step]:
                 if state.get(nxt) == 1:
-                    cycle = path[path.index(nxt):] + [nxt] if nxt in path else [step, nxt]
+                    cycle = path[path.index(nxt) :] + [nxt] if nxt in path else [step, nxt]
                     raise FieldError("jobs", "the steps form a cycle: " + " -> ".join(cycle) + "; remove one reference")
                 if nxt not in state:
                     visit(nxt, path + [nxt])

@@ -42,8 +42,14 @@ def demo_pipeline(quick: bool = False) -> dict[str, Any]:
         jobs["sft"].update(max_steps=200, save_steps=200, logging_steps=50)  # right often enough for RM pairs
         jobs["rm"]["dataset"]["limit"] = 20
         jobs["rm"].update(samples_per_question=4, sampling={"temperature": 1.0, "n": 4, "max_new_tokens": 5})
-        jobs["grpo"].update(max_steps=3, num_generations=4, per_device_train_batch_size=16, save_steps=3,
-                            logging_steps=1, sample_every=1)
+        jobs["grpo"].update(
+            max_steps=3,
+            num_generations=4,
+            per_device_train_batch_size=16,
+            save_steps=3,
+            logging_steps=1,
+            sample_every=1,
+        )
         for name in ("eval-sft", "eval-grpo"):
             jobs[name]["limit"] = 30
         spec["name"] += " (quick)"
@@ -76,14 +82,22 @@ def _eval_table(console: Any, client: Any, p: Any) -> None:
         if s is None:
             continue
         by_benchmark.setdefault(s.benchmark, []).append((j.step, s))
-        table.add_row(j.step, Path(s.model_ref).name if "/" in s.model_ref else s.model_ref, s.benchmark,
-                      f"{s.value:.1%}", f"{s.ci_low:.1%} - {s.ci_high:.1%}", str(s.n))
+        table.add_row(
+            j.step,
+            Path(s.model_ref).name if "/" in s.model_ref else s.model_ref,
+            s.benchmark,
+            f"{s.value:.1%}",
+            f"{s.ci_low:.1%} - {s.ci_high:.1%}",
+            str(s.n),
+        )
     console.print(table)
     for bench, rows in by_benchmark.items():
         if len(rows) > 1:
             (first, a), (last, b) = rows[0], rows[-1]
-            console.print(f"GRPO gain on {bench}: [bold]{(b.value - a.value) * 100:+.1f} points[/bold] "
-                          f"({first} {a.value:.1%} -> {last} {b.value:.1%})")
+            console.print(
+                f"GRPO gain on {bench}: [bold]{(b.value - a.value) * 100:+.1f} points[/bold] "
+                f"({first} {a.value:.1%} -> {last} {b.value:.1%})"
+            )
 
 
 def run_pipeline_demo(home: str, port: int, quick: bool, keep_running: bool, pipeline: str | None = None) -> int:
@@ -148,7 +162,7 @@ def run_pipeline_demo(home: str, port: int, quick: bool, keep_running: bool, pip
         console.print(
             f"\nnext:\n"
             f"  status pages  {url}/ui/pipelines/{p.id}   (key: cat {root / 'demo-key'})\n"
-            f"  API           curl -H \"Authorization: Bearer $(cat {root / 'demo-key'})\" {url}/v1/pipelines/{p.id}\n"
+            f'  API           curl -H "Authorization: Bearer $(cat {root / "demo-key"})" {url}/v1/pipelines/{p.id}\n'
             f"  CLI           MATHRL_URL={url} MATHRL_API_KEY=$(cat {root / 'demo-key'}) "
             f"mathrl jobs metrics {grpo}"
         )
@@ -180,14 +194,23 @@ def run_eval_demo(home: str, port: int, model: str, limit: int, max_new_tokens: 
         (root / "demo-key").write_text(key + "\n")
         client = Client(url, api_key=key)
         spec = {
-            "kind": "eval", "name": "demo: GSM8K", "model": model_path, "benchmark": "gsm8k", "limit": limit,
-            "batch_size": 10, "sampling": {"max_new_tokens": max_new_tokens}, "tags": ["demo"],
+            "kind": "eval",
+            "name": "demo: GSM8K",
+            "model": model_path,
+            "benchmark": "gsm8k",
+            "limit": limit,
+            "batch_size": 10,
+            "sampling": {"max_new_tokens": max_new_tokens},
+            "tags": ["demo"],
         }
         job = client.jobs.create(spec)
         console.print(f"submitted eval job [bold]{job.id}[/bold] through the API")
         with Progress(
-            TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-            TimeElapsedColumn(), console=console,
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total}"),
+            TimeElapsedColumn(),
+            console=console,
         ) as bar:
             task = bar.add_task("queued", total=limit)
             for ev in client.jobs.follow(job.id):
@@ -204,7 +227,11 @@ def run_eval_demo(home: str, port: int, model: str, limit: int, max_new_tokens: 
             table.add_column(col)
         for s in sorted(client.scores.list(job_id=job.id), key=lambda s: s.metric):
             ci = f"{s.ci_low:.1%} - {s.ci_high:.1%}" if s.ci_low is not None else ""
-            value = f"{s.value:.1%}" if s.metric == "accuracy" or "@" in s.metric or "rate" in s.metric else f"{s.value:.2f}"
+            value = (
+                f"{s.value:.1%}"
+                if s.metric == "accuracy" or "@" in s.metric or "rate" in s.metric
+                else f"{s.value:.2f}"
+            )
             table.add_row(Path(s.model_ref).name, s.metric, value, ci, str(s.n), s.backend)
         console.print(table)
         console.print(

@@ -14,8 +14,8 @@ import socket
 import subprocess
 import sys
 import time
-from contextlib import contextmanager
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -61,7 +61,9 @@ def wait_ready(url: str, procs: list[subprocess.Popen[bytes]], timeout: float = 
 
 
 @contextmanager
-def embedded_service(home: Path, port: int, model_roots: list[str] | None = None) -> Iterator[tuple[str, dict[str, str]]]:
+def embedded_service(
+    home: Path, port: int, model_roots: list[str] | None = None
+) -> Iterator[tuple[str, dict[str, str]]]:
     """Start API and worker as child processes; stop them on exit. Yields (url, env)."""
     from store.migrate import upgrade
 
@@ -75,11 +77,17 @@ def embedded_service(home: Path, port: int, model_roots: list[str] | None = None
     procs = [
         subprocess.Popen(
             [py, "-m", "service.cli", "api", "--host", "127.0.0.1", "--port", str(port)],
-            env=env, stdout=open(logs / "api.log", "ab"), stderr=subprocess.STDOUT, start_new_session=True,
+            env=env,
+            stdout=open(logs / "api.log", "ab"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         ),
         subprocess.Popen(
             [py, "-m", "service.cli", "worker", "--queues", "cpu", "--concurrency", "1"],
-            env=env, stdout=open(logs / "worker.log", "ab"), stderr=subprocess.STDOUT, start_new_session=True,
+            env=env,
+            stdout=open(logs / "worker.log", "ab"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         ),
     ]
     url = f"http://127.0.0.1:{port}"

@@ -35,7 +35,9 @@ class AuthSettings(BaseModel):
     key_prefix: str = "mrl_"
     cache_seconds: float = Field(2.0, description="How long an API process trusts a key it has checked.")
     default_key_days: int = Field(
-        90, ge=0, le=3650,
+        90,
+        ge=0,
+        le=3650,
         description="Days a new key lives when its creator gives no expires_in_days (0: keys never expire by default).",
     )
 
@@ -48,12 +50,14 @@ class LimitsSettings(BaseModel):
     max_active_gpus: int = Field(64, ge=0, description="Sum of resources.gpus over a project's active jobs.")
     max_steps: int = Field(1_000_000, ge=1, description="Optimizer steps one training job may ask for (max_steps).")
     max_generations_per_step: int = Field(
-        8192, ge=1,
+        8192,
+        ge=1,
         description="Completions generated per step: a GRPO job's resolved global batch (and num_generations), "
         "an eval's sampling.n, a reward-model job's samples_per_question.",
     )
     max_tokens: int = Field(
-        32768, ge=1,
+        32768,
+        ge=1,
         description="Tokens in one sequence: GRPO max_prompt_length + max_completion_length, sampling.max_new_tokens, "
         "max_length of sft and reward-model jobs.",
     )

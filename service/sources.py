@@ -74,12 +74,16 @@ def url_refusal(value: str, prefixes: list[str]) -> str | None:
         return f"{value!r}: URLs with credentials are not accepted"
     if not any(under_prefix(value, p) for p in prefixes):
         allowed = ", ".join(prefixes) if prefixes else "none are configured"
-        return (f"{value!r} is not under an allow-listed URL prefix ({allowed}): "
-                "put the file under a data root or ask the operator to allow its prefix")
+        return (
+            f"{value!r} is not under an allow-listed URL prefix ({allowed}): "
+            "put the file under a data root or ask the operator to allow its prefix"
+        )
     host = parts.hostname or ""
     if not host or not is_public(host):
-        return (f"{value!r}: the host {host!r} is a private, loopback or link-local address "
-                "(or does not resolve); only public hosts may be fetched")
+        return (
+            f"{value!r}: the host {host!r} is a private, loopback or link-local address "
+            "(or does not resolve); only public hosts may be fetched"
+        )
     return None
 
 

@@ -54,13 +54,19 @@ def get_engine(url: str, echo: bool = False) -> Engine:
     if parsed.get_backend_name() == "sqlite":
         if parsed.database and parsed.database != ":memory:":
             Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
-        engine = create_engine(url, echo=echo, json_serializer=json_serializer,
-                               connect_args={"timeout": 30, "check_same_thread": False})
+        engine = create_engine(
+            url, echo=echo, json_serializer=json_serializer, connect_args={"timeout": 30, "check_same_thread": False}
+        )
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
     # connect_timeout: an unreachable server fails a request in seconds instead of hanging it
     return create_engine(
-        url, echo=echo, json_serializer=json_serializer, pool_pre_ping=True, pool_size=10, max_overflow=20,
+        url,
+        echo=echo,
+        json_serializer=json_serializer,
+        pool_pre_ping=True,
+        pool_size=10,
+        max_overflow=20,
         connect_args={"connect_timeout": 5},
     )
 

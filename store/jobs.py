@@ -71,7 +71,10 @@ def claim(session: Session, job_id: str, owner: str, lease_seconds: float) -> Jo
     job = session.get(Job, job_id, populate_existing=True)
     assert job is not None
     add_event(
-        session, job_id, "claimed", f"claimed by {owner} (attempt {job.attempts} of {job.max_attempts})",
+        session,
+        job_id,
+        "claimed",
+        f"claimed by {owner} (attempt {job.attempts} of {job.max_attempts})",
         data={"owner": owner, "attempt": job.attempts},
     )
     session.commit()
@@ -111,7 +114,7 @@ def holds_lease(session: Session, job_id: str, owner: str, attempt: int) -> bool
     result = session.execute(
         update(Job).where(owned).values(lease_owner=Job.lease_owner).execution_options(synchronize_session=False)
     )
-    return result.rowcount == 1  # type: ignore[attr-defined]
+    return bool(result.rowcount == 1)  # type: ignore[attr-defined]
 
 
 def lock_pipeline_of(session: Session, job_id: str) -> None:
@@ -124,9 +127,7 @@ def lock_pipeline_of(session: Session, job_id: str) -> None:
         session.execute(select(Pipeline.id).where(Pipeline.id == pipeline_id).with_for_update())
 
 
-def finish(
-    session: Session, job_id: str, owner: str, status: str, error: str | None = None, message: str = ""
-) -> bool:
+def finish(session: Session, job_id: str, owner: str, status: str, error: str | None = None, message: str = "") -> bool:
     """Move an owned running job to a terminal status. False if the lease was lost."""
     assert status in TERMINAL, status
     now = utcnow()
@@ -159,14 +160,13 @@ def request_cancel(session: Session, job: Job) -> Job:
     now = utcnow()
     lock_pipeline_of(session, job.id)
     not_started = Job.status.in_(NOT_STARTED)
-    before = session.execute(
-        select(Job.status, Job.cancel_requested).where(Job.id == job.id).with_for_update()
-    ).one()
+    before = session.execute(select(Job.status, Job.cancel_requested).where(Job.id == job.id).with_for_update()).one()
     session.execute(
         update(Job)
         .where(Job.id == job.id, Job.status.in_((*NOT_STARTED, "running")))
         .values(
-            cancel_requested=True, updated_at=now,
+            cancel_requested=True,
+            updated_at=now,
             status=case((not_started, "cancelled"), else_=Job.status),
             finished_at=case((not_started, now), else_=Job.finished_at),
         )
@@ -220,22 +220,28 @@ def reconcile(session: Session, redeliver_after_seconds: float, take_lapsed: boo
       several reconcilers do not check the same job in the same round.
     """
     now = utcnow()
-    lapsed_ids = session.scalars(
-        select(Job.id).where(Job.status == "running", Job.lease_expires_at < now)
-    ).all() if take_lapsed else []
+    lapsed_ids = (
+        session.scalars(select(Job.id).where(Job.status == "running", Job.lease_expires_at < now)).all()
+        if take_lapsed
+        else []
+    )
     session.commit()
     for job_id in lapsed_ids:  # one transaction each, pipeline lock first (see lock_pipeline_of)
         lock_pipeline_of(session, job_id)
         job = session.scalar(
-            select(Job).where(Job.id == job_id, Job.status == "running", Job.lease_expires_at < now)
-            .with_for_update(skip_locked=True).execution_options(populate_existing=True)
+            select(Job)
+            .where(Job.id == job_id, Job.status == "running", Job.lease_expires_at < now)
+            .with_for_update(skip_locked=True)
+            .execution_options(populate_existing=True)
         )
         if job is None:  # renewed, finished or taken by another reconciler meanwhile
             session.commit()
             continue
         if job.attempts >= job.max_attempts:
             job.status, job.finished_at = "failed", now
-            job.error = f"worker lost {job.attempts} times (lease lapsed); giving up after max_attempts={job.max_attempts}"
+            job.error = (
+                f"worker lost {job.attempts} times (lease lapsed); giving up after max_attempts={job.max_attempts}"
+            )
             add_event(session, job.id, "failed", job.error, level="error")
             session.flush()
             settle_dependents(session, job.id)
@@ -248,7 +254,9 @@ def reconcile(session: Session, redeliver_after_seconds: float, take_lapsed: boo
             job.status = "queued"
             job.dispatched_at = None
             add_event(
-                session, job.id, "requeued",
+                session,
+                job.id,
+                "requeued",
                 f"lease of {job.lease_owner} lapsed; re-queued (attempt {job.attempts} of {job.max_attempts} used)",
                 level="warning",
             )
@@ -258,8 +266,10 @@ def reconcile(session: Session, redeliver_after_seconds: float, take_lapsed: boo
     settle_all(session)  # pipelines whose settling a dead worker never finished
     cutoff = now - timedelta(seconds=redeliver_after_seconds)
     sent: dict[str, int] = {
-        queue: count for queue, count in session.execute(
-            select(Job.queue, func.count()).where(Job.status == "queued", Job.dispatched_at.is_not(None))
+        queue: count
+        for queue, count in session.execute(
+            select(Job.queue, func.count())
+            .where(Job.status == "queued", Job.dispatched_at.is_not(None))
             .group_by(Job.queue)
         )
     }
@@ -281,7 +291,9 @@ def reconcile(session: Session, redeliver_after_seconds: float, take_lapsed: boo
 
 def mark_dispatched(session: Session, job_id: str, task_id: str, when: datetime | None = None) -> None:
     session.execute(
-        update(Job).where(Job.id == job_id).values(celery_task_id=task_id, dispatched_at=when or utcnow())
+        update(Job)
+        .where(Job.id == job_id)
+        .values(celery_task_id=task_id, dispatched_at=when or utcnow())
         .execution_options(synchronize_session=False)
     )
     session.commit()

@@ -29,13 +29,20 @@ ALL_SCOPES = ("read", "submit", "keys")
 
 
 def create_key(
-    session: Session, project: Project, name: str | None = None, expires_in_days: int | None = None,
-    prefix: str = "mrl_", scopes: list[str] | tuple[str, ...] = ALL_SCOPES,
+    session: Session,
+    project: Project,
+    name: str | None = None,
+    expires_in_days: int | None = None,
+    prefix: str = "mrl_",
+    scopes: list[str] | tuple[str, ...] = ALL_SCOPES,
 ) -> tuple[ApiKey, str]:
     """Returns the row and the secret (shown once, never stored). No `expires_in_days`: never expires."""
     secret = prefix + secrets.token_urlsafe(32)
     row = ApiKey(
-        project_id=project.id, name=name, prefix=secret[: len(prefix) + 6], hash=hash_key(secret),
+        project_id=project.id,
+        name=name,
+        prefix=secret[: len(prefix) + 6],
+        hash=hash_key(secret),
         expires_at=utcnow() + timedelta(days=expires_in_days) if expires_in_days else None,
         scopes=[s for s in ALL_SCOPES if s in scopes],
     )

@@ -108,9 +108,7 @@ class Job(Base):
 class Event(Base):
     __tablename__ = "events"
     __table_args__ = (Index("ix_events_job_seq", "job_id", "seq"),)
-    seq: Mapped[int] = mapped_column(
-        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
-    )
+    seq: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
     time: Mapped[datetime] = mapped_column(default=utcnow)
     level: Mapped[str] = mapped_column(String(16), default="info")
@@ -122,9 +120,7 @@ class Event(Base):
 class Metric(Base):
     __tablename__ = "metrics"
     __table_args__ = (UniqueConstraint("job_id", "name", "step", name="uq_metrics_job_name_step"),)
-    id: Mapped[int] = mapped_column(
-        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
-    )
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
     name: Mapped[str] = mapped_column(String(128))
     step: Mapped[int] = mapped_column(Integer)

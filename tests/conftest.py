@@ -123,8 +123,12 @@ class Service:
     def start_api(self) -> None:
         self.api = subprocess.Popen(
             [sys.executable, "-m", "service.cli", "api", "--port", str(self.port)],
-            env=self.env, cwd=ROOT, stdout=open(self.logs / "api.log", "ab"), stderr=subprocess.STDOUT,
-            start_new_session=True, preexec_fn=_die_with_parent,
+            env=self.env,
+            cwd=ROOT,
+            stdout=open(self.logs / "api.log", "ab"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
         )
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -150,8 +154,12 @@ class Service:
         name = name or f"w{len(self.workers)}"
         proc = subprocess.Popen(
             [sys.executable, "-m", "service.cli", "worker", "--queues", queues, "--hostname", f"{name}@%h"],
-            env={**self.env, **(env or {})}, cwd=ROOT, stdout=open(self.logs / f"worker-{name}.log", "ab"), stderr=subprocess.STDOUT,
-            start_new_session=True, preexec_fn=_die_with_parent,
+            env={**self.env, **(env or {})},
+            cwd=ROOT,
+            stdout=open(self.logs / f"worker-{name}.log", "ab"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
         )
         self.workers.append(proc)
         deadline = time.monotonic() + 60
@@ -199,7 +207,9 @@ def _free_port() -> int:
 @pytest.fixture(scope="session")
 def service(pg_url: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     logs = tmp_path_factory.mktemp("logs")
-    svc = Service(env=service_env(pg_url, redis_url, tmp_path_factory.mktemp("artifacts")), logs=logs, port=_free_port())
+    svc = Service(
+        env=service_env(pg_url, redis_url, tmp_path_factory.mktemp("artifacts")), logs=logs, port=_free_port()
+    )
     svc.start_api()
     svc.start_worker()
     yield svc

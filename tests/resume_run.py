@@ -24,16 +24,35 @@ from mathrl.sink import PrintSink  # noqa: E402
 
 STEPS, SAVE_EVERY = 8, 3
 
-SFT = {"kind": "sft", "dataset": {"name": "arith", "split": "train", "limit": 400}, "max_steps": STEPS,
-       "learning_rate": 1e-3, "per_device_train_batch_size": 16, "max_length": 32, "logging_steps": 1,
-       "save_steps": SAVE_EVERY, "warmup_ratio": 0.25, "seed": 7}
+SFT = {
+    "kind": "sft",
+    "dataset": {"name": "arith", "split": "train", "limit": 400},
+    "max_steps": STEPS,
+    "learning_rate": 1e-3,
+    "per_device_train_batch_size": 16,
+    "max_length": 32,
+    "logging_steps": 1,
+    "save_steps": SAVE_EVERY,
+    "warmup_ratio": 0.25,
+    "seed": 7,
+}
 # one generation round per optimizer step and one update per round (TRL otherwise buffers
 # generations across steps), a reward that differs between a random model's completions
 # (their length: the overlong penalty over the whole completion), sampling at temperature 1
-GRPO = {"kind": "grpo", "dataset": {"name": "arith", "split": "train", "limit": 400}, "max_steps": STEPS,
-        "num_generations": 4, "per_device_train_batch_size": 8, "max_completion_length": 12, "num_iterations": 1,
-        "rewards": [{"name": "overlong", "buffer": 12}], "learning_rate": 1e-3, "logging_steps": 1,
-        "save_steps": SAVE_EVERY, "seed": 7}
+GRPO = {
+    "kind": "grpo",
+    "dataset": {"name": "arith", "split": "train", "limit": 400},
+    "max_steps": STEPS,
+    "num_generations": 4,
+    "per_device_train_batch_size": 8,
+    "max_completion_length": 12,
+    "num_iterations": 1,
+    "rewards": [{"name": "overlong", "buffer": 12}],
+    "learning_rate": 1e-3,
+    "logging_steps": 1,
+    "save_steps": SAVE_EVERY,
+    "seed": 7,
+}
 
 
 class LogSink(PrintSink):
@@ -68,8 +87,15 @@ def main(kind: str, model: str, data_dir: str, out: str, work: str, log: str, ki
     else:
         from trainer.grpo import run_grpo
 
-        run_grpo(spec, resolve_config(spec), sink, model_path=model, data_dir=data_dir, out_dir=Path(out),
-                 work_dir=Path(work))
+        run_grpo(
+            spec,
+            resolve_config(spec),
+            sink,
+            model_path=model,
+            data_dir=data_dir,
+            out_dir=Path(out),
+            work_dir=Path(work),
+        )
 
 
 if __name__ == "__main__":

@@ -48,16 +48,23 @@ MALFORMED: list[tuple[dict[str, Any], str]] = [
     ({**GRPO, "loss_type": "ppo"}, "/loss_type"),
     ({**GRPO, "lora": {"enabled": False, "r": 4}}, "/lora/r"),
     ({**GRPO, "vllm_mode": "colocate"}, "/vllm_mode"),
-    ({**GRPO, "resources": {"gpus": 1}, "generation": {"gpu_memory_utilization": 0}}, "/generation/gpu_memory_utilization"),
+    (
+        {**GRPO, "resources": {"gpus": 1}, "generation": {"gpu_memory_utilization": 0}},
+        "/generation/gpu_memory_utilization",
+    ),
     ({**GRPO, "generation": {"backend": "vllm", "tensor_parallel_size": 2}}, "/generation/tensor_parallel_size"),
     ({**GRPO, "rewards": [{"name": "reward_model"}]}, "/rewards/0/model"),
     ({**GRPO, "rewards": []}, "/rewards"),
     ({"kind": "grpo", "model": "org/m"}, "/dataset"),
     ({**GRPO, "dataset": {"name": "gsm8k", "path": "/x.jsonl"}}, "/dataset/name"),
-    ({"kind": "reward_model", "model": "org/m", "dataset": {"name": "gsm8k"}, "samples_per_question": 1},
-     "/samples_per_question"),
-    ({"kind": "reward_model", "model": "org/m", "dataset": {"name": "gsm8k"}, "completions_per_step": 2},
-     "/completions_per_step"),
+    (
+        {"kind": "reward_model", "model": "org/m", "dataset": {"name": "gsm8k"}, "samples_per_question": 1},
+        "/samples_per_question",
+    ),
+    (
+        {"kind": "reward_model", "model": "org/m", "dataset": {"name": "gsm8k"}, "completions_per_step": 2},
+        "/completions_per_step",
+    ),
 ]
 
 
@@ -75,7 +82,9 @@ def test_malformed_specs_are_422_problems_naming_the_field(app_client: Any, body
 
 
 def test_non_json_body_is_a_problem(app_client: Any) -> None:
-    r = app_client.post("/v1/jobs", content=b"{not json", headers={**admin_key(app_client), "content-type": "application/json"})
+    r = app_client.post(
+        "/v1/jobs", content=b"{not json", headers={**admin_key(app_client), "content-type": "application/json"}
+    )
     assert r.status_code == 422 and r.json()["title"] == "Invalid request"
 
 
@@ -105,7 +114,10 @@ def test_idempotent_submit(app_client: Any) -> None:
 
 def test_pagination_walks_every_job_once(app_client: Any) -> None:
     h = admin_key(app_client)
-    ids = [app_client.post("/v1/jobs", json=eval_spec(tags=["page"] if i % 2 else []), headers=h).json()["id"] for i in range(7)]
+    ids = [
+        app_client.post("/v1/jobs", json=eval_spec(tags=["page"] if i % 2 else []), headers=h).json()["id"]
+        for i in range(7)
+    ]
     seen: list[str] = []
     cursor = None
     while True:
@@ -131,8 +143,13 @@ def test_metrics_come_in_pages_of_whole_steps(app_client: Any, pg_url: str) -> N
     h = admin_key(app_client)
     job_id = app_client.post("/v1/jobs", json=eval_spec(), headers=h).json()["id"]
     with session_scope(pg_url) as s:
-        s.add_all([Metric(job_id=job_id, name=n, step=step, value=float(step), time=utcnow())
-                   for step in range(10) for n in ("loss", "reward", "kl")])
+        s.add_all(
+            [
+                Metric(job_id=job_id, name=n, step=step, value=float(step), time=utcnow())
+                for step in range(10)
+                for n in ("loss", "reward", "kl")
+            ]
+        )
     pages, after = [], None
     while True:
         params = {"limit": 7, **({"after_step": after} if after is not None else {})}
@@ -163,9 +180,13 @@ def test_another_projects_job_is_404_everywhere(app_client: Any) -> None:
     a, b = admin_key(app_client), admin_key(app_client)
     job_id = app_client.post("/v1/jobs", json=eval_spec(), headers=a).json()["id"]
     for method, path in [
-        ("GET", f"/v1/jobs/{job_id}"), ("POST", f"/v1/jobs/{job_id}/cancel"), ("GET", f"/v1/jobs/{job_id}/events"),
-        ("GET", f"/v1/jobs/{job_id}/events/stream"), ("GET", f"/v1/jobs/{job_id}/metrics"),
-        ("GET", f"/v1/jobs/{job_id}/samples"), ("GET", f"/v1/jobs/{job_id}/checkpoints"),
+        ("GET", f"/v1/jobs/{job_id}"),
+        ("POST", f"/v1/jobs/{job_id}/cancel"),
+        ("GET", f"/v1/jobs/{job_id}/events"),
+        ("GET", f"/v1/jobs/{job_id}/events/stream"),
+        ("GET", f"/v1/jobs/{job_id}/metrics"),
+        ("GET", f"/v1/jobs/{job_id}/samples"),
+        ("GET", f"/v1/jobs/{job_id}/checkpoints"),
     ]:
         r = app_client.request(method, path, headers=b)
         assert r.status_code == 404, (path, r.status_code)
@@ -212,7 +233,9 @@ def test_health_docs_metrics_and_limits(app_client: Any) -> None:
     assert app_client.get("/docs").status_code == 200
     assert "/v1/jobs" in app_client.get("/openapi.json").json()["paths"]
     assert "mathrl_http_requests_total" in app_client.get("/metrics").text
-    big = app_client.post("/v1/jobs", content=b"x" * 2_000_000, headers={**admin_key(app_client), "content-type": "application/json"})
+    big = app_client.post(
+        "/v1/jobs", content=b"x" * 2_000_000, headers={**admin_key(app_client), "content-type": "application/json"}
+    )
     assert big.status_code == 413 and big.json()["status"] == 413
     assert app_client.get("/v1/nothing-here").json()["status"] == 404
 

@@ -26,8 +26,7 @@ def test_cli_submit_follow_list_get_logs_scores(service: Service, tiny_model: st
     key = service.key()
     spec = tmp_path / "spec.yaml"
     spec.write_text(
-        f"kind: eval\nmodel: {tiny_model}\nbenchmark: gsm8k\nlimit: 2\n"
-        "sampling:\n  max_new_tokens: 8\ntags: [cli]\n"
+        f"kind: eval\nmodel: {tiny_model}\nbenchmark: gsm8k\nlimit: 2\nsampling:\n  max_new_tokens: 8\ntags: [cli]\n"
     )
     code, out = cli(service, key, "jobs", "submit", str(spec), "--follow")
     assert code == 0, out

@@ -15,8 +15,12 @@ from tests.conftest import ADMIN_TOKEN
 
 pytestmark = pytest.mark.quick
 
-PAIRS = [(sdk.Jobs, sdk.AsyncJobs), (sdk.Pipelines, sdk.AsyncPipelines), (sdk.Scores, sdk.AsyncScores),
-         (sdk.Keys, sdk.AsyncKeys)]
+PAIRS = [
+    (sdk.Jobs, sdk.AsyncJobs),
+    (sdk.Pipelines, sdk.AsyncPipelines),
+    (sdk.Scores, sdk.AsyncScores),
+    (sdk.Keys, sdk.AsyncKeys),
+]
 
 
 def _methods(cls: type) -> dict[str, inspect.Signature]:
@@ -56,7 +60,8 @@ def test_the_same_calls_work_sync_and_async(app_client: Any) -> None:
         transport = httpx.ASGITransport(app=app_client.app)
         async with sdk.AsyncClient("http://test", api_key=key, transport=transport) as ac:
             out = {
-                "samples": await ac.jobs.samples(job.id), "checkpoints": await ac.jobs.checkpoints(job.id),
+                "samples": await ac.jobs.samples(job.id),
+                "checkpoints": await ac.jobs.checkpoints(job.id),
                 "pipelines": [p.id async for p in ac.pipelines.list()],
                 "keys": [k.id for k in await ac.keys.list()],
             }

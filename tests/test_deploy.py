@@ -34,8 +34,8 @@ K8S_VERSIONS = ("1.27", kubernetes_validate.utils.latest_version())
 CRD_KINDS = {"ScaledObject", "TriggerAuthentication", "ServiceMonitor"}
 
 
-
 # ---- rendering --------------------------------------------------------------------------------
+
 
 class Rendered:
     def __init__(self, manifests: dict[str, str]):
@@ -90,11 +90,13 @@ def env_of(c: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def workers(r: Rendered) -> dict[str, dict[str, Any]]:
     return {
         d["metadata"]["labels"]["mathrl.io/pool"]: d
-        for d in r.of("Deployment") if d["metadata"]["labels"].get("app.kubernetes.io/component") == "worker"
+        for d in r.of("Deployment")
+        if d["metadata"]["labels"].get("app.kubernetes.io/component") == "worker"
     }
 
 
 # ---- what matters in the chart ----------------------------------------------------------------
+
 
 @pytest.mark.quick
 @pytest.mark.parametrize("which", ["default", "gpu"])
@@ -151,7 +153,10 @@ def test_gpu_cluster_pools_get_their_scheduling_settings(gpu: Rendered) -> None:
     assert "livenessProbe" not in container(workers(r)["cpu"])
     assert "livenessProbe" in container(workers(r)["gpu-1"])
     assert {d["metadata"]["name"] for d in r.of("PodDisruptionBudget")} == {
-        "mathrl-api", "mathrl-worker-gpu-1", "mathrl-worker-gpu-8"}
+        "mathrl-api",
+        "mathrl-worker-gpu-1",
+        "mathrl-worker-gpu-8",
+    }
 
 
 @pytest.mark.quick
@@ -163,10 +168,16 @@ def test_keda_scales_each_gpu_pool_on_its_redis_queues(default: Rendered, gpu: R
     eight = scaled[deployments["gpu-8"]["metadata"]["name"]]
     assert [t["metadata"]["listName"] for t in eight["spec"]["triggers"]] == ["gpu-8", "h100-vllm"]
     assert eight["spec"]["minReplicaCount"] == 0 and eight["spec"]["maxReplicaCount"] == 2
-    assert all(t["type"] == "redis" and t["metadata"]["address"] == "redis.internal:6380"
-               and t["metadata"]["enableTLS"] == "true" for t in eight["spec"]["triggers"])
+    assert all(
+        t["type"] == "redis"
+        and t["metadata"]["address"] == "redis.internal:6380"
+        and t["metadata"]["enableTLS"] == "true"
+        for t in eight["spec"]["triggers"]
+    )
     auth = gpu.get("TriggerAuthentication", eight["spec"]["triggers"][0]["authenticationRef"]["name"])
-    assert auth["spec"]["secretTargetRef"] == [{"parameter": "password", "name": "redis-credentials", "key": "password"}]
+    assert auth["spec"]["secretTargetRef"] == [
+        {"parameter": "password", "name": "redis-credentials", "key": "password"}
+    ]
     # KEDA owns the replica count of the scaled pools
     assert "replicas" not in deployments["gpu-8"]["spec"] and deployments["cpu"]["spec"]["replicas"] == 1
 
@@ -259,13 +270,24 @@ def test_bundled_database_and_broker(default: Rendered) -> None:
 @pytest.mark.quick
 def test_external_database_and_broker_come_from_the_named_secrets(gpu: Rendered) -> None:
     kinds = {(d["kind"], d["metadata"]["name"]) for d in gpu.docs}
-    assert not gpu.of("StatefulSet") and not gpu.of("Secret"), kinds  # no bundled PostgreSQL/Redis, no generated Secrets
+    assert not gpu.of("StatefulSet") and not gpu.of("Secret"), (
+        kinds
+    )  # no bundled PostgreSQL/Redis, no generated Secrets
     assert ("Service", "mathrl-postgresql") not in kinds and ("Service", "mathrl-redis") not in kinds
     for w in gpu.of("Deployment"):
         env = env_of(container(w))
-        assert env["MATHRL_DATABASE__URL"]["valueFrom"]["secretKeyRef"] == {"name": "pg-credentials", "key": "sqlalchemy-url"}
-        assert env["MATHRL_BROKER__URL"]["valueFrom"]["secretKeyRef"] == {"name": "redis-credentials", "key": "broker-url"}
-        assert env["MATHRL_AUTH__ADMIN_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "mathrl-operator", "key": "token"}
+        assert env["MATHRL_DATABASE__URL"]["valueFrom"]["secretKeyRef"] == {
+            "name": "pg-credentials",
+            "key": "sqlalchemy-url",
+        }
+        assert env["MATHRL_BROKER__URL"]["valueFrom"]["secretKeyRef"] == {
+            "name": "redis-credentials",
+            "key": "broker-url",
+        }
+        assert env["MATHRL_AUTH__ADMIN_TOKEN"]["valueFrom"]["secretKeyRef"] == {
+            "name": "mathrl-operator",
+            "key": "token",
+        }
     job_env = env_of(container(gpu.of("Job")[0]))
     assert job_env["MATHRL_DATABASE__URL"]["valueFrom"]["secretKeyRef"]["name"] == "pg-credentials"
     # an external database without its Secret is refused at render time with the fix
@@ -287,8 +309,10 @@ def test_artifacts_shared_by_api_and_workers(default: Rendered, gpu: Rendered) -
         assert {"name": "artifacts", "mountPath": "/var/lib/mathrl/artifacts"} in container(d)["volumeMounts"]
     # an object store mounted through a CSI driver replaces the PVC
     values = gpu_values()
-    values["artifacts"] = {"volume": {"csi": {"driver": "s3.csi.aws.com", "volumeAttributes": {"bucketName": "b"}}},
-                           "objectStore": {"existingSecret": "s3-keys"}}
+    values["artifacts"] = {
+        "volume": {"csi": {"driver": "s3.csi.aws.com", "volumeAttributes": {"bucketName": "b"}}},
+        "objectStore": {"existingSecret": "s3-keys"},
+    }
     r = render(values)
     assert not r.of("PersistentVolumeClaim")
     for d in r.of("Deployment"):
@@ -417,6 +441,7 @@ def test_notes_give_the_curl_that_submits_a_first_job(default: Rendered, gpu: Re
 
 # ---- Kubernetes API schemas and the security scan --------------------------------------------
 
+
 def _crd_checks(r: Rendered) -> None:
     """No published schema for KEDA/Prometheus-operator kinds here: check what they point at."""
     deployments = {d["metadata"]["name"]: d for d in r.of("Deployment")}
@@ -445,8 +470,10 @@ def test_manifests_validate_against_kubernetes_schemas(which: str, request: pyte
             except SchemaNotFoundError as exc:
                 pytest.fail(f"{doc['kind']} {doc['apiVersion']}: {exc.message}")
             except kubernetes_validate.ValidationError as exc:
-                pytest.fail(f"{doc['kind']}/{doc['metadata']['name']} on Kubernetes {version}: "
-                            f"{'.'.join(map(str, exc.path))}: {exc.message}")
+                pytest.fail(
+                    f"{doc['kind']}/{doc['metadata']['name']} on Kubernetes {version}: "
+                    f"{'.'.join(map(str, exc.path))}: {exc.message}"
+                )
         checked.add(doc["kind"])
     assert {"Deployment", "Service", "Job", "ServiceAccount", "NetworkPolicy", "PodDisruptionBudget"} <= checked
     _crd_checks(r)
@@ -470,17 +497,37 @@ def test_checkov_finds_nothing_unexplained(default: Rendered, gpu: Rendered, tmp
     skips = yaml.safe_load((CHART / "checkov-skips.yaml").read_text())
     assert all(re.fullmatch(r"CKV2?_K8S_\d+", k) and len(v) > 40 for k, v in skips.items())
     # a third, deliberately weakened render shows the scan catches what it should
-    weak = render({"containerSecurityContext": {"allowPrivilegeEscalation": True, "readOnlyRootFilesystem": False,
-                                                "runAsNonRoot": True, "runAsUser": 10001}})
+    weak = render(
+        {
+            "containerSecurityContext": {
+                "allowPrivilegeEscalation": True,
+                "readOnlyRootFilesystem": False,
+                "runAsNonRoot": True,
+                "runAsUser": 10001,
+            }
+        }
+    )
     for label, r in (("default", default), ("gpu", gpu), ("weak", weak)):  # one scan (several -d misreport)
         d = tmp_path / "rendered" / label
         d.mkdir(parents=True)
         for path, text in r.files.items():
             (d / Path(path).name).write_text(text)
     proc = subprocess.run(
-        [str(CHECKOV), "-d", str(tmp_path / "rendered"), "--framework", "kubernetes", "-o", "json", "--quiet",
-         "--compact", "--skip-download"],
-        capture_output=True, text=True, timeout=300,
+        [
+            str(CHECKOV),
+            "-d",
+            str(tmp_path / "rendered"),
+            "--framework",
+            "kubernetes",
+            "-o",
+            "json",
+            "--quiet",
+            "--compact",
+            "--skip-download",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.stdout.strip(), proc.stderr[-3000:]
     report = json.loads(proc.stdout)
@@ -490,9 +537,12 @@ def test_checkov_finds_nothing_unexplained(default: Rendered, gpu: Rendered, tmp
         for f in rep["results"]["failed_checks"]:
             failed[Path(f["file_abs_path"]).parent.name].append(f)
     for label in ("default", "gpu"):
-        unexplained = sorted({f"{f['check_id']} {f['check_name']}: {f['resource']}"
-                              for f in failed[label] if f["check_id"] not in skips})
-        assert not unexplained, f"{label}: checkov findings not explained in checkov-skips.yaml:\n" + "\n".join(unexplained)
+        unexplained = sorted(
+            {f"{f['check_id']} {f['check_name']}: {f['resource']}" for f in failed[label] if f["check_id"] not in skips}
+        )
+        assert not unexplained, f"{label}: checkov findings not explained in checkov-skips.yaml:\n" + "\n".join(
+            unexplained
+        )
         assert {Path(f["file_abs_path"]).name for f in failed[label]} >= {"api.yaml", "workers.yaml"}  # it was scanned
     # the scan really ran, every exception is still needed, and weakened settings are caught
     assert sum(rep["summary"]["passed"] for rep in reports) > 1000
@@ -503,8 +553,9 @@ def test_checkov_finds_nothing_unexplained(default: Rendered, gpu: Rendered, tmp
 
 # ---- Dockerfile and compose --------------------------------------------------------------------
 
+
 def dockerfile() -> DockerfileParser:
-    parser = DockerfileParser(fileobj=open(ROOT / "Dockerfile", "rb"))  # noqa: SIM115
+    parser = DockerfileParser(fileobj=open(ROOT / "Dockerfile", "rb"))
     return parser
 
 
@@ -601,7 +652,10 @@ def test_compose_file() -> None:
     for name in ("api", "worker"):
         env = services[name]["environment"]
         assert f"artifacts:{env['MATHRL_ARTIFACT_DIR']}" in services[name]["volumes"]
-        assert env["MATHRL_DATABASE__URL"].startswith("postgresql+psycopg://") and "@postgres:5432/" in env["MATHRL_DATABASE__URL"]
+        assert (
+            env["MATHRL_DATABASE__URL"].startswith("postgresql+psycopg://")
+            and "@postgres:5432/" in env["MATHRL_DATABASE__URL"]
+        )
         assert env["MATHRL_BROKER__URL"].startswith("redis://redis:6379/")
     assert {"artifacts", "pgdata"} <= set(compose["volumes"])
 
@@ -617,8 +671,21 @@ def test_project_wheel_carries_the_migrations(tmp_path: Path) -> None:
     for pkg in ("mathrl", "api", "worker", "trainer", "evaluator", "store", "service", "migrations"):
         shutil.copytree(ROOT / pkg, src / pkg, ignore=shutil.ignore_patterns("__pycache__"))
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", str(src), "-w", str(tmp_path / "w")],
-        check=True, capture_output=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            str(src),
+            "-w",
+            str(tmp_path / "w"),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=120,
     )
     (wheel,) = (tmp_path / "w").glob("mathrl-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
@@ -636,10 +703,13 @@ def test_setup_steps_print_one_line_each_and_the_log_only_on_failure(tmp_path: P
     import os
 
     log = tmp_path / "setup.log"
-    script = f". {ROOT / 'scripts' / 'steps.sh'}; step 'quiet one' sh -c 'echo pip noise; echo more noise >&2'; " \
-             "step 'loud one' sh -c 'echo why it broke; exit 3'; echo not reached"
-    r = subprocess.run(["bash", "-euc", script], env={**os.environ, "SETUP_LOG": str(log)}, capture_output=True,
-                       text=True, timeout=30)
+    script = (
+        f". {ROOT / 'scripts' / 'steps.sh'}; step 'quiet one' sh -c 'echo pip noise; echo more noise >&2'; "
+        "step 'loud one' sh -c 'echo why it broke; exit 3'; echo not reached"
+    )
+    r = subprocess.run(
+        ["bash", "-euc", script], env={**os.environ, "SETUP_LOG": str(log)}, capture_output=True, text=True, timeout=30
+    )
     assert r.returncode == 3 and r.stdout == ""
     lines = r.stderr.splitlines()
     assert re.fullmatch(r"==> quiet one \(\d+s\)", lines[0]), lines

@@ -46,15 +46,34 @@ def flush_redis(url: str) -> None:
 
 
 def grpo_spec(model: str, **over: Any) -> dict[str, Any]:
-    return {"kind": "grpo", "model": model, "dataset": {**ARITH, "limit": 500}, "max_steps": 12,
-            "num_generations": 4, "per_device_train_batch_size": 8, "max_completion_length": 6,
-            "logging_steps": 1, "save_steps": 4, "learning_rate": 1e-4, **over}
+    return {
+        "kind": "grpo",
+        "model": model,
+        "dataset": {**ARITH, "limit": 500},
+        "max_steps": 12,
+        "num_generations": 4,
+        "per_device_train_batch_size": 8,
+        "max_completion_length": 6,
+        "logging_steps": 1,
+        "save_steps": 4,
+        "learning_rate": 1e-4,
+        **over,
+    }
 
 
 def sft_spec(model: str, **over: Any) -> dict[str, Any]:
-    return {"kind": "sft", "model": model, "dataset": {**ARITH, "limit": 500}, "max_steps": 30,
-            "learning_rate": 1e-3, "per_device_train_batch_size": 64, "max_length": 32, "logging_steps": 1,
-            "save_steps": 10, **over}
+    return {
+        "kind": "sft",
+        "model": model,
+        "dataset": {**ARITH, "limit": 500},
+        "max_steps": 30,
+        "learning_rate": 1e-3,
+        "per_device_train_batch_size": 64,
+        "max_length": 32,
+        "logging_steps": 1,
+        "save_steps": 10,
+        **over,
+    }
 
 
 def start_service(env: dict[str, str], logs: Path, workers: int = 1) -> Service:
@@ -375,9 +394,13 @@ def test_worker_cut_off_from_the_database_cannot_write_into_the_job_it_lost(dril
         assert len(final) == 1 and final[0].data["attempt"] == 2 and final[0].step == 40
         resumed = [e.data["step"] for e in events if e.type == "resumed"]
         assert len(resumed) == 1
-        assert all(cp.data["attempt"] == 2 for cp in ckpts if cp.step > resumed[0]), [(cp.step, cp.data) for cp in ckpts]
+        assert all(cp.data["attempt"] == 2 for cp in ckpts if cp.step > resumed[0]), [
+            (cp.step, cp.data) for cp in ckpts
+        ]
         train = attempt1.parent / "train"  # the job's directory holds exactly what was recorded
-        assert {p.name for p in train.iterdir()} == {f"checkpoint-{cp.step}" for cp in ckpts if cp.kind == "checkpoint"} | {"final"}
+        assert {p.name for p in train.iterdir()} == {
+            f"checkpoint-{cp.step}" for cp in ckpts if cp.kind == "checkpoint"
+        } | {"final"}
         assert (train / "final" / "config.json").exists()
         steps = [m for m in c.jobs.metrics(job.id) if m.name == "loss"][0]
         assert [p.step for p in steps.points] == list(range(1, 41))
@@ -441,21 +464,38 @@ class Traffic(threading.Thread):
         self.job_id, self.stop, self.calls = job_id, threading.Event(), []
 
     def run(self) -> None:
-        calls = [("GET", f"/v1/jobs/{self.job_id}"), ("GET", "/v1/jobs?limit=5"),
-                 ("GET", f"/v1/jobs/{self.job_id}/events"), ("GET", f"/v1/jobs/{self.job_id}/metrics"),
-                 ("POST", f"/v1/jobs/{uuid.uuid4()}/cancel"), ("POST", "/v1/jobs"), ("GET", "/readyz")]
+        calls = [
+            ("GET", f"/v1/jobs/{self.job_id}"),
+            ("GET", "/v1/jobs?limit=5"),
+            ("GET", f"/v1/jobs/{self.job_id}/events"),
+            ("GET", f"/v1/jobs/{self.job_id}/metrics"),
+            ("POST", f"/v1/jobs/{uuid.uuid4()}/cancel"),
+            ("POST", "/v1/jobs"),
+            ("GET", "/readyz"),
+        ]
         i = 0
         while not self.stop.is_set():
             method, path = calls[i % len(calls)]
             i += 1
             t0 = time.monotonic()
             if method == "POST" and path == "/v1/jobs":  # on a queue no worker serves: it never runs
-                r = self.http.post(path, json={"kind": "eval", "model": "org/m", "resources": {"gpus": 2}},
-                                   headers={"Idempotency-Key": "outage-drill"})
+                r = self.http.post(
+                    path,
+                    json={"kind": "eval", "model": "org/m", "resources": {"gpus": 2}},
+                    headers={"Idempotency-Key": "outage-drill"},
+                )
             else:
                 r = self.http.request(method, path)
-            self.calls.append((t0, time.monotonic(), path, r.status_code, r.headers.get("content-type", ""),
-                               r.headers.get("retry-after")))
+            self.calls.append(
+                (
+                    t0,
+                    time.monotonic(),
+                    path,
+                    r.status_code,
+                    r.headers.get("content-type", ""),
+                    r.headers.get("retry-after"),
+                )
+            )
             time.sleep(0.05)
 
 
@@ -474,14 +514,20 @@ def test_database_outage_answers_503_and_the_running_job_loses_nothing(
         upgrade(pg.url)
         broker = redis_db(14)
         flush_redis(broker)
-        env = {**service_env(pg.url, broker, tmp_path_factory.mktemp("artifacts-outage")),
-               "MATHRL_AUTH__CACHE_SECONDS": "1"}
+        env = {
+            **service_env(pg.url, broker, tmp_path_factory.mktemp("artifacts-outage")),
+            "MATHRL_AUTH__CACHE_SECONDS": "1",
+        }
         svc = start_service(env, tmp_path_factory.mktemp("logs-outage"))
         key = svc.key()
         c = svc.client(key)
         job = c.jobs.create(sft_spec(tiny_model, max_steps=24, save_steps=8))
-        wait_for(lambda: any(m.name == "loss" and m.points[-1].step >= 3 for m in c.jobs.metrics(job.id)),
-                 120, 0.2, "training to be under way")
+        wait_for(
+            lambda: any(m.name == "loss" and m.points[-1].step >= 3 for m in c.jobs.metrics(job.id)),
+            120,
+            0.2,
+            "training to be under way",
+        )
         traffic = Traffic(svc.url, key, job.id)
         traffic.start()
         time.sleep(1)

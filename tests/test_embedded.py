@@ -21,7 +21,11 @@ def test_embedded_demo_pipeline_runs_every_step_and_prints_the_gain(tmp_path: Pa
     env["MATHRL_DATA_DIR"] = data_dir()
     out = subprocess.run(
         [sys.executable, "-m", "service.cli", "demo", "--home", str(tmp_path / "home"), "--quick", "--port", "0"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     for step in ("sft", "eval-sft", "rm", "grpo", "eval-grpo"):
@@ -34,9 +38,27 @@ def test_embedded_eval_demo_runs_an_eval_job_through_the_service(tmp_path: Path)
     env = {k: v for k, v in os.environ.items() if not k.startswith("MATHRL_")}
     env["MATHRL_DATA_DIR"] = data_dir()
     out = subprocess.run(
-        [sys.executable, "-m", "service.cli", "demo", "--home", str(tmp_path / "home"), "--eval-model", "tiny",
-         "--limit", "3", "--max-new-tokens", "8", "--port", "0"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "service.cli",
+            "demo",
+            "--home",
+            str(tmp_path / "home"),
+            "--eval-model",
+            "tiny",
+            "--limit",
+            "3",
+            "--max-new-tokens",
+            "8",
+            "--port",
+            "0",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "submitted eval job" in out.stdout and "succeeded" in out.stdout

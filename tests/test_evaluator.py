@@ -26,8 +26,15 @@ def shared_rows(name: str, n: int | None = None) -> list[dict[str, Any]]:
 
 def hub_layout(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Real MATH rows as the hub dataset has them: 'type' for the subject, 'Level N', no answer."""
-    return [{"problem": r["problem"], "level": r["level"] if isinstance(r["level"], str) else f"Level {r['level']}",
-             "solution": r["solution"], "type": r["subject"]} for r in rows]
+    return [
+        {
+            "problem": r["problem"],
+            "level": r["level"] if isinstance(r["level"], str) else f"Level {r['level']}",
+            "solution": r["solution"],
+            "type": r["subject"],
+        }
+        for r in rows
+    ]
 
 
 def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:
@@ -79,8 +86,12 @@ def test_math_hub_layout_as_parquet_and_odd_rows(tmp_path: Path) -> None:
 
     rows = [
         {"problem": "Nested?", "level": "Level 2", "type": "Algebra", "solution": "So $x=\\boxed{\\frac{1}{2}}$."},
-        {"problem": "Two boxes?", "level": "Level ?", "type": "Geometry",
-         "solution": "First \\boxed{3}, corrected: \\boxed{4}."},
+        {
+            "problem": "Two boxes?",
+            "level": "Level ?",
+            "type": "Geometry",
+            "solution": "First \\boxed{3}, corrected: \\boxed{4}.",
+        },
         {"problem": "Bare box?", "level": "Level 3", "type": "Algebra", "solution": "It is $\\boxed 9$."},
         {"problem": "No answer?", "level": "Level 5", "type": "Number Theory", "solution": "there are $\\boxed{}$"},
         {"problem": "No box?", "level": "Level 1", "type": "Prealgebra", "solution": "It is 7."},
@@ -90,7 +101,9 @@ def test_math_hub_layout_as_parquet_and_odd_rows(tmp_path: Path) -> None:
     assert benchmark_load_args(bench, str(tmp_path))[0] == ("parquet",)
     problems = load_benchmark(bench, str(tmp_path))
     assert [(p.index, p.gold, p.meta["level"], p.meta["subject"]) for p in problems] == [
-        (0, "\\frac{1}{2}", 2, "Algebra"), (1, "4", "?", "Geometry"), (2, "9", 3, "Algebra"),
+        (0, "\\frac{1}{2}", 2, "Algebra"),
+        (1, "4", "?", "Geometry"),
+        (2, "9", 3, "Algebra"),
     ]
 
 
@@ -129,14 +142,21 @@ def test_auto_dtype_is_the_same_for_both_backends() -> None:
 @pytest.mark.quick
 def test_accuracy_breakdown_by_subject_and_level() -> None:
     metas = [
-        {"subject": "Algebra", "level": 2}, {"subject": "Algebra", "level": 10}, {"subject": "Geometry", "level": 2},
-        {"subject": "Algebra", "level": "?"}, {"subject": "Geometry"}, {},
+        {"subject": "Algebra", "level": 2},
+        {"subject": "Algebra", "level": 10},
+        {"subject": "Geometry", "level": 2},
+        {"subject": "Algebra", "level": "?"},
+        {"subject": "Geometry"},
+        {},
     ]
     correct = [True, False, True, True, False, True]
     got = accuracy_breakdown(metas, correct)
     assert got == {
-        "accuracy/subject=Algebra": (2, 3), "accuracy/subject=Geometry": (1, 2),
-        "accuracy/level=2": (2, 2), "accuracy/level=10": (0, 1), "accuracy/level=?": (1, 1),
+        "accuracy/subject=Algebra": (2, 3),
+        "accuracy/subject=Geometry": (1, 2),
+        "accuracy/level=2": (2, 2),
+        "accuracy/level=10": (0, 1),
+        "accuracy/level=?": (1, 1),
     }
     assert list(got)[2:] == ["accuracy/level=2", "accuracy/level=10", "accuracy/level=?"]
     assert accuracy_breakdown([{}, {"unique_id": "x"}], [True, False]) == {}  # GSM8K: nothing to break down
@@ -147,8 +167,16 @@ def test_accuracy_breakdown_by_subject_and_level() -> None:
 @pytest.mark.slow
 def test_math500_eval_job_stores_breakdowns_with_provenance(service: Service, tiny_model: str) -> None:
     c = service.client()
-    job = c.jobs.create({"kind": "eval", "model": tiny_model, "benchmark": "math500", "limit": 6, "batch_size": 6,
-                         "sampling": {"max_new_tokens": 8}})
+    job = c.jobs.create(
+        {
+            "kind": "eval",
+            "model": tiny_model,
+            "benchmark": "math500",
+            "limit": 6,
+            "batch_size": 6,
+            "sampling": {"max_new_tokens": 8},
+        }
+    )
     done = c.jobs.wait(job.id, timeout=180)
     assert done.status == "succeeded", done.error
     scores = {s.metric: s for s in c.scores.list(job_id=job.id)}
@@ -169,8 +197,17 @@ def test_math500_eval_job_stores_breakdowns_with_provenance(service: Service, ti
         assert math.isclose(s.value, hits / len(members))
         assert (s.ci_low, s.ci_high) == pytest.approx(wilson_interval(hits, len(members)))
         # the same provenance as the headline score
-        for col in ("model_ref", "benchmark", "benchmark_version", "sampling", "backend", "backend_version",
-                    "prompt_hash", "seed", "checkpoint"):
+        for col in (
+            "model_ref",
+            "benchmark",
+            "benchmark_version",
+            "sampling",
+            "backend",
+            "backend_version",
+            "prompt_hash",
+            "seed",
+            "checkpoint",
+        ):
             assert getattr(s, col) == getattr(head, col), col
     assert head.n == 6 and head.benchmark == "math500" and head.model_ref == tiny_model
     assert sum(s.n for m, s in groups.items() if m.startswith("accuracy/level=")) == 6

@@ -71,4 +71,3 @@ def test_the_shortened_example_is_the_example() -> None:
     for name, job in short.items():
         changed = {k for k in job if job[k] != full[name].get(k)}
         assert changed <= {"model", "limit", "max_steps", "save_steps"}, (name, changed)
-

@@ -10,8 +10,13 @@ from mathrl.specs import parse_spec
 
 pytestmark = pytest.mark.quick
 
-BASE = {"kind": "grpo", "model": "/models/m", "dataset": {"name": "gsm8k-train"}, "max_completion_length": 64,
-        "max_prompt_length": 128}
+BASE = {
+    "kind": "grpo",
+    "model": "/models/m",
+    "dataset": {"name": "gsm8k-train"},
+    "max_completion_length": 64,
+    "max_prompt_length": 128,
+}
 
 
 def test_server_command_for_a_lora_job_on_cpu() -> None:
@@ -58,17 +63,23 @@ def test_varlen_causal_attention_matches_attention_per_sample() -> None:
     q = torch.randn(7, heads, dim)
     kv_index = torch.tensor([0, 1, 2, 0, 1, 3, 4, 5, 6])
     out = varlen_causal_attention(
-        q, k.index_select(0, kv_index), v.index_select(0, kv_index), torch.tensor([0, 3, 7]), torch.tensor([0, 3, 9]),
-        4, 6, softmax_scale=dim**-0.5,
+        q,
+        k.index_select(0, kv_index),
+        v.index_select(0, kv_index),
+        torch.tensor([0, 3, 7]),
+        torch.tensor([0, 3, 9]),
+        4,
+        6,
+        softmax_scale=dim**-0.5,
     )
 
     def reference(qs: torch.Tensor, path: list[int]) -> torch.Tensor:
         kk = k[path].transpose(0, 1).repeat_interleave(2, 0)
         vv = v[path].transpose(0, 1).repeat_interleave(2, 0)
         full_q = torch.zeros(len(path), heads, dim)
-        full_q[len(path) - len(qs):] = qs
+        full_q[len(path) - len(qs) :] = qs
         res = F.scaled_dot_product_attention(full_q.transpose(0, 1), kk, vv, is_causal=True)
-        return res.transpose(0, 1)[len(path) - len(qs):]
+        return res.transpose(0, 1)[len(path) - len(qs) :]
 
     torch.testing.assert_close(out[:3], reference(q[:3], [0, 1, 2]))
     torch.testing.assert_close(out[3:], reference(q[3:], [0, 1, 3, 4, 5, 6]))

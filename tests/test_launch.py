@@ -22,15 +22,35 @@ ARITH = {"name": "arith-train"}
 
 
 def grpo(**over: Any) -> dict[str, Any]:
-    return {"kind": "grpo", "model": "org/m", "dataset": ARITH, "max_steps": 4, "num_generations": 4,
-            "per_device_train_batch_size": 8, "max_completion_length": 6, "logging_steps": 1, "save_steps": 2,
-            "learning_rate": 1e-4, "sample_every": 2, **over}
+    return {
+        "kind": "grpo",
+        "model": "org/m",
+        "dataset": ARITH,
+        "max_steps": 4,
+        "num_generations": 4,
+        "per_device_train_batch_size": 8,
+        "max_completion_length": 6,
+        "logging_steps": 1,
+        "save_steps": 2,
+        "learning_rate": 1e-4,
+        "sample_every": 2,
+        **over,
+    }
 
 
 def sft(**over: Any) -> dict[str, Any]:
-    return {"kind": "sft", "model": "tiny:2x64", "dataset": {**ARITH, "limit": 500}, "max_steps": 20,
-            "learning_rate": 1e-3, "per_device_train_batch_size": 16, "max_length": 32, "logging_steps": 2,
-            "save_steps": 10, **over}
+    return {
+        "kind": "sft",
+        "model": "tiny:2x64",
+        "dataset": {**ARITH, "limit": 500},
+        "max_steps": 20,
+        "learning_rate": 1e-3,
+        "per_device_train_batch_size": 16,
+        "max_length": 32,
+        "logging_steps": 2,
+        "save_steps": 10,
+        **over,
+    }
 
 
 def flag(cmd: list[str], name: str) -> str:
@@ -63,10 +83,15 @@ def test_zero3_job_is_launched_with_deepspeed_stage_3() -> None:
 
 
 @pytest.mark.quick
-@pytest.mark.parametrize("spec", [
-    grpo(), grpo(resources={"gpus": 1}), sft(),
-    {"kind": "eval", "model": "org/m", "resources": {"gpus": 2}},  # eval is one process (vLLM shards itself)
-])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        grpo(),
+        grpo(resources={"gpus": 1}),
+        sft(),
+        {"kind": "eval", "model": "org/m", "resources": {"gpus": 2}},  # eval is one process (vLLM shards itself)
+    ],
+)
 def test_single_process_jobs_run_the_plain_job_process(spec: dict[str, Any]) -> None:
     assert job_command(parse_spec(spec), "j1", "w1", 1) == [sys.executable, "-m", "worker.child", "j1", "w1", "1"]
 
@@ -80,11 +105,14 @@ def test_cpu_processes_use_torchrun_with_the_cores_shared() -> None:
 
 
 @pytest.mark.quick
-@pytest.mark.parametrize(("spec", "field", "words"), [
-    (sft(resources={"gpus": 2, "processes": 4}), "processes", "set processes=2"),
-    ({"kind": "eval", "model": "org/m", "resources": {"processes": 2}}, "resources", "training jobs"),
-    (sft(resources={"processes": 0}), "processes", "greater than or equal to 1"),
-])
+@pytest.mark.parametrize(
+    ("spec", "field", "words"),
+    [
+        (sft(resources={"gpus": 2, "processes": 4}), "processes", "set processes=2"),
+        ({"kind": "eval", "model": "org/m", "resources": {"processes": 2}}, "resources", "training jobs"),
+        (sft(resources={"processes": 0}), "processes", "greater than or equal to 1"),
+    ],
+)
 def test_bad_process_counts_name_the_field(spec: dict[str, Any], field: str, words: str) -> None:
     with pytest.raises(ValidationError) as e:
         parse_spec(spec)
@@ -139,9 +167,13 @@ def assert_stored_once(pg_url: str, job_id: str, events: list[Any]) -> None:
     assert next(e for e in events if e.type == "started").data["processes"] == 2  # the DDP world formed
     with session_scope(pg_url) as s:
         per_step = s.execute(
-            select(Metric.step, func.count()).where(Metric.job_id == job_id, Metric.name == "loss").group_by(Metric.step)
+            select(Metric.step, func.count())
+            .where(Metric.job_id == job_id, Metric.name == "loss")
+            .group_by(Metric.step)
         ).all()
-        samples = s.execute(select(Sample.step, func.count()).where(Sample.job_id == job_id).group_by(Sample.step)).all()
+        samples = s.execute(
+            select(Sample.step, func.count()).where(Sample.job_id == job_id).group_by(Sample.step)
+        ).all()
     assert per_step and all(n == 1 for _, n in per_step)
     assert all(n <= 8 for _, n in samples), samples  # one rank's samples per step, not two
 

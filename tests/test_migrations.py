@@ -45,14 +45,22 @@ def test_scores_natural_key_keeps_the_newest_of_rerun_duplicates(tmp_path: Path)
     engine = create_engine(url)
     with engine.begin() as c:
         c.execute(text("INSERT INTO projects (id, name, created_at) VALUES ('p', 'p', '2026-01-01')"))
-        c.execute(text("INSERT INTO jobs (id, project_id, kind, status, tags, spec, queue, attempts, max_attempts, "
-                       "cancel_requested, depends_on, created_at, updated_at) VALUES "
-                       "('j', 'p', 'eval', 'succeeded', '[]', '{}', 'cpu', 2, 3, 0, '[]', '2026-01-01', '2026-01-01')"))
+        c.execute(
+            text(
+                "INSERT INTO jobs (id, project_id, kind, status, tags, spec, queue, attempts, max_attempts, "
+                "cancel_requested, depends_on, created_at, updated_at) VALUES "
+                "('j', 'p', 'eval', 'succeeded', '[]', '{}', 'cpu', 2, 3, 0, '[]', '2026-01-01', '2026-01-01')"
+            )
+        )
         for row_id, value in (("01a", 0.3), ("01b", 0.4)):
-            c.execute(text("INSERT INTO benchmark_scores (id, project_id, job_id, model_ref, benchmark, "
-                           "benchmark_version, metric, value, n, sampling, backend, backend_version, created_at) "
-                           f"VALUES ('{row_id}', 'p', 'j', 'm', 'gsm8k', '1', 'accuracy', {value}, 10, '{{}}', "
-                           "'hf', 't', '2026-01-01')"))
+            c.execute(
+                text(
+                    "INSERT INTO benchmark_scores (id, project_id, job_id, model_ref, benchmark, "
+                    "benchmark_version, metric, value, n, sampling, backend, backend_version, created_at) "
+                    f"VALUES ('{row_id}', 'p', 'j', 'm', 'gsm8k', '1', 'accuracy', {value}, 10, '{{}}', "
+                    "'hf', 't', '2026-01-01')"
+                )
+            )
     engine.dispose()
     upgrade(url)
     engine = create_engine(url)

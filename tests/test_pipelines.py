@@ -23,13 +23,27 @@ ARITH = {"name": "arith-train"}
 
 
 def sft(steps: int = 30, save_steps: int = 10) -> dict[str, Any]:
-    return {"kind": "sft", "model": "tiny:2x64", "dataset": {**ARITH, "limit": 2000}, "max_steps": steps,
-            "per_device_train_batch_size": 16, "learning_rate": 1e-3, "logging_steps": 5, "save_steps": save_steps}
+    return {
+        "kind": "sft",
+        "model": "tiny:2x64",
+        "dataset": {**ARITH, "limit": 2000},
+        "max_steps": steps,
+        "per_device_train_batch_size": 16,
+        "learning_rate": 1e-3,
+        "logging_steps": 5,
+        "save_steps": save_steps,
+    }
 
 
 def ev(model: str) -> dict[str, Any]:
-    return {"kind": "eval", "model": model, "benchmark": "arith", "limit": 8, "batch_size": 8,
-            "sampling": {"max_new_tokens": 4}}
+    return {
+        "kind": "eval",
+        "model": model,
+        "benchmark": "arith",
+        "limit": 8,
+        "batch_size": 8,
+        "sampling": {"max_new_tokens": 4},
+    }
 
 
 # ---- validation ------------------------------------------------------------------------
@@ -70,9 +84,15 @@ def test_reference_to_another_projects_job_is_422_and_stores_nothing(app_client:
 @pytest.mark.quick
 def test_submit_stores_waiting_jobs_with_rewritten_references(app_client: Any) -> None:
     h = admin_key(app_client)
-    spec = {"name": "demo", "tags": ["t1"], "jobs": {
-        "after": ev("job:train@step-10"), "train": sft(), "before": ev("org/m"),
-    }}
+    spec = {
+        "name": "demo",
+        "tags": ["t1"],
+        "jobs": {
+            "after": ev("job:train@step-10"),
+            "train": sft(),
+            "before": ev("org/m"),
+        },
+    }
     r = app_client.post("/v1/pipelines", json=spec, headers=h)
     assert r.status_code == 201, r.text
     p = r.json()
@@ -119,8 +139,16 @@ def _pipeline(s: Any, deps: dict[str, list[str]]) -> dict[str, str]:
     s.flush()
     ids: dict[str, str] = {}
     for step, ds in deps.items():
-        job = Job(project_id=proj.id, kind="eval", spec={}, tags=[], pipeline_id=pl.id, pipeline_step=step,
-                  depends_on=[ids[d] for d in ds], status="waiting" if ds else "queued")
+        job = Job(
+            project_id=proj.id,
+            kind="eval",
+            spec={},
+            tags=[],
+            pipeline_id=pl.id,
+            pipeline_step=step,
+            depends_on=[ids[d] for d in ds],
+            status="waiting" if ds else "queued",
+        )
         s.add(job)
         s.flush()
         ids[step] = job.id
@@ -176,11 +204,16 @@ def test_a_failure_marks_everything_downstream_with_the_reason(tmp_path: Path) -
 @pytest.mark.slow
 def test_pipeline_runs_in_dependency_order_with_a_checkpoint_reference(service: Service) -> None:
     c = service.client()
-    p = c.pipelines.create({"name": "order", "jobs": {
-        "train": sft(steps=20, save_steps=10),
-        "mid": ev("job:train@step-10"),
-        "final": ev("job:train"),
-    }})
+    p = c.pipelines.create(
+        {
+            "name": "order",
+            "jobs": {
+                "train": sft(steps=20, save_steps=10),
+                "mid": ev("job:train@step-10"),
+                "final": ev("job:train"),
+            },
+        }
+    )
     done = c.pipelines.wait(p.id, timeout=300)
     assert done.status == "succeeded", [(j.step, j.status, j.error) for j in done.jobs]
     jobs = {j.step: c.jobs.retrieve(j.job_id) for j in done.jobs}
@@ -195,9 +228,16 @@ def test_pipeline_runs_in_dependency_order_with_a_checkpoint_reference(service: 
 @pytest.mark.slow
 def test_failing_upstream_job_fails_its_dependents_with_the_reason(service: Service, tmp_path: Path) -> None:
     c = service.client()
-    p = c.pipelines.create({"jobs": {  # a model dir under an allowed root that does not exist: fails in the worker
-        "bad": ev(str(tmp_path / "no-such-model")), "after": ev("job:bad"), "last": ev("job:after"), "ok": ev("org/none"),
-    }})
+    p = c.pipelines.create(
+        {
+            "jobs": {  # a model dir under an allowed root that does not exist: fails in the worker
+                "bad": ev(str(tmp_path / "no-such-model")),
+                "after": ev("job:bad"),
+                "last": ev("job:after"),
+                "ok": ev("org/none"),
+            }
+        }
+    )
     done = c.pipelines.wait(p.id, timeout=120)
     st = {j.step: j for j in done.jobs}
     assert st["bad"].status == "failed"

@@ -60,8 +60,9 @@ def test_reachability_needs_a_whole_period_without_failure() -> None:
 
 
 @pytest.mark.parametrize("broker", ["redis", "sqlalchemy"])
-def test_a_waiting_message_is_not_sent_again_a_lost_one_is(broker: str, tmp_path: Path,
-                                                          request: pytest.FixtureRequest) -> None:
+def test_a_waiting_message_is_not_sent_again_a_lost_one_is(
+    broker: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
     """Issue 16.3: a queued job whose message still waited in the broker (no worker for its
     queue) was sent again every round: 4 copies after 4 minutes, growing without bound."""
     import uuid
@@ -72,10 +73,14 @@ def test_a_waiting_message_is_not_sent_again_a_lost_one_is(broker: str, tmp_path
 
     url = f"sqlite:///{tmp_path / 'r.db'}"
     upgrade(url)
-    broker_url = (str(request.getfixturevalue("redis_url")) if broker == "redis"
-                  else f"sqla+sqlite:///{tmp_path / 'broker.db'}")
-    settings = Settings(database={"url": url}, broker={"url": broker_url},  # type: ignore[arg-type]
-                        worker={"redeliver_after_seconds": 0})  # every queued job is due every round
+    broker_url = (
+        str(request.getfixturevalue("redis_url")) if broker == "redis" else f"sqla+sqlite:///{tmp_path / 'broker.db'}"
+    )
+    settings = Settings(
+        database={"url": url},
+        broker={"url": broker_url},  # type: ignore[arg-type]
+        worker={"redeliver_after_seconds": 0},
+    )  # every queued job is due every round
     app = make_celery(broker_url)
     queue = f"parked-{uuid.uuid4().hex[:8]}"  # no worker consumes it
     with session_scope(url) as s:

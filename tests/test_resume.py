@@ -32,16 +32,26 @@ ROOT = Path(__file__).resolve().parent.parent
 RUNNER = ROOT / "tests" / "resume_run.py"
 KILL_AT = 5  # checkpoints at 3 and 6 (resume_run.SAVE_EVERY): killed after step 5, 2 steps to replay
 # logged values that are not a function of the training state: wall time and throughput
-TIMING = {"step_time", "tokens_per_second", "train_runtime", "train_samples_per_second", "train_steps_per_second",
-          "generation_seconds", "weight_sync_seconds", "training_seconds", "generation_share",
-          "generation_tokens_per_second"}
+TIMING = {
+    "step_time",
+    "tokens_per_second",
+    "train_runtime",
+    "train_samples_per_second",
+    "train_steps_per_second",
+    "generation_seconds",
+    "weight_sync_seconds",
+    "training_seconds",
+    "generation_share",
+    "generation_tokens_per_second",
+}
 
 
 def _run(kind: str, model: str, out: Path, work: Path, log: Path, kill_at: int | None = None) -> int:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONHASHSEED": "0"}
     args = [sys.executable, str(RUNNER), kind, model, data_dir(), str(out), str(work), str(log)]
-    r = subprocess.run(args + ([str(kill_at)] if kill_at else []), env=env, cwd=ROOT, capture_output=True,
-                       text=True, timeout=600)
+    r = subprocess.run(
+        args + ([str(kill_at)] if kill_at else []), env=env, cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
     assert r.returncode in (0, -9), r.stdout[-2000:] + r.stderr[-4000:]
     return r.returncode
 
@@ -88,5 +98,7 @@ def test_a_killed_and_resumed_run_matches_an_uninterrupted_one(kind: str, tiny_m
     assert any(not torch.equal(a[k], start[k]) for k in a)  # training changed the weights
     for k in a:
         torch.testing.assert_close(b[k], a[k], rtol=1e-6, atol=1e-7, msg=lambda m, k=k: f"{kind} weight {k}: {m}")
-    print(f"{kind}: steps 1-{KILL_AT} then (killed) resumed 4-8 match the uninterrupted run; "
-          f"max |weight diff| {max(float((a[k] - b[k]).abs().max()) for k in a):.3g}")
+    print(
+        f"{kind}: steps 1-{KILL_AT} then (killed) resumed 4-8 match the uninterrupted run; "
+        f"max |weight diff| {max(float((a[k] - b[k]).abs().max()) for k in a):.3g}"
+    )

@@ -63,9 +63,9 @@ def test_rewards_are_picklable_and_named() -> None:
 def test_rm_scores_the_text_as_the_reward_trainer_trained_it(tmp_path: Path) -> None:
     """TRL's RewardTrainer appends EOS to every chosen/rejected text and the score is read at
     the last token: scoring without it reads a position the RM never learned."""
+    from evaluator.models import load_tokenizer
     from trainer.reward_model import rm_text
     from trainer.tiny import build_tiny_model
-    from evaluator.models import load_tokenizer
 
     tok = load_tokenizer(str(build_tiny_model(tmp_path / "m")))
     assert rm_text(tok, "12+30=", "42") == "12+30=42" + tok.eos_token

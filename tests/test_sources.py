@@ -17,19 +17,22 @@ from service.sources import RefusedURL, fetch_url, under_prefix, url_refusal
 pytestmark = pytest.mark.quick
 
 
-@pytest.mark.parametrize(("value", "prefix", "allowed"), [
-    ("https://a.com/x.jsonl", "https://a.com", True),
-    ("https://a.com.evil/x.jsonl", "https://a.com", False),  # a string prefix admitted this
-    ("https://a.com@evil.com/x.jsonl", "https://a.com", False),
-    ("https://a.com/data/x.jsonl", "https://a.com/data", True),
-    ("https://a.com/data/x.jsonl", "https://a.com/data/", True),
-    ("https://a.com/data2/x.jsonl", "https://a.com/data", False),
-    ("https://a.com/data/../secret.jsonl", "https://a.com/data", False),
-    ("https://a.com:443/data/x.jsonl", "https://a.com/data", True),
-    ("https://a.com:8443/data/x.jsonl", "https://a.com/data", False),
-    ("http://a.com/data/x.jsonl", "https://a.com/data", False),
-    ("HTTPS://A.COM/data/x.jsonl", "https://a.com/data", True),
-])
+@pytest.mark.parametrize(
+    ("value", "prefix", "allowed"),
+    [
+        ("https://a.com/x.jsonl", "https://a.com", True),
+        ("https://a.com.evil/x.jsonl", "https://a.com", False),  # a string prefix admitted this
+        ("https://a.com@evil.com/x.jsonl", "https://a.com", False),
+        ("https://a.com/data/x.jsonl", "https://a.com/data", True),
+        ("https://a.com/data/x.jsonl", "https://a.com/data/", True),
+        ("https://a.com/data2/x.jsonl", "https://a.com/data", False),
+        ("https://a.com/data/../secret.jsonl", "https://a.com/data", False),
+        ("https://a.com:443/data/x.jsonl", "https://a.com/data", True),
+        ("https://a.com:8443/data/x.jsonl", "https://a.com/data", False),
+        ("http://a.com/data/x.jsonl", "https://a.com/data", False),
+        ("HTTPS://A.COM/data/x.jsonl", "https://a.com/data", True),
+    ],
+)
 def test_prefixes_compare_whole_hosts_and_segments(value: str, prefix: str, allowed: bool) -> None:
     assert under_prefix(value, prefix) is allowed
 
@@ -93,8 +96,9 @@ def test_fetch_follows_redirects_only_under_the_prefix(server: str, tmp_path: Pa
         fetch_url(f"{server}/sets/loop.jsonl", prefixes, tmp_path / "c")
 
 
-def test_fetch_checks_the_host_again_when_it_fetches(server: str, tmp_path: Path,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_fetch_checks_the_host_again_when_it_fetches(
+    server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Admitted at submit, the host now resolves to a private address (DNS rebinding)."""
     monkeypatch.setattr(sources, "is_public", lambda host: False)
     with pytest.raises(RefusedURL, match="private"):
@@ -112,5 +116,7 @@ def test_the_job_process_reads_its_own_checked_copy(server: str, tmp_path: Path)
     work = attempt_dir(settings.artifact_dir, "job-1", 1)
     fetched = _fetch_dataset(spec, settings, work)
     local = Path(fetched.dataset.path)
-    assert local.is_relative_to(tmp_path / "jobs" / "job-1" / "attempt-1" / "data") and local.read_text().startswith('{"question"')
+    assert local.is_relative_to(tmp_path / "jobs" / "job-1" / "attempt-1" / "data") and local.read_text().startswith(
+        '{"question"'
+    )
     assert fetched.dataset.question_field == spec.dataset.question_field

@@ -24,8 +24,15 @@ def test_deepseekmath_preset_resolves_to_the_paper_values() -> None:
 
 
 def test_explicit_fields_override_the_preset_and_config_stores_values() -> None:
-    spec = GRPOSpec(model="org/m", preset="deepseekmath", dataset=DATASET, beta=0.0, num_generations=8,
-                    global_batch_size=64, per_device_train_batch_size=8)
+    spec = GRPOSpec(
+        model="org/m",
+        preset="deepseekmath",
+        dataset=DATASET,
+        beta=0.0,
+        num_generations=8,
+        global_batch_size=64,
+        per_device_train_batch_size=8,
+    )
     cfg = resolve_config(spec)
     assert cfg["beta"] == 0.0 and cfg["num_generations"] == 8 and cfg["learning_rate"] == 1e-6
     assert cfg["preset"] == "deepseekmath" and cfg["gradient_accumulation_steps"] == 8
@@ -55,21 +62,42 @@ def test_trl_defaults_match_installed_trl() -> None:
         ({"global_batch_size": 12, "per_device_train_batch_size": 8}, "global_batch_size", "multiple"),
         ({"lora": {"enabled": False, "r": 8}}, "r", "enabled=true"),
         ({"vllm_mode": "server"}, "vllm_mode", "generation.backend='vllm'"),
-        ({"generation": {"gpu_memory_utilization": 0.5}}, "generation/gpu_memory_utilization", "MATHRL_VLLM_CPU_KV_GIB"),
+        (
+            {"generation": {"gpu_memory_utilization": 0.5}},
+            "generation/gpu_memory_utilization",
+            "MATHRL_VLLM_CPU_KV_GIB",
+        ),
         ({"generation": {"backend": "vllm", "tensor_parallel_size": 2}}, "generation/tensor_parallel_size", "divide"),
-        ({"generation": {"backend": "hf", "tensor_parallel_size": 2}, "resources": {"processes": 2}},
-         "generation/tensor_parallel_size", "backend='vllm'"),
+        (
+            {"generation": {"backend": "hf", "tensor_parallel_size": 2}, "resources": {"processes": 2}},
+            "generation/tensor_parallel_size",
+            "backend='vllm'",
+        ),
         ({"use_vllm": True, "generation": {"backend": "vllm"}}, "use_vllm", "only generation.backend"),
         ({"generation": {"backend": "vllm", "mode": "server"}}, "generation/mode", "add a 'lora' block"),
         ({"generation": {"backend": "hf", "mode": "server"}, "lora": {}}, "generation/mode", "backend='vllm'"),
-        ({"generation": {"mode": "server", "server_gpus": 2}, "resources": {"gpus": 2}}, "generation/server_gpus",
-         "leaves no GPU"),
+        (
+            {"generation": {"mode": "server", "server_gpus": 2}, "resources": {"gpus": 2}},
+            "generation/server_gpus",
+            "leaves no GPU",
+        ),
         ({"generation": {"server_gpus": 1}, "resources": {"gpus": 2}}, "generation/server_gpus", "mode 'server'"),
         ({"epsilon": 0.2, "delta": 1.1}, "delta", "exceed"),
-        ({"algorithm": "async", "beta": 0.04, "lora": {}, "generation": {"backend": "vllm", "mode": "server"}},
-         "beta", "not a setting of async GRPO"),
-        ({"algorithm": "async", "preset": "deepseekmath", "lora": {}, "generation": {"backend": "vllm", "mode": "server"}},
-         "preset", "algorithm='sync'"),
+        (
+            {"algorithm": "async", "beta": 0.04, "lora": {}, "generation": {"backend": "vllm", "mode": "server"}},
+            "beta",
+            "not a setting of async GRPO",
+        ),
+        (
+            {
+                "algorithm": "async",
+                "preset": "deepseekmath",
+                "lora": {},
+                "generation": {"backend": "vllm", "mode": "server"},
+            },
+            "preset",
+            "algorithm='sync'",
+        ),
         ({"max_staleness": 2}, "max_staleness", "algorithm='async'"),
         ({"algorithm": "async"}, "algorithm", "mode='server'"),
         ({"deepspeed_zero3": True}, "deepspeed_zero3", "gpus >= 2"),
@@ -98,8 +126,17 @@ def test_generation_backend_resolves_and_old_specs_translate() -> None:
     resolved = resolve_grpo(server)
     assert resolved["vllm_server_gpus"] == 2 and resolved["world_size"] == 6 and resolved["generation_mode"] == "server"
     # async: the knobs AsyncGRPOTrainer has no setting for are stored as not applicable
-    asynchronous = resolve_grpo(parse_spec({**base, "algorithm": "async", "lora": {}, "max_staleness": 0,
-                                            "generation": {"backend": "vllm", "mode": "server"}}))
+    asynchronous = resolve_grpo(
+        parse_spec(
+            {
+                **base,
+                "algorithm": "async",
+                "lora": {},
+                "max_staleness": 0,
+                "generation": {"backend": "vllm", "mode": "server"},
+            }
+        )
+    )
     assert asynchronous["algorithm"] == "async" and asynchronous["beta"] is None and asynchronous["loss_type"] is None
     with pytest.raises(ValidationError) as info:
         parse_spec({**base, "generation": {"gpu_memory_utilization": 1.5}, "resources": {"gpus": 1}})
@@ -119,8 +156,14 @@ def test_model_refs() -> None:
     [
         {"kind": "eval", "model": "org/m"},
         {"kind": "grpo", "model": "org/m", "dataset": DATASET, "lora": {"enabled": False}},
-        {"kind": "grpo", "model": "org/m", "dataset": DATASET, "lora": {"r": 8}, "preset": "deepseekmath",
-         "num_generations": 8},
+        {
+            "kind": "grpo",
+            "model": "org/m",
+            "dataset": DATASET,
+            "lora": {"r": 8},
+            "preset": "deepseekmath",
+            "num_generations": 8,
+        },
         {"kind": "reward_model", "model": "org/m", "dataset": DATASET},
         {"kind": "reward_model", "model": "org/m", "dataset": DATASET, "type": "process", "completions_per_step": 2},
     ],

@@ -54,9 +54,19 @@ def test_a_rerun_attempt_replaces_its_scores(store_url: str) -> None:
         s.add(job)
         s.flush()
         job_id, project_id = job.id, project.id
-    record = {"model_ref": "org/m", "checkpoint": None, "benchmark": "gsm8k", "benchmark_version": "1.0",
-              "n": 10, "sampling": {}, "backend": "hf", "backend_version": "t", "prompt_hash": None, "seed": 0}
-    for attempt, value in ((1, 0.3), (2, 0.4)):  # the same job, two attempts
+    record = {
+        "model_ref": "org/m",
+        "checkpoint": None,
+        "benchmark": "gsm8k",
+        "benchmark_version": "1.0",
+        "n": 10,
+        "sampling": {},
+        "backend": "hf",
+        "backend_version": "t",
+        "prompt_hash": None,
+        "seed": 0,
+    }
+    for value in (0.3, 0.4):  # the same job, two attempts
         sink = DatabaseSink(store_url, job_id, project_id)
         sink.score({**record, "metric": "accuracy", "value": value, "ci_low": None, "ci_high": None})
         sink.score({**record, "metric": "pass@1", "value": value, "ci_low": None, "ci_high": None})
@@ -74,8 +84,12 @@ def test_tag_filter_runs_in_sql(store_url: str) -> None:
 
     with session_scope(store_url) as s:
         project = get_or_create_project(s, "tags")
-        s.add_all([Job(project_id=project.id, kind="eval", spec={}, tags=tags)
-                   for tags in (["a"], [], ["b", "a"], ["ab"], ["A"])])
+        s.add_all(
+            [
+                Job(project_id=project.id, kind="eval", spec={}, tags=tags)
+                for tags in (["a"], [], ["b", "a"], ["ab"], ["A"])
+            ]
+        )
     with session_scope(store_url) as s:
         found = s.scalars(select(Job.tags).where(Job.project_id == project.id, has_tag(s, "a"))).all()
         assert sorted(map(tuple, found)) == [("a",), ("b", "a")]
@@ -103,19 +117,27 @@ def _job(store_url: str, **fields: object) -> str:
         return job.id
 
 
-@pytest.mark.parametrize(("read_as", "moved_to", "moved"), [
-    # issue 16.5: read as waiting, queued by its pipeline meanwhile: the cancel was lost
-    ("waiting", "queued", {}),
-    # issue 16.5: read as running, re-queued after a lost lease meanwhile: left queued with
-    # cancel_requested set, which nothing claims or sends again (and the quota counted it)
-    ("running", "queued", {"lease_owner": None, "lease_expires_at": None}),
-])
-def test_cancel_acts_on_the_state_the_job_is_in_now(store_url: str, read_as: str, moved_to: str,
-                                                    moved: dict[str, object]) -> None:
+@pytest.mark.parametrize(
+    ("read_as", "moved_to", "moved"),
+    [
+        # issue 16.5: read as waiting, queued by its pipeline meanwhile: the cancel was lost
+        ("waiting", "queued", {}),
+        # issue 16.5: read as running, re-queued after a lost lease meanwhile: left queued with
+        # cancel_requested set, which nothing claims or sends again (and the quota counted it)
+        ("running", "queued", {"lease_owner": None, "lease_expires_at": None}),
+    ],
+)
+def test_cancel_acts_on_the_state_the_job_is_in_now(
+    store_url: str, read_as: str, moved_to: str, moved: dict[str, object]
+) -> None:
     from store.jobs import request_cancel
 
-    job_id = _job(store_url, status=read_as, lease_owner="w1" if read_as == "running" else None,
-                  lease_expires_at=_lease() if read_as == "running" else None)
+    job_id = _job(
+        store_url,
+        status=read_as,
+        lease_owner="w1" if read_as == "running" else None,
+        lease_expires_at=_lease() if read_as == "running" else None,
+    )
     with session_scope(store_url) as api:
         job = api.get(Job, job_id)
         assert job is not None and job.status == read_as
@@ -159,12 +181,31 @@ def test_finish_and_cancel_in_one_pipeline_do_not_deadlock(pg_url: str) -> None:
         pipe = Pipeline(project_id=project.id, name="p", tags=[], spec={})
         s.add(pipe)
         s.flush()
-        up = Job(project_id=project.id, kind="eval", spec={}, tags=[], status="running", lease_owner="w1",
-                 lease_expires_at=_lease(), pipeline_id=pipe.id, pipeline_step="up", queue=PARKED_QUEUE)
+        up = Job(
+            project_id=project.id,
+            kind="eval",
+            spec={},
+            tags=[],
+            status="running",
+            lease_owner="w1",
+            lease_expires_at=_lease(),
+            pipeline_id=pipe.id,
+            pipeline_step="up",
+            queue=PARKED_QUEUE,
+        )
         s.add(up)
         s.flush()
-        down = Job(project_id=project.id, kind="eval", spec={}, tags=[], status="waiting", pipeline_id=pipe.id,
-                   pipeline_step="down", depends_on=[up.id], queue=PARKED_QUEUE)
+        down = Job(
+            project_id=project.id,
+            kind="eval",
+            spec={},
+            tags=[],
+            status="waiting",
+            pipeline_id=pipe.id,
+            pipeline_step="down",
+            depends_on=[up.id],
+            queue=PARKED_QUEUE,
+        )
         s.add(down)
         s.flush()
         pipe_id, up_id, down_id = pipe.id, up.id, down.id
@@ -177,15 +218,17 @@ def test_finish_and_cancel_in_one_pipeline_do_not_deadlock(pg_url: str) -> None:
         try:
             with session_scope(pg_url) as s:
                 fn(s)  # type: ignore[operator]
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:
             errors.append(exc)
 
     def cancel_down(s: object) -> None:
         job = s.get(Job, down_id)  # type: ignore[attr-defined]
         request_cancel(s, job)  # type: ignore[arg-type]
 
-    threads = [threading.Thread(target=run, args=(lambda s: finish(s, up_id, "w1", "succeeded"),)),
-               threading.Thread(target=run, args=(cancel_down,))]
+    threads = [
+        threading.Thread(target=run, args=(lambda s: finish(s, up_id, "w1", "succeeded"),)),
+        threading.Thread(target=run, args=(cancel_down,)),
+    ]
     for t in threads:
         t.start()
     import time
@@ -263,7 +306,11 @@ def test_a_process_that_lost_its_lease_has_every_write_refused(store_url: str, t
         assert ckpt.data == {"attempt": 2}
         assert s.scalar(select(func.count()).select_from(Metric).where(Metric.job_id == job_id)) == 1
         assert sorted(e.type for e in s.query(Event).filter_by(job_id=job_id)) == [
-            "checkpoint", "claimed", "requeued", "started"]  # none of the stale attempt's after it lost
+            "checkpoint",
+            "claimed",
+            "requeued",
+            "started",
+        ]  # none of the stale attempt's after it lost
 
 
 def test_a_stale_process_learns_it_lost_the_job_without_writing(store_url: str) -> None:
@@ -288,8 +335,9 @@ def test_the_fence_holds_the_job_until_the_write_commits(pg_url: str) -> None:
     from store.jobs import holds_lease, reconcile
     from store.models import utcnow
 
-    job_id = _job(pg_url, status="running", lease_owner="w1", attempts=1,
-                  lease_expires_at=utcnow() - timedelta(seconds=1))  # lapsed, not yet re-queued
+    job_id = _job(
+        pg_url, status="running", lease_owner="w1", attempts=1, lease_expires_at=utcnow() - timedelta(seconds=1)
+    )  # lapsed, not yet re-queued
     with session_scope(pg_url) as writer:
         assert holds_lease(writer, job_id, "w1", 1)
         assert not holds_lease(writer, job_id, "w1", 2) and not holds_lease(writer, job_id, "w2", 1)

@@ -16,8 +16,16 @@ ARITH = {"name": "arith", "split": "train"}
 
 
 def eval_arith(c: Any, model: str, limit: int = 200) -> float:
-    job = c.jobs.create({"kind": "eval", "model": model, "benchmark": "arith", "limit": limit, "batch_size": 200,
-                         "sampling": {"max_new_tokens": 6}})
+    job = c.jobs.create(
+        {
+            "kind": "eval",
+            "model": model,
+            "benchmark": "arith",
+            "limit": limit,
+            "batch_size": 200,
+            "sampling": {"max_new_tokens": 6},
+        }
+    )
     done = c.jobs.wait(job.id, timeout=300)
     assert done.status == "succeeded", done.error
     return next(s.value for s in c.scores.list(job_id=job.id) if s.metric == "accuracy")
@@ -27,11 +35,21 @@ def eval_arith(c: Any, model: str, limit: int = 200) -> float:
 def sft_job(service: Service) -> tuple[Any, str]:
     """A tiny model taught arithmetic by SFT to a middling accuracy, leaving GRPO room."""
     c = service.client()
-    job = c.jobs.create({
-        "kind": "sft", "model": "tiny:4x128", "dataset": {**ARITH, "limit": 60000}, "max_steps": 420,
-        "learning_rate": 1e-3, "per_device_train_batch_size": 128, "max_length": 32, "warmup_ratio": 0.05,
-        "logging_steps": 20, "save_steps": 1000, "seed": 0,
-    })
+    job = c.jobs.create(
+        {
+            "kind": "sft",
+            "model": "tiny:4x128",
+            "dataset": {**ARITH, "limit": 60000},
+            "max_steps": 420,
+            "learning_rate": 1e-3,
+            "per_device_train_batch_size": 128,
+            "max_length": 32,
+            "warmup_ratio": 0.05,
+            "logging_steps": 20,
+            "save_steps": 1000,
+            "seed": 0,
+        }
+    )
     done = c.jobs.wait(job.id, timeout=600)
     assert done.status == "succeeded", done.error
     return c, job.id
@@ -51,12 +69,24 @@ def test_grpo_job_optimises_its_reward_and_reports_everything(sft_job: tuple[Any
     the sparse accuracy reward has not yet given a reliable gain on this tiny model)."""
     c, sft_id = sft_job
     before = eval_arith(c, f"job:{sft_id}")
-    job = c.jobs.create({
-        "kind": "grpo", "model": f"job:{sft_id}", "dataset": {**ARITH, "limit": 20000}, "max_steps": 40,
-        "learning_rate": 1e-4, "beta": 0.0, "num_generations": 8, "per_device_train_batch_size": 64,
-        "max_completion_length": 5, "rewards": [{"name": "overlong", "buffer": 4}, {"name": "accuracy", "weight": 0.0}],
-        "logging_steps": 5, "save_steps": 20, "sample_every": 10, "seed": 1,
-    })
+    job = c.jobs.create(
+        {
+            "kind": "grpo",
+            "model": f"job:{sft_id}",
+            "dataset": {**ARITH, "limit": 20000},
+            "max_steps": 40,
+            "learning_rate": 1e-4,
+            "beta": 0.0,
+            "num_generations": 8,
+            "per_device_train_batch_size": 64,
+            "max_completion_length": 5,
+            "rewards": [{"name": "overlong", "buffer": 4}, {"name": "accuracy", "weight": 0.0}],
+            "logging_steps": 5,
+            "save_steps": 20,
+            "sample_every": 10,
+            "seed": 1,
+        }
+    )
     done = c.jobs.wait(job.id, timeout=900)
     assert done.status == "succeeded", done.error
     after = eval_arith(c, f"job:{job.id}")
@@ -64,8 +94,16 @@ def test_grpo_job_optimises_its_reward_and_reports_everything(sft_job: tuple[Any
     metrics = {m.name: m for m in c.jobs.metrics(job.id)}
     reward = [p.value for p in metrics["rewards/overlong/mean"].points]
     assert reward[-1] > reward[0] + 0.05, reward
-    for name in ("rewards/accuracy/mean", "loss", "entropy", "completions/mean_length", "step_time",
-                 "tokens_per_second", "clip_ratio/region_mean", "grad_norm"):
+    for name in (
+        "rewards/accuracy/mean",
+        "loss",
+        "entropy",
+        "completions/mean_length",
+        "step_time",
+        "tokens_per_second",
+        "clip_ratio/region_mean",
+        "grad_norm",
+    ):
         assert name in metrics, sorted(metrics)
     samples = c.jobs.samples(job.id)
     assert samples and {"overlong", "accuracy"} <= samples[0].data["rewards"].keys()
@@ -76,23 +114,39 @@ def test_grpo_job_optimises_its_reward_and_reports_everything(sft_job: tuple[Any
 
 def test_outcome_rm_then_grpo_with_the_rm_reward(sft_job: tuple[Any, str]) -> None:
     c, sft_id = sft_job
-    rm = c.jobs.create({
-        "kind": "reward_model", "model": f"job:{sft_id}", "dataset": {**ARITH, "limit": 60},
-        "samples_per_question": 8, "sampling": {"temperature": 1.0, "max_new_tokens": 6, "n": 8},
-        "learning_rate": 1e-4, "num_train_epochs": 1, "per_device_train_batch_size": 16, "max_length": 32,
-        "heldout_fraction": 0.25,
-    })
+    rm = c.jobs.create(
+        {
+            "kind": "reward_model",
+            "model": f"job:{sft_id}",
+            "dataset": {**ARITH, "limit": 60},
+            "samples_per_question": 8,
+            "sampling": {"temperature": 1.0, "max_new_tokens": 6, "n": 8},
+            "learning_rate": 1e-4,
+            "num_train_epochs": 1,
+            "per_device_train_batch_size": 16,
+            "max_length": 32,
+            "heldout_fraction": 0.25,
+        }
+    )
     done = c.jobs.wait(rm.id, timeout=600)
     assert done.status == "succeeded", done.error
     scores = {s.metric: s.value for s in c.scores.list(job_id=rm.id)}
     assert {"best_of_8_accuracy", "maj_at_8_accuracy"} <= scores.keys()
     print(f"\noutcome RM held-out: {scores}")
-    grpo = c.jobs.create({
-        "kind": "grpo", "model": f"job:{sft_id}", "dataset": {**ARITH, "limit": 2000}, "max_steps": 4,
-        "num_generations": 4, "per_device_train_batch_size": 16, "max_completion_length": 6,
-        "rewards": [{"name": "accuracy"}, {"name": "reward_model", "model": f"job:{rm.id}", "weight": 0.5}],
-        "logging_steps": 1, "save_steps": 100,
-    })
+    grpo = c.jobs.create(
+        {
+            "kind": "grpo",
+            "model": f"job:{sft_id}",
+            "dataset": {**ARITH, "limit": 2000},
+            "max_steps": 4,
+            "num_generations": 4,
+            "per_device_train_batch_size": 16,
+            "max_completion_length": 6,
+            "rewards": [{"name": "accuracy"}, {"name": "reward_model", "model": f"job:{rm.id}", "weight": 0.5}],
+            "logging_steps": 1,
+            "save_steps": 100,
+        }
+    )
     done = c.jobs.wait(grpo.id, timeout=600)
     assert done.status == "succeeded", done.error
     assert "rewards/reward_model/mean" in {m.name for m in c.jobs.metrics(grpo.id)}
@@ -100,12 +154,21 @@ def test_outcome_rm_then_grpo_with_the_rm_reward(sft_job: tuple[Any, str]) -> No
 
 def test_process_rm(sft_job: tuple[Any, str]) -> None:
     c, sft_id = sft_job
-    rm = c.jobs.create({
-        "kind": "reward_model", "type": "process", "model": f"job:{sft_id}", "dataset": {**ARITH, "limit": 12},
-        "samples_per_question": 4, "completions_per_step": 2,
-        "sampling": {"temperature": 1.0, "max_new_tokens": 6, "n": 4}, "num_train_epochs": 1,
-        "per_device_train_batch_size": 8, "max_length": 32, "heldout_fraction": 0.25,
-    })
+    rm = c.jobs.create(
+        {
+            "kind": "reward_model",
+            "type": "process",
+            "model": f"job:{sft_id}",
+            "dataset": {**ARITH, "limit": 12},
+            "samples_per_question": 4,
+            "completions_per_step": 2,
+            "sampling": {"temperature": 1.0, "max_new_tokens": 6, "n": 4},
+            "num_train_epochs": 1,
+            "per_device_train_batch_size": 8,
+            "max_length": 32,
+            "heldout_fraction": 0.25,
+        }
+    )
     done = c.jobs.wait(rm.id, timeout=600)
     assert done.status == "succeeded", done.error
     assert any(e.type == "labelled" and "steps labelled" in e.message for e in c.jobs.events(rm.id))

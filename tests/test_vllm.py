@@ -35,9 +35,31 @@ def model_for_vllm(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 def _eval(python: Path, model: str, backend: str, out: Path) -> list[dict]:
     r = subprocess.run(
-        [str(python), "-m", "mathrl.cli", "eval", "--model", model, "--benchmark", "gsm8k", "--limit", "6",
-         "--backend", backend, "--max-new-tokens", "12", "--out", str(out), "--data-dir", data_dir()],
-        cwd=ROOT, capture_output=True, text=True, timeout=600, env={"PATH": "/usr/bin:/bin", "HOME": str(out)},
+        [
+            str(python),
+            "-m",
+            "mathrl.cli",
+            "eval",
+            "--model",
+            model,
+            "--benchmark",
+            "gsm8k",
+            "--limit",
+            "6",
+            "--backend",
+            backend,
+            "--max-new-tokens",
+            "12",
+            "--out",
+            str(out),
+            "--data-dir",
+            data_dir(),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(out)},
     )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
     return [json.loads(line) for line in (out / "items.jsonl").read_text().splitlines()]
@@ -48,8 +70,10 @@ def test_vllm_and_hf_give_the_same_greedy_completions(vllm_ready: Path, model_fo
     hf_items = _eval(ROOT / ".venv" / "bin" / "python", model_for_vllm, "hf", tmp_path / "hf")
     assert [i["prompt"] for i in vllm_items] == [i["prompt"] for i in hf_items]
     # both run float32 on the CPU: the same greedy text, token for token
-    same = sum(a["completion"] == b["completion"] for a, b in zip(vllm_items, hf_items))
-    assert same == len(hf_items), [(a["completion"], b["completion"]) for a, b in zip(vllm_items, hf_items)]
+    same = sum(a["completion"] == b["completion"] for a, b in zip(vllm_items, hf_items, strict=True))
+    assert same == len(hf_items), [
+        (a["completion"], b["completion"]) for a, b in zip(vllm_items, hf_items, strict=True)
+    ]
 
 
 def test_eval_job_on_a_worker_with_vllm(vllm_ready: Path, service: Service, model_for_vllm: str) -> None:
@@ -59,7 +83,10 @@ def test_eval_job_on_a_worker_with_vllm(vllm_ready: Path, service: Service, mode
     env = dict(service.env)
     proc = subprocess.Popen(
         [str(vllm_ready), "-m", "service.cli", "worker", "--queues", "vllm-test", "--hostname", "vllm@%h"],
-        env=env, cwd=ROOT, stdout=open(service.logs / "worker-vllm.log", "ab"), stderr=subprocess.STDOUT,
+        env=env,
+        cwd=ROOT,
+        stdout=open(service.logs / "worker-vllm.log", "ab"),
+        stderr=subprocess.STDOUT,
         start_new_session=True,
     )
     try:
@@ -70,9 +97,17 @@ def test_eval_job_on_a_worker_with_vllm(vllm_ready: Path, service: Service, mode
         # sampled with a seed, and more prompt tokens than one engine step holds: on the CPU a
         # seeded request whose prefill vLLM split killed the engine ("CPU Generator does not use
         # offset"); evaluator.vllm_backend.engine_options turns prefill chunking off there
-        job = c.jobs.create({"kind": "eval", "model": model_for_vllm, "benchmark": "gsm8k", "limit": 32,
-                             "backend": "vllm", "sampling": {"max_new_tokens": 8, "temperature": 1.0, "n": 4, "seed": 5},
-                             "resources": {"pool": "vllm-test"}})
+        job = c.jobs.create(
+            {
+                "kind": "eval",
+                "model": model_for_vllm,
+                "benchmark": "gsm8k",
+                "limit": 32,
+                "backend": "vllm",
+                "sampling": {"max_new_tokens": 8, "temperature": 1.0, "n": 4, "seed": 5},
+                "resources": {"pool": "vllm-test"},
+            }
+        )
         assert job.queue == "vllm-test"
         done = c.jobs.wait(job.id, timeout=600)
         assert done.status == "succeeded", done.error
@@ -92,13 +127,19 @@ def test_grpo_vllm_generates_with_the_updated_weights(mode: str, model_for_vllm:
     token, and must differ from vLLM's text before training on at least one prompt."""
     r = subprocess.run(
         [str(VLLM_PY), str(ROOT / "tests" / "vllm_sync_check.py"), mode, model_for_vllm, str(tmp_path)],
-        cwd=ROOT, capture_output=True, text=True, timeout=900, env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
     )
     line = next((x for x in r.stdout.splitlines() if x.startswith("RESULT ")), None)
     assert line is not None, r.stdout[-2000:] + r.stderr[-4000:]
     out = json.loads(line[7:])
     assert out["after"] == out["hf"], out
-    assert any(a != b for a, b in zip(out["after"], out["before"])), "the engine still generates the initial model's text"
+    assert any(a != b for a, b in zip(out["after"], out["before"], strict=True)), (
+        "the engine still generates the initial model's text"
+    )
     assert out["timings"]["weight_sync_seconds"] > 0 and out["timings"]["generation_seconds"] > 0, out["timings"]
 
 
@@ -106,11 +147,21 @@ def test_grpo_job_generates_with_vllm_through_the_service(service: Service, mode
     """A GRPO job with generation.backend='vllm' on the CPU queue: the worker's job process runs
     the colocated engine, records which backend ran, and stores the per-step timing metrics."""
     c = service.client()
-    job = c.jobs.create({
-        "kind": "grpo", "model": model_for_vllm, "dataset": {"name": "arith-train", "limit": 64}, "max_steps": 2,
-        "learning_rate": 1e-4, "num_generations": 4, "per_device_train_batch_size": 8, "max_completion_length": 6,
-        "generation": {"backend": "vllm"}, "logging_steps": 1, "save_steps": 100,
-    })
+    job = c.jobs.create(
+        {
+            "kind": "grpo",
+            "model": model_for_vllm,
+            "dataset": {"name": "arith-train", "limit": 64},
+            "max_steps": 2,
+            "learning_rate": 1e-4,
+            "num_generations": 4,
+            "per_device_train_batch_size": 8,
+            "max_completion_length": 6,
+            "generation": {"backend": "vllm"},
+            "logging_steps": 1,
+            "save_steps": 100,
+        }
+    )
     assert job.resolved_config["generation_backend"] == "vllm"
     done = c.jobs.wait(job.id, timeout=900)
     assert done.status == "succeeded", done.error
@@ -128,12 +179,22 @@ def test_reward_model_job_samples_with_vllm(service: Service, model_for_vllm: st
     """A process RM job with backend 'vllm': the policy's solutions and the per-step rollouts come
     from vLLM's engine, and the scores say so."""
     c = service.client()
-    rm = c.jobs.create({
-        "kind": "reward_model", "type": "process", "model": model_for_vllm, "dataset": {"name": "arith-train", "limit": 8},
-        "samples_per_question": 4, "completions_per_step": 2, "backend": "vllm",
-        "sampling": {"temperature": 1.0, "max_new_tokens": 6, "n": 4}, "num_train_epochs": 1,
-        "per_device_train_batch_size": 8, "max_length": 32, "heldout_fraction": 0.25,
-    })
+    rm = c.jobs.create(
+        {
+            "kind": "reward_model",
+            "type": "process",
+            "model": model_for_vllm,
+            "dataset": {"name": "arith-train", "limit": 8},
+            "samples_per_question": 4,
+            "completions_per_step": 2,
+            "backend": "vllm",
+            "sampling": {"temperature": 1.0, "max_new_tokens": 6, "n": 4},
+            "num_train_epochs": 1,
+            "per_device_train_batch_size": 8,
+            "max_length": 32,
+            "heldout_fraction": 0.25,
+        }
+    )
     done = c.jobs.wait(rm.id, timeout=600)
     assert done.status == "succeeded", done.error
     sampling = next(e for e in c.jobs.events(rm.id) if e.type == "sampling" and e.data)
@@ -145,10 +206,21 @@ def test_reward_model_job_samples_with_vllm(service: Service, model_for_vllm: st
 
 
 def _server_spec(model: str, **over: Any) -> dict[str, Any]:
-    return {"kind": "grpo", "model": model, "dataset": {"name": "arith-train", "limit": 4000}, "max_steps": 2,
-            "learning_rate": 1e-3, "num_generations": 4, "per_device_train_batch_size": 8, "max_completion_length": 6,
-            "lora": {"r": 8}, "generation": {"backend": "vllm", "mode": "server"}, "logging_steps": 1,
-            "save_steps": 100, **over}
+    return {
+        "kind": "grpo",
+        "model": model,
+        "dataset": {"name": "arith-train", "limit": 4000},
+        "max_steps": 2,
+        "learning_rate": 1e-3,
+        "num_generations": 4,
+        "per_device_train_batch_size": 8,
+        "max_completion_length": 6,
+        "lora": {"r": 8},
+        "generation": {"backend": "vllm", "mode": "server"},
+        "logging_steps": 1,
+        "save_steps": 100,
+        **over,
+    }
 
 
 def _group_alive(pgid: int) -> list[int]:
@@ -160,7 +232,7 @@ def _group_alive(pgid: int) -> list[int]:
                 stat = (d / "stat").read_text()
             except OSError:
                 continue
-            fields = stat[stat.rindex(")") + 2:].split()
+            fields = stat[stat.rindex(")") + 2 :].split()
             if int(fields[2]) == pgid and fields[0] != "Z":
                 alive.append(int(d.name))
     return alive
@@ -208,11 +280,15 @@ def test_worker_killed_mid_job_takes_its_vllm_server_with_it(service: Service, m
 
     worker = service.start_worker(queues="vllm-drill", name="vllm-drill")
     c = service.client()
-    job = c.jobs.create(_server_spec(model_for_vllm, max_steps=100000, resources={"pool": "vllm-drill"},
-                                     max_attempts=1))
+    job = c.jobs.create(
+        _server_spec(model_for_vllm, max_steps=100000, resources={"pool": "vllm-drill"}, max_attempts=1)
+    )
     try:
-        started = wait_for(lambda: next((e for e in c.jobs.events(job.id) if e.type == "vllm_server"), None), 120,
-                           what="the vLLM server to start")
+        started = wait_for(
+            lambda: next((e for e in c.jobs.events(job.id) if e.type == "vllm_server"), None),
+            120,
+            what="the vLLM server to start",
+        )
         wait_for(lambda: c.jobs.metrics(job.id), 600, 1.0, "a training step (server up, adapter synced)")
         assert _group_alive(started.data["pid"])
         os.killpg(worker.pid, signal.SIGKILL)

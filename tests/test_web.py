@@ -8,11 +8,10 @@ under $MATHRL_SCREENSHOTS (default: a pytest temporary directory) and the path p
 from __future__ import annotations
 
 import os
+import re
 import shutil
-import time
 from collections.abc import Iterator
 from pathlib import Path
-import re
 from typing import Any
 
 import pytest
@@ -21,8 +20,14 @@ from tests.conftest import Service, wait_for
 
 CHROMIUM = os.environ.get("MATHRL_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
 ]
 PARKED = {"resources": {"gpus": 1}}  # a queue no worker serves in these tests: the job stays queued
 TINY = "tiny:2x64"
@@ -95,11 +100,19 @@ def test_pages_and_their_files_are_served_without_a_key(app_client: Any) -> None
     module a page imports is one the server has."""
     from api.web.router import STATIC
 
-    for path, script in [("/ui", "jobs"), ("/ui/jobs/x", "job"), ("/ui/pipelines", "pipelines"),
-                         ("/ui/pipelines/x", "pipeline"), ("/ui/scores", "scores")]:
+    for path, script in [
+        ("/ui", "jobs"),
+        ("/ui/jobs/x", "job"),
+        ("/ui/pipelines", "pipelines"),
+        ("/ui/pipelines/x", "pipeline"),
+        ("/ui/scores", "scores"),
+    ]:
         r = app_client.get(path)
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
-        assert f'src="/ui/static/{script}.js?v=' in r.text and "frame-ancestors 'none'" in r.headers["content-security-policy"]
+        assert (
+            f'src="/ui/static/{script}.js?v=' in r.text
+            and "frame-ancestors 'none'" in r.headers["content-security-policy"]
+        )
     r = app_client.get("/ui/static/chart.js")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/javascript")
     assert app_client.get("/ui/static/chart.js", headers={"If-None-Match": r.headers["etag"]}).status_code == 304
@@ -113,7 +126,9 @@ def test_pages_and_their_files_are_served_without_a_key(app_client: Any) -> None
 @pytest.mark.slow
 def test_job_list_loads_and_filters(service: Service, project: tuple[str, Any], page: Any, shots: Path) -> None:
     key, c = project
-    ev = c.jobs.create({"kind": "eval", "model": "org/model", "limit": 5, "name": "parked eval", "tags": ["web"], **PARKED})
+    ev = c.jobs.create(
+        {"kind": "eval", "model": "org/model", "limit": 5, "name": "parked eval", "tags": ["web"], **PARKED}
+    )
     sft = c.jobs.create({"kind": "sft", "model": TINY, "dataset": {"name": "arith", "split": "train"}, **PARKED})
     gone = c.jobs.create({"kind": "eval", "model": "org/other", "limit": 5, **PARKED})
     c.jobs.cancel(gone.id)
@@ -159,10 +174,20 @@ def grpo_job(service: Service, project: tuple[str, Any], browser: Any, shots: Pa
     short one runs to the end and its page is read. Returns what the pages showed."""
     key, c = project
     spec = {
-        "kind": "grpo", "model": TINY, "dataset": {"name": "arith", "split": "train", "limit": 2000},
-        "max_steps": GRPO_STEPS, "learning_rate": 1e-4, "beta": 0.04, "num_generations": 4, "per_device_train_batch_size": 16,
-        "max_completion_length": 4, "rewards": [{"name": "accuracy"}, {"name": "overlong", "buffer": 2, "weight": 0.5}],
-        "logging_steps": 1, "save_steps": SAVE_STEPS, "sample_every": SAMPLE_EVERY, "seed": 3,
+        "kind": "grpo",
+        "model": TINY,
+        "dataset": {"name": "arith", "split": "train", "limit": 2000},
+        "max_steps": GRPO_STEPS,
+        "learning_rate": 1e-4,
+        "beta": 0.04,
+        "num_generations": 4,
+        "per_device_train_batch_size": 16,
+        "max_completion_length": 4,
+        "rewards": [{"name": "accuracy"}, {"name": "overlong", "buffer": 2, "weight": 0.5}],
+        "logging_steps": 1,
+        "save_steps": SAVE_STEPS,
+        "sample_every": SAMPLE_EVERY,
+        "seed": 3,
     }
     ctx = browser.new_context(viewport={"width": 1280, "height": 900})
     pg = ctx.new_page()
@@ -228,8 +253,16 @@ def test_scores_page_shows_stored_scores(
     gid = grpo_job["id"]
     models = [TINY, f"job:{gid}@step-{SAVE_STEPS}", f"job:{gid}"]  # before, a checkpoint, the final model
     for m in models:  # one after the other: the scores' order is the models' order
-        job = c.jobs.create({"kind": "eval", "model": m, "benchmark": "arith", "limit": 40, "batch_size": 40,
-                             "sampling": {"max_new_tokens": 5}})
+        job = c.jobs.create(
+            {
+                "kind": "eval",
+                "model": m,
+                "benchmark": "arith",
+                "limit": 40,
+                "batch_size": 40,
+                "sampling": {"max_new_tokens": 5},
+            }
+        )
         done = c.jobs.wait(job.id, timeout=300)
         assert done.status == "succeeded", done.error
     scores = c.scores.list()
@@ -237,7 +270,9 @@ def test_scores_page_shows_stored_scores(
     assert set(models) <= set(acc)
 
     sign_in(page, f"{service.url}/ui/scores", key)
-    board = page.eval_on_selector_all("#leaderboard tbody tr", "rows => rows.map(r => [r.dataset.model, r.cells[2].innerText])")
+    board = page.eval_on_selector_all(
+        "#leaderboard tbody tr", "rows => rows.map(r => [r.dataset.model, r.cells[2].innerText])"
+    )
     assert {m: v for m, v in board} == {m: f"{100 * acc[m].value:.1f}%" for m in models}
     # before/after: the first and the newest model scored by default, any two on request
     assert page.input_value("#before") == TINY and page.input_value("#after") == f"job:{gid}"
@@ -252,16 +287,16 @@ def test_scores_page_shows_stored_scores(
     # another metric: the leaderboard follows the select, best first
     tokens = {s.model_ref: s.value for s in scores if s.metric == "mean_completion_tokens"}
     page.select_option("#metric", "mean_completion_tokens")
-    board = page.eval_on_selector_all("#leaderboard tbody tr", "rows => rows.map(r => [r.dataset.model, r.cells[2].innerText])")
+    board = page.eval_on_selector_all(
+        "#leaderboard tbody tr", "rows => rows.map(r => [r.dataset.model, r.cells[2].innerText])"
+    )
     assert [m for m, _ in board] == sorted(tokens, key=lambda m: -tokens[m])
     for m, text in board:
         assert float(text) == pytest.approx(tokens[m], rel=1e-3)
 
 
 @pytest.mark.slow
-def test_another_projects_key_sees_nothing(
-    service: Service, grpo_job: dict[str, Any], page: Any, shots: Path
-) -> None:
+def test_another_projects_key_sees_nothing(service: Service, grpo_job: dict[str, Any], page: Any, shots: Path) -> None:
     other = service.key()
     sign_in(page, f"{service.url}/ui", other)
     assert job_rows(page) == [] and page.is_visible("#empty")
@@ -289,12 +324,19 @@ def test_a_refused_key_brings_back_the_form(service: Service, page: Any) -> None
 @pytest.mark.slow
 def test_pipeline_page_draws_the_graph(service: Service, project: tuple[str, Any], page: Any, shots: Path) -> None:
     key, c = project
-    r = c.request("POST", "/v1/pipelines", json={"name": "web dag", "jobs": {
-        "sft": {"kind": "sft", "model": TINY, "dataset": {"name": "arith", "split": "train"}, **PARKED},
-        "grpo": {"kind": "grpo", "model": "job:sft", "dataset": {"name": "arith", "split": "train"}, **PARKED},
-        "eval-sft": {"kind": "eval", "model": "job:sft", "benchmark": "arith", **PARKED},
-        "eval-grpo": {"kind": "eval", "model": "job:grpo", "benchmark": "arith", **PARKED},
-    }})
+    r = c.request(
+        "POST",
+        "/v1/pipelines",
+        json={
+            "name": "web dag",
+            "jobs": {
+                "sft": {"kind": "sft", "model": TINY, "dataset": {"name": "arith", "split": "train"}, **PARKED},
+                "grpo": {"kind": "grpo", "model": "job:sft", "dataset": {"name": "arith", "split": "train"}, **PARKED},
+                "eval-sft": {"kind": "eval", "model": "job:sft", "benchmark": "arith", **PARKED},
+                "eval-grpo": {"kind": "eval", "model": "job:grpo", "benchmark": "arith", **PARKED},
+            },
+        },
+    )
     pid = r["id"]
     job_of = {j["step"]: j["job_id"] for j in r["jobs"]}
     sign_in(page, f"{service.url}/ui/pipelines/{pid}", key)

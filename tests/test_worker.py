@@ -21,8 +21,15 @@ pytestmark = pytest.mark.slow
 
 
 def eval_spec(model: str, **over: Any) -> dict[str, Any]:
-    return {"kind": "eval", "model": model, "benchmark": "gsm8k", "limit": 4, "batch_size": 4,
-            "sampling": {"max_new_tokens": 16}, **over}
+    return {
+        "kind": "eval",
+        "model": model,
+        "benchmark": "gsm8k",
+        "limit": 4,
+        "batch_size": 4,
+        "sampling": {"max_new_tokens": 16},
+        **over,
+    }
 
 
 def long_eval(model: str) -> dict[str, Any]:
@@ -108,8 +115,9 @@ def test_eval_results_download(service: Service, tiny_model: str, pg_url: str, t
 
     assert asyncio.run(async_results()) == items
     out = tmp_path / "items.jsonl"
-    result = CliRunner().invoke(app, ["jobs", "results", job.id, "-o", str(out)],
-                                env={"MATHRL_URL": service.url, "MATHRL_API_KEY": key})
+    result = CliRunner().invoke(
+        app, ["jobs", "results", job.id, "-o", str(out)], env={"MATHRL_URL": service.url, "MATHRL_API_KEY": key}
+    )
     assert result.exit_code == 0, result.output
     assert [json.loads(line) for line in out.read_text().splitlines()] == items
 
@@ -121,7 +129,9 @@ def test_eval_results_download(service: Service, tiny_model: str, pg_url: str, t
     with pytest.raises(MathRLError) as exc:
         c.jobs.results(parked.id)
     assert exc.value.status == 404 and "no per-item results" in exc.value.detail
-    result = CliRunner().invoke(app, ["jobs", "results", parked.id], env={"MATHRL_URL": service.url, "MATHRL_API_KEY": key})
+    result = CliRunner().invoke(
+        app, ["jobs", "results", parked.id], env={"MATHRL_URL": service.url, "MATHRL_API_KEY": key}
+    )
     assert result.exit_code == 1 and "no per-item results" in result.output
 
     # a results row naming a file outside the artifact dir (directly, or through a symlink in it) is refused
@@ -162,8 +172,9 @@ def test_job_this_worker_cannot_run_fails_fast_with_the_reason(service: Service)
     w = service.start_worker("gpu-1", name="nogpu")
     try:
         c = service.client()
-        job = c.jobs.create({"kind": "grpo", "model": "org/m", "dataset": {"name": "gsm8k-train"},
-                             "resources": {"gpus": 1}})
+        job = c.jobs.create(
+            {"kind": "grpo", "model": "org/m", "dataset": {"name": "gsm8k-train"}, "resources": {"gpus": 1}}
+        )
         done = c.jobs.wait(job.id, timeout=120)
         assert done.status == "failed" and "GPU" in (done.error or "")
         assert any(e.type == "not_available" for e in c.jobs.events(job.id))

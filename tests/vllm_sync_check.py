@@ -38,34 +38,63 @@ def main(mode: str, model: str, out: str) -> None:
     tok = load_tokenizer(model)
     server = None
     if mode == "server":  # started as the worker starts it for a job in server mode
-        from mathrl.specs import parse_spec
         from mathrl.presets import resolve_config
+        from mathrl.specs import parse_spec
         from worker.vllm_server import start_server
 
-        spec = parse_spec({"kind": "grpo", "model": model, "dataset": {"name": "arith-train"}, "lora": {"r": 8},
-                           "generation": {"backend": "vllm", "mode": "server"}, "max_prompt_length": 32,
-                           "max_completion_length": NEW_TOKENS, "num_generations": 4, "per_device_train_batch_size": 16})
+        spec = parse_spec(
+            {
+                "kind": "grpo",
+                "model": model,
+                "dataset": {"name": "arith-train"},
+                "lora": {"r": 8},
+                "generation": {"backend": "vllm", "mode": "server"},
+                "max_prompt_length": 32,
+                "max_completion_length": NEW_TOKENS,
+                "num_generations": 4,
+                "per_device_train_batch_size": 16,
+            }
+        )
         server, env = start_server(spec, resolve_config(spec), model, Path(out) / "server.log", None, [])
     try:
         args = GRPOConfig(
-            output_dir=out, learning_rate=3e-3 if mode == "colocate" else 2e-2, beta=0.0, num_generations=4,
-            per_device_train_batch_size=16, max_completion_length=NEW_TOKENS, max_steps=3, use_cpu=True, bf16=False,
-            report_to=[], logging_steps=1, save_strategy="no", disable_tqdm=True, seed=0, use_vllm=True,
-            vllm_mode=mode, vllm_max_model_length=64, vllm_server_base_url=server.url if server else None,
+            output_dir=out,
+            learning_rate=3e-3 if mode == "colocate" else 2e-2,
+            beta=0.0,
+            num_generations=4,
+            per_device_train_batch_size=16,
+            max_completion_length=NEW_TOKENS,
+            max_steps=3,
+            use_cpu=True,
+            bf16=False,
+            report_to=[],
+            logging_steps=1,
+            save_strategy="no",
+            disable_tqdm=True,
+            seed=0,
+            use_vllm=True,
+            vllm_mode=mode,
+            vllm_max_model_length=64,
+            vllm_server_base_url=server.url if server else None,
             vllm_server_timeout=600,
         )
         trainer = TimedGRPOTrainer(
-            model=model, reward_funcs=[reward_digit_sevens], args=args, processing_class=tok,
+            model=model,
+            reward_funcs=[reward_digit_sevens],
+            args=args,
+            processing_class=tok,
             train_dataset=Dataset.from_list([{"prompt": p} for p in PROMPTS * 8]),
-            engine_options=engine_options("auto"), peft_config=lora_config_for(mode, lora_config),
+            engine_options=engine_options("auto"),
+            peft_config=lora_config_for(mode, lora_config),
         )
         gen = trainer.vllm_generation
         prompt_ids = [tok(p, add_special_tokens=False).input_ids for p in PROMPTS]
 
         def from_vllm() -> list[list[int]]:
             if mode == "server":
-                return gen.vllm_client.generate(prompt_ids, n=1, temperature=0.0, top_p=1.0, top_k=0, min_p=0.0,
-                                                max_tokens=NEW_TOKENS)["completion_ids"]
+                return gen.vllm_client.generate(
+                    prompt_ids, n=1, temperature=0.0, top_p=1.0, top_k=0, min_p=0.0, max_tokens=NEW_TOKENS
+                )["completion_ids"]
             from vllm import SamplingParams
 
             greedy = SamplingParams(temperature=0, max_tokens=NEW_TOKENS)
@@ -83,9 +112,14 @@ def main(mode: str, model: str, out: str) -> None:
     with torch.no_grad():
         for p in PROMPTS:
             ids = tok(p, return_tensors="pt", add_special_tokens=False).input_ids
-            gen = model_.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS, do_sample=False,
-                                  pad_token_id=tok.pad_token_id)
-            hf.append(gen[0, ids.shape[1]:].tolist())
+            gen = model_.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=NEW_TOKENS,
+                do_sample=False,
+                pad_token_id=tok.pad_token_id,
+            )
+            hf.append(gen[0, ids.shape[1] :].tolist())
     timings = trainer.timings
     print("RESULT " + json.dumps({"before": before, "after": after, "hf": hf, "timings": timings}), flush=True)
 

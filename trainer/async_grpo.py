@@ -24,8 +24,17 @@ from mathrl.specs import GRPOSpec
 
 
 def varlen_causal_attention(
-    q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, max_seqlen_q: int, max_seqlen_k: int,
-    softmax_scale: float | None = None, causal: bool = True, window_size: tuple[int, int] = (-1, -1), **_: Any,
+    q: Any,
+    k: Any,
+    v: Any,
+    cu_seqlens_q: Any,
+    cu_seqlens_k: Any,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    softmax_scale: float | None = None,
+    causal: bool = True,
+    window_size: tuple[int, int] = (-1, -1),
+    **_: Any,
 ) -> Any:
     """flash_attn_varlen_func's contract on any device: q (total_q, heads, dim), k/v (total_k,
     kv_heads, dim); segment i's queries attend to its keys with the causal mask aligned to the
@@ -75,23 +84,30 @@ def _stop_without_hanging() -> None:
 
 
 def _cpu_shims() -> None:
-    from trl.experimental.async_grpo import async_grpo_trainer, packing
     from transformers import AttentionInterface
+    from trl.experimental.async_grpo import async_grpo_trainer, packing
 
     async_grpo_trainer.get_peak_flops_per_device = lambda accelerator, dtype: None
 
     def tree_attention_cpu(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, **kw: Any) -> Any:
         q, k, v = (x.transpose(1, 2)[0] for x in (query, key, value))
         out = varlen_causal_attention(
-            q, k.index_select(0, kw["tree_kv_index"]), v.index_select(0, kw["tree_kv_index"]),
-            kw["tree_cu_seqlens_q"], kw["tree_cu_seqlens_k"], kw["tree_max_seqlen_q"], kw["tree_max_seqlen_k"],
-            softmax_scale=kw.get("scaling"), window_size=(kw["sliding_window"] - 1, 0) if kw.get("sliding_window") else (-1, -1),
+            q,
+            k.index_select(0, kw["tree_kv_index"]),
+            v.index_select(0, kw["tree_kv_index"]),
+            kw["tree_cu_seqlens_q"],
+            kw["tree_cu_seqlens_k"],
+            kw["tree_max_seqlen_q"],
+            kw["tree_max_seqlen_k"],
+            softmax_scale=kw.get("scaling"),
+            window_size=(kw["sliding_window"] - 1, 0) if kw.get("sliding_window") else (-1, -1),
         )
         return out.unsqueeze(0), None
 
     # AsyncGRPOTrainer.__init__ registers the FA3 version; the model looks the name up per call
     async_grpo_trainer.register_tree_attention = lambda: AttentionInterface.register(
-        packing.TREE_ATTENTION, tree_attention_cpu)
+        packing.TREE_ATTENTION, tree_attention_cpu
+    )
     AttentionInterface.register(packing.TREE_ATTENTION, tree_attention_cpu)
 
 
@@ -136,8 +152,19 @@ def async_args(spec: GRPOSpec, config: dict[str, Any], output_dir: Path, use_cpu
 
 
 def build_async_trainer(
-    spec: GRPOSpec, config: dict[str, Any], sink: Sink, *, model_path: str, dataset: Any, tokenizer: Any,
-    rewards: list[Any], weights: list[float], out_dir: Path, server_url: str, callbacks: list[Any], peft_config: Any,
+    spec: GRPOSpec,
+    config: dict[str, Any],
+    sink: Sink,
+    *,
+    model_path: str,
+    dataset: Any,
+    tokenizer: Any,
+    rewards: list[Any],
+    weights: list[float],
+    out_dir: Path,
+    server_url: str,
+    callbacks: list[Any],
+    peft_config: Any,
 ) -> Any:
     import torch
     from trl.experimental.async_grpo import AsyncGRPOTrainer
@@ -150,11 +177,18 @@ def build_async_trainer(
     if use_cpu:
         _cpu_shims()
     trainer = AsyncGRPOTrainer(
-        model=model_path, reward_funcs=rewards, args=args, train_dataset=dataset,
+        model=model_path,
+        reward_funcs=rewards,
+        args=args,
+        train_dataset=dataset,
         processing_class=with_response_template(tokenizer),
-        callbacks=callbacks, peft_config=peft_config,
+        callbacks=callbacks,
+        peft_config=peft_config,
     )
-    sink.event("generation", f"async GRPO (experimental) on the job's vLLM server, max_staleness "
-               f"{args.max_staleness} (ready in {time.monotonic() - t0:.0f}s)",
-               data={"backend": "vllm", "mode": "server", "algorithm": "async", "max_staleness": args.max_staleness})
+    sink.event(
+        "generation",
+        f"async GRPO (experimental) on the job's vLLM server, max_staleness "
+        f"{args.max_staleness} (ready in {time.monotonic() - t0:.0f}s)",
+        data={"backend": "vllm", "mode": "server", "algorithm": "async", "max_staleness": args.max_staleness},
+    )
     return trainer

@@ -15,7 +15,11 @@ from mathrl.sink import Sink
 
 class SinkCallback(TrainerCallback):  # type: ignore[misc]
     def __init__(
-        self, sink: Sink, sample_every: int = 10, samples_per_step: int = 8, total_steps: int | None = None,
+        self,
+        sink: Sink,
+        sample_every: int = 10,
+        samples_per_step: int = 8,
+        total_steps: int | None = None,
         checkpoint_dir: str | None = None,
     ):
         self.sink = sink
@@ -106,7 +110,7 @@ class SinkCallback(TrainerCallback):  # type: ignore[misc]
         rewards = {name: list(v)[-self.samples_per_step :] for name, v in logs["rewards"].items()}
         advantages = list(logs["advantages"])[-self.samples_per_step :]
         items = []
-        for i, (p, c) in enumerate(zip(prompts, completions)):
+        for i, (p, c) in enumerate(zip(prompts, completions, strict=True)):
             data: dict[str, Any] = {"rewards": {k: _num(v[i]) for k, v in rewards.items() if i < len(v)}}
             if i < len(advantages):
                 data["advantage"] = _num(advantages[i])

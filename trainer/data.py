@@ -28,7 +28,10 @@ def load_problems(ref: DatasetRef, data_dir: str | None) -> tuple[list[Problem],
 
 
 def prompt_dataset(
-    problems: list[Problem], template: str, tokenizer: Any, max_prompt_tokens: int | None = None,
+    problems: list[Problem],
+    template: str,
+    tokenizer: Any,
+    max_prompt_tokens: int | None = None,
     conversational: bool = False,
 ) -> tuple[Any, int]:
     """A `datasets.Dataset` with 'prompt' and 'answer' columns; returns it and how many
@@ -40,7 +43,10 @@ def prompt_dataset(
     dropped = 0
     for p in problems:
         text = prompts.render(template, p.question, tokenizer)
-        if max_prompt_tokens is not None and len(tokenizer(text, add_special_tokens=False).input_ids) > max_prompt_tokens:
+        if (
+            max_prompt_tokens is not None
+            and len(tokenizer(text, add_special_tokens=False).input_ids) > max_prompt_tokens
+        ):
             dropped += 1
             continue
         rows.append({"prompt": prompts.messages(template, p.question) if conversational else text, "answer": p.gold})

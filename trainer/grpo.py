@@ -16,7 +16,9 @@ from trainer.data import load_problems, prompt_dataset
 from trainer.rewards import Reward, get_reward
 
 
-def build_rewards(spec: GRPOSpec, config: dict[str, Any], resolve_model: Any = None) -> tuple[list[Reward], list[float]]:
+def build_rewards(
+    spec: GRPOSpec, config: dict[str, Any], resolve_model: Any = None
+) -> tuple[list[Reward], list[float]]:
     rewards, weights = [], []
     for ref in spec.rewards:
         kwargs: dict[str, Any] = {}
@@ -62,7 +64,11 @@ def common_args(
 
 
 def grpo_args(
-    spec: GRPOSpec, config: dict[str, Any], output_dir: Path, use_cpu: bool, backend: str = "hf",
+    spec: GRPOSpec,
+    config: dict[str, Any],
+    output_dir: Path,
+    use_cpu: bool,
+    backend: str = "hf",
     server_url: str | None = None,
 ) -> Any:
     from trl import GRPOConfig
@@ -92,8 +98,11 @@ def generation_backend(config: dict[str, Any], sink: Sink) -> str:
 
     backend = config.get("generation_backend", "hf")
     if backend == "vllm" and importlib.util.find_spec("vllm") is None:
-        sink.event("generation", "generation.backend 'auto' chose vLLM for this GPU job, but this worker has no "
-                   "vLLM: generating with hf", "warning")
+        sink.event(
+            "generation",
+            "generation.backend 'auto' chose vLLM for this GPU job, but this worker has no vLLM: generating with hf",
+            "warning",
+        )
         return "hf"
     return backend
 
@@ -104,8 +113,12 @@ def vllm_engine_options(spec: GRPOSpec, config: dict[str, Any]) -> dict[str, Any
 
     gen = spec.generation
     # colocated with training: TRL's 0.3 of the GPU unless the spec says otherwise
-    return engine_options(gen.dtype, gen.gpu_memory_utilization or 0.3, gen.enable_prefix_caching,
-                          max_model_len=config["max_prompt_length"] + config["max_completion_length"])
+    return engine_options(
+        gen.dtype,
+        gen.gpu_memory_utilization or 0.3,
+        gen.enable_prefix_caching,
+        max_model_len=config["max_prompt_length"] + config["max_completion_length"],
+    )
 
 
 def lora_config(lora: LoRA | None) -> Any:
@@ -115,7 +128,10 @@ def lora_config(lora: LoRA | None) -> Any:
     from peft import LoraConfig
 
     return LoraConfig(
-        r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=lora.target_modules,
+        r=lora.r,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=lora.target_modules,
         task_type="CAUSAL_LM",
     )
 
@@ -146,8 +162,9 @@ def run_grpo(
     tokenizer = load_tokenizer(model_path)
     problems, template = load_problems(spec.dataset, data_dir)
     # TRL's async trainer applies the chat template itself (it re-renders multi-turn rollouts)
-    dataset, dropped = prompt_dataset(problems, template, tokenizer, config.get("max_prompt_length"),
-                                      conversational=spec.algorithm == "async")
+    dataset, dropped = prompt_dataset(
+        problems, template, tokenizer, config.get("max_prompt_length"), conversational=spec.algorithm == "async"
+    )
     if dropped:
         sink.event("data", f"dropped {dropped} prompts longer than {config['max_prompt_length']} tokens", "warning")
     rewards, weights = build_rewards(spec, config, resolve_model)
@@ -155,15 +172,26 @@ def run_grpo(
     backend = generation_backend(config, sink)
     if backend == "vllm" and spec.generation.mode == "server" and not vllm_server_url:
         raise RuntimeError("generation.mode is 'server' but the worker started no vLLM server for this job")
-    callback = SinkCallback(sink, sample_every=spec.sample_every, total_steps=spec.max_steps, checkpoint_dir=str(out_dir))
+    callback = SinkCallback(
+        sink, sample_every=spec.sample_every, total_steps=spec.max_steps, checkpoint_dir=str(out_dir)
+    )
     work = work_dir or out_dir
     if spec.algorithm == "async":
         from trainer.async_grpo import build_async_trainer
 
         assert vllm_server_url is not None  # async needs server mode (checked at submit)
         trainer = build_async_trainer(
-            spec, config, sink, model_path=model_path, dataset=dataset, tokenizer=tokenizer, rewards=rewards,
-            weights=weights, out_dir=work, server_url=vllm_server_url, callbacks=[callback],
+            spec,
+            config,
+            sink,
+            model_path=model_path,
+            dataset=dataset,
+            tokenizer=tokenizer,
+            rewards=rewards,
+            weights=weights,
+            out_dir=work,
+            server_url=vllm_server_url,
+            callbacks=[callback],
             peft_config=lora_config(spec.lora),
         )
     else:
@@ -171,12 +199,25 @@ def run_grpo(
         args.reward_weights = weights
         engine = vllm_engine_options(spec, config) if backend == "vllm" else None
         trainer = TimedGRPOTrainer(
-            model=model_path, reward_funcs=rewards, args=args, train_dataset=dataset, processing_class=tokenizer,
-            peft_config=lora_config(spec.lora), callbacks=[callback], engine_options=engine,
+            model=model_path,
+            reward_funcs=rewards,
+            args=args,
+            train_dataset=dataset,
+            processing_class=tokenizer,
+            peft_config=lora_config(spec.lora),
+            callbacks=[callback],
+            engine_options=engine,
         )
-        sink.event("generation", _describe_generation(backend, spec, engine, time.monotonic() - t0),
-                   data={"backend": backend, "mode": spec.generation.mode if backend == "vllm" else None,
-                         "version": _backend_version(backend), "engine_options": engine})
+        sink.event(
+            "generation",
+            _describe_generation(backend, spec, engine, time.monotonic() - t0),
+            data={
+                "backend": backend,
+                "mode": spec.generation.mode if backend == "vllm" else None,
+                "version": _backend_version(backend),
+                "engine_options": engine,
+            },
+        )
     callback.trainer = trainer
     save_checkpoints_atomically(trainer)
     resume = latest_checkpoint(out_dir)
@@ -207,7 +248,12 @@ def _describe_generation(backend: str, spec: GRPOSpec, engine: dict[str, Any] | 
     if backend != "vllm":
         return f"generating with hf ({_backend_version(backend)})"
     where = "the job's vLLM server" if spec.generation.mode == "server" else "a colocated engine"
-    sync = ("LoRA adapter" if spec.lora and spec.lora.enabled else "full weights") if spec.generation.mode == "server" \
+    sync = (
+        ("LoRA adapter" if spec.lora and spec.lora.enabled else "full weights")
+        if spec.generation.mode == "server"
         else "full weights"
-    return (f"generating with {_backend_version(backend)} in {where}, dtype {engine and engine['dtype']}, syncing "
-            f"{sync} every step (trainer and generation ready in {seconds:.0f}s)")
+    )
+    return (
+        f"generating with {_backend_version(backend)} in {where}, dtype {engine and engine['dtype']}, syncing "
+        f"{sync} every step (trainer and generation ready in {seconds:.0f}s)"
+    )

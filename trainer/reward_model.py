@@ -51,24 +51,41 @@ def load_policy(spec: RewardModelSpec, policy_path: str, prompts_for_length: lis
 
 
 def sample_solutions(
-    spec: RewardModelSpec, sink: Sink, policy_path: str, problems: list[Problem], template: str,
+    spec: RewardModelSpec,
+    sink: Sink,
+    policy_path: str,
+    problems: list[Problem],
+    template: str,
     policy: tuple[Any, Any] | None = None,
 ) -> list[Sampled]:
     tok = load_tokenizer(policy_path)
     texts = [prompts.render(template, p.question, tok) for p in problems]
     backend, model = policy or load_policy(spec, policy_path, texts, tok)
-    sink.event("sampling", f"sampling with the {spec.backend} backend ({backend.backend_version()})",
-               data={"backend": spec.backend, "version": backend.backend_version()})
+    sink.event(
+        "sampling",
+        f"sampling with the {spec.backend} backend ({backend.backend_version()})",
+        data={"backend": spec.backend, "version": backend.backend_version()},
+    )
     s = spec.sampling
     gens = backend.generate(
-        model, tok, texts, max_new_tokens=s.max_new_tokens, temperature=max(s.temperature, 0.3), top_p=s.top_p,
-        n=spec.samples_per_question, seed=spec.seed, batch_size=max(spec.samples_per_question, 32),
-        on_batch=lambda d, t: sink.progress(d, t, "sampling solutions"), should_stop=sink.should_stop,
+        model,
+        tok,
+        texts,
+        max_new_tokens=s.max_new_tokens,
+        temperature=max(s.temperature, 0.3),
+        top_p=s.top_p,
+        n=spec.samples_per_question,
+        seed=spec.seed,
+        batch_size=max(spec.samples_per_question, 32),
+        on_batch=lambda d, t: sink.progress(d, t, "sampling solutions"),
+        should_stop=sink.should_stop,
     )
     out = []
-    for p, text, outs in zip(problems, texts, gens):
+    for p, text, outs in zip(problems, texts, gens, strict=True):
         verdicts = [grade(g.text, p.gold) for g in outs]
-        out.append(Sampled(p, text, [g.text for g in outs], [v.extracted for v in verdicts], [v.correct for v in verdicts]))
+        out.append(
+            Sampled(p, text, [g.text for g in outs], [v.extracted for v in verdicts], [v.correct for v in verdicts])
+        )
     return out
 
 
@@ -76,8 +93,8 @@ def outcome_pairs(sampled: list[Sampled], max_pairs_per_question: int = 16, seed
     rng = random.Random(seed)
     rows = []
     for s in sampled:
-        good = [c for c, ok in zip(s.completions, s.correct) if ok]
-        bad = [c for c, ok in zip(s.completions, s.correct) if not ok]
+        good = [c for c, ok in zip(s.completions, s.correct, strict=True) if ok]
+        bad = [c for c, ok in zip(s.completions, s.correct, strict=True) if not ok]
         pairs = [(g, b) for g in good for b in bad]
         rng.shuffle(pairs)
         rows += [{"prompt": s.prompt, "chosen": g, "rejected": b} for g, b in pairs[:max_pairs_per_question]]
@@ -92,7 +109,7 @@ def process_labels(
     total = sum(len(s.completions) for s in sampled)
     done = 0
     for s in sampled:
-        for completion, ok in zip(s.completions, s.correct):
+        for completion, ok in zip(s.completions, s.correct, strict=True):
             steps = [x for x in completion.split(STEP_TAG) if x.strip()]
             labels: list[int] = []
             for i in range(len(steps)):
@@ -101,9 +118,14 @@ def process_labels(
                     continue
                 prefix = s.prompt + STEP_TAG.join(steps[: i + 1]) + STEP_TAG
                 gens = backend.generate(
-                    model, tok, [prefix], max_new_tokens=spec.sampling.max_new_tokens,
-                    temperature=max(spec.sampling.temperature, 0.3), n=spec.completions_per_step,
-                    seed=spec.seed + i, batch_size=spec.completions_per_step,
+                    model,
+                    tok,
+                    [prefix],
+                    max_new_tokens=spec.sampling.max_new_tokens,
+                    temperature=max(spec.sampling.temperature, 0.3),
+                    n=spec.completions_per_step,
+                    seed=spec.seed + i,
+                    batch_size=spec.completions_per_step,
                 )[0]
                 labels.append(int(any(grade(g.text, s.problem.gold).correct for g in gens)))
             if steps:
@@ -113,35 +135,53 @@ def process_labels(
     return rows
 
 
-def _train_outcome(spec: RewardModelSpec, pairs: list[dict[str, str]], model_path: str, out_dir: Path, sink: Sink) -> Any:
+def _train_outcome(
+    spec: RewardModelSpec, pairs: list[dict[str, str]], model_path: str, out_dir: Path, sink: Sink
+) -> Any:
     import torch
+    from datasets import Dataset
     from trl import RewardConfig, RewardTrainer
 
-    from datasets import Dataset
     from trainer.callbacks import SinkCallback
 
     use_cpu = not torch.cuda.is_available()
     args = RewardConfig(
-        output_dir=str(out_dir), learning_rate=spec.learning_rate, num_train_epochs=spec.num_train_epochs,
-        per_device_train_batch_size=spec.per_device_train_batch_size, max_length=spec.max_length, report_to=[],
-        use_cpu=use_cpu, bf16=not use_cpu, logging_steps=5, save_strategy="no", seed=spec.seed, disable_tqdm=True,
+        output_dir=str(out_dir),
+        learning_rate=spec.learning_rate,
+        num_train_epochs=spec.num_train_epochs,
+        per_device_train_batch_size=spec.per_device_train_batch_size,
+        max_length=spec.max_length,
+        report_to=[],
+        use_cpu=use_cpu,
+        bf16=not use_cpu,
+        logging_steps=5,
+        save_strategy="no",
+        seed=spec.seed,
+        disable_tqdm=True,
         dataloader_num_workers=0,
     )
     tok = load_tokenizer(model_path)
-    trainer = RewardTrainer(model=model_path, args=args, train_dataset=Dataset.from_list(pairs), processing_class=tok,
-                            callbacks=[SinkCallback(sink, sample_every=10**9)])
+    trainer = RewardTrainer(
+        model=model_path,
+        args=args,
+        train_dataset=Dataset.from_list(pairs),
+        processing_class=tok,
+        callbacks=[SinkCallback(sink, sample_every=10**9)],
+    )
     if trainer.model.config.pad_token_id is None:
         trainer.model.config.pad_token_id = tok.pad_token_id
     trainer.train()
     return trainer.model, tok
 
 
-def _train_process(spec: RewardModelSpec, rows: list[dict[str, Any]], model_path: str, out_dir: Path, sink: Sink) -> Any:
+def _train_process(
+    spec: RewardModelSpec, rows: list[dict[str, Any]], model_path: str, out_dir: Path, sink: Sink
+) -> Any:
     """Token classification on step ends (label at the last token of each step)."""
     import torch
+    from datasets import Dataset
     from transformers import AutoModelForTokenClassification, Trainer, TrainingArguments
 
-    from datasets import Dataset
     from trainer.callbacks import SinkCallback
 
     tok = load_tokenizer(model_path)
@@ -152,7 +192,7 @@ def _train_process(spec: RewardModelSpec, rows: list[dict[str, Any]], model_path
     def encode(row: dict[str, Any]) -> dict[str, Any]:
         ids = tok(row["prompt"], add_special_tokens=False).input_ids
         labels = [-100] * len(ids)
-        for step, lab in zip(row["steps"], row["labels"]):
+        for step, lab in zip(row["steps"], row["labels"], strict=True):
             step_ids = tok(step + STEP_TAG, add_special_tokens=False).input_ids
             ids += step_ids
             labels += [-100] * (len(step_ids) - 1) + [lab]
@@ -169,13 +209,27 @@ def _train_process(spec: RewardModelSpec, rows: list[dict[str, Any]], model_path
 
     use_cpu = not torch.cuda.is_available()
     args = TrainingArguments(
-        output_dir=str(out_dir), learning_rate=spec.learning_rate, num_train_epochs=spec.num_train_epochs,
-        per_device_train_batch_size=spec.per_device_train_batch_size, report_to=[], use_cpu=use_cpu,
-        bf16=not use_cpu, logging_steps=5, save_strategy="no", seed=spec.seed, disable_tqdm=True,
-        remove_unused_columns=False, dataloader_num_workers=0,
+        output_dir=str(out_dir),
+        learning_rate=spec.learning_rate,
+        num_train_epochs=spec.num_train_epochs,
+        per_device_train_batch_size=spec.per_device_train_batch_size,
+        report_to=[],
+        use_cpu=use_cpu,
+        bf16=not use_cpu,
+        logging_steps=5,
+        save_strategy="no",
+        seed=spec.seed,
+        disable_tqdm=True,
+        remove_unused_columns=False,
+        dataloader_num_workers=0,
     )
-    Trainer(model=model, args=args, train_dataset=data, data_collator=collate,
-            callbacks=[SinkCallback(sink, sample_every=10**9)]).train()
+    Trainer(
+        model=model,
+        args=args,
+        train_dataset=data,
+        data_collator=collate,
+        callbacks=[SinkCallback(sink, sample_every=10**9)],
+    ).train()
     return model, tok
 
 
@@ -191,8 +245,13 @@ def rm_text(tok: Any, prompt: str, completion: str) -> str:
 def outcome_scores(model: Any, tok: Any, prompt: str, completions: list[str]) -> list[float]:
     import torch
 
-    enc = tok([rm_text(tok, prompt, c) for c in completions], return_tensors="pt", padding=True, truncation=True,
-              max_length=2048)
+    enc = tok(
+        [rm_text(tok, prompt, c) for c in completions],
+        return_tensors="pt",
+        padding=True,
+        truncation=True,
+        max_length=2048,
+    )
     enc = {k: v.to(model.device) for k, v in enc.items()}
     with torch.inference_mode():
         return [float(x) for x in model(**enc).logits[:, 0]]
@@ -218,8 +277,15 @@ def process_scores(model: Any, tok: Any, prompt: str, completions: list[str]) ->
 
 
 def run_reward_model(
-    spec: RewardModelSpec, sink: Sink, *, model_path: str, policy_path: str, data_dir: str | None, out_dir: Path,
-    model_ref: str, work_dir: Path | None = None,
+    spec: RewardModelSpec,
+    sink: Sink,
+    *,
+    model_path: str,
+    policy_path: str,
+    data_dir: str | None,
+    out_dir: Path,
+    model_ref: str,
+    work_dir: Path | None = None,
 ) -> dict[str, float | None]:
     """Sample, label, train, and evaluate on held-out questions; the model ends up in
     out_dir/final (written into work_dir first when given, and moved there by the sink)."""
@@ -232,8 +298,11 @@ def run_reward_model(
     n_held = max(1, int(len(problems) * spec.heldout_fraction))
     held = [problems[i] for i in order[:n_held]]
     train = [problems[i] for i in order[n_held:]]
-    sink.event("sampling", f"{spec.samples_per_question} solutions for each of {len(problems)} questions "
-               f"({len(train)} train, {len(held)} held out) from {policy_path}")
+    sink.event(
+        "sampling",
+        f"{spec.samples_per_question} solutions for each of {len(problems)} questions "
+        f"({len(train)} train, {len(held)} held out) from {policy_path}",
+    )
     policy_tok = load_tokenizer(policy_path)
     texts = [prompts.render(template, p.question, policy_tok) for p in train + held]
     policy = load_policy(spec, policy_path, texts, policy_tok)
@@ -276,7 +345,7 @@ def run_reward_model(
     best_correct = maj_correct = 0
     for s in s_held:
         scores = score_fn(model, tok, s.prompt, s.completions)
-        by_text = dict(zip(s.completions, scores))
+        by_text = dict(zip(s.completions, scores, strict=True))
         wins += sum(by_text[p["chosen"]] > by_text[p["rejected"]] for p in held_pairs if p["prompt"] == s.prompt)
         best = max(range(len(scores)), key=lambda i: scores[i])
         best_correct += s.correct[best]
@@ -287,22 +356,39 @@ def run_reward_model(
         f"best_of_{spec.samples_per_question}_accuracy": best_correct / max(n, 1),
         f"maj_at_{spec.samples_per_question}_accuracy": maj_correct / max(n, 1),
     }
-    counts = {"pairwise_accuracy": (wins, len(held_pairs)),
-              f"best_of_{spec.samples_per_question}_accuracy": (best_correct, n),
-              f"maj_at_{spec.samples_per_question}_accuracy": (maj_correct, n)}
+    counts = {
+        "pairwise_accuracy": (wins, len(held_pairs)),
+        f"best_of_{spec.samples_per_question}_accuracy": (best_correct, n),
+        f"maj_at_{spec.samples_per_question}_accuracy": (maj_correct, n),
+    }
     for metric, value in values.items():
         if value is None:  # nothing to score
             continue
         c, total = counts[metric]
         low, high = wilson_interval(int(c), total)
-        sink.score({
-            "model_ref": model_ref, "checkpoint": None, "benchmark": f"rm-heldout:{spec.dataset.name or 'custom'}",
-            "benchmark_version": "1.0", "metric": metric, "value": value, "ci_low": low, "ci_high": high,
-            "n": total, "sampling": spec.sampling.model_dump(), "backend": spec.backend,
-            "backend_version": sampler_version, "prompt_hash": None, "seed": spec.seed,
-        })
+        sink.score(
+            {
+                "model_ref": model_ref,
+                "checkpoint": None,
+                "benchmark": f"rm-heldout:{spec.dataset.name or 'custom'}",
+                "benchmark_version": "1.0",
+                "metric": metric,
+                "value": value,
+                "ci_low": low,
+                "ci_high": high,
+                "n": total,
+                "sampling": spec.sampling.model_dump(),
+                "backend": spec.backend,
+                "backend_version": sampler_version,
+                "prompt_hash": None,
+                "seed": spec.seed,
+            }
+        )
     sink.metrics(0, {f"rm/{k}": v for k, v in values.items() if v is not None})
-    sink.event("scored", ", ".join(f"{k} {v:.1%}" if v is not None else f"{k} undefined (no held-out pairs)"
-                                   for k, v in values.items())
-               + f" on {n} held-out questions ({time.monotonic() - t0:.0f}s)", data=values)
+    sink.event(
+        "scored",
+        ", ".join(f"{k} {v:.1%}" if v is not None else f"{k} undefined (no held-out pairs)" for k, v in values.items())
+        + f" on {n} held-out questions ({time.monotonic() - t0:.0f}s)",
+        data=values,
+    )
     return values

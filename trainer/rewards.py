@@ -32,7 +32,7 @@ class Reward:
 
     def __call__(self, completions: list[Any], answer: list[str] | None = None, **kw: Any) -> list[float | None]:
         golds = answer if answer is not None else [None] * len(completions)
-        return [self.score(completion_text(c), g) for c, g in zip(completions, golds)]
+        return [self.score(completion_text(c), g) for c, g in zip(completions, golds, strict=True)]
 
     def score(self, text: str, gold: str | None) -> float | None:
         raise NotImplementedError
@@ -130,11 +130,14 @@ class RewardModelScore(Reward):
         prompts = kw.get("prompts") or [""] * len(completions)
         from trainer.reward_model import rm_text
 
-        texts = [rm_text(self._tok, _prompt_text(p), completion_text(c)) for p, c in zip(prompts, completions)]
+        texts = [
+            rm_text(self._tok, _prompt_text(p), completion_text(c)) for p, c in zip(prompts, completions, strict=True)
+        ]
         out: list[float | None] = []
         for i in range(0, len(texts), self.batch_size):
-            enc = self._tok(texts[i : i + self.batch_size], return_tensors="pt", padding=True, truncation=True,
-                            max_length=2048)
+            enc = self._tok(
+                texts[i : i + self.batch_size], return_tensors="pt", padding=True, truncation=True, max_length=2048
+            )
             with torch.inference_mode():
                 logits = self._model(**enc).logits[:, 0]
             out.extend(float(x) for x in logits)

@@ -12,8 +12,8 @@ from evaluator.models import load_tokenizer
 from mathrl.sink import Sink
 from mathrl.specs import SFTSpec
 from trainer.callbacks import SinkCallback
-from trainer.data import load_problems
 from trainer.checkpoints import latest_checkpoint, save_checkpoints_atomically, save_final
+from trainer.data import load_problems
 from trainer.grpo import lora_config
 
 
@@ -43,7 +43,9 @@ def sft_dataset(spec: SFTSpec, tokenizer: Any, data_dir: str | None) -> Any:
     rows = []
     for p in problems:
         target = p.solution if template != "plain" and p.solution else p.gold
-        rows.append({"prompt": prompts.render(template, p.question, tokenizer), "completion": target + tokenizer.eos_token})
+        rows.append(
+            {"prompt": prompts.render(template, p.question, tokenizer), "completion": target + tokenizer.eos_token}
+        )
     return Dataset.from_list(rows)
 
 
@@ -58,22 +60,43 @@ def run_sft(
     dataset = sft_dataset(spec, tokenizer, data_dir)
     use_cpu = not torch.cuda.is_available()
     args = SFTConfig(
-        output_dir=str(work_dir or out_dir), max_steps=spec.max_steps, learning_rate=spec.learning_rate,
+        output_dir=str(work_dir or out_dir),
+        max_steps=spec.max_steps,
+        learning_rate=spec.learning_rate,
         per_device_train_batch_size=spec.per_device_train_batch_size,
-        gradient_accumulation_steps=spec.gradient_accumulation_steps, max_length=spec.max_length,
-        warmup_steps=int(spec.warmup_ratio * spec.max_steps), logging_steps=spec.logging_steps, save_strategy="steps",
-        save_steps=spec.save_steps, seed=spec.seed, report_to=[], use_cpu=use_cpu, bf16=not use_cpu,
-        disable_tqdm=True, completion_only_loss=True, dataloader_num_workers=0, max_grad_norm=1.0,
+        gradient_accumulation_steps=spec.gradient_accumulation_steps,
+        max_length=spec.max_length,
+        warmup_steps=int(spec.warmup_ratio * spec.max_steps),
+        logging_steps=spec.logging_steps,
+        save_strategy="steps",
+        save_steps=spec.save_steps,
+        seed=spec.seed,
+        report_to=[],
+        use_cpu=use_cpu,
+        bf16=not use_cpu,
+        disable_tqdm=True,
+        completion_only_loss=True,
+        dataloader_num_workers=0,
+        max_grad_norm=1.0,
     )
     peft_config = lora_config(spec.lora)
     callback = SinkCallback(sink, sample_every=10**9, total_steps=spec.max_steps, checkpoint_dir=str(out_dir))
-    trainer = SFTTrainer(model=model_path, args=args, train_dataset=dataset, processing_class=tokenizer,
-                         peft_config=peft_config, callbacks=[callback])
+    trainer = SFTTrainer(
+        model=model_path,
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        peft_config=peft_config,
+        callbacks=[callback],
+    )
     save_checkpoints_atomically(trainer)
     carry_token_count(trainer)
     resume = latest_checkpoint(out_dir)
-    sink.event("training", f"SFT on {len(dataset)} examples, {spec.max_steps} steps"
-               + (f"; resuming from {resume.name}" if resume else ""))
+    sink.event(
+        "training",
+        f"SFT on {len(dataset)} examples, {spec.max_steps} steps"
+        + (f"; resuming from {resume.name}" if resume else ""),
+    )
     t0 = time.monotonic()
     trainer.train(resume_from_checkpoint=str(resume) if resume else None)
     seconds = time.monotonic() - t0

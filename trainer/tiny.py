@@ -31,7 +31,11 @@ def build_tokenizer(chat: bool = False):  # type: ignore[no-untyped-def]
     )
     core.decoder = decoders.Fuse()
     tok = PreTrainedTokenizerFast(
-        tokenizer_object=core, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>", unk_token="<unk>",
+        tokenizer_object=core,
+        bos_token="<bos>",
+        eos_token="<eos>",
+        pad_token="<pad>",
+        unk_token="<unk>",
         additional_special_tokens=["<|im_start|>", "<|im_end|>"],
     )
     if chat:

@@ -58,8 +58,8 @@ class MathrlVLLMGeneration(VLLMGeneration):  # type: ignore[misc]
             return super()._init_vllm()
         import os
 
-        from vllm import LLM
         from trl.trainer.utils import ensure_master_addr_port
+        from vllm import LLM
 
         acc = self.accelerator
         # as TRL does: vLLM runs inside this process ("external_launcher"), one engine per rank
@@ -100,7 +100,6 @@ class MathrlVLLMGeneration(VLLMGeneration):  # type: ignore[misc]
         runner = self.llm.llm_engine.model_executor.driver_worker.model_runner
         runner.reload_weights(weights_iterator=_detached(self._iter_named_params()), is_checkpoint_format=True)
         self.llm.reset_prefix_cache()
-
 
     def _load_adapter(self) -> None:
         """Save the current LoRA adapter and have the server load it under a new name; generation
@@ -157,17 +156,35 @@ class AdapterServerClient:
             self.http.post("/v1/unload_lora_adapter", json={"lora_name": previous})
 
     def generate(
-        self, prompts: list[list[int]], n: int, temperature: float, top_p: float, top_k: int, min_p: float,
-        max_tokens: int, repetition_penalty: float = 1.0, logprobs: int | None = 0, features: Any = None,
-        structured_outputs_regex: str | None = None, generation_kwargs: dict[str, Any] | None = None,
+        self,
+        prompts: list[list[int]],
+        n: int,
+        temperature: float,
+        top_p: float,
+        top_k: int,
+        min_p: float,
+        max_tokens: int,
+        repetition_penalty: float = 1.0,
+        logprobs: int | None = 0,
+        features: Any = None,
+        structured_outputs_regex: str | None = None,
+        generation_kwargs: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         if features is not None or structured_outputs_regex is not None:
             raise ValueError("images and structured outputs are not supported with LoRA adapters on a vLLM server")
         body: dict[str, Any] = {
-            "model": self.model or self._base_model, "prompt": prompts, "n": n, "temperature": temperature,
-            "top_p": top_p, "top_k": top_k if top_k > 0 else -1, "min_p": min_p, "max_tokens": max_tokens,
-            "repetition_penalty": repetition_penalty, "logprobs": logprobs if logprobs is not None else 0,
-            "return_token_ids": True, **(generation_kwargs or {}),
+            "model": self.model or self._base_model,
+            "prompt": prompts,
+            "n": n,
+            "temperature": temperature,
+            "top_p": top_p,
+            "top_k": top_k if top_k > 0 else -1,
+            "min_p": min_p,
+            "max_tokens": max_tokens,
+            "repetition_penalty": repetition_penalty,
+            "logprobs": logprobs if logprobs is not None else 0,
+            "return_token_ids": True,
+            **(generation_kwargs or {}),
         }
         r = self.http.post("/v1/completions", json=body)
         if r.status_code != 200:
@@ -206,8 +223,12 @@ class TimedGRPOTrainer(GRPOTrainer):  # type: ignore[misc]
         import os
 
         self.timings: dict[str, float] = _zero_timings()
-        cls = functools.partial(MathrlVLLMGeneration, engine_options=engine_options or {}, timings=self.timings,
-                                adapter_dir=os.path.join(args.output_dir, "vllm-adapters"))
+        cls = functools.partial(
+            MathrlVLLMGeneration,
+            engine_options=engine_options or {},
+            timings=self.timings,
+            adapter_dir=os.path.join(args.output_dir, "vllm-adapters"),
+        )
         with _generation_class(cls):
             super().__init__(args=args, **kwargs)
 

@@ -41,7 +41,11 @@ def get_celery(broker_url: str, visibility_timeout: int = 3600) -> Celery:
 def send_job(app: Celery, job_id: str, queue: str, task_id: str | None = None) -> str:
     """Deliver a job id to its queue; returns the Celery task id."""
     result = app.send_task(
-        TASK_RUN_JOB, args=[job_id], queue=queue, task_id=task_id, retry=True,
+        TASK_RUN_JOB,
+        args=[job_id],
+        queue=queue,
+        task_id=task_id,
+        retry=True,
         retry_policy={"max_retries": 2, "interval_start": 0, "interval_step": 0.5, "interval_max": 1},
     )
     return str(result.id)

@@ -48,8 +48,19 @@ def job_command(
     n = num_processes(spec)
     if n <= 1:
         return [sys.executable, *child]
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(n), "--num_machines", "1",
-           "--main_process_port", "0", "--dynamo_backend", "no"]  # port 0: a free one, jobs side by side
+    cmd = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--num_processes",
+        str(n),
+        "--num_machines",
+        "1",
+        "--main_process_port",
+        "0",
+        "--dynamo_backend",
+        "no",
+    ]  # port 0: a free one, jobs side by side
     if spec.resources.gpus == 0:
         # data-parallel CPU processes (gloo): accelerate's `--cpu` means one process (or mpirun),
         # its torchrun launcher is the one behind --multi_gpu; the trainer picks the CPU itself
@@ -57,8 +68,21 @@ def job_command(
         cmd += ["--multi_gpu", "--mixed_precision", "no", "--num_cpu_threads_per_process", str(threads)]
     elif uses_deepspeed(spec) and have_deepspeed:
         # TRL's ZeRO-3 recipe: shard parameters at load, gather a 16-bit model to save, no offload
-        cmd += ["--use_deepspeed", "--zero_stage", "3", "--zero3_init_flag", "true", "--zero3_save_16bit_model", "true",
-                "--offload_optimizer_device", "none", "--offload_param_device", "none", "--mixed_precision", "bf16"]
+        cmd += [
+            "--use_deepspeed",
+            "--zero_stage",
+            "3",
+            "--zero3_init_flag",
+            "true",
+            "--zero3_save_16bit_model",
+            "true",
+            "--offload_optimizer_device",
+            "none",
+            "--offload_param_device",
+            "none",
+            "--mixed_precision",
+            "bf16",
+        ]
     else:
         # (deepspeed asked for but not installed: launched anyway, every rank's check fails with the reason)
         cmd += ["--multi_gpu", "--mixed_precision", "bf16"]
@@ -69,7 +93,11 @@ def describe(cmd: list[str]) -> str:
     if "accelerate.commands.launch" not in cmd:
         return "1 process"
     n = cmd[cmd.index("--num_processes") + 1]
-    how = "DeepSpeed ZeRO-3" if "--use_deepspeed" in cmd else ("CPU, gloo" if "--num_cpu_threads_per_process" in cmd else "DDP")
+    how = (
+        "DeepSpeed ZeRO-3"
+        if "--use_deepspeed" in cmd
+        else ("CPU, gloo" if "--num_cpu_threads_per_process" in cmd else "DDP")
+    )
     return f"{n} processes (accelerate launch, {how})"
 
 

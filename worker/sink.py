@@ -55,7 +55,12 @@ class DatabaseSink:
     `flush()` (called before the job process exits) waits until they are all stored."""
 
     def __init__(
-        self, url: str, job_id: str, project_id: str, cancel_poll_seconds: float = 2.0, give_up_after: float = 300.0,
+        self,
+        url: str,
+        job_id: str,
+        project_id: str,
+        cancel_poll_seconds: float = 2.0,
+        give_up_after: float = 300.0,
         fence: Fence | None = None,
     ) -> None:
         self.url, self.job_id, self.project_id = url, job_id, project_id
@@ -94,8 +99,10 @@ class DatabaseSink:
             with session_scope(self.url) as s:
                 if self.fence is not None and not holds_lease(s, self.job_id, self.fence.owner, self.fence.attempt):
                     self.lost = True
-                    raise LeaseLost(f"attempt {self.fence.attempt} no longer owns job {self.job_id} (its lease "
-                                    "lapsed and the job was re-queued): its writes are refused")
+                    raise LeaseLost(
+                        f"attempt {self.fence.attempt} no longer owns job {self.job_id} (its lease "
+                        "lapsed and the job was re-queued): its writes are refused"
+                    )
                 write(s)
 
         try:
@@ -120,7 +127,7 @@ class DatabaseSink:
                     self._write(write, "metrics/samples")
                 elif isinstance(self._error, LeaseLost):
                     self._count_rejected("metrics/samples")
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 self._error = exc
             self._queue.task_done()
 
@@ -165,8 +172,15 @@ class DatabaseSink:
         if not items:
             return
         rows = [
-            {"id": uuid7(), "job_id": self.job_id, "step": step, "index": i, "prompt": it["prompt"],
-             "completion": it["completion"], "data": it.get("data")}
+            {
+                "id": uuid7(),
+                "job_id": self.job_id,
+                "step": step,
+                "index": i,
+                "prompt": it["prompt"],
+                "completion": it["completion"],
+                "data": it.get("data"),
+            }
             for i, it in enumerate(items)
         ]
 
@@ -178,7 +192,11 @@ class DatabaseSink:
         self._submit(write)
 
     def checkpoint(
-        self, step: int, uri: str, kind: str = "checkpoint", data: dict[str, Any] | None = None,
+        self,
+        step: int,
+        uri: str,
+        kind: str = "checkpoint",
+        data: dict[str, Any] | None = None,
         source: str | None = None,
     ) -> None:
         if self.fence is not None:
@@ -189,8 +207,9 @@ class DatabaseSink:
 
         def write(s: Any) -> None:
             existing = s.scalar(
-                select(Checkpoint)
-                .where(Checkpoint.job_id == self.job_id, Checkpoint.step == step, Checkpoint.kind == kind)
+                select(Checkpoint).where(
+                    Checkpoint.job_id == self.job_id, Checkpoint.step == step, Checkpoint.kind == kind
+                )
             )
             if existing is None:
                 s.add(Checkpoint(job_id=self.job_id, step=step, uri=uri, kind=kind, data=data))
@@ -225,9 +244,12 @@ class DatabaseSink:
             self._last_poll = now
             try:
                 with session_scope(self.url) as s:
-                    row = s.execute(select(Job.cancel_requested, Job.status, Job.lease_owner, Job.attempts)
-                                    .where(Job.id == self.job_id)).one()
-            except Exception:  # noqa: BLE001 - database down: a cancel also arrives as SIGTERM
+                    row = s.execute(
+                        select(Job.cancel_requested, Job.status, Job.lease_owner, Job.attempts).where(
+                            Job.id == self.job_id
+                        )
+                    ).one()
+            except Exception:
                 return self._stop
             f = self.fence
             if f is not None and (row.status != "running" or row.lease_owner != f.owner or row.attempts != f.attempt):
@@ -251,7 +273,11 @@ class ReadOnlySink(DatabaseSink):
         pass
 
     def checkpoint(
-        self, step: int, uri: str, kind: str = "checkpoint", data: dict[str, Any] | None = None,
+        self,
+        step: int,
+        uri: str,
+        kind: str = "checkpoint",
+        data: dict[str, Any] | None = None,
         source: str | None = None,
     ) -> None:
         pass

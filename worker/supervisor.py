@@ -20,7 +20,14 @@ from store.db import session_scope
 from store.jobs import add_event, claim, finish, renew_lease
 from worker.child import EXIT_ERROR, EXIT_LOST, EXIT_OK, EXIT_STOPPED, EXIT_UNAVAILABLE, REJECTED_WRITES, attempt_dir
 from worker.launch import (
-    child_args, clear_outcome, describe, die_with_parent, job_command, job_exit_code, job_groups, read_error,
+    child_args,
+    clear_outcome,
+    describe,
+    die_with_parent,
+    job_command,
+    job_exit_code,
+    job_groups,
+    read_error,
 )
 from worker.vllm_server import needs_server, start_server
 
@@ -90,8 +97,14 @@ def supervise(settings: Settings, job_id: str, owner: str) -> str:
             (out / "error.txt").write_text(f"starting the vLLM server failed: {type(exc).__name__}: {exc}")
             return _record_end(settings, job_id, owner, EXIT_ERROR, False, log_path)
         env.update(server_env)
-        _event(url, job_id, "vllm_server", f"started a vLLM server for this job at {server.url} (process "
-               f"{server.proc.pid}, log {server.log_path.name})", {"url": server.url, "pid": server.proc.pid})
+        _event(
+            url,
+            job_id,
+            "vllm_server",
+            f"started a vLLM server for this job at {server.url} (process "
+            f"{server.proc.pid}, log {server.log_path.name})",
+            {"url": server.url, "pid": server.proc.pid},
+        )
     try:
         return _run_job_process(settings, job_id, owner, cmd, env, out, log_path, attempt, server)
     finally:
@@ -123,29 +136,46 @@ def _start_vllm_server(settings: Settings, spec: Any, config: dict[str, Any], pr
 def _report_server_exit(url: str, job_id: str, server: Any, out: Path) -> None:
     """The server's exit code and the tail of its log, as the job's error and in its events."""
     code = server.exited()
-    (out / "error.txt").write_text(f"the job's vLLM server exited with code {code}; its log ends: "
-                                   f"...{server.log_tail(600)}")
-    _event(url, job_id, "vllm_server", f"the vLLM server exited with code {code}", {"log_tail": server.log_tail()},
-           "error")
+    (out / "error.txt").write_text(
+        f"the job's vLLM server exited with code {code}; its log ends: ...{server.log_tail(600)}"
+    )
+    _event(
+        url, job_id, "vllm_server", f"the vLLM server exited with code {code}", {"log_tail": server.log_tail()}, "error"
+    )
 
 
 def _run_job_process(
-    settings: Settings, job_id: str, owner: str, cmd: list[str], env: dict[str, str], out: Path, log_path: Path,
-    attempt: int, server: Any,
+    settings: Settings,
+    job_id: str,
+    owner: str,
+    cmd: list[str],
+    env: dict[str, str],
+    out: Path,
+    log_path: Path,
+    attempt: int,
+    server: Any,
 ) -> str:
     url = settings.database.url
     w = settings.worker
     with open(log_path, "ab") as logf:
         proc = subprocess.Popen(
             cmd,
-            stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+            stdout=logf,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
             start_new_session=True,  # its own process group: a cancel reaches its children too
             preexec_fn=_prepare_child,
         )
     log.info("job %s attempt %d: process %d, %s, log %s", job_id, attempt, proc.pid, describe(cmd), log_path)
     if cmd[1:3] != ["-m", "worker.child"]:
-        _event(url, job_id, "launched", f"launched {describe(cmd)}",
-               {"processes": int(cmd[cmd.index("--num_processes") + 1]), "command": cmd[1:]})
+        _event(
+            url,
+            job_id,
+            "launched",
+            f"launched {describe(cmd)}",
+            {"processes": int(cmd[cmd.index("--num_processes") + 1]), "command": cmd[1:]},
+        )
     cancelled = lost = server_reported = False
     while True:
         try:
@@ -189,11 +219,21 @@ def _report_stale(url: str, job_id: str, owner: str, attempt: int, out: Path) ->
     database): say so, with how many of its process's writes the fence refused."""
     rejected_log = out / REJECTED_WRITES
     rejected = len(rejected_log.read_text().splitlines()) if rejected_log.exists() else 0
-    log.warning("job %s attempt %d: lost the lease; the job process stopped, %d of its writes refused",
-                job_id, attempt, rejected)
-    _event(url, job_id, "stale_attempt", f"attempt {attempt} ({owner}) lost its lease to another attempt; its "
-           f"process stopped, {rejected} of its writes refused", {"attempt": attempt, "rejected_writes": rejected},
-           "warning")
+    log.warning(
+        "job %s attempt %d: lost the lease; the job process stopped, %d of its writes refused",
+        job_id,
+        attempt,
+        rejected,
+    )
+    _event(
+        url,
+        job_id,
+        "stale_attempt",
+        f"attempt {attempt} ({owner}) lost its lease to another attempt; its "
+        f"process stopped, {rejected} of its writes refused",
+        {"attempt": attempt, "rejected_writes": rejected},
+        "warning",
+    )
 
 
 def _log_name(settings: Settings, log_path: Path) -> str:
@@ -204,9 +244,7 @@ def _log_name(settings: Settings, log_path: Path) -> str:
         return log_path.name
 
 
-def _record_end(
-    settings: Settings, job_id: str, owner: str, code: int, cancelled: bool, log_path: Path
-) -> str:
+def _record_end(settings: Settings, job_id: str, owner: str, code: int, cancelled: bool, log_path: Path) -> str:
     error = read_error(log_path.parent)
     if cancelled or code == EXIT_STOPPED:
         status, error, message = "cancelled", None, f"cancelled; job process exited with {code}"

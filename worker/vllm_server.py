@@ -69,18 +69,62 @@ def server_command(spec: Any, config: dict[str, Any], model_path: str, port: int
     loras = (4 if spec.max_staleness is None else spec.max_staleness) + 2 if spec.algorithm == "async" else 2
     if spec.lora is None or not spec.lora.enabled:
         # TRL's server: full weights over NCCL (GPU only; the spec check refuses it on CPU)
-        return [sys.executable, "-m", "trl.scripts.vllm_serve", "--model", model_path, "--host", "127.0.0.1",
-                "--port", str(port), "--tensor_parallel_size", tp, "--dtype", opts["dtype"],
-                "--max_model_len", str(max_len), "--gpu_memory_utilization", str(opts.get("gpu_memory_utilization", 0.9))]
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_path, "--host", "127.0.0.1",
-           "--port", str(port), "--dtype", opts["dtype"], "--max-model-len", str(max_len), "--seed", str(spec.seed),
-           "--enable-lora", "--max-lora-rank", str(lora_rank(spec.lora.r)), "--max-loras", str(loras),
-           "--logprobs-mode", "processed_logprobs", "--tensor-parallel-size", tp, "--disable-log-stats"]
+        return [
+            sys.executable,
+            "-m",
+            "trl.scripts.vllm_serve",
+            "--model",
+            model_path,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--tensor_parallel_size",
+            tp,
+            "--dtype",
+            opts["dtype"],
+            "--max_model_len",
+            str(max_len),
+            "--gpu_memory_utilization",
+            str(opts.get("gpu_memory_utilization", 0.9)),
+        ]
+    cmd = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        model_path,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dtype",
+        opts["dtype"],
+        "--max-model-len",
+        str(max_len),
+        "--seed",
+        str(spec.seed),
+        "--enable-lora",
+        "--max-lora-rank",
+        str(lora_rank(spec.lora.r)),
+        "--max-loras",
+        str(loras),
+        "--logprobs-mode",
+        "processed_logprobs",
+        "--tensor-parallel-size",
+        tp,
+        "--disable-log-stats",
+    ]
     if on_gpu:
         cmd += ["--gpu-memory-utilization", str(opts["gpu_memory_utilization"])]
     else:
-        cmd += ["--kv-cache-memory-bytes", str(opts["kv_cache_memory_bytes"]), "--no-enable-chunked-prefill",
-                "--max-num-batched-tokens", str(opts["max_num_batched_tokens"])]  # see engine_options
+        cmd += [
+            "--kv-cache-memory-bytes",
+            str(opts["kv_cache_memory_bytes"]),
+            "--no-enable-chunked-prefill",
+            "--max-num-batched-tokens",
+            str(opts["max_num_batched_tokens"]),
+        ]  # see engine_options
     if opts.get("enable_prefix_caching") is not None:
         cmd.append("--enable-prefix-caching" if opts["enable_prefix_caching"] else "--no-enable-prefix-caching")
     return cmd
@@ -134,8 +178,15 @@ def start_server(
         job_env["CUDA_VISIBLE_DEVICES"] = ",".join(train)
     cmd = guarded(server_command(spec, config, model_path, port, on_gpu))
     with open(log_path, "ab") as logf:
-        proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                start_new_session=True, preexec_fn=preexec)
+        proc = subprocess.Popen(
+            cmd,
+            stdout=logf,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+            preexec_fn=preexec,
+        )
     url = f"http://127.0.0.1:{port}"
     job_env[URL_ENV] = url
     return VLLMServer(proc, url, log_path), job_env

@@ -48,7 +48,9 @@ async def readyz(settings: SettingsDep) -> Response | dict[str, object]:
     if all(v == "ok" for v in checks.values()):
         return {"status": "ok", "checks": checks}
     failing = ", ".join(f"{k} {v}" for k, v in checks.items() if v != "ok")
-    return problem_response(503, "Service unavailable", f"not ready: {failing}", "/readyz", headers={"Retry-After": "5"})
+    return problem_response(
+        503, "Service unavailable", f"not ready: {failing}", "/readyz", headers={"Retry-After": "5"}
+    )
 
 
 @router.get("/metrics", include_in_schema=False)

@@ -85,9 +85,17 @@ def create_job(
             return _replay(existing, request_hash, response)
     admit(session, caller.project_id, spec, settings)
     job = Job(
-        project_id=caller.project_id, kind=spec.kind, name=spec.name, tags=spec.tags, spec=body,
-        resolved_config=resolve_config(spec), queue=spec.resources.queue, max_attempts=spec.max_attempts,
-        idempotency_key=idempotency_key, request_hash=request_hash, celery_task_id=new_task_id(),
+        project_id=caller.project_id,
+        kind=spec.kind,
+        name=spec.name,
+        tags=spec.tags,
+        spec=body,
+        resolved_config=resolve_config(spec),
+        queue=spec.resources.queue,
+        max_attempts=spec.max_attempts,
+        idempotency_key=idempotency_key,
+        request_hash=request_hash,
+        celery_task_id=new_task_id(),
         dispatched_at=utcnow(),
     )
     session.add(job)
@@ -160,7 +168,10 @@ def cancel_job(job_id: str, session: SessionDep, caller: CallerDep) -> Job:
 
 @router.get("/{job_id}/events", response_model=Page[EventResponse], responses=NOT_FOUND)
 def list_events(
-    job_id: str, session: SessionDep, caller: CallerDep, after: int | None = Query(None, ge=0),
+    job_id: str,
+    session: SessionDep,
+    caller: CallerDep,
+    after: int | None = Query(None, ge=0),
     limit: int = Query(500, ge=1, le=5000),
 ) -> dict[str, Any]:
     """The event log in order. Pass the last `seq` you saw as `after`."""
@@ -183,7 +194,11 @@ def _events_after(session: Any, job_id: str, after: int | None, limit: int) -> l
     responses={**NOT_FOUND, 200: {"content": {"text/event-stream": {}}, "description": "Server-Sent Events"}},
 )
 def stream_events(
-    job_id: str, request: Request, session: SessionDep, caller: CallerDep, settings: SettingsDep,
+    job_id: str,
+    request: Request,
+    session: SessionDep,
+    caller: CallerDep,
+    settings: SettingsDep,
     after: int | None = Query(None, ge=0),
 ) -> StreamingResponse:
     """Server-Sent Events: every event as it is written; the stream ends when the job does."""
@@ -229,7 +244,10 @@ METRICS_PAGE_POINTS = 5000
 
 @router.get("/{job_id}/metrics", response_model=Page[MetricSeries], responses=NOT_FOUND)
 def get_metrics(
-    job_id: str, session: SessionDep, caller: CallerDep, name: str | None = Query(None, max_length=128),
+    job_id: str,
+    session: SessionDep,
+    caller: CallerDep,
+    name: str | None = Query(None, max_length=128),
     after_step: int | None = Query(None, ge=-1, description="Only points after this step (a page's next_cursor)."),
     limit: int = Query(METRICS_PAGE_POINTS, ge=1, le=50_000, description="Points per page, cut at a whole step."),
 ) -> dict[str, Any]:
@@ -257,8 +275,12 @@ def get_metrics(
 
 @router.get("/{job_id}/samples", response_model=Page[SampleResponse], responses=NOT_FOUND)
 def list_samples(
-    job_id: str, session: SessionDep, caller: CallerDep, step: int | None = None,
-    limit: int = Query(100, ge=1, le=1000), cursor: str | None = None,
+    job_id: str,
+    session: SessionDep,
+    caller: CallerDep,
+    step: int | None = None,
+    limit: int = Query(100, ge=1, le=1000),
+    cursor: str | None = None,
 ) -> dict[str, Any]:
     _own_job(session, caller.project_id, job_id)
     q = select(Sample).where(Sample.job_id == job_id)
@@ -284,16 +306,20 @@ def list_checkpoints(job_id: str, session: SessionDep, caller: CallerDep) -> dic
     response_class=FileResponse,
     responses={
         404: {"description": f"{JOB_NOT_FOUND} Or: {NO_RESULTS}"},
-        200: {"content": {"application/x-ndjson": {}},
-              "description": "One JSON object a line: prompt, completion, data (gold, extracted, correct, ...)."},
+        200: {
+            "content": {"application/x-ndjson": {}},
+            "description": "One JSON object a line: prompt, completion, data (gold, extracted, correct, ...).",
+        },
     },
 )
 def get_results(job_id: str, session: SessionDep, caller: CallerDep, settings: SettingsDep) -> FileResponse:
     """An eval job's per-item results (items.jsonl), streamed as NDJSON."""
     _own_job(session, caller.project_id, job_id)
     row = session.scalar(
-        select(Checkpoint).where(Checkpoint.job_id == job_id, Checkpoint.kind == "results")
-        .order_by(Checkpoint.created_at.desc(), Checkpoint.id.desc()).limit(1)
+        select(Checkpoint)
+        .where(Checkpoint.job_id == job_id, Checkpoint.kind == "results")
+        .order_by(Checkpoint.created_at.desc(), Checkpoint.id.desc())
+        .limit(1)
     )
     if row is None:
         raise Problem(404, "Not found", NO_RESULTS)

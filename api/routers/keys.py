@@ -18,7 +18,11 @@ router = APIRouter(prefix="/v1/keys", tags=["keys"])
 @router.post("", status_code=201, response_model=KeyCreated, responses={403: {"description": ADMIN_REQUIRED}})
 def create(body: KeyCreateRequest, session: SessionDep, caller: AnyCallerDep, settings: SettingsDep) -> dict[str, Any]:
     """A new key for your project; with the admin token, for any project (created if new)."""
-    if body.project is not None and not caller.admin and (caller.project is None or body.project != caller.project.name):
+    if (
+        body.project is not None
+        and not caller.admin
+        and (caller.project is None or body.project != caller.project.name)
+    ):
         raise Problem(403, "Forbidden", ADMIN_REQUIRED, [{"pointer": "/project", "detail": ADMIN_REQUIRED}])
     if caller.admin:
         if body.project is None:
@@ -47,8 +51,10 @@ def create(body: KeyCreateRequest, session: SessionDep, caller: AnyCallerDep, se
 def list_(session: SessionDep, caller: CallerDep) -> dict[str, Any]:
     """Your project's keys, newest first: prefixes, scopes and dates (never the secrets)."""
     assert caller.project is not None
-    return {"data": [_key_dict(k, caller.project.name) for k in list_keys(session, caller.project_id)],
-            "next_cursor": None}
+    return {
+        "data": [_key_dict(k, caller.project.name) for k in list_keys(session, caller.project_id)],
+        "next_cursor": None,
+    }
 
 
 @router.delete("/{key_id}", status_code=204, responses={404: {"description": KEY_NOT_FOUND}})
@@ -64,7 +70,13 @@ def delete(key_id: str, session: SessionDep, caller: CallerDep) -> Response:
 
 def _key_dict(key: Any, project_name: str) -> dict[str, Any]:
     return {
-        "id": key.id, "project_id": key.project_id, "project": project_name, "name": key.name,
-        "prefix": key.prefix, "created_at": key.created_at, "expires_at": key.expires_at, "revoked_at": key.revoked_at,
+        "id": key.id,
+        "project_id": key.project_id,
+        "project": project_name,
+        "name": key.name,
+        "prefix": key.prefix,
+        "created_at": key.created_at,
+        "expires_at": key.expires_at,
+        "revoked_at": key.revoked_at,
         "scopes": list(key.scopes or []),
     }

@@ -72,11 +72,21 @@ def view(pipeline: Pipeline, jobs: list[Job]) -> dict[str, Any]:
     status = pipeline_status(statuses)
     finished = max((j.finished_at for j in jobs if j.finished_at), default=None) if status in TERMINAL else None
     return {
-        "id": pipeline.id, "project_id": pipeline.project_id, "name": pipeline.name, "tags": pipeline.tags,
-        "status": status, "spec": pipeline.spec, "created_at": pipeline.created_at, "finished_at": finished,
+        "id": pipeline.id,
+        "project_id": pipeline.project_id,
+        "name": pipeline.name,
+        "tags": pipeline.tags,
+        "status": status,
+        "spec": pipeline.spec,
+        "created_at": pipeline.created_at,
+        "finished_at": finished,
         "jobs": [
             {
-                "step": j.pipeline_step, "job_id": j.id, "kind": j.kind, "status": j.status, "error": j.error,
+                "step": j.pipeline_step,
+                "job_id": j.id,
+                "kind": j.kind,
+                "status": j.status,
+                "error": j.error,
                 "depends_on": [by_id.get(d, d) for d in j.depends_on],
             }
             for j in jobs
@@ -97,7 +107,9 @@ def _jobs_of(session: Any, pipeline_ids: list[str]) -> dict[str, list[Job]]:
     status_code=201,
     response_model=PipelineResponse,
     responses={
-        422: {"description": "A spec is invalid, a reference dangles, the steps form a cycle, or a source is not allowed."},
+        422: {
+            "description": "A spec is invalid, a reference dangles, the steps form a cycle, or a source is not allowed."
+        },
         429: {"description": "The pipeline's jobs would exceed the project's quota of active jobs or GPUs."},
     },
 )
@@ -130,7 +142,10 @@ def create_pipeline(
         except Problem as exc:
             raise _in_step(exc, step) from None
     pipeline = Pipeline(
-        id=uuid7(), project_id=caller.project_id, name=spec.name, tags=spec.tags,
+        id=uuid7(),
+        project_id=caller.project_id,
+        name=spec.name,
+        tags=spec.tags,
         spec=spec.model_dump(mode="json", exclude_unset=True),
     )
     session.add(pipeline)
@@ -140,13 +155,21 @@ def create_pipeline(
         final = finals[step]
         waiting = bool(deps[step])
         job = Job(
-            id=ids[step], project_id=caller.project_id, kind=final.kind,
+            id=ids[step],
+            project_id=caller.project_id,
+            kind=final.kind,
             name=final.name or f"{spec.name or 'pipeline'}/{step}",
-            tags=list(dict.fromkeys([*spec.tags, *final.tags])), spec=final.model_dump(mode="json"),
-            resolved_config=resolve_config(final), queue=final.resources.queue, max_attempts=final.max_attempts,
-            pipeline_id=pipeline.id, pipeline_step=step, depends_on=[ids[d] for d in deps[step]],
+            tags=list(dict.fromkeys([*spec.tags, *final.tags])),
+            spec=final.model_dump(mode="json"),
+            resolved_config=resolve_config(final),
+            queue=final.resources.queue,
+            max_attempts=final.max_attempts,
+            pipeline_id=pipeline.id,
+            pipeline_step=step,
+            depends_on=[ids[d] for d in deps[step]],
             status="waiting" if waiting else "queued",
-            celery_task_id=None if waiting else new_task_id(), dispatched_at=None if waiting else utcnow(),
+            celery_task_id=None if waiting else new_task_id(),
+            dispatched_at=None if waiting else utcnow(),
         )
         session.add(job)
         jobs.append(job)
@@ -154,7 +177,8 @@ def create_pipeline(
     for job in jobs:
         message = (
             f"waiting for {', '.join(repr(d) for d in deps[job.pipeline_step or ''])}"
-            if job.status == "waiting" else f"queued on '{job.queue}'"
+            if job.status == "waiting"
+            else f"queued on '{job.queue}'"
         )
         session.add(Event(job_id=job.id, type=job.status, message=message, level="info"))
     session.commit()

@@ -45,7 +45,8 @@ SHELL = """<!doctype html>
 <body data-page="{page}">
 <header class="top">
   <a class="brand" href="/ui">mathrl</a>
-  <nav><a href="/ui" data-nav="jobs">Jobs</a><a href="/ui/pipelines" data-nav="pipelines">Pipelines</a><a href="/ui/scores" data-nav="scores">Scores</a></nav>
+  <nav><a href="/ui" data-nav="jobs">Jobs</a><a href="/ui/pipelines" data-nav="pipelines">Pipelines</a>\
+<a href="/ui/scores" data-nav="scores">Scores</a></nav>
   <span id="who"></span>
 </header>
 <main id="main"><noscript>These pages need JavaScript.</noscript><p class="muted" id="loading">Loading…</p></main>
