@@ -17,17 +17,32 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 import yaml
 from rich.console import Console
 from rich.table import Table
+from typer.core import TyperGroup
 
 from mathrl.client import Client, MathRLError
 from mathrl.schemas import TERMINAL_STATUSES, JobResponse, PipelineResponse
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, help="Train and evaluate math LLMs with mathrl.")
+
+class _Commands(TyperGroup):
+    """The one place the CLI turns a service error (problem details) into its message and exit
+    code 1, for every command: commands just call the client."""
+
+    def invoke(self, ctx: Any) -> Any:  # typer's own vendored click.Context
+        try:
+            return super().invoke(ctx)
+        except MathRLError as exc:
+            _fail(exc)
+
+
+app = typer.Typer(
+    cls=_Commands, no_args_is_help=True, add_completion=False, help="Train and evaluate math LLMs with mathrl."
+)
 jobs_app = typer.Typer(no_args_is_help=True, help="Submit and watch jobs.")
 keys_app = typer.Typer(no_args_is_help=True, help="API keys.")
 pipeline_app = typer.Typer(no_args_is_help=True, help="Several jobs in one submission, run in dependency order.")
@@ -47,7 +62,7 @@ def _client(url: str | None, key: str | None) -> Client:
     return Client(url, api_key=key)
 
 
-def _fail(exc: MathRLError) -> None:
+def _fail(exc: MathRLError) -> NoReturn:
     err.print(f"[red]{exc.status} {exc.title}[/red]: {exc.detail}")
     for e in exc.errors:
         err.print(f"  [bold]{e.get('pointer', '')}[/bold]: {e.get('detail', '')}")
@@ -110,24 +125,21 @@ def pipeline_submit(
 ) -> None:
     """Submit a pipeline: `jobs:` maps step names to job specs; 'job:<step>' names a step's output."""
     with _client(url, api_key) as c:
-        try:
-            p = c.pipelines.create(load_spec_file(spec_file))
-            if as_json:
-                console.print_json(p.model_dump_json())
-            else:
-                _print_pipeline(p)
-            if wait:
-                last = None
-                while p.status not in TERMINAL_STATUSES:
-                    time.sleep(2.0)
-                    p = c.pipelines.retrieve(p.id)
-                    now = [(j.step, j.status) for j in p.jobs]
-                    if now != last:
-                        console.print(" ".join(f"{s}:{st}" for s, st in now))
-                        last = now
-                _print_pipeline(p)
-        except MathRLError as exc:
-            _fail(exc)
+        p = c.pipelines.create(load_spec_file(spec_file))
+        if as_json:
+            console.print_json(p.model_dump_json())
+        else:
+            _print_pipeline(p)
+        if wait:
+            last = None
+            while p.status not in TERMINAL_STATUSES:
+                time.sleep(2.0)
+                p = c.pipelines.retrieve(p.id)
+                now = [(j.step, j.status) for j in p.jobs]
+                if now != last:
+                    console.print(" ".join(f"{s}:{st}" for s, st in now))
+                    last = now
+            _print_pipeline(p)
     if wait and p.status != "succeeded":
         raise typer.Exit(1)
 
@@ -138,23 +150,17 @@ def pipeline_list(
 ) -> None:
     """List pipelines, newest first."""
     with _client(url, api_key) as c:
-        try:
-            for i, p in enumerate(c.pipelines.list(page_size=min(limit, 200))):
-                if i >= limit:
-                    break
-                _print_pipeline(p)
-        except MathRLError as exc:
-            _fail(exc)
+        for i, p in enumerate(c.pipelines.list(page_size=min(limit, 200))):
+            if i >= limit:
+                break
+            _print_pipeline(p)
 
 
 @pipeline_app.command("get")
 def pipeline_get(pipeline_id: str, url: UrlOpt = None, api_key: KeyOpt = None, as_json: JsonOpt = False) -> None:
     """Show a pipeline and each of its jobs."""
     with _client(url, api_key) as c:
-        try:
-            p = c.pipelines.retrieve(pipeline_id)
-        except MathRLError as exc:
-            _fail(exc)
+        p = c.pipelines.retrieve(pipeline_id)
     console.print_json(p.model_dump_json()) if as_json else _print_pipeline(p)
 
 
@@ -162,10 +168,7 @@ def pipeline_get(pipeline_id: str, url: UrlOpt = None, api_key: KeyOpt = None, a
 def pipeline_cancel(pipeline_id: str, url: UrlOpt = None, api_key: KeyOpt = None) -> None:
     """Cancel every job of the pipeline that has not ended."""
     with _client(url, api_key) as c:
-        try:
-            _print_pipeline(c.pipelines.cancel(pipeline_id))
-        except MathRLError as exc:
-            _fail(exc)
+        _print_pipeline(c.pipelines.cancel(pipeline_id))
 
 
 @jobs_app.command("submit")
@@ -181,10 +184,7 @@ def submit(
 ) -> None:
     """Submit a job spec."""
     with _client(url, api_key) as c:
-        try:
-            job = c.jobs.create(load_spec_file(spec_file), idempotency_key=idempotency_key)
-        except MathRLError as exc:
-            _fail(exc)
+        job = c.jobs.create(load_spec_file(spec_file), idempotency_key=idempotency_key)
         if as_json:
             console.print_json(job.model_dump_json())
         else:
@@ -216,14 +216,11 @@ def list_jobs(
 ) -> None:
     """List jobs, newest first."""
     with _client(url, api_key) as c:
-        try:
-            jobs = []
-            for j in c.jobs.list(kind=kind, status=status, tag=tag, page_size=min(limit, 500)):
-                jobs.append(j)
-                if len(jobs) >= limit:
-                    break
-        except MathRLError as exc:
-            _fail(exc)
+        jobs = []
+        for j in c.jobs.list(kind=kind, status=status, tag=tag, page_size=min(limit, 500)):
+            jobs.append(j)
+            if len(jobs) >= limit:
+                break
     if as_json:
         console.print_json(json.dumps([j.model_dump(mode="json") for j in jobs]))
     else:
@@ -234,20 +231,14 @@ def list_jobs(
 def get(job_id: str, url: UrlOpt = None, api_key: KeyOpt = None) -> None:
     """Show one job, its resolved config included."""
     with _client(url, api_key) as c:
-        try:
-            console.print_json(c.jobs.retrieve(job_id).model_dump_json())
-        except MathRLError as exc:
-            _fail(exc)
+        console.print_json(c.jobs.retrieve(job_id).model_dump_json())
 
 
 @jobs_app.command("cancel")
 def cancel(job_id: str, url: UrlOpt = None, api_key: KeyOpt = None) -> None:
     """Cancel a queued or running job."""
     with _client(url, api_key) as c:
-        try:
-            job = c.jobs.cancel(job_id)
-        except MathRLError as exc:
-            _fail(exc)
+        job = c.jobs.cancel(job_id)
     console.print(f"{job.id}: {job.status}" + (" (stopping)" if job.status == "running" else ""))
 
 
@@ -260,24 +251,18 @@ def logs(
 ) -> None:
     """Print a job's event log."""
     with _client(url, api_key) as c:
-        try:
-            if follow:
-                _follow(c, job_id)
-                return
-            for ev in c.jobs.events(job_id):
-                console.print(f"[dim]{ev.time:%H:%M:%S}[/dim] {ev.type}: {ev.message}")
-        except MathRLError as exc:
-            _fail(exc)
+        if follow:
+            _follow(c, job_id)
+            return
+        for ev in c.jobs.events(job_id):
+            console.print(f"[dim]{ev.time:%H:%M:%S}[/dim] {ev.type}: {ev.message}")
 
 
 @jobs_app.command("metrics")
 def metrics(job_id: str, url: UrlOpt = None, api_key: KeyOpt = None, name: str | None = None) -> None:
     """Latest value and length of each metric series."""
     with _client(url, api_key) as c:
-        try:
-            series = c.jobs.metrics(job_id, name=name)
-        except MathRLError as exc:
-            _fail(exc)
+        series = c.jobs.metrics(job_id, name=name)
     table = Table()
     for col in ("metric", "points", "last step", "last value"):
         table.add_column(col)
@@ -296,10 +281,7 @@ def results(
 ) -> None:
     """An eval job's per-item results as JSON lines (prompt, completion, gold, extracted answer, verdict)."""
     with _client(url, api_key) as c:
-        try:
-            items = c.jobs.results(job_id)
-        except MathRLError as exc:
-            _fail(exc)
+        items = c.jobs.results(job_id)
     text = "".join(json.dumps(item) + "\n" for item in items)
     if output is None:
         sys.stdout.write(text)
@@ -320,10 +302,7 @@ def scores(
 ) -> None:
     """Benchmark scores with their provenance."""
     with _client(url, api_key) as c:
-        try:
-            rows = c.scores.list(model=model, benchmark=benchmark, job_id=job)
-        except MathRLError as exc:
-            _fail(exc)
+        rows = c.scores.list(model=model, benchmark=benchmark, job_id=job)
     if as_json:
         console.print_json(json.dumps([r.model_dump(mode="json") for r in rows]))
         return
@@ -359,16 +338,13 @@ def keys_create(
 ) -> None:
     """Create an API key (printed once; only its hash is stored)."""
     with _client(url, api_key) as c:
-        try:
-            key = c.keys.create(
-                name=name,
-                project=project,
-                expires_in_days=expires_in_days,
-                admin_token=admin_token,
-                scopes=scope or None,
-            )
-        except MathRLError as exc:
-            _fail(exc)
+        key = c.keys.create(
+            name=name,
+            project=project,
+            expires_in_days=expires_in_days,
+            admin_token=admin_token,
+            scopes=scope or None,
+        )
     err.print(f"key {key.id} for project '{key.project}' (shown once):")
     sys.stdout.write(key.key + "\n")
 
@@ -377,10 +353,7 @@ def keys_create(
 def keys_list(url: UrlOpt = None, api_key: KeyOpt = None) -> None:
     """Your project's keys: prefix, scopes, expiry, whether revoked (never the secrets)."""
     with _client(url, api_key) as c:
-        try:
-            keys = c.keys.list()
-        except MathRLError as exc:
-            _fail(exc)
+        keys = c.keys.list()
     table = Table("id", "name", "prefix", "scopes", "expires", "revoked")
     for k in keys:
         table.add_row(
@@ -393,10 +366,7 @@ def keys_list(url: UrlOpt = None, api_key: KeyOpt = None) -> None:
 def keys_revoke(key_id: str, url: UrlOpt = None, api_key: KeyOpt = None) -> None:
     """Revoke a key of your project."""
     with _client(url, api_key) as c:
-        try:
-            c.keys.revoke(key_id)
-        except MathRLError as exc:
-            _fail(exc)
+        c.keys.revoke(key_id)
     console.print(f"revoked {key_id}")
 
 

@@ -77,3 +77,27 @@ def test_async_client(service: Service) -> None:
             assert [e.type async for e in c.jobs.follow(job.id)] == ["queued", "cancelled"]
 
     asyncio.run(go())
+
+
+def test_service_errors_are_one_message_and_exit_1_from_every_command(service: Service, tmp_path: Path) -> None:
+    """Issue 20.6: each command had its own except block for service errors (14 copies); one
+    command group handles them now. A problem prints its status, title, detail and the
+    pointers of its errors, never a traceback, and exits 1."""
+    key = service.key()
+    missing = "00000000-0000-0000-0000-000000000000"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("kind: eval\nmodel: org/m\nlimit: -3\n")
+    cases = [
+        (("jobs", "get", missing), "404"),
+        (("jobs", "cancel", missing), "404"),
+        (("jobs", "logs", missing), "404"),
+        (("jobs", "metrics", missing), "404"),
+        (("pipeline", "get", missing), "404"),
+        (("keys", "revoke", missing), "404"),
+        (("jobs", "submit", str(bad)), "/limit"),
+    ]
+    for args, expected in cases:
+        code, out = cli(service, key, *args)
+        assert code == 1 and expected in out and "Traceback" not in out, (args, code, out)
+    code, out = cli(service, "mrl_not-a-key", "jobs", "list")
+    assert code == 1 and "401" in out, out
