@@ -18,11 +18,12 @@ from sqlalchemy.orm import Session
 
 from api.problems import Problem
 from mathrl.presets import resolve_config
+from mathrl.status import ACTIVE
 from service.settings import Settings
 from service.sources import url_refusal
 from store.models import Job, Project
 
-ACTIVE_STATUSES: tuple[str, ...] = ("waiting", "queued", "running")
+ACTIVE_STATUSES = ACTIVE  # what counts against the quotas (mathrl.status)
 
 
 def admit(session: Session, project_id: str, spec: Any, settings: Settings, pending: list[Any] | None = None) -> None:

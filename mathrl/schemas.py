@@ -8,11 +8,13 @@ from typing import Annotated, Any, Generic, Literal, TypeVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from mathrl.status import TERMINAL
+from mathrl.status import JobStatus as JobStatus
+
+TERMINAL_STATUSES = TERMINAL  # the name the SDK has exported
+
 # SQLite hands back naive datetimes; every time the service stores is UTC.
 datetime = Annotated[_datetime, AfterValidator(lambda d: d if d.tzinfo else d.replace(tzinfo=UTC))]
-
-JobStatus = Literal["waiting", "queued", "running", "succeeded", "failed", "cancelled"]
-TERMINAL_STATUSES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
 
 T = TypeVar("T")
 

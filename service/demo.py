@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from mathrl.status import NOT_STARTED
 from service.embedded import demo_key, embedded_service, prepare_model
 
 PIPELINE_FILE = Path(__file__).resolve().parent.parent / "examples" / "arith-pipeline.yaml"
@@ -130,7 +131,7 @@ def run_pipeline_demo(home: str, port: int, quick: bool, keep_running: bool, pip
         while True:
             p = client.pipelines.retrieve(p.id)
             for j in p.jobs:
-                if j.status in ("waiting", "queued") and j.job_id not in last_seq:
+                if j.status in NOT_STARTED and j.job_id not in last_seq:
                     continue
                 for ev in client.jobs.events(j.job_id, after=last_seq.get(j.job_id)):
                     last_seq[j.job_id] = ev.seq

@@ -1,15 +1,7 @@
-"""The job state machine. Every transition is one conditional UPDATE, so two workers, a
-duplicate broker message or a second pod can never both win.
-
-    waiting ──dependencies succeeded──> queued        (pipeline jobs; store/pipelines.py)
-      └──a dependency failed / was cancelled──> failed | cancelled
-
-    queued ──claim──> running ──finish──> succeeded | failed | cancelled
-      │                  │
-      │                  └─lease lapsed (reconciler)──> queued   (attempts < max_attempts)
-      │                                            └──> failed   (attempts exhausted)
-      └──cancel──> cancelled          running ──cancel requested──> (supervisor stops it) cancelled
-"""
+"""The job state machine. The statuses and the moves between them are defined once, in
+mathrl/status.py (the diagram is there); here every move is made, each one conditional UPDATE
+(`move`), so two workers, a duplicate broker message or a second pod can never both win, and
+a move mathrl.status does not allow is refused before it reaches the database."""
 
 from __future__ import annotations
 
@@ -17,22 +9,23 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, case, cast, exists, func, literal, or_, select, update
+from sqlalchemy import ColumnElement, Update, and_, case, cast, exists, func, literal, or_, select, update
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Session
 
+from mathrl.status import NOT_STARTED, TERMINAL, check_move
 from store.models import Event, Job, Pipeline, utcnow
 from store.pipelines import settle_all, settle_dependents
 
-TRANSITIONS: dict[str, frozenset[str]] = {
-    "waiting": frozenset({"queued", "cancelled", "failed"}),
-    "queued": frozenset({"running", "cancelled", "failed"}),
-    "running": frozenset({"succeeded", "failed", "cancelled", "queued"}),
-    "succeeded": frozenset(),
-    "failed": frozenset(),
-    "cancelled": frozenset(),
-}
-TERMINAL = frozenset(s for s, nxt in TRANSITIONS.items() if not nxt)
+
+def move(before: tuple[str, ...] | str, after: str) -> Update:
+    """The one way a bulk UPDATE changes a job's status: `update(Job)` restricted to jobs in
+    `before`, setting `after`, refused at once (IllegalTransition) unless mathrl.status allows
+    every one of those moves. (ORM attribute sets are checked by Job's status validator.)"""
+    froms = (before,) if isinstance(before, str) else before
+    for f in froms:
+        check_move(f, after)
+    return update(Job).where(Job.status.in_(froms)).values(status=after)
 
 
 def add_event(
@@ -52,10 +45,9 @@ def claim(session: Session, job_id: str, owner: str, lease_seconds: float) -> Jo
     """Take a queued job. Returns None when someone else has it or it is no longer queued."""
     now = utcnow()
     result = session.execute(
-        update(Job)
-        .where(Job.id == job_id, Job.status == "queued", Job.cancel_requested.is_(False))
+        move("queued", "running")
+        .where(Job.id == job_id, Job.cancel_requested.is_(False))
         .values(
-            status="running",
             lease_owner=owner,
             lease_expires_at=now + timedelta(seconds=lease_seconds),
             attempts=Job.attempts + 1,
@@ -133,9 +125,9 @@ def finish(session: Session, job_id: str, owner: str, status: str, error: str | 
     now = utcnow()
     lock_pipeline_of(session, job_id)
     result = session.execute(
-        update(Job)
-        .where(Job.id == job_id, Job.status == "running", Job.lease_owner == owner)
-        .values(status=status, error=error, finished_at=now, lease_owner=None, lease_expires_at=None, updated_at=now)
+        move("running", status)
+        .where(Job.id == job_id, Job.lease_owner == owner)
+        .values(error=error, finished_at=now, lease_owner=None, lease_expires_at=None, updated_at=now)
         .execution_options(synchronize_session=False)
     )
     if result.rowcount != 1:  # type: ignore[attr-defined]
@@ -148,15 +140,14 @@ def finish(session: Session, job_id: str, owner: str, status: str, error: str | 
     return True
 
 
-NOT_STARTED = ("waiting", "queued")
-
-
 def request_cancel(session: Session, job: Job) -> Job:
     """Cancel a job in whatever state it is now (not the state it was read in): one conditional
     UPDATE cancels a waiting or queued job at once and asks the supervisor of a running job to
     stop it; an ended job is left as it is. (Two statements raced: a job that went from waiting
     to queued meanwhile kept running, and a running job re-queued meanwhile was left queued with
     cancel_requested set, which nothing claims or sends: queued for ever.)"""
+    for s in NOT_STARTED:  # the moves the CASE below makes
+        check_move(s, "cancelled")
     now = utcnow()
     lock_pipeline_of(session, job.id)
     not_started = Job.status.in_(NOT_STARTED)

@@ -18,8 +18,9 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
 )
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, validates
 
+from mathrl.status import check_move
 from store.ids import uuid7
 
 
@@ -81,7 +82,7 @@ class Job(Base):
     project_id: Mapped[str] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"))
     kind: Mapped[str] = mapped_column(String(32))
     name: Mapped[str | None] = mapped_column(String(200))
-    status: Mapped[str] = mapped_column(String(16), default="queued")
+    status: Mapped[str] = mapped_column(String(16), default="queued")  # mathrl.status
     tags: Mapped[list[str]] = mapped_column(default=list)
     spec: Mapped[dict[str, Any]] = mapped_column()
     resolved_config: Mapped[dict[str, Any] | None] = mapped_column()
@@ -103,6 +104,13 @@ class Job(Base):
     started_at: Mapped[datetime | None] = mapped_column()
     finished_at: Mapped[datetime | None] = mapped_column()
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+    @validates("status")
+    def _check_status_move(self, _key: str, value: str) -> str:
+        """A status set on a loaded job (the reconciler, pipeline settling) must be a move
+        mathrl.status allows; bulk UPDATEs go through store.jobs.move."""
+        check_move(self.status, value)
+        return value
 
 
 class Event(Base):

@@ -351,3 +351,26 @@ def test_the_fence_holds_the_job_until_the_write_commits(pg_url: str) -> None:
     with session_scope(pg_url) as s:
         assert s.get(Job, job_id).status == "queued"  # type: ignore[union-attr]
         assert s.query(Event).filter_by(job_id=job_id, type="metric-write").count() == 1
+
+
+def test_the_store_refuses_a_status_move_mathrl_status_does_not_allow(store_url: str) -> None:
+    """Issue 20.4: the TRANSITIONS table was documentation; now it is what the store enforces,
+    on ORM sets (the reconciler, pipeline settling) and on bulk UPDATEs (store.jobs.move)."""
+    from mathrl.status import STATUSES, TERMINAL, TRANSITIONS, IllegalTransition
+    from store.jobs import move
+
+    job_id = _job(store_url, status="succeeded")
+    with session_scope(store_url) as s:
+        job = s.get(Job, job_id)
+        assert job is not None
+        with pytest.raises(IllegalTransition, match="from succeeded to running"):
+            job.status = "running"
+        with pytest.raises(IllegalTransition, match="not a job status"):
+            job.status = "paused"
+        job.status = "succeeded"  # staying put is not a move
+    with pytest.raises(IllegalTransition, match="from failed to queued"):
+        move(("running", "failed"), "queued")
+    assert set(STATUSES) == set(TRANSITIONS) and TERMINAL == {"succeeded", "failed", "cancelled"}
+    for before, after in TRANSITIONS.items():  # the allowed moves pass on both paths
+        for status in after:
+            move(before, status)

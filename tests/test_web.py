@@ -123,6 +123,24 @@ def test_pages_and_their_files_are_served_without_a_key(app_client: Any) -> None
             assert imported in STATIC, f"{name} imports {imported}, which is not served"
 
 
+@pytest.mark.quick
+def test_pages_get_the_job_statuses_from_the_server(app_client: Any) -> None:
+    """Issue 20.4: the pages kept their own copies of the status list and the terminal set;
+    the shell now carries mathrl.status's definition, and no page script spells it out."""
+    import html as html_lib
+    import json
+
+    from api.web.router import STATIC
+    from mathrl.status import as_json
+
+    r = app_client.get("/ui")
+    found = re.search(r'<script type="application/json" id="mathrl-status">(.*?)</script>', r.text)
+    assert found and json.loads(html_lib.unescape(found.group(1))) == as_json()
+    for name, (body, _, _) in STATIC.items():
+        text = body.decode()
+        assert not re.search(r'"succeeded",\s*"failed"|"failed",\s*"cancelled"', text), f"{name} lists statuses itself"
+
+
 @pytest.mark.slow
 def test_job_list_loads_and_filters(service: Service, project: tuple[str, Any], page: Any, shots: Path) -> None:
     key, c = project

@@ -7,6 +7,7 @@ from memory with an ETag (`no-cache`: the browser revalidates, a 304 costs nothi
 from __future__ import annotations
 
 import hashlib
+import json
 from html import escape
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from api.problems import problem_response
+from mathrl.status import as_json as status_as_json
 
 router = APIRouter(include_in_schema=False)
 
@@ -50,14 +52,20 @@ SHELL = """<!doctype html>
   <span id="who"></span>
 </header>
 <main id="main"><noscript>These pages need JavaScript.</noscript><p class="muted" id="loading">Loading…</p></main>
+<script type="application/json" id="mathrl-status">{status}</script>
 <script type="module" src="/ui/static/{page}.js?v={version}"></script>
 </body>
 </html>
 """
 
 
+# the job statuses and their moves, as mathrl.status defines them (common.js reads them): the
+# pages keep no copy of their own; "<" escaped so that the JSON cannot close the script element
+STATUS_JSON = json.dumps(status_as_json()).replace("<", "\\u003c")
+
+
 def _page(page: str, title: str) -> HTMLResponse:
-    html = SHELL.format(title=escape(title), page=page, version=VERSION)
+    html = SHELL.format(title=escape(title), page=page, version=VERSION, status=STATUS_JSON)
     return HTMLResponse(html, headers={**SECURITY_HEADERS, "Cache-Control": "no-cache"})
 
 

@@ -60,7 +60,10 @@ export function h(tag, attrs = {}, ...children) {
 
 export const $ = (sel, root = document) => root.querySelector(sel);
 
-export const TERMINAL = new Set(["succeeded", "failed", "cancelled"]);
+// the job statuses, terminal ones and moves as the server defines them (mathrl/status.py), from the page shell
+const STATUS = JSON.parse(document.getElementById("mathrl-status").textContent);
+export const STATUSES = STATUS.statuses;
+export const TERMINAL = new Set(STATUS.terminal);
 export const badge = (status) => h("span", { class: `badge ${status}`, "data-status": status }, status);
 // ids are UUIDv7: the first digits are a timestamp shared by jobs made together, the last are random
 export const shortId = (id) => (id ? id.slice(-8) : "");

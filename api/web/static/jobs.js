@@ -1,8 +1,7 @@
 // /ui: the job list, newest first, with kind / status / tag filters kept in the URL.
-import { api, badge, boot, every, fmtDuration, fmtTime, h, shortId } from "./common.js";
+import { STATUSES, api, badge, boot, every, fmtDuration, fmtTime, h, shortId } from "./common.js";
 
 const KINDS = ["eval", "sft", "grpo", "reward_model"];
-const STATUSES = ["waiting", "queued", "running", "succeeded", "failed", "cancelled"];
 
 function row(job) {
   return h("tr", { dataset: { jobId: job.id, kind: job.kind, status: job.status } },

@@ -1,0 +1,56 @@
+"""A job's status and the moves between them: the one definition. The SDK types responses
+with it, the store enforces it on every status change (store.jobs.move, and the Job model's
+status validator), and the status pages get it from the page shell (api/web/router.py).
+
+    waiting ──dependencies succeeded──> queued        (pipeline jobs; store/pipelines.py)
+      └──a dependency failed / was cancelled──> failed | cancelled
+
+    queued ──claim──> running ──finish──> succeeded | failed | cancelled
+      │                  │
+      │                  └─lease lapsed (reconciler)──> queued   (attempts < max_attempts)
+      │                                            └──> failed | cancelled
+      └──cancel──> cancelled          running ──cancel requested──> (supervisor stops it) cancelled
+"""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+JobStatus = Literal["waiting", "queued", "running", "succeeded", "failed", "cancelled"]
+STATUSES: tuple[str, ...] = get_args(JobStatus)
+
+TRANSITIONS: dict[str, frozenset[str]] = {
+    "waiting": frozenset({"queued", "cancelled", "failed"}),
+    "queued": frozenset({"running", "cancelled", "failed"}),
+    "running": frozenset({"succeeded", "failed", "cancelled", "queued"}),
+    "succeeded": frozenset(),
+    "failed": frozenset(),
+    "cancelled": frozenset(),
+}
+TERMINAL: frozenset[str] = frozenset(s for s, nxt in TRANSITIONS.items() if not nxt)
+NOT_STARTED: tuple[str, ...] = ("waiting", "queued")
+ACTIVE: tuple[str, ...] = ("waiting", "queued", "running")  # what counts against a project's quota
+
+assert set(TRANSITIONS) == set(STATUSES), "every status has its row of moves"
+
+
+class IllegalTransition(ValueError):
+    pass
+
+
+def check_move(before: str | None, after: str) -> None:
+    """Raise IllegalTransition unless a job may go from `before` to `after` (None: a row being
+    created, which may hold any status; staying in a status is not a move)."""
+    if after not in TRANSITIONS:
+        raise IllegalTransition(f"{after!r} is not a job status: {', '.join(STATUSES)}")
+    if before is not None and after != before and after not in TRANSITIONS.get(before, frozenset()):
+        raise IllegalTransition(f"a job cannot go from {before} to {after}")
+
+
+def as_json() -> dict[str, object]:
+    """For the status pages: the statuses in order, the terminal ones, the moves."""
+    return {
+        "statuses": list(STATUSES),
+        "terminal": sorted(TERMINAL),
+        "transitions": {s: sorted(n) for s, n in TRANSITIONS.items()},
+    }
