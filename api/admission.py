@@ -1,7 +1,9 @@
 """Admission: what a job may use and how much, checked before anything is stored or fetched.
 
-`admit(session, project_id, spec, settings)` is called by every route that creates a job,
-once per job, after the spec validated and before the row is added. It raises a `Problem`
+`admit_spec(spec, settings)` checks one job (sources, benchmarks, per-job limits on its
+config, resolved here once and returned for the job row); `check_project_quota` checks a
+whole submission (one job, or a pipeline's) against the project's quotas, with one locking
+read. api/submit.py calls both for every route that creates jobs. They raise a `Problem`
 (422 for a source or a per-job limit, 429 for a project quota) whose `errors[]` point at
 the offending field and say how to fix it. Nothing is fetched or opened: paths are resolved
 lexically (plus symlinks) and URL hosts are checked as literal addresses or by DNS.
@@ -26,16 +28,14 @@ from store.models import Job, Project
 ACTIVE_STATUSES = ACTIVE  # what counts against the quotas (mathrl.status)
 
 
-def admit(session: Session, project_id: str, spec: Any, settings: Settings, pending: list[Any] | None = None) -> None:
-    """Refuse the job unless its sources are allowed and it fits the project's quotas.
-
-    `pending`: specs admitted earlier in the same submission (a pipeline) and not yet stored,
-    so that they count against the project's quotas too.
-    """
+def admit_spec(spec: Any, settings: Settings) -> dict[str, Any]:
+    """Refuse the job unless its sources are allowed and it is within the per-job limits;
+    return its resolved config (every hyperparameter as the run will use it)."""
     check_sources(spec, settings)
     check_benchmarks(spec)
-    check_job_limits(spec, settings)
-    check_project_quota(session, project_id, spec, settings, pending or [])
+    config = resolve_config(spec)
+    check_job_limits(spec, config, settings)
+    return config
 
 
 # --- sources ---------------------------------------------------------------------------
@@ -136,9 +136,8 @@ def _over(pointer: str, value: int, limit: int, what: str) -> Problem:
     return Problem(422, "Over a limit", f"{pointer}: {detail}", [{"pointer": pointer, "detail": detail}])
 
 
-def check_job_limits(spec: Any, settings: Settings) -> None:
+def check_job_limits(spec: Any, config: dict[str, Any], settings: Settings) -> None:
     limits = settings.limits
-    config = resolve_config(spec)
     checks: list[tuple[str, int | None, int, str]] = [
         ("/max_steps", config.get("max_steps"), limits.max_steps, "steps per job"),
     ]
@@ -183,28 +182,44 @@ def check_job_limits(spec: Any, settings: Settings) -> None:
 # --- project quotas ----------------------------------------------------------------------
 
 
-def check_project_quota(session: Session, project_id: str, spec: Any, settings: Settings, pending: list[Any]) -> None:
+class QuotaProblem(Problem):
+    """A quota refusal, with the submission's key (a pipeline step; "" for a single job) at
+    which the project crossed it."""
+
+    def __init__(self, key: str, detail: str, pointer: str) -> None:
+        super().__init__(429, "Quota exceeded", detail, [{"pointer": pointer, "detail": detail}])
+        self.key = key
+
+
+def check_project_quota(session: Session, project_id: str, specs: dict[str, Any], settings: Settings) -> None:
+    """The project's active jobs and GPUs, with every job of this submission (`specs`, in the
+    order they are added) counted, within the quotas. One locking read of the project's
+    active jobs, whatever the submission's size."""
     limits = settings.limits
     # Lock the project's row until the caller commits, so two concurrent submissions cannot
     # both take the last slot (PostgreSQL; SQLite serialises writers anyway).
     session.execute(select(Project.id).where(Project.id == project_id).with_for_update())
-    rows = (
-        session.execute(select(Job.spec).where(Job.project_id == project_id, Job.status.in_(ACTIVE_STATUSES)))
-        .scalars()
-        .all()
-    )
-    jobs = len(rows) + len(pending) + 1
-    gpus = sum(int(((s or {}).get("resources") or {}).get("gpus", 0)) for s in rows)
-    gpus += sum(p.resources.gpus for p in pending) + spec.resources.gpus
-    if jobs > limits.max_active_jobs:
-        detail = (
-            f"your project has {jobs - 1} active (waiting, queued or running) jobs and may have "
-            f"{limits.max_active_jobs}: wait for some to finish or cancel some"
+    gpus_of_active = session.execute(
+        select(Job.spec["resources"]["gpus"].as_integer()).where(
+            Job.project_id == project_id, Job.status.in_(ACTIVE_STATUSES)
         )
-        raise Problem(429, "Quota exceeded", detail, [{"pointer": "/", "detail": detail}])
-    if gpus > limits.max_active_gpus:
-        detail = (
-            f"resources.gpus={spec.resources.gpus} would bring your project's active jobs to {gpus} GPUs; "
-            f"the quota is {limits.max_active_gpus}: ask for fewer or wait for running jobs to finish"
-        )
-        raise Problem(429, "Quota exceeded", detail, [{"pointer": "/resources/gpus", "detail": detail}])
+    ).scalars()
+    active = 0
+    gpus = 0
+    for g in gpus_of_active:
+        active, gpus = active + 1, gpus + int(g or 0)
+    for key, spec in specs.items():
+        if active + 1 > limits.max_active_jobs:
+            detail = (
+                f"your project has {active} active (waiting, queued or running) jobs and may have "
+                f"{limits.max_active_jobs}: wait for some to finish or cancel some"
+            )
+            raise QuotaProblem(key, detail, "/")
+        if gpus + spec.resources.gpus > limits.max_active_gpus:
+            detail = (
+                f"resources.gpus={spec.resources.gpus} would bring your project's active jobs to "
+                f"{gpus + spec.resources.gpus} GPUs; the quota is {limits.max_active_gpus}: ask for fewer "
+                "or wait for running jobs to finish"
+            )
+            raise QuotaProblem(key, detail, "/resources/gpus")
+        active, gpus = active + 1, gpus + spec.resources.gpus

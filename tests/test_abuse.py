@@ -20,6 +20,7 @@ from hypothesis import HealthCheck, Phase
 from hypothesis import settings as hsettings
 from sqlalchemy import text
 
+from mathrl.specs import parse_spec
 from tests.conftest import ADMIN_TOKEN, admin_key
 
 PARKED = {"pool": "abuse-parked"}
@@ -669,3 +670,39 @@ def test_open_event_streams_hold_no_database_connection(service: Any, pg_url: st
     # before: every stream held one (30, the whole pool); now only polls caught between their two queries
     assert held <= 20, f"{held} connections idle in transaction with {streams} streams open"
     assert other == 200
+
+
+@pytest.mark.quick
+def test_a_pipeline_is_admitted_as_one_submission(app_client: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 20.2: the jobs and pipelines routes had submit paths of their own, a spec was
+    resolved twice per job, and a pipeline read the project's active jobs once per step. Now
+    one path (api/submit.py): each spec resolved once, its config stored as resolved, one
+    quota read per submission, and a quota crossed mid-pipeline points at that step."""
+    import api.admission as admission
+    import api.submit as submit
+
+    resolved: list[str] = []
+    quota_reads: list[int] = []
+    real_resolve, real_quota = admission.resolve_config, submit.check_project_quota
+    monkeypatch.setattr(admission, "resolve_config", lambda spec: resolved.append(spec.kind) or real_resolve(spec))
+    monkeypatch.setattr(
+        submit,
+        "check_project_quota",
+        lambda s, p, specs, st: quota_reads.append(len(specs)) or real_quota(s, p, specs, st),
+    )
+    h = admin_key(app_client)
+    gpu = {**PARKED, "gpus": 2}
+    steps = {"a": eval_spec(resources=gpu), "b": eval_spec(resources=gpu), "c": eval_spec(resources=gpu)}
+    with overridden(limits={"max_active_gpus": 5}):
+        r = app_client.post("/v1/pipelines", json={"jobs": steps}, headers=h)
+        assert r.status_code == 429 and r.json()["errors"][0]["pointer"] == "/jobs/c/resources/gpus", r.text
+        assert "step 'c'" in r.json()["detail"] and "6 GPUs" in r.json()["detail"]
+        assert resolved == ["eval"] * 3 and quota_reads == [3]
+        assert project_jobs(app_client, h) == []  # nothing stored
+        resolved.clear()
+        quota_reads.clear()
+        r = app_client.post("/v1/pipelines", json={"jobs": {"a": steps["a"], "b": steps["b"]}}, headers=h)
+        assert r.status_code == 201, r.text
+        assert resolved == ["eval"] * 2 and quota_reads == [2]
+    job = app_client.get(f"/v1/jobs/{r.json()['jobs'][0]['job_id']}", headers=h).json()
+    assert job["resolved_config"] == real_resolve(parse_spec(job["spec"]))

@@ -17,9 +17,7 @@ from fastapi.responses import FileResponse, StreamingResponse
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
-from api.admission import admit
 from api.deps import CallerDep, SessionDep, SettingsDep, owned, page_cursor
-from api.dispatch import dispatch, new_task_id
 from api.problems import (
     IDEMPOTENCY_CONFLICT,
     JOB_NOT_FOUND,
@@ -27,7 +25,7 @@ from api.problems import (
     RESULTS_UNAVAILABLE,
     Problem,
 )
-from mathrl.presets import resolve_config
+from api.submit import admit, commit_and_dispatch, job_row
 from mathrl.schemas import (
     CheckpointResponse,
     EventResponse,
@@ -41,7 +39,7 @@ from mathrl.schemas import (
 from mathrl.specs import AnySpec
 from store.db import get_sessionmaker
 from store.jobs import TERMINAL, has_tag, request_cancel
-from store.models import Checkpoint, Event, Job, Metric, Sample, utcnow
+from store.models import Checkpoint, Event, Job, Metric, Sample
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 log = logging.getLogger("mathrl.api")
@@ -83,21 +81,8 @@ def create_job(
         )
         if existing is not None:
             return _replay(existing, request_hash, response)
-    admit(session, caller.project_id, spec, settings)
-    job = Job(
-        project_id=caller.project_id,
-        kind=spec.kind,
-        name=spec.name,
-        tags=spec.tags,
-        spec=body,
-        resolved_config=resolve_config(spec),
-        queue=spec.resources.queue,
-        max_attempts=spec.max_attempts,
-        idempotency_key=idempotency_key,
-        request_hash=request_hash,
-        celery_task_id=new_task_id(),
-        dispatched_at=utcnow(),
-    )
+    config = admit(session, caller.project_id, {"": spec}, settings)[""]
+    job = job_row(caller.project_id, spec, config, idempotency_key=idempotency_key, request_hash=request_hash)
     session.add(job)
     try:
         session.flush()
@@ -109,9 +94,7 @@ def create_job(
         if existing is None:
             raise
         return _replay(existing, request_hash, response)
-    session.add(Event(job_id=job.id, type="queued", message=f"queued on '{job.queue}'", level="info"))
-    session.commit()
-    dispatch(session, settings, job.id, job.queue, job.celery_task_id or "")
+    commit_and_dispatch(session, settings, [(job, f"queued on '{job.queue}'")])
     return job
 
 

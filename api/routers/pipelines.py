@@ -12,16 +12,14 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, Query
 from sqlalchemy import select
 
-from api.admission import admit
 from api.deps import CallerDep, SessionDep, SettingsDep, owned, page_cursor
-from api.dispatch import dispatch, new_task_id
 from api.problems import PIPELINE_NOT_FOUND, Problem
-from mathrl.presets import resolve_config
+from api.submit import admit, commit_and_dispatch, job_row
 from mathrl.schemas import Page, PipelineResponse
 from mathrl.specs import PipelineSpec, model_refs, parse_spec, split_job_ref
 from store.ids import uuid7
 from store.jobs import TERMINAL, request_cancel
-from store.models import Event, Job, Pipeline, utcnow
+from store.models import Job, Pipeline
 from store.pipelines import pipeline_status
 
 router = APIRouter(prefix="/v1/pipelines", tags=["pipelines"])
@@ -57,13 +55,6 @@ def _order(deps: dict[str, list[str]]) -> list[str]:
     for step in deps:
         visit(step)
     return out
-
-
-def _in_step(exc: Problem, step: str) -> Problem:
-    """A job's admission problem, pointing into the pipeline (/model -> /jobs/<step>/model)."""
-    errors = [{**e, "pointer": f"/jobs/{step}{e.get('pointer', '')}"} for e in exc.errors or []]
-    detail = f"step '{step}': {exc.detail}"
-    return Problem(exc.status, exc.title, detail, errors, exc.headers)
 
 
 def view(pipeline: Pipeline, jobs: list[Job]) -> dict[str, Any]:
@@ -137,10 +128,7 @@ def create_pipeline(
                     msg = f"{ref!r}: no job with this id in your project (or name a step of this pipeline)"
                     raise Problem(422, "Invalid request", f"{pointer}: {msg}", [{"pointer": pointer, "detail": msg}])
         finals[step] = parse_spec(body)
-        try:
-            admit(session, caller.project_id, finals[step], settings, pending=[finals[s] for s in finals if s != step])
-        except Problem as exc:
-            raise _in_step(exc, step) from None
+    configs = admit(session, caller.project_id, finals, settings)
     pipeline = Pipeline(
         id=uuid7(),
         project_id=caller.project_id,
@@ -153,38 +141,34 @@ def create_pipeline(
     jobs: list[Job] = []
     for step in order:
         final = finals[step]
-        waiting = bool(deps[step])
-        job = Job(
+        job = job_row(
+            caller.project_id,
+            final,
+            configs[step],
+            start=not deps[step],
             id=ids[step],
-            project_id=caller.project_id,
-            kind=final.kind,
             name=final.name or f"{spec.name or 'pipeline'}/{step}",
             tags=list(dict.fromkeys([*spec.tags, *final.tags])),
-            spec=final.model_dump(mode="json"),
-            resolved_config=resolve_config(final),
-            queue=final.resources.queue,
-            max_attempts=final.max_attempts,
             pipeline_id=pipeline.id,
             pipeline_step=step,
             depends_on=[ids[d] for d in deps[step]],
-            status="waiting" if waiting else "queued",
-            celery_task_id=None if waiting else new_task_id(),
-            dispatched_at=None if waiting else utcnow(),
         )
         session.add(job)
         jobs.append(job)
     session.flush()
-    for job in jobs:
-        message = (
-            f"waiting for {', '.join(repr(d) for d in deps[job.pipeline_step or ''])}"
-            if job.status == "waiting"
-            else f"queued on '{job.queue}'"
-        )
-        session.add(Event(job_id=job.id, type=job.status, message=message, level="info"))
-    session.commit()
-    for job in jobs:
-        if job.status == "queued":
-            dispatch(session, settings, job.id, job.queue, job.celery_task_id or "")
+    commit_and_dispatch(
+        session,
+        settings,
+        [
+            (
+                job,
+                f"waiting for {', '.join(repr(d) for d in deps[job.pipeline_step or ''])}"
+                if job.status == "waiting"
+                else f"queued on '{job.queue}'",
+            )
+            for job in jobs
+        ],
+    )
     session.refresh(pipeline)
     return view(pipeline, sorted(jobs, key=lambda j: j.id))
 
