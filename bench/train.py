@@ -49,7 +49,8 @@ def direct_trl(spec: Any, config: dict[str, Any], model_path: str, out: Path) ->
 
     from evaluator.models import load_tokenizer
     from trainer.data import load_problems, prompt_dataset
-    from trainer.grpo import build_rewards, grpo_args
+    from trainer.grpo import build_rewards
+    from trainer.grpo_config import grpo_args
 
     tok = load_tokenizer(model_path)
     problems, template = load_problems(spec.dataset, None)

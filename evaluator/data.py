@@ -5,25 +5,16 @@ from __future__ import annotations
 import logging
 import os
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from evaluator.benchmarks import Benchmark
 from evaluator.grading import gsm8k_gold, last_boxed
+from evaluator.problem import Problem as Problem  # the loaders' result type, where it was
 
 log = logging.getLogger(__name__)
 _LEVEL = re.compile(r"Level\s*(\S+)")
-
-
-@dataclass
-class Problem:
-    index: int
-    question: str
-    gold: str
-    meta: dict[str, Any] = field(default_factory=dict)
-    solution: str | None = None
 
 
 def load_args(

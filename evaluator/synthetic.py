@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import random
 
-from evaluator.data import Problem
+from evaluator.problem import Problem
 
 HELDOUT_SEED = 20240205
 HELDOUT_SIZE = 300

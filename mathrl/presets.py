@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from mathrl.errors import FieldError
+
 if TYPE_CHECKING:
     from mathrl.specs import GRPOSpec
 
 
 def _err(field: str, message: str) -> ValueError:
-    from mathrl.specs import FieldError
-
     return FieldError(field, message)
 
 

@@ -21,6 +21,9 @@ from pydantic import (
     model_validator,
 )
 
+from mathrl.errors import FieldError as FieldError  # raised here, imported from here by the API
+from mathrl.presets import ASYNC_UNSUPPORTED, resolve_grpo
+
 # A model reference: a hub id ("org/name"), a local path ("/models/x", "./x"), or the
 # output of another job ("job:<id>" or "job:<id>@step-200").
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
@@ -60,14 +63,6 @@ ModelRef = Annotated[
         examples=["HuggingFaceTB/SmolLM2-135M-Instruct"],
     ),
 ]
-
-
-class FieldError(ValueError):
-    """A cross-field error that knows which field to blame (the API's problem details point at it)."""
-
-    def __init__(self, field: str, message: str):
-        super().__init__(message)
-        self.field = field
 
 
 class StrictModel(BaseModel):
@@ -388,8 +383,6 @@ class GRPOSpec(_JobBase):
 
     @model_validator(mode="after")
     def _resolvable(self) -> GRPOSpec:
-        from mathrl.presets import resolve_grpo  # local import: presets imports this module
-
         gen = self.generation
         if gen.gpu_memory_utilization is not None and self.resources.gpus == 0:
             raise FieldError(
@@ -469,8 +462,6 @@ class GRPOSpec(_JobBase):
     def _check_async_knobs(self) -> None:
         """TRL's AsyncGRPOTrainer has its own loss and no KL term: knobs it cannot honour are refused
         rather than stored as if they had run."""
-        from mathrl.presets import ASYNC_UNSUPPORTED
-
         if self.preset != "trl-default":
             raise FieldError(
                 "preset",

@@ -32,7 +32,7 @@ def main(mode: str, model: str, out: str) -> None:
 
     from evaluator.models import load_tokenizer
     from evaluator.vllm_backend import engine_options
-    from trainer.grpo import lora_config
+    from trainer.grpo_config import lora_config
     from trainer.vllm_generation import TimedGRPOTrainer
 
     tok = load_tokenizer(model)

@@ -142,7 +142,7 @@ def async_args(spec: GRPOSpec, config: dict[str, Any], output_dir: Path, use_cpu
     kwargs: dict[str, Any] = {}
     if spec.max_staleness is not None:
         kwargs["max_staleness"] = spec.max_staleness
-    from trainer.grpo import common_args
+    from trainer.grpo_config import common_args
 
     return AsyncGRPOConfig(
         **common_args(spec, config, output_dir, use_cpu, server_url),

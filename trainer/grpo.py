@@ -9,10 +9,11 @@ from typing import Any
 
 from evaluator.models import load_tokenizer
 from mathrl.sink import Sink
-from mathrl.specs import GRPOSpec, LoRA
+from mathrl.specs import GRPOSpec
 from trainer.callbacks import SinkCallback
 from trainer.checkpoints import latest_checkpoint, save_checkpoints_atomically, save_final
 from trainer.data import load_problems, prompt_dataset
+from trainer.grpo_config import grpo_args, lora_config
 from trainer.rewards import Reward, get_reward
 
 
@@ -31,64 +32,6 @@ def build_rewards(
         rewards.append(get_reward(ref.name, **kwargs))
         weights.append(ref.weight)
     return rewards, weights
-
-
-def common_args(
-    spec: GRPOSpec, config: dict[str, Any], output_dir: Path, use_cpu: bool, server_url: str | None
-) -> dict[str, Any]:
-    """The arguments TRL's sync (GRPOConfig) and async (AsyncGRPOConfig) trainers share."""
-    return dict(
-        output_dir=str(output_dir),
-        learning_rate=config["learning_rate"],
-        num_generations=config["num_generations"],
-        max_completion_length=config["max_completion_length"],
-        per_device_train_batch_size=config["per_device_train_batch_size"],
-        gradient_accumulation_steps=config["gradient_accumulation_steps"],
-        epsilon=config["epsilon"],
-        epsilon_high=config["epsilon_high"],
-        temperature=config["temperature"],
-        top_p=config["top_p"],
-        vllm_server_base_url=server_url,
-        vllm_server_timeout=900.0,  # a CPU server compiles for minutes before it answers /health
-        max_steps=spec.max_steps,
-        warmup_steps=int(config["warmup_ratio"] * spec.max_steps),
-        logging_steps=spec.logging_steps,
-        save_strategy="steps",
-        save_steps=spec.save_steps,
-        seed=spec.seed,
-        report_to=[],
-        use_cpu=use_cpu,
-        bf16=not use_cpu,
-        disable_tqdm=True,
-    )
-
-
-def grpo_args(
-    spec: GRPOSpec,
-    config: dict[str, Any],
-    output_dir: Path,
-    use_cpu: bool,
-    backend: str = "hf",
-    server_url: str | None = None,
-) -> Any:
-    from trl import GRPOConfig
-
-    return GRPOConfig(
-        **common_args(spec, config, output_dir, use_cpu, server_url),
-        beta=config["beta"],
-        num_iterations=config["num_iterations"],
-        loss_type=config["loss_type"],
-        delta=config["delta"],
-        importance_sampling_level=config["importance_sampling_level"],
-        scale_rewards=config["scale_rewards"],
-        mask_truncated_completions=config["mask_truncated_completions"],
-        use_vllm=backend == "vllm",
-        vllm_mode=spec.generation.mode,
-        vllm_tensor_parallel_size=spec.generation.tensor_parallel_size,
-        # prompt + completion: the engine's KV cache is sized for this, not the model's 8k context
-        vllm_max_model_length=config["max_prompt_length"] + config["max_completion_length"],
-        dataloader_num_workers=0,
-    )
 
 
 def generation_backend(config: dict[str, Any], sink: Sink) -> str:
@@ -118,21 +61,6 @@ def vllm_engine_options(spec: GRPOSpec, config: dict[str, Any]) -> dict[str, Any
         gen.gpu_memory_utilization or 0.3,
         gen.enable_prefix_caching,
         max_model_len=config["max_prompt_length"] + config["max_completion_length"],
-    )
-
-
-def lora_config(lora: LoRA | None) -> Any:
-    """peft's LoraConfig for a spec's `lora` block (None: train every weight)."""
-    if lora is None or not lora.enabled:
-        return None
-    from peft import LoraConfig
-
-    return LoraConfig(
-        r=lora.r,
-        lora_alpha=lora.alpha,
-        lora_dropout=lora.dropout,
-        target_modules=lora.target_modules,
-        task_type="CAUSAL_LM",
     )
 
 

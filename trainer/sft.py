@@ -14,7 +14,7 @@ from mathrl.specs import SFTSpec
 from trainer.callbacks import SinkCallback
 from trainer.checkpoints import latest_checkpoint, save_checkpoints_atomically, save_final
 from trainer.data import load_problems
-from trainer.grpo import lora_config
+from trainer.grpo_config import lora_config
 
 
 def carry_token_count(trainer: Any) -> None:

@@ -1,0 +1,84 @@
+"""The arguments of a GRPO run: TRL's config (sync GRPOConfig; the async trainer's shares
+`common_args`) built from a spec and its resolved config (mathrl/presets.py resolves the loss
+and sampling settings: beta, epsilon, loss_type, ...), and peft's LoRA config. Kept apart from
+trainer/grpo.py (the run) so that the sync and async trainers both build on it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from mathrl.specs import GRPOSpec, LoRA
+
+
+def common_args(
+    spec: GRPOSpec, config: dict[str, Any], output_dir: Path, use_cpu: bool, server_url: str | None
+) -> dict[str, Any]:
+    """The arguments TRL's sync (GRPOConfig) and async (AsyncGRPOConfig) trainers share."""
+    return dict(
+        output_dir=str(output_dir),
+        learning_rate=config["learning_rate"],
+        num_generations=config["num_generations"],
+        max_completion_length=config["max_completion_length"],
+        per_device_train_batch_size=config["per_device_train_batch_size"],
+        gradient_accumulation_steps=config["gradient_accumulation_steps"],
+        epsilon=config["epsilon"],
+        epsilon_high=config["epsilon_high"],
+        temperature=config["temperature"],
+        top_p=config["top_p"],
+        vllm_server_base_url=server_url,
+        vllm_server_timeout=900.0,  # a CPU server compiles for minutes before it answers /health
+        max_steps=spec.max_steps,
+        warmup_steps=int(config["warmup_ratio"] * spec.max_steps),
+        logging_steps=spec.logging_steps,
+        save_strategy="steps",
+        save_steps=spec.save_steps,
+        seed=spec.seed,
+        report_to=[],
+        use_cpu=use_cpu,
+        bf16=not use_cpu,
+        disable_tqdm=True,
+    )
+
+
+def grpo_args(
+    spec: GRPOSpec,
+    config: dict[str, Any],
+    output_dir: Path,
+    use_cpu: bool,
+    backend: str = "hf",
+    server_url: str | None = None,
+) -> Any:
+    from trl import GRPOConfig
+
+    return GRPOConfig(
+        **common_args(spec, config, output_dir, use_cpu, server_url),
+        beta=config["beta"],
+        num_iterations=config["num_iterations"],
+        loss_type=config["loss_type"],
+        delta=config["delta"],
+        importance_sampling_level=config["importance_sampling_level"],
+        scale_rewards=config["scale_rewards"],
+        mask_truncated_completions=config["mask_truncated_completions"],
+        use_vllm=backend == "vllm",
+        vllm_mode=spec.generation.mode,
+        vllm_tensor_parallel_size=spec.generation.tensor_parallel_size,
+        # prompt + completion: the engine's KV cache is sized for this, not the model's 8k context
+        vllm_max_model_length=config["max_prompt_length"] + config["max_completion_length"],
+        dataloader_num_workers=0,
+    )
+
+
+def lora_config(lora: LoRA | None) -> Any:
+    """peft's LoraConfig for a spec's `lora` block (None: train every weight)."""
+    if lora is None or not lora.enabled:
+        return None
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=lora.r,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=lora.target_modules,
+        task_type="CAUSAL_LM",
+    )
