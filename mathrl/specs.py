@@ -202,7 +202,10 @@ class _JobBase(StrictModel):
     tags: list[Annotated[str, Field(min_length=1, max_length=64)]] = Field(
         default_factory=list, max_length=32, description="Free labels; jobs can be listed by tag."
     )
-    resources: Resources = Field(default_factory=Resources)
+    resources: Resources = Field(
+        default_factory=Resources,
+        description="What the job runs on: GPUs (routes it to a pool with that many), CPU processes, the pool.",
+    )
     max_attempts: int = Field(3, ge=1, le=20, description="Deliveries before the job fails for good.")
 
     @field_validator("tags")
@@ -215,14 +218,14 @@ class _JobBase(StrictModel):
 
 
 class EvalSpec(_JobBase):
-    kind: Literal["eval"] = "eval"
+    kind: Literal["eval"] = Field("eval", description="Benchmark evaluation.")
     model: ModelRef
     benchmark: str = Field("gsm8k", min_length=1, max_length=128, description="A registered benchmark.")
     dataset: DatasetRef | None = Field(None, description="A user set instead of a registered benchmark.")
     limit: int | None = Field(None, ge=1, le=1_000_000, description="Evaluate only the first N problems.")
     backend: Literal["hf", "vllm"] = Field("hf", description="Generation backend.")
     batch_size: int = Field(16, ge=1, le=4096, description="Prompts per generation batch (hf backend).")
-    sampling: Sampling = Field(default_factory=Sampling)
+    sampling: Sampling = Field(default_factory=Sampling, description="Decoding: greedy by default; n > 1 for pass@k.")
     k: list[int] = Field(default_factory=lambda: [1], description="k values for pass@k and maj@k.")
     few_shot: int = Field(0, ge=0, le=16, description="Worked examples put before each question.")
     system_prompt: str | None = Field(None, max_length=4000, description="Overrides the benchmark's system prompt.")
@@ -307,19 +310,34 @@ class Generation(StrictModel):
 class GRPOSpec(_JobBase):
     """GRPO policy training. Knobs left as null take the preset's value (or TRL's default)."""
 
-    kind: Literal["grpo"] = "grpo"
+    kind: Literal["grpo"] = Field("grpo", description="GRPO policy training.")
     model: ModelRef
     preset: Literal["deepseekmath", "trl-default"] = Field(
         "trl-default", description="Fills every knob left unset; explicit fields override it."
     )
     dataset: DatasetRef = Field(..., description="Training questions with gold answers.")
-    rewards: list[RewardRef] = Field(default_factory=lambda: [RewardRef(name="accuracy")], min_length=1, max_length=16)
+    rewards: list[RewardRef] = Field(
+        default_factory=lambda: [RewardRef(name="accuracy")],
+        min_length=1,
+        max_length=16,
+        description="Reward functions, summed with their weights (default: accuracy against the gold answer).",
+    )
     max_steps: int = Field(100, ge=1, le=10_000_000, description="Optimizer steps.")
-    learning_rate: float | None = Field(None, gt=0, le=1.0)
+    learning_rate: float | None = Field(None, gt=0, le=1.0, description="Peak learning rate. Unset: from the preset.")
     beta: float | None = Field(None, description="KL coefficient to the frozen reference policy.")
     num_generations: int | None = Field(None, description="Group size G: completions per question.")
-    max_prompt_length: int | None = Field(None, ge=1, le=131072)
-    max_completion_length: int | None = Field(None, ge=1, le=131072)
+    max_prompt_length: int | None = Field(
+        None,
+        ge=1,
+        le=131072,
+        description="Prompts longer than this (tokens) are dropped from the set. Unset: from the preset.",
+    )
+    max_completion_length: int | None = Field(
+        None,
+        ge=1,
+        le=131072,
+        description="Tokens generated per completion at most. Unset: from the preset.",
+    )
     per_device_train_batch_size: int | None = Field(
         None, ge=1, le=65536, description="Completions per device per micro-step."
     )
@@ -327,15 +345,38 @@ class GRPOSpec(_JobBase):
         None, ge=1, description="Completions per optimizer step over all devices; sets gradient accumulation."
     )
     num_iterations: int | None = Field(None, ge=1, le=64, description="Policy updates per generation round.")
-    loss_type: LossType | None = None
+    loss_type: LossType | None = Field(
+        None,
+        description="How token losses are averaged (TRL's loss_type). Unset: from the preset.",
+    )
     epsilon: float | None = Field(None, gt=0, lt=1, description="Lower clip range.")
     epsilon_high: float | None = Field(None, gt=0, lt=10, description="Upper clip range (DAPO clip-higher).")
     delta: float | None = Field(None, description="Two-sided clipping bound; must exceed 1 + epsilon.")
-    importance_sampling_level: Literal["token", "sequence"] | None = None
-    scale_rewards: Literal["group", "batch", "none"] | None = None
-    mask_truncated_completions: bool | None = None
-    temperature: float | None = Field(None, gt=0, le=5)
-    top_p: float | None = Field(None, gt=0, le=1)
+    importance_sampling_level: Literal["token", "sequence"] | None = Field(
+        None,
+        description="Importance ratios per token (GRPO) or per sequence (GSPO). Unset: from the preset.",
+    )
+    scale_rewards: Literal["group", "batch", "none"] | None = Field(
+        None,
+        description="Divide advantages by the reward std of the group, the batch, or not at all (Dr. GRPO). "
+        "Unset: from the preset.",
+    )
+    mask_truncated_completions: bool | None = Field(
+        None,
+        description="Leave completions cut at max_completion_length out of the loss (DAPO). Unset: from the preset.",
+    )
+    temperature: float | None = Field(
+        None,
+        gt=0,
+        le=5,
+        description="Sampling temperature of the rollouts. Unset: from the preset.",
+    )
+    top_p: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="Nucleus sampling mass of the rollouts. Unset: from the preset.",
+    )
     warmup_ratio: float | None = Field(None, ge=0, lt=1, description="Fraction of steps with a linear LR warm-up.")
     lora: LoRA | None = Field(None, description="Train LoRA adapters through peft.")
     generation: Generation = Field(
@@ -357,10 +398,10 @@ class GRPOSpec(_JobBase):
         "before it is dropped (0: on-policy). Default: TRL's 4.",
     )
     deepspeed_zero3: bool = Field(False, description="Shard with DeepSpeed ZeRO-3 (multi-GPU).")
-    logging_steps: int = Field(1, ge=1)
+    logging_steps: int = Field(1, ge=1, description="Store metrics every N steps.")
     save_steps: int = Field(50, ge=1, description="Checkpoint every N steps.")
     sample_every: int = Field(10, ge=1, description="Store sampled completions every N steps.")
-    seed: int = Field(42, ge=0)
+    seed: int = Field(42, ge=0, description="Seed of the data order, sampling and initialisation.")
 
     @model_validator(mode="before")
     @classmethod
@@ -486,26 +527,29 @@ class GRPOSpec(_JobBase):
 class RewardModelSpec(_JobBase):
     """Reward-model training: sample, label automatically (Math-Shepherd), train."""
 
-    kind: Literal["reward_model"] = "reward_model"
+    kind: Literal["reward_model"] = Field("reward_model", description="Reward-model training.")
     model: ModelRef = Field(..., description="Base model the RM is trained from.")
     policy: ModelRef | None = Field(None, description="Model that samples solutions; defaults to 'model'.")
     type: Literal["outcome", "process"] = Field("outcome", description="Outcome (ORM) or process (PRM) labels.")
-    dataset: DatasetRef
+    dataset: DatasetRef = Field(..., description="Questions with gold answers; the policy's solutions are graded.")
     samples_per_question: int = Field(8, ge=2, le=1024, description="Solutions sampled per question.")
     completions_per_step: int = Field(4, ge=1, le=256, description="Process RM: rollouts from each step prefix.")
-    learning_rate: float = Field(2e-5, gt=0, le=1.0)
-    num_train_epochs: float = Field(1.0, gt=0, le=100)
-    per_device_train_batch_size: int = Field(8, ge=1, le=65536)
-    max_length: int = Field(1024, ge=16, le=131072)
+    learning_rate: float = Field(2e-5, gt=0, le=1.0, description="Peak learning rate.")
+    num_train_epochs: float = Field(1.0, gt=0, le=100, description="Passes over the labelled data.")
+    per_device_train_batch_size: int = Field(8, ge=1, le=65536, description="Rows per device per step.")
+    max_length: int = Field(1024, ge=16, le=131072, description="Prompt + solution tokens; longer rows are cut.")
     heldout_fraction: float = Field(0.1, gt=0, lt=1, description="Questions kept for pairwise and best-of-N accuracy.")
-    sampling: Sampling = Field(default_factory=lambda: Sampling(temperature=0.7, n=8, max_new_tokens=512))
+    sampling: Sampling = Field(
+        default_factory=lambda: Sampling(temperature=0.7, n=8, max_new_tokens=512),
+        description="How the policy samples solutions (temperature, length).",
+    )
     backend: Literal["hf", "vllm"] = Field(
         "hf",
         description="Backend that samples the policy's solutions (and the process RM's step rollouts): "
         "'hf' (transformers) or 'vllm' (vLLM's offline engine; needs a worker with vLLM).",
     )
-    lora: LoRA | None = None
-    seed: int = Field(42, ge=0)
+    lora: LoRA | None = Field(None, description="Train LoRA adapters through peft.")
+    seed: int = Field(42, ge=0, description="Seed of the split, sampling and training.")
 
     @model_validator(mode="after")
     def _process_needs_steps(self) -> RewardModelSpec:
@@ -520,19 +564,19 @@ class RewardModelSpec(_JobBase):
 class SFTSpec(_JobBase):
     """Supervised fine-tuning on worked solutions (prompt -> completion), the usual start for RL."""
 
-    kind: Literal["sft"] = "sft"
+    kind: Literal["sft"] = Field("sft", description="Supervised fine-tuning.")
     model: ModelRef = Field(..., description="Model to fine-tune; 'tiny:<layers>x<width>' builds a fresh tiny one.")
-    dataset: DatasetRef
-    max_steps: int = Field(200, ge=1, le=10_000_000)
-    learning_rate: float = Field(2e-5, gt=0, le=1.0)
-    per_device_train_batch_size: int = Field(8, ge=1, le=65536)
-    gradient_accumulation_steps: int = Field(1, ge=1, le=4096)
+    dataset: DatasetRef = Field(..., description="Questions with worked solutions (or gold answers) to imitate.")
+    max_steps: int = Field(200, ge=1, le=10_000_000, description="Optimizer steps.")
+    learning_rate: float = Field(2e-5, gt=0, le=1.0, description="Peak learning rate.")
+    per_device_train_batch_size: int = Field(8, ge=1, le=65536, description="Rows per device per micro-step.")
+    gradient_accumulation_steps: int = Field(1, ge=1, le=4096, description="Micro-steps per optimizer step.")
     max_length: int = Field(1024, ge=8, le=131072, description="Prompt + completion tokens; longer rows are cut.")
-    warmup_ratio: float = Field(0.0, ge=0, lt=1)
-    lora: LoRA | None = None
-    logging_steps: int = Field(10, ge=1)
-    save_steps: int = Field(100, ge=1)
-    seed: int = Field(42, ge=0)
+    warmup_ratio: float = Field(0.0, ge=0, lt=1, description="Fraction of steps with a linear LR warm-up.")
+    lora: LoRA | None = Field(None, description="Train LoRA adapters through peft.")
+    logging_steps: int = Field(10, ge=1, description="Store metrics every N steps.")
+    save_steps: int = Field(100, ge=1, description="Checkpoint every N steps.")
+    seed: int = Field(42, ge=0, description="Seed of the data order and initialisation.")
 
 
 JobSpec = Annotated[EvalSpec | GRPOSpec | RewardModelSpec | SFTSpec, Field(discriminator="kind")]

@@ -172,3 +172,23 @@ def test_stored_specs_round_trip(spec: dict) -> None:
     """The API stores model_dump(mode='json'); the worker must be able to parse it back."""
     parsed = parse_spec(spec)
     assert parse_spec(parsed.model_dump(mode="json")) == parsed
+
+
+@pytest.mark.quick
+def test_every_spec_field_is_described() -> None:
+    """Issue 20.5: 13 GRPOSpec fields (and more of the other specs) had no description, so the
+    OpenAPI page and the SDK's help said nothing about them."""
+    import inspect
+
+    from pydantic import BaseModel
+
+    from mathrl import specs
+
+    missing = [
+        f"{name}.{field}"
+        for name, model in vars(specs).items()
+        if inspect.isclass(model) and issubclass(model, BaseModel) and model.__module__ == "mathrl.specs"
+        for field, info in model.model_fields.items()
+        if not info.description
+    ]
+    assert not missing, missing
