@@ -38,7 +38,7 @@ def _eval(python: Path, model: str, backend: str, out: Path) -> list[dict]:
         [
             str(python),
             "-m",
-            "mathrl.cli",
+            "service.cli",
             "eval",
             "--model",
             model,
