@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import re
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -706,3 +707,48 @@ def test_a_pipeline_is_admitted_as_one_submission(app_client: Any, monkeypatch: 
         assert resolved == ["eval"] * 2 and quota_reads == [2]
     job = app_client.get(f"/v1/jobs/{r.json()['jobs'][0]['job_id']}", headers=h).json()
     assert job["resolved_config"] == real_resolve(parse_spec(job["spec"]))
+
+
+@pytest.mark.quick
+def test_concurrent_submits_at_the_last_free_slot_admit_one(pg_url: str) -> None:
+    """Issue 18.4: eight submissions race for the project's last active-job slot on PostgreSQL.
+    The quota read locks the project's row until the submission commits, so exactly one is
+    admitted and stored; the others see it and are refused (no over-admission)."""
+    import threading
+
+    from api.problems import Problem
+    from api.submit import admit, job_row
+    from mathrl.specs import parse_spec
+    from service.settings import Settings
+    from store.db import session_scope
+    from store.keys import get_or_create_project
+    from store.models import Job
+
+    settings = Settings(limits={"max_active_jobs": 3})  # type: ignore[arg-type]
+    with session_scope(pg_url) as s:
+        project_id = get_or_create_project(s, f"race-{uuid.uuid4().hex[:8]}").id
+        for _ in range(2):  # two of the three slots taken
+            s.add(Job(project_id=project_id, kind="eval", spec={}, tags=[], queue="abuse-parked", status="queued"))
+    spec = parse_spec(eval_spec())
+    barrier = threading.Barrier(8)
+    outcomes: list[str] = []
+
+    def submit() -> None:
+        barrier.wait()
+        try:
+            with session_scope(pg_url) as s:
+                config = admit(s, project_id, {"": spec}, settings)[""]
+                s.add(job_row(project_id, spec, config))
+                time.sleep(0.2)  # hold the slot a while before committing: a racer would slip in now
+            outcomes.append("admitted")
+        except Problem as exc:
+            outcomes.append(f"{exc.status}")
+
+    threads = [threading.Thread(target=submit) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert sorted(outcomes) == ["429"] * 7 + ["admitted"], outcomes
+    with session_scope(pg_url) as s:
+        assert s.query(Job).filter_by(project_id=project_id).count() == 3
