@@ -24,6 +24,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections import Counter
 from datetime import datetime
 from pathlib import Path
 
@@ -42,21 +43,21 @@ def pct(values: list[float], q: float) -> float:
 
 async def load(
     url: str, headers: dict[str, str], make_request, seconds: float, concurrency: int
-) -> tuple[int, list[float], int]:
+) -> tuple[int, list[float], Counter[int]]:
+    """Requests from `concurrency` clients for `seconds`: (req/s, latencies, non-2xx by status)."""
     latencies: list[float] = []
-    errors = 0
+    errors: Counter[int] = Counter()
     deadline = time.perf_counter() + seconds
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     async with httpx.AsyncClient(base_url=url, headers=headers, limits=limits, timeout=30) as client:
 
         async def one() -> None:
-            nonlocal errors
             while time.perf_counter() < deadline:
                 t = time.perf_counter()
                 r = await make_request(client)
                 latencies.append(time.perf_counter() - t)
-                if r.status_code >= 400:
-                    errors += 1
+                if not 200 <= r.status_code < 300:
+                    errors[r.status_code] += 1
 
         t0 = time.perf_counter()
         await asyncio.gather(*(one() for _ in range(concurrency)))
@@ -64,9 +65,15 @@ async def load(
     return int(len(latencies) / elapsed), latencies, errors
 
 
-def report(name: str, rps: int, lat: list[float] | tuple[float, float], errors: int) -> None:
+def report(name: str, rps: int, lat: list[float] | tuple[float, float], errors: int | Counter[int]) -> None:
+    """One line; `errors`: non-2xx answers (by status from the httpx client, a count from wrk)."""
     p50, p99 = lat if isinstance(lat, tuple) else (pct(lat, 0.5), pct(lat, 0.99))
-    print(f"{name:<14} {rps:>7} req/s   p50 {p50 * 1000:6.1f} ms   p99 {p99 * 1000:6.1f} ms   errors={errors}")
+    shown = (
+        (", ".join(f"{n} x {code}" for code, n in sorted(errors.items())) or "0")
+        if isinstance(errors, Counter)
+        else errors
+    )
+    print(f"{name:<14} {rps:>7} req/s   p50 {p50 * 1000:6.1f} ms   p99 {p99 * 1000:6.1f} ms   non-2xx={shown}")
 
 
 async def with_streams(
@@ -150,6 +157,37 @@ def wrk(url: str, key: str, body: str | None, seconds: float, concurrency: int) 
     return rps, (p50, p99), int(bad.group(1)) if bad else 0
 
 
+def submit_curve(url: str, token: str, db_url: str, parked: dict, args: argparse.Namespace) -> None:
+    """Submit latency as a project's active jobs grow (0 -> 10,000 by default): the quota
+    check reads them on every submit. The active jobs are inserted straight into the table
+    (queued on a queue no worker serves); each point is a short load of submits (httpx)."""
+    from sqlalchemy import func, insert, select
+
+    from store.models import Job
+
+    key = httpx.post(f"{url}/v1/keys", json={"project": "bench-curve"}, headers={"Authorization": f"Bearer {token}"})
+    h = {"Authorization": f"Bearer {key.json()['key']}"}
+    project_id = httpx.get(f"{url}/v1/keys", headers=h).json()["data"][0]["project_id"]
+    engine = create_engine(db_url)
+
+    async def submit(c: httpx.AsyncClient) -> httpx.Response:
+        return await c.post("/v1/jobs", json=parked)
+
+    for target in args.curve:
+        with engine.begin() as conn:
+            have = conn.scalar(select(func.count()).select_from(Job).where(Job.project_id == project_id))
+            rows = [
+                {"project_id": project_id, "kind": "eval", "spec": parked, "queue": "gpu-1", "status": "queued"}
+                for _ in range(max(0, target - have))
+            ]
+            if rows:
+                conn.execute(insert(Job), rows)
+            have = conn.scalar(select(func.count()).select_from(Job).where(Job.project_id == project_id))
+        rps, lat, errors = asyncio.run(load(url, h, submit, max(2.0, args.seconds / 3), 4))
+        report(f"submit @{have}", rps, lat, errors)
+    engine.dispose()
+
+
 def main() -> None:
     sys.stdout.reconfigure(line_buffering=True)  # type: ignore[attr-defined]
     ap = argparse.ArgumentParser()
@@ -159,6 +197,13 @@ def main() -> None:
     ap.add_argument("--dispatch-jobs", type=int, default=20)
     ap.add_argument("--python-client", action="store_true", help="use httpx even if wrk is installed")
     ap.add_argument("--streams", type=int, default=200, help="SSE clients open during the last read phase")
+    ap.add_argument(
+        "--curve",
+        type=int,
+        nargs="*",
+        default=[0, 100, 1000, 10000],
+        help="submit latency at these numbers of a project's active jobs (none: skip)",
+    )
     ap.add_argument("--pg", default="postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
     ap.add_argument("--redis", default="redis://127.0.0.1:6379/12")
     args = ap.parse_args()
@@ -238,6 +283,9 @@ def main() -> None:
             asyncio.run(load(url, h, read, 2, args.concurrency))  # warm-up
             report("status read", *asyncio.run(load(url, h, read, args.seconds, args.concurrency)))
             report("submit", *asyncio.run(load(url, h, submit, args.seconds, max(4, args.concurrency // 2))))
+
+        if args.curve:
+            submit_curve(url, token, db_url, parked, args)
 
         # open event streams must not starve other requests (each held a pooled connection once):
         # reads with the same client, without and with the streams open, side by side
