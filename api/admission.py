@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from api.problems import Problem
@@ -199,15 +199,13 @@ def check_project_quota(session: Session, project_id: str, specs: dict[str, Any]
     # Lock the project's row until the caller commits, so two concurrent submissions cannot
     # both take the last slot (PostgreSQL; SQLite serialises writers anyway).
     session.execute(select(Project.id).where(Project.id == project_id).with_for_update())
-    gpus_of_active = session.execute(
-        select(Job.spec["resources"]["gpus"].as_integer()).where(
+    # counted in the database: one row back, whatever the number of active jobs
+    counted = session.execute(
+        select(func.count(), func.coalesce(func.sum(Job.spec["resources"]["gpus"].as_integer()), 0)).where(
             Job.project_id == project_id, Job.status.in_(ACTIVE_STATUSES)
         )
-    ).scalars()
-    active = 0
-    gpus = 0
-    for g in gpus_of_active:
-        active, gpus = active + 1, gpus + int(g or 0)
+    ).one()
+    active, gpus = int(counted[0]), int(counted[1])
     for key, spec in specs.items():
         if active + 1 > limits.max_active_jobs:
             detail = (
