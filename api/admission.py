@@ -25,8 +25,6 @@ from service.settings import Settings
 from service.sources import url_refusal
 from store.models import Job, Project
 
-ACTIVE_STATUSES = ACTIVE  # what counts against the quotas (mathrl.status)
-
 
 def admit_spec(spec: Any, settings: Settings) -> dict[str, Any]:
     """Refuse the job unless its sources are allowed and it is within the per-job limits;
@@ -202,7 +200,7 @@ def check_project_quota(session: Session, project_id: str, specs: dict[str, Any]
     # counted in the database: one row back, whatever the number of active jobs
     counted = session.execute(
         select(func.count(), func.coalesce(func.sum(Job.spec["resources"]["gpus"].as_integer()), 0)).where(
-            Job.project_id == project_id, Job.status.in_(ACTIVE_STATUSES)
+            Job.project_id == project_id, Job.status.in_(ACTIVE)
         )
     ).one()
     active, gpus = int(counted[0]), int(counted[1])

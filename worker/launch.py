@@ -136,12 +136,6 @@ def error_file(out: Path) -> Path:
 # ---- in the supervisor -----------------------------------------------------------------------
 
 
-def clear_outcome(out: Path) -> None:
-    """Before an attempt: no error or exit code of an earlier attempt may be read as this one's."""
-    for f in [out / "error.txt", out / EXIT_CODE_FILE, *out.glob("error-rank-*.txt")]:
-        f.unlink(missing_ok=True)
-
-
 def read_error(out: Path) -> str | None:
     main = out / "error.txt"
     if main.exists():

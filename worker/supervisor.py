@@ -21,7 +21,6 @@ from store.jobs import add_event, claim, finish, renew_lease
 from worker.child import EXIT_ERROR, EXIT_LOST, EXIT_OK, EXIT_STOPPED, EXIT_UNAVAILABLE, REJECTED_WRITES, attempt_dir
 from worker.launch import (
     child_args,
-    clear_outcome,
     describe,
     die_with_parent,
     job_command,
@@ -86,7 +85,6 @@ def supervise(settings: Settings, job_id: str, owner: str) -> str:
         project_id, config = job.project_id, dict(job.resolved_config or {})
     out = attempt_dir(settings.artifact_dir, job_id, attempt)  # this attempt's own (worker.child)
     out.mkdir(parents=True, exist_ok=True)
-    clear_outcome(out)
     log_path = out / "job.log"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     server = None
