@@ -19,6 +19,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from api.problems import Problem
+from mathrl.errors import FieldError
 from mathrl.presets import resolve_config
 from mathrl.status import ACTIVE
 from service.settings import Settings
@@ -32,6 +33,8 @@ def admit_spec(spec: Any, settings: Settings) -> dict[str, Any]:
     check_sources(spec, settings)
     check_benchmarks(spec)
     config = resolve_config(spec)
+    if spec.kind == "eval":
+        resolve_eval_recipe(spec, config)
     check_job_limits(spec, config, settings)
     return config
 
@@ -124,6 +127,27 @@ def check_benchmarks(spec: Any) -> None:
             raise Problem(
                 422, "Unknown benchmark", f"{pointer}: {detail}", [{"pointer": pointer, "detail": detail}]
             ) from None
+
+
+def resolve_eval_recipe(spec: Any, config: dict[str, Any]) -> None:
+    """The recipe an eval runs with, resolved now (an unknown name or a few-shot count over the
+    pool is a 422, not a failed job) and stored in its config with the completion length."""
+    from evaluator.benchmarks import UnknownBenchmark
+    from evaluator.recipes import UnknownRecipe, resolve_recipe
+
+    def refuse(pointer: str, title: str, detail: str) -> Problem:
+        return Problem(422, title, f"{pointer}: {detail}", [{"pointer": pointer, "detail": detail}])
+
+    try:
+        resolved = resolve_recipe(spec)
+    except UnknownRecipe as exc:
+        raise refuse("/recipe", "Unknown recipe", f"{exc}. Use one of these, or give a recipe inline") from None
+    except UnknownBenchmark as exc:
+        raise refuse("/recipe/shots_from", "Unknown benchmark", f"{exc}: the recipe's shots come from it") from None
+    except FieldError as exc:
+        raise refuse(f"/{exc.field}", "Invalid recipe", str(exc)) from None
+    config["recipe"] = resolved.record()
+    config["sampling"] = {**config["sampling"], "max_new_tokens": resolved.max_new_tokens}
 
 
 # --- per-job limits (on the resolved config: presets fill values) ---------------------------

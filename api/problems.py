@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import DataError, DBAPIError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from mathrl.specs import JOB_KINDS
+from mathrl.specs import JOB_KINDS, UNION_TAGS
 
 log = logging.getLogger("mathrl.api")
 
@@ -84,7 +84,7 @@ def _pointer(loc: tuple[Any, ...]) -> str:
         parts.pop(0)  # the discriminator tag pydantic adds for the union member
     elif where == "body" and len(parts) > 2 and parts[0] == "jobs" and parts[2] in JOB_KINDS:
         parts.pop(2)  # the same, inside a pipeline's jobs/<step>
-    path = "/" + "/".join(str(p) for p in parts)
+    path = "/" + "/".join(str(p) for p in parts if p not in UNION_TAGS)
     return path if where == "body" else f"{where}:{path}"
 
 

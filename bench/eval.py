@@ -31,7 +31,7 @@ def prompts_for(model: str, limit: int, data_dir: str) -> list[str]:
 
     tok = load_tokenizer(model)
     bench = get_benchmark("gsm8k")
-    return [prompts.render(bench.prompt, p.question, tok) for p in load_benchmark(bench, data_dir, limit)]
+    return [prompts.render(bench.recipe, p.question, tok) for p in load_benchmark(bench, data_dir, limit)]
 
 
 def time_backend(backend: str, model: str, texts: list[str], max_new_tokens: int, batch_size: int) -> dict:

@@ -108,8 +108,16 @@ class Verdict:
     correct: bool
 
 
-def grade(completion: str, gold: str) -> Verdict:
-    extracted = extract_answer(completion)
+def grade(completion: str, gold: str, pattern: str | None = None) -> Verdict:
+    """`pattern`: a recipe's answer_pattern; the answer is its first match's group 1 (as
+    lm-evaluation-harness's strict-match), else nothing; unset: extract_answer."""
+    if pattern is not None:
+        m = re.search(pattern, completion)
+        found = (m.group(1) or "").strip() if m else ""
+        # a number as lm-eval reads it ('1,234.' -> '1234'); anything else as written
+        extracted = (_clean_number(found) if re.fullmatch(r"[-$\d.,]+", found) else found) or None
+    else:
+        extracted = extract_answer(completion)
     if extracted is None:
         return Verdict(None, False)
     return Verdict(extracted, answers_match(extracted, gold))

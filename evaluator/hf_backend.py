@@ -30,6 +30,7 @@ def generate(
     prompts: list[str],
     *,
     max_new_tokens: int,
+    stop: list[str] | None = None,
     temperature: float = 0.0,
     top_p: float = 1.0,
     n: int = 1,
@@ -38,7 +39,8 @@ def generate(
     on_batch: Callable[[int, int], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
 ) -> list[list[Generation]]:
-    """Return, for each prompt, its n generations (in prompt order)."""
+    """Return, for each prompt, its n generations (in prompt order). A completion ends at EOS or
+    at the first of the `stop` strings, which is cut off (as lm-evaluation-harness does)."""
     import torch
 
     tokenizer.padding_side = "left"
@@ -61,6 +63,8 @@ def generate(
             "pad_token_id": tokenizer.pad_token_id,
             "eos_token_id": stop_ids,
         }
+        if stop:
+            kwargs.update(stop_strings=list(stop), tokenizer=tokenizer)
         if temperature > 0:
             kwargs.update(do_sample=True, temperature=temperature, top_p=top_p)
         else:
@@ -73,11 +77,18 @@ def generate(
             ended = [j for j, t in enumerate(tokens) if t in stop_ids]
             count = ended[0] + 1 if ended else len([t for t in tokens if t != tokenizer.pad_token_id])
             text = tokenizer.decode(tokens[: ended[0]] if ended else tokens, skip_special_tokens=True)
-            results[idx[row // n]].append(Generation(text=text, tokens=count, truncated=not ended))
+            text, stopped = cut_at_stop(text, stop)
+            results[idx[row // n]].append(Generation(text=text, tokens=count, truncated=not (ended or stopped)))
         done += len(idx)
         if on_batch is not None:
             on_batch(done, len(prompts))
     return results
+
+
+def cut_at_stop(text: str, stop: list[str] | None) -> tuple[str, bool]:
+    """The text before the earliest stop string, and whether one was found."""
+    cuts = [i for i in (text.find(s) for s in stop or [] if s) if i >= 0]
+    return (text[: min(cuts)], True) if cuts else (text, False)
 
 
 def eos_ids(model: Any, tokenizer: Any) -> list[int]:

@@ -1,64 +1,95 @@
-"""Prompt templates. The GSM8K prompt asks for the '####' line the grader reads; the MATH
-prompt asks for a \\boxed{} answer."""
+"""Rendering prompts from a recipe (mathrl/recipe.py; the entries: evaluator/recipes.py), and
+choosing each question's worked examples."""
 
 from __future__ import annotations
 
-import hashlib
+import random
 from typing import Any
 
-TEMPLATES: dict[str, dict[str, str]] = {
-    "gsm8k": {
-        "system": "You are a careful math tutor. Solve the problem step by step.",
-        "user": (
-            "{question}\n\nThink step by step, then give the final answer as a number "
-            "on its own line in the form '#### <answer>'."
-        ),
-    },
-    "math": {
-        "system": "You are a careful math tutor. Solve the problem step by step.",
-        "user": "{question}\n\nReason step by step, and put your final answer within \\boxed{{}}.",
-    },
-    "plain": {"system": "", "user": "{question}"},
-    "arith-words": {"system": "", "user": "What is {question}? Give the final answer as a number."},
-}
+from mathrl.recipe import Recipe
+
+Shots = list[tuple[str, str]]  # (question, answer) pairs, in the order they are shown
+
+
+def as_recipe(recipe: Recipe | str) -> Recipe:
+    if isinstance(recipe, Recipe):
+        return recipe
+    from evaluator.recipes import get_recipe
+
+    return get_recipe(recipe)
+
+
+def _question(recipe: Recipe, question: str) -> str:
+    return recipe.question.replace("{question}", question)
+
+
+def _answer(recipe: Recipe, answer: str) -> str:
+    return recipe.answer.replace("{answer}", answer)
 
 
 def messages(
-    template: str, question: str, system_prompt: str | None = None, shots: list[tuple[str, str]] | None = None
+    recipe: Recipe | str, question: str, system_prompt: str | None = None, shots: Shots | None = None
 ) -> list[dict[str, str]]:
     """The prompt as chat messages (system, few-shot turns, the question)."""
-    t = TEMPLATES[template]
-    system = t["system"] if system_prompt is None else system_prompt
+    r = as_recipe(recipe)
+    system = r.system if system_prompt is None else system_prompt
     turns: list[dict[str, str]] = []
     if system:
         turns.append({"role": "system", "content": system})
     for q, a in shots or []:
-        turns.append({"role": "user", "content": t["user"].format(question=q)})
-        turns.append({"role": "assistant", "content": a})
-    turns.append({"role": "user", "content": t["user"].format(question=question)})
+        turns.append({"role": "user", "content": _question(r, q)})
+        turns.append({"role": "assistant", "content": _answer(r, a)})
+    turns.append({"role": "user", "content": _question(r, question)})
     return turns
 
 
 def render(
-    template: str,
+    recipe: Recipe | str,
     question: str,
     tokenizer: Any | None,
     system_prompt: str | None = None,
-    shots: list[tuple[str, str]] | None = None,
+    shots: Shots | None = None,
 ) -> str:
-    """The full prompt string: through the tokenizer's chat template when it has one."""
-    turns = messages(template, question, system_prompt, shots)
+    """The full prompt string. Text recipes: lm-evaluation-harness's layout (description, then
+    each shot as question + target_delimiter + answer + fewshot_delimiter, then the question).
+    Chat recipes: through the tokenizer's chat template when it has one, else plain lines."""
+    r = as_recipe(recipe)
+    if r.format == "text":
+        system = r.system if system_prompt is None else system_prompt
+        parts = [system]
+        for q, a in shots or []:
+            parts.append(_question(r, q) + r.target_delimiter + _answer(r, a) + r.fewshot_delimiter)
+        parts.append(_question(r, question))
+        return "".join(parts)
+    turns = messages(r, question, system_prompt, shots)
     if tokenizer is not None and getattr(tokenizer, "chat_template", None):
         text: str = tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
         return text
-    parts = [f"{m['content']}\n" if m["role"] != "assistant" else f"{m['content']}\n\n" for m in turns]
-    return "".join(parts)
+    lines = [f"{m['content']}\n" if m["role"] != "assistant" else f"{m['content']}\n\n" for m in turns]
+    return "".join(lines)
 
 
-def template_hash(template: str, system_prompt: str | None, few_shot: int, chat_template: str | None) -> str:
-    """Identifies the exact prompt recipe a score was made with."""
-    h = hashlib.sha256()
-    for part in (repr(TEMPLATES[template]), repr(system_prompt), str(few_shot), chat_template or ""):
-        h.update(part.encode())
-        h.update(b"\0")
-    return h.hexdigest()[:16]
+def shots_for(recipe: Recipe, count: int, data_dir: str | None) -> list[Shots]:
+    """The worked examples of each of `count` questions (in order): the recipe's fixed shots, or
+    rows of its `shots_from` benchmark; 'first_n' gives every question the first few_shot,
+    'random' draws few_shot per question from random.Random(shot_seed), as lm-eval's default
+    sampler does (so the i-th question gets the same shots as lm-eval's i-th document)."""
+    k = recipe.few_shot
+    if k == 0:
+        return [[] for _ in range(count)]
+    if recipe.shots:
+        pool = [(s.question, s.answer) for s in recipe.shots]
+    else:
+        from evaluator.benchmarks import get_benchmark
+        from evaluator.data import load_benchmark
+
+        source = get_benchmark(recipe.shots_from or "")
+        rows = load_benchmark(source, data_dir, k if recipe.sampler == "first_n" else None)
+        pool = [(p.question, (p.solution or p.gold) if recipe.shot_answer == "solution" else p.gold) for p in rows]
+    if len(pool) < k:
+        raise ValueError(f"few_shot={k} but the recipe's shot pool holds {len(pool)}: lower few_shot")
+    if recipe.sampler == "first_n":
+        return [pool[:k] for _ in range(count)]
+    rnd = random.Random(recipe.shot_seed)
+    # random.sample picks by position only, so sampling indices draws exactly what lm-eval draws
+    return [[pool[i] for i in rnd.sample(range(len(pool)), k)] for _ in range(count)]

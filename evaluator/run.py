@@ -13,6 +13,7 @@ from evaluator.data import Problem, load_benchmark, load_user_set
 from evaluator.grading import grade
 from evaluator.metrics import accuracy_breakdown, maj_at_k, pass_at_k, wilson_interval
 from evaluator.models import load_model, load_tokenizer
+from evaluator.recipes import resolve_recipe
 from mathrl.sink import Sink
 from mathrl.specs import EvalSpec
 
@@ -32,19 +33,25 @@ def run_eval(
     `model_ref` is what the user asked for (kept on every score). Per-item results go to
     results_dir/items.jsonl (written into work_dir first when given; the sink moves them)."""
     bench, problems = _problems(spec, data_dir)
-    sink.event("loading", f"{len(problems)} problems from {bench.name} v{bench.version}; loading {model_path}")
+    resolved = resolve_recipe(spec)
+    recipe = resolved.recipe
+    sink.event(
+        "loading",
+        f"{len(problems)} problems from {bench.name} v{bench.version}, recipe {resolved.name!r}; loading {model_path}",
+    )
     t0 = time.monotonic()
     tokenizer = load_tokenizer(model_path)
-    shots = _shots(bench, data_dir, spec.few_shot)
-    texts = [prompts.render(bench.prompt, p.question, tokenizer, spec.system_prompt, shots) for p in problems]
+    shots = prompts.shots_for(recipe, len(problems), data_dir)
+    texts = [prompts.render(recipe, p.question, tokenizer, shots=sh) for p, sh in zip(problems, shots, strict=True)]
     s = spec.sampling
+    max_new_tokens = resolved.max_new_tokens
     if spec.backend == "vllm":
         from evaluator import vllm_backend as backend
 
         # the longest sequence this run needs, not the model's maximum: vLLM reserves KV cache
         # for at least one full-length request, which on a CPU can exceed its share of memory
         longest = max((len(tokenizer(t, add_special_tokens=False).input_ids) for t in texts), default=0)
-        model = backend.load_engine(model_path, dtype=spec.dtype, seed=s.seed, max_model_len=longest + s.max_new_tokens)
+        model = backend.load_engine(model_path, dtype=spec.dtype, seed=s.seed, max_model_len=longest + max_new_tokens)
     else:
         backend = hf_backend  # type: ignore[assignment]
         model = load_model(model_path, dtype=spec.dtype)
@@ -62,7 +69,8 @@ def run_eval(
         model,
         tokenizer,
         texts,
-        max_new_tokens=s.max_new_tokens,
+        max_new_tokens=max_new_tokens,
+        stop=recipe.stop,
         temperature=s.temperature,
         top_p=s.top_p,
         n=s.n,
@@ -77,7 +85,7 @@ def run_eval(
     per_problem_correct: list[list[bool]] = []
     per_problem_answers: list[list[str | None]] = []
     for p, text, outs in zip(problems, texts, gens, strict=True):
-        verdicts = [grade(g.text, p.gold) for g in outs]
+        verdicts = [grade(g.text, p.gold, pattern=recipe.answer_pattern) for g in outs]
         per_problem_correct.append([v.correct for v in verdicts])
         per_problem_answers.append([v.extracted for v in verdicts])
         for j, (g, v) in enumerate(zip(outs, verdicts, strict=True)):
@@ -131,10 +139,12 @@ def run_eval(
         "benchmark": bench.name,
         "benchmark_version": bench.version,
         "n": n_problems,
-        "sampling": s.model_dump(),
+        "sampling": {**s.model_dump(), "max_new_tokens": max_new_tokens},
         "backend": backend.BACKEND,
         "backend_version": backend.backend_version(),
-        "prompt_hash": prompts.template_hash(bench.prompt, spec.system_prompt, spec.few_shot, tokenizer.chat_template),
+        "prompt_hash": recipe.digest(tokenizer.chat_template),
+        "recipe": resolved.name,
+        "recipe_config": resolved.record(),
         "seed": s.seed,
     }
     for metric, value in values.items():
@@ -168,18 +178,8 @@ def _problems(spec: EvalSpec, data_dir: str | None) -> tuple[Benchmark, list[Pro
             question_field=d.question_field,
             answer_field=d.answer_field,
             gold_format="latex",
-            prompt="math",
+            recipe="math-chat",
         )
         return bench, load_user_set(d.path, d.question_field, d.answer_field, spec.limit or d.limit)
     bench = get_benchmark(spec.benchmark)
     return bench, load_benchmark(bench, data_dir, spec.limit)
-
-
-def _shots(bench: Benchmark, data_dir: str | None, k: int) -> list[tuple[str, str]]:
-    if k == 0:
-        return []
-    train_name = {"gsm8k": "gsm8k-train", "math500": "math-train", "math": "math-train"}.get(bench.name)
-    if train_name is None:
-        return []
-    rows = load_benchmark(get_benchmark(train_name), data_dir, k)
-    return [(p.question, p.solution or p.gold) for p in rows]

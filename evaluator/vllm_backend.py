@@ -86,6 +86,7 @@ def generate(
     prompts: list[str],
     *,
     max_new_tokens: int,
+    stop: list[str] | None = None,
     temperature: float = 0.0,
     top_p: float = 1.0,
     n: int = 1,
@@ -106,6 +107,7 @@ def generate(
         max_tokens=max_new_tokens,
         seed=seed,
         stop_token_ids=eos_ids(None, tokenizer),
+        stop=list(stop) if stop else None,  # vLLM cuts the text before the stop string
         skip_special_tokens=True,
     )
     results: list[list[Generation]] = []

@@ -128,6 +128,8 @@ class ScoreResponse(_Out):
     backend: str
     backend_version: str
     prompt_hash: str | None
+    recipe: str | None = None
+    recipe_config: dict[str, Any] | None = None
     seed: int | None
     created_at: datetime
 

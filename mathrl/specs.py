@@ -15,7 +15,9 @@ from pydantic import (
     AfterValidator,
     BaseModel,
     ConfigDict,
+    Discriminator,
     Field,
+    Tag,
     TypeAdapter,
     field_validator,
     model_validator,
@@ -23,6 +25,7 @@ from pydantic import (
 
 from mathrl.errors import FieldError as FieldError  # raised here, imported from here by the API
 from mathrl.presets import ASYNC_UNSUPPORTED, resolve_grpo
+from mathrl.recipe import Recipe
 
 # A model reference: a hub id ("org/name"), a local path ("/models/x", "./x"), or the
 # output of another job ("job:<id>" or "job:<id>@step-200").
@@ -110,10 +113,19 @@ class Resources(StrictModel):
         return "cpu" if self.gpus == 0 else f"gpu-{self.gpus}"
 
 
+DEFAULT_MAX_NEW_TOKENS = 512
+
+
 class Sampling(StrictModel):
     temperature: float = Field(0.0, ge=0.0, le=5.0, description="0 means greedy decoding.")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
-    max_new_tokens: int = Field(512, ge=1, le=32768, description="Completion length limit in tokens.")
+    max_new_tokens: int | None = Field(
+        None,
+        ge=1,
+        le=32768,
+        description="Completion length limit in tokens; unset: an eval recipe's default, "
+        f"else {DEFAULT_MAX_NEW_TOKENS}.",
+    )
     n: int = Field(1, ge=1, le=1024, description="Samples per problem (pass@k and maj@k need n >= k).")
     seed: int = Field(0, ge=0, description="Sampling seed.")
 
@@ -217,18 +229,35 @@ class _JobBase(StrictModel):
         return tags
 
 
+# a recipe by name or inline; the tags pick the member by type (so an error names one of them,
+# not both), and the API's error pointers leave them out (UNION_TAGS)
+UNION_TAGS = ("by-name", "inline")
+RecipeField = Annotated[
+    Annotated[Annotated[str, Field(min_length=1, max_length=128)], Tag("by-name")] | Annotated[Recipe, Tag("inline")],
+    Discriminator(lambda v: "by-name" if isinstance(v, str) else "inline"),
+]
+
+
 class EvalSpec(_JobBase):
     kind: Literal["eval"] = Field("eval", description="Benchmark evaluation.")
     model: ModelRef
     benchmark: str = Field("gsm8k", min_length=1, max_length=128, description="A registered benchmark.")
     dataset: DatasetRef | None = Field(None, description="A user set instead of a registered benchmark.")
+    recipe: RecipeField | None = Field(
+        None,
+        description="How questions become prompts: a registered recipe's name (e.g. 'lm-eval-gsm8k', which "
+        "reproduces lm-evaluation-harness's 5-shot gsm8k) or a recipe given inline; unset: the benchmark's "
+        "own. 'few_shot', 'system_prompt' and 'sampling.max_new_tokens', when given, override the recipe's.",
+    )
     limit: int | None = Field(None, ge=1, le=1_000_000, description="Evaluate only the first N problems.")
     backend: Literal["hf", "vllm"] = Field("hf", description="Generation backend.")
     batch_size: int = Field(16, ge=1, le=4096, description="Prompts per generation batch (hf backend).")
     sampling: Sampling = Field(default_factory=Sampling, description="Decoding: greedy by default; n > 1 for pass@k.")
     k: list[int] = Field(default_factory=lambda: [1], description="k values for pass@k and maj@k.")
-    few_shot: int = Field(0, ge=0, le=16, description="Worked examples put before each question.")
-    system_prompt: str | None = Field(None, max_length=4000, description="Overrides the benchmark's system prompt.")
+    few_shot: int | None = Field(
+        None, ge=0, le=64, description="Worked examples put before each question; unset: the recipe's count."
+    )
+    system_prompt: str | None = Field(None, max_length=4000, description="Overrides the recipe's system prompt.")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field("auto", description="Model weights dtype.")
 
     @model_validator(mode="after")
@@ -558,6 +587,8 @@ class RewardModelSpec(_JobBase):
             raise FieldError(
                 "completions_per_step", "completions_per_step is for type='process': remove it or set type='process'"
             )
+        if self.sampling.max_new_tokens is None:
+            self.sampling.max_new_tokens = DEFAULT_MAX_NEW_TOKENS
         return self
 
 

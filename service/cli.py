@@ -126,8 +126,11 @@ def eval_local(
     temperature: float = 0.0,
     n: int = 1,
     k: Annotated[list[int] | None, typer.Option(help="k for pass@k / maj@k (repeatable)")] = None,
-    max_new_tokens: int = 512,
-    few_shot: int = 0,
+    max_new_tokens: Annotated[int | None, typer.Option(help="Default: the recipe's, else 512")] = None,
+    few_shot: Annotated[int | None, typer.Option(help="Default: the recipe's")] = None,
+    recipe: Annotated[
+        str | None, typer.Option(help="A registered prompt recipe, e.g. lm-eval-gsm8k; default: the benchmark's")
+    ] = None,
     data_dir: Annotated[str | None, typer.Option(envvar="MATHRL_DATA_DIR")] = None,
     out: Annotated[Path | None, typer.Option(help="Directory for per-item results (items.jsonl)")] = None,
 ) -> None:
@@ -155,6 +158,7 @@ def eval_local(
             backend=backend,
             batch_size=batch_size,
             few_shot=few_shot,
+            recipe=recipe,
             k=k or [1],
             sampling={"temperature": temperature, "n": n, "max_new_tokens": max_new_tokens},
         )
@@ -170,8 +174,13 @@ def eval_local(
 
     trust_remote_code_for(get_settings().sources.trust_remote_code_models)
     sink = PrintSink()
-    run_eval(spec, sink, model_path=model, data_dir=data_dir, results_dir=out)
-    table = Table(title=f"{benchmark} ({backend})")
+    try:
+        run_eval(spec, sink, model_path=model, data_dir=data_dir, results_dir=out)
+    except ValueError as exc:  # an unknown recipe, few_shot over the shot pool
+        err.print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from None
+    recipe_name = sink.scores[0].get("recipe") if sink.scores else recipe
+    table = Table(title=f"{benchmark} ({backend}, recipe {recipe_name})")
     for col in ("metric", "value", "95% CI", "n"):
         table.add_column(col)
     for s in sink.scores:

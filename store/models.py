@@ -182,6 +182,8 @@ class BenchmarkScore(Base):
     sampling: Mapped[dict[str, Any]] = mapped_column()
     backend: Mapped[str] = mapped_column(String(32))
     backend_version: Mapped[str] = mapped_column(String(64))
-    prompt_hash: Mapped[str | None] = mapped_column(String(64))
+    prompt_hash: Mapped[str | None] = mapped_column(String(64))  # the recipe's digest (with the chat template)
+    recipe: Mapped[str | None] = mapped_column(String(128))  # a registered name, or 'inline'
+    recipe_config: Mapped[dict[str, Any] | None] = mapped_column()  # the recipe as resolved (overrides applied)
     seed: Mapped[int | None] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)

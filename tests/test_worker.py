@@ -74,6 +74,9 @@ def test_eval_job_end_to_end(service: Service, tiny_model: str) -> None:
     assert acc.benchmark == "gsm8k" and acc.n == 4 and acc.backend == "hf" and acc.model_ref == tiny_model
     assert acc.ci_low is not None and acc.ci_low <= acc.value <= acc.ci_high
     assert acc.sampling["max_new_tokens"] == 16 and acc.prompt_hash
+    # the recipe it was made with: the benchmark's own, resolved (tests/test_recipes.py: the others)
+    assert acc.recipe == "gsm8k-chat" and acc.recipe_config is not None
+    assert acc.recipe_config["name"] == "gsm8k-chat" and acc.recipe_config["few_shot"] == 0
     samples = c.jobs.samples(job.id)
     assert len(samples) == 4 and all(s.data and "gold" in s.data and "correct" in s.data for s in samples)
     assert samples[0].data["gold"] == "18"  # GSM8K test #1 (Janet's ducks)

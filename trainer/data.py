@@ -11,9 +11,9 @@ from mathrl.specs import DatasetRef
 
 
 def load_problems(ref: DatasetRef, data_dir: str | None) -> tuple[list[Problem], str]:
-    """The problems and the prompt template they use."""
+    """The problems and the name of the prompt recipe they use (evaluator/recipes.py)."""
     if ref.path is not None:
-        return load_user_set(ref.path, ref.question_field, ref.answer_field, ref.limit), "math"
+        return load_user_set(ref.path, ref.question_field, ref.answer_field, ref.limit), "math-chat"
     assert ref.name is not None
     from evaluator.benchmarks import REGISTRY
 
@@ -24,7 +24,7 @@ def load_problems(ref: DatasetRef, data_dir: str | None) -> tuple[list[Problem],
         get_benchmark(ref.name)  # raises the did-you-mean error for an unknown name
         raise ValueError(f"dataset {ref.name!r} has no split {ref.split!r}")
     bench = found[0]
-    return load_benchmark(bench, data_dir, ref.limit), bench.prompt
+    return load_benchmark(bench, data_dir, ref.limit), bench.recipe
 
 
 def prompt_dataset(
