@@ -111,22 +111,24 @@ def check_sources(spec: Any, settings: Settings) -> None:
 
 def check_benchmarks(spec: Any) -> None:
     """Registered names must exist now: an unknown one was accepted (201) and failed the job later."""
-    from evaluator.benchmarks import UnknownBenchmark, get_benchmark
+    from evaluator.benchmarks import UnknownBenchmark, find_benchmark, get_benchmark
 
-    names: list[tuple[str, str]] = []
+    def refuse(pointer: str, title: str, detail: str) -> Problem:
+        return Problem(422, title, f"{pointer}: {detail}", [{"pointer": pointer, "detail": detail}])
+
     dataset = getattr(spec, "dataset", None)
-    if dataset is not None and dataset.name is not None:
-        names.append(("/dataset/name", dataset.name))
-    if spec.kind == "eval" and dataset is None:
-        names.append(("/benchmark", spec.benchmark))
-    for pointer, name in names:
-        try:
-            get_benchmark(name)
-        except UnknownBenchmark as exc:
-            detail = f"{exc}. Use one of these, or give dataset.path (a file under a data root)"
-            raise Problem(
-                422, "Unknown benchmark", f"{pointer}: {detail}", [{"pointer": pointer, "detail": detail}]
-            ) from None
+    try:
+        if dataset is not None and dataset.name is not None:
+            pointer = "/dataset/name"
+            find_benchmark(dataset.name, dataset.split)
+        elif spec.kind == "eval" and dataset is None:
+            pointer = "/benchmark"
+            get_benchmark(spec.benchmark)
+    except UnknownBenchmark as exc:
+        detail = f"{exc}. Use one of these, or give dataset.path (a file under a data root)"
+        raise refuse(pointer, "Unknown benchmark", detail) from None
+    except ValueError as exc:  # a registered name without that split
+        raise refuse("/dataset/split", "Unknown split", f"{exc}: pick one of those") from None
 
 
 def resolve_eval_recipe(spec: Any, config: dict[str, Any]) -> None:

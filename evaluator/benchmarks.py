@@ -200,3 +200,16 @@ def get_benchmark(name: str) -> Benchmark:
         close = difflib.get_close_matches(name, REGISTRY, n=3)
         hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
         raise UnknownBenchmark(f"unknown benchmark {name!r}.{hint} Known: {', '.join(sorted(REGISTRY))}") from None
+
+
+def find_benchmark(name: str, split: str) -> Benchmark:
+    """A registered dataset by name and split, as a spec's `dataset: {name, split}` gives it:
+    'gsm8k' with split 'train' is the registered 'gsm8k-train'. Raises UnknownBenchmark (with
+    the close names) for an unknown name, ValueError for a split it lacks."""
+    for candidate in (name, f"{name}-{split}"):
+        bench = REGISTRY.get(candidate)
+        if bench is not None and bench.split == split:
+            return bench
+    get_benchmark(name)  # the did-you-mean error for an unknown name
+    splits = sorted({b.split for n, b in REGISTRY.items() if n == name or n.startswith(f"{name}-")})
+    raise ValueError(f"dataset {name!r} has no split {split!r}; it has {', '.join(splits)}")

@@ -51,23 +51,55 @@ def _clean_number(s: str) -> str:
     return s.replace("$", "").replace(",", "").strip().rstrip(".")
 
 
-def extract_answer(completion: str) -> str | None:
-    """The final answer text of a completion, or None when it gives none."""
+METHODS = ("pattern", "boxed", "####", "answer-is", "last-number")  # how an answer was found
+_LEADING_NUMBER = re.compile(r"^-?\$?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?=$|[\s*%)]|\.(?:\s|$)|[a-zA-Z])")
+
+
+def normalise(answer: str) -> str | None:
+    """The answer itself, not the phrase around it ('####' lines, 'the answer is ...'; a \\boxed{}
+    answer is taken as written): after the last '=' ('100 + 150 = 250' ->
+    '250'), a number without '$', ',' or a trailing '.', or its leading number when words
+    follow ('18 dollars' -> '18', '18** per day' -> '18'); otherwise the expression as written
+    (LaTeX, sets, intervals: math-verify reads those)."""
+    text = answer.strip().strip("*").strip()
+    if "=" in text and "\\" not in text and "\\begin" not in text:
+        text = text.rsplit("=", 1)[1].strip()
+    text = text.rstrip(".").strip()
+    if _NUMBER.fullmatch(text):
+        return _clean_number(text) or None
+    m = _LEADING_NUMBER.match(text)
+    if m:
+        return _clean_number(m.group(0)) or None
+    return text or None
+
+
+def extract(completion: str, truncated: bool = False) -> tuple[str | None, str | None]:
+    """The normalised final answer of a completion and how it was found ('boxed', '####',
+    'answer-is', 'last-number'), or (None, None). A truncated completion gets no last-number
+    fallback: a number it happened to reach before the limit is not its answer."""
     boxed = last_boxed(completion)
     if boxed is not None and boxed.strip():
-        return boxed.strip()
+        return boxed.strip(), "boxed"
     hashes = _HASH.findall(completion)
     if hashes:
-        return _clean_number(hashes[-1]).strip() or None
+        found = normalise(hashes[-1])
+        if found:
+            return found, "####"
     said = _ANSWER_IS.findall(completion)
     if said:
-        value = said[-1].strip().rstrip(".")
-        if value:
-            return value
-    numbers = _NUMBER.findall(completion)
-    if numbers:
-        return _clean_number(numbers[-1])
-    return None
+        found = normalise(said[-1])
+        if found:
+            return found, "answer-is"
+    if not truncated:
+        numbers = _NUMBER.findall(completion)
+        if numbers:
+            return _clean_number(numbers[-1]), "last-number"
+    return None, None
+
+
+def extract_answer(completion: str, truncated: bool = False) -> str | None:
+    """The final answer text of a completion, or None when it gives none (see `extract`)."""
+    return extract(completion, truncated)[0]
 
 
 _GOLD_CFG = (LatexExtractionConfig(), ExprExtractionConfig())
@@ -106,18 +138,21 @@ def answers_match(predicted: str, gold: str) -> bool:
 class Verdict:
     extracted: str | None
     correct: bool
+    method: str | None = None  # one of METHODS: how `extracted` was found
 
 
-def grade(completion: str, gold: str, pattern: str | None = None) -> Verdict:
+def grade(completion: str, gold: str, pattern: str | None = None, truncated: bool = False) -> Verdict:
     """`pattern`: a recipe's answer_pattern; the answer is its first match's group 1 (as
-    lm-evaluation-harness's strict-match), else nothing; unset: extract_answer."""
+    lm-evaluation-harness's strict-match), else nothing; unset: `extract` (no last-number
+    fallback for a `truncated` completion)."""
     if pattern is not None:
         m = re.search(pattern, completion)
         found = (m.group(1) or "").strip() if m else ""
         # a number as lm-eval reads it ('1,234.' -> '1234'); anything else as written
         extracted = (_clean_number(found) if re.fullmatch(r"[-$\d.,]+", found) else found) or None
+        method = "pattern" if extracted is not None else None
     else:
-        extracted = extract_answer(completion)
+        extracted, method = extract(completion, truncated)
     if extracted is None:
         return Verdict(None, False)
-    return Verdict(extracted, answers_match(extracted, gold))
+    return Verdict(extracted, answers_match(extracted, gold), method)

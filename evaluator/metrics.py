@@ -4,8 +4,7 @@ broken down by a problem's subject and level."""
 from __future__ import annotations
 
 import math
-from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 BREAKDOWN_KEYS = ("subject", "level")
@@ -31,19 +30,34 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
 
 
-def maj_at_k(answers: Sequence[str | None], correct: Sequence[bool], k: int) -> float:
+def maj_at_k(
+    answers: Sequence[str | None],
+    correct: Sequence[bool],
+    k: int,
+    same: Callable[[str, str], bool] | None = None,
+) -> float:
     """1.0 if the most common extracted answer among the first k samples is correct.
 
-    Ties break toward the answer seen first; samples without an answer do not vote.
+    With `same` (the grader's equivalence, e.g. math-verify), answers vote as groups of equal
+    answers ('0.5' and '\\frac{1}{2}' are one vote), else as exact strings. Ties break toward the
+    group seen first; samples without an answer do not vote.
     """
-    votes = Counter(a for a in answers[:k] if a is not None)
-    if not votes:
+    groups: list[list[int]] = []  # indices of the samples in each group, in order of first sight
+    for i, a in enumerate(answers[:k]):
+        if a is None:
+            continue
+        for g in groups:
+            rep = answers[g[0]]
+            assert rep is not None
+            if a == rep or (same is not None and same(a, rep)):
+                g.append(i)
+                break
+        else:
+            groups.append([i])
+    if not groups:
         return 0.0
-    top = max(votes.values())
-    for a, ok in zip(answers[:k], correct[:k], strict=True):
-        if a is not None and votes[a] == top:
-            return 1.0 if ok else 0.0
-    return 0.0
+    top = max(groups, key=len)  # max keeps the first of equal sizes
+    return 1.0 if correct[top[0]] else 0.0
 
 
 def accuracy_breakdown(

@@ -115,7 +115,7 @@ def resolve_recipe(spec: Any) -> ResolvedRecipe:
     default ('math-chat' for a user's file); the spec's `few_shot`, `system_prompt` and
     `sampling.max_new_tokens`, when given, override the recipe's. Raises UnknownRecipe, or
     FieldError naming the field, for what cannot run (the API answers both with a 422)."""
-    from evaluator.benchmarks import get_benchmark
+    from evaluator.benchmarks import find_benchmark, get_benchmark
 
     if isinstance(spec.recipe, Recipe):
         name, recipe = "inline", spec.recipe
@@ -124,6 +124,8 @@ def resolve_recipe(spec: Any) -> ResolvedRecipe:
             name = spec.recipe
         elif spec.dataset is not None and spec.dataset.path is not None:
             name = "math-chat"
+        elif spec.dataset is not None and spec.dataset.name is not None:
+            name = find_benchmark(spec.dataset.name, spec.dataset.split).recipe
         else:
             name = get_benchmark(spec.benchmark).recipe
         recipe = get_recipe(name)

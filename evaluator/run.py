@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from evaluator import hf_backend, prompts
-from evaluator.benchmarks import Benchmark, get_benchmark
+from evaluator.benchmarks import Benchmark, find_benchmark, get_benchmark
 from evaluator.data import Problem, load_benchmark, load_user_set
-from evaluator.grading import grade
+from evaluator.grading import answers_match, grade
 from evaluator.metrics import accuracy_breakdown, maj_at_k, pass_at_k, wilson_interval
 from evaluator.models import load_model, load_tokenizer
 from evaluator.recipes import resolve_recipe
@@ -85,7 +85,7 @@ def run_eval(
     per_problem_correct: list[list[bool]] = []
     per_problem_answers: list[list[str | None]] = []
     for p, text, outs in zip(problems, texts, gens, strict=True):
-        verdicts = [grade(g.text, p.gold, pattern=recipe.answer_pattern) for g in outs]
+        verdicts = [grade(g.text, p.gold, pattern=recipe.answer_pattern, truncated=g.truncated) for g in outs]
         per_problem_correct.append([v.correct for v in verdicts])
         per_problem_answers.append([v.extracted for v in verdicts])
         for j, (g, v) in enumerate(zip(outs, verdicts, strict=True)):
@@ -98,6 +98,7 @@ def run_eval(
                         "sample": j,
                         "gold": p.gold,
                         "extracted": v.extracted,
+                        "extracted_by": v.method,
                         "correct": v.correct,
                         "tokens": g.tokens,
                         "truncated": g.truncated,
@@ -113,7 +114,10 @@ def run_eval(
     for k in spec.k:
         if s.n > 1:
             pk = [pass_at_k(s.n, sum(c), k) for c in per_problem_correct]
-            mk = [maj_at_k(a, c, k) for a, c in zip(per_problem_answers, per_problem_correct, strict=True)]
+            mk = [
+                maj_at_k(a, c, k, same=answers_match)
+                for a, c in zip(per_problem_answers, per_problem_correct, strict=True)
+            ]
             values[f"pass@{k}"] = sum(pk) / max(n_problems, 1)
             values[f"maj@{k}"] = sum(mk) / max(n_problems, 1)
             intervals[f"maj@{k}"] = wilson_interval(int(sum(mk)), n_problems)
@@ -181,5 +185,8 @@ def _problems(spec: EvalSpec, data_dir: str | None) -> tuple[Benchmark, list[Pro
             recipe="math-chat",
         )
         return bench, load_user_set(d.path, d.question_field, d.answer_field, spec.limit or d.limit)
+    if spec.dataset is not None and spec.dataset.name is not None:  # a registered set named as a dataset
+        bench = find_benchmark(spec.dataset.name, spec.dataset.split)
+        return bench, load_benchmark(bench, data_dir, spec.limit or spec.dataset.limit)
     bench = get_benchmark(spec.benchmark)
     return bench, load_benchmark(bench, data_dir, spec.limit)

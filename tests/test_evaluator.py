@@ -14,6 +14,7 @@ import pytest
 from evaluator.benchmarks import REGISTRY, Benchmark, get_benchmark
 from evaluator.data import benchmark_load_args, load_benchmark
 from evaluator.metrics import accuracy_breakdown, wilson_interval
+from mathrl.specs import EvalSpec
 from tests.conftest import Service, data_dir
 
 HUB_FIELDS = ("problem", "level", "solution", "type")  # DigitalLearningGmbH/MATH-lighteval, config 'default'
@@ -211,3 +212,27 @@ def test_math500_eval_job_stores_breakdowns_with_provenance(service: Service, ti
             assert getattr(s, col) == getattr(head, col), col
     assert head.n == 6 and head.benchmark == "math500" and head.model_ref == tiny_model
     assert sum(s.n for m, s in groups.items() if m.startswith("accuracy/level=")) == 6
+
+
+@pytest.mark.quick
+def test_an_eval_on_a_named_dataset_evaluates_that_set_not_gsm8k() -> None:
+    from evaluator.recipes import resolve_recipe
+    from evaluator.run import _problems
+
+    spec = EvalSpec(model="m", dataset={"name": "math500", "split": "test"}, limit=3)
+    bench, problems = _problems(spec, data_dir())
+    assert bench.name == "math500" and len(problems) == 3 and problems[0].meta["subject"]
+    assert resolve_recipe(spec).name == "math-chat"
+    # 'gsm8k' with split 'train' is the registered train split
+    bench, _ = _problems(EvalSpec(model="m", dataset={"name": "gsm8k", "split": "train"}, limit=1), data_dir())
+    assert bench.name == "gsm8k-train"
+
+
+@pytest.mark.quick
+def test_a_named_dataset_without_that_split_is_refused(app_client: Any) -> None:
+    from tests.conftest import admin_key
+
+    spec = {"kind": "eval", "model": "org/m", "resources": {"gpus": 1}, "dataset": {"name": "math500", "split": "dev"}}
+    r = app_client.post("/v1/jobs", json=spec, headers=admin_key(app_client))
+    assert r.status_code == 422 and r.json()["errors"][0]["pointer"] == "/dataset/split", r.text
+    assert "has no split 'dev'; it has test" in r.json()["detail"]

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from evaluator.grading import extract_answer, grade, gsm8k_gold, last_boxed
+from evaluator.grading import extract, extract_answer, grade, gsm8k_gold, last_boxed
 from evaluator.metrics import maj_at_k, pass_at_k, wilson_interval
 
 pytestmark = pytest.mark.quick
@@ -118,3 +118,43 @@ def test_grading_works_off_the_main_thread() -> None:
 
     with ThreadPoolExecutor(1) as pool:
         assert pool.submit(grade, "so the answer is \\boxed{\\frac{1}{2}}", "0.5").result().correct
+
+
+@pytest.mark.parametrize(
+    ("completion", "truncated", "answer", "method"),
+    [
+        # the phrase after 'the answer is' is not the answer; what it equals is
+        ("So the answer is 100 + 150 = 250.", False, "250", "answer-is"),
+        ("The answer is 18 dollars.", False, "18", "answer-is"),
+        # '####' stops at the number, not at the end of the markdown line
+        ("She makes $18.\n#### 18** per day\n\n**Next", False, "18", "####"),
+        ("#### 1,234.", False, "1234", "####"),
+        ("\\boxed{\\frac{1}{2}}", False, "\\frac{1}{2}", "boxed"),
+        ("\\boxed{x = 2 \\text{ or } x = 3}", False, "x = 2 \\text{ or } x = 3", "boxed"),
+        ("She sells 9 eggs for 2 each, 18 in all", False, "18", "last-number"),
+        # cut off mid-sum: the number it reached is not an answer, so 'no answer' is reachable
+        ("She lays 16 x 3 = <<16*3=54>>54 ducks.\nShe lays 16 x 3 = <<16", True, None, None),
+        ("no digits here", False, None, None),
+    ],
+)
+def test_extraction_says_what_it_found(
+    completion: str, truncated: bool, answer: str | None, method: str | None
+) -> None:
+    assert extract(completion, truncated) == (answer, method)
+
+
+def test_binary_reward_gives_no_answer_to_a_cut_off_completion() -> None:
+    from trainer.rewards import get_reward
+
+    binary = get_reward("binary", max_length=4)
+    texts = ["16 x 3 = <<16", "16 x 3 = 48"]
+    assert binary(texts, answer=["48", "48"], completion_ids=[[1, 2, 3, 4], [1, 2, 3]]) == [-0.5, 1.0]
+
+
+def test_maj_at_k_groups_equal_answers() -> None:
+    from evaluator.grading import answers_match
+
+    answers = ["0.5", "3", "\\frac{1}{2}", "3", "1/2"]
+    correct = [True, False, True, False, True]
+    assert maj_at_k(answers, correct, 5) == 0.0  # as strings: '3' wins 2-1-1-1
+    assert maj_at_k(answers, correct, 5, same=answers_match) == 1.0  # one half: 3 votes to 2

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from evaluator import prompts
-from evaluator.benchmarks import get_benchmark
+from evaluator.benchmarks import find_benchmark
 from evaluator.data import Problem, load_benchmark, load_user_set
 from mathrl.specs import DatasetRef
 
@@ -15,15 +15,7 @@ def load_problems(ref: DatasetRef, data_dir: str | None) -> tuple[list[Problem],
     if ref.path is not None:
         return load_user_set(ref.path, ref.question_field, ref.answer_field, ref.limit), "math-chat"
     assert ref.name is not None
-    from evaluator.benchmarks import REGISTRY
-
-    # 'gsm8k' with split 'train' means the registered 'gsm8k-train'
-    candidates = [ref.name, f"{ref.name}-{ref.split}"]
-    found = [REGISTRY[c] for c in candidates if c in REGISTRY and REGISTRY[c].split == ref.split]
-    if not found:
-        get_benchmark(ref.name)  # raises the did-you-mean error for an unknown name
-        raise ValueError(f"dataset {ref.name!r} has no split {ref.split!r}")
-    bench = found[0]
+    bench = find_benchmark(ref.name, ref.split)
     return load_benchmark(bench, data_dir, ref.limit), bench.recipe
 
 

@@ -26,8 +26,8 @@ def build_rewards(
         if ref.name == "reward_model":
             assert ref.model is not None
             kwargs["model"] = resolve_model(ref.model) if resolve_model else ref.model
+        kwargs["max_length"] = config["max_completion_length"]  # cut-off completions: no last-number answer
         if ref.name == "overlong":
-            kwargs["max_length"] = config["max_completion_length"]
             kwargs["buffer"] = ref.buffer or max(1, config["max_completion_length"] // 4)
         rewards.append(get_reward(ref.name, **kwargs))
         weights.append(ref.weight)

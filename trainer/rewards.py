@@ -25,16 +25,25 @@ def completion_text(completion: Any) -> str:
 
 
 class Reward:
+    """`max_length`: the run's max_completion_length; a completion of that many tokens (TRL's
+    `completion_ids`) was cut off, and gets no last-number answer (evaluator.grading.extract)."""
+
     name = "base"
 
-    def __init__(self, **_: Any) -> None:
+    def __init__(self, max_length: int | None = None, **_: Any) -> None:
         self.__name__ = self.name
+        self.max_length = max_length
 
     def __call__(self, completions: list[Any], answer: list[str] | None = None, **kw: Any) -> list[float | None]:
         golds = answer if answer is not None else [None] * len(completions)
-        return [self.score(completion_text(c), g) for c, g in zip(completions, golds, strict=True)]
+        ids = kw.get("completion_ids")
+        cut = [
+            self.max_length is not None and ids is not None and len(ids[i]) >= self.max_length
+            for i in range(len(completions))
+        ]
+        return [self.score(completion_text(c), g, t) for c, g, t in zip(completions, golds, cut, strict=True)]
 
-    def score(self, text: str, gold: str | None) -> float | None:
+    def score(self, text: str, gold: str | None, truncated: bool = False) -> float | None:
         raise NotImplementedError
 
 
@@ -43,22 +52,23 @@ class Accuracy(Reward):
 
     name = "accuracy"
 
-    def score(self, text: str, gold: str | None) -> float | None:
+    def score(self, text: str, gold: str | None, truncated: bool = False) -> float | None:
         if gold is None:
             return None
-        pred = extract_answer(text)
+        pred = extract_answer(text, truncated)
         return 1.0 if pred is not None and answers_match(pred, gold) else 0.0
 
 
 class Binary(Reward):
-    """The DeepSeekMath-style rule reward: +1 correct, -1 wrong, -0.5 when no answer is given."""
+    """The DeepSeekMath-style rule reward: +1 correct, -1 wrong, -0.5 when no answer is given
+    (no boxed/####/'answer is' answer, and for a cut-off completion no last number either)."""
 
     name = "binary"
 
-    def score(self, text: str, gold: str | None) -> float | None:
+    def score(self, text: str, gold: str | None, truncated: bool = False) -> float | None:
         if gold is None:
             return None
-        pred = extract_answer(text)
+        pred = extract_answer(text, truncated)
         if pred is None:
             return -0.5
         return 1.0 if answers_match(pred, gold) else -1.0
@@ -69,7 +79,7 @@ class BoxedFormat(Reward):
 
     name = "format"
 
-    def score(self, text: str, gold: str | None) -> float | None:
+    def score(self, text: str, gold: str | None, truncated: bool = False) -> float | None:
         boxed = last_boxed(text)
         return 1.0 if boxed is not None and boxed.strip() else 0.0
 
@@ -83,8 +93,8 @@ class Overlong(Reward):
     name = "overlong"
 
     def __init__(self, max_length: int = 1024, buffer: int = 256, **kw: Any) -> None:
-        super().__init__(**kw)
-        self.max_length, self.buffer = max_length, max(1, min(buffer, max_length))
+        super().__init__(max_length, **kw)
+        self.buffer = max(1, min(buffer, max_length))
 
     def __call__(self, completions: list[Any], answer: list[str] | None = None, **kw: Any) -> list[float | None]:
         ids = kw.get("completion_ids")
@@ -92,6 +102,7 @@ class Overlong(Reward):
         return [self.penalty(n) for n in lengths]
 
     def penalty(self, length: int) -> float:
+        assert self.max_length is not None
         start = self.max_length - self.buffer
         if length <= start:
             return 0.0
