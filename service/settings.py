@@ -65,6 +65,9 @@ class LimitsSettings(BaseModel):
         50.0, gt=0, description="Requests per second per API key (token bucket, per API process; health routes exempt)."
     )
     burst: int = Field(200, ge=1, description="Requests a key may make at once before the rate applies.")
+    max_streams_per_key: int = Field(
+        100, ge=1, description="Event streams (SSE) one API key may hold open at once, per API process."
+    )
 
 
 class SourcesSettings(BaseModel):

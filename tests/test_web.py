@@ -14,9 +14,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
-from tests.conftest import Service, wait_for
+from tests.conftest import Service, _free_port, wait_for
 
 CHROMIUM = os.environ.get("MATHRL_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -106,6 +107,7 @@ def test_pages_and_their_files_are_served_without_a_key(app_client: Any) -> None
         ("/ui/pipelines", "pipelines"),
         ("/ui/pipelines/x", "pipeline"),
         ("/ui/scores", "scores"),
+        ("/ui/compare", "compare"),
     ]:
         r = app_client.get(path)
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
@@ -211,16 +213,23 @@ def grpo_job(service: Service, project: tuple[str, Any], browser: Any, shots: Pa
     pg = ctx.new_page()
     pg.set_default_timeout(20_000)
     seen: dict[str, Any] = {}
+    requests: list[tuple[str, str | None]] = []  # what the page asked the API for, with its Authorization
+    pg.on("request", lambda r: requests.append((r.url, r.headers.get("authorization"))))
     try:
         live = c.jobs.create({**spec, "name": "web grpo live", "max_steps": LIVE_STEPS, "save_steps": LIVE_STEPS})
+        seen["live_id"] = live.id
         sign_in(pg, f"{service.url}/ui/jobs/{live.id}", key)
         # first points (the job process needs some seconds to start), then more while running
         first = wait_for(lambda: chart_points(pg, "Reward"), 180, 0.25, "the first reward points")
         seen["running_when_first"] = pg.get_attribute("#status .badge", "data-status")
         seen["first"] = first
         shoot(pg, shots, "job-running")
+        watched_from = len(requests)
         seen["later"] = wait_for(lambda: (n := chart_points(pg, "Reward")) > first and n, 60, 0.25, "more points")
         seen["running_when_later"] = pg.get_attribute("#status .badge", "data-status")
+        seen["requests_while_watched"] = [u for u, _ in requests[watched_from:] if "/v1/" in u]
+        seen["streams"] = [(u, a) for u, a in requests if "/events/stream" in u]
+        seen["key"] = key
         c.jobs.cancel(live.id)
         assert c.jobs.wait(live.id, timeout=120).status == "cancelled"
         pg.wait_for_selector("#status .badge[data-status=cancelled]", timeout=15_000)
@@ -261,6 +270,130 @@ def test_running_job_chart_gains_points_while_watched(grpo_job: dict[str, Any]) 
     assert "checkpoint" in grpo_job["checkpoints"] and "final" in grpo_job["checkpoints"]
     assert "started" in grpo_job["events"] and "succeeded" in grpo_job["events"]
     assert '"num_generations": 4' in grpo_job["config"] and '"beta"' in grpo_job["config"]
+
+
+@pytest.mark.slow
+def test_the_job_page_follows_the_stream_instead_of_polling(grpo_job: dict[str, Any]) -> None:
+    """Issue 20.7: the page polled five endpoints every 2 s. Now, after reading the history once,
+    it follows the job's event stream, which carries the metric points too: while the charts
+    gained points, the page asked the API for nothing (a status event may re-read the job)."""
+    assert grpo_job["later"] > grpo_job["first"]
+    asked = [u.split("?")[0] for u in grpo_job["requests_while_watched"]]
+    polled = [u for u in asked if not re.search(r"/v1/jobs/[\w-]+(/samples)?$", u)]
+    assert polled == [], polled
+    # completions only when the steps reach a sampled one (every SAMPLE_EVERY steps)
+    steps = (grpo_job["later"] - grpo_job["first"]) // 3  # three reward series: a point each per step
+    assert sum(u.endswith("/samples") for u in asked) <= steps // SAMPLE_EVERY + 1, asked
+    # the stream is read with fetch and the key in the Authorization header, never in the URL
+    url, authorization = grpo_job["streams"][0]
+    assert "metrics=true" in url and authorization == f"Bearer {grpo_job['key']}"
+    assert grpo_job["key"] not in url
+
+
+@pytest.mark.slow
+def test_compare_view_overlays_runs_and_diffs_their_hyperparameters(
+    service: Service, project: tuple[str, Any], grpo_job: dict[str, Any], page: Any, shots: Path
+) -> None:
+    key, _ = project
+    done, live = grpo_job["id"], grpo_job["live_id"]
+    sign_in(page, f"{service.url}/ui", key)
+    wait_for(lambda: {done, live} <= {r["jobId"] for r in job_rows(page)}, 10, what="both GRPO jobs listed")
+    assert page.is_disabled("#compare")
+    page.check(f"tr[data-job-id='{done}'] input[name=pick]")
+    page.check(f"tr[data-job-id='{live}'] input[name=pick]")
+    page.click("#compare")
+    page.wait_for_url("**/ui/compare?jobs=*")
+    page.wait_for_selector("main[data-loaded=true]")
+    assert set(page.url.split("jobs=")[1].split(",")) == {done, live}
+    charts = dict(page.eval_on_selector_all(".chart", "els => els.map(e => [e.dataset.chart, +e.dataset.points])"))
+    assert set(charts) == {"Reward", "Loss", "KL", "Accuracy"}, charts
+    for title in charts:  # both runs' curves in every panel: the finished run's 48 steps and the live run's
+        legend = page.inner_text(f".chart[data-chart='{title}'] .legend")
+        assert done[-8:] in legend and live[-8:] in legend, (title, legend)
+        assert charts[title] > GRPO_STEPS, (title, charts)
+    rows = "rows => rows.map(r => [r.dataset.param, r.dataset.diff])"
+    diff = dict(page.eval_on_selector_all("#params tbody tr", rows))
+    assert diff["max_steps"] == "true" and diff["save_steps"] == "true" and diff["name"] == "true"
+    assert diff["learning_rate"] == "false" and diff["num_generations"] == "false"
+    assert page.inner_text("#params tr[data-param='max_steps']").split("\t")[1:] in (
+        [str(GRPO_STEPS), str(LIVE_STEPS)],
+        [str(LIVE_STEPS), str(GRPO_STEPS)],
+    )
+    shoot(page, shots, "compare")
+    page.check("#onlydiff")
+    shown = page.eval_on_selector_all("#params tbody tr", "rows => rows.map(r => r.dataset.diff)")
+    assert shown and set(shown) == {"true"}
+
+
+@pytest.mark.slow
+def test_cancel_and_resubmit_from_the_job_page(
+    service: Service, project: tuple[str, Any], page: Any, shots: Path
+) -> None:
+    key, c = project
+    job = c.jobs.create({"kind": "eval", "model": "org/model", "limit": 5, "name": "to cancel", **PARKED})
+    sign_in(page, f"{service.url}/ui/jobs/{job.id}", key)
+    assert page.get_attribute("#status .badge", "data-status") == "queued"
+    page.wait_for_selector("main[data-streaming=true]")  # following the stream of a queued job
+    page.click("#cancel")
+    assert "again" in page.inner_text("#cancel")  # one click only arms it
+    page.click("#cancel")
+    page.wait_for_selector("#status .badge[data-status=cancelled]")
+    assert c.jobs.retrieve(job.id).status == "cancelled" and page.is_hidden("#cancel")
+    shoot(page, shots, "job-cancelled")
+    page.click("#resubmit")
+    page.wait_for_url(re.compile(r".*/ui/jobs/(?!" + job.id + r")[\w-]+$"))
+    page.wait_for_selector("main[data-loaded=true]")
+    copy_id = page.url.rsplit("/", 1)[1]
+    copy = c.jobs.retrieve(copy_id)
+    assert copy.status == "queued" and copy.name == "to cancel (copy)"
+    assert {k: v for k, v in copy.spec.items() if k != "name"} == {k: v for k, v in job.spec.items() if k != "name"}
+    c.jobs.cancel(copy_id)
+
+
+@pytest.mark.slow
+def test_a_read_only_key_cannot_cancel_from_the_page(service: Service, project: tuple[str, Any], page: Any) -> None:
+    key, c = project
+    job = c.jobs.create({"kind": "eval", "model": "org/model", "limit": 5, **PARKED})
+    read_only = c.request("POST", "/v1/keys", json={"scopes": ["read"]})["key"]  # the project's own key makes it
+    sign_in(page, f"{service.url}/ui/jobs/{job.id}", read_only)
+    page.click("#cancel")
+    page.click("#cancel")
+    page.wait_for_selector("#actionnotice .notice")
+    assert "Cancel refused" in page.inner_text("#actionnotice") and "submit" in page.inner_text("#actionnotice")
+    assert c.jobs.retrieve(job.id).status == "queued"
+    c.jobs.cancel(job.id)
+
+
+@pytest.mark.slow
+def test_the_pages_streams_count_under_the_per_key_limit(service: Service, browser: Any, tmp_path: Path) -> None:
+    """limits.max_streams_per_key (2 on this API process): a page following a job holds one."""
+    api = Service(env={**service.env, "MATHRL_LIMITS__MAX_STREAMS_PER_KEY": "2"}, logs=tmp_path, port=_free_port())
+    api.start_api()
+    try:
+        key = api.key()
+        c = api.client(key)
+        job = c.jobs.create({"kind": "eval", "model": "org/model", "limit": 5, **PARKED})  # stays queued
+        ctx = browser.new_context()
+        pg = ctx.new_page()
+        sign_in(pg, f"{api.url}/ui/jobs/{job.id}", key)
+        pg.wait_for_selector("main[data-streaming=true]")
+        h = {"Authorization": f"Bearer {key}"}
+        url = f"{api.url}/v1/jobs/{job.id}/events/stream"
+        with httpx.stream("GET", url, headers=h, timeout=httpx.Timeout(10, read=None)) as second:
+            assert second.status_code == 200
+            third = httpx.get(url, headers=h, timeout=10)
+            assert third.status_code == 429 and third.headers["retry-after"], third.text
+            assert "2 open event streams" in third.json()["detail"] and "status page" in third.json()["detail"]
+        ctx.close()  # the page's stream and the second one end: their count is given back
+        wait_for(lambda: _opens(url, h), 15, 0.5, "a stream admitted once the others closed")
+        c.jobs.cancel(job.id)
+    finally:
+        api.stop_api()
+
+
+def _opens(url: str, headers: dict[str, str]) -> bool:
+    with httpx.stream("GET", url, headers=headers, timeout=httpx.Timeout(10, read=None)) as r:
+        return r.status_code == 200
 
 
 @pytest.mark.slow

@@ -25,6 +25,7 @@ from api.problems import (
     RESULTS_UNAVAILABLE,
     Problem,
 )
+from api.streams import close_stream, open_stream
 from api.submit import admit, commit_and_dispatch, job_row
 from mathrl.schemas import (
     CheckpointResponse,
@@ -182,42 +183,66 @@ def stream_events(
     session: SessionDep,
     caller: CallerDep,
     settings: SettingsDep,
-    after: int | None = Query(None, ge=0),
+    after: int | None = Query(None, ge=0, description="Only events after this seq (the last you saw)."),
+    metrics: bool = Query(False, description="Also send the job's metric points as they are written."),
+    metrics_after_step: int | None = Query(
+        None, ge=-1, description="With metrics: only points after this step (the last you have)."
+    ),
 ) -> StreamingResponse:
-    """Server-Sent Events: every event as it is written; the stream ends when the job does."""
+    """Server-Sent Events: every event as it is written (`event: <type>`, `id: <seq>`), and with
+    `metrics=true` the metric points too (`event: metrics`, data `{"data": [{name, step,
+    value}, ...]}`); the stream ends when the job does. Each open stream counts against the
+    key's `limits.max_streams_per_key` (a 429 past it)."""
     _own_job(session, caller.project_id, job_id)
     # The request's session would stay checked out (idle in a transaction) for the stream's whole
     # life: 30 open streams emptied the pool and stalled every other request. Each poll below
     # takes a connection for one query and gives it back.
     session.close()
     url = settings.database.url
+    holder = caller.key.id if caller.key is not None else "admin"
+    open_stream(holder, settings.limits.max_streams_per_key)
 
-    def poll(last: int | None) -> tuple[list[dict[str, Any]], bool]:
+    def poll(last: int | None, metric_id: int | None) -> tuple[list[dict[str, Any]], list[Metric], bool]:
         with get_sessionmaker(url)() as s:
             rows = _events_after(s, job_id, last, 500)
+            points: list[Metric] = []
+            if metrics:
+                q = select(Metric).where(Metric.job_id == job_id)
+                if metric_id is not None:
+                    q = q.where(Metric.id > metric_id)
+                elif metrics_after_step is not None:
+                    q = q.where(Metric.step > metrics_after_step)
+                points = list(s.scalars(q.order_by(Metric.id).limit(METRICS_PAGE_POINTS)))
             status = s.scalar(select(Job.status).where(Job.id == job_id))
-            return [EventResponse.model_validate(r).model_dump(mode="json") for r in rows], status in TERMINAL
+            return [EventResponse.model_validate(r).model_dump(mode="json") for r in rows], points, status in TERMINAL
 
     async def gen() -> Any:
-        last = after
+        last, metric_id = after, None
         idle = 0.0
-        while True:
-            rows, ended = await anyio.to_thread.run_sync(poll, last)
-            for row in rows:
-                last = row["seq"]
-                yield f"id: {row['seq']}\nevent: {row['type']}\ndata: {json.dumps(row)}\n\n"
-            if ended and not rows:
-                return
-            if await request.is_disconnected():
-                return
-            if rows:
-                idle = 0.0
-            else:
-                idle += 0.5
-                if idle >= 15:
+        try:
+            while True:
+                rows, points, ended = await anyio.to_thread.run_sync(poll, last, metric_id)
+                if points:
+                    metric_id = points[-1].id
+                    data = [{"name": m.name, "step": m.step, "value": m.value} for m in points]
+                    yield f"event: metrics\ndata: {json.dumps({'data': data})}\n\n"
+                for row in rows:
+                    last = row["seq"]
+                    yield f"id: {row['seq']}\nevent: {row['type']}\ndata: {json.dumps(row)}\n\n"
+                if ended and not rows and not points:
+                    return
+                if await request.is_disconnected():
+                    return
+                if rows or points:
                     idle = 0.0
-                    yield ": keep-alive\n\n"
-                await asyncio.sleep(0.5)
+                else:
+                    idle += 0.5
+                    if idle >= 15:
+                        idle = 0.0
+                        yield ": keep-alive\n\n"
+                    await asyncio.sleep(0.5)
+        finally:
+            close_stream(holder)
 
     return StreamingResponse(gen(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 

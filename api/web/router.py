@@ -1,4 +1,4 @@
-"""/ui: the status pages (job list, job, pipelines, scores) and their static files.
+"""/ui: the status pages (job list, job, compare, pipelines, scores) and their static files.
 
 The HTML routes need no key: each page is the same shell naming its script, and every
 datum comes from the authorized JSON API. Static files are read once at import, served
@@ -97,6 +97,11 @@ def pipeline_page(pipeline_id: str) -> HTMLResponse:
 @router.get("/ui/scores")
 def scores_page() -> HTMLResponse:
     return _page("scores", "Scores")
+
+
+@router.get("/ui/compare")
+def compare_page() -> HTMLResponse:
+    return _page("compare", "Compare runs")
 
 
 @router.get("/ui/static/{name}")

@@ -34,7 +34,9 @@ export class LineChart {
   }
 
   // points: [{x, y}] in x order, newer than what the series has (older ones are dropped).
-  append(name, points) {
+  // color: the series' own colour (default: by its order in the chart).
+  append(name, points, color) {
+    if (color) (this.colors ||= new Map()).set(name, color);
     const s = this.series.get(name) || [];
     const last = s.length ? s[s.length - 1].x : -Infinity;
     for (const p of points) if (p.x > last && Number.isFinite(p.y)) s.push(p);
@@ -70,7 +72,7 @@ export class LineChart {
       h("text", { x: W - M.r, y: H - 2, "text-anchor": "end" }, this.xLabel));
     this.svg.append(grid);
     [...this.series.entries()].forEach(([name, pts], i) => {
-      const color = COLORS[i % COLORS.length];
+      const color = this.colors?.get(name) || COLORS[i % COLORS.length];
       if (pts.length > 1) {
         const d = pts.map((p) => `${this.sx(p.x).toFixed(1)},${this.sy(p.y).toFixed(1)}`).join(" ");
         this.svg.append(h("polyline", { points: d, fill: "none", stroke: color, "stroke-width": 1.6, "stroke-linejoin": "round" }));

@@ -11,19 +11,69 @@ export const getKey = () => sessionStorage.getItem(KEY);
 export const setKey = (k) => sessionStorage.setItem(KEY, k.trim());
 export const clearKey = () => sessionStorage.removeItem(KEY);
 
-// GET /v1/... with the key; JSON back. 401 -> AuthError, 404 -> NotFound, else Error(detail).
-export async function api(path, params = {}) {
+function urlFor(path, params = {}) {
   const url = new URL(path, location.origin);
   for (const [k, v] of Object.entries(params)) {
     if (v !== undefined && v !== null && v !== "") url.searchParams.set(k, v);
   }
-  const r = await fetch(url, { headers: { Authorization: `Bearer ${getKey()}`, Accept: "application/json" } });
-  if (r.ok) return r.json();
+  return url;
+}
+
+const auth = () => ({ Authorization: `Bearer ${getKey()}` });
+
+// A refused request as an error: 401 -> AuthError, 404 -> NotFound, else Error(the problem's detail).
+async function failure(r) {
   let detail = `${r.status} ${r.statusText}`;
   try { detail = (await r.json()).detail || detail; } catch { /* not JSON */ }
-  if (r.status === 401) throw new AuthError(detail);
-  if (r.status === 404) throw new NotFound(detail);
-  throw new Error(detail);
+  if (r.status === 401) return new AuthError(detail);
+  if (r.status === 404) return new NotFound(detail);
+  return new Error(detail);
+}
+
+// GET /v1/... with the key; JSON back.
+export async function api(path, params = {}) {
+  const r = await fetch(urlFor(path, params), { headers: { ...auth(), Accept: "application/json" } });
+  if (r.ok) return r.json();
+  throw await failure(r);
+}
+
+// POST /v1/... with the key and a JSON body (headers: e.g. Idempotency-Key); JSON back.
+export async function post(path, body = null, headers = {}) {
+  const r = await fetch(urlFor(path), {
+    method: "POST",
+    headers: { ...auth(), Accept: "application/json", "Content-Type": "application/json", ...headers },
+    body: body === null ? null : JSON.stringify(body),
+  });
+  if (r.ok) return r.json();
+  throw await failure(r);
+}
+
+// Follows a Server-Sent-Events route until the server ends it: onMessage(type, data) per message.
+// Read with fetch, not EventSource: an EventSource cannot send the Authorization header, and the
+// key must not travel in the URL (logs, history). Throws like api() when the stream is refused.
+export async function follow(path, params, onMessage, { signal, onOpen } = {}) {
+  const r = await fetch(urlFor(path, params), { headers: { ...auth(), Accept: "text/event-stream" }, signal });
+  if (!r.ok) throw await failure(r);
+  onOpen?.();
+  const reader = r.body.pipeThrough(new TextDecoderStream()).getReader();
+  let buf = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) return;
+    buf += value.replace(/\r\n/g, "\n");
+    let end;
+    while ((end = buf.indexOf("\n\n")) >= 0) {
+      const block = buf.slice(0, end);
+      buf = buf.slice(end + 2);
+      let type = "message";
+      const data = [];
+      for (const line of block.split("\n")) {
+        if (line.startsWith("event:")) type = line.slice(6).trim();
+        else if (line.startsWith("data:")) data.push(line.slice(5).replace(/^ /, ""));
+      }  // ":" lines are keep-alives; "id:" is the event's seq, which the data carries too
+      if (data.length) onMessage(type, JSON.parse(data.join("\n")));
+    }
+  }
 }
 
 // Every page of a cursor-paginated list.

@@ -1,7 +1,11 @@
-// /ui/jobs/{id}: status, live training curves (polled every 2 s with after_step), the event
-// log, sampled completions with their rewards, checkpoints, scores and the resolved config.
+// /ui/jobs/{id}: status, live training curves, the event log, sampled completions with their
+// rewards, checkpoints, scores and the resolved config; cancel, and resubmit a copy. History is
+// read once; after that the page follows the job's event stream (events and metric points as
+// they are written) until the job ends, instead of polling.
 import { LineChart } from "./chart.js";
-import { $, TERMINAL, api, badge, boot, every, fmtDuration, fmtNum, fmtTime, h, pct, shortId } from "./common.js";
+import {
+  $, AuthError, TERMINAL, api, badge, boot, fmtDuration, fmtNum, fmtTime, follow, h, pct, post, shortId, showKeyForm,
+} from "./common.js";
 
 // Panels in display order: a metric goes to every panel whose test it passes; the rest get
 // one small chart each under "Other metrics".
@@ -44,9 +48,57 @@ function sampleRow(s) {
     h("td", { class: "num" }, fmtNum(s.data?.advantage, 3)));
 }
 
+// Cancel (a second click within 5 s confirms) and resubmit a copy of the spec, with the page's key.
+function actions(getJob, showJob, say) {
+  const cancel = h("button", { type: "button", id: "cancel" }, "Cancel job");
+  let armed = null;
+  cancel.addEventListener("click", async () => {
+    if (!armed) {
+      cancel.textContent = "Click again to cancel";
+      cancel.classList.add("danger");
+      armed = setTimeout(() => { armed = null; cancel.textContent = "Cancel job"; cancel.classList.remove("danger"); }, 5000);
+      return;
+    }
+    clearTimeout(armed);
+    armed = null;
+    cancel.disabled = true;
+    try {
+      showJob(await post(`/v1/jobs/${encodeURIComponent(jobId)}/cancel`));
+      say("");
+    } catch (e) {
+      if (e instanceof AuthError) { showKeyForm(e.message); return; }
+      say(`Cancel refused: ${e.message}`);
+    } finally {
+      cancel.disabled = false;
+      cancel.textContent = "Cancel job";
+      cancel.classList.remove("danger");
+    }
+  });
+  const again = h("button", { type: "button", id: "resubmit" }, "Resubmit a copy");
+  const idem = crypto.randomUUID(); // a double click submits once
+  again.addEventListener("click", async () => {
+    const job = getJob();
+    again.disabled = true;
+    try {
+      const spec = { ...job.spec, name: `${job.spec.name || `job ${shortId(job.id)}`} (copy)` };
+      const made = await post("/v1/jobs", spec, { "Idempotency-Key": `resubmit-${job.id}-${idem}` });
+      location.assign(`/ui/jobs/${made.id}`);
+    } catch (e) {
+      if (e instanceof AuthError) { showKeyForm(e.message); return; }
+      say(`Resubmit refused: ${e.message}`);
+      again.disabled = false;
+    }
+  });
+  return { cancel, again };
+}
+
 boot(async (main) => {
   let job = await api(`/v1/jobs/${encodeURIComponent(jobId)}`);
-  const title = h("h1", {}, `Job ${shortId(job.id)}`, job.name ? h("span", { class: "muted" }, job.name) : null, h("span", { id: "status" }, badge(job.status)));
+  const notice = h("div", { id: "actionnotice" });
+  const say = (text) => notice.replaceChildren(text ? h("p", { class: "notice error" }, text) : "");
+  const { cancel, again } = actions(() => job, (j) => { job = j; showJob(); }, say);
+  const title = h("h1", {}, `Job ${shortId(job.id)}`, job.name ? h("span", { class: "muted" }, job.name) : null, h("span", { id: "status" }, badge(job.status)),
+    h("span", { class: "actions" }, cancel, again));
   const factsBox = h("div", { id: "facts" }, facts(job));
   const errorBox = h("div", { id: "error" });
   const bar = h("div", {}), progress = h("div", { class: "progress", hidden: true }, bar);
@@ -61,7 +113,7 @@ boot(async (main) => {
   const checkpoints = h("tbody", { id: "checkpoints" });
   const scores = h("tbody", { id: "scores" });
   const log = h("div", { class: "log mono", id: "events" });
-  main.replaceChildren(title, factsBox, errorBox, progress, progressText,
+  main.replaceChildren(title, notice, factsBox, errorBox, progress, progressText,
     h("h2", {}, "Metrics"), noMetrics, grid, otherBox,
     h("h2", {}, "Events"), log,
     h("h2", {}, "Sample completions"), h("div", { class: "controls" }, sampleBox),
@@ -90,37 +142,43 @@ boot(async (main) => {
     return c;
   };
 
-  let lastStep = null, lastSeq = null, lastSample = null, finalPass = false;
-  async function metrics() {
+  let lastStep = null, lastSeq = null, lastSample = null;
+  // series: [{name, points: [{step, value}]}], as GET .../metrics pages and the stream give them
+  function addPoints(series) {
     const touched = new Set();
-    for (;;) {  // pages of whole steps: next_cursor is the last step of a page
-      const page = await api(`/v1/jobs/${jobId}/metrics`, { after_step: lastStep });
-      for (const s of page.data) {
-        const pts = s.points.map((p) => ({ x: p.step, y: p.value }));
-        if (pts.length) lastStep = Math.max(lastStep ?? -1, pts[pts.length - 1].x);
-        const panels = PANELS.filter(([, test]) => test(s.name));
-        const targets = panels.length ? panels.map(([t]) => chartFor(t, false)) : [chartFor(s.name, true)];
-        for (const c of targets) { c.append(s.name, pts); touched.add(c); }
-      }
-      if (!page.next_cursor) break;
+    for (const s of series) {
+      const pts = s.points.map((p) => ({ x: p.step, y: p.value }));
+      if (pts.length) lastStep = Math.max(lastStep ?? -1, pts[pts.length - 1].x);
+      const panels = PANELS.filter(([, test]) => test(s.name));
+      const targets = panels.length ? panels.map(([t]) => chartFor(t, false)) : [chartFor(s.name, true)];
+      for (const c of targets) { c.append(s.name, pts); touched.add(c); }
     }
     for (const c of touched) c.render();
     noMetrics.hidden = charts.size > 0;
   }
+  async function metrics() {
+    for (;;) {  // pages of whole steps: next_cursor is the last step of a page
+      const page = await api(`/v1/jobs/${jobId}/metrics`, { after_step: lastStep });
+      addPoints(page.data);
+      if (!page.next_cursor) break;
+    }
+  }
+  function addEvent(e) {
+    if (lastSeq !== null && e.seq <= lastSeq) return;
+    lastSeq = e.seq;
+    if (e.type === "progress" && e.data?.total) {
+      progress.hidden = false;
+      bar.style.width = `${(100 * e.data.done) / e.data.total}%`;
+      progressText.textContent = e.message;
+      return;
+    }
+    log.append(h("div", { class: e.level }, h("span", { class: "t" }, `${fmtTime(e.time)} `), `${e.type}: ${e.message}`));
+    log.scrollTop = log.scrollHeight;
+  }
   async function events() {
     for (;;) {
       const page = await api(`/v1/jobs/${jobId}/events`, { after: lastSeq, limit: 500 });
-      for (const e of page.data) {
-        lastSeq = e.seq;
-        if (e.type === "progress" && e.data?.total) {
-          progress.hidden = false;
-          bar.style.width = `${(100 * e.data.done) / e.data.total}%`;
-          progressText.textContent = e.message;
-          continue;
-        }
-        log.append(h("div", { class: e.level }, h("span", { class: "t" }, `${fmtTime(e.time)} `), `${e.type}: ${e.message}`));
-      }
-      if (page.data.length) log.scrollTop = log.scrollHeight;
+      page.data.forEach(addEvent);
       if (!page.next_cursor) break;
     }
   }
@@ -160,6 +218,7 @@ boot(async (main) => {
   }
   function showJob() {
     $("#status").replaceChildren(badge(job.status));
+    cancel.hidden = TERMINAL.has(job.status);
     factsBox.replaceChildren(facts(job));
     errorBox.replaceChildren(job.error ? h("p", { class: "notice error" }, job.error) : "");
   }
@@ -171,14 +230,41 @@ boot(async (main) => {
   showJob();
   await refresh();
   if (TERMINAL.has(job.status)) { await jobScores(); return; }
-  every(2000, async () => {
+
+  // Live: the event stream carries events and metric points; a status event re-reads the job,
+  // a checkpoint event the checkpoints, new steps the samples (at most every 2 s).
+  const later = (fn, ms) => { let t = null; return () => { if (!t) t = setTimeout(() => { t = null; fn().catch(console.error); }, ms); }; };
+  const samplesSoon = later(moreSamples, 2000), ckptsSoon = later(ckpts, 500);
+  const jobSoon = later(async () => { job = await api(`/v1/jobs/${jobId}`); showJob(); }, 200);
+  const onMessage = (type, data) => {
+    if (type === "metrics") {
+      const byName = new Map();
+      for (const p of data.data) (byName.get(p.name) || byName.set(p.name, []).get(p.name)).push(p);
+      const before = lastStep ?? 0;
+      addPoints([...byName].map(([name, points]) => ({ name, points })));
+      // completions are sampled every `sample_every` steps: read them when a step reaches one
+      const every = job.resolved_config?.sample_every;
+      if (every && Math.floor((lastStep ?? 0) / every) > Math.floor(before / every)) samplesSoon();
+      return;
+    }
+    addEvent(data);
+    if (type !== "progress") jobSoon(); // events are few (claimed, started, checkpoint, retry, a status...)
+    if (type === "checkpoint") ckptsSoon();
+  };
+  for (;;) {  // the server ends the stream when the job ends; a dropped one is picked up again
+    try {
+      await follow(`/v1/jobs/${jobId}/events/stream`, { after: lastSeq, metrics: true, metrics_after_step: lastStep }, onMessage,
+        { onOpen: () => { main.dataset.streaming = "true"; } });
+    } catch (e) {
+      if (e instanceof AuthError) { showKeyForm(`The server refused this key: ${e.message}`); return; }
+      say(`Live updates interrupted (${e.message}); retrying.`);
+      await new Promise((r) => setTimeout(r, 3000));
+    }
+    main.dataset.streaming = "false";
     job = await api(`/v1/jobs/${jobId}`);
     showJob();
-    await refresh();
-    if (!TERMINAL.has(job.status)) return true;
-    if (finalPass) return false;
-    finalPass = true; // one more round: the last rows may land just after the status
-    await jobScores();
-    return true;
-  });
+    if (TERMINAL.has(job.status)) break;
+  }
+  say("");
+  await Promise.all([refresh(), jobScores()]); // the last rows may land just after the status
 });

@@ -3,8 +3,13 @@ import { STATUSES, api, badge, boot, every, fmtDuration, fmtTime, h, shortId } f
 
 const KINDS = ["eval", "sft", "grpo", "reward_model"];
 
-function row(job) {
+const picked = new Set(); // job ids ticked for the compare view
+
+function row(job, onPick) {
+  const box = h("input", { type: "checkbox", name: "pick", value: job.id, checked: picked.has(job.id), "aria-label": `compare ${shortId(job.id)}` });
+  box.addEventListener("change", () => { if (box.checked) picked.add(job.id); else picked.delete(job.id); onPick(); });
   return h("tr", { dataset: { jobId: job.id, kind: job.kind, status: job.status } },
+    h("td", { class: "pick" }, box),
     h("td", { class: "mono" }, h("a", { href: `/ui/jobs/${job.id}`, title: job.id }, shortId(job.id))),
     h("td", {}, job.name || h("span", { class: "muted" }, "—")),
     h("td", {}, job.kind),
@@ -34,8 +39,12 @@ boot(async (main) => {
   const body = h("tbody", { id: "jobs" });
   const more = h("button", { type: "button", id: "more", hidden: true }, "Load more");
   const empty = h("p", { class: "muted", id: "empty", hidden: true }, "No jobs match.");
+  const compare = h("button", { type: "button", id: "compare", class: "primary", disabled: true }, "Compare");
+  const onPick = () => { compare.disabled = picked.size < 2; compare.textContent = picked.size ? `Compare ${picked.size}` : "Compare"; };
+  compare.addEventListener("click", () => location.assign(`/ui/compare?jobs=${[...picked].join(",")}`));
+  form.append(compare);
   main.replaceChildren(h("h1", {}, "Jobs"), form,
-    h("table", {}, h("thead", {}, h("tr", {}, ["id", "name", "kind", "status", "tags", "pipeline", "created", "ran"].map((c) => h("th", { class: c === "ran" ? "num" : "" }, c)))), body),
+    h("table", {}, h("thead", {}, h("tr", {}, ["", "id", "name", "kind", "status", "tags", "pipeline", "created", "ran"].map((c) => h("th", { class: c === "ran" ? "num" : "" }, c)))), body),
     empty, h("p", {}, more));
 
   let cursor = null, pages = 0;
@@ -43,7 +52,7 @@ boot(async (main) => {
   async function load(reset) {
     const page = await api("/v1/jobs", { ...filters(), limit: 50, cursor: reset ? null : cursor });
     if (reset) { body.replaceChildren(); pages = 0; }
-    body.append(...page.data.map(row));
+    body.append(...page.data.map((job) => row(job, onPick)));
     pages += 1;
     cursor = page.next_cursor;
     more.hidden = !cursor;
