@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session
 from api.problems import Problem
 from mathrl.errors import FieldError
 from mathrl.presets import resolve_config
+from mathrl.specs import model_refs
 from mathrl.status import ACTIVE
 from service.settings import Settings
 from service.sources import url_refusal
@@ -97,10 +98,8 @@ def check_data_source(value: str | None, settings: Settings, pointer: str) -> No
 
 
 def check_sources(spec: Any, settings: Settings) -> None:
-    check_model_source(getattr(spec, "model", None), settings, "/model")
-    check_model_source(getattr(spec, "policy", None), settings, "/policy")
-    for i, reward in enumerate(getattr(spec, "rewards", None) or []):
-        check_model_source(reward.model, settings, f"/rewards/{i}/model")
+    for path, ref in model_refs(spec).items():  # the model, the policy, reward models, graders' models
+        check_model_source(ref, settings, f"/{path}")
     dataset = getattr(spec, "dataset", None)
     if dataset is not None:
         check_data_source(dataset.path, settings, "/dataset/path")

@@ -15,7 +15,7 @@ from starlette.exceptions import HTTPException
 
 from api import problems
 from api.deps import CALLER_STATE, caller_for
-from api.routers import health, jobs, keys, pipelines, scores
+from api.routers import graders, health, jobs, keys, pipelines, scores
 from api.web.router import router as web_router
 from service.settings import get_settings
 
@@ -119,7 +119,7 @@ def create_app() -> FastAPI:
         description="Train and evaluate math-reasoning language models with GRPO. "
         "Authenticate with `Authorization: Bearer <key>`.",
     )
-    for r in (jobs.router, pipelines.router, scores.router, keys.router, health.router):
+    for r in (jobs.router, pipelines.router, scores.router, graders.router, keys.router, health.router):
         app.include_router(r)
     app.include_router(web_router)  # /ui: status pages (their data comes from the API above)
     problems.install(app)

@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import DataError, DBAPIError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from mathrl.graders import GRADER_TYPES
 from mathrl.specs import JOB_KINDS, UNION_TAGS
 
 log = logging.getLogger("mathrl.api")
@@ -84,7 +85,13 @@ def _pointer(loc: tuple[Any, ...]) -> str:
         parts.pop(0)  # the discriminator tag pydantic adds for the union member
     elif where == "body" and len(parts) > 2 and parts[0] == "jobs" and parts[2] in JOB_KINDS:
         parts.pop(2)  # the same, inside a pipeline's jobs/<step>
-    path = "/" + "/".join(str(p) for p in parts if p not in UNION_TAGS)
+    # union members' tags (a recipe by name or inline, a grader's type) are not fields of the body
+    kept = [
+        p
+        for i, p in enumerate(parts)
+        if p not in UNION_TAGS and not (i and parts[i - 1] == "grader" and p in GRADER_TYPES)
+    ]
+    path = "/" + "/".join(str(p) for p in kept)
     return path if where == "body" else f"{where}:{path}"
 
 
@@ -101,6 +108,9 @@ def validation_errors(errors: Any) -> list[dict[str, Any]]:
             msg = msg[len("Value error, ") :]
         if err.get("type") == "extra_forbidden":
             msg = "unknown field: remove it or check its spelling against the spec (see /docs)"
+        elif err.get("type") == "union_tag_invalid" and (err.get("ctx") or {}).get("discriminator") == "'type'":
+            msg = f"unknown grader type: use one of {', '.join(GRADER_TYPES)}"
+            loc = (*loc, "type")
         elif err.get("type") == "union_tag_invalid":
             msg = f"unknown job kind: use one of {', '.join(JOB_KINDS)}"
             loc = (*loc, "kind")

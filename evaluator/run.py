@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from evaluator import hf_backend, prompts
 from evaluator.benchmarks import Benchmark, find_benchmark, get_benchmark
 from evaluator.data import Problem, load_benchmark, load_user_set
+from evaluator.graders import RMScorer, grade_items
 from evaluator.grading import answers_match, grade
 from evaluator.metrics import accuracy_breakdown, maj_at_k, pass_at_k, wilson_interval
 from evaluator.models import load_model, load_tokenizer
@@ -28,10 +30,12 @@ def run_eval(
     model_ref: str | None = None,
     checkpoint: str | None = None,
     work_dir: Path | None = None,
+    rm_scorer: Callable[[str], RMScorer] | None = None,
 ) -> dict[str, float]:
     """Evaluate and report through the sink. `model_path` is the resolved local path or hub id;
     `model_ref` is what the user asked for (kept on every score). Per-item results go to
-    results_dir/items.jsonl (written into work_dir first when given; the sink moves them)."""
+    results_dir/items.jsonl (written into work_dir first when given; the sink moves them).
+    `rm_scorer`: loads a reward model for a spec grader that has one (evaluator/graders.py)."""
     bench, problems = _problems(spec, data_dir)
     resolved = resolve_recipe(spec)
     recipe = resolved.recipe
@@ -81,6 +85,20 @@ def run_eval(
     )
     gen_seconds = time.monotonic() - t1
 
+    graded = None  # the spec's grader, if any, over every completion in order
+    if spec.grader is not None:
+        flat = [(text, p, g) for p, text, outs in zip(problems, texts, gens, strict=True) for g in outs]
+        graded = iter(
+            grade_items(
+                spec.grader,
+                [g.text for _, _, g in flat],
+                [p.gold for _, p, _ in flat],
+                prompts=[t for t, _, _ in flat],
+                truncated=[g.truncated for _, _, g in flat],
+                rm_scorer=rm_scorer,
+            )
+        )
+    grader_scores: list[float] = []
     items: list[dict[str, Any]] = []
     per_problem_correct: list[list[bool]] = []
     per_problem_answers: list[list[str | None]] = []
@@ -89,6 +107,11 @@ def run_eval(
         per_problem_correct.append([v.correct for v in verdicts])
         per_problem_answers.append([v.extracted for v in verdicts])
         for j, (g, v) in enumerate(zip(outs, verdicts, strict=True)):
+            extra: dict[str, Any] = {}
+            if graded is not None:
+                r = next(graded)
+                grader_scores.append(r.score)
+                extra = {"grader_score": r.score, "grader_reason": r.reason}
             items.append(
                 {
                     "prompt": text,
@@ -102,6 +125,7 @@ def run_eval(
                         "correct": v.correct,
                         "tokens": g.tokens,
                         "truncated": g.truncated,
+                        **extra,
                         **p.meta,
                     },
                 }
@@ -125,6 +149,8 @@ def run_eval(
     values["mean_completion_tokens"] = sum(g.tokens for g in all_gens) / max(len(all_gens), 1)
     values["truncation_rate"] = sum(g.truncated for g in all_gens) / max(len(all_gens), 1)
     values["problems_per_second"] = n_problems / max(gen_seconds, 1e-9)
+    if grader_scores:
+        values["grader/mean"] = sum(grader_scores) / len(grader_scores)
 
     sink.samples(None, items)
     if results_dir is not None:

@@ -24,6 +24,7 @@ from mathrl.schemas import (
     TERMINAL_STATUSES,
     CheckpointResponse,
     EventResponse,
+    GraderRunResponse,
     JobResponse,
     KeyCreated,
     KeyResponse,
@@ -135,6 +136,7 @@ class Client(_Base):
         self.jobs = Jobs(self)
         self.pipelines = Pipelines(self)
         self.scores = Scores(self)
+        self.graders = Graders(self)
         self.keys = Keys(self)
 
     def request(self, method: str, path: str, **kw: Any) -> Any:
@@ -276,6 +278,21 @@ class Scores:
         return [ScoreResponse.model_validate(s) for s in data["data"]]
 
 
+def _as_dict(obj: Any) -> Any:
+    return obj.model_dump(mode="json") if hasattr(obj, "model_dump") else obj
+
+
+class Graders:
+    def __init__(self, client: Client) -> None:
+        self._c = client
+
+    def run(self, grader: Any, items: builtins.list[dict[str, Any]]) -> GraderRunResponse:
+        """Score completions with a grader (a dict or a mathrl.graders model) without a job:
+        items are {completion, answer, prompt}."""
+        body = {"grader": _as_dict(grader), "items": items}
+        return GraderRunResponse.model_validate(self._c.request("POST", "/v1/graders:run", json=body))
+
+
 class Keys:
     def __init__(self, client: Client) -> None:
         self._c = client
@@ -318,6 +335,7 @@ class AsyncClient(_Base):
         self.jobs = AsyncJobs(self)
         self.pipelines = AsyncPipelines(self)
         self.scores = AsyncScores(self)
+        self.graders = AsyncGraders(self)
         self.keys = AsyncKeys(self)
 
     async def request(self, method: str, path: str, **kw: Any) -> Any:
@@ -464,6 +482,16 @@ class AsyncScores:
             "GET", "/v1/scores", params=_params(model=model, benchmark=benchmark, job_id=job_id, limit=limit)
         )
         return [ScoreResponse.model_validate(s) for s in data["data"]]
+
+
+class AsyncGraders:
+    def __init__(self, client: AsyncClient) -> None:
+        self._c = client
+
+    async def run(self, grader: Any, items: builtins.list[dict[str, Any]]) -> GraderRunResponse:
+        """Score completions with a grader without a job (see Graders.run)."""
+        body = {"grader": _as_dict(grader), "items": items}
+        return GraderRunResponse.model_validate(await self._c.request("POST", "/v1/graders:run", json=body))
 
 
 class AsyncKeys:

@@ -8,6 +8,7 @@ from typing import Annotated, Any, Generic, Literal, TypeVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from mathrl.graders import Grader
 from mathrl.status import TERMINAL
 from mathrl.status import JobStatus as JobStatus
 
@@ -179,3 +180,28 @@ class KeyCreateRequest(BaseModel):
         description="Default: the creating key's own scopes (all three with the admin token). "
         "A key cannot grant a scope it does not hold.",
     )
+
+
+class GraderItem(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    completion: str = Field(..., max_length=100_000, description="A model's completion.")
+    answer: str | None = Field(None, max_length=10_000, description="The gold answer ('math' and '{answer}' need it).")
+    prompt: str = Field("", max_length=100_000, description="The prompt it answered (reward models read it).")
+
+
+class GraderRunRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    grader: Grader
+    items: list[GraderItem] = Field(..., min_length=1, max_length=1000, description="At most 1000 per call.")
+
+
+class GraderResult(BaseModel):
+    score: float
+    reason: str
+
+
+class GraderRunResponse(BaseModel):
+    data: list[GraderResult] = Field(description="One per item, in order.")
+    mean: float = Field(description="The mean score.")

@@ -12,7 +12,6 @@ import re
 from typing import Annotated, Any, Literal
 
 from pydantic import (
-    AfterValidator,
     BaseModel,
     ConfigDict,
     Discriminator,
@@ -24,48 +23,11 @@ from pydantic import (
 )
 
 from mathrl.errors import FieldError as FieldError  # raised here, imported from here by the API
+from mathrl.graders import Grader, RewardModelGrader, WeightedGrader
+from mathrl.modelref import ModelRef as ModelRef  # specs' users import it from here
+from mathrl.modelref import check_model_ref as check_model_ref
 from mathrl.presets import ASYNC_UNSUPPORTED, resolve_grpo
 from mathrl.recipe import Recipe
-
-# A model reference: a hub id ("org/name"), a local path ("/models/x", "./x"), or the
-# output of another job ("job:<id>" or "job:<id>@step-200").
-_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
-_JOB_REF = re.compile(r"^job:[A-Za-z0-9_-]+(@(step-\d+|latest|final))?$")
-
-
-def check_model_ref(value: str) -> str:
-    value = value.strip()
-    if not value:
-        raise ValueError("must not be empty: give a hub id such as 'Qwen/Qwen2.5-0.5B', a path, or 'job:<id>'")
-    if re.fullmatch(r"tiny:\d{1,2}x\d{2,4}", value):
-        return value  # a fresh tiny model built by the worker (sft jobs)
-    if value.startswith("job:"):
-        if not _JOB_REF.match(value):
-            raise ValueError(
-                f"{value!r} is not a job reference: write 'job:<id>', 'job:<id>@step-200' or 'job:<id>@final'"
-            )
-        return value
-    if value.startswith(("/", "./", "../", "~")):
-        return value
-    if "://" in value:
-        raise ValueError(
-            f"{value!r}: URLs are not accepted; use a hub id, a path under a configured root, or 'job:<id>'"
-        )
-    if not _HUB_ID.match(value):
-        raise ValueError(f"{value!r} is not a hub id ('org/name'), an absolute path, or 'job:<id>'")
-    return value
-
-
-ModelRef = Annotated[
-    str,
-    AfterValidator(check_model_ref),
-    Field(
-        min_length=1,
-        max_length=512,
-        description="Hub id ('org/name'), a local path, or another job's output ('job:<id>[@step-N]').",
-        examples=["HuggingFaceTB/SmolLM2-135M-Instruct"],
-    ),
-]
 
 
 class StrictModel(BaseModel):
@@ -153,12 +115,17 @@ class DatasetRef(StrictModel):
         return self
 
 
-RewardName = Literal["accuracy", "binary", "format", "overlong", "reward_model"]
+RewardName = Literal["accuracy", "binary", "format", "overlong", "reward_model", "grader"]
 REWARD_NAMES: tuple[str, ...] = RewardName.__args__  # type: ignore[attr-defined]
 
 
 class RewardRef(StrictModel):
-    name: RewardName = Field(..., description="A registered reward function (trainer/rewards.py).")
+    name: RewardName = Field(
+        ..., description="A registered reward function (trainer/rewards.py), or 'grader' for the one in 'grader'."
+    )
+    grader: Grader | None = Field(
+        None, description="For 'grader': a grader (mathrl/graders.py) whose score is the reward."
+    )
     weight: float = Field(1.0, ge=-100, le=100, description="Weight of this reward in the sum.")
     model: ModelRef | None = Field(None, description="For 'reward_model': the RM (a path or 'job:<id>').")
     buffer: int | None = Field(
@@ -171,6 +138,10 @@ class RewardRef(StrictModel):
 
     @model_validator(mode="after")
     def _model_only_for_rm(self) -> RewardRef:
+        if self.name == "grader" and self.grader is None:
+            raise FieldError("grader", "the 'grader' reward needs 'grader': e.g. {type: math}")
+        if self.name != "grader" and self.grader is not None:
+            raise FieldError("grader", f"'grader' is only for the 'grader' reward, not {self.name!r}: remove it")
         if self.buffer is not None and self.name != "overlong":
             raise FieldError("buffer", f"'buffer' is only for the 'overlong' reward, not {self.name!r}: remove it")
         if self.name == "reward_model" and self.model is None:
@@ -256,6 +227,11 @@ class EvalSpec(_JobBase):
     k: list[int] = Field(default_factory=lambda: [1], description="k values for pass@k and maj@k.")
     few_shot: int | None = Field(
         None, ge=0, le=64, description="Worked examples put before each question; unset: the recipe's count."
+    )
+    grader: Grader | None = Field(
+        None,
+        description="A grader (mathrl/graders.py) scoring each item besides the accuracy: its score and reason "
+        "are stored per item and its mean as the 'grader/mean' score.",
     )
     system_prompt: str | None = Field(None, max_length=4000, description="Overrides the recipe's system prompt.")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field("auto", description="Model weights dtype.")
@@ -639,7 +615,24 @@ def model_refs(spec: AnySpec) -> dict[str, str]:
     for i, reward in enumerate(getattr(spec, "rewards", None) or []):
         if reward.model:
             out[f"rewards/{i}/model"] = reward.model
+        if reward.grader is not None:
+            out.update(grader_model_refs(reward.grader, f"rewards/{i}/grader"))
+    grader = getattr(spec, "grader", None)
+    if grader is not None:
+        out.update(grader_model_refs(grader, "grader"))
     return out
+
+
+def grader_model_refs(grader: Any, path: str) -> dict[str, str]:
+    """The reward models a grader uses, by field path ('grader/graders/1/grader/model')."""
+    if isinstance(grader, RewardModelGrader):
+        return {f"{path}/model": grader.model}
+    if isinstance(grader, WeightedGrader):
+        out: dict[str, str] = {}
+        for j, part in enumerate(grader.graders):
+            out.update(grader_model_refs(part.grader, f"{path}/graders/{j}/grader"))
+        return out
+    return {}
 
 
 def split_job_ref(ref: str) -> tuple[str, str]:

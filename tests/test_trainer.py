@@ -133,6 +133,14 @@ def test_outcome_rm_then_grpo_with_the_rm_reward(sft_job: tuple[Any, str]) -> No
     scores = {s.metric: s.value for s in c.scores.list(job_id=rm.id)}
     assert {"best_of_8_accuracy", "maj_at_8_accuracy"} <= scores.keys()
     print(f"\noutcome RM held-out: {scores}")
+    graded_by_rm = {
+        "type": "weighted",
+        "graders": [
+            {"grader": {"type": "math"}},
+            {"grader": {"type": "reward_model", "model": f"job:{rm.id}"}, "weight": 0.5},
+            {"grader": {"type": "regex", "pattern": "^\\d+$"}, "weight": 0.1},
+        ],
+    }
     grpo = c.jobs.create(
         {
             "kind": "grpo",
@@ -142,14 +150,38 @@ def test_outcome_rm_then_grpo_with_the_rm_reward(sft_job: tuple[Any, str]) -> No
             "num_generations": 4,
             "per_device_train_batch_size": 16,
             "max_completion_length": 6,
-            "rewards": [{"name": "accuracy"}, {"name": "reward_model", "model": f"job:{rm.id}", "weight": 0.5}],
+            "rewards": [
+                {"name": "accuracy"},
+                {"name": "reward_model", "model": f"job:{rm.id}", "weight": 0.5},
+                # the same RM again, inside a grader (mathrl/graders.py), with a format check beside it
+                {"name": "grader", "grader": graded_by_rm, "weight": 0.1},
+            ],
             "logging_steps": 1,
             "save_steps": 100,
         }
     )
     done = c.jobs.wait(grpo.id, timeout=600)
     assert done.status == "succeeded", done.error
-    assert "rewards/reward_model/mean" in {m.name for m in c.jobs.metrics(grpo.id)}
+    names = {m.name for m in c.jobs.metrics(grpo.id)}
+    assert {"rewards/reward_model/mean", "rewards/grader_weighted/mean"} <= names, names
+    # the same grader scores an eval job's items (its RM loaded on the worker)
+    ev = c.jobs.create(
+        {
+            "kind": "eval",
+            "model": f"job:{sft_id}",
+            "benchmark": "arith",
+            "limit": 8,
+            "sampling": {"max_new_tokens": 6},
+            "grader": graded_by_rm,
+        }
+    )
+    done = c.jobs.wait(ev.id, timeout=300)
+    assert done.status == "succeeded", done.error
+    items = c.jobs.samples(ev.id)
+    assert len(items) == 8
+    assert all("grader_score" in i.data and "reward model score" in i.data["grader_reason"] for i in items)
+    mean = {s.metric: s.value for s in c.scores.list(job_id=ev.id)}["grader/mean"]
+    assert mean == pytest.approx(sum(i.data["grader_score"] for i in items) / 8)
 
 
 def test_process_rm(sft_job: tuple[Any, str]) -> None:

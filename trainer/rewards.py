@@ -155,6 +155,43 @@ class RewardModelScore(Reward):
         return out
 
 
+class GraderReward(Reward):
+    """A grader of mathrl/graders.py as a reward (the same object that scores eval items); its
+    reward-model parts score with RewardModelScore. Logged as 'grader_<type>'."""
+
+    name = "grader"
+
+    def __init__(self, grader: Any, max_length: int | None = None, **kw: Any) -> None:
+        super().__init__(max_length, **kw)
+        self.grader = grader
+        self.__name__ = f"grader_{grader.type}"
+        self._rms: dict[str, RewardModelScore] = {}
+
+    def _rm_scorer(self, model: str) -> Callable[[Any, Any], list[float]]:
+        rm = self._rms.setdefault(model, RewardModelScore(model=model))
+
+        def score(prompts: Any, completions: Any) -> list[float]:
+            return [float(x or 0.0) for x in rm(list(completions), prompts=list(prompts))]
+
+        return score
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_rms": {}}
+
+    def __call__(self, completions: list[Any], answer: list[str] | None = None, **kw: Any) -> list[float | None]:
+        from evaluator.graders import grade_items
+
+        texts = [completion_text(c) for c in completions]
+        ids = kw.get("completion_ids")
+        cut = [self.max_length is not None and ids is not None and len(x) >= self.max_length for x in ids or texts]
+        prompts = [_prompt_text(p) for p in kw.get("prompts") or [""] * len(texts)]
+        golds = list(answer) if answer is not None else [None] * len(texts)
+        results = grade_items(
+            self.grader, texts, golds, prompts=prompts, completion_ids=ids, truncated=cut, rm_scorer=self._rm_scorer
+        )
+        return [r.score for r in results]
+
+
 def _prompt_text(prompt: Any) -> str:
     if isinstance(prompt, str):
         return prompt
@@ -164,7 +201,7 @@ def _prompt_text(prompt: Any) -> str:
 
 
 REGISTRY: dict[str, Callable[..., Reward]] = {
-    cls.name: cls for cls in (Accuracy, Binary, BoxedFormat, Overlong, RewardModelScore)
+    cls.name: cls for cls in (Accuracy, Binary, BoxedFormat, Overlong, RewardModelScore, GraderReward)
 }
 
 
