@@ -6,7 +6,11 @@ knows any benchmark by name."""
 from __future__ import annotations
 
 import difflib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TypeVar
+
+T = TypeVar("T")
 
 ANSWER_FROM = ("field", "boxed_solution")
 
@@ -193,13 +197,18 @@ class UnknownBenchmark(ValueError):
     pass
 
 
-def get_benchmark(name: str) -> Benchmark:
+def lookup(registry: Mapping[str, T], name: str, what: str, error: type[ValueError]) -> T:
+    """registry[name], or `error` naming the close names and every known one."""
     try:
-        return REGISTRY[name]
+        return registry[name]
     except KeyError:
-        close = difflib.get_close_matches(name, REGISTRY, n=3)
+        close = difflib.get_close_matches(name, list(registry), n=3)
         hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
-        raise UnknownBenchmark(f"unknown benchmark {name!r}.{hint} Known: {', '.join(sorted(REGISTRY))}") from None
+        raise error(f"unknown {what} {name!r}.{hint} Known: {', '.join(sorted(registry))}") from None
+
+
+def get_benchmark(name: str) -> Benchmark:
+    return lookup(REGISTRY, name, "benchmark", UnknownBenchmark)
 
 
 def find_benchmark(name: str, split: str) -> Benchmark:

@@ -8,12 +8,12 @@ tests/fixtures/lm_eval/, made by `bench/lm_eval_compare.py fixtures`).
 
 from __future__ import annotations
 
-import difflib
 import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from evaluator.benchmarks import lookup
 from mathrl.errors import FieldError
 from mathrl.recipe import Recipe, Shot
 from mathrl.specs import DEFAULT_MAX_NEW_TOKENS
@@ -91,12 +91,7 @@ class UnknownRecipe(ValueError):
 
 
 def get_recipe(name: str) -> Recipe:
-    try:
-        return RECIPES[name]
-    except KeyError:
-        close = difflib.get_close_matches(name, RECIPES, n=3)
-        hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
-        raise UnknownRecipe(f"unknown recipe {name!r}.{hint} Known: {', '.join(sorted(RECIPES))}") from None
+    return lookup(RECIPES, name, "recipe", UnknownRecipe)
 
 
 @dataclass(frozen=True)

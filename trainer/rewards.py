@@ -8,10 +8,10 @@ gold answer column of the training set. TRL logs each under its `__name__`.
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Callable
 from typing import Any
 
+from evaluator.benchmarks import lookup
 from evaluator.grading import answers_match, extract_answer, last_boxed
 
 
@@ -210,10 +210,4 @@ class UnknownReward(ValueError):
 
 
 def get_reward(name: str, **kwargs: Any) -> Reward:
-    try:
-        cls = REGISTRY[name]
-    except KeyError:
-        close = difflib.get_close_matches(name, REGISTRY, n=2)
-        hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
-        raise UnknownReward(f"unknown reward {name!r}.{hint} Known: {', '.join(sorted(REGISTRY))}") from None
-    return cls(**kwargs)
+    return lookup(REGISTRY, name, "reward", UnknownReward)(**kwargs)
