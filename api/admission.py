@@ -11,6 +11,7 @@ lexically (plus symlinks) and URL hosts are checked as literal addresses or by D
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -103,6 +104,35 @@ def check_sources(spec: Any, settings: Settings) -> None:
     dataset = getattr(spec, "dataset", None)
     if dataset is not None:
         check_data_source(dataset.path, settings, "/dataset/path")
+        check_dataset_fields(dataset)
+
+
+def check_dataset_fields(dataset: Any) -> None:
+    """A local JSON-lines file must hold the fields the spec names: its first row is read now
+    (the API reads no URL, and no parquet: the worker checks those before any work). A file the
+    API cannot see (on the workers' volume only) is left to the worker too."""
+    path = dataset.path
+    if path is None or "://" in path and not path.startswith("file:"):
+        return
+    raw = Path(unquote(urlsplit(path).path) if path.startswith("file:") else path)
+    if raw.suffix not in (".jsonl", ".json") or not raw.is_file():
+        return
+    try:
+        with raw.open(encoding="utf-8") as f:
+            first = next((line for line in f if line.strip()), "")
+        row = json.loads(first) if first else {}
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise _refuse("/dataset/path", f"{path!r}: its first row is not JSON ({exc}): give a JSON-lines file") from None
+    if not isinstance(row, dict):
+        raise _refuse("/dataset/path", f"{path!r}: its rows must be JSON objects")
+    for field in ("question_field", "answer_field"):
+        name = getattr(dataset, field)
+        if name not in row:
+            has = ", ".join(sorted(map(str, row))) or "none"
+            pointer = f"/dataset/{field}"
+            detail = f"{path!r} has no field {name!r} (its fields: {has}): set {field} to one of them"
+            errors = [{"pointer": pointer, "detail": detail}]
+            raise Problem(422, "Dataset lacks a field", f"{pointer}: {detail}", errors)
 
 
 # --- registered benchmarks -------------------------------------------------------------------

@@ -236,3 +236,21 @@ def test_a_named_dataset_without_that_split_is_refused(app_client: Any) -> None:
     r = app_client.post("/v1/jobs", json=spec, headers=admin_key(app_client))
     assert r.status_code == 422 and r.json()["errors"][0]["pointer"] == "/dataset/split", r.text
     assert "has no split 'dev'; it has test" in r.json()["detail"]
+
+
+@pytest.mark.quick
+def test_a_local_set_without_the_named_fields_is_refused_at_submit(
+    app_client: Any, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    from tests.conftest import admin_key
+
+    data = tmp_path_factory.mktemp("userdata") / "set.jsonl"
+    data.write_text('{"problem": "1+1?", "solution": "2"}\n')
+    headers = admin_key(app_client)
+    spec = {"kind": "eval", "model": "org/m", "resources": {"gpus": 1}, "dataset": {"path": str(data)}}
+    r = app_client.post("/v1/jobs", json=spec, headers=headers)
+    assert r.status_code == 422, r.text
+    assert r.json()["errors"][0]["pointer"] == "/dataset/question_field"
+    assert "no field 'question' (its fields: problem, solution)" in r.json()["detail"]
+    spec["dataset"] = {"path": str(data), "question_field": "problem", "answer_field": "solution"}
+    assert app_client.post("/v1/jobs", json=spec, headers=headers).status_code == 201
