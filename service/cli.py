@@ -18,11 +18,24 @@ def api(
     host: str = "127.0.0.1",
     port: int = 8000,
     workers: int = typer.Option(1, help="uvicorn worker processes"),
+    graceful_seconds: float = typer.Option(
+        5.0,
+        help="On SIGTERM, how long open requests get to finish; event streams, which end only with their "
+        "job, are then closed (clients reconnect with ?after=)",
+    ),
 ) -> None:
     """Serve the REST API (uvicorn)."""
     import uvicorn
 
-    uvicorn.run("api.app:app", host=host, port=port, workers=workers, log_level="warning", access_log=False)
+    uvicorn.run(
+        "api.app:app",
+        host=host,
+        port=port,
+        workers=workers,
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=graceful_seconds,
+    )
 
 
 @app.command()

@@ -505,3 +505,30 @@ def test_pipeline_page_draws_the_graph(service: Service, project: tuple[str, Any
     page.goto(f"{service.url}/ui/pipelines")
     page.wait_for_selector(f"tr[data-pipeline-id='{pid}']")
     shoot(page, shots, "pipelines")
+
+
+@pytest.mark.slow
+def test_the_job_page_picks_its_stream_up_again_after_an_api_restart(
+    service: Service, browser: Any, tmp_path: Path
+) -> None:
+    api = Service(env=dict(service.env), logs=tmp_path, port=_free_port())
+    api.start_api()
+    try:
+        key = api.key()
+        c = api.client(key)
+        job = c.jobs.create({"kind": "eval", "model": "org/model", "limit": 5, **PARKED})
+        ctx = browser.new_context()
+        pg = ctx.new_page()
+        sign_in(pg, f"{api.url}/ui/jobs/{job.id}", key)
+        pg.wait_for_selector("main[data-streaming=true]")
+        api.stop_api()
+        pg.wait_for_selector("#livenotice .notice")  # the page says so, and keeps trying
+        assert "interrupted" in pg.inner_text("#livenotice")
+        api.start_api()
+        pg.wait_for_selector("main[data-streaming=true]", timeout=30_000)
+        wait_for(lambda: pg.inner_text("#livenotice") == "", 10, what="the notice gone once the stream is back")
+        c.jobs.cancel(job.id)  # seen through the new stream
+        pg.wait_for_selector("#status .badge[data-status=cancelled]")
+        ctx.close()
+    finally:
+        api.stop_api()

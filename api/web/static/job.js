@@ -94,8 +94,9 @@ function actions(getJob, showJob, say) {
 
 boot(async (main) => {
   let job = await api(`/v1/jobs/${encodeURIComponent(jobId)}`);
-  const notice = h("div", { id: "actionnotice" });
+  const notice = h("div", { id: "actionnotice" }), liveNotice = h("div", { id: "livenotice" });
   const say = (text) => notice.replaceChildren(text ? h("p", { class: "notice error" }, text) : "");
+  const sayLive = (text) => liveNotice.replaceChildren(text ? h("p", { class: "notice" }, text) : "");
   const { cancel, again } = actions(() => job, (j) => { job = j; showJob(); }, say);
   const title = h("h1", {}, `Job ${shortId(job.id)}`, job.name ? h("span", { class: "muted" }, job.name) : null, h("span", { id: "status" }, badge(job.status)),
     h("span", { class: "actions" }, cancel, again));
@@ -113,7 +114,7 @@ boot(async (main) => {
   const checkpoints = h("tbody", { id: "checkpoints" });
   const scores = h("tbody", { id: "scores" });
   const log = h("div", { class: "log mono", id: "events" });
-  main.replaceChildren(title, notice, factsBox, errorBox, progress, progressText,
+  main.replaceChildren(title, notice, liveNotice, factsBox, errorBox, progress, progressText,
     h("h2", {}, "Metrics"), noMetrics, grid, otherBox,
     h("h2", {}, "Events"), log,
     h("h2", {}, "Sample completions"), h("div", { class: "controls" }, sampleBox),
@@ -254,17 +255,24 @@ boot(async (main) => {
   for (;;) {  // the server ends the stream when the job ends; a dropped one is picked up again
     try {
       await follow(`/v1/jobs/${jobId}/events/stream`, { after: lastSeq, metrics: true, metrics_after_step: lastStep }, onMessage,
-        { onOpen: () => { main.dataset.streaming = "true"; } });
+        { onOpen: () => { main.dataset.streaming = "true"; sayLive(""); } });
     } catch (e) {
       if (e instanceof AuthError) { showKeyForm(`The server refused this key: ${e.message}`); return; }
-      say(`Live updates interrupted (${e.message}); retrying.`);
+      sayLive(`Live updates interrupted (${e.message}); retrying.`);
       await new Promise((r) => setTimeout(r, 3000));
     }
     main.dataset.streaming = "false";
-    job = await api(`/v1/jobs/${jobId}`);
+    try {
+      job = await api(`/v1/jobs/${jobId}`);
+    } catch (e) {
+      if (e instanceof AuthError) { showKeyForm(`The server refused this key: ${e.message}`); return; }
+      sayLive(`Live updates interrupted (${e.message}); retrying.`); // the server is away: try again
+      await new Promise((r) => setTimeout(r, 3000));
+      continue;
+    }
     showJob();
     if (TERMINAL.has(job.status)) break;
   }
-  say("");
+  sayLive("");
   await Promise.all([refresh(), jobScores()]); // the last rows may land just after the status
 });
