@@ -706,7 +706,10 @@ def test_a_pipeline_is_admitted_as_one_submission(app_client: Any, monkeypatch: 
         assert r.status_code == 201, r.text
         assert resolved == ["eval"] * 2 and quota_reads == [2]
     job = app_client.get(f"/v1/jobs/{r.json()['jobs'][0]['job_id']}", headers=h).json()
-    assert job["resolved_config"] == real_resolve(parse_spec(job["spec"]))
+    # resolved once, at submit: the presets' values and, for an eval, its prompt recipe
+    expected = real_resolve(parse_spec(job["spec"]))
+    admission.resolve_eval_recipe(parse_spec(job["spec"]), expected)
+    assert job["resolved_config"] == expected
 
 
 @pytest.mark.quick
