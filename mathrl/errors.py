@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 
 class FieldError(ValueError):
     """A cross-field error that knows which field to blame (the API's problem details point at it)."""
@@ -9,3 +11,15 @@ class FieldError(ValueError):
     def __init__(self, field: str, message: str):
         super().__init__(message)
         self.field = field
+
+
+def check_regex(field: str, pattern: str | None, group: bool) -> None:
+    """A regular expression a spec gives (with `group`: one whose group 1 is the answer)."""
+    if pattern is None:
+        return
+    try:
+        groups = re.compile(pattern).groups
+    except re.error as exc:
+        raise FieldError(field, f"not a regular expression: {exc}") from None
+    if group and groups < 1:
+        raise FieldError(field, "needs a group, e.g. '#### (\\-?[0-9.,]+)': the answer is group 1")

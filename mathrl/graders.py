@@ -6,28 +6,16 @@ Their implementations: evaluator/graders.py."""
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from mathrl.errors import FieldError
+from mathrl.errors import check_regex
 from mathrl.modelref import ModelRef
 
 
 class _Grader(BaseModel):
     model_config = ConfigDict(extra="forbid")
-
-
-def _check_regex(field: str, pattern: str | None, group: bool) -> None:
-    if pattern is None:
-        return
-    try:
-        groups = re.compile(pattern).groups
-    except re.error as exc:
-        raise FieldError(field, f"not a regular expression: {exc}") from None
-    if group and groups < 1:
-        raise FieldError(field, "needs a group, e.g. '#### (\\-?[0-9.,]+)': the answer is group 1")
 
 
 class MathGrader(_Grader):
@@ -44,7 +32,7 @@ class MathGrader(_Grader):
 
     @model_validator(mode="after")
     def _pattern(self) -> MathGrader:
-        _check_regex("answer_pattern", self.answer_pattern, group=True)
+        check_regex("answer_pattern", self.answer_pattern, group=True)
         return self
 
 
@@ -71,7 +59,7 @@ class RegexGrader(_Grader):
 
     @model_validator(mode="after")
     def _pattern(self) -> RegexGrader:
-        _check_regex("pattern", self.pattern, group=False)
+        check_regex("pattern", self.pattern, group=False)
         return self
 
 

@@ -15,7 +15,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from mathrl.errors import FieldError
+from mathrl.errors import FieldError, check_regex
 
 
 class Shot(BaseModel):
@@ -99,15 +99,7 @@ class Recipe(BaseModel):
             )
         if "{question}" not in self.question:
             raise FieldError("question", "the question template must hold '{question}'")
-        if self.answer_pattern is not None:
-            import re
-
-            try:
-                groups = re.compile(self.answer_pattern).groups
-            except re.error as exc:
-                raise FieldError("answer_pattern", f"not a regular expression: {exc}") from None
-            if groups < 1:
-                raise FieldError("answer_pattern", "needs a group, e.g. '#### (\\-?[0-9.,]+)': the answer is group 1")
+        check_regex("answer_pattern", self.answer_pattern, group=True)
         return self
 
     def digest(self, chat_template: str | None = None) -> str:

@@ -36,12 +36,14 @@ class Reward:
 
     def __call__(self, completions: list[Any], answer: list[str] | None = None, **kw: Any) -> list[float | None]:
         golds = answer if answer is not None else [None] * len(completions)
-        ids = kw.get("completion_ids")
-        cut = [
-            self.max_length is not None and ids is not None and len(ids[i]) >= self.max_length
-            for i in range(len(completions))
-        ]
+        cut = self._cut(len(completions), kw.get("completion_ids"))
         return [self.score(completion_text(c), g, t) for c, g, t in zip(completions, golds, cut, strict=True)]
+
+    def _cut(self, n: int, ids: Any) -> list[bool]:
+        """Which of n completions reached max_length tokens (all False without token ids)."""
+        if self.max_length is None or ids is None:
+            return [False] * n
+        return [len(x) >= self.max_length for x in ids]
 
     def score(self, text: str, gold: str | None, truncated: bool = False) -> float | None:
         raise NotImplementedError
@@ -167,14 +169,6 @@ class GraderReward(Reward):
         self.__name__ = f"grader_{grader.type}"
         self._rms: dict[str, RewardModelScore] = {}
 
-    def _rm_scorer(self, model: str) -> Callable[[Any, Any], list[float]]:
-        rm = self._rms.setdefault(model, RewardModelScore(model=model))
-
-        def score(prompts: Any, completions: Any) -> list[float]:
-            return [float(x or 0.0) for x in rm(list(completions), prompts=list(prompts))]
-
-        return score
-
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_rms": {}}
 
@@ -183,13 +177,31 @@ class GraderReward(Reward):
 
         texts = [completion_text(c) for c in completions]
         ids = kw.get("completion_ids")
-        cut = [self.max_length is not None and ids is not None and len(x) >= self.max_length for x in ids or texts]
+        cut = self._cut(len(texts), ids)
         prompts = [_prompt_text(p) for p in kw.get("prompts") or [""] * len(texts)]
         golds = list(answer) if answer is not None else [None] * len(texts)
+        scorer = rm_scorers(cache=self._rms)
         results = grade_items(
-            self.grader, texts, golds, prompts=prompts, completion_ids=ids, truncated=cut, rm_scorer=self._rm_scorer
+            self.grader, texts, golds, prompts=prompts, completion_ids=ids, truncated=cut, rm_scorer=scorer
         )
         return [r.score for r in results]
+
+
+def rm_scorers(
+    resolve: Callable[[str], str] | None = None, cache: dict[str, RewardModelScore] | None = None
+) -> Callable[[str], Callable[[Any, Any], list[float]]]:
+    """What a grader's reward-model parts score with (evaluator/graders.py): model ref ->
+    score(prompts, completions), a RewardModelScore per model (`resolve`: ref -> local path),
+    kept in `cache` so each model loads once."""
+    loaded: dict[str, RewardModelScore] = {} if cache is None else cache
+
+    def scorer(ref: str) -> Callable[[Any, Any], list[float]]:
+        if ref not in loaded:
+            loaded[ref] = RewardModelScore(model=resolve(ref) if resolve else ref)
+        rm = loaded[ref]
+        return lambda prompts, completions: [float(x or 0.0) for x in rm(list(completions), prompts=list(prompts))]
+
+    return scorer
 
 
 def _prompt_text(prompt: Any) -> str:

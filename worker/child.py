@@ -99,19 +99,6 @@ def run(job_id: str, owner: str, attempt: int) -> int:
         sink.flush()  # every metric and sample is stored before the process reports its end
 
 
-def _rm_scorer(resolve: Any) -> Any:
-    """Reward models for an eval's grader (evaluator/graders.py): loaded once per model."""
-    from trainer.rewards import RewardModelScore
-
-    loaded: dict[str, Any] = {}
-
-    def scorer(ref: str) -> Any:
-        rm = loaded.setdefault(ref, RewardModelScore(model=resolve(ref)[0]))
-        return lambda prompts, completions: [float(x or 0.0) for x in rm(list(completions), prompts=list(prompts))]
-
-    return scorer
-
-
 def _run_kind(
     spec: Any,
     config: dict[str, Any],
@@ -133,6 +120,7 @@ def _run_kind(
 
     if spec.kind == "eval":
         from evaluator.run import run_eval
+        from trainer.rewards import rm_scorers
 
         run_eval(
             spec,
@@ -143,7 +131,7 @@ def _run_kind(
             model_ref=spec.model,
             checkpoint=checkpoint,
             work_dir=work / "eval",
-            rm_scorer=_rm_scorer(resolve) if spec.grader is not None else None,
+            rm_scorer=rm_scorers(lambda ref: resolve(ref)[0]) if spec.grader is not None else None,
         )
     elif spec.kind == "grpo":
         from trainer.grpo import run_grpo

@@ -11,6 +11,7 @@ Reward-model graders need a model and are refused here (GRPO and eval jobs run t
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
 import threading
 from typing import Any
@@ -37,6 +38,7 @@ def _get_pool() -> concurrent.futures.ProcessPoolExecutor:
 
             spawn = multiprocessing.get_context("spawn")  # not a fork of the API's threads and sockets
             _pool = concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=spawn)
+            atexit.register(_drop_pool)  # shut down before the interpreter tears the pool's module down
         return _pool
 
 
