@@ -61,6 +61,9 @@ class MetricsSink:
     def should_stop(self) -> bool:
         return False
 
+    def draining(self) -> bool:
+        return False
+
 
 def spec_for(mode: str, args: argparse.Namespace) -> dict[str, Any]:
     return {

@@ -36,6 +36,9 @@ class JobResponse(_Out):
     queue: str
     attempts: int
     max_attempts: int
+    drains: int = Field(
+        0, description="Attempts handed back by a worker shutting down (checkpointed, re-queued): not failures."
+    )
     cancel_requested: bool
     error: str | None
     pipeline_id: str | None = Field(None, description="The pipeline this job belongs to, if any.")

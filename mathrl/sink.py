@@ -43,6 +43,10 @@ class Sink(Protocol):
     def should_stop(self) -> bool:
         """True when the job was asked to stop; checked between steps."""
 
+    def draining(self) -> bool:
+        """True when the stop is a drain (the worker is shutting down): a trainer saves a
+        checkpoint at this step before it stops, and the job resumes from it elsewhere."""
+
 
 def promote(source: Path, target: Path) -> None:
     """Move a finished checkpoint (or result file) from where a process wrote it to its place,
@@ -105,4 +109,7 @@ class PrintSink:
         self.scores.append(record)
 
     def should_stop(self) -> bool:
+        return False
+
+    def draining(self) -> bool:
         return False

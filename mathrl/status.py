@@ -7,8 +7,10 @@ status validator), and the status pages get it from the page shell (api/web/rout
 
     queued ──claim──> running ──finish──> succeeded | failed | cancelled
       │                  │
-      │                  └─lease lapsed (reconciler)──> queued   (attempts < max_attempts)
-      │                                            └──> failed | cancelled
+      │                  ├─lease lapsed (reconciler)──> queued   (attempts < max_attempts)
+      │                  │                          └──> failed | cancelled
+      │                  └─drained (its worker got SIGTERM: checkpoint, hand back)──> queued
+      │                                                       (not counted against max_attempts)
       └──cancel──> cancelled          running ──cancel requested──> (supervisor stops it) cancelled
 """
 

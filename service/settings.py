@@ -26,6 +26,14 @@ class WorkerSettings(BaseModel):
     lease_seconds: float = Field(30.0, description="A claimed job's lease; renewed by the heartbeat.")
     heartbeat_seconds: float = Field(5.0, description="How often the supervisor renews the lease and checks cancel.")
     cancel_grace_seconds: float = Field(20.0, description="SIGTERM, then SIGKILL after this many seconds.")
+    drain_seconds: float = Field(
+        120.0,
+        ge=0,
+        description="When the worker gets SIGTERM (a pod stopped): how long its running job has to save a "
+        "checkpoint at its next step and stop before it is killed; either way the job goes back to the queue "
+        "and resumes from its newest checkpoint. Keep it under the pod's terminationGracePeriodSeconds "
+        "(the chart adds 30 s).",
+    )
     reconcile_seconds: float = Field(15.0, description="How often the reconciler re-delivers lost jobs.")
     redeliver_after_seconds: float = Field(60.0, description="A queued job unclaimed this long is sent again.")
 

@@ -66,7 +66,9 @@ def claim(session: Session, job_id: str, owner: str, lease_seconds: float) -> Jo
         session,
         job_id,
         "claimed",
-        f"claimed by {owner} (attempt {job.attempts} of {job.max_attempts})",
+        f"claimed by {owner} (attempt {job.attempts} of {job.max_attempts}"
+        + (f", not counting {job.drains} drained" if job.drains else "")
+        + ")",
         data={"owner": owner, "attempt": job.attempts},
     )
     session.commit()
@@ -138,6 +140,40 @@ def finish(session: Session, job_id: str, owner: str, status: str, error: str | 
     settle_dependents(session, job_id)
     session.commit()
     return True
+
+
+def hand_back(
+    session: Session, job_id: str, owner: str, message: str, data: dict[str, Any] | None = None
+) -> str | None:
+    """A drain: the worker running the job is shutting down (SIGTERM: a pod evicted, a node
+    drained, a rolling update), has stopped the job at a checkpoint, and gives it back to the
+    queue for another worker to resume. Not a failure: `drains` goes up and the attempt does
+    not count against max_attempts. A cancel that arrived meanwhile wins (the job ends
+    cancelled). Returns the job's new status, or None if this owner no longer held it."""
+    now = utcnow()
+    lock_pipeline_of(session, job_id)
+    job = session.scalar(
+        select(Job)
+        .where(Job.id == job_id, Job.status == "running", Job.lease_owner == owner)
+        .with_for_update()
+        .execution_options(populate_existing=True)
+    )
+    if job is None:
+        session.rollback()
+        return None
+    if job.cancel_requested:
+        job.status, job.finished_at = "cancelled", now
+        add_event(session, job_id, "cancelled", "cancelled while its worker was shutting down", level="warning")
+    else:
+        job.status, job.dispatched_at = "queued", None
+        job.drains += 1
+        add_event(session, job_id, "drained", message, level="warning", data=data)
+    job.lease_owner, job.lease_expires_at, job.updated_at = None, None, now
+    session.flush()
+    if job.status == "cancelled":
+        settle_dependents(session, job_id)
+    session.commit()
+    return job.status
 
 
 def request_cancel(session: Session, job: Job) -> Job:
@@ -228,10 +264,11 @@ def reconcile(session: Session, redeliver_after_seconds: float, take_lapsed: boo
         if job is None:  # renewed, finished or taken by another reconciler meanwhile
             session.commit()
             continue
-        if job.attempts >= job.max_attempts:
+        if job.attempts - job.drains >= job.max_attempts:  # drained attempts were handed back, not lost
             job.status, job.finished_at = "failed", now
             job.error = (
-                f"worker lost {job.attempts} times (lease lapsed); giving up after max_attempts={job.max_attempts}"
+                f"worker lost {job.attempts - job.drains} times (lease lapsed); giving up after "
+                f"max_attempts={job.max_attempts}"
             )
             add_event(session, job.id, "failed", job.error, level="error")
             session.flush()
@@ -248,7 +285,8 @@ def reconcile(session: Session, redeliver_after_seconds: float, take_lapsed: boo
                 session,
                 job.id,
                 "requeued",
-                f"lease of {job.lease_owner} lapsed; re-queued (attempt {job.attempts} of {job.max_attempts} used)",
+                f"lease of {job.lease_owner} lapsed; re-queued (attempt {job.attempts - job.drains} of "
+                f"{job.max_attempts} used)",
                 level="warning",
             )
         job.lease_owner, job.lease_expires_at = None, None

@@ -91,6 +91,9 @@ class Job(Base):
     request_hash: Mapped[str | None] = mapped_column(String(64))
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     max_attempts: Mapped[int] = mapped_column(Integer, default=3)
+    # attempts that ended in a drain (the worker stopped for shutdown, checkpointed the job and
+    # handed it back): they are not failures, so they do not count against max_attempts
+    drains: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     lease_owner: Mapped[str | None] = mapped_column(String(200))
     lease_expires_at: Mapped[datetime | None] = mapped_column()
     celery_task_id: Mapped[str | None] = mapped_column(String(64))

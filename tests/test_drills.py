@@ -273,6 +273,60 @@ def test_worker_killed_mid_grpo_resumes_from_its_latest_checkpoint(drills: Servi
         assert len(steps) == len(set(steps)), f"{name} logged a step twice: {steps}"
 
 
+# -- drill 7 ---------------------------------------------------------------------------------
+
+
+def test_worker_sigterm_drains_its_job_to_a_checkpoint_and_another_worker_resumes_it(
+    drills: Service, tiny_model: str
+) -> None:
+    """SIGTERM to a worker (Kubernetes stopping its pod) mid-GRPO, with no periodic checkpoint
+    yet: the job saves a checkpoint of the step it is at, stops, and goes back to the queue
+    (a drain, not a cancel, not counted against max_attempts=1); the worker exits cleanly; a
+    new worker resumes the job from that step and finishes it, every metric step stored once."""
+    svc = drills
+    set_workers(svc, 1)
+    c = svc.client()
+    job = c.jobs.create({**grpo_spec(tiny_model, save_steps=1000), "max_attempts": 1})
+    pid = child_pid(c, job.id)
+
+    def step() -> int:
+        return max((p.step for m in c.jobs.metrics(job.id) if m.name == "loss" for p in m.points), default=0)
+
+    wait_for(lambda: step() >= 2, 180, 0.1, "two GRPO steps")
+    assert not c.jobs.checkpoints(job.id)
+    worker = svc.workers[0]
+    t0 = time.monotonic()
+    os.killpg(worker.pid, signal.SIGTERM)
+    assert worker.wait(timeout=60) == 0  # a warm shutdown, after the drain
+    drain_seconds = time.monotonic() - t0
+    svc.workers.remove(worker)
+    assert not pid_alive(pid)
+
+    parked = c.jobs.retrieve(job.id)
+    assert parked.status == "queued" and parked.drains == 1 and parked.attempts == 1, parked
+    events = c.jobs.events(job.id)
+    assert [e.type for e in events if e.type in ("drain_requested", "drained", "cancelled", "failed")] == [
+        "drain_requested",
+        "drained",
+    ]
+    drained = next(e for e in events if e.type == "drained")
+    saved = drained.data["checkpoint_step"]
+    assert saved is not None and saved >= 2 and not drained.data["timed_out"], drained
+    assert [cp.step for cp in c.jobs.checkpoints(job.id)] == [saved]
+
+    svc.start_worker(name=f"after-drain-{uuid.uuid4().hex[:6]}")
+    done = c.jobs.wait(job.id, timeout=300, poll=0.5)
+    assert done.status == "succeeded", done.error
+    assert done.attempts == 2 and done.drains == 1
+    events = c.jobs.events(job.id)
+    assert [e.data["step"] for e in events if e.type == "resumed"] == [saved]
+    series = {m.name: [p.step for p in m.points] for m in c.jobs.metrics(job.id)}
+    assert series["loss"] == list(range(1, 13)), series["loss"]
+    for name, steps in series.items():
+        assert len(steps) == len(set(steps)), f"{name} logged a step twice: {steps}"
+    print(f"drain: SIGTERM to worker exit {drain_seconds:.1f}s, checkpoint at step {saved}")
+
+
 # -- drill 6 ---------------------------------------------------------------------------------
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from store.db import session_scope
-from store.jobs import claim, reconcile
+from store.jobs import claim, hand_back, reconcile
 from store.migrate import upgrade
 from store.models import Job, Project, utcnow
 from worker.reconciler import Reachability
@@ -43,6 +43,54 @@ def test_lapsed_leases_are_taken_only_when_asked(tmp_path: Path) -> None:
     with session_scope(url) as s:
         j = s.get(Job, job_id)
         assert j is not None and j.status == "queued" and j.lease_owner is None and j.attempts == 1
+
+
+def test_a_drained_attempt_does_not_count_against_max_attempts(tmp_path: Path) -> None:
+    """A worker shutting down hands its job back (store.jobs.hand_back; drill 7 runs it for
+    real): the job is queued again with `drains` counted, and a later lost worker still gets
+    the job's whole max_attempts; a cancel that arrived during the drain wins."""
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    upgrade(url)
+    with session_scope(url) as s:
+        proj = Project(name="p")
+        s.add(proj)
+        s.flush()
+        jobs = [Job(project_id=proj.id, kind="sft", spec={}, tags=[], status="queued", max_attempts=2) for _ in "ab"]
+        s.add_all(jobs)
+        s.commit()
+        job_id, other_id = (j.id for j in jobs)
+    with session_scope(url) as s:
+        assert claim(s, job_id, "w1", 30) is not None
+        assert hand_back(s, job_id, "w2", "not mine") is None  # only the lease owner hands back
+        assert hand_back(s, job_id, "w1", "drained at step 3", {"checkpoint_step": 3}) == "queued"
+    with session_scope(url) as s:
+        j = s.get(Job, job_id)
+        assert j is not None and (j.status, j.attempts, j.drains, j.lease_owner) == ("queued", 1, 1, None)
+        assert j.dispatched_at is None  # the reconciler sends it again at once
+    with session_scope(url) as s:
+        assert claim(s, job_id, "w3", 30) is not None  # attempt 2 of max_attempts=2, one drained
+        s.get(Job, job_id).lease_expires_at = utcnow() - timedelta(seconds=1)  # type: ignore[union-attr]
+    with session_scope(url) as s:
+        reconcile(s, 60, take_lapsed=True)
+    with session_scope(url) as s:
+        j = s.get(Job, job_id)
+        assert j is not None and j.status == "queued", j.error  # one of its two attempts lost, not two
+    with session_scope(url) as s:
+        assert claim(s, job_id, "w4", 30) is not None
+        s.get(Job, job_id).lease_expires_at = utcnow() - timedelta(seconds=1)  # type: ignore[union-attr]
+    with session_scope(url) as s:
+        reconcile(s, 60, take_lapsed=True)
+    with session_scope(url) as s:
+        j = s.get(Job, job_id)
+        assert j is not None and j.status == "failed" and "worker lost 2 times" in (j.error or ""), j.error
+    with session_scope(url) as s:  # cancelled while draining: cancelled, not queued
+        assert claim(s, other_id, "w1", 30) is not None
+        s.get(Job, other_id).cancel_requested = True  # type: ignore[union-attr]
+        s.commit()
+        assert hand_back(s, other_id, "w1", "drained") == "cancelled"
+    with session_scope(url) as s:
+        j = s.get(Job, other_id)
+        assert j is not None and j.status == "cancelled" and j.drains == 0 and j.finished_at is not None
 
 
 def test_reachability_needs_a_whole_period_without_failure() -> None:

@@ -1,6 +1,6 @@
 """A transformers TrainerCallback that reports a TRL run through a Sink: metrics every logging
 step (plus step time and tokens/s), sampled completions with their rewards every N steps,
-checkpoints as they are saved, and a stop request between steps."""
+checkpoints as they are saved, and a stop request between steps (a drain also saves that step)."""
 
 from __future__ import annotations
 
@@ -35,6 +35,7 @@ class SinkCallback(TrainerCallback):  # type: ignore[misc]
         self._tokens_at_log: float | None = None
         self._t_log = time.monotonic()
         self.stopped = False
+        self.drained = False  # stopped for a drain, with a checkpoint of the step it stopped at
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         self._t_step = self._t_log = time.monotonic()
@@ -53,6 +54,12 @@ class SinkCallback(TrainerCallback):  # type: ignore[misc]
         if _any_rank(self.sink.should_stop(), args):
             self.stopped = True
             control.should_training_stop = True
+            # a drain (the worker is shutting down): save this step, the job resumes from it on
+            # another worker. Every rank decides alike, or the ranks of a sharded save would wait
+            # for each other for ever.
+            if _any_rank(self.sink.draining(), args):
+                self.drained = True
+                control.should_save = True
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kw: Any) -> None:
         if not logs:

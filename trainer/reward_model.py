@@ -166,11 +166,13 @@ def _train_outcome(
         args=args,
         train_dataset=Dataset.from_list(pairs),
         processing_class=tok,
-        callbacks=[SinkCallback(sink, sample_every=10**9)],
+        callbacks=[callback := SinkCallback(sink, sample_every=10**9)],
     )
     if trainer.model.config.pad_token_id is None:
         trainer.model.config.pad_token_id = tok.pad_token_id
     trainer.train()
+    if callback.stopped:  # cancelled or drained: no half-trained reward model is reported
+        raise InterruptedError("stop requested")
     return trainer.model, tok
 
 
@@ -228,8 +230,10 @@ def _train_process(
         args=args,
         train_dataset=data,
         data_collator=collate,
-        callbacks=[SinkCallback(sink, sample_every=10**9)],
+        callbacks=[callback := SinkCallback(sink, sample_every=10**9)],
     ).train()
+    if callback.stopped:
+        raise InterruptedError("stop requested")
     return model, tok
 
 

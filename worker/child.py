@@ -3,7 +3,9 @@ a crash, an OOM or a hung CUDA context here cannot take the worker down, and the
 memory is returned when this process exits.
 
 Exit codes: 0 done, 2 stopped on request, 3 job kind not available here, 4 lost the job (its
-lease lapsed and the job was re-queued: every write was refused from then on), 1 error.
+lease lapsed and the job was re-queued: every write was refused from then on), 5 drained (the
+worker is shutting down: a training job saved a checkpoint of the step it stopped at, and the
+supervisor hands the job back to the queue), 1 error.
 
 Each attempt works in a directory of its own, <job dir>/attempt-N: its log, error.txt, the
 exit-code file, and what the trainer writes (checkpoints before they are the job's). What
@@ -34,8 +36,13 @@ from worker.launch import EXIT_CODE_FILE, die_with_parent, error_file, is_main, 
 from worker.refs import resolve_model_ref
 from worker.sink import DatabaseSink, Fence, LeaseLost, ReadOnlySink
 
-EXIT_OK, EXIT_ERROR, EXIT_STOPPED, EXIT_UNAVAILABLE, EXIT_LOST = 0, 1, 2, 3, 4
+EXIT_OK, EXIT_ERROR, EXIT_STOPPED, EXIT_UNAVAILABLE, EXIT_LOST, EXIT_DRAINED = 0, 1, 2, 3, 4, 5
 REJECTED_WRITES = "rejected-writes.log"  # in the attempt's directory: a line per refused write
+DRAIN_FILE = "drain-requested"  # in the attempt's directory: made by the supervisor to drain the job
+
+
+class Drained(InterruptedError):
+    """Stopped for a drain: the job goes back to the queue, to resume from its checkpoint."""
 
 
 class NotAvailable(RuntimeError):
@@ -87,6 +94,7 @@ def run(job_id: str, owner: str, attempt: int) -> int:
         project_id,
         cancel_poll_seconds=settings.worker.heartbeat_seconds,
         fence=Fence(owner, attempt, work / REJECTED_WRITES),
+        drain_file=work / DRAIN_FILE,
     )
     sink.install_sigterm()
     try:
@@ -94,6 +102,8 @@ def run(job_id: str, owner: str, attempt: int) -> int:
     except InterruptedError:
         if sink.lost:  # stopped because this attempt saw it no longer owns the job
             raise LeaseLost(f"attempt {attempt} lost job {job_id}") from None
+        if sink.draining():
+            raise Drained("drained") from None
         raise
     finally:
         sink.flush()  # every metric and sample is stored before the process reports its end
@@ -256,6 +266,8 @@ def _main(job_id: str, owner: str, attempt: int, settings: Any, err_file: Path) 
     err_file.unlink(missing_ok=True)
     try:
         return run(job_id, owner, attempt)
+    except Drained:
+        return EXIT_DRAINED
     except InterruptedError:
         return EXIT_STOPPED
     except LeaseLost as exc:

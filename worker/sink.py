@@ -62,8 +62,10 @@ class DatabaseSink:
         cancel_poll_seconds: float = 2.0,
         give_up_after: float = 300.0,
         fence: Fence | None = None,
+        drain_file: Path | None = None,
     ) -> None:
         self.url, self.job_id, self.project_id = url, job_id, project_id
+        self.drain_file = drain_file  # the supervisor creates it when its worker is shutting down
         self.give_up_after = give_up_after
         self.fence = fence  # None: unfenced (tests and tools writing for a job they do not run)
         self.lost = False
@@ -235,9 +237,16 @@ class DatabaseSink:
 
         self._write(write, "score")
 
+    def draining(self) -> bool:
+        """The worker is shutting down: save a checkpoint now, stop, and the job is handed back
+        to the queue (a file in the attempt's directory, so every rank of a multi-process job
+        sees it without a signal that would stop `accelerate launch` itself)."""
+        return self.drain_file is not None and self.drain_file.exists()
+
     def should_stop(self) -> bool:
-        """A cancel was requested, SIGTERM came, or this attempt lost the job (then `lost`)."""
-        if self._stop:
+        """A cancel was requested, SIGTERM came, the worker is draining (then `draining()`), or
+        this attempt lost the job (then `lost`)."""
+        if self._stop or self.draining():
             return True
         now = time.monotonic()
         if now - self._last_poll >= self._poll_every:

@@ -17,8 +17,18 @@ from typing import Any
 from mathrl.specs import parse_spec
 from service.settings import Settings
 from store.db import session_scope
-from store.jobs import add_event, claim, finish, renew_lease
-from worker.child import EXIT_ERROR, EXIT_LOST, EXIT_OK, EXIT_STOPPED, EXIT_UNAVAILABLE, REJECTED_WRITES, attempt_dir
+from store.jobs import add_event, claim, finish, hand_back, renew_lease
+from worker.child import (
+    DRAIN_FILE,
+    EXIT_DRAINED,
+    EXIT_ERROR,
+    EXIT_LOST,
+    EXIT_OK,
+    EXIT_STOPPED,
+    EXIT_UNAVAILABLE,
+    REJECTED_WRITES,
+    attempt_dir,
+)
 from worker.launch import (
     child_args,
     describe,
@@ -31,6 +41,11 @@ from worker.launch import (
 from worker.vllm_server import needs_server, start_server
 
 log = logging.getLogger("mathrl.worker")
+
+# Set when the worker process got SIGTERM (worker.tasks connects Celery's shutdown signal):
+# every job this worker runs is drained, i.e. checkpointed and handed back to the queue.
+shutting_down = threading.Event()
+POLL_SECONDS = 0.5  # how soon the supervisor sees its job exit or its worker shutting down
 
 
 def worker_identity(task_id: str | None = None) -> str:
@@ -70,6 +85,9 @@ def supervise(settings: Settings, job_id: str, owner: str) -> str:
     """Run one job to the end. Returns the final status, or 'skipped' if it was not ours to run."""
     url = settings.database.url
     w = settings.worker
+    if shutting_down.is_set():  # not claimed: the reconciler sends it again, to another worker
+        log.info("job %s not started: this worker is shutting down", job_id)
+        return "skipped"
     with session_scope(url) as s:
         job = claim(s, job_id, owner, w.lease_seconds)
         if job is None:
@@ -174,13 +192,26 @@ def _run_job_process(
             f"launched {describe(cmd)}",
             {"processes": int(cmd[cmd.index("--num_processes") + 1]), "command": cmd[1:]},
         )
-    cancelled = lost = server_reported = False
+    cancelled = lost = server_reported = drain_timed_out = False
+    drain_since: float | None = None
+    next_beat = time.monotonic() + w.heartbeat_seconds
     while True:
         try:
-            code = proc.wait(timeout=w.heartbeat_seconds)
+            code = proc.wait(timeout=POLL_SECONDS)
             break
         except subprocess.TimeoutExpired:
             pass
+        if shutting_down.is_set() and drain_since is None:
+            drain_since = time.monotonic()
+            _request_drain(url, job_id, owner, out, w.drain_seconds)
+        if drain_since is not None and time.monotonic() - drain_since > w.drain_seconds:
+            log.warning("job %s did not stop within drain_seconds=%s; stopping it", job_id, w.drain_seconds)
+            drain_timed_out = True
+            code = stop_process(proc, min(w.cancel_grace_seconds, 5.0))
+            break
+        if time.monotonic() < next_beat:
+            continue
+        next_beat = time.monotonic() + w.heartbeat_seconds
         try:
             with session_scope(url) as s:
                 beat = renew_lease(s, job_id, owner, w.lease_seconds)
@@ -209,7 +240,71 @@ def _run_job_process(
     if lost or code == EXIT_LOST:
         _report_stale(url, job_id, owner, attempt, out)
         return "lost"
+    if drain_since is not None and not cancelled and (code in (EXIT_DRAINED, EXIT_STOPPED) or drain_timed_out):
+        return _hand_back(settings, job_id, owner, attempt, code, drain_timed_out, log_path)
     return _record_end(settings, job_id, owner, code, cancelled, log_path)
+
+
+def _request_drain(url: str, job_id: str, owner: str, out: Path, seconds: float) -> None:
+    """Ask the job process (every rank: they all watch the attempt's directory) to save a
+    checkpoint at its next step and stop."""
+    (out / DRAIN_FILE).touch()
+    log.info("draining job %s: worker shutting down", job_id)
+    _event(
+        url,
+        job_id,
+        "drain_requested",
+        f"worker {owner.split(':')[0]} is shutting down (SIGTERM): the job saves a checkpoint at its next "
+        f"step and goes back to the queue (drain_seconds={seconds:g})",
+        {"drain_seconds": seconds},
+        "warning",
+    )
+
+
+def _hand_back(
+    settings: Settings, job_id: str, owner: str, attempt: int, code: int, timed_out: bool, log_path: Path
+) -> str:
+    """The job stopped for a drain (or was killed when it did not within drain_seconds): put it
+    back in the queue, to resume from its newest checkpoint on another worker."""
+    from sqlalchemy import func, select
+
+    from store.models import Checkpoint
+
+    for retry in range(30):  # the database may be briefly down: the job must not be left running
+        try:
+            with session_scope(settings.database.url) as s:
+                step = s.scalar(
+                    select(func.max(Checkpoint.step)).where(
+                        Checkpoint.job_id == job_id, Checkpoint.kind == "checkpoint"
+                    )
+                )
+                how = (
+                    f"it did not stop within drain_seconds={settings.worker.drain_seconds:g} and was killed"
+                    if timed_out
+                    else f"attempt {attempt} stopped (exit {code})"
+                )
+                where = (
+                    f"resumes from its checkpoint at step {step}"
+                    if step is not None
+                    else "starts again (no checkpoint)"
+                )
+                status = hand_back(
+                    s,
+                    job_id,
+                    owner,
+                    f"drained: {how}; re-queued, {where} (not counted against max_attempts)",
+                    {"attempt": attempt, "checkpoint_step": step, "timed_out": timed_out},
+                )
+            if status is None:
+                log.warning("job %s: lost the lease before handing it back", job_id)
+                return "lost"
+            log.info("job %s handed back (%s)", job_id, status)
+            _send_released(settings)
+            return "drained" if status == "queued" else status
+        except Exception as exc:
+            log.warning("handing back %s failed (%s); retry %d", job_id, type(exc).__name__, retry + 1)
+            time.sleep(1.0)
+    return "drained"
 
 
 def _report_stale(url: str, job_id: str, owner: str, attempt: int, out: Path) -> None:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import logging
 
 from celery import Task
-from celery.signals import worker_ready
+from celery.signals import worker_ready, worker_shutting_down
 
 from service.settings import get_settings
-from worker import reconciler
+from worker import reconciler, supervisor
 from worker.celery_app import TASK_RUN_JOB, get_celery
 from worker.supervisor import supervise, worker_identity
 
@@ -27,3 +27,12 @@ def run_job(self: Task, job_id: str) -> str:
 def _start_reconciler(**_: object) -> None:
     reconciler.start(get_settings(), app)
     log.info("reconciler started")
+
+
+@worker_shutting_down.connect
+def _drain_on_shutdown(sig: str = "", how: str = "", **_: object) -> None:
+    """SIGTERM (Kubernetes stopping the pod, a rolling update): Celery stops taking messages and
+    waits for the running tasks; the supervisor of each one drains its job (checkpoint at the
+    next step, back to the queue) instead of running it to the end or losing it."""
+    log.warning("%s: %s shutdown; draining running jobs", sig, how)
+    supervisor.shutting_down.set()

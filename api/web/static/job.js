@@ -28,7 +28,7 @@ function facts(job) {
   const spec = job.spec || {};
   const items = [
     ["kind", job.kind], ["model", spec.model], ["benchmark / dataset", spec.benchmark || spec.dataset?.name || spec.dataset?.path],
-    ["queue", job.queue], ["attempts", `${job.attempts} / ${job.max_attempts}`], ["created", fmtTime(job.created_at)],
+    ["queue", job.queue], ["attempts", `${job.attempts} / ${job.max_attempts}` + (job.drains ? ` (${job.drains} drained, not counted)` : "")], ["created", fmtTime(job.created_at)],
     ["started", fmtTime(job.started_at)], ["finished", fmtTime(job.finished_at)], ["ran", fmtDuration(job.started_at, job.finished_at)],
   ];
   const out = h("div", { class: "facts card" }, items.map(([k, v]) => h("div", {}, h("span", {}, k), v || "—")));
