@@ -35,7 +35,6 @@ class SinkCallback(TrainerCallback):  # type: ignore[misc]
         self._tokens_at_log: float | None = None
         self._t_log = time.monotonic()
         self.stopped = False
-        self.drained = False  # stopped for a drain, with a checkpoint of the step it stopped at
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         self._t_step = self._t_log = time.monotonic()
@@ -58,7 +57,6 @@ class SinkCallback(TrainerCallback):  # type: ignore[misc]
             # another worker. Every rank decides alike, or the ranks of a sharded save would wait
             # for each other for ever.
             if _any_rank(self.sink.draining(), args):
-                self.drained = True
                 control.should_save = True
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kw: Any) -> None:

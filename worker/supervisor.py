@@ -16,7 +16,7 @@ from typing import Any
 
 from mathrl.specs import parse_spec
 from service.settings import Settings
-from store.db import session_scope
+from store.db import retry_transient, session_scope
 from store.jobs import add_event, claim, finish, hand_back, renew_lease
 from worker.child import (
     DRAIN_FILE,
@@ -241,7 +241,7 @@ def _run_job_process(
         _report_stale(url, job_id, owner, attempt, out)
         return "lost"
     if drain_since is not None and not cancelled and (code in (EXIT_DRAINED, EXIT_STOPPED) or drain_timed_out):
-        return _hand_back(settings, job_id, owner, attempt, code, drain_timed_out, log_path)
+        return _hand_back(settings, job_id, owner, attempt, code, drain_timed_out)
     return _record_end(settings, job_id, owner, code, cancelled, log_path)
 
 
@@ -261,50 +261,45 @@ def _request_drain(url: str, job_id: str, owner: str, out: Path, seconds: float)
     )
 
 
-def _hand_back(
-    settings: Settings, job_id: str, owner: str, attempt: int, code: int, timed_out: bool, log_path: Path
-) -> str:
+def _hand_back(settings: Settings, job_id: str, owner: str, attempt: int, code: int, timed_out: bool) -> str:
     """The job stopped for a drain (or was killed when it did not within drain_seconds): put it
-    back in the queue, to resume from its newest checkpoint on another worker."""
+    back in the queue, to resume from its newest checkpoint on another worker. Retried through a
+    database outage; if it still cannot be written, the lease lapses and the reconciler re-queues."""
     from sqlalchemy import func, select
 
     from store.models import Checkpoint
 
-    for retry in range(30):  # the database may be briefly down: the job must not be left running
-        try:
-            with session_scope(settings.database.url) as s:
-                step = s.scalar(
-                    select(func.max(Checkpoint.step)).where(
-                        Checkpoint.job_id == job_id, Checkpoint.kind == "checkpoint"
-                    )
-                )
-                how = (
-                    f"it did not stop within drain_seconds={settings.worker.drain_seconds:g} and was killed"
-                    if timed_out
-                    else f"attempt {attempt} stopped (exit {code})"
-                )
-                where = (
-                    f"resumes from its checkpoint at step {step}"
-                    if step is not None
-                    else "starts again (no checkpoint)"
-                )
-                status = hand_back(
-                    s,
-                    job_id,
-                    owner,
-                    f"drained: {how}; re-queued, {where} (not counted against max_attempts)",
-                    {"attempt": attempt, "checkpoint_step": step, "timed_out": timed_out},
-                )
-            if status is None:
-                log.warning("job %s: lost the lease before handing it back", job_id)
-                return "lost"
-            log.info("job %s handed back (%s)", job_id, status)
-            _send_released(settings)
-            return "drained" if status == "queued" else status
-        except Exception as exc:
-            log.warning("handing back %s failed (%s); retry %d", job_id, type(exc).__name__, retry + 1)
-            time.sleep(1.0)
-    return "drained"
+    how = (
+        f"it did not stop within drain_seconds={settings.worker.drain_seconds:g} and was killed"
+        if timed_out
+        else f"attempt {attempt} stopped (exit {code})"
+    )
+
+    def write() -> str | None:
+        with session_scope(settings.database.url) as s:
+            step = s.scalar(
+                select(func.max(Checkpoint.step)).where(Checkpoint.job_id == job_id, Checkpoint.kind == "checkpoint")
+            )
+            where = "starts again (no checkpoint)" if step is None else f"resumes from its checkpoint at step {step}"
+            return hand_back(
+                s,
+                job_id,
+                owner,
+                f"drained: {how}; re-queued, {where} (not counted against max_attempts)",
+                {"attempt": attempt, "checkpoint_step": step, "timed_out": timed_out},
+            )
+
+    try:
+        status = retry_transient(write, f"job {job_id}: handing it back")
+    except Exception as exc:
+        log.warning("handing back %s failed (%s); its lease will lapse and the reconciler re-queue it", job_id, exc)
+        return "drained"
+    if status is None:
+        log.warning("job %s: lost the lease before handing it back", job_id)
+        return "lost"
+    log.info("job %s handed back (%s)", job_id, status)
+    _send_released(settings)
+    return "drained" if status == "queued" else status
 
 
 def _report_stale(url: str, job_id: str, owner: str, attempt: int, out: Path) -> None:
