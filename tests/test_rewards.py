@@ -70,3 +70,45 @@ def test_rm_scores_the_text_as_the_reward_trainer_trained_it(tmp_path: Path) -> 
     tok = load_tokenizer(str(build_tiny_model(tmp_path / "m")))
     assert rm_text(tok, "12+30=", "42") == "12+30=42" + tok.eos_token
     assert rm_text(tok, "12+30=", "42" + tok.eos_token) == "12+30=42" + tok.eos_token
+
+
+def test_process_rm_grades_a_step_by_the_whole_solution_its_rollout_finishes() -> None:
+    """A prefix that already states the answer, and a rollout that stops at once: the step is
+    good (graded alone, the empty continuation had no answer and the step was labelled bad)."""
+    from evaluator.hf_backend import Generation
+    from trainer.reward_model import step_rollout_correct
+
+    solved = "40 + 2 = 42\nThe answer is 42\n"
+    assert step_rollout_correct(solved, Generation("", 0, False), "42")
+    assert step_rollout_correct("40 + 2 = 42\n", Generation("#### 42", 4, False), "42")
+    assert not step_rollout_correct("40 + 2 = 43\n", Generation("", 0, False), "42")
+    # a continuation cut off by the length limit: no last-number guess
+    assert not step_rollout_correct("40 + 2 =\n", Generation(" 42 and then", 5, True), "42")
+
+
+def test_held_out_questions_are_never_trained_on_even_when_the_set_repeats_a_question() -> None:
+    from evaluator.data import Problem
+    from trainer.reward_model import split_heldout
+
+    problems = [Problem(0, f"{a}+{b}=", str(a + b)) for a in range(10, 30) for b in (1, 2)] * 2
+    held, train = split_heldout(problems, 0.2, seed=3)
+    assert len(held) == 16 and len(train) == 64  # 8 of 40 distinct questions, each twice
+    assert not {p.question for p in held} & {p.question for p in train}
+
+
+def test_held_out_pairs_are_scored_per_question_even_when_two_questions_share_a_prompt() -> None:
+    """Two sampled questions with the same prompt text (a set that repeats a question): each
+    question's pairs are scored with its own completions (this raised KeyError before)."""
+    from evaluator.data import Problem
+    from trainer.reward_model import Sampled, heldout_scores
+
+    p = Problem(0, "7+8=", "15")
+    a = Sampled(p, "7+8=\n", ["15", "14"], ["15", "14"], [True, False])
+    b = Sampled(p, "7+8=\n", ["15", "16", "15"], ["15", "16", "15"], [True, False, True])
+
+    def by_value(model: object, tok: object, prompt: str, completions: list[str]) -> list[float]:
+        return [-abs(float(c) - 15) for c in completions]  # ranks the true sum first
+
+    values, counts = heldout_scores([a, b], by_value, None, None, samples=8, seed=0)
+    assert counts["pairwise_accuracy"] == (3, 3)  # (15,14) and (15,16) twice
+    assert values["best_of_8_accuracy"] == 1.0 and values["maj_at_8_accuracy"] == 1.0

@@ -82,7 +82,7 @@ def sample_solutions(
     )
     out = []
     for p, text, outs in zip(problems, texts, gens, strict=True):
-        verdicts = [grade(g.text, p.gold) for g in outs]
+        verdicts = [grade(g.text, p.gold, truncated=g.truncated) for g in outs]
         out.append(
             Sampled(p, text, [g.text for g in outs], [v.extracted for v in verdicts], [v.correct for v in verdicts])
         )
@@ -101,10 +101,18 @@ def outcome_pairs(sampled: list[Sampled], max_pairs_per_question: int = 16, seed
     return rows
 
 
+def step_rollout_correct(solved: str, rollout: Any, gold: str) -> bool:
+    """Does the solution made of the solved steps and this rollout's continuation reach gold?"""
+    return grade(solved + rollout.text, gold, truncated=rollout.truncated).correct
+
+
 def process_labels(
     spec: RewardModelSpec, sink: Sink, model: Any, tok: Any, sampled: list[Sampled], backend: Any = hf_backend
 ) -> list[dict[str, Any]]:
-    """Math-Shepherd hard labels: step i is good if one of k completions from steps[:i+1] is right."""
+    """Math-Shepherd hard labels: step i is good if one of k completions from steps[:i+1] is right.
+    A completion is graded as the whole solution it finishes (the prefix's steps, then the
+    continuation): a prefix that already states the answer is not judged by a continuation that
+    need not repeat it."""
     rows = []
     total = sum(len(s.completions) for s in sampled)
     done = 0
@@ -116,18 +124,18 @@ def process_labels(
                 if i == len(steps) - 1:
                     labels.append(int(ok))  # the last step's label is the outcome itself
                     continue
-                prefix = s.prompt + STEP_TAG.join(steps[: i + 1]) + STEP_TAG
+                solved = STEP_TAG.join(steps[: i + 1]) + STEP_TAG
                 gens = backend.generate(
                     model,
                     tok,
-                    [prefix],
+                    [s.prompt + solved],
                     max_new_tokens=spec.sampling.max_new_tokens,
                     temperature=max(spec.sampling.temperature, 0.3),
                     n=spec.completions_per_step,
                     seed=spec.seed + i,
                     batch_size=spec.completions_per_step,
                 )[0]
-                labels.append(int(any(grade(g.text, s.problem.gold).correct for g in gens)))
+                labels.append(int(any(step_rollout_correct(solved, g, s.problem.gold) for g in gens)))
             if steps:
                 rows.append({"prompt": s.prompt, "steps": steps, "labels": labels})
             done += 1
@@ -280,6 +288,41 @@ def process_scores(model: Any, tok: Any, prompt: str, completions: list[str]) ->
     return out
 
 
+def split_heldout(problems: list[Problem], fraction: float, seed: int) -> tuple[list[Problem], list[Problem]]:
+    """(held out, train), split by distinct question: a question asked twice in the set (two-digit
+    sums repeat in a few thousand) is on one side only, so held-out scores are never on questions
+    the RM trained on."""
+    questions = list(dict.fromkeys(p.question for p in problems))
+    random.Random(seed).shuffle(questions)
+    held_q = set(questions[: max(1, int(len(questions) * fraction))])
+    return [p for p in problems if p.question in held_q], [p for p in problems if p.question not in held_q]
+
+
+def heldout_scores(
+    s_held: list[Sampled], score_fn: Any, model: Any, tok: Any, samples: int, seed: int
+) -> tuple[dict[str, float | None], dict[str, tuple[int, int]]]:
+    """Pairwise accuracy over each held-out question's own (correct, incorrect) pairs, and
+    best-of-N by the RM against majority vote: (values, (hits, total) per metric). A value is
+    None where there is nothing to score (no held-out pairs: every sample right, or every one wrong)."""
+    wins = n_pairs = best_correct = maj_correct = 0
+    for i, s in enumerate(s_held):
+        scores = score_fn(model, tok, s.prompt, s.completions)
+        by_text = dict(zip(s.completions, scores, strict=True))
+        pairs = outcome_pairs([s], seed=seed + 1 + i)
+        wins += sum(by_text[p["chosen"]] > by_text[p["rejected"]] for p in pairs)
+        n_pairs += len(pairs)
+        best = max(range(len(scores)), key=lambda j: scores[j])
+        best_correct += s.correct[best]
+        maj_correct += int(maj_at_k(s.answers, s.correct, len(s.answers)))
+    n = len(s_held)
+    counts = {
+        "pairwise_accuracy": (wins, n_pairs),
+        f"best_of_{samples}_accuracy": (best_correct, n),
+        f"maj_at_{samples}_accuracy": (maj_correct, n),
+    }
+    return {k: (c / total if total else None) for k, (c, total) in counts.items()}, counts
+
+
 def run_reward_model(
     spec: RewardModelSpec,
     sink: Sink,
@@ -296,12 +339,7 @@ def run_reward_model(
     t0 = time.monotonic()
     work = work_dir or out_dir
     problems, template = load_problems(spec.dataset, data_dir)
-    rng = random.Random(spec.seed)
-    order = list(range(len(problems)))
-    rng.shuffle(order)
-    n_held = max(1, int(len(problems) * spec.heldout_fraction))
-    held = [problems[i] for i in order[:n_held]]
-    train = [problems[i] for i in order[n_held:]]
+    held, train = split_heldout(problems, spec.heldout_fraction, spec.seed)
     sink.event(
         "sampling",
         f"{spec.samples_per_question} solutions for each of {len(problems)} questions "
@@ -343,28 +381,8 @@ def run_reward_model(
         tok.save_pretrained(str(final))
     sink.checkpoint(0, str(out_dir / "final"), kind="final", data={"type": spec.type}, source=str(final))
 
-    # held-out evaluation
-    held_pairs = outcome_pairs(s_held, seed=spec.seed + 1)
-    wins = 0
-    best_correct = maj_correct = 0
-    for s in s_held:
-        scores = score_fn(model, tok, s.prompt, s.completions)
-        by_text = dict(zip(s.completions, scores, strict=True))
-        wins += sum(by_text[p["chosen"]] > by_text[p["rejected"]] for p in held_pairs if p["prompt"] == s.prompt)
-        best = max(range(len(scores)), key=lambda i: scores[i])
-        best_correct += s.correct[best]
-        maj_correct += int(maj_at_k(s.answers, s.correct, len(s.answers)))
+    values, counts = heldout_scores(s_held, score_fn, model, tok, spec.samples_per_question, spec.seed)
     n = len(s_held)
-    values: dict[str, float | None] = {  # None: no held-out pairs (every sample right, or every one wrong)
-        "pairwise_accuracy": wins / len(held_pairs) if held_pairs else None,
-        f"best_of_{spec.samples_per_question}_accuracy": best_correct / max(n, 1),
-        f"maj_at_{spec.samples_per_question}_accuracy": maj_correct / max(n, 1),
-    }
-    counts = {
-        "pairwise_accuracy": (wins, len(held_pairs)),
-        f"best_of_{spec.samples_per_question}_accuracy": (best_correct, n),
-        f"maj_at_{spec.samples_per_question}_accuracy": (maj_correct, n),
-    }
     for metric, value in values.items():
         if value is None:  # nothing to score
             continue
