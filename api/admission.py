@@ -16,17 +16,16 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from api.problems import Problem
 from mathrl.errors import FieldError
 from mathrl.presets import resolve_config
 from mathrl.specs import model_refs
-from mathrl.status import ACTIVE
 from service.settings import Settings
 from service.sources import url_refusal
-from store.models import Job, Project
+from store.models import Project
 
 
 def admit_spec(spec: Any, settings: Settings) -> dict[str, Any]:
@@ -246,17 +245,15 @@ class QuotaProblem(Problem):
 
 def check_project_quota(session: Session, project_id: str, specs: dict[str, Any], settings: Settings) -> None:
     """The project's active jobs and GPUs, with every job of this submission (`specs`, in the
-    order they are added) counted, within the quotas. One locking read of the project's
-    active jobs, whatever the submission's size."""
+    order they are added) counted, within the quotas. One locking read of the project's row,
+    whose counters the jobs table's triggers keep (store.models.Project.active_jobs): the cost
+    does not grow with the number of active jobs."""
     limits = settings.limits
     # Lock the project's row until the caller commits, so two concurrent submissions cannot
-    # both take the last slot (PostgreSQL; SQLite serialises writers anyway).
-    session.execute(select(Project.id).where(Project.id == project_id).with_for_update())
-    # counted in the database: one row back, whatever the number of active jobs
+    # both take the last slot (PostgreSQL; SQLite serialises writers anyway). The jobs this
+    # submission adds raise the counters in the same transaction.
     counted = session.execute(
-        select(func.count(), func.coalesce(func.sum(Job.spec["resources"]["gpus"].as_integer()), 0)).where(
-            Job.project_id == project_id, Job.status.in_(ACTIVE)
-        )
+        select(Project.active_jobs, Project.active_gpus).where(Project.id == project_id).with_for_update()
     ).one()
     active, gpus = int(counted[0]), int(counted[1])
     for key, spec in specs.items():

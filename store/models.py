@@ -41,6 +41,18 @@ class Project(Base):
     id: Mapped[str] = mapped_column(String(36), primary_key=True, default=uuid7)
     name: Mapped[str] = mapped_column(String(100), unique=True)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    # the project's jobs in an active status (mathrl.status.ACTIVE) and the GPUs they hold: kept by
+    # triggers on jobs (migration 0007) in the transaction of every insert and status change, read
+    # by the quota check at submit (one row, however many jobs are active)
+    active_jobs: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    active_gpus: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+
+
+def quota_gpus(context: Any) -> int:
+    """A new job's `gpus`, from its spec: what it holds against the project's GPU quota."""
+    spec = context.get_current_parameters().get("spec") or {}
+    resources = spec.get("resources") or {}
+    return int(resources.get("gpus") or 0)
 
 
 class ApiKey(Base):
@@ -94,6 +106,8 @@ class Job(Base):
     # attempts that ended in a drain (the worker stopped for shutdown, checkpointed the job and
     # handed it back): they are not failures, so they do not count against max_attempts
     drains: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # GPUs the job counts against its project's quota while active (Project.active_gpus)
+    gpus: Mapped[int] = mapped_column(Integer, default=quota_gpus, server_default="0")
     lease_owner: Mapped[str | None] = mapped_column(String(200))
     lease_expires_at: Mapped[datetime | None] = mapped_column()
     celery_task_id: Mapped[str | None] = mapped_column(String(64))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -67,3 +68,48 @@ def test_scores_natural_key_keeps_the_newest_of_rerun_duplicates(tmp_path: Path)
     with engine.connect() as c:
         assert c.execute(text("SELECT id, value FROM benchmark_scores")).all() == [("01b", 0.4)]
     engine.dispose()
+
+
+@pytest.mark.parametrize("dialect", ["postgresql", "sqlite"])
+def test_usage_counters_start_from_the_jobs_already_active(
+    dialect: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """0007 adds the projects' active_jobs/active_gpus counters (read by the quota check): a
+    database with active jobs already in it starts with them counted, then the triggers keep them
+    (and 0007 goes down again cleanly)."""
+    from alembic import command
+    from sqlalchemy import text
+
+    from store.migrate import alembic_config
+
+    url = request.getfixturevalue("pg_url") if dialect == "postgresql" else f"sqlite:///{tmp_path / 'm.db'}"
+    if dialect == "postgresql":
+        command.downgrade(alembic_config(url), "0006")
+    else:
+        upgrade(url, "0006")
+    engine = create_engine(url)
+    jobs = [("a", "queued", 2), ("b", "running", 1), ("c", "waiting", None), ("d", "succeeded", 8), ("e", "failed", 4)]
+    with engine.begin() as c:
+        c.execute(text("INSERT INTO projects (id, name, created_at) VALUES ('p7', 'p7', '2026-01-01')"))
+        for job_id, status, gpus in jobs:
+            spec = json.dumps({"resources": {"gpus": gpus}} if gpus is not None else {})
+            c.execute(
+                text(
+                    "INSERT INTO jobs (id, project_id, kind, status, tags, spec, queue, attempts, max_attempts, "
+                    "cancel_requested, depends_on, created_at, updated_at) VALUES "
+                    f"('{job_id}7', 'p7', 'sft', '{status}', '[]', '{spec}', 'cpu', 0, 3, false, '[]', "
+                    "'2026-01-01', '2026-01-01')"
+                )
+            )
+    engine.dispose()
+    upgrade(url)
+    engine = create_engine(url)
+    counters = "SELECT active_jobs, active_gpus FROM projects WHERE id = 'p7'"
+    with engine.begin() as c:
+        assert tuple(c.execute(text(counters)).one()) == (3, 3)
+        c.execute(text("UPDATE jobs SET status = 'succeeded' WHERE id = 'a7'"))
+        assert tuple(c.execute(text(counters)).one()) == (2, 1)
+    engine.dispose()
+    command.downgrade(alembic_config(url), "0006")
+    upgrade(url)
+    assert _diff(url) == []

@@ -374,3 +374,59 @@ def test_the_store_refuses_a_status_move_mathrl_status_does_not_allow(store_url:
     for before, after in TRANSITIONS.items():  # the allowed moves pass on both paths
         for status in after:
             move(before, status)
+
+
+def test_the_projects_active_counters_follow_every_move_of_its_jobs(store_url: str) -> None:
+    """The quota check reads Project.active_jobs/active_gpus (issue 18: O(1) per submit); the
+    jobs table's triggers keep them, whichever path moves a job: inserts, claims, finishes, a
+    drain's hand-back, cancels, bulk moves, deletes. Checked against a recount after each."""
+    from sqlalchemy import delete, func, select
+
+    from mathrl.status import ACTIVE
+    from store.jobs import claim, finish, hand_back, move, request_cancel
+    from store.models import Project
+
+    def check(project_id: str) -> tuple[int, int]:
+        with session_scope(store_url) as s:
+            kept = s.execute(select(Project.active_jobs, Project.active_gpus).where(Project.id == project_id)).one()
+            jobs = s.scalars(select(Job).where(Job.project_id == project_id, Job.status.in_(ACTIVE))).all()
+            recount = (len(jobs), sum(j.spec.get("resources", {}).get("gpus", 0) for j in jobs))
+            assert tuple(kept) == recount
+            return recount
+
+    with session_scope(store_url) as s:
+        project = get_or_create_project(s, "usage-counters")
+        other = get_or_create_project(s, "usage-counters-other")
+        ids = []
+        for gpus, status in [(2, "queued"), (1, "queued"), (0, "waiting"), (4, "queued"), (8, "succeeded")]:
+            job = Job(project_id=project.id, kind="sft", spec={"resources": {"gpus": gpus}}, status=status)
+            s.add(job)
+            s.flush()
+            ids.append(job.id)
+        s.add(Job(project_id=other.id, kind="eval", spec={"resources": {"gpus": 1}}, status="queued"))
+        pid, oid = project.id, other.id
+    assert check(pid) == (4, 7) and check(oid) == (1, 1)
+    with session_scope(store_url) as s:
+        assert claim(s, ids[0], "w1", 60) is not None  # queued -> running: still active
+    assert check(pid) == (4, 7)
+    with session_scope(store_url) as s:
+        assert hand_back(s, ids[0], "w1", "drained") == "queued"
+        assert claim(s, ids[0], "w2", 60) is not None
+        assert finish(s, ids[0], "w2", "succeeded")
+    assert check(pid) == (3, 5)
+    with session_scope(store_url) as s:
+        request_cancel(s, s.get(Job, ids[1]))  # queued -> cancelled
+        assert claim(s, ids[3], "w3", 60) is not None
+        request_cancel(s, s.get(Job, ids[3]))  # running: only asked to stop
+    assert check(pid) == (2, 4)
+    with session_scope(store_url) as s:
+        s.execute(move(("waiting", "queued"), "failed").where(Job.id == ids[2]))  # a bulk move
+        s.get(Job, ids[3]).status = "failed"  # an ORM attribute set
+    assert check(pid) == (0, 0)
+    with session_scope(store_url) as s:
+        s.add(Job(project_id=pid, kind="sft", spec={"resources": {"gpus": 3}}, status="queued"))
+    assert check(pid) == (1, 3)
+    with session_scope(store_url) as s:
+        s.execute(delete(Job).where(Job.project_id == pid))
+        assert s.scalar(select(func.count()).select_from(Job).where(Job.project_id == pid)) == 0
+    assert check(pid) == (0, 0) and check(oid) == (1, 1)
