@@ -105,6 +105,20 @@ class ResolvedRecipe:
         return {"name": self.name, **self.recipe.model_dump(mode="json")}
 
 
+def stored_recipe(config: dict[str, Any]) -> ResolvedRecipe | None:
+    """The recipe resolved at submit, from a job's resolved_config (`recipe` and the completion
+    length): a queued job runs the prompt it was admitted with, even if the registry's entry
+    changed meanwhile (a worker upgraded between submit and run). None for a config without one
+    (jobs admitted before recipes were stored)."""
+    record = config.get("recipe")
+    if not record:
+        return None
+    body = {k: v for k, v in record.items() if k != "name"}
+    length = (config.get("sampling") or {}).get("max_new_tokens")
+    recipe = Recipe.model_validate(body)
+    return ResolvedRecipe(str(record["name"]), recipe, int(length or recipe.max_new_tokens or DEFAULT_MAX_NEW_TOKENS))
+
+
 def resolve_recipe(spec: Any) -> ResolvedRecipe:
     """The recipe an eval spec runs with: `spec.recipe` (a name or inline), else its benchmark's
     default ('math-chat' for a user's file); the spec's `few_shot`, `system_prompt` and

@@ -15,7 +15,7 @@ from evaluator.graders import RMScorer, grade_items
 from evaluator.grading import answers_match, grade
 from evaluator.metrics import accuracy_breakdown, maj_at_k, pass_at_k, wilson_interval
 from evaluator.models import load_model, load_tokenizer
-from evaluator.recipes import resolve_recipe
+from evaluator.recipes import ResolvedRecipe, resolve_recipe
 from mathrl.sink import Sink
 from mathrl.specs import EvalSpec
 
@@ -31,13 +31,15 @@ def run_eval(
     checkpoint: str | None = None,
     work_dir: Path | None = None,
     rm_scorer: Callable[[str], RMScorer] | None = None,
+    resolved_recipe: ResolvedRecipe | None = None,
 ) -> dict[str, float]:
     """Evaluate and report through the sink. `model_path` is the resolved local path or hub id;
     `model_ref` is what the user asked for (kept on every score). Per-item results go to
     results_dir/items.jsonl (written into work_dir first when given; the sink moves them).
-    `rm_scorer`: loads a reward model for a spec grader that has one (evaluator/graders.py)."""
+    `rm_scorer`: loads a reward model for a spec grader that has one (evaluator/graders.py).
+    `resolved_recipe`: the one resolved at submit (evaluator.recipes.stored_recipe); else resolved now."""
     bench, problems = _problems(spec, data_dir)
-    resolved = resolve_recipe(spec)
+    resolved = resolved_recipe or resolve_recipe(spec)
     recipe = resolved.recipe
     sink.event(
         "loading",

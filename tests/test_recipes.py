@@ -83,6 +83,27 @@ def test_spec_fields_override_the_recipe() -> None:
 
 
 @pytest.mark.quick
+def test_a_job_runs_the_recipe_it_was_admitted_with(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker reads the recipe resolved at submit from the job's config: a registry entry
+    changed between submit and run (a worker upgraded meanwhile) does not change the prompt."""
+    from api.admission import resolve_eval_recipe
+    from evaluator.recipes import stored_recipe
+
+    spec = EvalSpec(model="m", recipe="lm-eval-gsm8k", few_shot=3)
+    config = {"sampling": spec.sampling.model_dump()}
+    resolve_eval_recipe(spec, config)
+    admitted = resolve_recipe(spec)
+    changed = get_recipe("lm-eval-gsm8k").model_copy(update={"stop": ["Q:"], "max_new_tokens": 99})
+    monkeypatch.setitem(RECIPES, "lm-eval-gsm8k", changed)
+    assert resolve_recipe(spec).recipe.stop == ["Q:"]  # what resolving again would run
+    stored = stored_recipe(json.loads(json.dumps(config)))  # as it comes back from the database
+    assert stored is not None and stored.record() == admitted.record()
+    assert (stored.name, stored.max_new_tokens, stored.recipe.few_shot) == ("lm-eval-gsm8k", 256, 3)
+    assert stored.recipe.digest() == admitted.recipe.digest()
+    assert stored_recipe({"sampling": {}}) is None  # a job admitted before recipes were stored
+
+
+@pytest.mark.quick
 def test_inline_recipe() -> None:
     spec = EvalSpec.model_validate(
         {"model": "m", "recipe": {"format": "text", "question": "Q: {question}\nA:", "stop": ["Q:"]}}

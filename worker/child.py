@@ -129,6 +129,7 @@ def _run_kind(
     )
 
     if spec.kind == "eval":
+        from evaluator.recipes import stored_recipe
         from evaluator.run import run_eval
         from trainer.rewards import rm_scorers
 
@@ -142,6 +143,7 @@ def _run_kind(
             checkpoint=checkpoint,
             work_dir=work / "eval",
             rm_scorer=rm_scorers(lambda ref: resolve(ref)[0]) if spec.grader is not None else None,
+            resolved_recipe=stored_recipe(config),
         )
     elif spec.kind == "grpo":
         from trainer.grpo import run_grpo
