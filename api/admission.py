@@ -153,7 +153,10 @@ def check_benchmarks(spec: Any) -> None:
             pointer = "/benchmark"
             get_benchmark(spec.benchmark)
     except UnknownBenchmark as exc:
-        detail = f"{exc}. Use one of these, or give dataset.path (a file under a data root)"
+        detail = (
+            f"{exc}. Use one of these, or give dataset.path (a file under a data root) "
+            "or dataset.hub (a hub dataset id)"
+        )
         raise refuse(pointer, "Unknown benchmark", detail) from None
     except ValueError as exc:  # a registered name without that split
         raise refuse("/dataset/split", "Unknown split", f"{exc}: pick one of those") from None

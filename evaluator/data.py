@@ -97,20 +97,42 @@ def load_benchmark(bench: Benchmark, data_dir: str | None, limit: int | None = N
     return problems
 
 
-def load_user_set(path: str | Path, question_field: str, answer_field: str, limit: int | None = None) -> list[Problem]:
-    rows = _load_rows(*load_args("", "train", None, path))
-    missing = [f for f in (question_field, answer_field) if f not in rows.column_names]
-    if missing:
-        raise ValueError(
-            f"{str(path).rsplit('/', 1)[-1]} has no field(s) {missing}; it has {rows.column_names}: "
-            "set question_field/answer_field"
-        )
+def custom_source(ref: Any) -> str:
+    """How a user's set is named in events and scores: the file's name, or the hub id and split."""
+    if ref.hub is not None:
+        return f"{ref.hub}{':' + ref.config if ref.config else ''}/{ref.split}"
+    return str(ref.path).rsplit("/", 1)[-1]
+
+
+def load_custom_set(ref: Any, limit: int | None = None) -> list[Problem]:
+    """A user's questions (a DatasetRef with `path` or `hub`), through the same `datasets` call
+    as the registered sets. Raises ValueError naming the spec field at fault (dataset.hub,
+    dataset.split, dataset.question_field/answer_field): the worker runs this before any work."""
+    name = custom_source(ref)
+    if ref.hub is not None:
+        try:
+            rows = _load_rows(*load_args(ref.hub, ref.split, ref.config, None))
+        except Exception as exc:  # offline, no such dataset or config, no such split
+            field = "dataset.split" if "split" in str(exc).lower() and "unknown" in str(exc).lower() else "dataset.hub"
+            raise ValueError(
+                f"{field}: the hub dataset {ref.hub!r} (config {ref.config!r}, split {ref.split!r}) could not be "
+                f"loaded: {type(exc).__name__}: {exc}"
+            ) from None
+    else:
+        rows = _load_rows(*load_args("", "train", None, ref.path))
+    for field in ("question_field", "answer_field"):
+        if getattr(ref, field) not in rows.column_names:
+            raise ValueError(
+                f"dataset.{field}: {name} has no field {getattr(ref, field)!r}; it has {rows.column_names}: "
+                f"set {field} to one of them"
+            )
+    limit = limit or ref.limit
     if limit is not None:
         rows = rows.select(range(min(limit, len(rows))))
     out = []
     for i, row in enumerate(rows):
-        gold = str(row[answer_field])
+        gold = str(row[ref.answer_field])
         if "####" in gold:
             gold = gsm8k_gold(gold)
-        out.append(Problem(index=i, question=str(row[question_field]), gold=gold))
+        out.append(Problem(index=i, question=str(row[ref.question_field]), gold=gold))
     return out

@@ -131,7 +131,7 @@ def resolve_recipe(spec: Any) -> ResolvedRecipe:
     else:
         if spec.recipe is not None:
             name = spec.recipe
-        elif spec.dataset is not None and spec.dataset.path is not None:
+        elif spec.dataset is not None and (spec.dataset.path is not None or spec.dataset.hub is not None):
             name = "math-chat"
         elif spec.dataset is not None and spec.dataset.name is not None:
             name = find_benchmark(spec.dataset.name, spec.dataset.split).recipe

@@ -10,7 +10,7 @@ from typing import Any
 
 from evaluator import hf_backend, prompts
 from evaluator.benchmarks import Benchmark, find_benchmark, get_benchmark
-from evaluator.data import Problem, load_benchmark, load_user_set
+from evaluator.data import Problem, custom_source, load_benchmark, load_custom_set
 from evaluator.graders import RMScorer, grade_items
 from evaluator.grading import answers_match, grade
 from evaluator.metrics import accuracy_breakdown, maj_at_k, pass_at_k, wilson_interval
@@ -198,21 +198,21 @@ def run_eval(
 
 
 def _problems(spec: EvalSpec, data_dir: str | None) -> tuple[Benchmark, list[Problem]]:
-    if spec.dataset is not None and spec.dataset.path is not None:
+    if spec.dataset is not None and (spec.dataset.path is not None or spec.dataset.hub is not None):
         d = spec.dataset
         bench = Benchmark(
-            name=f"custom:{Path(d.path).name}",
+            name=f"custom:{custom_source(d)}",
             version="user",
-            hub_id="",
-            hub_config=None,
-            split="train",
+            hub_id=d.hub or "",
+            hub_config=d.config,
+            split=d.split if d.hub else "train",
             local_file=None,
             question_field=d.question_field,
             answer_field=d.answer_field,
             gold_format="latex",
             recipe="math-chat",
         )
-        return bench, load_user_set(d.path, d.question_field, d.answer_field, spec.limit or d.limit)
+        return bench, load_custom_set(d, spec.limit)
     if spec.dataset is not None and spec.dataset.name is not None:  # a registered set named as a dataset
         bench = find_benchmark(spec.dataset.name, spec.dataset.split)
         return bench, load_benchmark(bench, data_dir, spec.limit or spec.dataset.limit)

@@ -99,20 +99,45 @@ class Sampling(StrictModel):
 
 
 class DatasetRef(StrictModel):
-    """Training or evaluation questions: a registered benchmark/split, or a user file."""
+    """Training or evaluation questions: a registered benchmark/split, a user file or URL, or a
+    dataset on the Hugging Face hub."""
 
     name: str | None = Field(None, max_length=128, description="Registered dataset, e.g. 'gsm8k' or 'math'.")
-    split: str = Field("train", max_length=32, description="Split of the registered dataset.")
-    path: str | None = Field(None, max_length=1024, description="A jsonl/parquet file under a configured data root.")
-    question_field: str = Field("question", max_length=64, description="Field holding the question (user files).")
-    answer_field: str = Field("answer", max_length=64, description="Field holding the gold answer (user files).")
+    split: str = Field("train", max_length=32, description="Split of the registered dataset or of the hub dataset.")
+    path: str | None = Field(
+        None, max_length=1024, description="A jsonl/parquet file under a configured data root, or an allowed URL."
+    )
+    hub: str | None = Field(
+        None,
+        max_length=256,
+        description="A hub dataset id ('org/name'), loaded by the worker with datasets.load_dataset(hub, config, "
+        "split=split); the API does not fetch it (the worker checks it, and its fields, before any work).",
+        examples=["openai/gsm8k"],
+    )
+    config: str | None = Field(None, max_length=64, description="The hub dataset's configuration, e.g. 'main'.")
+    question_field: str = Field(
+        "question", max_length=64, description="Field holding the question (user files, hub datasets)."
+    )
+    answer_field: str = Field(
+        "answer", max_length=64, description="Field holding the gold answer (user files, hub datasets)."
+    )
     limit: int | None = Field(None, ge=1, description="Use only the first N rows.")
 
     @model_validator(mode="after")
     def _one_source(self) -> DatasetRef:
-        if (self.name is None) == (self.path is None):
-            raise FieldError("name", "give exactly one of 'name' (a registered dataset) or 'path' (a user file)")
+        if sum(x is not None for x in (self.name, self.path, self.hub)) != 1:
+            raise FieldError(
+                "name",
+                "give exactly one of 'name' (a registered dataset), 'path' (a user file or URL) or 'hub' (a hub id)",
+            )
+        if self.hub is not None and (self.hub.startswith(("/", ".", "~")) or not _HUB_DATASET.match(self.hub)):
+            raise FieldError("hub", f"{self.hub!r} is not a hub dataset id: write 'org/name' (a file goes in 'path')")
+        if self.config is not None and self.hub is None:
+            raise FieldError("config", "'config' is for a hub dataset: remove it or give 'hub'")
         return self
+
+
+_HUB_DATASET = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
 
 
 RewardName = Literal["accuracy", "binary", "format", "overlong", "reward_model", "grader"]

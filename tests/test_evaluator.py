@@ -254,3 +254,87 @@ def test_a_local_set_without_the_named_fields_is_refused_at_submit(
     assert "no field 'question' (its fields: problem, solution)" in r.json()["detail"]
     spec["dataset"] = {"path": str(data), "question_field": "problem", "answer_field": "solution"}
     assert app_client.post("/v1/jobs", json=spec, headers=headers).status_code == 201
+
+
+HUB_CHECK = """
+import json, sys
+from mathrl.specs import DatasetRef
+from evaluator.data import load_custom_set
+repo, = sys.argv[1:]
+def run(**ref):
+    try:
+        return [p.gold for p in load_custom_set(DatasetRef.model_construct(**{"name": None, "path": None,
+            "config": None, "split": "train", "question_field": "question", "answer_field": "answer",
+            "limit": None, **ref}))]
+    except ValueError as exc:
+        return str(exc)
+print(json.dumps({
+    "repo": run(hub=repo, split="test", question_field="problem", answer_field="solution"),
+    "split": run(hub=repo, split="dev", question_field="problem", answer_field="solution"),
+    "field": run(hub=repo, split="test"),
+    "offline": run(hub="openai/gsm8k", config="main", split="test"),
+}))
+"""
+
+
+def test_a_hub_dataset_loads_through_datasets_and_fails_naming_the_field(tmp_path: Path) -> None:
+    """dataset.hub goes to datasets.load_dataset(hub, config, split=...), the call that fetches
+    from the hub (here: a local repository in the hub's layout, given as the id, since no hub is
+    reachable); what cannot be loaded fails naming the spec field, before any work."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    repo = tmp_path / "org-set"
+    (repo / "data").mkdir(parents=True)
+    rows = shared_rows("gsm8k_test.jsonl", 3)
+    (repo / "data" / "test.jsonl").write_text(
+        "".join(json.dumps({"problem": r["question"], "solution": r["answer"]}) + "\n" for r in rows)
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", HUB_CHECK, str(repo)],
+        cwd=ROOT,
+        env={**__import__("os").environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["repo"] == [r["answer"].split("####")[-1].strip() for r in rows]
+    assert got["split"].startswith("dataset.split:") and "'dev'" in got["split"], got["split"]
+    assert got["field"].startswith("dataset.question_field:") and "'problem'" in got["field"], got["field"]
+    assert got["offline"].startswith("dataset.hub: the hub dataset 'openai/gsm8k'"), got["offline"]
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize(
+    ("dataset", "pointer"),
+    [
+        ({"hub": "/etc/passwd"}, "/dataset/hub"),
+        ({"hub": "org/set", "name": "gsm8k"}, "/dataset/name"),
+        ({"name": "gsm8k", "config": "main"}, "/dataset/config"),
+    ],
+)
+def test_a_bad_hub_dataset_is_refused_at_submit(app_client: Any, dataset: dict[str, Any], pointer: str) -> None:
+    from tests.conftest import admin_key
+
+    spec = {"kind": "eval", "model": "org/m", "resources": {"gpus": 1}, "dataset": dataset}
+    r = app_client.post("/v1/jobs", json=spec, headers=admin_key(app_client))
+    assert r.status_code == 422 and r.json()["errors"][0]["pointer"] == pointer, r.text
+
+
+@pytest.mark.quick
+def test_a_hub_dataset_is_admitted_without_fetching_it(app_client: Any) -> None:
+    from tests.conftest import admin_key
+
+    spec = {
+        "kind": "eval",
+        "model": "org/m",
+        "resources": {"gpus": 1},
+        "dataset": {"hub": "openai/gsm8k", "config": "main", "split": "test"},
+    }
+    r = app_client.post("/v1/jobs", json=spec, headers=admin_key(app_client))
+    assert r.status_code == 201, r.text
+    assert r.json()["resolved_config"]["recipe"]["name"] == "math-chat"

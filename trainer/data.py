@@ -6,14 +6,14 @@ from typing import Any
 
 from evaluator import prompts
 from evaluator.benchmarks import find_benchmark
-from evaluator.data import Problem, load_benchmark, load_user_set
+from evaluator.data import Problem, load_benchmark, load_custom_set
 from mathrl.specs import DatasetRef
 
 
 def load_problems(ref: DatasetRef, data_dir: str | None) -> tuple[list[Problem], str]:
     """The problems and the name of the prompt recipe they use (evaluator/recipes.py)."""
-    if ref.path is not None:
-        return load_user_set(ref.path, ref.question_field, ref.answer_field, ref.limit), "math-chat"
+    if ref.path is not None or ref.hub is not None:
+        return load_custom_set(ref), "math-chat"
     assert ref.name is not None
     bench = find_benchmark(ref.name, ref.split)
     return load_benchmark(bench, data_dir, ref.limit), bench.recipe
