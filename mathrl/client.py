@@ -282,15 +282,40 @@ def _as_dict(obj: Any) -> Any:
     return obj.model_dump(mode="json") if hasattr(obj, "model_dump") else obj
 
 
+GRADER_WAIT = 20  # seconds the API holds a graders:run call for a worker's job (under the HTTP timeout)
+
+
+def _grader_body(grader: Any, items: builtins.list[dict[str, Any]], resources: Any) -> dict[str, Any]:
+    body = {"grader": _as_dict(grader), "items": items}
+    if resources is not None:
+        body["resources"] = _as_dict(resources)
+    return body
+
+
 class Graders:
     def __init__(self, client: Client) -> None:
         self._c = client
 
-    def run(self, grader: Any, items: builtins.list[dict[str, Any]]) -> GraderRunResponse:
-        """Score completions with a grader (a dict or a mathrl.graders model) without a job:
-        items are {completion, answer, prompt}."""
-        body = {"grader": _as_dict(grader), "items": items}
-        return GraderRunResponse.model_validate(self._c.request("POST", "/v1/graders:run", json=body))
+    def run(
+        self,
+        grader: Any,
+        items: builtins.list[dict[str, Any]],
+        resources: dict[str, Any] | None = None,
+        timeout: float = 600.0,
+        poll: float = 1.0,
+    ) -> GraderRunResponse:
+        """Score completions with a grader (a dict or a mathrl.graders model) without a training
+        job: items are {completion, answer, prompt}. A grader with a reward model runs as a short
+        job on a worker (`resources`: its pool); this waits for it up to `timeout` seconds."""
+        body = _grader_body(grader, items, resources)
+        deadline = time.monotonic() + timeout
+        out = self._c.request("POST", "/v1/graders:run", json=body, params={"wait": GRADER_WAIT})
+        while "data" not in out:  # 202: the grade job has not finished yet
+            if time.monotonic() + poll > deadline:
+                raise TimeoutError(f"grading job {out['job_id']} still {out['status']} after {timeout:.0f}s")
+            time.sleep(poll)
+            out = self._c.request("GET", f"/v1/graders/runs/{out['job_id']}")
+        return GraderRunResponse.model_validate(out)
 
 
 class Keys:
@@ -488,10 +513,26 @@ class AsyncGraders:
     def __init__(self, client: AsyncClient) -> None:
         self._c = client
 
-    async def run(self, grader: Any, items: builtins.list[dict[str, Any]]) -> GraderRunResponse:
-        """Score completions with a grader without a job (see Graders.run)."""
-        body = {"grader": _as_dict(grader), "items": items}
-        return GraderRunResponse.model_validate(await self._c.request("POST", "/v1/graders:run", json=body))
+    async def run(
+        self,
+        grader: Any,
+        items: builtins.list[dict[str, Any]],
+        resources: dict[str, Any] | None = None,
+        timeout: float = 600.0,
+        poll: float = 1.0,
+    ) -> GraderRunResponse:
+        """Score completions with a grader without a training job (see Graders.run)."""
+        import asyncio
+
+        body = _grader_body(grader, items, resources)
+        deadline = time.monotonic() + timeout
+        out = await self._c.request("POST", "/v1/graders:run", json=body, params={"wait": GRADER_WAIT})
+        while "data" not in out:
+            if time.monotonic() + poll > deadline:
+                raise TimeoutError(f"grading job {out['job_id']} still {out['status']} after {timeout:.0f}s")
+            await asyncio.sleep(poll)
+            out = await self._c.request("GET", f"/v1/graders/runs/{out['job_id']}")
+        return GraderRunResponse.model_validate(out)
 
 
 class AsyncKeys:

@@ -112,3 +112,13 @@ def needs_model(grader: BaseModel) -> bool:
     if isinstance(grader, RewardModelGrader):
         return True
     return isinstance(grader, WeightedGrader) and any(needs_model(p.grader) for p in grader.graders)
+
+
+class GraderItem(BaseModel):
+    """One completion to grade: POST /v1/graders:run's items, and a 'grade' job's."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    completion: str = Field(..., max_length=100_000, description="A model's completion.")
+    answer: str | None = Field(None, max_length=10_000, description="The gold answer ('math' and '{answer}' need it).")
+    prompt: str = Field("", max_length=100_000, description="The prompt it answered (reward models read it).")

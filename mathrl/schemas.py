@@ -9,6 +9,8 @@ from typing import Annotated, Any, Generic, Literal, TypeVar
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from mathrl.graders import Grader
+from mathrl.graders import GraderItem as GraderItem  # the SDK's users import it from here
+from mathrl.specs import Resources
 from mathrl.status import TERMINAL
 from mathrl.status import JobStatus as JobStatus
 
@@ -185,19 +187,16 @@ class KeyCreateRequest(BaseModel):
     )
 
 
-class GraderItem(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    completion: str = Field(..., max_length=100_000, description="A model's completion.")
-    answer: str | None = Field(None, max_length=10_000, description="The gold answer ('math' and '{answer}' need it).")
-    prompt: str = Field("", max_length=100_000, description="The prompt it answered (reward models read it).")
-
-
 class GraderRunRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     grader: Grader
     items: list[GraderItem] = Field(..., min_length=1, max_length=1000, description="At most 1000 per call.")
+    resources: Resources | None = Field(
+        None,
+        description="For a grader with a reward model, which a worker runs as a short 'grade' job: the pool it "
+        "runs on (default: the CPU pool).",
+    )
 
 
 class GraderResult(BaseModel):
@@ -208,3 +207,12 @@ class GraderResult(BaseModel):
 class GraderRunResponse(BaseModel):
     data: list[GraderResult] = Field(description="One per item, in order.")
     mean: float = Field(description="The mean score.")
+    job_id: str | None = Field(
+        None, description="The 'grade' job a worker ran it in (graders with a reward model); none when run here."
+    )
+
+
+class GraderRunPending(BaseModel):
+    job_id: str = Field(description="The 'grade' job; its results: GET /v1/graders/runs/{job_id}.")
+    status: JobStatus
+    detail: str

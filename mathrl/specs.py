@@ -23,7 +23,7 @@ from pydantic import (
 )
 
 from mathrl.errors import FieldError as FieldError  # raised here, imported from here by the API
-from mathrl.graders import Grader, RewardModelGrader, WeightedGrader
+from mathrl.graders import Grader, GraderItem, RewardModelGrader, WeightedGrader
 from mathrl.modelref import ModelRef as ModelRef  # specs' users import it from here
 from mathrl.modelref import check_model_ref as check_model_ref
 from mathrl.presets import ASYNC_UNSUPPORTED, resolve_grpo
@@ -611,9 +611,19 @@ class SFTSpec(_JobBase):
     seed: int = Field(42, ge=0, description="Seed of the data order and initialisation.")
 
 
-JobSpec = Annotated[EvalSpec | GRPOSpec | RewardModelSpec | SFTSpec, Field(discriminator="kind")]
-JOB_KINDS: tuple[str, ...] = ("eval", "grpo", "reward_model", "sft")
-AnySpec = EvalSpec | GRPOSpec | RewardModelSpec | SFTSpec
+class GradeSpec(_JobBase):
+    """Score given completions with a grader that needs a model (a reward model): what
+    POST /v1/graders:run submits for such graders, and waits for. Nothing is generated or
+    trained; each item's score and reason are stored as the job's samples."""
+
+    kind: Literal["grade"] = Field("grade", description="Grading given completions.")
+    grader: Grader = Field(..., description="The grader (mathrl/graders.py), with a reward model in it.")
+    items: list[GraderItem] = Field(..., min_length=1, max_length=1000, description="At most 1000 per job.")
+
+
+JobSpec = Annotated[EvalSpec | GRPOSpec | RewardModelSpec | SFTSpec | GradeSpec, Field(discriminator="kind")]
+JOB_KINDS: tuple[str, ...] = ("eval", "grpo", "reward_model", "sft", "grade")
+AnySpec = EvalSpec | GRPOSpec | RewardModelSpec | SFTSpec | GradeSpec
 
 _adapter: TypeAdapter[AnySpec] = TypeAdapter(JobSpec)
 

@@ -4,6 +4,9 @@ combination, the same object as a GRPO reward, and POST /v1/graders:run with its
 
 from __future__ import annotations
 
+import os
+import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -106,7 +109,7 @@ def test_graders_run_route(app_client: Any) -> None:
             "valid number",
         ),
         ({"type": "vibes"}, "/grader/type", "math"),
-        ({"type": "reward_model", "model": "/models/rm"}, "/grader", "need a model loaded on a worker"),
+        ({"type": "reward_model", "model": "/models/rm"}, "/grader/model", "outside the model roots"),
         ({"type": "math", "answer_pattern": "####"}, "/grader/answer_pattern", "needs a group"),
     ],
 )
@@ -118,3 +121,33 @@ def test_graders_run_refuses_bad_graders_with_the_field_named(
     assert r.status_code == 422, r.text
     errors = r.json()["errors"]
     assert errors[0]["pointer"] == pointer and says in errors[0]["detail"], errors
+
+
+def test_a_reward_model_grader_runs_as_a_grade_job_and_is_polled(app_client: Any) -> None:
+    """The API has no torch: a grader with a reward model becomes a 'grade' job for a worker.
+    With no worker here, the call answers 202 after `wait` with the job to poll."""
+    headers = admin_key(app_client)
+    rm_dir = Path(os.environ["MATHRL_ARTIFACT_DIR"]) / "rm"  # under the model roots; never loaded here
+    body = {
+        "grader": {"type": "reward_model", "model": str(rm_dir)},
+        "items": [{"completion": "#### 1", "answer": "1", "prompt": "1?"}],
+        "resources": {"pool": "graders-parked"},  # a pool no worker serves here
+    }
+    r = app_client.post("/v1/graders:run?wait=0", json=body, headers=headers)
+    assert r.status_code == 202, r.text
+    job_id = r.json()["job_id"]
+    assert r.headers["location"] == f"/v1/graders/runs/{job_id}" and r.json()["status"] == "queued"
+    job = app_client.get(f"/v1/jobs/{job_id}", headers=headers).json()
+    assert job["kind"] == "grade" and job["spec"]["items"] == body["items"]
+    again = app_client.get(f"/v1/graders/runs/{job_id}", headers=headers)
+    assert again.status_code == 202 and again.json()["job_id"] == job_id
+    # results of a job that is not a grading run, or of another project: 404
+    assert app_client.get(f"/v1/graders/runs/{uuid.uuid4()}", headers=headers).status_code == 404
+    assert app_client.get(f"/v1/graders/runs/{job_id}", headers=admin_key(app_client)).status_code == 404
+    app_client.post(f"/v1/jobs/{job_id}/cancel", headers=headers)
+    cancelled = app_client.get(f"/v1/graders/runs/{job_id}", headers=headers)
+    assert cancelled.status_code == 409, cancelled.text
+    # a grader that runs here takes no resources
+    here = {"grader": {"type": "math"}, "items": body["items"], "resources": {"gpus": 1}}
+    r = app_client.post("/v1/graders:run", json=here, headers=headers)
+    assert r.status_code == 422 and r.json()["errors"][0]["pointer"] == "/resources", r.text

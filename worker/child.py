@@ -86,7 +86,7 @@ def run(job_id: str, owner: str, attempt: int) -> int:
     _check_available(spec)
     work = attempt_dir(settings.artifact_dir, job_id, attempt)
     spec = _fetch_dataset(spec, settings, work)
-    model_path, checkpoint = resolve(spec.model)
+    model_path, checkpoint = resolve(spec.model) if spec.kind != "grade" else ("", None)  # graders name their models
     sink_class = DatabaseSink if is_main() else ReadOnlySink
     sink = sink_class(
         url,
@@ -185,6 +185,25 @@ def _run_kind(
             model_ref=f"job:{job_id}",
             work_dir=work / "train",
         )
+    elif spec.kind == "grade":
+        from evaluator.graders import grade_items
+        from trainer.rewards import rm_scorers
+
+        items = spec.items
+        results = grade_items(
+            spec.grader,
+            [i.completion for i in items],
+            [i.answer for i in items],
+            prompts=[i.prompt for i in items],
+            rm_scorer=rm_scorers(lambda ref: resolve(ref)[0]),
+        )
+        rows = []
+        for item, r in zip(items, results, strict=True):
+            data = {"answer": item.answer, "score": r.score, "reason": r.reason}
+            rows.append({"prompt": item.prompt, "completion": item.completion, "data": data})
+        sink.samples(0, rows)
+        mean = sum(r.score for r in results) / len(results)
+        sink.event("scored", f"{len(results)} items graded, mean score {mean:.4g}", data={"mean": mean})
     else:
         raise NotAvailable(f"job kind '{spec.kind}' is not available on this worker")
     return EXIT_OK

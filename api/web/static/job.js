@@ -27,7 +27,7 @@ const jobId = decodeURIComponent(location.pathname.split("/").pop());
 function facts(job) {
   const spec = job.spec || {};
   const items = [
-    ["kind", job.kind], ["model", spec.model], ["benchmark / dataset", spec.benchmark || spec.dataset?.name || spec.dataset?.path],
+    ["kind", job.kind], ["model", spec.model], ["benchmark / dataset", spec.benchmark || spec.dataset?.name || spec.dataset?.path || spec.dataset?.hub],
     ["queue", job.queue], ["attempts", `${job.attempts} / ${job.max_attempts}` + (job.drains ? ` (${job.drains} drained, not counted)` : "")], ["created", fmtTime(job.created_at)],
     ["started", fmtTime(job.started_at)], ["finished", fmtTime(job.finished_at)], ["ran", fmtDuration(job.started_at, job.finished_at)],
   ];
