@@ -107,31 +107,46 @@ def check_sources(spec: Any, settings: Settings) -> None:
 
 
 def check_dataset_fields(dataset: Any) -> None:
-    """A local JSON-lines file must hold the fields the spec names: its first row is read now
-    (the API reads no URL, and no parquet: the worker checks those before any work). A file the
-    API cannot see (on the workers' volume only) is left to the worker too."""
+    """A local file must hold the fields the spec names: a JSON-lines file's first row is read
+    now, a parquet file's schema (its footer). The API reads no URL and no hub dataset (the
+    worker checks those before any work); a file the API cannot see (on the workers' volume
+    only) is left to the worker too."""
     path = dataset.path
     if path is None or "://" in path and not path.startswith("file:"):
         return
     raw = Path(unquote(urlsplit(path).path) if path.startswith("file:") else path)
-    if raw.suffix not in (".jsonl", ".json") or not raw.is_file():
+    if raw.suffix not in (".jsonl", ".json", ".parquet") or not raw.is_file():
         return
-    try:
-        with raw.open(encoding="utf-8") as f:
-            first = next((line for line in f if line.strip()), "")
-        row = json.loads(first) if first else {}
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise _refuse("/dataset/path", f"{path!r}: its first row is not JSON ({exc}): give a JSON-lines file") from None
-    if not isinstance(row, dict):
-        raise _refuse("/dataset/path", f"{path!r}: its rows must be JSON objects")
+    if raw.suffix == ".parquet":
+        fields = _parquet_fields(raw, path)
+    else:
+        try:
+            with raw.open(encoding="utf-8") as f:
+                first = next((line for line in f if line.strip()), "")
+            row = json.loads(first) if first else {}
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            detail = f"{path!r}: its first row is not JSON ({exc}): give a JSON-lines file"
+            raise _refuse("/dataset/path", detail) from None
+        if not isinstance(row, dict):
+            raise _refuse("/dataset/path", f"{path!r}: its rows must be JSON objects")
+        fields = [str(k) for k in row]
     for field in ("question_field", "answer_field"):
         name = getattr(dataset, field)
-        if name not in row:
-            has = ", ".join(sorted(map(str, row))) or "none"
+        if name not in fields:
+            has = ", ".join(sorted(fields)) or "none"
             pointer = f"/dataset/{field}"
             detail = f"{path!r} has no field {name!r} (its fields: {has}): set {field} to one of them"
             errors = [{"pointer": pointer, "detail": detail}]
             raise Problem(422, "Dataset lacks a field", f"{pointer}: {detail}", errors)
+
+
+def _parquet_fields(raw: Path, path: str) -> list[str]:
+    import pyarrow.parquet as pq
+
+    try:
+        return list(pq.read_schema(raw).names)
+    except Exception as exc:  # not parquet, or a damaged footer
+        raise _refuse("/dataset/path", f"{path!r}: not a readable parquet file ({exc})") from None
 
 
 # --- registered benchmarks -------------------------------------------------------------------

@@ -254,6 +254,23 @@ def test_a_local_set_without_the_named_fields_is_refused_at_submit(
     assert "no field 'question' (its fields: problem, solution)" in r.json()["detail"]
     spec["dataset"] = {"path": str(data), "question_field": "problem", "answer_field": "solution"}
     assert app_client.post("/v1/jobs", json=spec, headers=headers).status_code == 201
+    # a parquet file: its schema, read from the footer
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = data.with_suffix(".parquet")
+    pq.write_table(pa.table({"problem": ["1+1?"], "solution": ["2"]}), table)
+    spec["dataset"] = {"path": str(table), "question_field": "problem", "answer_field": "answer"}
+    r = app_client.post("/v1/jobs", json=spec, headers=headers)
+    assert r.status_code == 422 and r.json()["errors"][0]["pointer"] == "/dataset/answer_field", r.text
+    assert "no field 'answer' (its fields: problem, solution)" in r.json()["detail"]
+    spec["dataset"]["answer_field"] = "solution"
+    assert app_client.post("/v1/jobs", json=spec, headers=headers).status_code == 201
+    broken = data.with_name("broken.parquet")
+    broken.write_bytes(b"not parquet at all")
+    spec["dataset"]["path"] = str(broken)
+    r = app_client.post("/v1/jobs", json=spec, headers=headers)
+    assert r.status_code == 422 and r.json()["errors"][0]["pointer"] == "/dataset/path", r.text
 
 
 HUB_CHECK = """
