@@ -2,8 +2,9 @@
 
 `admit_spec(spec, settings)` checks one job (sources, benchmarks, per-job limits on its
 config, resolved here once and returned for the job row); `check_project_quota` checks a
-whole submission (one job, or a pipeline's) against the project's quotas, with one locking
-read. api/submit.py calls both for every route that creates jobs. They raise a `Problem`
+whole submission (one job, or a pipeline's) against the project's quotas, with one read of
+the project's counters after the rows are inserted. api/submit.py calls both for every route
+that creates jobs. They raise a `Problem`
 (422 for a source or a per-job limit, 429 for a project quota) whose `errors[]` point at
 the offending field and say how to fix it. Nothing is fetched or opened: paths are resolved
 lexically (plus symlinks) and URL hosts are checked as literal addresses or by DNS.
@@ -261,31 +262,29 @@ class QuotaProblem(Problem):
         self.key = key
 
 
-def check_project_quota(session: Session, project_id: str, specs: dict[str, Any], settings: Settings) -> None:
-    """The project's active jobs and GPUs, with every job of this submission (`specs`, in the
-    order they are added) counted, within the quotas. One locking read of the project's row,
-    whose counters the jobs table's triggers keep (store.models.Project.active_jobs): the cost
-    does not grow with the number of active jobs."""
+def check_project_quota(session: Session, project_id: str, added: list[tuple[str, int]], settings: Settings) -> None:
+    """A submission's jobs (`added`: each one's step key and GPUs, in the order they were added)
+    within the project's quotas. Called after their rows are inserted and just before the commit:
+    the insert's trigger has raised the project's counters (store.models.Project.active_jobs) and
+    holds the project row's lock until the commit, so concurrent submissions queue for that row
+    only over the few statements left, and none can take a slot another has counted. One row
+    read, whatever the number of active jobs."""
     limits = settings.limits
-    # Lock the project's row until the caller commits, so two concurrent submissions cannot
-    # both take the last slot (PostgreSQL; SQLite serialises writers anyway). The jobs this
-    # submission adds raise the counters in the same transaction.
-    counted = session.execute(
-        select(Project.active_jobs, Project.active_gpus).where(Project.id == project_id).with_for_update()
-    ).one()
-    active, gpus = int(counted[0]), int(counted[1])
-    for key, spec in specs.items():
+    counted = session.execute(select(Project.active_jobs, Project.active_gpus).where(Project.id == project_id)).one()
+    active = int(counted[0]) - len(added)  # the project's count before this submission
+    gpus = int(counted[1]) - sum(g for _, g in added)
+    for key, job_gpus in added:
         if active + 1 > limits.max_active_jobs:
             detail = (
                 f"your project has {active} active (waiting, queued or running) jobs and may have "
                 f"{limits.max_active_jobs}: wait for some to finish or cancel some"
             )
             raise QuotaProblem(key, detail, "/")
-        if gpus + spec.resources.gpus > limits.max_active_gpus:
+        if gpus + job_gpus > limits.max_active_gpus:
             detail = (
-                f"resources.gpus={spec.resources.gpus} would bring your project's active jobs to "
-                f"{gpus + spec.resources.gpus} GPUs; the quota is {limits.max_active_gpus}: ask for fewer "
+                f"resources.gpus={job_gpus} would bring your project's active jobs to "
+                f"{gpus + job_gpus} GPUs; the quota is {limits.max_active_gpus}: ask for fewer "
                 "or wait for running jobs to finish"
             )
             raise QuotaProblem(key, detail, "/resources/gpus")
-        active, gpus = active + 1, gpus + spec.resources.gpus
+        active, gpus = active + 1, gpus + job_gpus

@@ -13,6 +13,7 @@ from api.admission import QuotaProblem, admit_spec, check_project_quota
 from api.dispatch import dispatch, new_task_id
 from api.problems import Problem
 from service.settings import Settings
+from store.ids import uuid7
 from store.models import Event, Job, utcnow
 
 
@@ -22,20 +23,16 @@ def in_step(exc: Problem, step: str) -> Problem:
     return Problem(exc.status, exc.title, f"step '{step}': {exc.detail}", errors, exc.headers)
 
 
-def admit(session: Session, project_id: str, specs: dict[str, Any], settings: Settings) -> dict[str, dict[str, Any]]:
-    """Admit a submission: `specs` by step name ("" for a single job), in the order their rows
-    will be added. Returns each one's resolved config; raises the first Problem, pointing into
-    its step."""
+def admit(specs: dict[str, Any], settings: Settings) -> dict[str, dict[str, Any]]:
+    """Admit a submission: `specs` by step name ("" for a single job). Returns each one's
+    resolved config; raises the first Problem, pointing into its step. (The project's quotas are
+    checked at the commit: commit_and_dispatch.)"""
     configs: dict[str, dict[str, Any]] = {}
     for key, spec in specs.items():
         try:
             configs[key] = admit_spec(spec, settings)
         except Problem as exc:
             raise (in_step(exc, key) if key else exc) from None
-    try:
-        check_project_quota(session, project_id, specs, settings)
-    except QuotaProblem as exc:
-        raise (in_step(exc, exc.key) if exc.key else exc) from None
     return configs
 
 
@@ -51,19 +48,29 @@ def job_row(project_id: str, spec: Any, config: dict[str, Any], start: bool = Tr
         "spec": spec.model_dump(mode="json"),
         "resolved_config": config,
         "queue": spec.resources.queue,
+        "gpus": spec.resources.gpus,  # what it holds against the project's GPU quota while active
         "max_attempts": spec.max_attempts,
         "status": "queued" if start else "waiting",
         "celery_task_id": new_task_id() if start else None,
         "dispatched_at": utcnow() if start else None,
+        "id": uuid7(),  # known before the insert: its first event goes in the same flush
     }
     return Job(**{**row, **fields})
 
 
-def commit_and_dispatch(session: Session, settings: Settings, jobs: list[tuple[Job, str]]) -> None:
-    """Give each added (and flushed) job its first event (`message`), commit them all, then
-    send the queued ones to the broker."""
-    for job, message in jobs:
-        session.add(Event(job_id=job.id, type=job.status, message=message, level="info"))
+def commit_and_dispatch(session: Session, settings: Settings, project_id: str, jobs: list[tuple[Job, str]]) -> None:
+    """Insert the added jobs and give each its first event (`message`), check the
+    submission against the project's quotas (a 429 rolls it all back), commit, then send the
+    queued ones to the broker. The insert takes the project row's lock (its counters' trigger)
+    and the commit right after releases it: submissions of one project queue only over that."""
+    session.flush()  # the jobs (no ORM relationship orders them before their events)
+    session.add_all([Event(job_id=job.id, type=job.status, message=message, level="info") for job, message in jobs])
+    session.flush()
+    try:
+        check_project_quota(session, project_id, [(job.pipeline_step or "", job.gpus) for job, _ in jobs], settings)
+    except QuotaProblem as exc:
+        session.rollback()
+        raise (in_step(exc, exc.key) if exc.key else exc) from None
     session.commit()
     for job, _ in jobs:
         if job.status == "queued":

@@ -715,10 +715,13 @@ def test_a_pipeline_is_admitted_as_one_submission(app_client: Any, monkeypatch: 
 @pytest.mark.quick
 def test_concurrent_submits_at_the_last_free_slot_admit_one(pg_url: str) -> None:
     """Issue 18.4: eight submissions race for the project's last active-job slot on PostgreSQL.
-    The quota read locks the project's row until the submission commits, so exactly one is
-    admitted and stored; the others see it and are refused (no over-admission)."""
+    A job's insert raises the project's counters (a trigger) and holds the project's row until
+    the submission commits; the quota is read after it, so exactly one is admitted and stored
+    and the others see it and are refused (no over-admission). The steps of
+    api.submit.commit_and_dispatch, with a pause where a racer would slip in."""
     import threading
 
+    from api.admission import check_project_quota
     from api.problems import Problem
     from api.submit import admit, job_row
     from mathrl.specs import parse_spec
@@ -740,9 +743,12 @@ def test_concurrent_submits_at_the_last_free_slot_admit_one(pg_url: str) -> None
         barrier.wait()
         try:
             with session_scope(pg_url) as s:
-                config = admit(s, project_id, {"": spec}, settings)[""]
-                s.add(job_row(project_id, spec, config))
-                time.sleep(0.2)  # hold the slot a while before committing: a racer would slip in now
+                config = admit({"": spec}, settings)[""]
+                job = job_row(project_id, spec, config)
+                s.add(job)
+                s.flush()
+                time.sleep(0.2)  # between the insert and the quota read: a racer would slip in now
+                check_project_quota(s, project_id, [("", job.gpus)], settings)
             outcomes.append("admitted")
         except Problem as exc:
             outcomes.append(f"{exc.status}")

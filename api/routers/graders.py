@@ -138,11 +138,10 @@ def run_result(job_id: str, caller: CallerDep, settings: SettingsDep) -> Any:
 
 def _submit(spec: GradeSpec, project_id: str, settings: Any) -> str:
     with get_sessionmaker(settings.database.url)() as session:
-        config = admit(session, project_id, {"": spec}, settings)[""]
+        config = admit({"": spec}, settings)[""]
         job = job_row(project_id, spec, config, name="graders:run")
         session.add(job)
-        session.flush()
-        commit_and_dispatch(session, settings, [(job, f"queued on '{job.queue}' by POST /v1/graders:run")])
+        commit_and_dispatch(session, settings, project_id, [(job, f"queued on '{job.queue}' by POST /v1/graders:run")])
         return job.id
 
 

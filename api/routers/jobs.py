@@ -82,11 +82,11 @@ def create_job(
         )
         if existing is not None:
             return _replay(existing, request_hash, response)
-    config = admit(session, caller.project_id, {"": spec}, settings)[""]
+    config = admit({"": spec}, settings)[""]
     job = job_row(caller.project_id, spec, config, idempotency_key=idempotency_key, request_hash=request_hash)
     session.add(job)
     try:
-        session.flush()
+        commit_and_dispatch(session, settings, caller.project_id, [(job, f"queued on '{job.queue}'")])
     except IntegrityError:  # a concurrent request with the same key won the race
         session.rollback()
         existing = session.scalar(
@@ -95,7 +95,6 @@ def create_job(
         if existing is None:
             raise
         return _replay(existing, request_hash, response)
-    commit_and_dispatch(session, settings, [(job, f"queued on '{job.queue}'")])
     return job
 
 

@@ -128,7 +128,7 @@ def create_pipeline(
                     msg = f"{ref!r}: no job with this id in your project (or name a step of this pipeline)"
                     raise Problem(422, "Invalid request", f"{pointer}: {msg}", [{"pointer": pointer, "detail": msg}])
         finals[step] = parse_spec(body)
-    configs = admit(session, caller.project_id, finals, settings)
+    configs = admit(finals, settings)
     pipeline = Pipeline(
         id=uuid7(),
         project_id=caller.project_id,
@@ -155,10 +155,10 @@ def create_pipeline(
         )
         session.add(job)
         jobs.append(job)
-    session.flush()
     commit_and_dispatch(
         session,
         settings,
+        caller.project_id,
         [
             (
                 job,
