@@ -127,7 +127,9 @@ def main() -> None:
             f"(mean {statistics.mean(direct[skip:]) * 1000:.1f} ms)"
         )
         return
-    with embedded_service(work / "svc", 0) as (url, env):
+    local = Path(model_path)  # a model prepared here is outside the service's default model roots
+    roots = [str(local.resolve().parent)] if local.exists() else None
+    with embedded_service(work / "svc", 0, roots) as (url, env):
         client = Client(url, api_key=demo_key(env))
         t0 = time.monotonic()
         job = client.jobs.create(body)
