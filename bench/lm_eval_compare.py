@@ -12,10 +12,12 @@ built for each (the test tests/test_recipes.py renders the same items with our r
 compares them character for character, and token for token through the model's tokenizer).
 
 `compare` evaluates the first --limit GSM8K test problems with lm-eval's `gsm8k` task (5-shot,
-HF backend, greedy, --batch-size, 256 new tokens) and with mathrl's `lm-eval-gsm8k` recipe
-(`mathrl-server eval`, the same model, backend, batch size and length), and prints both wall
-times (each command's start to its results file), both scores, the ratio and how many
-completions are identical.
+HF backend, greedy, --batch-size, 256 new tokens) and then, as eval jobs through the embedded
+service (API, SQLite, one worker), with mathrl's `lm-eval-gsm8k` recipe on the same model,
+batch size and length: an HF-backend job, a vLLM job on a new engine (cold: the engine start is
+in its time) and a second vLLM job on the engine the worker kept warm. It prints each time
+(lm-eval: command start -> results file; mathrl: job submitted -> scores stored), the ratios,
+the scores and how many prompts and completions are identical to lm-eval's.
 """
 
 from __future__ import annotations
@@ -146,36 +148,61 @@ def compare(args: argparse.Namespace) -> None:
         py, args.model, [task], work / "tasks", work / "lm-eval", args.limit,
         ["--batch_size", bs, "--gen_kwargs", f"max_gen_toks={args.max_new_tokens}"],
     )  # fmt: skip
-    ours_dir = work / "mathrl"
-    cmd = [
-        str(ROOT / ".venv" / "bin" / "mathrl-server"), "eval", "--model", args.model, "--benchmark", "gsm8k",
-        "--recipe", "lm-eval-gsm8k", "--limit", str(args.limit), "--batch-size", bs,
-        "--max-new-tokens", str(args.max_new_tokens), "--data-dir", args.data_dir, "--out", str(ours_dir),
-    ]  # fmt: skip
-    t0 = time.perf_counter()
-    with (work / "mathrl.log").open("w") as log:
-        subprocess.run(cmd, check=True, stdout=log, stderr=log, env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    our_seconds = time.perf_counter() - t0
-
     theirs = samples(work / "lm-eval", task)
-    ours = [json.loads(line) for line in (ours_dir / "items.jsonl").read_text().splitlines()]
-    pairs = [(o, t["strict-match"]) for o, t in zip(ours, theirs, strict=True)]
-    same_prompt = sum(o["prompt"] == t["arguments"]["gen_args_0"]["arg_0"] for o, t in pairs)
-    same_text = sum(o["completion"] == t["resps"][0][0] for o, t in pairs)
     lm_strict = sum(t["strict-match"]["exact_match"] for t in theirs) / len(theirs)
     lm_flex = sum(t["flexible-extract"]["exact_match"] for t in theirs) / len(theirs)
-    our_acc = sum(o["data"]["correct"] for o in ours) / len(ours)
-    same_verdict = sum(bool(o["data"]["correct"]) == bool(t["exact_match"]) for o, t in pairs)
     print(
         f"GSM8K test, first {args.limit} problems, {Path(args.model).name}, fp32, greedy, {args.max_new_tokens} new "
-        f"tokens, batch {bs}, HF backend, {os.cpu_count()} CPU cores\n"
-        f"  lm-eval {LM_EVAL.split('==')[1]} gsm8k (5-shot): {lm_seconds:7.1f} s  strict-match {lm_strict:.1%}  "
-        f"flexible-extract {lm_flex:.1%}\n"
-        f"  mathrl lm-eval-gsm8k recipe:   {our_seconds:7.1f} s  accuracy {our_acc:.1%}\n"
-        f"  speed: mathrl {lm_seconds / our_seconds:.2f}x lm-eval (end to end: each command's start to its results)\n"
-        f"  identical prompts {same_prompt}/{len(ours)}, identical completions {same_text}/{len(ours)}, "
-        f"same verdict as strict-match {same_verdict}/{len(ours)}"
+        f"tokens, batch {bs}, {os.cpu_count()} CPU cores\n"
+        f"  lm-eval {LM_EVAL.split('==')[1]} gsm8k (5-shot, HF backend): {lm_seconds:7.1f} s "
+        f"(command start -> results file)  strict-match {lm_strict:.1%}  flexible-extract {lm_flex:.1%}",
+        flush=True,
     )
+    wanted = args.backends.split(",")
+    runs = [(b, label) for b, label in (("hf", "HF"), ("vllm", "vLLM, cold"), ("vllm", "vLLM, warm")) if b in wanted]
+    for label, seconds, ours in mathrl_jobs(args, runs, work):
+        pairs = [(o, t["strict-match"]) for o, t in zip(ours, theirs, strict=True)]
+        same_prompt = sum(o["prompt"] == t["arguments"]["gen_args_0"]["arg_0"] for o, t in pairs)
+        same_text = sum(o["completion"] == t["resps"][0][0] for o, t in pairs)
+        our_acc = sum(o["data"]["correct"] for o in ours) / len(ours)
+        same_verdict = sum(bool(o["data"]["correct"]) == bool(t["exact_match"]) for o, t in pairs)
+        print(
+            f"  mathrl eval job, lm-eval-gsm8k recipe, {label + ':':12s} {seconds:7.1f} s (job submitted -> scores "
+            f"stored)  accuracy {our_acc:.1%}  {lm_seconds / seconds:.2f}x lm-eval\n"
+            f"      identical prompts {same_prompt}/{len(ours)}, identical completions {same_text}/{len(ours)}, "
+            f"same verdict as strict-match {same_verdict}/{len(ours)}",
+            flush=True,
+        )
+
+
+def mathrl_jobs(args: argparse.Namespace, runs: list[tuple[str, str]], work: Path) -> list[tuple[str, float, list]]:
+    """Each run as an eval job through the embedded service (API, SQLite, one worker), one after
+    another: (label, seconds from submit to the job's end with its scores stored, its items)."""
+    import shutil
+
+    from mathrl.client import Client
+    from service.embedded import demo_key, embedded_service
+
+    os.environ.setdefault("MATHRL_DATA_DIR", str(Path(args.data_dir).resolve()))
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    shutil.rmtree(work / "svc", ignore_errors=True)
+    model = str(Path(args.model).resolve())
+    out = []
+    with embedded_service(work / "svc", 0, [str(Path(model).parent)]) as (url, env):
+        client = Client(url, api_key=demo_key(env))
+        for backend, label in runs:
+            body = {
+                "kind": "eval", "model": model, "benchmark": "gsm8k", "recipe": "lm-eval-gsm8k",
+                "limit": args.limit, "backend": backend, "batch_size": args.batch_size,
+                "sampling": {"max_new_tokens": args.max_new_tokens},
+            }  # fmt: skip
+            t0 = time.perf_counter()
+            job = client.jobs.create(body)
+            done = client.jobs.wait(job.id, timeout=7200, poll=0.25)
+            seconds = time.perf_counter() - t0
+            assert done.status == "succeeded", done.error
+            out.append((label, seconds, client.jobs.results(job.id)))
+    return out
 
 
 def main() -> None:
@@ -190,6 +217,9 @@ def main() -> None:
     c.add_argument("--batch-size", type=int, default=16)
     c.add_argument("--max-new-tokens", type=int, default=256)
     c.add_argument("--work", default=str(ROOT / ".mathrl" / "lm-eval" / "compare"))
+    c.add_argument(
+        "--backends", default="hf,vllm", help="mathrl runs: hf (one job), vllm (a cold job, then a warm one)"
+    )
     args = p.parse_args()
     {"fixtures": fixtures, "compare": compare}[args.command](args)
 

@@ -57,7 +57,11 @@ def run_eval(
         # the longest sequence this run needs, not the model's maximum: vLLM reserves KV cache
         # for at least one full-length request, which on a CPU can exceed its share of memory
         longest = max((len(tokenizer(t, add_special_tokens=False).input_ids) for t in texts), default=0)
-        model = backend.load_engine(model_path, dtype=spec.dtype, seed=s.seed, max_model_len=longest + max_new_tokens)
+        model = _warm_engine(sink, longest + max_new_tokens)
+        if model is None:
+            model = backend.load_engine(
+                model_path, dtype=spec.dtype, seed=s.seed, max_model_len=longest + max_new_tokens
+            )
     else:
         backend = hf_backend  # type: ignore[assignment]
         model = load_model(model_path, dtype=spec.dtype)
@@ -195,6 +199,28 @@ def run_eval(
         data=values,
     )
     return {**values, **{metric: correct / n for metric, (correct, n) in groups.items()}}
+
+
+def _warm_engine(sink: Sink, needed: int) -> Any:
+    """The worker's warm vLLM engine (worker/warm_engine.py) when it gave this job one that
+    holds `needed` tokens; None: load an engine here."""
+    import os
+
+    from evaluator import vllm_backend
+
+    url = os.environ.get(vllm_backend.ENGINE_URL_ENV)
+    if not url:
+        return None
+    timeout = float(os.environ.get("MATHRL_EVAL_ENGINE_TIMEOUT", "900"))  # a new CPU engine compiles for minutes
+    engine = vllm_backend.connect(url, timeout, sink.should_stop)
+    if needed > engine.max_model_len:
+        sink.event(
+            "loading",
+            f"this eval needs {needed} tokens a sequence, more than the warm engine's {engine.max_model_len} "
+            "(worker.warm_engine_max_model_len): loading an engine of its own",
+        )
+        return None
+    return engine
 
 
 def _problems(spec: EvalSpec, data_dir: str | None) -> tuple[Benchmark, list[Problem]]:

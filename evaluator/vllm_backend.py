@@ -21,6 +21,7 @@ def backend_version() -> str:
     return f"vllm-{vllm.__version__}"
 
 
+ENGINE_URL_ENV = "MATHRL_EVAL_ENGINE_URL"  # the worker's warm engine for this eval job (worker/warm_engine.py)
 BATCHED_TOKENS = 4096  # tokens per engine step (TRL's colocated default); at least max_model_len on CPUs
 
 
@@ -80,6 +81,103 @@ def load_engine(model_path: str, dtype: str = "auto", seed: int = 0, max_model_l
     return LLM(**kwargs)
 
 
+class RemoteEngine:
+    """A vLLM OpenAI server the worker keeps warm between eval jobs (worker/warm_engine.py)."""
+
+    def __init__(self, url: str, max_model_len: int, model: str):
+        self.url, self.max_model_len, self.model = url.rstrip("/"), max_model_len, model
+
+
+def connect(url: str, timeout: float, should_stop: Callable[[], bool] | None = None) -> RemoteEngine:
+    """Wait for the server at `url` to answer /health (a new one loads and compiles first) and
+    read the model name and context length it serves."""
+    import time
+
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while True:
+        if should_stop is not None and should_stop():
+            raise InterruptedError("stop requested")
+        try:
+            if httpx.get(f"{url}/health", timeout=5).status_code == 200:
+                card = httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]
+                return RemoteEngine(url, int(card["max_model_len"]), card["id"])
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the worker's vLLM engine at {url} did not answer /health in {timeout:.0f}s")
+        time.sleep(0.5)
+
+
+def generate_remote(
+    engine: RemoteEngine,
+    tokenizer: Any,
+    prompts: list[str],
+    *,
+    max_new_tokens: int,
+    stop: list[str] | None,
+    temperature: float,
+    top_p: float,
+    n: int,
+    seed: int,
+    on_batch: Callable[[int, int], None] | None,
+    should_stop: Callable[[], bool] | None,
+) -> list[list[Generation]]:
+    """The offline engine's requests (token ids in, the same sampling settings), sent to the
+    server at once so its scheduler batches them as the offline engine does."""
+    from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+
+    import httpx
+
+    from evaluator.hf_backend import eos_ids
+
+    body = {
+        "model": engine.model,
+        "max_tokens": max_new_tokens,
+        "temperature": temperature,
+        "top_p": top_p if temperature > 0 else 1.0,
+        "n": n,
+        "seed": seed,
+        "stop": list(stop) if stop else None,
+        "stop_token_ids": eos_ids(None, tokenizer),
+        "skip_special_tokens": True,
+        "return_token_ids": True,
+    }
+    # tokenized here, not in the threads: a tokenizer is not thread-safe
+    token_ids = [tokenizer(p, add_special_tokens=False).input_ids for p in prompts]
+    results: list[list[Generation] | None] = [None] * len(prompts)
+    http = httpx.Client(base_url=engine.url, timeout=None, limits=httpx.Limits(max_connections=64))
+    pool = ThreadPoolExecutor(64)
+
+    def one(i: int) -> None:
+        r = http.post("/v1/completions", json={**body, "prompt": token_ids[i]})
+        if r.status_code != 200:
+            raise RuntimeError(f"the vLLM engine refused a request ({r.status_code}): {r.text[:500]}")
+        choices = sorted(r.json()["choices"], key=lambda c: c["index"])
+        results[i] = [
+            Generation(text=c["text"], tokens=len(c["token_ids"]), truncated=c["finish_reason"] == "length")
+            for c in choices
+        ]
+
+    pending: set[Any] = set()
+    try:
+        pending = {pool.submit(one, i) for i in range(len(prompts))}
+        done = 0
+        while pending:
+            finished, pending = wait(pending, timeout=1.0, return_when=FIRST_COMPLETED)
+            for f in finished:
+                f.result()
+            done += len(finished)
+            if finished and on_batch is not None:
+                on_batch(done, len(prompts))
+            if pending and should_stop is not None and should_stop():
+                raise InterruptedError("stop requested")
+    finally:  # on a stop or an error, leave the requests in flight (the process is ending)
+        pool.shutdown(wait=not pending, cancel_futures=True)
+    return [r for r in results if r is not None]
+
+
 def generate(
     engine: Any,
     tokenizer: Any,
@@ -95,6 +193,11 @@ def generate(
     on_batch: Callable[[int, int], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
 ) -> list[list[Generation]]:
+    if isinstance(engine, RemoteEngine):
+        return generate_remote(
+            engine, tokenizer, prompts, max_new_tokens=max_new_tokens, stop=stop, temperature=temperature,
+            top_p=top_p, n=n, seed=seed, on_batch=on_batch, should_stop=should_stop,
+        )  # fmt: skip
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 

@@ -36,6 +36,21 @@ class WorkerSettings(BaseModel):
     )
     reconcile_seconds: float = Field(15.0, description="How often the reconciler re-delivers lost jobs.")
     redeliver_after_seconds: float = Field(60.0, description="A queued job unclaimed this long is sent again.")
+    warm_engines: int = Field(
+        1,
+        ge=0,
+        description="vLLM engines this worker keeps warm between eval jobs with backend 'vllm' (one per model; "
+        "worker/warm_engine.py). 0: each such job starts its own engine (minutes on a CPU).",
+    )
+    warm_engine_idle_seconds: float = Field(
+        600.0, gt=0, description="A warm engine no eval job has used for this long is stopped."
+    )
+    warm_engine_max_model_len: int = Field(
+        4096,
+        ge=256,
+        description="Context length of a warm engine (the model's own, at most this): an eval whose prompt plus "
+        "max_new_tokens is longer loads an engine of its own instead.",
+    )
 
 
 class AuthSettings(BaseModel):

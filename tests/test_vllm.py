@@ -113,6 +113,29 @@ def test_eval_job_on_a_worker_with_vllm(vllm_ready: Path, service: Service, mode
         assert done.status == "succeeded", done.error
         acc = next(s for s in c.scores.list(job_id=job.id) if s.metric == "accuracy")
         assert acc.backend == "vllm" and acc.backend_version.startswith("vllm-")
+        started = next(e for e in c.jobs.events(job.id) if e.type == "vllm_engine")
+        assert started.data["reused"] is False
+
+        # the next eval of the model runs on the engine the worker kept warm, with the offline
+        # engine's and the HF backend's greedy completions (test above)
+        greedy = {"model": model_for_vllm, "benchmark": "gsm8k", "limit": 6, "sampling": {"max_new_tokens": 12}}
+        warm = c.jobs.create({"kind": "eval", **greedy, "backend": "vllm", "resources": {"pool": "vllm-test"}})
+        hf = c.jobs.create({"kind": "eval", **greedy, "backend": "hf"})
+        for j in (warm, hf):
+            assert c.jobs.wait(j.id, timeout=600).status == "succeeded", c.jobs.retrieve(j.id).error
+        reused = next(e for e in c.jobs.events(warm.id) if e.type == "vllm_engine")
+        assert reused.data["reused"] is True and reused.data["pid"] == started.data["pid"], reused
+        warm_items, hf_items = c.jobs.results(warm.id), c.jobs.results(hf.id)
+        assert [i["completion"] for i in warm_items] == [i["completion"] for i in hf_items]
+        assert _group_alive(started.data["pid"])
+
+        # a job of another kind on this worker stops the idle engine first (it needs the cores)
+        other = c.jobs.create(
+            {"kind": "eval", **greedy, "limit": 1, "backend": "hf", "resources": {"pool": "vllm-test"}}
+        )
+        assert c.jobs.wait(other.id, timeout=600).status == "succeeded"
+        wait_for(lambda: not _group_alive(started.data["pid"]), 30, what="the idle warm engine to stop")
+        assert _port_free(started.data["url"])
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=60)

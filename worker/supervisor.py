@@ -14,10 +14,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from evaluator.vllm_backend import ENGINE_URL_ENV
 from mathrl.specs import parse_spec
 from service.settings import Settings
 from store.db import retry_transient, session_scope
 from store.jobs import add_event, claim, finish, hand_back, renew_lease
+from worker import warm_engine
 from worker.child import (
     DRAIN_FILE,
     EXIT_DRAINED,
@@ -39,6 +41,7 @@ from worker.launch import (
     read_error,
 )
 from worker.vllm_server import needs_server, start_server
+from worker.warm_engine import wants_warm_engine
 
 log = logging.getLogger("mathrl.worker")
 
@@ -105,7 +108,17 @@ def supervise(settings: Settings, job_id: str, owner: str) -> str:
     out.mkdir(parents=True, exist_ok=True)
     log_path = out / "job.log"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    server = None
+    server = engine = None
+    if spec is not None and wants_warm_engine(spec, settings):
+        try:
+            engine = _warm_engine(settings, spec, project_id, out / "vllm-engine.log", job_id)
+        except Exception as exc:  # a model ref that does not resolve: the job fails with it
+            (out / "error.txt").write_text(f"starting the vLLM engine failed: {type(exc).__name__}: {exc}")
+            return _record_end(settings, job_id, owner, EXIT_ERROR, False, log_path)
+        server = engine.server
+        env[ENGINE_URL_ENV] = server.url
+    elif spec is not None:
+        warm_engine.stop_idle()  # training and HF evals need the GPUs and cores
     if spec is not None and needs_server(spec):
         try:
             server, server_env = _start_vllm_server(settings, spec, config, project_id, out / "vllm-server.log")
@@ -124,7 +137,9 @@ def supervise(settings: Settings, job_id: str, owner: str) -> str:
     try:
         return _run_job_process(settings, job_id, owner, cmd, env, out, log_path, attempt, server)
     finally:
-        if server is not None:
+        if engine is not None:
+            warm_engine.release(engine, settings)
+        elif server is not None:
             server.stop()
 
 
@@ -136,16 +151,41 @@ def _event(url: str, job_id: str, kind: str, message: str, data: dict | None = N
         log.warning("recording %s of %s failed (%s)", kind, job_id, type(exc).__name__)
 
 
+def _warm_engine(settings: Settings, spec: Any, project_id: str, log_path: Path, job_id: str) -> Any:
+    """This worker's warm vLLM engine for the eval's model, started if there is none."""
+    from worker.refs import resolve_model_ref
+
+    with session_scope(settings.database.url) as s:
+        model_path, _ = resolve_model_ref(s, project_id, spec.model)
+    gpus = _visible_gpus()[: spec.resources.gpus] if spec.resources.gpus else []
+    engine, reused = warm_engine.acquire(settings, model_path, spec.dtype, gpus, log_path, _prepare_child)
+    how = f"reused this worker's warm vLLM engine (job {engine.jobs} on it)" if reused else "started a vLLM engine"
+    _event(
+        settings.database.url,
+        job_id,
+        "vllm_engine",
+        f"{how} at {engine.server.url} (process {engine.server.proc.pid}); it stays warm for the next eval of "
+        f"this model for {settings.worker.warm_engine_idle_seconds:.0f} s",
+        {"url": engine.server.url, "pid": engine.server.proc.pid, "reused": reused, "jobs": engine.jobs},
+    )
+    return engine
+
+
+def _visible_gpus() -> list[str]:
+    visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d]
+    if not visible:
+        import torch
+
+        visible = [str(i) for i in range(torch.cuda.device_count())]
+    return visible
+
+
 def _start_vllm_server(settings: Settings, spec: Any, config: dict[str, Any], project_id: str, log_path: Path) -> Any:
     from worker.refs import resolve_model_ref
 
     with session_scope(settings.database.url) as s:
         model_path, _ = resolve_model_ref(s, project_id, spec.model)
-    visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d]
-    if spec.resources.gpus and not visible:
-        import torch
-
-        visible = [str(i) for i in range(torch.cuda.device_count())]
+    visible = _visible_gpus() if spec.resources.gpus else []
     return start_server(spec, config, model_path, log_path, _prepare_child, visible)
 
 

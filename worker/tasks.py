@@ -8,7 +8,7 @@ from celery import Task
 from celery.signals import worker_ready, worker_shutting_down
 
 from service.settings import get_settings
-from worker import reconciler, supervisor
+from worker import reconciler, supervisor, warm_engine
 from worker.celery_app import TASK_RUN_JOB, get_celery
 from worker.supervisor import supervise, worker_identity
 
@@ -36,3 +36,4 @@ def _drain_on_shutdown(sig: str = "", how: str = "", **_: object) -> None:
     next step, back to the queue) instead of running it to the end or losing it."""
     log.warning("%s: %s shutdown; draining running jobs", sig, how)
     supervisor.shutting_down.set()
+    warm_engine.stop_idle()
