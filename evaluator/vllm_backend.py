@@ -48,7 +48,10 @@ def engine_options(
     and a seed, TRL's async rollouts, which seed every request) whose prefill is split crashes
     the engine ("CPU Generator does not use offset": vLLM 0.31 rewinds the request's torch
     Generator by an offset, which CPU generators do not have). Each step then holds up to
-    max(BATCHED_TOKENS, max_model_len) tokens, so any single prompt fits in one."""
+    max(BATCHED_TOKENS, max_model_len) tokens, so any single prompt fits in one.
+
+    MATHRL_VLLM_ENFORCE_EAGER=1: no torch.compile (a shorter engine start, slower steps; vLLM
+    caches compiled graphs in ~/.cache/vllm, so only an engine's first start pays the full compile)."""
     import os
 
     import torch
@@ -68,6 +71,8 @@ def engine_options(
         kwargs["max_num_batched_tokens"] = max(BATCHED_TOKENS, max_model_len or 0)
     if enable_prefix_caching is not None:
         kwargs["enable_prefix_caching"] = enable_prefix_caching
+    if os.environ.get("MATHRL_VLLM_ENFORCE_EAGER") == "1":
+        kwargs["enforce_eager"] = True
     return kwargs
 
 

@@ -89,7 +89,7 @@ def server_command(model_path: str, dtype: str, length: int, port: int, gpus: in
             "--kv-cache-memory-bytes", str(opts["kv_cache_memory_bytes"]), "--no-enable-chunked-prefill",
             "--max-num-batched-tokens", str(opts["max_num_batched_tokens"]),
         ]  # fmt: skip
-    if os.environ.get("MATHRL_VLLM_ENFORCE_EAGER") == "1":
+    if opts.get("enforce_eager"):
         cmd.append("--enforce-eager")
     return cmd
 
