@@ -176,10 +176,16 @@ def start_server(
         train, serve = split_gpus(spec, visible_gpus)
         env["CUDA_VISIBLE_DEVICES"] = ",".join(serve)
         job_env["CUDA_VISIBLE_DEVICES"] = ",".join(train)
-    cmd = guarded(server_command(spec, config, model_path, port, on_gpu))
+    server = launch(server_command(spec, config, model_path, port, on_gpu), port, env, log_path, preexec)
+    job_env[URL_ENV] = server.url
+    return server, job_env
+
+
+def launch(cmd: list[str], port: int, env: dict[str, str], log_path: Path, preexec: Any) -> VLLMServer:
+    """Start a server command under the guard, in a process group of its own, logging to log_path."""
     with open(log_path, "ab") as logf:
         proc = subprocess.Popen(
-            cmd,
+            guarded(cmd),
             stdout=logf,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -187,9 +193,7 @@ def start_server(
             start_new_session=True,
             preexec_fn=preexec,
         )
-    url = f"http://127.0.0.1:{port}"
-    job_env[URL_ENV] = url
-    return VLLMServer(proc, url, log_path), job_env
+    return VLLMServer(proc, f"http://127.0.0.1:{port}", log_path)
 
 
 def guarded(cmd: list[str]) -> list[str]:

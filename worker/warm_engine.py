@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import logging
 import os
-import subprocess
 import sys
 import threading
 import time
@@ -31,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from worker.vllm_server import VLLMServer, free_port, guarded
+from worker.vllm_server import VLLMServer, free_port, launch
 
 log = logging.getLogger("mathrl.worker")
 SERVED_NAME = "mathrl-eval"
@@ -116,19 +115,10 @@ def acquire(
         env = {**os.environ}
         if gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
-        with open(log_path, "ab") as logf:
-            proc = subprocess.Popen(
-                guarded(server_command(model_path, dtype, length, port, len(gpus))),
-                stdout=logf,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=env,
-                start_new_session=True,
-                preexec_fn=preexec,
-            )
-        engine = WarmEngine(key, VLLMServer(proc, f"http://127.0.0.1:{port}", log_path), length, users=1, jobs=1)
+        server = launch(server_command(model_path, dtype, length, port, len(gpus)), port, env, log_path, preexec)
+        engine = WarmEngine(key, server, length, users=1, jobs=1)
         _engines[key] = engine
-        log.info("started a warm vLLM engine for %s at %s (process %d)", model_path, engine.server.url, proc.pid)
+        log.info("started a warm vLLM engine for %s at %s (process %d)", model_path, server.url, server.proc.pid)
         return engine, False
 
 
