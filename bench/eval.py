@@ -3,7 +3,11 @@ model, problems and sampling settings, in one run. Targets on a 2-core CPU: batc
 one-at-a-time; vLLM >= batched HF.
 
     .venv/bin/python bench/eval.py --model .mathrl/models/SmolLM2-135M-Instruct --limit 32
-    .venv/bin/python bench/eval.py --model PATH --vllm-python .venv/bin/python
+    .venv/bin/python bench/eval.py --model PATH --vllm-python .venv/bin/python [--vllm-eager]
+
+--vllm-eager also runs vLLM with MATHRL_VLLM_ENFORCE_EAGER=1 (no torch.compile): its start-up
+and generation speed beside the compiled engine's (vLLM keeps compiled graphs in ~/.cache/vllm,
+so a compiled engine's first start on a machine is longer than the one measured after it).
 
 --random-init DIR builds a model with DIR's config.json and random weights (speed only;
 for machines the weights cannot travel to). Generation time only; start-up is reported apart.
@@ -13,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -73,6 +78,8 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--data-dir", default=None)
     ap.add_argument("--vllm-python", help="python of an environment with vLLM (e.g. .venv/bin/python)")
+    ap.add_argument("--vllm-eager", action="store_true", help="also run vLLM without torch.compile")
+    ap.add_argument("--skip-hf", action="store_true", help="vLLM runs only")
     ap.add_argument("--one", help=argparse.SUPPRESS)  # internal: run one backend, print JSON
     args = ap.parse_args()
     sys.stdout.reconfigure(line_buffering=True)  # type: ignore[attr-defined]
@@ -95,7 +102,7 @@ def main() -> None:
         print("RESULT " + json.dumps(r))
         return
 
-    def run(spec: str, python: str = sys.executable) -> dict:
+    def run(spec: str, python: str = sys.executable, env: dict[str, str] | None = None) -> dict:
         cmd = [
             python,
             __file__,
@@ -110,7 +117,7 @@ def main() -> None:
             "--one",
             spec,
         ]
-        out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+        out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env={**os.environ, **(env or {})})
         line = next((x for x in out.stdout.splitlines() if x.startswith("RESULT ")), None)
         if line is None:
             raise RuntimeError(f"{spec} failed:\n{out.stdout[-2000:]}\n{out.stderr[-4000:]}")
@@ -125,25 +132,36 @@ def main() -> None:
         f"eval bench: {Path(model).name}, {args.limit} GSM8K problems, greedy, "
         f"max {args.max_new_tokens} new tokens, {device}"
     )
-    one = run("hf:1")
-    batched = run(f"hf:{args.limit}")
-    rows = [one, batched]
-    vllm = None
+    rows = [] if args.skip_hf else [run("hf:1"), run(f"hf:{args.limit}")]
+    vllm = eager = None
     if args.vllm_python:
         vllm = run(f"vllm:{args.limit}", args.vllm_python)
         rows.append(vllm)
+        if args.vllm_eager:
+            eager = run(f"vllm:{args.limit}", args.vllm_python, {"MATHRL_VLLM_ENFORCE_EAGER": "1"})
+            eager["backend"] = "vllm eager"
+            rows.append(eager)
     for r in rows:
         print(
-            f"  {r['backend']:<5} batch {r['batch_size']:>4}: {r['problems_per_s']:7.3f} problems/s "
+            f"  {r['backend']:<10} batch {r['batch_size']:>4}: {r['problems_per_s']:7.3f} problems/s "
             f"{r['tokens_per_s']:8.1f} tokens/s  ({r['seconds']:.1f}s generating, {r['startup']:.1f}s start-up)"
         )
-    print(f"batched HF / one-at-a-time HF: {batched['problems_per_s'] / one['problems_per_s']:.2f}x (target >= 4)")
-    same = sum(a == b for a, b in zip(one["texts"], batched["texts"], strict=True))
-    print(f"  identical completions, batched vs one-at-a-time: {same}/{len(texts)}")
-    if vllm is not None:
-        print(f"vLLM / batched HF: {vllm['problems_per_s'] / batched['problems_per_s']:.2f}x (target >= 1)")
-        same = sum(a == b for a, b in zip(vllm["texts"], batched["texts"], strict=True))
-        print(f"  identical completions, vLLM vs batched HF: {same}/{len(texts)}")
+    if not args.skip_hf:
+        one, batched = rows[0], rows[1]
+        print(f"batched HF / one-at-a-time HF: {batched['problems_per_s'] / one['problems_per_s']:.2f}x (target >= 4)")
+        same = sum(a == b for a, b in zip(one["texts"], batched["texts"], strict=True))
+        print(f"  identical completions, batched vs one-at-a-time: {same}/{len(texts)}")
+        if vllm is not None:
+            print(f"vLLM / batched HF: {vllm['problems_per_s'] / batched['problems_per_s']:.2f}x (target >= 1)")
+            same = sum(a == b for a, b in zip(vllm["texts"], batched["texts"], strict=True))
+            print(f"  identical completions, vLLM vs batched HF: {same}/{len(texts)}")
+    if vllm is not None and eager is not None:
+        print(
+            f"vLLM eager vs compiled: start-up {eager['startup']:.1f} s vs {vllm['startup']:.1f} s, generation "
+            f"{eager['tokens_per_s'] / vllm['tokens_per_s']:.2f}x the compiled engine's tokens/s"
+        )
+        same = sum(a == b for a, b in zip(vllm["texts"], eager["texts"], strict=True))
+        print(f"  identical completions, eager vs compiled: {same}/{len(texts)}")
 
 
 if __name__ == "__main__":

@@ -42,7 +42,9 @@ def demo_pipeline(quick: bool = False) -> dict[str, Any]:
     if quick:
         jobs = spec["jobs"]
         jobs["sft"].update(save_steps=500)  # all 500 steps: at 200 the model is right 6% of the time
-        jobs["rm"]["dataset"]["limit"] = 1000
+        # the RM keeps the full demo's 2000 questions: with 1000, a fresh install here (same code,
+        # dependencies resolved again on 2026-11-25) gave pairwise 74.2% and best-of-8 60.0% under
+        # majority-of-8 69.5%, where the run before gave 86.6% and 75.0% over 68.0%
         jobs["grpo"].update(max_steps=40, save_steps=40, sample_every=10)
         spec["name"] += " (quick)"
     return spec

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_embedded_demo_pipeline_runs_every_step_and_prints_the_gain(tmp_path: Path) -> None:
-    """The README's first command, shortened (--quick: 1000 RM questions, 40 GRPO steps; the same
+    """The README's first command, shortened (--quick: the full SFT and RM, 40 GRPO steps; the same
     pipeline file otherwise), and what it is for: the reward model ranks the policy's answers
     well above chance and better than majority vote, and GRPO improves held-out accuracy.
     With the fixed seeds this run gave pairwise 86.6%, best-of-8 75.0% vs maj-of-8 68.0%, and a
