@@ -105,7 +105,7 @@ RUN /opt/venv/bin/pip install --no-cache-dir --constraint /opt/pins.txt \
       "transformers==${TRANSFORMERS_VERSION}" -r /opt/requirements.txt
 COPY --from=wheel /wheels /wheels
 RUN set -eux; whl=$(ls /wheels/mathrl-*.whl); \
-    /opt/venv/bin/pip install --no-cache-dir --constraint /opt/pins.txt "${whl}[worker]"; \
+    /opt/venv/bin/pip install --no-cache-dir --constraint /opt/pins.txt "${whl}[worker,ray]"; \
     /opt/venv/bin/python -c "import torch, trl, vllm, transformers; print(torch.__version__, trl.__version__, vllm.__version__, transformers.__version__)"
 
 FROM ${CUDA_IMAGE} AS worker
@@ -166,7 +166,7 @@ RUN /opt/venv/bin/pip install --no-cache-dir --constraint /opt/pins.txt \
 COPY --from=wheel /wheels /wheels
 RUN set -eux; whl=$(ls /wheels/mathrl-*.whl); \
     /opt/venv/bin/pip install --no-cache-dir --constraint /opt/pins.txt \
-      ${TORCH_FIND_LINKS:+--find-links "${TORCH_FIND_LINKS}"} "${whl}[worker]"; \
+      ${TORCH_FIND_LINKS:+--find-links "${TORCH_FIND_LINKS}"} "${whl}[worker,ray]"; \
     /opt/venv/bin/python -c "import torch, trl, vllm, transformers; print(torch.__version__, trl.__version__, vllm.__version__, transformers.__version__)"
 
 FROM ${PYTHON_IMAGE} AS worker-cpu

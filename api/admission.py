@@ -38,7 +38,36 @@ def admit_spec(spec: Any, settings: Settings) -> dict[str, Any]:
     if spec.kind == "eval":
         resolve_eval_recipe(spec, config)
     check_job_limits(spec, config, settings)
+    check_placement(spec, settings)
     return config
+
+
+def check_placement(spec: Any, settings: Settings) -> None:
+    """A job for the Ray cluster needs one configured, and no more GPUs per node than its nodes
+    have. Configuration only: Ray is not asked on a submit (a dead address fails the job)."""
+    ray = settings.ray
+    if not ray.runs(spec):
+        return
+    nodes, gpus = spec.resources.nodes, spec.resources.gpus
+    if ray.address is None:
+        detail = (
+            f"resources.nodes={nodes} runs on a Ray cluster, and this server has none configured "
+            "(MATHRL_RAY__ADDRESS): set nodes to 1, or ask the operator to configure one"
+        )
+        raise Problem(
+            422, "No Ray cluster", f"/resources/nodes: {detail}", [{"pointer": "/resources/nodes", "detail": detail}]
+        )
+    if ray.gpus_per_node is not None and gpus > ray.gpus_per_node:
+        detail = (
+            f"resources.gpus={gpus} is per node, and the Ray cluster's nodes have {ray.gpus_per_node} GPUs each: "
+            f"ask for at most {ray.gpus_per_node} and spread the job over more nodes (resources.nodes)"
+        )
+        raise Problem(
+            422,
+            "Too many GPUs per node",
+            f"/resources/gpus: {detail}",
+            [{"pointer": "/resources/gpus", "detail": detail}],
+        )
 
 
 # --- sources ---------------------------------------------------------------------------
@@ -282,7 +311,7 @@ def check_project_quota(session: Session, project_id: str, added: list[tuple[str
             raise QuotaProblem(key, detail, "/")
         if gpus + job_gpus > limits.max_active_gpus:
             detail = (
-                f"resources.gpus={job_gpus} would bring your project's active jobs to "
+                f"resources.gpus x nodes = {job_gpus} would bring your project's active jobs to "
                 f"{gpus + job_gpus} GPUs; the quota is {limits.max_active_gpus}: ask for fewer "
                 "or wait for running jobs to finish"
             )

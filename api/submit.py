@@ -48,7 +48,7 @@ def job_row(project_id: str, spec: Any, config: dict[str, Any], start: bool = Tr
         "spec": spec.model_dump(mode="json"),
         "resolved_config": config,
         "queue": spec.resources.queue,
-        "gpus": spec.resources.gpus,  # what it holds against the project's GPU quota while active
+        "gpus": spec.resources.total_gpus,  # what it holds against the project's GPU quota while active
         "max_attempts": spec.max_attempts,
         "status": "queued" if start else "waiting",
         "celery_task_id": new_task_id() if start else None,

@@ -84,7 +84,8 @@ def resolve_grpo(spec: GRPOSpec) -> dict[str, Any]:
         if explicit is not None:
             values[knob] = explicit
 
-    world = spec.training_processes  # in server mode, the GPUs the vLLM server does not take
+    # processes on each node (in server mode, the GPUs the vLLM server does not take) x nodes
+    world = spec.training_processes * spec.resources.nodes
     g = values["num_generations"]
     per_device = values["per_device_train_batch_size"]
     if g < 2:

@@ -36,8 +36,24 @@ class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
 
+RAY_QUEUE = "ray"  # the queue of jobs with resources.nodes > 1 (workers that submit to a Ray cluster)
+
+
 class Resources(StrictModel):
-    gpus: int = Field(0, ge=0, le=64, description="GPUs for the job; picks the worker queue ('cpu' or 'gpu-N').")
+    gpus: int = Field(
+        0,
+        ge=0,
+        le=64,
+        description="GPUs for the job, per node (see nodes); picks the worker queue ('cpu' or 'gpu-N'). "
+        "Quotas count gpus x nodes.",
+    )
+    nodes: int = Field(
+        1,
+        ge=1,
+        le=256,
+        description="Nodes a training job spans. Above 1 the job runs on the operator's Ray cluster (queue 'ray', "
+        "or resources.pool): resources.processes (default: gpus, or 1 on CPU) Ray Train workers on each node.",
+    )
     gpu_type: str | None = Field(None, max_length=64, description="Optional GPU type label, e.g. 'h100'.")
     pool: str | None = Field(
         None,
@@ -65,13 +81,20 @@ class Resources(StrictModel):
 
     @property
     def num_processes(self) -> int:
-        """How many processes the job runs as (1: a plain job process)."""
+        """How many processes the job runs as on each node (1: a plain job process)."""
         return self.processes or max(self.gpus, 1)
+
+    @property
+    def total_gpus(self) -> int:
+        """What the job holds against its project's GPU quota: gpus on each of its nodes."""
+        return self.gpus * self.nodes
 
     @property
     def queue(self) -> str:
         if self.pool:
             return self.pool
+        if self.nodes > 1:
+            return RAY_QUEUE
         return "cpu" if self.gpus == 0 else f"gpu-{self.gpus}"
 
 
@@ -266,11 +289,11 @@ class EvalSpec(_JobBase):
         for k in self.k:
             if k < 1 or k > self.sampling.n:
                 raise FieldError("k", f"k={k} needs sampling.n >= {k}: raise sampling.n or drop k={k}")
-        if (self.resources.processes or 1) > 1:
+        if (self.resources.processes or 1) > 1 or self.resources.nodes > 1:
             raise FieldError(
                 "resources",
-                "resources.processes > 1 is for training jobs (grpo, sft, reward_model); "
-                "an eval job runs as one process: drop resources.processes",
+                "resources.processes > 1 and resources.nodes > 1 are for training jobs (grpo, sft, reward_model); "
+                "an eval job runs as one process on one node: drop them",
             )
         return self
 
@@ -619,6 +642,12 @@ class GradeSpec(_JobBase):
     kind: Literal["grade"] = Field("grade", description="Grading given completions.")
     grader: Grader = Field(..., description="The grader (mathrl/graders.py), with a reward model in it.")
     items: list[GraderItem] = Field(..., min_length=1, max_length=1000, description="At most 1000 per job.")
+
+    @model_validator(mode="after")
+    def _one_node(self) -> GradeSpec:
+        if self.resources.nodes > 1 or (self.resources.processes or 1) > 1:
+            raise FieldError("resources", "a grade job runs as one process on one node: drop resources.nodes/processes")
+        return self
 
 
 JobSpec = Annotated[EvalSpec | GRPOSpec | RewardModelSpec | SFTSpec | GradeSpec, Field(discriminator="kind")]

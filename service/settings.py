@@ -53,6 +53,47 @@ class WorkerSettings(BaseModel):
     )
 
 
+class RaySettings(BaseModel):
+    """The Ray cluster that jobs past one node run on (worker/ray_submit.py submits them through
+    its Jobs API; worker/ray_train.py is what runs there). API and workers read the same values:
+    the API refuses resources.nodes > 1 when no address is set, without asking Ray."""
+
+    address: str | None = Field(
+        None,
+        description="The Ray cluster's Jobs API (dashboard) URL, e.g. http://mathrl-ray-head-svc:8265. "
+        "Unset: no Ray cluster; jobs with resources.nodes > 1 are refused at submit.",
+    )
+    pools: list[str] = Field(
+        default_factory=list,
+        description="Pools (resources.pool) whose jobs all run on the Ray cluster, one node or more; jobs with "
+        "resources.nodes > 1 and no pool go to the 'ray' queue. Run workers for these queues with the address set.",
+    )
+    gpus_per_node: int | None = Field(
+        None,
+        ge=0,
+        description="GPUs on each node of the Ray cluster's worker groups: a Ray job asking for more per node "
+        "(resources.gpus) is refused at submit. Unset: not checked.",
+    )
+    python: str = Field(
+        "python",
+        description="The Python on the Ray nodes that has mathrl installed (the worker image's), which runs the job.",
+    )
+    cpus_per_worker: float = Field(1.0, gt=0, description="CPUs Ray reserves for each training worker.")
+    lost_after_seconds: float = Field(
+        60.0,
+        gt=0,
+        description="A Ray job whose status cannot be read (the head restarted, the submission vanished) for "
+        "this long fails the mathrl job.",
+    )
+
+    def runs(self, spec: object) -> bool:
+        """Whether this job goes to the Ray cluster: more than one node, or a pool set to run on Ray."""
+        resources = getattr(spec, "resources", None)
+        if resources is None:
+            return False
+        return resources.nodes > 1 or (resources.pool is not None and resources.pool in self.pools)
+
+
 class AuthSettings(BaseModel):
     admin_token: str | None = Field(None, description="Operator token that may create projects and their keys.")
     key_prefix: str = "mrl_"
@@ -126,6 +167,7 @@ class Settings(BaseSettings):
     auth: AuthSettings = Field(default_factory=AuthSettings)  # type: ignore[arg-type]
     limits: LimitsSettings = Field(default_factory=LimitsSettings)  # type: ignore[arg-type]
     sources: SourcesSettings = Field(default_factory=SourcesSettings)  # type: ignore[arg-type]
+    ray: RaySettings = Field(default_factory=RaySettings)  # type: ignore[arg-type]
     artifact_dir: str = Field("./.mathrl/artifacts", description="Checkpoints and per-item results.")
     data_dir: str = Field(default_factory=default_data_dir, description="Offline dataset copies.")
     max_request_bytes: int = 1_000_000

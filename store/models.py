@@ -52,7 +52,7 @@ def quota_gpus(context: Any) -> int:
     """A new job's `gpus`, from its spec: what it holds against the project's GPU quota."""
     spec = context.get_current_parameters().get("spec") or {}
     resources = spec.get("resources") or {}
-    return int(resources.get("gpus") or 0)
+    return int(resources.get("gpus") or 0) * int(resources.get("nodes") or 1)  # Resources.total_gpus
 
 
 class ApiKey(Base):

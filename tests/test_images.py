@@ -286,7 +286,7 @@ CUDA_BASE_PYTHON = {"ubuntu24.04": ("3.12", 39)}
 def test_cuda_worker_pins_resolve_with_the_cuda_torch_build(tmp_path: Path) -> None:
     """The CUDA worker image cannot be built here (no CUDA base image), so check what it
     installs: the Dockerfile's pins (torch, TRL, vLLM, transformers) and the project wheel's
-    [worker] extra resolve together, as binary wheels for the CUDA base's Python and glibc,
+    [worker,ray] extras resolve together, as binary wheels for the CUDA base's Python and glibc,
     against the package index, whose Linux torch wheels are the CUDA builds (the PyTorch CUDA
     index is not reachable from here; its torch 2.13.0 is the same CUDA 13 build). The entry
     point that image runs is the one the CPU worker image runs in the test above."""
@@ -311,7 +311,7 @@ def test_cuda_worker_pins_resolve_with_the_cuda_torch_build(tmp_path: Path) -> N
     cmd += [f"--platform={p}" for p in platforms]
     cmd += [f"--abi=cp{python.replace('.', '')}", "--abi=abi3", "--abi=none"]
     pins = {k: args[f"{k.upper()}_VERSION"] for k in ("torch", "trl", "vllm", "transformers")}
-    cmd += [f"{k}=={v}" for k, v in pins.items()] + [f"{wheel}[worker]"]
+    cmd += [f"{k}=={v}" for k, v in pins.items()] + [f"{wheel}[worker,ray]"]
     t0 = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]

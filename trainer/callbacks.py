@@ -68,7 +68,7 @@ class SinkCallback(TrainerCallback):  # type: ignore[misc]
                 values[key] = float(value)
         if self._step_times:
             values["step_time"] = sum(self._step_times) / len(self._step_times)
-            values.update(self._step_breakdown())
+            values.update(self._step_breakdown(args))
             self._step_times = []
         tokens = logs.get("num_tokens")
         now = time.monotonic()
@@ -80,10 +80,11 @@ class SinkCallback(TrainerCallback):  # type: ignore[misc]
         if values:
             self.sink.metrics(state.global_step, values)
 
-    def _step_breakdown(self) -> dict[str, float]:
+    def _step_breakdown(self, args: Any) -> dict[str, float]:
         """Per step, averaged over the steps since the last log: generation seconds, weight-sync
         seconds, the rest ('training_seconds': scoring, log-probs, backward, optimizer), generated
-        tokens per second of generation, and generation's share of the step (TimedGRPOTrainer)."""
+        tokens per second of generation, generation's share of the step (TimedGRPOTrainer), and
+        the completions generated per step by all ranks together ('completions_per_step')."""
         pop = getattr(self.trainer, "pop_timings", None)
         if pop is None:
             return {}
@@ -98,6 +99,7 @@ class SinkCallback(TrainerCallback):  # type: ignore[misc]
         }
         if gen > 0:
             out["generation_tokens_per_second"] = t["generated_tokens"] / gen
+        out["completions_per_step"] = _sum_ranks(t.get("generated_completions", 0.0), args) / n
         return out
 
     def on_save(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
@@ -135,6 +137,19 @@ def _any_rank(flag: bool, args: Any) -> bool:
     t = torch.tensor([1 if flag else 0], device=args.device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return bool(t.item())
+
+
+def _sum_ranks(value: float, args: Any) -> float:
+    """`value` summed over the ranks of a multi-process run (every rank logs the same steps)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return value
+    import torch
+
+    t = torch.tensor([value], dtype=torch.float64, device=args.device)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return float(t.item())
 
 
 def _num(x: Any) -> float | None:

@@ -240,6 +240,7 @@ class TimedGRPOTrainer(GRPOTrainer):  # type: ignore[misc]
         self.timings["generation_seconds"] += elapsed - (self.timings["weight_sync_seconds"] - synced_before)
         completion_ids, _logprobs = out  # this process's completions, as token ids
         self.timings["generated_tokens"] += sum(len(c) for c in completion_ids)
+        self.timings["generated_completions"] += len(completion_ids)
         return out
 
     def pop_timings(self) -> dict[str, float]:
@@ -250,4 +251,9 @@ class TimedGRPOTrainer(GRPOTrainer):  # type: ignore[misc]
 
 
 def _zero_timings() -> dict[str, float]:
-    return {"generation_seconds": 0.0, "weight_sync_seconds": 0.0, "generated_tokens": 0.0}
+    return {
+        "generation_seconds": 0.0,
+        "weight_sync_seconds": 0.0,
+        "generated_tokens": 0.0,
+        "generated_completions": 0.0,
+    }

@@ -251,11 +251,16 @@ def _check_available(spec: Any) -> None:
 
 def build_tiny(ref: str, artifact_dir: str) -> str:
     """'tiny:<layers>x<width>': a fresh tiny Qwen2 with a character tokenizer (built once, cached)."""
+    import torch.distributed as dist
+
     from trainer.tiny import build_tiny_model
 
     layers, width = (int(x) for x in ref[5:].split("x"))
     target = Path(artifact_dir).resolve() / "models" / f"tiny-{layers}x{width}"
-    if not (target / "config.json").exists():
+    # Under Ray Train the ranks' process group exists before the job's code runs, and transformers
+    # then writes a model on rank 0 alone: rank 0 builds it, the others wait for it
+    grouped = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    if not (target / "config.json").exists() and (not grouped or dist.get_rank() == 0):
         tmp = target.with_name(f"{target.name}.{os.getpid()}.tmp")
         build_tiny_model(tmp, hidden_size=width, layers=layers, heads=4 if width % 4 == 0 else 1)
         try:
@@ -264,6 +269,8 @@ def build_tiny(ref: str, artifact_dir: str) -> str:
             import shutil
 
             shutil.rmtree(tmp, ignore_errors=True)
+    if grouped:
+        dist.barrier()
     return str(target)
 
 
@@ -273,7 +280,12 @@ def main(argv: list[str]) -> int:
         die_with_parent()
         if os.getppid() == 1:
             return EXIT_ERROR
-    job_id, owner, attempt = argv[1], argv[2], int(argv[3])
+    return run_rank(argv[1], argv[2], int(argv[3]))
+
+
+def run_rank(job_id: str, owner: str, attempt: int) -> int:
+    """One rank of the job (the only one, in a plain job process), in this process: also what a
+    Ray Train worker runs (worker.ray_train), with RANK and WORLD_SIZE set by Ray Train."""
     settings = get_settings()
     out = attempt_dir(settings.artifact_dir, job_id, attempt)
     out.mkdir(parents=True, exist_ok=True)

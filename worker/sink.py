@@ -141,8 +141,10 @@ class DatabaseSink:
             self._raise_error()
 
     def install_sigterm(self) -> None:
-        """SIGTERM (a cancel, or a pod being stopped) asks the job to stop at its next check."""
-        signal.signal(signal.SIGTERM, lambda *_: setattr(self, "_stop", True))
+        """SIGTERM (a cancel, or a pod being stopped) asks the job to stop at its next check. (Not in a
+        Ray Train worker, whose training runs in a thread: there the stop comes through the database.)"""
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, lambda *_: setattr(self, "_stop", True))
 
     def event(self, type: str, message: str = "", level: str = "info", data: dict[str, Any] | None = None) -> None:
         self._write(lambda s: add_event(s, self.job_id, type, message, level, data), f"event {type}")

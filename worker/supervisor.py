@@ -74,8 +74,10 @@ def _kill_group(proc: subprocess.Popen[bytes], sig: int) -> None:
             pass
 
 
-def stop_process(proc: subprocess.Popen[bytes], grace: float) -> int:
-    """SIGTERM the job's process group, then SIGKILL after `grace` seconds."""
+def stop_process(proc: Any, grace: float) -> int:
+    """SIGTERM the job's process group, then SIGKILL after `grace` seconds (a Ray job: its own stop)."""
+    if not isinstance(proc, subprocess.Popen):
+        return int(proc.stop(grace))
     _kill_group(proc, signal.SIGTERM)
     try:
         return proc.wait(timeout=grace)
@@ -108,6 +110,8 @@ def supervise(settings: Settings, job_id: str, owner: str) -> str:
     out.mkdir(parents=True, exist_ok=True)
     log_path = out / "job.log"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if spec is not None and settings.ray.runs(spec):
+        return _run_on_ray(settings, spec, job_id, owner, attempt, out, log_path)
     server = engine = None
     if spec is not None and wants_warm_engine(spec, settings):
         try:
@@ -141,6 +145,32 @@ def supervise(settings: Settings, job_id: str, owner: str) -> str:
             warm_engine.release(engine, settings)
         elif server is not None:
             server.stop()
+
+
+def _run_on_ray(settings: Settings, spec: Any, job_id: str, owner: str, attempt: int, out: Path, log_path: Path) -> str:
+    """The job past one node (or in a pool set to run on Ray): a Ray job on the operator's cluster
+    (worker.ray_submit), watched by the same loop as a local job process."""
+    from worker.ray_submit import RayJob, RayUnavailable
+
+    url = settings.database.url
+    if settings.ray.address is None:
+        (out / "error.txt").write_text(
+            f"the job asks for resources.nodes={spec.resources.nodes} and this worker has no Ray cluster "
+            "configured: set MATHRL_RAY__ADDRESS on the workers of this queue"
+        )
+        return _record_end(settings, job_id, owner, EXIT_ERROR, False, log_path)
+    warm_engine.stop_idle()
+
+    def event(kind: str, message: str, data: dict | None = None, level: str = "info") -> None:
+        _event(url, job_id, kind, message, data, level)
+
+    ray_job = RayJob(settings, spec, job_id, owner, attempt, out, log_path, event)
+    try:
+        ray_job.start()
+    except RayUnavailable as exc:
+        (out / "error.txt").write_text(str(exc))
+        return _record_end(settings, job_id, owner, EXIT_ERROR, False, log_path)
+    return _run_job_process(settings, job_id, owner, [], {}, out, log_path, attempt, None, ray_job)
 
 
 def _event(url: str, job_id: str, kind: str, message: str, data: dict | None = None, level: str = "info") -> None:
@@ -210,21 +240,39 @@ def _run_job_process(
     log_path: Path,
     attempt: int,
     server: Any,
+    ray_job: Any = None,
 ) -> str:
+    """Watch the job's processes to their end: a local process (started here from `cmd`) or a
+    Ray job already submitted (worker.ray_submit.RayJob, which answers wait/stop alike)."""
     url = settings.database.url
     w = settings.worker
-    with open(log_path, "ab") as logf:
-        proc = subprocess.Popen(
-            cmd,
-            stdout=logf,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=env,
-            start_new_session=True,  # its own process group: a cancel reaches its children too
-            preexec_fn=_prepare_child,
+    proc: Any
+    if ray_job is not None:
+        proc = ray_job
+        n = ray_job.workers_asked
+        log.info("job %s attempt %d: Ray job %s, log %s", job_id, attempt, ray_job.id, log_path)
+        _event(
+            url,
+            job_id,
+            "launched",
+            f"launched {n} processes (Ray Train workers on {ray_job.nodes} nodes)"
+            if n > 1
+            else "launched 1 process (on Ray)",
+            {"processes": n, "nodes": ray_job.nodes, "submission_id": ray_job.id},
         )
-    log.info("job %s attempt %d: process %d, %s, log %s", job_id, attempt, proc.pid, describe(cmd), log_path)
-    if cmd[1:3] != ["-m", "worker.child"]:
+    else:
+        with open(log_path, "ab") as logf:
+            proc = subprocess.Popen(
+                cmd,
+                stdout=logf,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,  # its own process group: a cancel reaches its children too
+                preexec_fn=_prepare_child,
+            )
+        log.info("job %s attempt %d: process %d, %s, log %s", job_id, attempt, proc.pid, describe(cmd), log_path)
+    if ray_job is None and cmd[1:3] != ["-m", "worker.child"]:
         _event(
             url,
             job_id,
@@ -273,7 +321,8 @@ def _run_job_process(
             cancelled = True
             code = stop_process(proc, w.cancel_grace_seconds)
             break
-    _kill_group(proc, signal.SIGKILL)  # whatever the job started (engine processes) goes with it
+    if ray_job is None:
+        _kill_group(proc, signal.SIGKILL)  # whatever the job started (engine processes) goes with it
     if server is not None and not server_reported and code != EXIT_OK and server.exited() is not None:
         _report_server_exit(url, job_id, server, out)  # the job failed because its server went away
     code = job_exit_code(code, out) if not server_reported else code

@@ -1,0 +1,215 @@
+"""Jobs past one node, on Ray: a real 2-node Ray cluster on this machine
+(ray.cluster_utils.Cluster: a head and a second node, 1 CPU each, separate raylets, the Jobs API
+on the head's dashboard), a worker that submits to it (queue 'ray') and the API, all over
+PostgreSQL and Redis. SFT and GRPO jobs with resources.nodes = 2 run as 2 Ray Train workers, one
+on each node (gloo process group), through the same trainer code as a local job."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import select
+
+from store.db import session_scope
+from store.models import Metric
+from tests.conftest import Service, _free_port, service_env, wait_for
+from tests.test_launch import ARITH, assert_stored_once, grpo, sft
+
+pytest.importorskip("ray")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.fixture(scope="module")
+def ray_cluster(pg_url: str) -> Iterator[str]:
+    """A head (with the dashboard's Jobs API) and a second node. The database URL is in the nodes'
+    own environment, as the chart puts the secret in the Ray pods; the worker does not forward it."""
+    from ray.cluster_utils import Cluster
+
+    port = _free_port()
+    env = {"MATHRL_DATABASE__URL": pg_url}
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 1, "include_dashboard": True, "dashboard_port": port, "env_vars": env},
+    )
+    cluster.add_node(num_cpus=1, env_vars=env)
+    address = f"http://127.0.0.1:{port}"
+    wait_for(lambda: _answers(address), 90, 0.5, "the Ray Jobs API to answer")
+    yield address
+    cluster.shutdown()
+
+
+def _answers(address: str) -> bool:
+    try:
+        return httpx.get(f"{address}/api/version", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def ray_service(
+    pg_url: str, redis_url: str, ray_cluster: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Service]:
+    """The API and a worker for the 'ray' queue (and the 'ray-1' pool, which the operator set to
+    run on Ray too), both configured with the cluster's address."""
+    env = service_env(pg_url, redis_url, tmp_path_factory.mktemp("artifacts-ray"))
+    env.update(
+        {
+            "MATHRL_RAY__ADDRESS": ray_cluster,
+            "MATHRL_RAY__POOLS": json.dumps(["ray-1"]),
+            "MATHRL_RAY__GPUS_PER_NODE": "0",
+            "MATHRL_RAY__PYTHON": sys.executable,
+            "MATHRL_RAY__LOST_AFTER_SECONDS": "10",
+        }
+    )
+    svc = Service(env=env, logs=tmp_path_factory.mktemp("logs-ray"), port=_free_port())
+    svc.start_api()
+    svc.start_worker("ray,ray-1", name="ray")
+    yield svc
+    svc.stop_api()
+    for w in list(svc.workers):
+        svc.stop_worker(w)
+
+
+def ray_pids(events: list[Any]) -> list[int]:
+    workers = next(e for e in events if e.type == "ray_workers").data["workers"]
+    return [int(w["pid"]) for w in workers.values()]
+
+
+def losses(pg_url: str, job_id: str) -> dict[int, float]:
+    with session_scope(pg_url) as s:
+        rows = s.execute(select(Metric.step, Metric.value).where(Metric.job_id == job_id, Metric.name == "loss"))
+        return {int(step): float(v) for step, v in rows}
+
+
+# ---- submit-time checks (configuration only) ----------------------------------------------
+
+
+@pytest.mark.slow
+def test_ray_jobs_are_checked_against_the_configuration_at_submit(service: Service, ray_service: Service) -> None:
+    # the plain service has no Ray cluster configured
+    r = httpx.post(
+        f"{service.url}/v1/jobs",
+        json=sft(resources={"nodes": 2}),
+        headers={"Authorization": f"Bearer {service.key()}"},
+    )
+    assert r.status_code == 422, r.text
+    problem = r.json()
+    assert problem["errors"][0]["pointer"] == "/resources/nodes" and "MATHRL_RAY__ADDRESS" in problem["detail"]
+    # more GPUs per node than the Ray cluster's nodes have
+    r = httpx.post(
+        f"{ray_service.url}/v1/jobs",
+        json=sft(resources={"nodes": 2, "gpus": 1}),
+        headers={"Authorization": f"Bearer {ray_service.key()}"},
+    )
+    assert r.status_code == 422, r.text
+    assert r.json()["errors"][0]["pointer"] == "/resources/gpus" and "0 GPUs each" in r.json()["detail"]
+
+
+# ---- jobs on the cluster ----------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_two_node_sft_runs_one_rank_per_node_and_matches_one_worker(ray_service: Service, pg_url: str) -> None:
+    """SFT on 2 Ray Train workers (one per node, per-device batch 8) and on 1 (batch 16): the same
+    global batch of 16, seed and data order (the sampler's permutation is the same; each rank takes
+    alternate batches of 8), so the same loss curve. Two things may differ: DDP averages the ranks'
+    per-token means where one worker takes the mean over all 16 rows' tokens (equal here: the rows
+    are 2-digit sums of one length), and float32 rounding (gloo's all-reduce adds in another order).
+    Measured: 1.3e-7 relative at worst. Tolerance 1e-4: room for rounding that compounds over 20
+    steps, while a real divergence (other rows in a step, one rank's gradient lost) moves the loss
+    by percents."""
+    c = ray_service.client()
+    t0 = time.monotonic()
+    two = c.jobs.create(sft(per_device_train_batch_size=8, resources={"nodes": 2}))
+    done = c.jobs.wait(two.id, timeout=300)
+    assert done.status == "succeeded", done.error
+    two_seconds = time.monotonic() - t0
+    events = c.jobs.events(two.id)
+    assert_stored_once(pg_url, two.id, events)
+    placed = next(e for e in events if e.type == "ray_workers")
+    assert placed.data["nodes"] == 2 and len(placed.data["workers"]) == 2  # one rank on each node
+    statuses = [e.data["status"] for e in events if e.type == "ray_status"]
+    assert statuses[-1] == "SUCCEEDED", statuses
+    assert any(e.type == "ray_log" for e in events)
+    wait_for(lambda: not any(_alive(p) for p in ray_pids(events)), 30, 0.5, "the Ray Train workers to exit")
+
+    t0 = time.monotonic()
+    one = c.jobs.create(sft(per_device_train_batch_size=16, resources={"pool": "ray-1"}))
+    done = c.jobs.wait(one.id, timeout=300)
+    assert done.status == "succeeded", done.error
+    one_seconds = time.monotonic() - t0
+    assert len(next(e for e in c.jobs.events(one.id) if e.type == "ray_workers").data["workers"]) == 1
+    a, b = losses(pg_url, two.id), losses(pg_url, one.id)
+    assert sorted(a) == sorted(b) == list(range(2, 21, 2))
+    worst = max(abs(a[s] - b[s]) / b[s] for s in a)
+    print(
+        f"2-node SFT {two_seconds:.1f}s, 1-worker SFT {one_seconds:.1f}s; loss 2 workers vs 1, worst relative "
+        f"difference over {len(a)} logged steps: {worst:.2e}"
+    )
+    assert worst < 1e-4, (a, b)
+    assert a[20] < a[2]  # and it learned
+
+
+@pytest.mark.slow
+def test_two_node_grpo_stores_each_step_once(ray_service: Service, tiny_model: str, pg_url: str) -> None:
+    """GRPO samples differently on each rank; what must hold: the job's whole batch is generated
+    each step (the same number of completions as asked for) and rank 0 alone stores metrics."""
+    c = ray_service.client()
+    spec = grpo(model=tiny_model, dataset={**ARITH, "limit": 200}, resources={"nodes": 2}, global_batch_size=16)
+    job = c.jobs.create(spec)
+    done = c.jobs.wait(job.id, timeout=300)
+    assert done.status == "succeeded", done.error
+    events = c.jobs.events(job.id)
+    assert_stored_once(pg_url, job.id, events)
+    assert next(e for e in events if e.type == "ray_workers").data["nodes"] == 2
+    config = c.jobs.retrieve(job.id).resolved_config
+    assert config["world_size"] == 2 and config["global_batch_size"] == 16
+    with session_scope(pg_url) as s:
+        made = s.execute(
+            select(Metric.step, Metric.value).where(Metric.job_id == job.id, Metric.name == "completions_per_step")
+        ).all()
+    assert sorted(made) == [(step, 16.0) for step in range(1, 5)], made  # 8 on each rank, every step
+
+
+@pytest.mark.slow
+def test_cancel_stops_the_ray_job_and_every_worker(ray_service: Service) -> None:
+    c = ray_service.client()
+    job = c.jobs.create(sft(max_steps=100_000, logging_steps=1000, save_steps=100_000, resources={"nodes": 2}))
+    wait_for(lambda: any(e.type == "training" for e in c.jobs.events(job.id)), 240, 0.5, "training to start")
+    pids = ray_pids(c.jobs.events(job.id))
+    assert all(_alive(p) for p in pids)
+    assert c.jobs.cancel(job.id).cancel_requested
+    done = c.jobs.wait(job.id, timeout=90, poll=0.2)
+    assert done.status == "cancelled", done.error
+    wait_for(lambda: not any(_alive(p) for p in pids), 30, 0.5, "every Ray Train worker to exit")
+    exit_code = Path(ray_service.env["MATHRL_ARTIFACT_DIR"]) / "jobs" / job.id / "attempt-1" / "exit-code"
+    assert exit_code.read_text() == "2"  # the ranks stopped together between steps
+
+
+@pytest.mark.slow
+def test_a_ray_address_that_does_not_answer_fails_the_job_naming_the_setting(ray_service: Service) -> None:
+    """A worker whose Ray address is wrong: the job fails at once, and the error names the setting."""
+    dead = f"http://127.0.0.1:{_free_port()}"
+    worker = ray_service.start_worker("ray-dead", name="ray-dead", env={"MATHRL_RAY__ADDRESS": dead})
+    try:
+        c = ray_service.client()
+        job = c.jobs.create(sft(resources={"nodes": 2, "pool": "ray-dead"}))
+        done = c.jobs.wait(job.id, timeout=120)
+        assert done.status == "failed"
+        assert "MATHRL_RAY__ADDRESS" in (done.error or "") and dead in (done.error or ""), done.error
+    finally:
+        ray_service.stop_worker(worker)
