@@ -62,13 +62,17 @@ def wait_ready(url: str, procs: list[subprocess.Popen[bytes]], timeout: float = 
 
 @contextmanager
 def embedded_service(
-    home: Path, port: int, model_roots: list[str] | None = None
+    home: Path,
+    port: int,
+    model_roots: list[str] | None = None,
+    queues: str = "cpu",
+    extra_env: dict[str, str] | None = None,
 ) -> Iterator[tuple[str, dict[str, str]]]:
-    """Start API and worker as child processes; stop them on exit. Yields (url, env)."""
+    """Start API and worker (on `queues`) as child processes; stop them on exit. Yields (url, env)."""
     from store.migrate import upgrade
 
     home.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, **embedded_env(home, model_roots)}
+    env = {**os.environ, **embedded_env(home, model_roots), **(extra_env or {})}
     upgrade(env["MATHRL_DATABASE__URL"])
     port = free_port(port)
     logs = home / "logs"
@@ -83,7 +87,7 @@ def embedded_service(
             start_new_session=True,
         ),
         subprocess.Popen(
-            [py, "-m", "service.cli", "worker", "--queues", "cpu", "--concurrency", "1"],
+            [py, "-m", "service.cli", "worker", "--queues", queues, "--concurrency", "1"],
             env=env,
             stdout=open(logs / "worker.log", "ab"),
             stderr=subprocess.STDOUT,

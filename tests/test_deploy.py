@@ -31,7 +31,7 @@ GPU_VALUES = CHART / "ci" / "gpu-values.yaml"
 RELEASE, NAMESPACE = "mathrl", "ml"
 # the oldest Kubernetes the chart declares (Chart.yaml kubeVersion) and the newest with schemas
 K8S_VERSIONS = ("1.27", kubernetes_validate.utils.latest_version())
-CRD_KINDS = {"ScaledObject", "TriggerAuthentication", "ServiceMonitor"}
+CRD_KINDS = {"ScaledObject", "TriggerAuthentication", "ServiceMonitor", "RayCluster"}
 
 
 # ---- rendering --------------------------------------------------------------------------------
@@ -774,3 +774,93 @@ def test_setup_steps_print_one_line_each_and_the_log_only_on_failure(tmp_path: P
     assert "noise" not in lines[0] and lines[1] == f"==> loud one FAILED (exit 3); the end of {log}:"
     assert "why it broke" in r.stderr and "not reached" not in r.stderr
     assert "pip noise" in log.read_text() and "more noise" in log.read_text()
+
+
+# ---- Ray (jobs past one node) -----------------------------------------------------------------
+
+
+def ray_values(**ray: Any) -> dict[str, Any]:
+    values = gpu_values()
+    values["workerPools"] = [*values["workerPools"], {"name": "ray", "queues": ["ray"], "gpus": 0}]
+    values["ray"] = {"enabled": True, **ray}
+    return values
+
+
+@pytest.mark.quick
+def test_ray_cluster_from_values_with_the_workers_storage_and_database() -> None:
+    values = ray_values(
+        cluster={
+            "workerGroups": [
+                {
+                    "name": "h100",
+                    "replicas": 2,
+                    "gpus": 8,
+                    "nodeSelector": {"nvidia.com/gpu.product": "H100"},
+                    "tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}],
+                    "resources": {"limits": {"cpu": "96", "memory": "1Ti"}},
+                }
+            ]
+        }
+    )
+    r = render(values)
+    (cluster,) = r.of("RayCluster")
+    assert cluster["apiVersion"] == "ray.io/v1" and cluster["spec"]["rayVersion"] == "2.60.0"
+    head = cluster["spec"]["headGroupSpec"]
+    assert head["rayStartParams"]["dashboard-host"] == "0.0.0.0"  # the Jobs API answers the workers
+    (group,) = cluster["spec"]["workerGroupSpecs"]
+    assert group["groupName"] == "h100" and group["replicas"] == 2
+    pod = group["template"]["spec"]
+    c = pod["containers"][0]
+    assert c["resources"]["limits"] == {"cpu": "96", "memory": "1Ti", "nvidia.com/gpu": 8}
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "H100"} and pod["tolerations"][0]["key"] == "gpu"
+    worker = workers(r)["ray"]
+    for ray_pod in (head["template"]["spec"], pod):
+        rc = ray_pod["containers"][0]
+        env = env_of(rc)
+        # the ranks reach the store themselves: the database secret, never the broker's or the admin token
+        assert env["MATHRL_DATABASE__URL"]["valueFrom"]["secretKeyRef"]
+        assert "MATHRL_AUTH__ADMIN_TOKEN" not in env and "MATHRL_BROKER__URL" not in env
+        # checkpoints are on the workers' artifact volume, at the same path
+        mount = next(m for m in rc["volumeMounts"] if m["name"] == "artifacts")
+        worker_mount = next(m for m in container(worker)["volumeMounts"] if m["name"] == "artifacts")
+        assert mount["mountPath"] == worker_mount["mountPath"] == env["MATHRL_ARTIFACT_DIR"]["value"]
+        claim = next(v for v in ray_pod["volumes"] if v["name"] == "artifacts")
+        assert claim == next(v for v in pod_spec(worker)["volumes"] if v["name"] == "artifacts")
+        assert rc["image"].startswith("ghcr.io/") or rc["image"]
+        assert ray_pod["automountServiceAccountToken"] is False
+    # the head's service is what the API and the workers are told
+    address = f"http://{RELEASE}-ray-head-svc.{NAMESPACE}.svc:8265"
+    assert env_of(container(worker))["MATHRL_RAY__ADDRESS"]["value"] == address
+    api = r.get("Deployment", f"{RELEASE}-api")
+    assert env_of(container(api))["MATHRL_RAY__ADDRESS"]["value"] == address
+    assert env_of(container(worker))["MATHRL_RAY__GPUS_PER_NODE"]["value"] == "8"
+    # the Jobs API is HTTP: no Kubernetes RBAC for Ray
+    assert not [d for d in r.of("Role") + r.of("ClusterRole") if "ray.io" in json.dumps(d)]
+    # the Ray pods are this release's pods: the database's network policy lets them in
+    labels = head["template"]["metadata"]["labels"]
+    assert labels["app.kubernetes.io/instance"] == RELEASE and labels["app.kubernetes.io/component"] == "ray"
+
+
+@pytest.mark.quick
+def test_ray_pod_templates_validate_against_the_kubernetes_schema() -> None:
+    """The RayCluster's pod templates are core PodTemplateSpecs: validated with the Kubernetes API
+    schema (as a PodTemplate). The RayCluster's own fields are checked above, not against KubeRay's
+    CRD schema, which could not be fetched here (see the note in the README's Ray section)."""
+    (cluster,) = render(ray_values()).of("RayCluster")
+    templates = [cluster["spec"]["headGroupSpec"]["template"]]
+    templates += [g["template"] for g in cluster["spec"]["workerGroupSpecs"]]
+    for i, template in enumerate(templates):
+        doc = {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": f"ray-{i}"}, "template": template}
+        for version in K8S_VERSIONS:
+            kubernetes_validate.validate(doc, version, strict=True)
+
+
+@pytest.mark.quick
+def test_ray_off_by_default_and_an_existing_cluster_needs_no_raycluster(default: Rendered) -> None:
+    assert not default.of("RayCluster")
+    assert not any(k.startswith("MATHRL_RAY__") for d in default.workloads() for k in env_of(container(d)))
+    r = render(ray_values(address="http://ray.example:8265"))
+    assert not r.of("RayCluster")
+    assert env_of(container(workers(r)["ray"]))["MATHRL_RAY__ADDRESS"]["value"] == "http://ray.example:8265"
+    with pytest.raises(helm.HelmValuesError, match="ray"):
+        render(ray_values(cluster={"workerGroups": [{"name": "g", "gpus": 8}]}))  # replicas missing

@@ -7,6 +7,7 @@ on each node (gloo process group), through the same trainer code as a local job.
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -213,3 +214,79 @@ def test_a_ray_address_that_does_not_answer_fails_the_job_naming_the_setting(ray
         assert "MATHRL_RAY__ADDRESS" in (done.error or "") and dead in (done.error or ""), done.error
     finally:
         ray_service.stop_worker(worker)
+
+
+@pytest.mark.slow
+def test_a_retry_stops_the_earlier_attempts_ray_job_first(ray_service: Service, ray_cluster: str) -> None:
+    """The worker supervising a Ray job dies: the job's lease lapses, the reconciler sends it again,
+    and the next attempt stops the first attempt's Ray job (still running: Ray does not know the
+    worker died) before it submits its own, so the two never run side by side."""
+    from ray.job_submission import JobSubmissionClient
+
+    c = ray_service.client()
+    job = c.jobs.create(sft(max_steps=100_000, logging_steps=1000, save_steps=100_000, resources={"nodes": 2}))
+    wait_for(lambda: any(e.type == "training" for e in c.jobs.events(job.id)), 240, 0.5, "training to start")
+    first = ray_pids(c.jobs.events(job.id))
+    (worker,) = [w for w in ray_service.workers]
+    ray_service.stop_worker(worker, signal.SIGKILL)
+    ray_service.start_worker("ray,ray-1", name="ray-again")
+    wait_for(
+        lambda: any(e.type == "ray_stopped_earlier" for e in c.jobs.events(job.id)),
+        120,
+        0.5,
+        "attempt 2 to stop attempt 1",
+    )
+    ray = JobSubmissionClient(ray_cluster)
+    assert ray.get_job_status(f"mathrl-{job.id}-1").value == "STOPPED"
+    wait_for(lambda: not any(_alive(p) for p in first), 30, 0.5, "attempt 1's workers to exit")
+    wait_for(
+        lambda: any(
+            e.type == "ray_workers" and e.data["workers"]["0"]["pid"] not in first for e in c.jobs.events(job.id)
+        ),
+        120,
+        0.5,
+        "attempt 2 to train",
+    )
+    assert c.jobs.retrieve(job.id).attempts == 2
+    c.jobs.cancel(job.id)
+    assert c.jobs.wait(job.id, timeout=90, poll=0.2).status == "cancelled"
+
+
+@pytest.mark.slow
+def test_a_ray_cluster_that_goes_away_fails_the_job(ray_service: Service, pg_url: str) -> None:
+    """A Ray cluster of its own (one node, 2 CPUs) shut down mid-job: the job fails within
+    ray.lost_after_seconds (10 s here) with a message naming the setting, instead of staying running."""
+    from ray.cluster_utils import Cluster
+
+    port = _free_port()
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={
+            "num_cpus": 2,
+            "include_dashboard": True,
+            "dashboard_port": port,
+            "dashboard_agent_listen_port": _free_port(),  # the first cluster's head holds the default
+            "env_vars": {"MATHRL_DATABASE__URL": pg_url},
+        },
+    )
+    address = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: _answers(address), 90, 0.5, "the second Ray cluster's Jobs API")
+        worker = ray_service.start_worker("ray-lost", name="ray-lost", env={"MATHRL_RAY__ADDRESS": address})
+        c = ray_service.client()
+        job = c.jobs.create(
+            sft(max_steps=100_000, logging_steps=1000, save_steps=100_000, resources={"nodes": 2, "pool": "ray-lost"})
+        )
+        try:
+            wait_for(lambda: any(e.type == "training" for e in c.jobs.events(job.id)), 120, 0.5, "training to start")
+        except TimeoutError:
+            print([(e.type, e.message[:300]) for e in c.jobs.events(job.id)])
+            raise
+    finally:
+        cluster.shutdown()
+    t0 = time.monotonic()
+    done = c.jobs.wait(job.id, timeout=90, poll=0.5)
+    print(f"job failed {time.monotonic() - t0:.1f}s after the Ray cluster went away")
+    assert done.status == "failed", done.status
+    assert "MATHRL_RAY__ADDRESS" in (done.error or "") or "gone from the Ray cluster" in (done.error or ""), done.error
+    ray_service.stop_worker(worker)

@@ -38,6 +38,7 @@ SECRET_ENV = ("MATHRL_DATABASE__URL", "MATHRL_BROKER__URL", "MATHRL_AUTH__")  # 
 FORWARD_ENV = ("HF_HUB_OFFLINE", "HF_HOME", "TRANSFORMERS_OFFLINE", "TOKENIZERS_PARALLELISM", "MATHRL_VLLM_")
 STATUS_POLL_SECONDS = 1.0
 LOG_LINES_PER_EVENT = 40
+AGENT_WAIT_SECONDS = 60.0  # how long a submission waits for the head's job agent to come up
 
 Event = Callable[..., None]  # (kind, message, data=None, level="info")
 
@@ -119,23 +120,31 @@ class RayJob:
             ) from None
 
     def start(self) -> None:
+        """Stop earlier attempts, submit this one (the supervisor keeps the lease alive meanwhile)."""
         self.client = self._connect()
         self._stop_earlier_attempts()
         command, gpus, cpus = entrypoint(self.settings, self.spec, self.job_id, self.owner, self.attempt)
-        try:
-            self.client.submit_job(
-                entrypoint=command,
-                submission_id=self.id,
-                runtime_env={"env_vars": forwarded_env()},
-                metadata={"mathrl_job": self.job_id, "attempt": str(self.attempt)},
-                entrypoint_num_gpus=gpus,
-                entrypoint_num_cpus=cpus,
-            )
-        except Exception as exc:
-            raise RayUnavailable(
-                f"the Ray cluster at MATHRL_RAY__ADDRESS={self.address!r} refused the job "
-                f"({type(exc).__name__}: {str(exc)[:500]})"
-            ) from None
+        deadline = time.monotonic() + AGENT_WAIT_SECONDS
+        while True:
+            try:
+                self.client.submit_job(
+                    entrypoint=command,
+                    submission_id=self.id,
+                    runtime_env={"env_vars": forwarded_env()},
+                    metadata={"mathrl_job": self.job_id, "attempt": str(self.attempt)},
+                    entrypoint_num_gpus=gpus,
+                    entrypoint_num_cpus=cpus,
+                )
+                break
+            except Exception as exc:
+                # a head that just started has no job agent yet ("try again later")
+                if "try again later" in str(exc) and time.monotonic() < deadline:
+                    time.sleep(2.0)
+                    continue
+                raise RayUnavailable(
+                    f"the Ray cluster at MATHRL_RAY__ADDRESS={self.address!r} refused the job "
+                    f"({type(exc).__name__}: {str(exc)[:500]})"
+                ) from None
         with open(self.log_path, "a") as f:
             f.write(f"mathrl: submitted Ray job {self.id} to {self.address}: {command}\n")
         self.event(

@@ -49,6 +49,7 @@ log = logging.getLogger("mathrl.worker")
 # every job this worker runs is drained, i.e. checkpointed and handed back to the queue.
 shutting_down = threading.Event()
 POLL_SECONDS = 0.5  # how soon the supervisor sees its job exit or its worker shutting down
+START_SECONDS = 180.0  # submitting to Ray (earlier attempts stopped first) must be done within this
 
 
 def worker_identity(task_id: str | None = None) -> str:
@@ -165,10 +166,34 @@ def _run_on_ray(settings: Settings, spec: Any, job_id: str, owner: str, attempt:
         _event(url, job_id, kind, message, data, level)
 
     ray_job = RayJob(settings, spec, job_id, owner, attempt, out, log_path, event)
-    try:
-        ray_job.start()
-    except RayUnavailable as exc:
-        (out / "error.txt").write_text(str(exc))
+    failed: list[str] = []
+
+    def start() -> None:
+        try:
+            ray_job.start()
+        except RayUnavailable as exc:
+            failed.append(str(exc))
+        except Exception as exc:
+            failed.append(f"submitting to the Ray cluster failed: {type(exc).__name__}: {exc}")
+
+    # the Jobs API can take seconds (a busy head; earlier attempts to stop): the lease is kept alive
+    starting = threading.Thread(target=start, name=f"mathrl-ray-submit-{job_id}", daemon=True)
+    starting.start()
+    deadline = time.monotonic() + START_SECONDS
+    while starting.is_alive() and time.monotonic() < deadline:
+        starting.join(settings.worker.heartbeat_seconds)
+        try:
+            with session_scope(url) as s:
+                renew_lease(s, job_id, owner, settings.worker.lease_seconds)
+        except Exception as exc:  # database briefly down: retried next beat
+            log.warning("heartbeat for %s failed (%s)", job_id, type(exc).__name__)
+    if starting.is_alive():
+        failed.append(
+            f"the Ray cluster at MATHRL_RAY__ADDRESS={settings.ray.address!r} did not take the job within "
+            f"{START_SECONDS:g} s"
+        )
+    if failed:
+        (out / "error.txt").write_text(failed[0])
         return _record_end(settings, job_id, owner, EXIT_ERROR, False, log_path)
     return _run_job_process(settings, job_id, owner, [], {}, out, log_path, attempt, None, ray_job)
 

@@ -122,6 +122,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
   value: {{ .Values.datasets.mountPath | quote }}
 - name: HOME
   value: /home/mathrl
+{{- include "mathrl.rayEnv" . }}
 {{- with .Values.extraEnv }}
 {{ toYaml . }}
 {{- end }}
@@ -153,4 +154,108 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 
 {{- define "mathrl.containerSecurityContext" -}}
 {{ toYaml .Values.containerSecurityContext }}
+{{- end -}}
+
+{{/* Ray settings for the API (checks at submit) and the workers (submit to Ray) */}}
+{{- define "mathrl.rayAddress" -}}
+{{- if .Values.ray.address -}}{{ .Values.ray.address }}{{- else -}}http://{{ include "mathrl.fullname" . }}-ray-head-svc.{{ .Release.Namespace }}.svc:8265{{- end -}}
+{{- end -}}
+
+{{- define "mathrl.rayEnv" -}}
+{{- if .Values.ray.enabled }}
+- name: MATHRL_RAY__ADDRESS
+  value: {{ include "mathrl.rayAddress" . | quote }}
+- name: MATHRL_RAY__GPUS_PER_NODE
+  value: {{ .Values.ray.gpusPerNode | quote }}
+- name: MATHRL_RAY__POOLS
+  value: {{ .Values.ray.pools | toJson | quote }}
+- name: MATHRL_RAY__CPUS_PER_WORKER
+  value: {{ .Values.ray.cpusPerWorker | quote }}
+- name: MATHRL_RAY__LOST_AFTER_SECONDS
+  value: {{ .Values.ray.lostAfterSeconds | quote }}
+- name: MATHRL_RAY__PYTHON
+  value: /opt/venv/bin/python
+{{- end }}
+{{- end -}}
+
+{{/* A Ray pod (head or worker group): the worker image, the database secret only (no broker or
+admin secrets), the artifact volume at the workers' path. KubeRay adds the `ray start` command. */}}
+{{- define "mathrl.rayPodSpec" -}}
+{{- $root := .root -}}
+{{- $gpus := int .gpus -}}
+serviceAccountName: {{ include "mathrl.serviceAccountName" $root }}
+automountServiceAccountToken: false
+securityContext:
+  {{- include "mathrl.podSecurityContext" $root | nindent 2 }}
+{{- with $root.Values.image.pullSecrets }}
+imagePullSecrets:
+  {{- range . }}
+  - name: {{ . }}
+  {{- end }}
+{{- end }}
+containers:
+  - name: {{ .name }}
+    image: {{ include "mathrl.image" (list $root (ternary "worker" "workerCpu" (gt $gpus 0))) }}
+    imagePullPolicy: {{ $root.Values.image.pullPolicy }}
+    env:
+      - name: MATHRL_DATABASE__URL
+        valueFrom:
+          secretKeyRef: {name: {{ include "mathrl.dbSecretName" $root }}, key: {{ include "mathrl.dbSecretKey" $root }}}
+      - name: MATHRL_ARTIFACT_DIR
+        value: {{ $root.Values.artifacts.mountPath | quote }}
+      - name: MATHRL_DATA_DIR
+        value: {{ $root.Values.datasets.mountPath | quote }}
+      - name: HOME
+        value: /home/mathrl
+      - name: HF_HOME
+        value: /var/cache/mathrl/huggingface
+    securityContext:
+      {{- include "mathrl.containerSecurityContext" $root | nindent 6 }}
+    resources:
+      {{- with .resources.requests }}
+      requests:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      limits:
+        {{- with .resources.limits }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
+        {{- if gt $gpus 0 }}
+        {{ default "nvidia.com/gpu" .gpuResourceName }}: {{ $gpus }}
+        {{- end }}
+    volumeMounts:
+      - {name: tmp, mountPath: /tmp}
+      - {name: home, mountPath: /home/mathrl}
+      - {name: cache, mountPath: /var/cache/mathrl}
+      - {name: shm, mountPath: /dev/shm}
+      - {name: artifacts, mountPath: {{ $root.Values.artifacts.mountPath }}}
+      {{- if $root.Values.datasets.existingClaim }}
+      - {name: datasets, mountPath: {{ $root.Values.datasets.mountPath }}, readOnly: true}
+      {{- end }}
+volumes:
+  - name: tmp
+    emptyDir: {sizeLimit: 50Gi}
+  - name: home
+    emptyDir: {sizeLimit: 1Gi}
+  - name: cache
+    {{- if $root.Values.modelCache.existingClaim }}
+    persistentVolumeClaim: {claimName: {{ $root.Values.modelCache.existingClaim }}}
+    {{- else }}
+    emptyDir: {sizeLimit: 200Gi}
+    {{- end }}
+  - name: shm
+    emptyDir: {medium: Memory, sizeLimit: {{ .shmSize }}}
+  {{- include "mathrl.artifactsVolume" $root | nindent 2 }}
+  {{- if $root.Values.datasets.existingClaim }}
+  - name: datasets
+    persistentVolumeClaim: {claimName: {{ $root.Values.datasets.existingClaim }}, readOnly: true}
+  {{- end }}
+{{- with .nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
 {{- end -}}
