@@ -127,9 +127,8 @@ def main() -> None:
     r1, r2 = results["Ray, 1 worker"][0], results["Ray, 2 workers on 2 nodes"][0]
     print(f"Ray 1 worker / local 1 process:            {r1 / one:.3f}")
     print(f"Ray 2 workers / local 2 processes:         {r2 / two:.3f}")
-    print(
-        f"job wall, Ray 2 workers - local 2 processes: {results['Ray, 2 workers on 2 nodes'][2] - results['local, 2 processes (accelerate)'][2]:+.1f} s (start-up: submission, Ray Train's worker group)"
-    )
+    extra = results["Ray, 2 workers on 2 nodes"][2] - results["local, 2 processes (accelerate)"][2]
+    print(f"job wall, Ray 2 workers - local 2 processes: {extra:+.1f} s (submission, Ray Train's worker group)")
 
 
 if __name__ == "__main__":
