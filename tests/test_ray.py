@@ -118,6 +118,12 @@ def test_ray_jobs_are_checked_against_the_configuration_at_submit(service: Servi
     )
     assert r.status_code == 422, r.text
     assert r.json()["errors"][0]["pointer"] == "/resources/gpus" and "0 GPUs each" in r.json()["detail"]
+    # GRPO's vLLM server mode starts its server on the worker's node: not on Ray (yet)
+    server = grpo(
+        model="org/m", resources={"nodes": 2}, generation={"backend": "vllm", "mode": "server"}, lora={"enabled": True}
+    )
+    r = httpx.post(f"{ray_service.url}/v1/jobs", json=server, headers={"Authorization": f"Bearer {ray_service.key()}"})
+    assert r.status_code == 422 and r.json()["errors"][0]["pointer"] == "/generation/mode", r.text
 
 
 # ---- jobs on the cluster ----------------------------------------------------------------
@@ -290,3 +296,68 @@ def test_a_ray_cluster_that_goes_away_fails_the_job(ray_service: Service, pg_url
     assert done.status == "failed", done.status
     assert "MATHRL_RAY__ADDRESS" in (done.error or "") or "gone from the Ray cluster" in (done.error or ""), done.error
     ray_service.stop_worker(worker)
+
+
+# ---- the pieces, without a cluster --------------------------------------------------------
+
+
+@pytest.mark.quick
+def test_nodes_route_to_ray_count_in_quotas_and_the_world_size() -> None:
+    from mathrl.presets import resolve_grpo
+    from mathrl.specs import parse_spec
+
+    spec = parse_spec(sft(resources={"nodes": 4, "gpus": 8}))
+    assert spec.resources.queue == "ray" and spec.resources.total_gpus == 32
+    assert parse_spec(sft(resources={"nodes": 2, "pool": "h100"})).resources.queue == "h100"
+    g = parse_spec(grpo(resources={"nodes": 2, "processes": 2}, global_batch_size=32))
+    assert resolve_grpo(g)["world_size"] == 4 and resolve_grpo(g)["gradient_accumulation_steps"] == 1
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"kind": "eval", "model": "org/m", "resources": {"nodes": 2}},
+        {
+            "kind": "grade",
+            "grader": {"type": "reward_model", "model": "org/rm"},
+            "items": [{"completion": "1", "answer": "1"}],
+            "resources": {"nodes": 2},
+        },
+    ],
+)
+def test_only_training_jobs_span_nodes(body: dict[str, Any]) -> None:
+    from pydantic import ValidationError
+
+    from mathrl.specs import parse_spec
+
+    with pytest.raises(ValidationError, match="resources"):
+        parse_spec(body)
+
+
+@pytest.mark.quick
+def test_the_ray_job_never_carries_the_secrets() -> None:
+    from worker.ray_submit import forwarded_env, submission_id
+
+    env = {
+        "MATHRL_DATABASE__URL": "postgresql://u:secret@db/x",
+        "MATHRL_BROKER__URL": "redis://:secret@r/0",
+        "MATHRL_AUTH__ADMIN_TOKEN": "t",
+        "MATHRL_ARTIFACT_DIR": "/a",
+        "HF_HUB_OFFLINE": "1",
+        "PATH": "/bin",
+    }
+    assert forwarded_env(env) == {"MATHRL_ARTIFACT_DIR": "/a", "HF_HUB_OFFLINE": "1"}
+    assert submission_id("j", 2) == "mathrl-j-2"
+
+
+@pytest.mark.quick
+def test_the_ray_jobs_exit_code_is_rank_zeros_unless_another_rank_failed() -> None:
+    from worker.ray_train import exit_code
+
+    ok = {0: {"code": 0}, 1: {"code": 0}}
+    assert exit_code(ok, 2, None) == 0
+    assert exit_code({0: {"code": 2}, 1: {"code": 2}}, 2, None) == 2  # stopped on request
+    assert exit_code({0: {"code": 0}, 1: {"code": 1}}, 2, None) == 1
+    assert exit_code({0: {"code": 0}}, 2, None) == 1  # a rank never reported
+    assert exit_code(ok, 2, "TrainingFailedError: worker died") == 1
