@@ -826,8 +826,11 @@ def test_ray_cluster_from_values_with_the_workers_storage_and_database() -> None
         assert mount["mountPath"] == worker_mount["mountPath"] == env["MATHRL_ARTIFACT_DIR"]["value"]
         claim = next(v for v in ray_pod["volumes"] if v["name"] == "artifacts")
         assert claim == next(v for v in pod_spec(worker)["volumes"] if v["name"] == "artifacts")
-        assert rc["image"].startswith("ghcr.io/") or rc["image"]
         assert ray_pod["automountServiceAccountToken"] is False
+    # the worker images: the GPU one on GPU groups, the CPU one on the head (no GPUs)
+    gpu_pool = next(d for d in workers(r).values() if "nvidia.com/gpu" in container(d)["resources"]["limits"])
+    assert c["image"] == container(gpu_pool)["image"] and "cpu" not in c["image"]
+    assert head["template"]["spec"]["containers"][0]["image"] == container(worker)["image"]  # worker-cpu
     # the head's service is what the API and the workers are told
     address = f"http://{RELEASE}-ray-head-svc.{NAMESPACE}.svc:8265"
     assert env_of(container(worker))["MATHRL_RAY__ADDRESS"]["value"] == address

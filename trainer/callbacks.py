@@ -128,19 +128,16 @@ class SinkCallback(TrainerCallback):  # type: ignore[misc]
 def _any_rank(flag: bool, args: Any) -> bool:
     """True when any rank of a multi-process run says so: every rank stops at the same step
     (one rank stopping alone would leave the others waiting in the next step's all-reduce)."""
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return flag
-    import torch
-
-    t = torch.tensor([1 if flag else 0], device=args.device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return bool(t.item())
+    return bool(_all_ranks(1.0 if flag else 0.0, "MAX", args))
 
 
 def _sum_ranks(value: float, args: Any) -> float:
     """`value` summed over the ranks of a multi-process run (every rank logs the same steps)."""
+    return _all_ranks(value, "SUM", args)
+
+
+def _all_ranks(value: float, op: str, args: Any) -> float:
+    """`value` all-reduced with `op` (a torch.distributed.ReduceOp name) over the run's ranks."""
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
@@ -148,7 +145,7 @@ def _sum_ranks(value: float, args: Any) -> float:
     import torch
 
     t = torch.tensor([value], dtype=torch.float64, device=args.device)
-    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    dist.all_reduce(t, op=getattr(dist.ReduceOp, op))
     return float(t.item())
 
 

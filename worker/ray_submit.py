@@ -28,12 +28,12 @@ from pathlib import Path
 from typing import Any
 
 from service.settings import Settings
-from worker.launch import TRAINING_KINDS, num_processes
-from worker.ray_train import OUTCOME_LINE, WORKERS_LINE
+from worker.child import EXIT_DRAINED, EXIT_ERROR, EXIT_OK, EXIT_STOPPED
+from worker.launch import TRAINING_KINDS, num_processes, read_error
+from worker.ray_train import WORKERS_LINE
 
 log = logging.getLogger("mathrl.worker")
 
-EXIT_OK, EXIT_ERROR, EXIT_STOPPED = 0, 1, 2  # worker.child's
 SECRET_ENV = ("MATHRL_DATABASE__URL", "MATHRL_BROKER__URL", "MATHRL_AUTH__")  # never in the Ray job's record
 FORWARD_ENV = ("HF_HUB_OFFLINE", "HF_HOME", "TRANSFORMERS_OFFLINE", "TOKENIZERS_PARALLELISM", "MATHRL_VLLM_")
 STATUS_POLL_SECONDS = 1.0
@@ -59,6 +59,11 @@ def forwarded_env(environ: dict[str, str] | None = None) -> dict[str, str]:
     return {k: v for k, v in keep.items() if not k.startswith(SECRET_ENV)}
 
 
+def ray_workers(spec: Any) -> int:
+    """Ray Train workers of a training job (processes per node x nodes); 1 for other kinds."""
+    return num_processes(spec) * spec.resources.nodes if spec.kind in TRAINING_KINDS else 1
+
+
 def entrypoint(settings: Settings, spec: Any, job_id: str, owner: str, attempt: int) -> tuple[str, int, int]:
     """The Ray job's command line, and how many GPUs and CPUs its driver itself takes: training jobs
     run as Ray Train workers (processes per node x nodes) under worker.ray_train, whose driver takes
@@ -66,9 +71,8 @@ def entrypoint(settings: Settings, spec: Any, job_id: str, owner: str, attempt: 
     the job asked for."""
     python = settings.ray.python
     if spec.kind in TRAINING_KINDS:
-        workers = num_processes(spec) * spec.resources.nodes
         per_worker = 1 if spec.resources.gpus else 0
-        args = ["-m", "worker.ray_train", job_id, owner, str(attempt), str(workers), str(per_worker)]
+        args = ["-m", "worker.ray_train", job_id, owner, str(attempt), str(ray_workers(spec)), str(per_worker)]
         return shlex.join([python, *args]), 0, 0
     return shlex.join([python, "-m", "worker.child", job_id, owner, str(attempt)]), spec.resources.gpus, 1
 
@@ -94,13 +98,11 @@ class RayJob:
         self.address = settings.ray.address or ""
         self.id = submission_id(job_id, attempt)
         self.nodes = spec.resources.nodes
-        self.workers_asked = num_processes(spec) * self.nodes if spec.kind in TRAINING_KINDS else 1
-        self.pid = 0  # the supervisor logs it; a Ray job has no local process
+        self.workers_asked = ray_workers(spec)
         self.client: Any = None
         self.code: int | None = None
         self.status: str | None = None
         self.workers: dict[str, Any] = {}
-        self.outcome: dict[str, Any] | None = None
         self._log_offset = 0
         self._last_poll = 0.0
         self._unreachable_since: float | None = None
@@ -202,16 +204,9 @@ class RayJob:
                 f"Ray job {self.id}: {status}" + (f" ({info.message})" if info.message else ""),
                 {"status": status},
             )
-        if info.status.is_terminal():
-            self._read_log(self._final_logs())
+        if info.status.is_terminal():  # (the log was read after the status: it is whole)
             self.code = self._exit_code(status, info)
         return self.code
-
-    def _final_logs(self) -> str:
-        try:
-            return str(self.client.get_job_logs(self.id))
-        except Exception:
-            return ""
 
     def _exit_code(self, status: str, info: Any) -> int:
         if status == "SUCCEEDED":
@@ -221,14 +216,13 @@ class RayJob:
             return EXIT_ERROR
         if status == "STOPPED":
             return EXIT_STOPPED
-        code = info.driver_exit_code
-        if self.outcome is not None:
-            code = self.outcome.get("code", code)
+        code = info.driver_exit_code  # worker.ray_train's (rank 0's) code
         if code is None or code == EXIT_OK:
             self._error(f"the Ray job {self.id} failed: {info.message or 'no reason given'}")
             return EXIT_ERROR
-        if not (self.out / "error.txt").exists() and info.message and self.outcome is None:
-            self._error(f"the Ray job {self.id} failed: {info.message}")
+        if code not in (EXIT_STOPPED, EXIT_DRAINED) and read_error(self.out) is None:
+            # no rank wrote an error: the driver itself failed (an import, the Ray connection)
+            self._error(f"the Ray job {self.id} failed (exit {code}): {info.message or 'see job.log'}")
         return int(code)
 
     def _unreachable(self, exc: Exception) -> int | None:
@@ -278,8 +272,6 @@ class RayJob:
                     f"{len(self.workers)} Ray Train workers on {nodes} node(s)",
                     {"workers": self.workers, "nodes": nodes},
                 )
-            elif line.startswith(OUTCOME_LINE):
-                self.outcome = json.loads(line[len(OUTCOME_LINE) :])
             elif line.strip():
                 lines.append(line)
         if lines:

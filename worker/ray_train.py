@@ -17,9 +17,9 @@ runtime_env. Checkpoints and the final model go to MATHRL_ARTIFACT_DIR, which mu
 shared filesystem (a ReadWriteMany volume) at the same path on the worker and every Ray node:
 the next job and eval jobs read them from there.
 
-The driver prints two lines the supervisor reads from the job's log (worker.ray_submit):
-`mathrl-workers: {...}` once every rank has started (rank -> node, host, pid), and
-`mathrl-outcome: {...}` at the end (each rank's exit code and error). Its exit code is rank 0's
+The driver prints `mathrl-workers: {...}` once every rank has started (rank -> node, host, pid),
+which the supervisor turns into an event (worker.ray_submit), and `mathrl-outcome: {...}` at the
+end (each rank's exit code and error, for whoever reads the log). Its exit code is rank 0's
 (worker.child's codes: 0 done, 2 stopped, 5 drained, ...), or 1 when rank 0 finished and
 another rank failed or Ray Train itself failed.
 """
@@ -36,7 +36,6 @@ from typing import Any
 
 WORKERS_LINE = "mathrl-workers: "
 OUTCOME_LINE = "mathrl-outcome: "
-EXIT_OK, EXIT_ERROR = 0, 1
 DATABASE_ENV = "MATHRL_DATABASE__URL"
 
 
@@ -50,37 +49,33 @@ def train_worker(config: dict[str, Any]) -> None:
     """One Ray Train worker: a rank of the job (worker.child.run_rank), its code reported back."""
     import ray
 
-    from worker.launch import rank
+    from service.settings import get_settings
+    from worker.child import EXIT_ERROR, attempt_dir, run_rank
+    from worker.launch import error_file, rank
 
     outcome = config["outcome"]
     me = rank()
     info = _rank_info()
     ray.get(outcome.put.remote(me, info))
-    if DATABASE_ENV not in os.environ:
-        error = (
+    err = error_file(attempt_dir(get_settings().artifact_dir, config["job_id"], config["attempt"]))
+    if DATABASE_ENV not in os.environ:  # (run_rank writes its own errors to the same file)
+        err.parent.mkdir(parents=True, exist_ok=True)
+        err.write_text(
             f"{DATABASE_ENV} is not set on Ray node {info['host']}: give the Ray cluster's pods the database "
             "secret (the chart's ray.* values do), so that the job's ranks can reach the store"
         )
-        ray.get(outcome.put.remote(me, {**info, "code": EXIT_ERROR, "error": error}))
-        return
-    from worker.child import run_rank
-
-    code = run_rank(config["job_id"], config["owner"], config["attempt"])
-    ray.get(outcome.put.remote(me, {**info, "code": code, "error": _rank_error(config) if code else None}))
-
-
-def _rank_error(config: dict[str, Any]) -> str | None:
-    from service.settings import get_settings
-    from worker.child import attempt_dir
-    from worker.launch import error_file
-
-    f = error_file(attempt_dir(get_settings().artifact_dir, config["job_id"], config["attempt"]))
-    return f.read_text().strip() if f.exists() else None
+        code = EXIT_ERROR
+    else:
+        code = run_rank(config["job_id"], config["owner"], config["attempt"])
+    error = err.read_text().strip() if code and err.exists() else None
+    ray.get(outcome.put.remote(me, {**info, "code": code, "error": error}))
 
 
 def exit_code(ranks: dict[int, dict[str, Any]], world: int, failure: str | None) -> int:
     """The job's exit code: rank 0's when it failed or stopped; else 1 if any rank (or Ray Train)
     failed or did not report; else 0."""
+    from worker.child import EXIT_ERROR, EXIT_OK
+
     main = ranks.get(0, {}).get("code")
     if main is not None and main != EXIT_OK:
         return int(main)
@@ -96,6 +91,7 @@ def run(job_id: str, owner: str, attempt: int, workers: int, gpus_per_worker: in
 
     from service.settings import get_settings
     from worker.child import attempt_dir
+    from worker.launch import read_error
 
     settings = get_settings()
     ray.init()
@@ -159,10 +155,8 @@ def run(job_id: str, owner: str, attempt: int, workers: int, gpus_per_worker: in
         + json.dumps({"code": code, "ranks": {str(r): ranks[r].get("code") for r in ranks}, "errors": errors}),
         flush=True,
     )
-    if code != EXIT_OK and not (out / "error.txt").exists():
-        first = errors.get("0") or next(iter(errors.values()), None)
-        if first:
-            (out / "error.txt").write_text(first if "0" in errors else f"{next(iter(errors))}: {first}")
+    if failure and read_error(out) is None:  # the ranks' own errors are in their error files
+        (out / "error.txt").write_text(f"Ray Train failed: {failure[0]}")
     return code
 
 
