@@ -1,11 +1,15 @@
 """Deployment files: the Helm chart rendered by real Helm (helm-python-sdk embeds Helm's Go SDK),
-validated against the Kubernetes API schemas (kubernetes-validate ships them) and scanned by
-checkov; the Dockerfile and compose.yaml parsed and checked against the test environment's pins.
+validated against the Kubernetes API schemas (kubernetes-validate ships them), its RayCluster
+against KubeRay's CRD (tests/fixtures/kuberay), and scanned by checkov; the Dockerfile and
+compose.yaml parsed and checked against the test environment's pins.
 No Docker engine or cluster is needed (or used)."""
 
 from __future__ import annotations
 
 import copy
+import functools
+import gzip
+import hashlib
 import importlib.metadata
 import json
 import re
@@ -18,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import helm_python as helm
+import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
@@ -786,6 +791,99 @@ def ray_values(**ray: Any) -> dict[str, Any]:
     return values
 
 
+def ray_values_many_groups() -> dict[str, Any]:
+    """Three worker groups (H100s set in full, AMD GPUs left to the defaults, CPUs only), the head
+    and the groups placed with nodeSelector and tolerations, autoscaling, a Kueue label, datasets."""
+    h100 = {
+        "name": "h100",
+        "replicas": 2,
+        "minReplicas": 1,
+        "maxReplicas": 8,
+        "gpus": 8,
+        "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
+        "tolerations": [
+            {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+            {"key": "gpu-health", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 60},
+        ],
+        "resources": {"requests": {"cpu": 64, "memory": "800Gi"}, "limits": {"cpu": "96", "memory": "1Ti"}},
+        "rayStartParams": {"num-gpus": 8, "metrics-export-port": 8080},
+        "shmSize": "64Gi",
+    }
+    mi300 = {"name": "mi300", "replicas": 1, "gpus": 8, "gpuResourceName": "amd.com/gpu"}
+    cpu = {"name": "cpu", "replicas": 0, "maxReplicas": 0, "gpus": 0, "resources": {"limits": {"cpu": 16}}}
+    head = {
+        "nodeSelector": {"node-pool": "system"},
+        "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "ray", "effect": "NoSchedule"}],
+    }
+    values = ray_values(
+        cluster={
+            "labels": {"kueue.x-k8s.io/queue-name": "gpu"},
+            "enableInTreeAutoscaling": True,
+            "head": head,
+            "workerGroups": [h100, mi300, cpu],
+        }
+    )
+    values["datasets"] = {"existingClaim": "mathrl-datasets"}
+    return values
+
+
+RAY_VARIATIONS = {"values-yaml": ray_values, "many-groups": ray_values_many_groups}
+
+
+# KubeRay's RayCluster CRD, vendored gzipped with its version (see tests/fixtures/kuberay/README.md)
+KUBERAY_VERSION = "v1.7.0"
+KUBERAY_DIR = ROOT / "tests" / "fixtures" / "kuberay"
+RAYCLUSTER_CRD = KUBERAY_DIR / f"ray.io_rayclusters.{KUBERAY_VERSION}.yaml.gz"
+# the unchanged upstream file where this machine has it: the vendored copy must be that file
+SHARED_RAYCLUSTER_CRD = Path("/work/shared/schemas/kuberay/ray.io_rayclusters.yaml")
+
+
+@functools.cache
+def raycluster_crd() -> dict[str, Any]:
+    raw = gzip.decompress(RAYCLUSTER_CRD.read_bytes())
+    return yaml.load(raw, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # 934 KB: libyaml when there
+
+
+def _strict(schema: dict[str, Any]) -> dict[str, Any]:
+    """An OpenAPI v3 structural schema as JSON Schema, applied as the API server does with strict
+    field validation (kubectl's default; kubernetes_validate's strict=True above): unknown fields are
+    refused, `nullable` admits null. `x-kubernetes-*` keys stay (jsonschema ignores them): an
+    int-or-string field is `anyOf: [integer, string]` (controller-gen writes it so; added where
+    missing), and the CRD's two CEL rules (`x-kubernetes-validations`, on fields the chart leaves
+    unset) are not evaluated. Defaults are not applied: the chart renders what the CRD requires."""
+    out = dict(schema)
+    if "properties" in out:
+        out["properties"] = {k: _strict(v) for k, v in out["properties"].items()}
+        if "additionalProperties" not in out and not out.get("x-kubernetes-preserve-unknown-fields"):
+            out["additionalProperties"] = False
+    if isinstance(out.get("additionalProperties"), dict):
+        out["additionalProperties"] = _strict(out["additionalProperties"])
+    if "items" in out:
+        out["items"] = _strict(out["items"])
+    for key in ("anyOf", "allOf", "oneOf"):
+        if key in out:
+            out[key] = [_strict(s) for s in out[key]]
+    if out.get("x-kubernetes-int-or-string") and "anyOf" not in out:
+        out["anyOf"] = [{"type": "integer"}, {"type": "string"}]
+    if out.get("nullable") and "type" in out:
+        out["type"] = [out["type"], "null"]
+    return out
+
+
+@functools.cache
+def raycluster_validator() -> jsonschema.Draft4Validator:
+    """OpenAPI 3.0's Schema Object is JSON Schema of draft 4's vintage (boolean exclusiveMinimum)."""
+    (v1,) = [v for v in raycluster_crd()["spec"]["versions"] if v["name"] == "v1"]
+    schema = _strict(v1["schema"]["openAPIV3Schema"])
+    jsonschema.Draft4Validator.check_schema(schema)
+    return jsonschema.Draft4Validator(schema)
+
+
+def raycluster_errors(doc: dict[str, Any]) -> list[str]:
+    errors = sorted(raycluster_validator().iter_errors(doc), key=lambda e: [str(p) for p in e.absolute_path])
+    return [f"{'.'.join(map(str, e.absolute_path)) or '(root)'}: {e.message[:300]}" for e in errors]
+
+
 @pytest.mark.quick
 def test_ray_cluster_from_values_with_the_workers_storage_and_database() -> None:
     values = ray_values(
@@ -845,17 +943,104 @@ def test_ray_cluster_from_values_with_the_workers_storage_and_database() -> None
 
 
 @pytest.mark.quick
-def test_ray_pod_templates_validate_against_the_kubernetes_schema() -> None:
+@pytest.mark.parametrize("variation", list(RAY_VARIATIONS))
+def test_ray_pod_templates_validate_against_the_kubernetes_schema(variation: str) -> None:
     """The RayCluster's pod templates are core PodTemplateSpecs: validated with the Kubernetes API
-    schema (as a PodTemplate). The RayCluster's own fields are checked above, not against KubeRay's
-    CRD schema, which could not be fetched here (see the note in the README's Ray section)."""
-    (cluster,) = render(ray_values()).of("RayCluster")
+    schema (as a PodTemplate) of the oldest and the newest Kubernetes here. The whole RayCluster is
+    validated against KubeRay's CRD below, whose pod template schema is that of the Kubernetes
+    KubeRay was built with: this test also catches a pod field that Kubernetes 1.27 lacks."""
+    (cluster,) = render(RAY_VARIATIONS[variation]()).of("RayCluster")
     templates = [cluster["spec"]["headGroupSpec"]["template"]]
     templates += [g["template"] for g in cluster["spec"]["workerGroupSpecs"]]
     for i, template in enumerate(templates):
         doc = {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": f"ray-{i}"}, "template": template}
         for version in K8S_VERSIONS:
             kubernetes_validate.validate(doc, version, strict=True)
+
+
+@pytest.mark.quick
+def test_vendored_kuberay_crd_is_the_documented_release() -> None:
+    raw = gzip.decompress(RAYCLUSTER_CRD.read_bytes())
+    readme = (KUBERAY_DIR / "README.md").read_text()
+    assert hashlib.sha256(raw).hexdigest() in readme and KUBERAY_VERSION in readme
+    crd = raycluster_crd()
+    assert crd["kind"] == "CustomResourceDefinition" and crd["metadata"]["name"] == "rayclusters.ray.io"
+    (v1,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
+    assert v1["served"] and v1["storage"]
+    # the chart names the KubeRay release its RayCluster is tested against
+    assert f"tested on {KUBERAY_VERSION}'s CRD" in (CHART / "values.yaml").read_text()
+
+
+@pytest.mark.quick
+def test_vendored_kuberay_crd_is_the_shared_file_byte_for_byte() -> None:
+    if not SHARED_RAYCLUSTER_CRD.exists():
+        pytest.skip(f"{SHARED_RAYCLUSTER_CRD} is not on this machine")
+    assert gzip.decompress(RAYCLUSTER_CRD.read_bytes()) == SHARED_RAYCLUSTER_CRD.read_bytes()
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("variation", list(RAY_VARIATIONS))
+def test_ray_cluster_validates_against_kuberays_crd_schema(variation: str) -> None:
+    (cluster,) = render(RAY_VARIATIONS[variation]()).of("RayCluster")
+    assert cluster["apiVersion"] == "ray.io/v1"  # the version validated against
+    errors = raycluster_errors(cluster)
+    assert not errors, f"the RayCluster against KubeRay {KUBERAY_VERSION}'s CRD:\n" + "\n".join(errors)
+    # KubeRay before v1.4 requires rayStartParams (the chart supports v1.1 on): a map, never null
+    for group in [cluster["spec"]["headGroupSpec"], *cluster["spec"]["workerGroupSpecs"]]:
+        assert isinstance(group["rayStartParams"], dict)
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> dict[str, Any]:
+    (cluster,) = render(ray_values()).of("RayCluster")
+    return cluster
+
+
+def _first_group(cluster: dict[str, Any]) -> dict[str, Any]:
+    return cluster["spec"]["workerGroupSpecs"][0]
+
+
+BROKEN_RAY_CLUSTERS = {
+    "no-groupName": (lambda c: _first_group(c).pop("groupName"), "'groupName' is a required property"),
+    "replicas-a-string": (lambda c: _first_group(c).update(replicas="2"), "'2' is not of type 'integer'"),
+    "minReplicas-null": (lambda c: _first_group(c).update(minReplicas=None), "None is not of type 'integer'"),
+    "misspelt-field": (lambda c: c["spec"]["headGroupSpec"].update(rayStartParam={}), "'rayStartParam' was unexpected"),
+    "bad-quantity": (
+        lambda c: _first_group(c)["template"]["spec"]["containers"][0]["resources"]["limits"].update(memory="lots"),
+        "'lots' does not match",
+    ),
+}
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("breakage", list(BROKEN_RAY_CLUSTERS))
+def test_kuberay_crd_schema_refuses_a_broken_ray_cluster(breakage: str, ray_cluster: dict[str, Any]) -> None:
+    assert not raycluster_errors(ray_cluster)
+    broken = copy.deepcopy(ray_cluster)
+    damage, expected = BROKEN_RAY_CLUSTERS[breakage]
+    damage(broken)
+    errors = raycluster_errors(broken)
+    assert any(expected in e for e in errors), errors
+
+
+@pytest.mark.quick
+def test_ray_worker_groups_left_to_the_defaults_render_no_nulls() -> None:
+    """What a group leaves out is rendered (KubeRay's defaults, workerDefaults.shmSize), never null."""
+    (cluster,) = render(ray_values_many_groups()).of("RayCluster")
+    groups = {g["groupName"]: g for g in cluster["spec"]["workerGroupSpecs"]}
+    assert list(groups) == ["h100", "mi300", "cpu"]
+    mi300 = groups["mi300"]
+    assert (mi300["minReplicas"], mi300["maxReplicas"], mi300["rayStartParams"]) == (0, 2**31 - 1, {})
+    pod = mi300["template"]["spec"]
+    assert pod["containers"][0]["resources"] == {"limits": {"amd.com/gpu": 8}}
+    shm = next(v for v in pod["volumes"] if v["name"] == "shm")["emptyDir"]
+    assert shm["sizeLimit"] == yaml.safe_load((CHART / "values.yaml").read_text())["workerDefaults"]["shmSize"]
+    assert (groups["h100"]["minReplicas"], groups["h100"]["maxReplicas"], groups["cpu"]["maxReplicas"]) == (1, 8, 0)
+    assert groups["h100"]["rayStartParams"] == {"num-gpus": "8", "metrics-export-port": "8080"}
+    # a group without GPUs must say how much CPU and memory it may take
+    values = ray_values(cluster={"workerGroups": [{"name": "cpu", "replicas": 1, "gpus": 0}]})
+    with pytest.raises(helm.HelmRenderError, match=r"workerGroups\[0\] \(cpu\) has no GPUs"):
+        render(values)
 
 
 @pytest.mark.quick
