@@ -57,18 +57,6 @@ def check_placement(spec: Any, settings: Settings) -> None:
         raise Problem(
             422, "No Ray cluster", f"/resources/nodes: {detail}", [{"pointer": "/resources/nodes", "detail": detail}]
         )
-    generation = getattr(spec, "generation", None)
-    if generation is not None and generation.mode == "server":
-        detail = (
-            "generation.mode 'server' starts the vLLM server on the worker's own node, and a job on the Ray "
-            "cluster has none there: use mode 'colocate' (or backend 'hf'), or run the job on one node"
-        )
-        raise Problem(
-            422,
-            "Not available on Ray",
-            f"/generation/mode: {detail}",
-            [{"pointer": "/generation/mode", "detail": detail}],
-        )
     if ray.gpus_per_node is not None and gpus > ray.gpus_per_node:
         detail = (
             f"resources.gpus={gpus} is per node, and the Ray cluster's nodes have {ray.gpus_per_node} GPUs each: "

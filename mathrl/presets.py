@@ -84,8 +84,8 @@ def resolve_grpo(spec: GRPOSpec) -> dict[str, Any]:
         if explicit is not None:
             values[knob] = explicit
 
-    # processes on each node (in server mode, the GPUs the vLLM server does not take) x nodes
-    world = spec.training_processes * spec.resources.nodes
+    # processes on each node x nodes, less the vLLM server's GPUs in server mode
+    world = spec.training_world
     g = values["num_generations"]
     per_device = values["per_device_train_batch_size"]
     if g < 2:

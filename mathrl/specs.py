@@ -323,7 +323,9 @@ class Generation(StrictModel):
         ge=1,
         le=64,
         description="Server mode: GPUs of the job's resources.gpus that serve vLLM; the "
-        "others train. Default: a quarter of them, at least 1 (e.g. 8 GPUs: 6 train, 2 generate).",
+        "others train. Default: a quarter of them, at least 1 (e.g. 8 GPUs: 6 train, 2 generate). On Ray "
+        "(resources.nodes > 1) the job has one server, on one node: it takes server_gpus of the job's gpus x nodes, "
+        "and Ray places the training workers on the rest.",
     )
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto",
@@ -529,11 +531,18 @@ class GRPOSpec(_JobBase):
                 "mode 'server' is a vLLM mode: set generation.backend='vllm' "
                 "(or 'auto' with GPUs), or use mode 'colocate'",
             )
-        if gpus > 0 and gen.resolved_server_gpus(gpus) >= gpus:
+        nodes = self.resources.nodes
+        if gpus > 0 and nodes == 1 and gen.resolved_server_gpus(gpus) >= gpus:
             raise FieldError(
                 "generation/server_gpus",
                 f"server_gpus={gen.resolved_server_gpus(gpus)} of "
                 f"resources.gpus={gpus} leaves no GPU to train on: lower server_gpus or raise gpus",
+            )
+        if gpus > 0 and nodes > 1 and gen.resolved_server_gpus(gpus) > gpus:
+            raise FieldError(
+                "generation/server_gpus",
+                f"server_gpus={gen.resolved_server_gpus(gpus)}: the job's vLLM server runs on one node, which has "
+                f"resources.gpus={gpus}: lower server_gpus to at most {gpus}",
             )
         if self.resources.processes is not None and gpus > 0:
             raise FieldError(
@@ -572,9 +581,16 @@ class GRPOSpec(_JobBase):
 
     @property
     def training_processes(self) -> int:
-        """Processes that train: in server mode the GPUs the vLLM server does not take."""
+        """Processes that train on one node: in server mode the GPUs the vLLM server does not take."""
         server = self.generation.resolved_server_gpus(self.resources.gpus)
         return self.resources.num_processes - server if server else self.resources.num_processes
+
+    @property
+    def training_world(self) -> int:
+        """Processes that train in all: processes per node x nodes, less the GPUs of the job's one
+        vLLM server in server mode (on Ray it sits on one node; the trainers fill the rest)."""
+        server = self.generation.resolved_server_gpus(self.resources.gpus)
+        return self.resources.num_processes * self.resources.nodes - server
 
 
 class RewardModelSpec(_JobBase):

@@ -79,6 +79,13 @@ class RaySettings(BaseModel):
         description="The Python on the Ray nodes that has mathrl installed (the worker image's), which runs the job.",
     )
     cpus_per_worker: float = Field(1.0, gt=0, description="CPUs Ray reserves for each training worker.")
+    server_cpus: float = Field(
+        1.0,
+        gt=0,
+        description="CPUs Ray reserves for a GRPO job's vLLM server in generation.mode 'server' (beside its "
+        "generation.server_gpus GPUs on a GPU job): Ray places it on a node with these free, apart from the "
+        "training workers.",
+    )
     lost_after_seconds: float = Field(
         60.0,
         gt=0,

@@ -82,6 +82,14 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(build_tiny_model(tmp_path_factory.mktemp("models") / "tiny", chat=True))
 
 
+@pytest.fixture(scope="session")
+def model_for_vllm(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The tiny model, shaped for vLLM's CPU attention (head_dim 32/64/128...: 128 wide, 2 heads)."""
+    from trainer.tiny import build_tiny_model
+
+    return str(build_tiny_model(tmp_path_factory.mktemp("vllm") / "tiny", hidden_size=128, heads=2, chat=True, seed=3))
+
+
 def service_env(pg_url: str, redis_url: str, artifacts: Path) -> dict[str, str]:
     return {
         **os.environ,

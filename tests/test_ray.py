@@ -1,8 +1,9 @@
-"""Jobs past one node, on Ray: a real 2-node Ray cluster on this machine
-(ray.cluster_utils.Cluster: a head and a second node, 1 CPU each, separate raylets, the Jobs API
-on the head's dashboard), a worker that submits to it (queue 'ray') and the API, all over
-PostgreSQL and Redis. SFT and GRPO jobs with resources.nodes = 2 run as 2 Ray Train workers, one
-on each node (gloo process group), through the same trainer code as a local job."""
+"""Jobs past one node, on Ray: a real Ray cluster on this machine (ray.cluster_utils.Cluster: a
+head and two more nodes, 1 CPU each, separate raylets, the Jobs API on the head's dashboard), a
+worker that submits to it (queue 'ray') and the API, all over PostgreSQL and Redis. SFT and GRPO
+jobs with resources.nodes = 2 run as 2 Ray Train workers, one on each of two nodes (gloo process
+group), through the same trainer code as a local job; a GRPO job in vLLM server mode gets its
+server on the third node, placed by Ray."""
 
 from __future__ import annotations
 
@@ -36,7 +37,8 @@ def _alive(pid: int) -> bool:
 
 @pytest.fixture(scope="module")
 def ray_cluster(pg_url: str) -> Iterator[str]:
-    """A head (with the dashboard's Jobs API) and a second node. The database URL is in the nodes'
+    """A head (with the dashboard's Jobs API) and two more nodes: two for a 2-node job's training
+    workers, and room for a GRPO job's vLLM server beside them. The database URL is in the nodes'
     own environment, as the chart puts the secret in the Ray pods; the worker does not forward it."""
     from ray.cluster_utils import Cluster
 
@@ -46,6 +48,7 @@ def ray_cluster(pg_url: str) -> Iterator[str]:
         initialize_head=True,
         head_node_args={"num_cpus": 1, "include_dashboard": True, "dashboard_port": port, "env_vars": env},
     )
+    cluster.add_node(num_cpus=1, env_vars=env)
     cluster.add_node(num_cpus=1, env_vars=env)
     address = f"http://127.0.0.1:{port}"
     wait_for(lambda: _answers(address), 90, 0.5, "the Ray Jobs API to answer")
@@ -118,12 +121,6 @@ def test_ray_jobs_are_checked_against_the_configuration_at_submit(service: Servi
     )
     assert r.status_code == 422, r.text
     assert r.json()["errors"][0]["pointer"] == "/resources/gpus" and "0 GPUs each" in r.json()["detail"]
-    # GRPO's vLLM server mode starts its server on the worker's node: not on Ray (yet)
-    server = grpo(
-        model="org/m", resources={"nodes": 2}, generation={"backend": "vllm", "mode": "server"}, lora={"enabled": True}
-    )
-    r = httpx.post(f"{ray_service.url}/v1/jobs", json=server, headers={"Authorization": f"Bearer {ray_service.key()}"})
-    assert r.status_code == 422 and r.json()["errors"][0]["pointer"] == "/generation/mode", r.text
 
 
 # ---- jobs on the cluster ----------------------------------------------------------------
@@ -190,6 +187,49 @@ def test_two_node_grpo_stores_each_step_once(ray_service: Service, tiny_model: s
             select(Metric.step, Metric.value).where(Metric.job_id == job.id, Metric.name == "completions_per_step")
         ).all()
     assert sorted(made) == [(step, 16.0) for step in range(1, 5)], made  # 8 on each rank, every step
+
+
+@pytest.mark.slow
+def test_two_node_grpo_generates_on_a_vllm_server_that_ray_places_apart(
+    ray_service: Service, model_for_vllm: str, pg_url: str
+) -> None:
+    """GRPO in vLLM server mode on Ray: the job's driver asks Ray for an actor with the server's own
+    CPU (ray.server_cpus) before the training workers, so with 1 CPU a node the two workers go to
+    the two nodes the server left free and the server's node is none of theirs. Every step rank 0
+    saves its LoRA adapter to the shared artifact directory and the server (reached at its node's
+    address) loads it; the whole batch is generated each step and stored once; the server is gone
+    after the job."""
+    c = ray_service.client()
+    spec = grpo(
+        model=model_for_vllm,
+        dataset={**ARITH, "limit": 200},
+        resources={"nodes": 2},
+        global_batch_size=16,
+        max_steps=2,
+        save_steps=100,
+        lora={"r": 8},
+        generation={"backend": "vllm", "mode": "server"},
+    )
+    t0 = time.monotonic()
+    job = c.jobs.create(spec)
+    done = c.jobs.wait(job.id, timeout=900)
+    assert done.status == "succeeded", done.error
+    events = c.jobs.events(job.id)
+    assert_stored_once(pg_url, job.id, events)
+    server = next(e for e in events if e.type == "vllm_server").data
+    workers = next(e for e in events if e.type == "ray_workers").data["workers"]
+    trainer_nodes = {w["node_id"] for w in workers.values()}
+    assert len(trainer_nodes) == 2 and server["node_id"] not in trainer_nodes, (server, workers)
+    gen = next(e for e in events if e.type == "generation")
+    assert gen.data["mode"] == "server" and "LoRA adapter" in gen.message, gen
+    metrics = {m.name: [p.value for p in m.points] for m in c.jobs.metrics(job.id)}
+    assert metrics["completions_per_step"] == [16.0, 16.0], metrics  # the whole batch, from the server
+    assert metrics["weight_sync_seconds"][1] > 0, metrics  # the adapter loaded by the server
+    wait_for(lambda: not _alive(server["pid"]) and not _alive(server["actor_pid"]), 30, 0.5, "the server to stop")
+    print(
+        f"2-node GRPO with a Ray-placed vLLM server: {time.monotonic() - t0:.1f}s, server launched "
+        f"{server['placed_seconds']:.0f}s after the driver asked; weight sync {metrics['weight_sync_seconds']}"
+    )
 
 
 @pytest.mark.slow
@@ -361,3 +401,24 @@ def test_the_ray_jobs_exit_code_is_rank_zeros_unless_another_rank_failed() -> No
     assert exit_code({0: {"code": 0}, 1: {"code": 1}}, 2, None) == 1
     assert exit_code({0: {"code": 0}}, 2, None) == 1  # a rank never reported
     assert exit_code(ok, 2, "TrainingFailedError: worker died") == 1
+
+
+@pytest.mark.quick
+def test_a_ray_grpo_jobs_vllm_server_takes_its_gpus_from_the_whole_job_on_one_node() -> None:
+    """One server per job on Ray, on one node: server_gpus come out of gpus x nodes (the training
+    world and the Ray Train workers are the rest), and may not exceed one node's gpus."""
+    from pydantic import ValidationError
+
+    from mathrl.presets import resolve_grpo
+    from mathrl.specs import parse_spec
+    from worker.ray_submit import ray_workers
+
+    server = {"backend": "vllm", "mode": "server", "server_gpus": 2}
+    g = parse_spec(grpo(resources={"nodes": 2, "gpus": 4}, generation=server, global_batch_size=48))
+    assert resolve_grpo(g)["world_size"] == ray_workers(g) == 6 and resolve_grpo(g)["vllm_server_gpus"] == 2
+    whole_node = parse_spec(grpo(resources={"nodes": 2, "gpus": 2}, generation=server, global_batch_size=16))
+    assert ray_workers(whole_node) == 2  # the server has one node to itself
+    with pytest.raises(ValidationError, match="runs on one node"):
+        parse_spec(grpo(resources={"nodes": 2, "gpus": 1}, generation=server))
+    cpu = parse_spec(grpo(resources={"nodes": 2}, generation={"backend": "vllm", "mode": "server"}, lora={"r": 8}))
+    assert ray_workers(cpu) == 2  # a CPU job's server takes ray.server_cpus, no training process

@@ -25,14 +25,6 @@ def vllm_ready() -> Path:
     return VLLM_PY
 
 
-@pytest.fixture(scope="module")
-def model_for_vllm(tmp_path_factory: pytest.TempPathFactory) -> str:
-    # vLLM's CPU attention needs head_dim 32/64/128...: 128 wide with 2 heads
-    from trainer.tiny import build_tiny_model
-
-    return str(build_tiny_model(tmp_path_factory.mktemp("vllm") / "tiny", hidden_size=128, heads=2, chat=True, seed=3))
-
-
 def _eval(python: Path, model: str, backend: str, out: Path) -> list[dict]:
     r = subprocess.run(
         [

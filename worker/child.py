@@ -25,6 +25,7 @@ import logging
 import os
 import sys
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -57,32 +58,43 @@ def attempt_dir(artifact_dir: str, job_id: str, attempt: int) -> Path:
     return job_dir(artifact_dir, job_id) / f"attempt-{attempt}"
 
 
-def run(job_id: str, owner: str, attempt: int) -> int:
-    from evaluator.models import trust_remote_code_for
-
-    settings = get_settings()
-    url = settings.database.url
-    trust_remote_code_for(settings.sources.trust_remote_code_models)
+def load_job(settings: Any, job_id: str) -> tuple[Any, str, dict[str, Any]]:
+    """The job's spec, project and resolved config, read from the store."""
 
     def load() -> tuple[Any, str, dict[str, Any]]:
-        with session_scope(url) as s:
+        with session_scope(settings.database.url) as s:
             job = s.get(Job, job_id)
             if job is None:
                 raise RuntimeError(f"job {job_id} not found")
             return parse_spec(job.spec), job.project_id, dict(job.resolved_config or {})
 
-    spec, project_id, config = retry_transient(load, f"job {job_id}: loading")
+    return retry_transient(load, f"job {job_id}: loading")
+
+
+def model_resolver(settings: Any, job_id: str, project_id: str) -> Callable[[str], tuple[str, str | None]]:
+    """Model ref -> (path or hub id, checkpoint label): 'job:' refs through the store, 'tiny:' built."""
 
     def resolve(ref: str) -> tuple[str, str | None]:
         if ref.startswith("tiny:"):
             return build_tiny(ref, settings.artifact_dir), None
 
         def lookup() -> tuple[str, str | None]:
-            with session_scope(url) as s:
+            with session_scope(settings.database.url) as s:
                 return resolve_model_ref(s, project_id, ref)
 
         return retry_transient(lookup, f"job {job_id}: resolving {ref}")
 
+    return resolve
+
+
+def run(job_id: str, owner: str, attempt: int) -> int:
+    from evaluator.models import trust_remote_code_for
+
+    settings = get_settings()
+    url = settings.database.url
+    trust_remote_code_for(settings.sources.trust_remote_code_models)
+    spec, project_id, config = load_job(settings, job_id)
+    resolve = model_resolver(settings, job_id, project_id)
     _check_available(spec)
     work = attempt_dir(settings.artifact_dir, job_id, attempt)
     spec = _fetch_dataset(spec, settings, work)

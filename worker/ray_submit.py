@@ -8,8 +8,8 @@ Kubernetes RBAC needed), watched, stopped. The worker itself needs no GPUs.
 - `RayJob` answers the supervisor's loop like a local process (wait / stop), so heartbeat,
   cancel, drain and the end's bookkeeping are the same code for both (worker.supervisor).
 - Ray's status changes and the job's log go into the job's events (`ray_status`, `ray_log`,
-  and `ray_workers` with each rank's node and pid, read from worker.ray_train's lines), and
-  the log into the attempt's job.log.
+  `ray_workers` with each rank's node and pid, and `vllm_server` with where Ray placed a GRPO
+  job's vLLM server, read from worker.ray_train's lines), and the log into the attempt's job.log.
 - A Ray cluster that does not answer at submit fails the job naming MATHRL_RAY__ADDRESS; one
   that stops answering (head gone) for ray.lost_after_seconds, or a submission that vanished,
   fails it with that message: never a job left `running`.
@@ -29,8 +29,9 @@ from typing import Any
 
 from service.settings import Settings
 from worker.child import EXIT_DRAINED, EXIT_ERROR, EXIT_OK, EXIT_STOPPED
-from worker.launch import TRAINING_KINDS, num_processes, read_error
+from worker.launch import TRAINING_KINDS, read_error
 from worker.ray_train import WORKERS_LINE
+from worker.ray_vllm import SERVER_LINE
 
 log = logging.getLogger("mathrl.worker")
 
@@ -60,8 +61,11 @@ def forwarded_env(environ: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def ray_workers(spec: Any) -> int:
-    """Ray Train workers of a training job (processes per node x nodes); 1 for other kinds."""
-    return num_processes(spec) * spec.resources.nodes if spec.kind in TRAINING_KINDS else 1
+    """Ray Train workers of a training job (processes per node x nodes, less a GRPO job's vLLM
+    server GPUs in server mode); 1 for other kinds."""
+    if spec.kind not in TRAINING_KINDS:
+        return 1
+    return int(getattr(spec, "training_world", spec.resources.num_processes * spec.resources.nodes))
 
 
 def entrypoint(settings: Settings, spec: Any, job_id: str, owner: str, attempt: int) -> tuple[str, int, int]:
@@ -271,6 +275,15 @@ class RayJob:
                     "ray_workers",
                     f"{len(self.workers)} Ray Train workers on {nodes} node(s)",
                     {"workers": self.workers, "nodes": nodes},
+                )
+            elif line.startswith(SERVER_LINE):
+                server = json.loads(line[len(SERVER_LINE) :])
+                self.event(
+                    "vllm_server",
+                    f"started a vLLM server for this job at {server['url']} on Ray node {server['host']} "
+                    f"(process {server['pid']}; placed and launched {server['placed_seconds']:.0f} s after the "
+                    "driver asked)",
+                    server,
                 )
             elif line.strip():
                 lines.append(line)

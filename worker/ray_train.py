@@ -17,6 +17,12 @@ runtime_env. Checkpoints and the final model go to MATHRL_ARTIFACT_DIR, which mu
 shared filesystem (a ReadWriteMany volume) at the same path on the worker and every Ray node:
 the next job and eval jobs read them from there.
 
+A GRPO job in vLLM server mode gets its server first (worker.ray_vllm: a Ray actor with the
+server's own GPUs and CPUs, so Ray places the trainers elsewhere); its URL goes to every rank as
+MATHRL_VLLM_SERVER_URL, the driver prints `mathrl-vllm-server: {...}` (where it runs), watches it
+(a server that exits fails the job: the driver exits and the Train workers go with it), and stops
+it at the end.
+
 The driver prints `mathrl-workers: {...}` once every rank has started (rank -> node, host, pid),
 which the supervisor turns into an event (worker.ray_submit), and `mathrl-outcome: {...}` at the
 end (each rank's exit code and error, for whoever reads the log). Its exit code is rank 0's
@@ -52,7 +58,10 @@ def train_worker(config: dict[str, Any]) -> None:
     from service.settings import get_settings
     from worker.child import EXIT_ERROR, attempt_dir, run_rank
     from worker.launch import error_file, rank
+    from worker.vllm_server import URL_ENV
 
+    if config.get("server_url"):  # the job's vLLM server, wherever Ray placed it (worker.ray_vllm)
+        os.environ[URL_ENV] = config["server_url"]
     outcome = config["outcome"]
     me = rank()
     info = _rank_info()
@@ -95,6 +104,17 @@ def run(job_id: str, owner: str, attempt: int, workers: int, gpus_per_worker: in
 
     settings = get_settings()
     ray.init()
+    out = attempt_dir(settings.artifact_dir, job_id, attempt)
+    server: Any = None
+    server_url = None
+    try:
+        server = _start_server(settings, job_id, out)
+    except Exception as exc:  # no model, no room on the cluster, vLLM missing on the node
+        (out / "error.txt").write_text(str(exc))
+        print(OUTCOME_LINE + json.dumps({"code": 1, "errors": {"vllm_server": str(exc)}}), flush=True)
+        return 1
+    if server is not None:
+        server_url = server[1]["url"]
 
     @ray.remote(num_cpus=0)
     class Outcome:
@@ -111,10 +131,15 @@ def run(job_id: str, owner: str, attempt: int, workers: int, gpus_per_worker: in
     per_worker: dict[str, float] = {"CPU": settings.ray.cpus_per_worker}
     if gpus_per_worker:
         per_worker["GPU"] = gpus_per_worker
-    out = attempt_dir(settings.artifact_dir, job_id, attempt)
     trainer = TorchTrainer(
         train_worker,
-        train_loop_config={"job_id": job_id, "owner": owner, "attempt": attempt, "outcome": outcome},
+        train_loop_config={
+            "job_id": job_id,
+            "owner": owner,
+            "attempt": attempt,
+            "outcome": outcome,
+            "server_url": server_url,
+        },
         scaling_config=ScalingConfig(
             num_workers=workers,
             use_gpu=gpus_per_worker > 0,
@@ -145,8 +170,17 @@ def run(job_id: str, owner: str, attempt: int, workers: int, gpus_per_worker: in
             if len(ranks) == workers:
                 print(WORKERS_LINE + json.dumps({str(r): ranks[r] for r in sorted(ranks)}), flush=True)
                 announced = True
+        if server is not None:
+            _check_server(server[0], out)  # exits when the server died: the ranks go with the driver
     ranks = ray.get(outcome.get.remote())
     code = exit_code(ranks, workers, failure[0] if failure else None)
+    if server is not None:
+        from worker import ray_vllm
+
+        gone = _server_exit(server[0]) if code != 0 else None
+        if gone is not None:  # the ranks failed because the server went away: say so, not their HTTP error
+            (out / "error.txt").write_text(gone)
+        ray_vllm.stop(server[0])
     errors = {str(r): i["error"] for r, i in sorted(ranks.items()) if i.get("error")}
     if failure:
         errors["ray"] = failure[0][-2000:]
@@ -158,6 +192,48 @@ def run(job_id: str, owner: str, attempt: int, workers: int, gpus_per_worker: in
     if failure and read_error(out) is None:  # the ranks' own errors are in their error files
         (out / "error.txt").write_text(f"Ray Train failed: {failure[0]}")
     return code
+
+
+def _start_server(settings: Any, job_id: str, out: Any) -> tuple[Any, dict[str, Any]] | None:
+    """The job's vLLM server (GRPO in server mode), placed by Ray: (actor, info), or None when the
+    job needs none. Announced in the log for the supervisor (a `vllm_server` event)."""
+    from worker import ray_vllm
+    from worker.child import load_job, model_resolver
+    from worker.vllm_server import needs_server
+
+    spec, project_id, config = load_job(settings, job_id)
+    if not needs_server(spec):
+        return None
+    model_path, _ = model_resolver(settings, job_id, project_id)(spec.model)
+    actor, info = ray_vllm.start(spec, config, model_path, out / "vllm-server.log", settings.ray.server_cpus)
+    print(ray_vllm.SERVER_LINE + json.dumps(info), flush=True)
+    return actor, info
+
+
+def _server_exit(actor: Any) -> str | None:
+    """Why the job's vLLM server is gone (its exit code and the tail of its log), or None while it runs."""
+    import ray
+
+    try:
+        code = ray.get(actor.exited.remote(), timeout=30)
+        tail = ray.get(actor.log_tail.remote(600), timeout=30) if code is not None else ""
+    except Exception as exc:  # the actor died (its node went away): the server with it
+        code, tail = -1, f"{type(exc).__name__}: {str(exc)[:300]}"
+    return None if code is None else f"the job's vLLM server exited with code {code}; its log ends: ...{tail}"
+
+
+def _check_server(actor: Any, out: Any) -> None:
+    """A server that exited mid-job fails the job with the tail of its log: the driver exits, and
+    Ray ends the Train workers it owns (they would otherwise wait on a dead server)."""
+    from worker.child import EXIT_ERROR
+
+    message = _server_exit(actor)
+    if message is None:
+        return
+    (out / "error.txt").write_text(message)
+    print(OUTCOME_LINE + json.dumps({"code": EXIT_ERROR, "errors": {"vllm_server": message}}), flush=True)
+    sys.stdout.flush()
+    os._exit(EXIT_ERROR)
 
 
 def main(argv: list[str]) -> int:

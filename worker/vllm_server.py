@@ -1,4 +1,5 @@
-"""The vLLM server a GRPO job in server mode generates with, managed by the worker.
+"""The vLLM server a GRPO job in server mode generates with, managed by the worker (on a Ray
+cluster, by the job's driver: worker.ray_vllm runs the same command in a Ray actor).
 
 The supervisor starts it next to the job's process, on the job's last `generation.server_gpus`
 GPUs (the training processes get the others), on a free loopback port, and hands its URL to
@@ -40,9 +41,9 @@ def needs_server(spec: Any) -> bool:
     return gen is not None and gen.mode == "server"
 
 
-def free_port() -> int:
+def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return int(s.getsockname()[1])
 
 
@@ -57,7 +58,11 @@ def split_gpus(spec: Any, visible: list[str]) -> tuple[list[str], list[str]]:
     return gpus[: len(gpus) - n], gpus[len(gpus) - n :]
 
 
-def server_command(spec: Any, config: dict[str, Any], model_path: str, port: int, on_gpu: bool) -> list[str]:
+def server_command(
+    spec: Any, config: dict[str, Any], model_path: str, port: int, on_gpu: bool, host: str = "127.0.0.1"
+) -> list[str]:
+    """The server's command line, listening on host:port (loopback on the worker; the node's address
+    on a Ray node, where the trainers reach it from other nodes: worker.ray_vllm)."""
     from evaluator.vllm_backend import engine_options
 
     gen = spec.generation
@@ -76,7 +81,7 @@ def server_command(spec: Any, config: dict[str, Any], model_path: str, port: int
             "--model",
             model_path,
             "--host",
-            "127.0.0.1",
+            host,
             "--port",
             str(port),
             "--tensor_parallel_size",
@@ -95,7 +100,7 @@ def server_command(spec: Any, config: dict[str, Any], model_path: str, port: int
         "--model",
         model_path,
         "--host",
-        "127.0.0.1",
+        host,
         "--port",
         str(port),
         "--dtype",
@@ -170,7 +175,7 @@ def start_server(
     (the server's URL; on GPUs, the training share of the devices)."""
     port = free_port()
     on_gpu = spec.resources.gpus > 0
-    env = {**os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1", "VLLM_SERVER_DEV_MODE": "1"}
+    env = server_env()
     job_env: dict[str, str] = {}
     if on_gpu:
         train, serve = split_gpus(spec, visible_gpus)
@@ -181,7 +186,15 @@ def start_server(
     return server, job_env
 
 
-def launch(cmd: list[str], port: int, env: dict[str, str], log_path: Path, preexec: Any) -> VLLMServer:
+def server_env() -> dict[str, str]:
+    """This process's environment, with what the trainer's sync needs of the server: adapters loaded
+    at run time, and the development routes (/collective_rpc, /reset_prefix_cache)."""
+    return {**os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1", "VLLM_SERVER_DEV_MODE": "1"}
+
+
+def launch(
+    cmd: list[str], port: int, env: dict[str, str], log_path: Path, preexec: Any, host: str = "127.0.0.1"
+) -> VLLMServer:
     """Start a server command under the guard, in a process group of its own, logging to log_path."""
     with open(log_path, "ab") as logf:
         proc = subprocess.Popen(
@@ -193,7 +206,7 @@ def launch(cmd: list[str], port: int, env: dict[str, str], log_path: Path, preex
             start_new_session=True,
             preexec_fn=preexec,
         )
-    return VLLMServer(proc, f"http://127.0.0.1:{port}", log_path)
+    return VLLMServer(proc, f"http://{host}:{port}", log_path)
 
 
 def guarded(cmd: list[str]) -> list[str]:

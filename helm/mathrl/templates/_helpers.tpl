@@ -171,6 +171,8 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
   value: {{ .Values.ray.pools | toJson | quote }}
 - name: MATHRL_RAY__CPUS_PER_WORKER
   value: {{ .Values.ray.cpusPerWorker | quote }}
+- name: MATHRL_RAY__SERVER_CPUS
+  value: {{ .Values.ray.serverCpus | quote }}
 - name: MATHRL_RAY__LOST_AFTER_SECONDS
   value: {{ .Values.ray.lostAfterSeconds | quote }}
 - name: MATHRL_RAY__PYTHON

@@ -1,0 +1,116 @@
+"""The vLLM server of a GRPO job in server mode on the Ray cluster, placed by Ray.
+
+On one node the supervising worker starts the job's server beside the job process
+(worker.vllm_server). On Ray the job's driver (worker.ray_train) asks Ray for an actor holding the
+server's own resources: `generation.server_gpus` GPUs (GPU jobs; Ray sets CUDA_VISIBLE_DEVICES)
+and `ray.server_cpus` CPUs. Ray places it before the Train workers, so it never shares a GPU (or
+a reserved CPU) with a trainer; with the cluster's GPUs busy it waits like any Ray task, up to
+PLACEMENT_SECONDS. In the actor the server is the same command as on one node
+(worker.vllm_server.server_command), listening on the node's address instead of loopback, under
+the same guard: when the actor dies (the driver ended, the Ray job was stopped, the node went
+away) the guard kills the server's whole process group.
+
+The trainers reach it at its URL (MATHRL_VLLM_SERVER_URL in each rank, as on one node) and sync:
+- LoRA: rank 0 saves the adapter under the attempt's directory and the server loads it by path,
+  so the server's node must see MATHRL_ARTIFACT_DIR at the same path (the shared volume every
+  Ray node mounts already: checkpoints need it too). Runs, and is tested, on CPU.
+- Full weights: TRL's NCCL sync from the trainers to the server (GPUs only; untested here).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+PLACEMENT_SECONDS = 600.0  # how long the driver waits for Ray to place and start the server
+
+SERVER_LINE = "mathrl-vllm-server: "  # printed by the driver once the server is up (worker.ray_submit reads it)
+
+
+class GenerationServer:
+    """A Ray actor (made remote by `server_actor`) that runs the job's vLLM server on its node."""
+
+    def __init__(self) -> None:
+        self.server: Any = None
+
+    def start(self, spec: Any, config: dict[str, Any], model_path: str, log_path: str) -> dict[str, Any]:
+        """Start the server; its URL and where it runs."""
+        import os
+        import socket
+
+        import ray
+
+        from worker.vllm_server import free_port, launch, server_command, server_env
+
+        host = ray.util.get_node_ip_address()
+        port = free_port(host)
+        on_gpu = spec.resources.gpus > 0
+        cmd = server_command(spec, config, model_path, port, on_gpu, host=host)
+        Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+        self.server = launch(cmd, port, server_env(), Path(log_path), None, host=host)
+        return {
+            "url": self.server.url,
+            "pid": self.server.proc.pid,
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "host": socket.gethostname(),
+            "actor_pid": os.getpid(),
+            "gpus": os.environ.get("CUDA_VISIBLE_DEVICES", "") if on_gpu else "",
+        }
+
+    def exited(self) -> int | None:
+        """The server's exit code once it exited, else None."""
+        return None if self.server is None else self.server.exited()
+
+    def log_tail(self, chars: int = 3000) -> str:
+        return "" if self.server is None else str(self.server.log_tail(chars))
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+
+
+def server_actor(spec: Any, server_cpus: float) -> Any:
+    """The actor class with the server's resources: its GPUs (GPU jobs), and `server_cpus` CPUs."""
+    import ray
+
+    gpus = spec.generation.resolved_server_gpus(spec.resources.gpus)
+    return ray.remote(num_cpus=server_cpus, num_gpus=gpus, max_restarts=0)(GenerationServer)
+
+
+def start(spec: Any, config: dict[str, Any], model_path: str, log_path: Path, server_cpus: float) -> tuple[Any, dict]:
+    """Place the actor and start the server in it. Returns the actor and the server's info; raises
+    RuntimeError saying what to change when Ray cannot place it in time or the start fails."""
+    import ray
+    from ray.exceptions import GetTimeoutError
+
+    actor = server_actor(spec, server_cpus).remote()
+    t0 = time.monotonic()
+    try:
+        info: dict[str, Any] = ray.get(
+            actor.start.remote(spec, config, model_path, str(log_path)), timeout=PLACEMENT_SECONDS
+        )
+    except GetTimeoutError:
+        ray.kill(actor)
+        gpus = spec.generation.resolved_server_gpus(spec.resources.gpus)
+        raise RuntimeError(
+            f"the Ray cluster placed no vLLM server for this job within {PLACEMENT_SECONDS:.0f} s: it needs a "
+            f"node with {gpus} free GPU(s) and {server_cpus:g} free CPU(s) (generation.server_gpus, "
+            "MATHRL_RAY__SERVER_CPUS) besides the training workers' resources"
+        ) from None
+    except Exception as exc:
+        ray.kill(actor)
+        raise RuntimeError(f"starting the vLLM server on the Ray cluster failed: {type(exc).__name__}: {exc}") from None
+    info["placed_seconds"] = round(time.monotonic() - t0, 1)
+    return actor, info
+
+
+def stop(actor: Any) -> None:
+    """Stop the server, then the actor (the guard also kills the server if the actor dies first)."""
+    import ray
+
+    try:
+        ray.get(actor.stop.remote(), timeout=60)
+    except Exception:  # the actor is gone already: its guard took the server with it
+        pass
+    ray.kill(actor)
