@@ -97,9 +97,12 @@ def main(mode: str, model: str, out: str) -> None:
                 )["completion_ids"]
             from vllm import SamplingParams
 
-            greedy = SamplingParams(temperature=0, max_tokens=NEW_TOKENS)
-            return [list(o.outputs[0].token_ids) for o in gen.llm.generate(PROMPTS, greedy, use_tqdm=False)]
+            greedy = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, logprobs=0)
+            outs = [o.outputs[0] for o in gen.llm.generate(PROMPTS, greedy, use_tqdm=False)]
+            vllm_logprobs[:] = [[lp[t].logprob for lp, t in zip(o.logprobs, o.token_ids, strict=True)] for o in outs]
+            return [list(o.token_ids) for o in outs]
 
+        vllm_logprobs: list[list[float]] = []  # of the greedy tokens, colocate mode
         before = from_vllm()
         trainer.train()
         gen.sync_weights()  # what the trainer runs before each generation round
@@ -108,9 +111,9 @@ def main(mode: str, model: str, out: str) -> None:
         if server is not None:
             server.stop()
     model_ = trainer.model.eval()
-    hf = []
+    hf, hf_logprobs = [], []
     with torch.no_grad():
-        for p in PROMPTS:
+        for p, vllm_tokens in zip(PROMPTS, after, strict=True):
             ids = tok(p, return_tensors="pt", add_special_tokens=False).input_ids
             gen = model_.generate(
                 ids,
@@ -120,8 +123,15 @@ def main(mode: str, model: str, out: str) -> None:
                 pad_token_id=tok.pad_token_id,
             )
             hf.append(gen[0, ids.shape[1] :].tolist())
+            # the updated model's log-probabilities of the tokens vLLM chose: a stale layer in the
+            # engine moves them even where the greedy choice stays the same
+            seq = torch.tensor([ids[0].tolist() + vllm_tokens])
+            logp = torch.log_softmax(model_(seq).logits[0, ids.shape[1] - 1 : -1].float(), dim=-1)
+            hf_logprobs.append([float(logp[i, t]) for i, t in enumerate(vllm_tokens)])
     timings = trainer.timings
-    print("RESULT " + json.dumps({"before": before, "after": after, "hf": hf, "timings": timings}), flush=True)
+    result = {"before": before, "after": after, "hf": hf, "timings": timings}
+    result |= {"vllm_logprobs": vllm_logprobs, "hf_logprobs": hf_logprobs}
+    print("RESULT " + json.dumps(result), flush=True)
 
 
 def lora_config_for(mode: str, make: object) -> object:

@@ -26,6 +26,7 @@ from trl import GRPOTrainer
 from trl.generation.vllm_generation import VLLMGeneration
 
 from evaluator.vllm_backend import BATCHED_TOKENS
+from evaluator.vllm_reload import retie_lm_head
 
 
 class MathrlVLLMGeneration(VLLMGeneration):  # type: ignore[misc]
@@ -97,8 +98,11 @@ class MathrlVLLMGeneration(VLLMGeneration):  # type: ignore[misc]
         # (layerwise reload) restores each layer, loads the new weights and re-runs its
         # `process_weights_after_loading`, i.e. packs them again: the fast kernels stay, and so
         # do the new weights. GPUs keep TRL's plain in-place load.
+        # A tied LM head loads nothing and keeps its packed copy of the old embedding: pack the new
+        # one (evaluator.vllm_reload), or sampling scores tokens with a head the policy no longer has.
         runner = self.llm.llm_engine.model_executor.driver_worker.model_runner
         runner.reload_weights(weights_iterator=_detached(self._iter_named_params()), is_checkpoint_format=True)
+        retie_lm_head(runner.get_model())
         self.llm.reset_prefix_cache()
 
     def _load_adapter(self) -> None:
