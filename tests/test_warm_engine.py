@@ -30,16 +30,16 @@ def settings(monkeypatch: pytest.MonkeyPatch) -> Settings:
     assert warm_engine.running() == []
 
 
-def _acquire(settings: Settings, model: str, tmp_path: Path) -> tuple[Any, bool]:
+def _acquire(settings: Settings, model: str, tmp_path: Path) -> tuple[Any, str]:
     return warm_engine.acquire(settings, model, "auto", [], tmp_path / "engine.log", None)
 
 
 def test_the_next_job_of_the_same_model_reuses_the_engine(settings: Settings, tmp_path: Path) -> None:
-    first, reused = _acquire(settings, "/models/a", tmp_path)
-    assert not reused and first.users == 1
+    first, how = _acquire(settings, "/models/a", tmp_path)
+    assert how == "started" and first.users == 1
     warm_engine.release(first, settings)
-    second, reused = _acquire(settings, "/models/a", tmp_path)
-    assert reused and second is first and second.jobs == 2
+    second, how = _acquire(settings, "/models/a", tmp_path)
+    assert how == "reused" and second is first and second.jobs == 2
     assert second.server.exited() is None
     warm_engine.release(second, settings)
 
@@ -48,8 +48,8 @@ def test_another_model_takes_the_slot_of_an_idle_engine_but_not_of_a_busy_one(
     settings: Settings, tmp_path: Path
 ) -> None:
     a, _ = _acquire(settings, "/models/a", tmp_path)
-    b, reused = _acquire(settings, "/models/b", tmp_path)  # a is in use: both run
-    assert not reused and {e.key[0] for e in warm_engine.running()} == {"/models/a", "/models/b"}
+    b, how = _acquire(settings, "/models/b", tmp_path)  # a is in use: both run
+    assert how == "started" and {e.key[0] for e in warm_engine.running()} == {"/models/a", "/models/b"}
     warm_engine.release(a, settings)
     warm_engine.release(b, settings)
     c, _ = _acquire(settings, "/models/c", tmp_path)  # one slot: the idle ones make way
@@ -81,8 +81,61 @@ def test_an_engine_that_died_is_replaced(settings: Settings, tmp_path: Path) -> 
     e, _ = _acquire(settings, "/models/a", tmp_path)
     warm_engine.release(e, settings)
     e.server.stop()
-    f, reused = _acquire(settings, "/models/a", tmp_path)
-    assert not reused and f is not e and f.server.exited() is None
+    f, how = _acquire(settings, "/models/a", tmp_path)
+    assert how == "started" and f is not e and f.server.exited() is None
+    warm_engine.release(f, settings)
+
+
+def _checkpoint(folder: Path, weights: bytes, **config: Any) -> str:
+    """A model folder as a trainer saves one: config, tokenizer, safetensors weights."""
+    import json
+
+    folder.mkdir(parents=True)
+    cfg = {"architectures": ["Qwen2ForCausalLM"], "hidden_size": 64, "_name_or_path": str(folder), **config}
+    (folder / "config.json").write_text(json.dumps(cfg))
+    (folder / "tokenizer.json").write_text('{"model": {"vocab": {"a": 0}}}')
+    (folder / "model.safetensors").write_bytes(weights)
+    return str(folder)
+
+
+def test_checkpoints_of_one_model_share_a_family_and_other_models_do_not(tmp_path: Path) -> None:
+    step8 = _checkpoint(tmp_path / "checkpoint-8", b"weights at step 8", transformers_version="5.17.0")
+    step16 = _checkpoint(tmp_path / "checkpoint-16", b"weights at step 16", transformers_version="5.16.0")
+    family = warm_engine.model_family(step8)
+    assert family is not None and warm_engine.model_family(step16) == family  # weights and save fields aside
+    wider = _checkpoint(tmp_path / "wider", b"w", hidden_size=128)
+    assert warm_engine.model_family(wider) != family
+    other_tokenizer = _checkpoint(tmp_path / "other-tok", b"w")
+    (Path(other_tokenizer) / "tokenizer.json").write_text('{"model": {"vocab": {"b": 0}}}')
+    assert warm_engine.model_family(other_tokenizer) != family
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text("{}")
+    assert warm_engine.model_family(str(adapter)) is None  # no config.json: never reloaded
+    assert warm_engine.model_family("org/hub-model") is None
+    (Path(step16) / "model.safetensors").unlink()
+    assert warm_engine.model_family(step16) is None  # vLLM's reload reads safetensors
+
+
+def test_a_checkpoint_of_the_same_family_reloads_an_idle_engine_and_a_failed_reload_starts_anew(
+    settings: Settings, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The stand-in server answers no HTTP, so its reload fails: that engine is stopped and a new one
+    started for the checkpoint (the reload itself, on a real vLLM server: tests/test_vllm.py)."""
+    step8 = _checkpoint(tmp_path / "checkpoint-8", b"8")
+    step16 = _checkpoint(tmp_path / "checkpoint-16", b"16")
+    e, how = _acquire(settings, step8, tmp_path)
+    assert how == "started" and e.family == warm_engine.model_family(step8)
+    busy, how = _acquire(settings, step16, tmp_path)  # e is busy: never reloaded under a running job
+    assert how == "started" and busy is not e
+    warm_engine.release(busy, settings)
+    warm_engine.release(e, settings)
+    assert not any("reloading" in r.message for r in caplog.records)
+    f, how = _acquire(settings, _checkpoint(tmp_path / "checkpoint-24", b"24"), tmp_path)
+    assert how == "started" and f is not e and f is not busy
+    (failed,) = [r.getMessage() for r in caplog.records if "reloading" in r.message]
+    assert "checkpoint-24" in failed and "checkpoint-8" in failed, failed  # tried on the oldest idle one
+    assert e.server.proc.wait(timeout=30) is not None
     warm_engine.release(f, settings)
 
 

@@ -213,15 +213,27 @@ def _warm_engine(settings: Settings, spec: Any, project_id: str, log_path: Path,
     with session_scope(settings.database.url) as s:
         model_path, _ = resolve_model_ref(s, project_id, spec.model)
     gpus = _visible_gpus()[: spec.resources.gpus] if spec.resources.gpus else []
-    engine, reused = warm_engine.acquire(settings, model_path, spec.dtype, gpus, log_path, _prepare_child)
-    how = f"reused this worker's warm vLLM engine (job {engine.jobs} on it)" if reused else "started a vLLM engine"
+    engine, came = warm_engine.acquire(settings, model_path, spec.dtype, gpus, log_path, _prepare_child)
+    how = {
+        "reused": f"reused this worker's warm vLLM engine (job {engine.jobs} on it)",
+        "reloaded": f"loaded this model's weights into this worker's warm vLLM engine of the same model family in "
+        f"{engine.reload_seconds or 0:.1f} s instead of starting one (job {engine.jobs} on it)",
+        "started": "started a vLLM engine",
+    }[came]
     _event(
         settings.database.url,
         job_id,
         "vllm_engine",
         f"{how} at {engine.server.url} (process {engine.server.proc.pid}); it stays warm for the next eval of "
         f"this model for {settings.worker.warm_engine_idle_seconds:.0f} s",
-        {"url": engine.server.url, "pid": engine.server.proc.pid, "reused": reused, "jobs": engine.jobs},
+        {
+            "url": engine.server.url,
+            "pid": engine.server.proc.pid,
+            "reused": came != "started",
+            "how": came,
+            "reload_seconds": engine.reload_seconds if came == "reloaded" else None,
+            "jobs": engine.jobs,
+        },
     )
     return engine
 

@@ -14,15 +14,20 @@ starts on this worker (training needs the GPUs and cores), and with the worker (
 under worker.vllm_server's guard). `worker.warm_engines: 0` turns this off: each eval job then
 loads an offline engine in its own process, as before.
 
-Not done: a checkpoint of the same base model is served by a new engine, not by reloading
-weights into the warm one (vLLM's CPU build prepacks linear weights and drops the originals,
-so an in-place reload fails there; see worker/vllm_server.py).
+A checkpoint of the model a warm engine serves (the same architecture, generation config and
+tokenizer: `model_family`, e.g. the steps of one training run) does not restart it: an idle
+engine of the same family, dtype and GPUs reloads the checkpoint's weights in place (vLLM's
+`reload_weights` through the server's /collective_rpc and our worker extension,
+evaluator.vllm_reload, then /reset_prefix_cache), which takes seconds instead of an engine start.
+On the CPU this goes through vLLM's layerwise reload, which packs the new weights for its fast
+kernels again, as the colocated GRPO sync does (trainer/vllm_generation.py); a tied LM head is
+packed again from the new embedding (vllm_reload.retie_lm_head). A reload that fails stops that
+engine and starts a new one.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import threading
 import time
@@ -30,10 +35,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from worker.vllm_server import VLLMServer, free_port, launch
+from worker.vllm_server import VLLMServer, free_port, launch, server_env
 
 log = logging.getLogger("mathrl.worker")
 SERVED_NAME = "mathrl-eval"
+# what must match, besides config.json, for a checkpoint's weights to be loaded into an engine
+FAMILY_FILES = (
+    "generation_config.json",  # vLLM's default sampling settings come from it
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+)
+VOLATILE_CONFIG = ("_name_or_path", "transformers_version")  # differ between saves of one model
+RELOAD_TIMEOUT = 600.0
 
 
 @dataclass
@@ -41,6 +59,8 @@ class WarmEngine:
     key: tuple[str, str, str]  # (model path, dtype, GPUs)
     server: VLLMServer
     max_model_len: int
+    family: str | None = None  # model_family of the weights it serves (None: never reloaded)
+    reload_seconds: float | None = None  # how long the last reload took
     users: int = 0
     jobs: int = 0  # eval jobs served, this one included
     idle_since: float = field(default_factory=time.monotonic)
@@ -70,6 +90,46 @@ def max_model_len(model_path: str, cap: int) -> int:
     return min(int(config.get("max_position_embeddings") or cap), cap)
 
 
+def model_family(model_path: str) -> str | None:
+    """A fingerprint of what an engine's weights must fit: config.json (less the fields every save
+    rewrites), the generation config and the tokenizer's files. Two checkpoints of one training
+    run share it; None for what cannot be reloaded from disk (a hub id, an adapter, a GGUF file:
+    vLLM's reload reads safetensors shards from a directory)."""
+    import hashlib
+    import json
+
+    folder = Path(model_path)
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(config, dict) or not any(folder.glob("*.safetensors")):
+        return None
+    for k in VOLATILE_CONFIG:
+        config.pop(k, None)
+    h = hashlib.sha256(json.dumps(config, sort_keys=True).encode())
+    for name in FAMILY_FILES:
+        f = folder / name
+        if f.is_file():
+            h.update(name.encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()
+
+
+def reload_weights(server: VLLMServer, model_path: str) -> float:
+    """Load `model_path`'s weights into the running server in place; the seconds it took."""
+    import httpx
+
+    t0 = time.monotonic()
+    body = {"method": "reload_checkpoint", "args": [model_path]}  # evaluator.vllm_reload.CheckpointReload
+    r = httpx.post(f"{server.url}/collective_rpc", json=body, timeout=RELOAD_TIMEOUT)
+    if r.status_code != 200:
+        raise RuntimeError(f"reload_weights answered {r.status_code}: {r.text[:300]}")
+    r = httpx.post(f"{server.url}/reset_prefix_cache", timeout=60)  # cached prefixes hold the old weights' KV
+    if r.status_code != 200:
+        raise RuntimeError(f"reset_prefix_cache answered {r.status_code}: {r.text[:300]}")
+    return time.monotonic() - t0
+
+
 def server_command(model_path: str, dtype: str, length: int, port: int, gpus: int) -> list[str]:
     """`vllm serve` for eval jobs, with the engine arguments every engine of ours gets."""
     from evaluator.vllm_backend import engine_options
@@ -79,7 +139,7 @@ def server_command(model_path: str, dtype: str, length: int, port: int, gpus: in
         sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_path,
         "--served-model-name", SERVED_NAME, "--host", "127.0.0.1", "--port", str(port), "--dtype", opts["dtype"],
         "--max-model-len", str(length), "--tensor-parallel-size", str(max(1, gpus)), "--disable-log-stats",
-        "--disable-uvicorn-access-log",
+        "--disable-uvicorn-access-log", "--worker-extension-cls", "evaluator.vllm_reload.CheckpointReload",
     ]  # fmt: skip
     if "gpu_memory_utilization" in opts:
         cmd += ["--gpu-memory-utilization", str(opts["gpu_memory_utilization"])]
@@ -95,9 +155,10 @@ def server_command(model_path: str, dtype: str, length: int, port: int, gpus: in
 
 def acquire(
     settings: Any, model_path: str, dtype: str, gpus: list[str], log_path: Path, preexec: Any
-) -> tuple[WarmEngine, bool]:
-    """The warm engine for this model, started if there is none. Returns it and whether it was
-    already running. Release it with `release` when the job ends."""
+) -> tuple[WarmEngine, str]:
+    """The warm engine for this model, and how it came: 'reused' (it served this model already),
+    'reloaded' (an idle engine of the same family now holds this model's weights) or 'started'.
+    Release it with `release` when the job ends."""
     key = (model_path, dtype, ",".join(gpus))
     with _lock:
         _stop(lambda e: e.users == 0 and (e.server.exited() is not None or _expired(e, settings)))
@@ -105,21 +166,56 @@ def acquire(
         if engine is not None and engine.server.exited() is None:
             engine.users += 1
             engine.jobs += 1
-            return engine, True
+            return engine, "reused"
         _engines.pop(key, None)
+        family = model_family(model_path)
+        engine = _reload_idle(key, family, log_path) if family is not None else None
+        if engine is not None:
+            return engine, "reloaded"
         idle = sorted((e for e in _engines.values() if e.users == 0), key=lambda e: e.idle_since)
         for e in idle[: max(0, len(_engines) - settings.worker.warm_engines + 1)]:
             _stop(lambda x, e=e: x is e)
         length = max_model_len(model_path, settings.worker.warm_engine_max_model_len)
         port = free_port()
-        env = {**os.environ}
+        env = server_env()  # /collective_rpc, for reloading weights
         if gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
         server = launch(server_command(model_path, dtype, length, port, len(gpus)), port, env, log_path, preexec)
-        engine = WarmEngine(key, server, length, users=1, jobs=1)
+        engine = WarmEngine(key, server, length, family=family, users=1, jobs=1)
         _engines[key] = engine
         log.info("started a warm vLLM engine for %s at %s (process %d)", model_path, server.url, server.proc.pid)
-        return engine, False
+        return engine, "started"
+
+
+def _reload_idle(key: tuple[str, str, str], family: str, log_path: Path) -> WarmEngine | None:
+    """An idle engine of this family, dtype and GPUs, now serving key's model (the caller holds the
+    lock); None when there is none, or its reload failed (that engine is stopped)."""
+    engine = next(
+        (
+            e
+            for e in _engines.values()
+            if e.users == 0 and e.family == family and e.key[1:] == key[1:] and e.server.exited() is None
+        ),
+        None,
+    )
+    if engine is None:
+        return None
+    try:
+        seconds = reload_weights(engine.server, key[0])
+    except Exception as exc:
+        log.warning(
+            "reloading %s into the warm engine of %s failed (%s): starting a new one", key[0], engine.key[0], exc
+        )
+        _stop(lambda e: e is engine)
+        return None
+    with open(log_path, "a") as f:
+        f.write(f"mathrl: reloaded {key[0]} into the warm engine of {engine.key[0]} in {seconds:.1f}s\n")
+    _engines.pop(engine.key, None)
+    engine.key = key
+    engine.reload_seconds = seconds
+    engine.users, engine.jobs = 1, engine.jobs + 1
+    _engines[key] = engine
+    return engine
 
 
 def release(engine: WarmEngine, settings: Any, keep: bool = True) -> None:
