@@ -32,6 +32,7 @@ from worker.child import EXIT_DRAINED, EXIT_ERROR, EXIT_OK, EXIT_STOPPED
 from worker.launch import TRAINING_KINDS, read_error
 from worker.ray_train import WORKERS_LINE
 from worker.ray_vllm import SERVER_LINE
+from worker.vllm_server import needs_server
 
 log = logging.getLogger("mathrl.worker")
 
@@ -77,6 +78,8 @@ def entrypoint(settings: Settings, spec: Any, job_id: str, owner: str, attempt: 
     if spec.kind in TRAINING_KINDS:
         per_worker = 1 if spec.resources.gpus else 0
         args = ["-m", "worker.ray_train", job_id, owner, str(attempt), str(ray_workers(spec)), str(per_worker)]
+        if needs_server(spec):  # GRPO in vLLM server mode: the driver starts the server (worker.ray_vllm)
+            args.append("--vllm-server")
         return shlex.join([python, *args]), 0, 0
     return shlex.join([python, "-m", "worker.child", job_id, owner, str(attempt)]), spec.resources.gpus, 1
 

@@ -1,6 +1,6 @@
 """What runs on the Ray cluster for a training job past one node (or in a pool the operator set
 to run on Ray): the Ray job's entrypoint, `python -m worker.ray_train <job_id> <owner> <attempt>
-<workers> <gpus_per_worker>`, submitted by worker.ray_submit through Ray's Jobs API.
+<workers> <gpus_per_worker> [--vllm-server]`, submitted by worker.ray_submit through Ray's Jobs API.
 
 It runs the job as Ray Train workers (ray.train.torch.TorchTrainer, one per GPU, or per CPU
 process, spread over the nodes), each running the same code as a rank under `accelerate launch`
@@ -69,15 +69,19 @@ def train_worker(config: dict[str, Any]) -> None:
     err = error_file(attempt_dir(get_settings().artifact_dir, config["job_id"], config["attempt"]))
     if DATABASE_ENV not in os.environ:  # (run_rank writes its own errors to the same file)
         err.parent.mkdir(parents=True, exist_ok=True)
-        err.write_text(
-            f"{DATABASE_ENV} is not set on Ray node {info['host']}: give the Ray cluster's pods the database "
-            "secret (the chart's ray.* values do), so that the job's ranks can reach the store"
-        )
+        err.write_text(no_database(info["host"]))
         code = EXIT_ERROR
     else:
         code = run_rank(config["job_id"], config["owner"], config["attempt"])
     error = err.read_text().strip() if code and err.exists() else None
     ray.get(outcome.put.remote(me, {**info, "code": code, "error": error}))
+
+
+def no_database(host: str) -> str:
+    return (
+        f"{DATABASE_ENV} is not set on Ray node {host}: give the Ray cluster's pods the database "
+        "secret (the chart's ray.* values do), so that the job's ranks can reach the store"
+    )
 
 
 def exit_code(ranks: dict[int, dict[str, Any]], world: int, failure: str | None) -> int:
@@ -93,13 +97,13 @@ def exit_code(ranks: dict[int, dict[str, Any]], world: int, failure: str | None)
     return EXIT_OK
 
 
-def run(job_id: str, owner: str, attempt: int, workers: int, gpus_per_worker: int) -> int:
+def run(job_id: str, owner: str, attempt: int, workers: int, gpus_per_worker: int, with_server: bool) -> int:
     import ray
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
     from service.settings import get_settings
-    from worker.child import attempt_dir
+    from worker.child import EXIT_ERROR, attempt_dir
     from worker.launch import read_error
 
     settings = get_settings()
@@ -107,13 +111,13 @@ def run(job_id: str, owner: str, attempt: int, workers: int, gpus_per_worker: in
     out = attempt_dir(settings.artifact_dir, job_id, attempt)
     server: Any = None
     server_url = None
-    try:
-        server = _start_server(settings, job_id, out)
-    except Exception as exc:  # no model, no room on the cluster, vLLM missing on the node
-        (out / "error.txt").write_text(str(exc))
-        print(OUTCOME_LINE + json.dumps({"code": 1, "errors": {"vllm_server": str(exc)}}), flush=True)
-        return 1
-    if server is not None:
+    if with_server:
+        try:
+            server = _start_server(settings, job_id, out)
+        except Exception as exc:  # no database, no model, no room on the cluster, vLLM missing on the node
+            (out / "error.txt").write_text(str(exc))
+            print(OUTCOME_LINE + json.dumps({"code": EXIT_ERROR, "errors": {"vllm_server": str(exc)}}), flush=True)
+            return EXIT_ERROR
         server_url = server[1]["url"]
 
     @ray.remote(num_cpus=0)
@@ -194,16 +198,15 @@ def run(job_id: str, owner: str, attempt: int, workers: int, gpus_per_worker: in
     return code
 
 
-def _start_server(settings: Any, job_id: str, out: Any) -> tuple[Any, dict[str, Any]] | None:
-    """The job's vLLM server (GRPO in server mode), placed by Ray: (actor, info), or None when the
-    job needs none. Announced in the log for the supervisor (a `vllm_server` event)."""
+def _start_server(settings: Any, job_id: str, out: Any) -> tuple[Any, dict[str, Any]]:
+    """The job's vLLM server (GRPO in server mode), placed by Ray: (actor, info). Announced in the
+    log for the supervisor (a `vllm_server` event)."""
     from worker import ray_vllm
     from worker.child import load_job, model_resolver
-    from worker.vllm_server import needs_server
 
+    if DATABASE_ENV not in os.environ:  # the driver reads the job's spec and model from the store
+        raise RuntimeError(no_database(socket.gethostname()))
     spec, project_id, config = load_job(settings, job_id)
-    if not needs_server(spec):
-        return None
     model_path, _ = model_resolver(settings, job_id, project_id)(spec.model)
     actor, info = ray_vllm.start(spec, config, model_path, out / "vllm-server.log", settings.ray.server_cpus)
     print(ray_vllm.SERVER_LINE + json.dumps(info), flush=True)
@@ -238,8 +241,9 @@ def _check_server(actor: Any, out: Any) -> None:
 
 def main(argv: list[str]) -> int:
     job_id, owner, attempt, workers, gpus = argv[1], argv[2], int(argv[3]), int(argv[4]), int(argv[5])
+    with_server = len(argv) > 6 and argv[6] == "--vllm-server"
     t0 = time.monotonic()
-    code = run(job_id, owner, attempt, workers, gpus)
+    code = run(job_id, owner, attempt, workers, gpus, with_server)
     print(
         f"mathrl: Ray job of {job_id} attempt {attempt} ended with {code} after {time.monotonic() - t0:.1f}s",
         flush=True,
