@@ -59,8 +59,7 @@ def engine_options(
     from evaluator.models import resolve_dtype
 
     on_gpu = torch.cuda.is_available()
-    if not on_gpu and (os.cpu_count() or 1) <= 4:
-        os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+    os.environ.update(engine_env())  # for an engine in this process; a server's: worker.vllm_server.server_env
     kwargs: dict[str, Any] = {"dtype": resolve_dtype(dtype, on_gpu)}
     if on_gpu:
         fraction = gpu_memory_utilization or float(os.environ.get("MATHRL_VLLM_MEMORY_FRACTION", "0.9"))
@@ -74,6 +73,21 @@ def engine_options(
     if os.environ.get("MATHRL_VLLM_ENFORCE_EAGER") == "1":
         kwargs["enforce_eager"] = True
     return kwargs
+
+
+def engine_env() -> dict[str, str]:
+    """What a vLLM engine's process needs in its environment from us, unless the operator set it:
+    on a small CPU machine (<= 4 cores) no core reserved for vLLM's scheduler (see engine_options).
+    A server started as a process of its own gets it through its environment; setting it in this
+    process after the server's environment was copied (as the warm engine once did) left the
+    server on one of two cores, at about half the speed."""
+    import os
+
+    import torch
+
+    if torch.cuda.is_available() or (os.cpu_count() or 1) > 4 or "VLLM_CPU_NUM_OF_RESERVED_CPU" in os.environ:
+        return {}
+    return {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
 
 
 def load_engine(model_path: str, dtype: str = "auto", seed: int = 0, max_model_len: int | None = None) -> Any:

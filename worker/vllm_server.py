@@ -187,9 +187,12 @@ def start_server(
 
 
 def server_env() -> dict[str, str]:
-    """This process's environment, with what the trainer's sync needs of the server: adapters loaded
-    at run time, and the development routes (/collective_rpc, /reset_prefix_cache)."""
-    return {**os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1", "VLLM_SERVER_DEV_MODE": "1"}
+    """This process's environment, with the engine's own settings (evaluator.vllm_backend.engine_env:
+    on a small CPU machine every core generates) and what our syncs need of the server: adapters
+    loaded at run time, and the development routes (/collective_rpc, /reset_prefix_cache)."""
+    from evaluator.vllm_backend import engine_env
+
+    return {**os.environ, **engine_env(), "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1", "VLLM_SERVER_DEV_MODE": "1"}
 
 
 def launch(
