@@ -15,7 +15,10 @@ compares them character for character, and token for token through the model's t
 HF backend, greedy, --batch-size, 256 new tokens) and then, as eval jobs through the embedded
 service (API, SQLite, one worker), with mathrl's `lm-eval-gsm8k` recipe on the same model,
 batch size and length: an HF-backend job, a vLLM job on a new engine (cold: the engine start is
-in its time) and a second vLLM job on the engine the worker kept warm. It prints each time
+in its time), a second vLLM job on the engine the worker kept warm, and a vLLM job on a checkpoint
+of the model (its files hard-linked under another path: the same family, so the warm engine
+reloads its weights instead of starting; the same weights, so its completions must still be
+lm-eval's). It prints each time
 (lm-eval: command start -> results file; mathrl: job submitted -> scores stored), the ratios,
 the scores and how many prompts and completions are identical to lm-eval's.
 """
@@ -159,7 +162,8 @@ def compare(args: argparse.Namespace) -> None:
         flush=True,
     )
     wanted = args.backends.split(",")
-    runs = [(b, label) for b, label in (("hf", "HF"), ("vllm", "vLLM, cold"), ("vllm", "vLLM, warm")) if b in wanted]
+    every = (("hf", "HF"), ("vllm", "vLLM, cold"), ("vllm", "vLLM, warm"), ("vllm", "vLLM, reload"))
+    runs = [(b, label) for b, label in every if b in wanted]
     for label, seconds, ours in mathrl_jobs(args, runs, work):
         pairs = [(o, t["strict-match"]) for o, t in zip(ours, theirs, strict=True)]
         same_prompt = sum(o["prompt"] == t["arguments"]["gen_args_0"]["arg_0"] for o, t in pairs)
@@ -167,7 +171,7 @@ def compare(args: argparse.Namespace) -> None:
         our_acc = sum(o["data"]["correct"] for o in ours) / len(ours)
         same_verdict = sum(bool(o["data"]["correct"]) == bool(t["exact_match"]) for o, t in pairs)
         print(
-            f"  mathrl eval job, lm-eval-gsm8k recipe, {label + ':':12s} {seconds:7.1f} s (job submitted -> scores "
+            f"  mathrl eval job, lm-eval-gsm8k recipe, {label + ':':14s} {seconds:7.1f} s (job submitted -> scores "
             f"stored)  accuracy {our_acc:.1%}  {lm_seconds / seconds:.2f}x lm-eval\n"
             f"      identical prompts {same_prompt}/{len(ours)}, identical completions {same_text}/{len(ours)}, "
             f"same verdict as strict-match {same_verdict}/{len(ours)}",
@@ -177,7 +181,8 @@ def compare(args: argparse.Namespace) -> None:
 
 def mathrl_jobs(args: argparse.Namespace, runs: list[tuple[str, str]], work: Path) -> list[tuple[str, float, list]]:
     """Each run as an eval job through the embedded service (API, SQLite, one worker), one after
-    another: (label, seconds from submit to the job's end with its scores stored, its items)."""
+    another: (label, seconds from submit to the job's end with its scores stored, its items). The
+    'reload' run evaluates a checkpoint of the model: its files hard-linked into the work dir."""
     import shutil
 
     from mathrl.client import Client
@@ -187,12 +192,16 @@ def mathrl_jobs(args: argparse.Namespace, runs: list[tuple[str, str]], work: Pat
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     shutil.rmtree(work / "svc", ignore_errors=True)
     model = str(Path(args.model).resolve())
+    checkpoint = work / "checkpoint"
+    shutil.rmtree(checkpoint, ignore_errors=True)
+    shutil.copytree(model, checkpoint, copy_function=os.link)
     out = []
-    with embedded_service(work / "svc", 0, [str(Path(model).parent)]) as (url, env):
+    with embedded_service(work / "svc", 0, [str(Path(model).parent), str(work)]) as (url, env):
         client = Client(url, api_key=demo_key(env))
         for backend, label in runs:
             body = {
-                "kind": "eval", "model": model, "benchmark": "gsm8k", "recipe": "lm-eval-gsm8k",
+                "kind": "eval", "model": str(checkpoint) if label.endswith("reload") else model,
+                "benchmark": "gsm8k", "recipe": "lm-eval-gsm8k",
                 "limit": args.limit, "backend": backend, "batch_size": args.batch_size,
                 "sampling": {"max_new_tokens": args.max_new_tokens},
             }  # fmt: skip
@@ -201,6 +210,9 @@ def mathrl_jobs(args: argparse.Namespace, runs: list[tuple[str, str]], work: Pat
             done = client.jobs.wait(job.id, timeout=7200, poll=0.25)
             seconds = time.perf_counter() - t0
             assert done.status == "succeeded", done.error
+            engine = next((e for e in client.jobs.events(job.id) if e.type == "vllm_engine"), None)
+            if engine is not None:
+                print(f"      ({label}) {engine.message}", flush=True)
             out.append((label, seconds, client.jobs.results(job.id)))
     return out
 
@@ -218,7 +230,9 @@ def main() -> None:
     c.add_argument("--max-new-tokens", type=int, default=256)
     c.add_argument("--work", default=str(ROOT / ".mathrl" / "lm-eval" / "compare"))
     c.add_argument(
-        "--backends", default="hf,vllm", help="mathrl runs: hf (one job), vllm (a cold job, then a warm one)"
+        "--backends",
+        default="hf,vllm",
+        help="mathrl runs: hf (one job), vllm (a cold job, a warm one, then a checkpoint reloaded into the warm one)",
     )
     args = p.parse_args()
     {"fixtures": fixtures, "compare": compare}[args.command](args)
