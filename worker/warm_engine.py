@@ -177,7 +177,7 @@ def acquire(
             _stop(lambda x, e=e: x is e)
         length = max_model_len(model_path, settings.worker.warm_engine_max_model_len)
         port = free_port()
-        env = server_env()  # /collective_rpc, for reloading weights
+        env = server_env()  # all cores on a small CPU machine; /collective_rpc for reloading weights
         if gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
         server = launch(server_command(model_path, dtype, length, port, len(gpus)), port, env, log_path, preexec)
