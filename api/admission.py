@@ -22,8 +22,9 @@ from sqlalchemy.orm import Session
 
 from api.problems import Problem
 from mathrl.errors import FieldError
+from mathrl.memory_plan import check_job, read_model_config
 from mathrl.presets import resolve_config
-from mathrl.specs import model_refs
+from mathrl.specs import model_refs, split_job_ref
 from service.settings import Settings
 from service.sources import url_refusal
 from store.models import Project
@@ -39,6 +40,7 @@ def admit_spec(spec: Any, settings: Settings) -> dict[str, Any]:
         resolve_eval_recipe(spec, config)
     check_job_limits(spec, config, settings)
     check_placement(spec, settings)
+    check_memory(spec, config, settings)
     return config
 
 
@@ -68,6 +70,44 @@ def check_placement(spec: Any, settings: Settings) -> None:
             f"/resources/gpus: {detail}",
             [{"pointer": "/resources/gpus", "detail": detail}],
         )
+
+
+def check_memory(spec: Any, config: dict[str, Any], settings: Settings) -> None:
+    """The memory plan of a GRPO or SFT job on GPUs (mathrl/memory_plan.py), when the model's
+    config.json can be read now: a local path, or another job's model already saved on the artifact
+    volume. It is stored in the config (`memory_plan`); one over the GPU memory of the job's pool
+    (settings.memory) is refused, with what would fit. A hub id, or a model not saved yet (a
+    pipeline's earlier step), is checked by the worker before the model loads (worker.child)."""
+    if spec.kind not in ("grpo", "sft") or spec.resources.gpus == 0:
+        return
+    model_config = known_model_config(spec.model, settings)
+    if model_config is None:
+        return
+    try:
+        plan, refusal = check_job(config, model_config, settings.memory.for_queue(spec.resources.queue))
+    except ValueError as exc:  # a config.json this estimate cannot read: left to the run
+        config["memory_plan"] = {"estimate_gib": None, "notes": [str(exc)]}
+        return
+    config["memory_plan"] = plan.record()
+    if refusal is not None:
+        errors = [{"pointer": pointer, "detail": detail} for pointer, detail in refusal.errors]
+        raise Problem(422, "Does not fit in GPU memory", refusal.detail, errors)
+
+
+def known_model_config(ref: str, settings: Settings) -> dict[str, Any] | None:
+    """config.json of a model the API can see: a local path (check_sources has put it under a root),
+    or 'job:<id>[@final|@step-N]' whose model is saved under the artifact directory (where the
+    worker's sink moves it: <artifact_dir>/jobs/<id>/train/final or checkpoint-N). Nothing is
+    fetched; None when it is not there (yet)."""
+    if ref.startswith("/"):
+        return read_model_config(ref)
+    target, which = split_job_ref(ref)
+    if not target or "/" in target or target.startswith("."):
+        return None
+    train = Path(settings.artifact_dir).expanduser().resolve() / "jobs" / target / "train"
+    if which.startswith("@step-"):
+        return read_model_config(train / f"checkpoint-{which.removeprefix('@step-')}")
+    return read_model_config(train / "final")
 
 
 # --- sources ---------------------------------------------------------------------------

@@ -39,6 +39,7 @@ TRL_DEFAULTS: dict[str, Any] = {
     "temperature": 1.0,
     "top_p": 1.0,
     "warmup_ratio": 0.0,
+    "gradient_checkpointing": True,  # TRL's GRPOConfig and SFTConfig turn it on (TrainingArguments' is off)
 }
 
 # DeepSeekMath (Shao et al. 2024), section 4.2: policy lr 1e-6, KL coefficient 0.04,
@@ -133,4 +134,6 @@ def resolve_config(spec: Any) -> dict[str, Any]:
     config: dict[str, Any] = spec.model_dump(mode="json")
     if spec.kind == "grpo":
         config.update(resolve_grpo(spec))
+    elif spec.kind == "sft" and config.get("gradient_checkpointing") is None:
+        config["gradient_checkpointing"] = TRL_DEFAULTS["gradient_checkpointing"]  # SFTConfig's default too
     return config

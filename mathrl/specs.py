@@ -453,6 +453,12 @@ class GRPOSpec(_JobBase):
         "before it is dropped (0: on-policy). Default: TRL's 4.",
     )
     deepspeed_zero3: bool = Field(False, description="Shard with DeepSpeed ZeRO-3 (multi-GPU).")
+    gradient_checkpointing: bool | None = Field(
+        None,
+        description="Recompute each layer's activations in the backward pass instead of keeping them (TRL's "
+        "gradient_checkpointing): far less memory for activations, about a third more compute per step. "
+        "Unset: TRL's default, on.",
+    )
     logging_steps: int = Field(1, ge=1, description="Store metrics every N steps.")
     save_steps: int = Field(50, ge=1, description="Checkpoint every N steps.")
     sample_every: int = Field(10, ge=1, description="Store sampled completions every N steps.")
@@ -645,6 +651,12 @@ class SFTSpec(_JobBase):
     max_length: int = Field(1024, ge=8, le=131072, description="Prompt + completion tokens; longer rows are cut.")
     warmup_ratio: float = Field(0.0, ge=0, lt=1, description="Fraction of steps with a linear LR warm-up.")
     lora: LoRA | None = Field(None, description="Train LoRA adapters through peft.")
+    gradient_checkpointing: bool | None = Field(
+        None,
+        description="Recompute each layer's activations in the backward pass instead of keeping them (TRL's "
+        "gradient_checkpointing): far less memory for activations, about a third more compute per step. "
+        "Unset: TRL's default, on.",
+    )
     logging_steps: int = Field(10, ge=1, description="Store metrics every N steps.")
     save_steps: int = Field(100, ge=1, description="Checkpoint every N steps.")
     seed: int = Field(42, ge=0, description="Seed of the data order and initialisation.")

@@ -141,6 +141,29 @@ class LimitsSettings(BaseModel):
     )
 
 
+class MemorySettings(BaseModel):
+    """The GPU memory of the worker pools, for the memory plan (mathrl/memory_plan.py). A GRPO or
+    SFT job with GPUs whose estimated peak exceeds one of its pool's GPUs is refused at submit (422)
+    when the API can read the model's config.json (a local path, another job's saved model), else
+    failed by the worker before the model loads. API and workers read the same values."""
+
+    gpu_memory_gib: float | None = Field(
+        None,
+        gt=0,
+        description="Memory of one GPU, in GiB, in the pools `pools` does not list. Unset: such pools are not "
+        "checked at submit; the worker checks against its own GPU's memory (torch) before the model loads.",
+    )
+    pools: dict[str, float] = Field(
+        default_factory=dict,
+        description="Queue (resources.pool, or 'gpu-N' from resources.gpus) -> memory of one of its GPUs in GiB, "
+        'e.g. {"gpu-1": 80, "l40s": 48} (MATHRL_MEMORY__POOLS as JSON; the chart sets it from workerPools).',
+    )
+
+    def for_queue(self, queue: str) -> float | None:
+        """GiB of one GPU of the pool serving `queue`; None: not known."""
+        return self.pools.get(queue, self.gpu_memory_gib)
+
+
 class SourcesSettings(BaseModel):
     """Where models and datasets may come from. Checked before a job is stored, so nothing is
     fetched for a refused source. Hub ids ('org/name') and 'job:<id>' refs are always allowed."""
@@ -165,6 +188,40 @@ class SourcesSettings(BaseModel):
     )
 
 
+class TrackingSettings(BaseModel):
+    """Runs mirrored to an MLflow tracking server (worker/tracking.py): the supervisor of each job
+    copies its resolved configuration (params), its metrics by step and its scores from the database
+    into a run of the experiment '<experiment_prefix>/<project name>', tagged with the job id. Workers
+    only; they need the `mlflow` extra (mlflow-skinny). A tracker that is down never fails a job:
+    failed calls are counted and shown in the job's events."""
+
+    mlflow_uri: str | None = Field(
+        None,
+        description="The MLflow tracking URI the workers log to (http://mlflow.mlflow.svc:5000; credentials, if "
+        "any, in MLFLOW_TRACKING_TOKEN or MLFLOW_TRACKING_USERNAME/PASSWORD). Unset: runs are not mirrored.",
+    )
+    ui_url: str | None = Field(
+        None, description="The MLflow UI as users reach it, for the link from a job to its run; default: mlflow_uri."
+    )
+    mathrl_url: str | None = Field(
+        None,
+        description="mathrl's API and pages as users reach them (https://mathrl.example.com): each run links back to "
+        "its job's page, <url>/ui/jobs/<id> (tag mathrl.job_url). Unset: the run carries the job id only.",
+    )
+    experiment_prefix: str = Field(
+        "mathrl", min_length=1, description="Each project's runs go to the experiment '<prefix>/<project name>'."
+    )
+    flush_seconds: float = Field(
+        5.0, gt=0, description="How often a running job's new metrics are sent to MLflow (one batch call)."
+    )
+    request_timeout_seconds: float = Field(
+        5.0,
+        gt=0,
+        description="Timeout of one call to MLflow (no retries inside it: the next flush tries again, less often "
+        "while MLflow keeps failing, up to once a minute).",
+    )
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="MATHRL_", env_nested_delimiter="__", extra="ignore")
 
@@ -173,8 +230,10 @@ class Settings(BaseSettings):
     worker: WorkerSettings = Field(default_factory=WorkerSettings)  # type: ignore[arg-type]
     auth: AuthSettings = Field(default_factory=AuthSettings)  # type: ignore[arg-type]
     limits: LimitsSettings = Field(default_factory=LimitsSettings)  # type: ignore[arg-type]
+    memory: MemorySettings = Field(default_factory=MemorySettings)  # type: ignore[arg-type]
     sources: SourcesSettings = Field(default_factory=SourcesSettings)  # type: ignore[arg-type]
     ray: RaySettings = Field(default_factory=RaySettings)  # type: ignore[arg-type]
+    tracking: TrackingSettings = Field(default_factory=TrackingSettings)  # type: ignore[arg-type]
     artifact_dir: str = Field("./.mathrl/artifacts", description="Checkpoints and per-item results.")
     data_dir: str = Field(default_factory=default_data_dir, description="Offline dataset copies.")
     max_request_bytes: int = 1_000_000

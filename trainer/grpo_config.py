@@ -37,6 +37,9 @@ def common_args(
         report_to=[],
         use_cpu=use_cpu,
         bf16=not use_cpu,
+        # resolved by mathrl.presets (TRL's default, on, when the spec leaves it unset; a config
+        # stored before the field existed ran with that default too)
+        gradient_checkpointing=config.get("gradient_checkpointing", True),
         disable_tqdm=True,
     )
 

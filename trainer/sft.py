@@ -74,6 +74,7 @@ def run_sft(
         report_to=[],
         use_cpu=use_cpu,
         bf16=not use_cpu,
+        gradient_checkpointing=spec.gradient_checkpointing is not False,  # unset: TRL's default, on
         disable_tqdm=True,
         completion_only_loss=True,
         dataloader_num_workers=0,

@@ -47,7 +47,18 @@ class Drained(InterruptedError):
 
 
 class NotAvailable(RuntimeError):
-    pass
+    event = "not_available"  # the job's event that records it
+    data: dict[str, Any] | None = None
+
+
+class MemoryRefused(NotAvailable):
+    """The job's memory plan (mathrl/memory_plan.py) needs more than this worker's GPUs have."""
+
+    event = "memory_plan"
+
+    def __init__(self, detail: str, plan: dict[str, Any]):
+        super().__init__(detail)
+        self.data = plan
 
 
 def job_dir(artifact_dir: str, job_id: str) -> Path:
@@ -110,6 +121,7 @@ def run(job_id: str, owner: str, attempt: int) -> int:
     )
     sink.install_sigterm()
     try:
+        _check_memory(spec, config, model_path, settings, sink)  # before the model loads
         return _run_kind(spec, config, sink, settings, job_id, model_path, checkpoint, resolve, work)
     except InterruptedError:
         if sink.lost:  # stopped because this attempt saw it no longer owns the job
@@ -261,6 +273,61 @@ def _check_available(spec: Any) -> None:
             raise NotAvailable(f"the job asks for {spec.resources.gpus} GPU(s); this worker has {have}")
 
 
+def _check_memory(spec: Any, config: dict[str, Any], model_path: str, settings: Any, sink: Any) -> None:
+    """The memory plan of a GRPO or SFT job on GPUs (mathrl/memory_plan.py), the same check the API
+    makes at submit, for what only the worker can see: a hub id's config.json (fetched alone, into
+    the cache the model loads from next) or another job's model once it is saved. The GPU's memory
+    is the pool's from settings (MATHRL_MEMORY__POOLS, as at submit), else this worker's first
+    visible GPU's (torch). A plan over it fails the job, with what would fit, before the model
+    loads; a plan checked at submit is not checked again."""
+    if spec.kind not in ("grpo", "sft") or spec.resources.gpus == 0:
+        return
+    from mathrl.memory_plan import check_job
+
+    stored = config.get("memory_plan") or {}
+    if stored.get("gpu_memory_gib") is not None:
+        return  # checked at submit against the same settings
+    gpu_gib = settings.memory.for_queue(spec.resources.queue) or _visible_gpu_gib()
+    model_config = _model_config(model_path)
+    if model_config is None:
+        sink.event("memory_plan", f"memory plan not checked: no config.json for {spec.model}", "warning")
+        return
+    try:
+        plan, refusal = check_job(config, model_config, gpu_gib)
+    except ValueError as exc:
+        sink.event("memory_plan", f"memory plan not checked: {exc}", "warning")
+        return
+    if refusal is not None:
+        raise MemoryRefused(refusal.detail, plan.record())
+    of = f" of {gpu_gib:.1f} GiB" if gpu_gib else ""
+    sink.event("memory_plan", f"memory plan: ~{plan.estimate_gib:.1f} GiB per GPU{of}", data=plan.record())
+
+
+def _model_config(model_path: str) -> dict[str, Any] | None:
+    from mathrl.memory_plan import read_model_config
+
+    if model_path.startswith("/"):
+        return read_model_config(model_path)
+    try:  # a hub id: its config.json alone (HF_HUB_OFFLINE and the cache are honoured)
+        import json
+
+        from huggingface_hub import hf_hub_download
+
+        with open(hf_hub_download(model_path, "config.json"), encoding="utf-8") as f:
+            data = json.load(f)
+        return data if isinstance(data, dict) else None
+    except Exception:  # offline, gated, no such file: the load will say why
+        return None
+
+
+def _visible_gpu_gib() -> float | None:
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    return float(torch.cuda.get_device_properties(0).total_memory) / 1024**3
+
+
 def build_tiny(ref: str, artifact_dir: str) -> str:
     """'tiny:<layers>x<width>': a fresh tiny Qwen2 with a character tokenizer (built once, cached)."""
     import torch.distributed as dist
@@ -324,7 +391,7 @@ def _main(job_id: str, owner: str, attempt: int, settings: Any, err_file: Path) 
             fence = Fence(owner, attempt, err_file.parent / REJECTED_WRITES)
             try:
                 DatabaseSink(settings.database.url, job_id, "", fence=fence).event(
-                    "not_available", str(exc), level="error"
+                    exc.event, str(exc), level="error", data=exc.data
                 )
             except LeaseLost:
                 return EXIT_LOST

@@ -59,7 +59,10 @@ def _own_job(session: Any, project_id: str, job_id: str) -> Job:
     responses={
         200: {"description": "A replay: this Idempotency-Key and body created this job before.", "model": JobResponse},
         409: {"description": IDEMPOTENCY_CONFLICT},
-        422: {"description": "The spec is invalid, names a source outside the allowed roots, or is over a limit."},
+        422: {
+            "description": "The spec is invalid, names a source outside the allowed roots, is over a limit, or its "
+            "memory plan does not fit its pool's GPUs (the detail says what would)."
+        },
         429: {"description": "Over the project's quota of active jobs or GPUs, or the key's rate limit."},
     },
 )

@@ -99,7 +99,8 @@ def _jobs_of(session: Any, pipeline_ids: list[str]) -> dict[str, list[Job]]:
     response_model=PipelineResponse,
     responses={
         422: {
-            "description": "A spec is invalid, a reference dangles, the steps form a cycle, or a source is not allowed."
+            "description": "A spec is invalid, a reference dangles, the steps form a cycle, a source is not allowed, "
+            "or a step's memory plan does not fit its pool's GPUs."
         },
         429: {"description": "The pipeline's jobs would exceed the project's quota of active jobs or GPUs."},
     },

@@ -123,6 +123,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 - name: HOME
   value: /home/mathrl
 {{- include "mathrl.rayEnv" . }}
+{{- include "mathrl.memoryEnv" . }}
 {{- with .Values.extraEnv }}
 {{ toYaml . }}
 {{- end }}
@@ -177,6 +178,47 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
   value: {{ .Values.ray.lostAfterSeconds | quote }}
 - name: MATHRL_RAY__PYTHON
   value: /opt/venv/bin/python
+{{- end }}
+{{- end -}}
+
+{{/* Runs mirrored to MLflow (workers only: the supervisor of each job does it) */}}
+{{- define "mathrl.trackingEnv" -}}
+{{- with .Values.tracking }}
+{{- if .mlflowUri }}
+- name: MATHRL_TRACKING__MLFLOW_URI
+  value: {{ .mlflowUri | quote }}
+{{- with .uiUrl }}
+- name: MATHRL_TRACKING__UI_URL
+  value: {{ . | quote }}
+{{- end }}
+{{- with .mathrlUrl }}
+- name: MATHRL_TRACKING__MATHRL_URL
+  value: {{ . | quote }}
+{{- end }}
+- name: MATHRL_TRACKING__EXPERIMENT_PREFIX
+  value: {{ .experimentPrefix | quote }}
+- name: MATHRL_TRACKING__FLUSH_SECONDS
+  value: {{ .flushSeconds | quote }}
+- name: MATHRL_TRACKING__REQUEST_TIMEOUT_SECONDS
+  value: {{ .requestTimeoutSeconds | quote }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* The GPU memory of each GPU pool's queues (workerPools[].gpuMemoryGiB over workerDefaults), for
+the memory plan: the API refuses at submit, the workers before launch */}}
+{{- define "mathrl.memoryEnv" -}}
+{{- $pools := dict }}
+{{- range .Values.workerPools }}
+{{- $mem := ternary .gpuMemoryGiB $.Values.workerDefaults.gpuMemoryGiB (hasKey . "gpuMemoryGiB") }}
+{{- $gpus := int (ternary .gpus $.Values.workerDefaults.gpus (hasKey . "gpus")) }}
+{{- if and $mem (gt $gpus 0) }}
+{{- range .queues }}{{ $_ := set $pools . $mem }}{{ end }}
+{{- end }}
+{{- end }}
+{{- if $pools }}
+- name: MATHRL_MEMORY__POOLS
+  value: {{ $pools | toJson | quote }}
 {{- end }}
 {{- end -}}
 
