@@ -33,7 +33,7 @@ ARG TORCH_FIND_LINKS=
 FROM ${PYTHON_IMAGE} AS requirements
 COPY pyproject.toml /src/pyproject.toml
 RUN python3 -c "import tomllib; p = tomllib.load(open('/src/pyproject.toml', 'rb'))['project']; x = p['optional-dependencies']; \
-[open(f'/src/{n}.txt', 'w').write(chr(10).join(r for r in p.get('dependencies', []) + x['server'] + (x['worker'] if n == 'worker' else []) if not r.startswith('mathrl')) + chr(10)) for n in ('server', 'worker')]"
+[open(f'/src/{n}.txt', 'w').write(chr(10).join(r for r in p.get('dependencies', []) + x['server'] + (x['worker'] + x['mlflow'] if n == 'worker' else []) if not r.startswith('mathrl')) + chr(10)) for n in ('server', 'worker')]"
 
 # ---- the project as a wheel (shared by every image) -------------------------------------------
 FROM ${PYTHON_IMAGE} AS wheel
@@ -105,7 +105,7 @@ RUN /opt/venv/bin/pip install --no-cache-dir --constraint /opt/pins.txt \
       "transformers==${TRANSFORMERS_VERSION}" -r /opt/requirements.txt
 COPY --from=wheel /wheels /wheels
 RUN set -eux; whl=$(ls /wheels/mathrl-*.whl); \
-    /opt/venv/bin/pip install --no-cache-dir --constraint /opt/pins.txt "${whl}[worker,ray]"; \
+    /opt/venv/bin/pip install --no-cache-dir --constraint /opt/pins.txt "${whl}[worker,ray,mlflow]"; \
     /opt/venv/bin/python -c "import torch, trl, vllm, transformers; print(torch.__version__, trl.__version__, vllm.__version__, transformers.__version__)"
 
 FROM ${CUDA_IMAGE} AS worker
@@ -166,7 +166,7 @@ RUN /opt/venv/bin/pip install --no-cache-dir --constraint /opt/pins.txt \
 COPY --from=wheel /wheels /wheels
 RUN set -eux; whl=$(ls /wheels/mathrl-*.whl); \
     /opt/venv/bin/pip install --no-cache-dir --constraint /opt/pins.txt \
-      ${TORCH_FIND_LINKS:+--find-links "${TORCH_FIND_LINKS}"} "${whl}[worker,ray]"; \
+      ${TORCH_FIND_LINKS:+--find-links "${TORCH_FIND_LINKS}"} "${whl}[worker,ray,mlflow]"; \
     /opt/venv/bin/python -c "import torch, trl, vllm, transformers; print(torch.__version__, trl.__version__, vllm.__version__, transformers.__version__)"
 
 FROM ${PYTHON_IMAGE} AS worker-cpu

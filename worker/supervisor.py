@@ -40,6 +40,7 @@ from worker.launch import (
     job_groups,
     read_error,
 )
+from worker.tracking import start_mirror
 from worker.vllm_server import needs_server, start_server
 from worker.warm_engine import wants_warm_engine
 
@@ -109,6 +110,29 @@ def supervise(settings: Settings, job_id: str, owner: str) -> str:
         project_id, config = job.project_id, dict(job.resolved_config or {})
     out = attempt_dir(settings.artifact_dir, job_id, attempt)  # this attempt's own (worker.child)
     out.mkdir(parents=True, exist_ok=True)
+    mirror = start_mirror(settings, job_id)  # None unless runs are mirrored to MLflow (worker.tracking)
+    status: str | None = None
+    try:
+        status = _run_attempt(settings, spec, job_id, owner, attempt, cmd, config, project_id, out)
+        return status
+    finally:
+        if mirror is not None:  # after the job's end is recorded: MLflow never delays it
+            mirror.close(status)
+
+
+def _run_attempt(
+    settings: Settings,
+    spec: Any,
+    job_id: str,
+    owner: str,
+    attempt: int,
+    cmd: list[str],
+    config: dict[str, Any],
+    project_id: str,
+    out: Path,
+) -> str:
+    """The claimed attempt, on this worker or on Ray, to its recorded end."""
+    url = settings.database.url
     log_path = out / "job.log"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     if spec is not None and settings.ray.runs(spec):

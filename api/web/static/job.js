@@ -173,7 +173,10 @@ boot(async (main) => {
       progressText.textContent = e.message;
       return;
     }
-    log.append(h("div", { class: e.level }, h("span", { class: "t" }, `${fmtTime(e.time)} `), `${e.type}: ${e.message}`));
+    // the job's run on the operator's MLflow server (worker/tracking.py): a link to it
+    const run = e.type === "tracking" && /^https?:\/\//.test(e.data?.url || "")
+      ? [" ", h("a", { href: e.data.url, target: "_blank", rel: "noopener" }, "open in MLflow")] : null;
+    log.append(h("div", { class: e.level }, h("span", { class: "t" }, `${fmtTime(e.time)} `), `${e.type}: ${e.message}`, run));
     log.scrollTop = log.scrollHeight;
   }
   async function events() {
