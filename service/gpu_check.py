@@ -30,6 +30,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from mathrl.sink import PrintSink
+
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "smollm2-arith.yaml"
 
@@ -51,40 +53,26 @@ PEAK_TFLOPS: dict[str, float] = {
 }
 
 
-class RecordSink:
-    """A sink (mathrl.sink.Sink) that keeps what a run reports, for the report."""
+class RecordSink(PrintSink):
+    """The local sink (mathrl.sink.PrintSink) that also keeps events and metrics by step, for
+    the report; progress lines and metric lines are not printed (the table says it once)."""
 
     def __init__(self, echo: bool = True) -> None:
+        super().__init__()
         self.echo = echo
         self.events: list[dict[str, Any]] = []
         self.metrics_by_step: dict[int, dict[str, float]] = {}
-        self.scores: list[dict[str, Any]] = []
 
     def event(self, type: str, message: str = "", level: str = "info", data: dict[str, Any] | None = None) -> None:
         self.events.append({"type": type, "message": message, "level": level, "data": data})
         if self.echo:
-            print(f"  [{type}] {message}", file=sys.stderr, flush=True)
+            super().event(type, message, level, data)
 
     def progress(self, done: int, total: int, message: str = "") -> None:
         pass
 
     def metrics(self, step: int, values: dict[str, float]) -> None:
         self.metrics_by_step.setdefault(step, {}).update(values)
-
-    def samples(self, step: int | None, items: list[dict[str, Any]]) -> None:
-        pass
-
-    def checkpoint(self, step: int, uri: str, kind: str = "checkpoint", data: Any = None, source: Any = None) -> None:
-        pass
-
-    def score(self, record: dict[str, Any]) -> None:
-        self.scores.append(record)
-
-    def should_stop(self) -> bool:
-        return False
-
-    def draining(self) -> bool:
-        return False
 
     def series(self, name: str) -> list[float]:
         return [v[name] for _, v in sorted(self.metrics_by_step.items()) if name in v]
