@@ -2,9 +2,11 @@
 
 Starts the real API (uvicorn processes) and one Celery worker on PostgreSQL + Redis, then
 prints req/s and p50/p99 latency for status reads and for submits, status reads again while
---streams SSE clients follow a job (with the database connections they hold), and the dispatch
-latency (submit -> claimed by a worker). Targets on a 2-core machine: reads >= 500 req/s with
-p99 < 50 ms, submit p99 < 100 ms, dispatch median < 1 s.
+--streams SSE clients follow a job (with the database connections they hold, the share of read
+throughput they cost, and how long an event written to the job takes to reach them), and the
+dispatch latency (submit -> claimed by a worker). Targets on a 2-core machine: reads >= 500
+req/s with p99 < 50 ms, submit p99 < 100 ms, 200 open streams cost at most 20% of read
+throughput and deliver an event within 100 ms at p99, dispatch median < 1 s.
 
     .venv/bin/python bench/api.py [--seconds 10] [--concurrency 16] [--api-workers 2]
 """
@@ -85,10 +87,13 @@ async def with_streams(
     seconds: float,
     concurrency: int,
     db_url: str,
-) -> tuple[tuple[int, list[float], int], int, int]:
-    """Status reads while `streams` SSE clients follow a job that never ends. Returns the load
-    result, how many streams opened, and the most connections seen idle in a transaction."""
+) -> tuple[tuple[int, list[float], int], int, int, list[float]]:
+    """Status reads while `streams` SSE clients follow a job that never ends, and an event is
+    written to that job every 0.25 s. Returns the load result, how many streams opened, the most
+    connections seen idle in a transaction, and each event's delay from its write to each
+    stream's reading it."""
     opened: list[int] = []
+    delivered: list[float] = []
     limits = httpx.Limits(max_connections=streams + 10)
     async with httpx.AsyncClient(
         base_url=url, headers=headers, limits=limits, timeout=httpx.Timeout(60, read=None)
@@ -97,8 +102,9 @@ async def with_streams(
         async def follow() -> None:
             async with c.stream("GET", f"/v1/jobs/{job_id}/events/stream") as r:
                 opened.append(r.status_code)
-                async for _ in r.aiter_lines():
-                    pass
+                async for line in r.aiter_lines():
+                    if line.startswith("data: ") and '"bench-latency"' in line:
+                        delivered.append(time.time() - json.loads(line[6:])["data"]["sent"])
 
         tasks = [asyncio.create_task(follow()) for _ in range(streams)]
         deadline = time.perf_counter() + 60
@@ -118,12 +124,28 @@ async def with_streams(
                 )
 
         held = max([await asyncio.to_thread(idle) for _ in range(5)])
+        delivered.clear()  # what the streams read while opening: not the delays measured
+        stop = threading.Event()
+
+        def write_events() -> None:  # as a worker writes them: one transaction each
+            from store.db import session_scope
+            from store.jobs import add_event
+
+            while not stop.wait(0.25):
+                with session_scope(db_url) as s:
+                    add_event(s, job_id, "bench-latency", data={"sent": time.time()})
+
+        writer = threading.Thread(target=write_events, daemon=True)
+        writer.start()
         result = await load(url, headers, make_request, seconds, concurrency)
+        stop.set()
+        writer.join()
+        await asyncio.sleep(1.0)  # the last events reach the streams
         engine.dispose()
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-    return result, sum(code == 200 for code in opened), held
+    return result, sum(code == 200 for code in opened), held, delivered
 
 
 def wrk(url: str, key: str, body: str | None, seconds: float, concurrency: int) -> tuple[int, tuple[float, float], int]:
@@ -289,12 +311,21 @@ def main() -> None:
 
         # open event streams must not starve other requests (each held a pooled connection once):
         # reads with the same client, without and with the streams open, side by side
-        report("read (httpx)", *asyncio.run(load(url, h, read, args.seconds, args.concurrency)))
-        result, opened, held = asyncio.run(
+        asyncio.run(load(url, h, read, 2, args.concurrency))  # warm-up of the httpx client's path
+        alone = asyncio.run(load(url, h, read, args.seconds, args.concurrency))
+        report("read (httpx)", *alone)
+        result, opened, held, delivered = asyncio.run(
             with_streams(url, h, job_id, args.streams, read, args.seconds, args.concurrency, db_url)
         )
         report(f"read, {args.streams} SSE", *result)
         print(f"  {opened}/{args.streams} streams open; at most {held} database connections idle in a transaction")
+        print(f"  read throughput with the streams open: {result[0] / max(alone[0], 1):.2f} of without")
+        if delivered:
+            print(
+                f"  event write -> stream: p50 {pct(delivered, 0.5) * 1000:.1f} ms, "
+                f"p99 {pct(delivered, 0.99) * 1000:.1f} ms ({len(delivered)} deliveries, "
+                f"an event every 0.25 s to {opened} streams)"
+            )
 
         # dispatch latency: submit -> claimed by an idle worker; each job is cancelled once claimed
         worker = subprocess.Popen(

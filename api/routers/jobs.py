@@ -6,6 +6,7 @@ import asyncio
 import hashlib
 import json
 import logging
+import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Annotated, Any
@@ -15,9 +16,10 @@ import anyio
 from fastapi import APIRouter, Body, Header, Query, Request, Response
 from fastapi.responses import FileResponse, StreamingResponse
 from sqlalchemy import select
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from api.deps import CallerDep, SessionDep, SettingsDep, owned, page_cursor
+from api.job_wakeups import KEEPALIVE_SECONDS, POLL_SECONDS, STREAM_READS, waker
 from api.problems import (
     IDEMPOTENCY_CONFLICT,
     JOB_NOT_FOUND,
@@ -46,6 +48,13 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 log = logging.getLogger("mathrl.api")
 
 NOT_FOUND = {404: {"description": JOB_NOT_FOUND}}
+
+# The largest values the columns a query parameter is compared with can hold (store/models.py):
+# event seqs and metric ids are bigint, steps integer. Past them PostgreSQL raises mid-query
+# (in a stream: after its 200 was sent), so the parameters are bounded and FastAPI answers 422.
+MAX_BIGINT = 2**63 - 1
+MAX_INT = 2**31 - 1
+STREAM_DB_ERROR = "the database did not answer: reconnect with after=<the last id you saw>"
 
 
 def _own_job(session: Any, project_id: str, job_id: str) -> Job:
@@ -157,7 +166,7 @@ def list_events(
     job_id: str,
     session: SessionDep,
     caller: CallerDep,
-    after: int | None = Query(None, ge=0),
+    after: int | None = Query(None, ge=0, le=MAX_BIGINT),
     limit: int = Query(500, ge=1, le=5000),
 ) -> dict[str, Any]:
     """The event log in order. Pass the last `seq` you saw as `after`."""
@@ -185,10 +194,12 @@ def stream_events(
     session: SessionDep,
     caller: CallerDep,
     settings: SettingsDep,
-    after: int | None = Query(None, ge=0, description="Only events after this seq (the last you saw)."),
+    after: int | None = Query(
+        None, ge=0, le=MAX_BIGINT, description="Only events after this seq (the last you saw)."
+    ),
     metrics: bool = Query(False, description="Also send the job's metric points as they are written."),
     metrics_after_step: int | None = Query(
-        None, ge=-1, description="With metrics: only points after this step (the last you have)."
+        None, ge=-1, le=MAX_INT, description="With metrics: only points after this step (the last you have)."
     ),
 ) -> StreamingResponse:
     """Server-Sent Events: every event as it is written (`event: <type>`, `id: <seq>`), and with
@@ -218,12 +229,25 @@ def stream_events(
             status = s.scalar(select(Job.status).where(Job.id == job_id))
             return [EventResponse.model_validate(r).model_dump(mode="json") for r in rows], points, status in TERMINAL
 
+    wakeups = waker(url)  # PostgreSQL: woken by NOTIFY (api/job_wakeups.py); SQLite: polling
+
     async def gen() -> Any:
         last, metric_id = after, None
-        idle = 0.0
+        waiter = wakeups.subscribe(job_id) if wakeups is not None else None
+        quiet_since = time.monotonic()
         try:
             while True:
-                rows, points, ended = await anyio.to_thread.run_sync(poll, last, metric_id)
+                if waiter is not None:
+                    waiter.clear()  # a write during the read below wakes the wait after it
+                STREAM_READS.inc()
+                try:
+                    rows, points, ended = await anyio.to_thread.run_sync(poll, last, metric_id)
+                except SQLAlchemyError as exc:
+                    # the 200 is sent: no problem response can follow. End the stream cleanly;
+                    # the client reconnects with after=<the last seq it saw>.
+                    log.warning("event stream of job %s ended by a database error: %s", job_id, type(exc).__name__)
+                    yield f": {STREAM_DB_ERROR}\n\n"
+                    return
                 if points:
                     metric_id = points[-1].id
                     data = [{"name": m.name, "step": m.step, "value": m.value} for m in points]
@@ -236,14 +260,18 @@ def stream_events(
                 if await request.is_disconnected():
                     return
                 if rows or points:
-                    idle = 0.0
+                    quiet_since = time.monotonic()
+                    continue  # a full page may have more behind it
+                if time.monotonic() - quiet_since >= KEEPALIVE_SECONDS:
+                    quiet_since = time.monotonic()
+                    yield ": keep-alive\n\n"
+                if waiter is not None and wakeups is not None:
+                    await waiter.wait(wakeups.interval())
                 else:
-                    idle += 0.5
-                    if idle >= 15:
-                        idle = 0.0
-                        yield ": keep-alive\n\n"
-                    await asyncio.sleep(0.5)
+                    await asyncio.sleep(POLL_SECONDS)
         finally:
+            if waiter is not None and wakeups is not None:
+                wakeups.unsubscribe(waiter)
             close_stream(holder)
 
     return StreamingResponse(gen(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
@@ -258,7 +286,9 @@ def get_metrics(
     session: SessionDep,
     caller: CallerDep,
     name: str | None = Query(None, max_length=128),
-    after_step: int | None = Query(None, ge=-1, description="Only points after this step (a page's next_cursor)."),
+    after_step: int | None = Query(
+        None, ge=-1, le=MAX_INT, description="Only points after this step (a page's next_cursor)."
+    ),
     limit: int = Query(METRICS_PAGE_POINTS, ge=1, le=50_000, description="Points per page, cut at a whole step."),
 ) -> dict[str, Any]:
     """Series by name, ordered by step, at most `limit` points a page (default 5000), in whole
@@ -288,7 +318,7 @@ def list_samples(
     job_id: str,
     session: SessionDep,
     caller: CallerDep,
-    step: int | None = None,
+    step: int | None = Query(None, ge=0, le=MAX_INT, description="Only the samples of this step."),
     limit: int = Query(100, ge=1, le=1000),
     cursor: str | None = None,
 ) -> dict[str, Any]:

@@ -1,0 +1,126 @@
+"""Wake-ups for event streams: one LISTEN connection per API process on PostgreSQL.
+
+The database NOTIFYs channel `mathrl_job` with a job's id whenever the job gets an event or a
+metric point or changes status (migration 0008). One thread per API process LISTENs and sets
+the asyncio.Event of every open stream that follows that job, so a stream reads the database
+when there is something to read instead of every half second: 200 idle streams cost no
+queries. `Waiter.wait(timeout)` returns when woken or after `timeout`; a stream also re-reads
+at `FALLBACK_SECONDS` so a notification lost while the listener reconnected costs at most that
+delay. SQLite has no LISTEN: `waker(url)` is None there and streams poll every
+`POLL_SECONDS`, as they always did.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from prometheus_client import Counter
+from sqlalchemy.engine import make_url
+
+CHANNEL = "mathrl_job"
+POLL_SECONDS = 0.5  # streams without a listener (SQLite, or while it reconnects)
+FALLBACK_SECONDS = 15.0  # streams with one: a re-read in case a notification was missed
+KEEPALIVE_SECONDS = 15.0  # an SSE comment on a quiet stream, so proxies keep it open
+
+STREAM_READS = Counter("mathrl_stream_reads_total", "Database reads made by open event streams")
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class Waiter:
+    job_id: str
+    loop: asyncio.AbstractEventLoop
+    event: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def wake(self) -> None:
+        self.loop.call_soon_threadsafe(self.event.set)
+
+    def clear(self) -> None:
+        """Before a read: a notification that comes during it wakes the next wait."""
+        self.event.clear()
+
+    async def wait(self, timeout: float) -> bool:
+        """True when woken, False after `timeout` seconds."""
+        try:
+            await asyncio.wait_for(self.event.wait(), timeout)
+            return True
+        except TimeoutError:
+            return False
+
+
+class JobWaker:
+    """The LISTEN thread of one API process and the streams it wakes, by job id."""
+
+    def __init__(self, url: str) -> None:
+        self.conninfo = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+        self._waiters: dict[str, set[Waiter]] = defaultdict(set)
+        self._lock = threading.Lock()
+        self.listening = threading.Event()  # set while the LISTEN connection is up
+        self.notifications = 0
+        threading.Thread(target=self._run, name="mathrl-job-wakeups", daemon=True).start()
+
+    def subscribe(self, job_id: str) -> Waiter:
+        waiter = Waiter(job_id, asyncio.get_running_loop())
+        with self._lock:
+            self._waiters[job_id].add(waiter)
+        return waiter
+
+    def unsubscribe(self, waiter: Waiter) -> None:
+        with self._lock:
+            waiters = self._waiters.get(waiter.job_id)
+            if waiters is not None:
+                waiters.discard(waiter)
+                if not waiters:
+                    del self._waiters[waiter.job_id]
+
+    def interval(self) -> float:
+        """How long a stream waits for a wake-up before it reads anyway."""
+        return FALLBACK_SECONDS if self.listening.is_set() else POLL_SECONDS
+
+    def _wake(self, job_id: str | None) -> None:
+        with self._lock:
+            waiters = list(self._waiters.get(job_id, ())) if job_id else [w for s in self._waiters.values() for w in s]
+        for waiter in waiters:
+            waiter.wake()
+
+    def _run(self) -> None:
+        import psycopg
+
+        backoff = 0.5
+        while True:
+            try:
+                with psycopg.connect(self.conninfo, autocommit=True, connect_timeout=5) as conn:
+                    conn.execute(f"LISTEN {CHANNEL}")
+                    self.listening.set()
+                    backoff = 0.5
+                    self._wake(None)  # anything written while not listening: every stream reads once
+                    for note in conn.notifies():
+                        self.notifications += 1
+                        self._wake(note.payload)
+            except Exception as exc:  # the database went away: streams poll until it is back
+                log.warning("job wake-up listener lost its connection (%s); streams poll meanwhile", exc)
+            self.listening.clear()
+            self._wake(None)
+            time.sleep(backoff)
+            backoff = min(backoff * 2, 10.0)
+
+
+_wakers: dict[str, JobWaker] = {}
+_wakers_lock = threading.Lock()
+
+
+def waker(url: str) -> JobWaker | None:
+    """This process's listener for the database at `url` (started on first use), or None where
+    the database cannot LISTEN (SQLite)."""
+    if make_url(url).get_backend_name() != "postgresql":
+        return None
+    with _wakers_lock:
+        if url not in _wakers:
+            _wakers[url] = JobWaker(url)
+        return _wakers[url]
