@@ -46,8 +46,9 @@ class LimitsAndMetrics:
     async def _authenticate(self, scope: dict[str, Any]) -> JSONResponse | None:
         """None with the caller left in the request's state, else the problem to answer."""
         authorization = Headers(scope=scope).get("authorization", "")
+        client = (scope.get("client") or ("", 0))[0]
         try:
-            caller = await caller_for(authorization, get_settings())
+            caller = await caller_for(authorization, get_settings(), client)
         except problems.Problem as p:
             return problems.problem_response(p.status, p.title, p.detail, scope["path"], p.errors, p.headers)
         except DBAPIError:

@@ -77,7 +77,8 @@ CALLER_STATE = "mathrl_caller"
 async def get_caller(request: Request, settings: SettingsDep) -> Caller:
     caller = request.scope.get("state", {}).get(CALLER_STATE)
     if caller is None:  # requests with a body were checked before the body was read (api/app.py)
-        caller = await caller_for(request.headers.get("authorization", ""), settings)
+        client = request.client.host if request.client is not None else ""
+        caller = await caller_for(request.headers.get("authorization", ""), settings, client)
     need = required_scope(request.method, request.url.path)
     if caller.key is not None and need not in (caller.key.scopes or []):
         detail = SCOPE_MISSING.format(need=need, has=", ".join(caller.key.scopes or []) or "none")
@@ -92,9 +93,16 @@ def required_scope(method: str, path: str) -> str:
     return "read" if method in ("GET", "HEAD") else "submit"
 
 
-async def caller_for(authorization: str, settings: Settings) -> Caller:
-    """The caller an Authorization header names, rate limit applied; else a 401 (or 429) Problem."""
-    token = _bearer(authorization)
+async def caller_for(authorization: str, settings: Settings, client: str = "") -> Caller:
+    """The caller an Authorization header names, rate limit applied; else a 401 (or 429) Problem.
+    A request without a valid key counts against its client address (`client`): past
+    limits.rate_per_address_per_second it is 429 instead of 401. A valid key is never held back
+    by its address (many clients may share one, behind a proxy)."""
+    try:
+        token = _bearer(authorization)
+    except Problem:
+        _limit_address(client, settings)
+        raise
     admin = settings.auth.admin_token
     if admin and hmac.compare_digest(token.encode(), admin.encode()):
         return Caller(project=None, key=None, admin=True)
@@ -112,6 +120,7 @@ async def caller_for(authorization: str, settings: Settings) -> Caller:
     found = await anyio.to_thread.run_sync(lookup)
     if found is None:
         forget_key(digest)
+        _limit_address(client, settings)
         raise Problem(401, "Unauthorized", AUTH_INVALID, headers={"WWW-Authenticate": "Bearer"})
     key, project = found
     caller = Caller(project=project, key=key)
@@ -127,6 +136,11 @@ async def caller_for(authorization: str, settings: Settings) -> Caller:
         _auth_cache[digest] = (caller, now + ttl)
     _rate_limit(caller, settings)
     return caller
+
+
+def _limit_address(client: str, settings: Settings) -> None:
+    limits = settings.limits
+    ratelimit.enforce_address(client, limits.rate_per_address_per_second, limits.burst_per_address)
 
 
 def _rate_limit(caller: Caller, settings: Settings) -> None:

@@ -36,11 +36,20 @@ SCOPE_MISSING = (
     "'keys' scope create one (`mathrl keys create --scope {need}`)."
 )
 SCOPE_NOT_HELD = "A key cannot grant a scope it does not hold: drop {extra} from scopes, or use a key that has it."
+REVOKE_NOT_HELD = (
+    "A key cannot revoke a key with a scope it does not hold ({extra}): use a key that holds every scope of the "
+    "key to revoke."
+)
+KEY_OUTLIVES = (
+    "A key cannot outlive the key that creates it: this key expires at {at}, so expires_in_days may be at most "
+    "{most}; leave it out and the new key expires with this one."
+)
 IDEMPOTENCY_CONFLICT = "This Idempotency-Key was used with a different request body: use a new key for a new job."
 BAD_CURSOR = "The cursor is not one this API returned: pass next_cursor from the previous page."
 DB_UNAVAILABLE = "The database is unreachable right now; nothing was lost. Retry in a few seconds."
 TOO_LARGE = "The request body is larger than this server accepts."
 UNSTORABLE = "A value holds a character that cannot be stored (NUL, \\u0000): remove it."
+OUT_OF_RANGE = "A number is out of the range this server stores: use a smaller one."
 
 
 class Problem(Exception):
@@ -230,8 +239,10 @@ def install(app: FastAPI) -> None:
         # e.g. a NUL character, which PostgreSQL text cannot hold: the client's value, not an outage
         bad = [k for k, v in request.query_params.multi_items() if "\x00" in v]
         pointer = f"query:/{bad[0]}" if bad else "/"
-        errors = [{"pointer": pointer, "detail": UNSTORABLE}]
-        return problem_response(422, "Invalid request", f"{pointer}: {UNSTORABLE}", request.url.path, errors)
+        # numbers are bounded where they come in (query parameters, spec fields); say so if one slipped by
+        why = OUT_OF_RANGE if type(exc.orig).__name__ == "NumericValueOutOfRange" else UNSTORABLE
+        errors = [{"pointer": pointer, "detail": why}]
+        return problem_response(422, "Invalid request", f"{pointer}: {why}", request.url.path, errors)
 
     @app.exception_handler(OperationalError)
     @app.exception_handler(DBAPIError)

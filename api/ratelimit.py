@@ -1,8 +1,12 @@
-"""Per-key rate limit: a token bucket per API key, in each API process.
+"""Per-key rate limit: a token bucket per API key, in each API process; and one per client
+address for the requests that come without a valid key (missing, unknown, revoked, expired),
+which would otherwise be answered 401 as fast as they came.
 
 With N API processes a key can make up to N x the rate (each process keeps its own buckets);
 that bounds abuse without a shared store on the request path. Routes without a key (health,
-metrics) are not limited; neither is the operator's admin token.
+metrics) are not limited; neither is the operator's admin token, nor a valid key by its address.
+The address is the one the API process sees: behind a proxy, let uvicorn take it from
+X-Forwarded-For (FORWARDED_ALLOW_IPS=<the proxy's address>), or all clients share one bucket.
 """
 
 from __future__ import annotations
@@ -14,6 +18,10 @@ import time
 from api.problems import Problem
 
 RATE_LIMITED = "Too many requests with this API key: slow down and retry after the number of seconds in Retry-After."
+ADDRESS_LIMITED = (
+    "Too many requests without a valid API key from this address: send a valid key "
+    "('Authorization: Bearer <key>'), or retry after the number of seconds in Retry-After."
+)
 
 # key id -> (tokens, monotonic time of the last refill)
 _buckets: dict[str, tuple[float, float]] = {}
@@ -35,10 +43,15 @@ def take(key_id: str, rate: float, burst: int) -> float:
         return (1.0 - tokens) / rate
 
 
-def enforce(key_id: str, rate: float, burst: int) -> None:
+def enforce(key_id: str, rate: float, burst: int, detail: str = RATE_LIMITED) -> None:
     wait = take(key_id, rate, burst)
     if wait > 0:
-        raise Problem(429, "Too many requests", RATE_LIMITED, headers={"Retry-After": str(max(1, math.ceil(wait)))})
+        raise Problem(429, "Too many requests", detail, headers={"Retry-After": str(max(1, math.ceil(wait)))})
+
+
+def enforce_address(address: str, rate: float, burst: int) -> None:
+    """Count a request without a valid key against its client address (a 429 past the rate)."""
+    enforce(f"address:{address}", rate, burst, ADDRESS_LIMITED)
 
 
 def reset() -> None:

@@ -12,9 +12,28 @@ from sqlalchemy.orm import Session
 from api.admission import QuotaProblem, admit_spec, check_project_quota
 from api.dispatch import dispatch, new_task_id
 from api.problems import Problem
+from mathrl.specs import ID_PATTERN, split_job_ref
 from service.settings import Settings
 from store.ids import uuid7
 from store.models import Event, Job, utcnow
+
+JOB_REF_NOT_FOUND = "{ref!r}: no job with this id in your project"
+
+
+def check_job_refs(session: Session, project_id: str, refs: dict[str, str], prefix: str = "", hint: str = "") -> None:
+    """Every 'job:<id>' reference (field path -> ref, mathrl.specs.model_refs) names a job of the
+    project, or the submission is a 422 at that field: the same answer whether the job does not
+    exist or is another project's, so it tells nothing about other projects. `prefix` points
+    into a pipeline's step ('/jobs/<step>'); `hint` ends the message."""
+    for path, ref in refs.items():
+        target, _ = split_job_ref(ref)
+        if not target:
+            continue
+        job = session.get(Job, target) if ID_PATTERN.match(target) else None
+        if job is None or job.project_id != project_id:
+            pointer = f"{prefix}/{path}"
+            msg = JOB_REF_NOT_FOUND.format(ref=ref) + hint
+            raise Problem(422, "Invalid request", f"{pointer}: {msg}", [{"pointer": pointer, "detail": msg}])
 
 
 def in_step(exc: Problem, step: str) -> Problem:

@@ -71,7 +71,7 @@ class Recipe(BaseModel):
         description="'first_n': the first few_shot examples for every question; 'random': a fresh draw per question, "
         "in order, from random.Random(shot_seed) (lm-eval's default sampler, seed 1234).",
     )
-    shot_seed: int = Field(1234, ge=0, description="Seed of the 'random' sampler.")
+    shot_seed: int = Field(1234, ge=0, le=2**32 - 1, description="Seed of the 'random' sampler (0 to 2**32 - 1).")
     target_delimiter: str = Field(" ", max_length=16, description="Text format: between a shot's question and answer.")
     fewshot_delimiter: str = Field("\n\n", max_length=16, description="Text format: after each shot.")
     stop: list[str] = Field(

@@ -176,8 +176,10 @@ class KeyCreateRequest(BaseModel):
         None,
         ge=1,
         le=3650,
+        strict=True,  # a JSON integer: not true (read as 1), "2" or 2.0
         description="Default: the server's auth.default_key_days (90 unless the operator "
-        "changed it; 0 there means no expiry).",
+        "changed it; 0 there means no expiry). Never past the creating key's own expiry: asked for "
+        "longer, 422; not asked, the new key expires with the creating key at the latest.",
     )
     scopes: list[KeyScope] | None = Field(
         None,

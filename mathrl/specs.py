@@ -31,10 +31,14 @@ from mathrl.recipe import Recipe
 
 
 class StrictModel(BaseModel):
-    """Unknown fields are errors: a typo must not be silently ignored."""
+    """Unknown fields are errors: a typo must not be silently ignored. NaN and +-Infinity (which
+    Python's JSON parser reads) are errors too: JSON cannot store them (they came back as null)."""
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, allow_inf_nan=False)
 
+
+# seeds go to numpy, torch and random: numpy takes 0 .. 2**32 - 1
+MAX_SEED = 2**32 - 1
 
 RAY_QUEUE = "ray"  # the queue of jobs with resources.nodes > 1 (workers that submit to a Ray cluster)
 
@@ -112,7 +116,7 @@ class Sampling(StrictModel):
         f"else {DEFAULT_MAX_NEW_TOKENS}.",
     )
     n: int = Field(1, ge=1, le=1024, description="Samples per problem (pass@k and maj@k need n >= k).")
-    seed: int = Field(0, ge=0, description="Sampling seed.")
+    seed: int = Field(0, ge=0, le=MAX_SEED, description="Sampling seed (0 to 2**32 - 1).")
 
     @model_validator(mode="after")
     def _greedy_single(self) -> Sampling:
@@ -144,7 +148,7 @@ class DatasetRef(StrictModel):
     answer_field: str = Field(
         "answer", max_length=64, description="Field holding the gold answer (user files, hub datasets)."
     )
-    limit: int | None = Field(None, ge=1, description="Use only the first N rows.")
+    limit: int | None = Field(None, ge=1, le=100_000_000, description="Use only the first N rows (at most 10^8).")
 
     @model_validator(mode="after")
     def _one_source(self) -> DatasetRef:
@@ -199,12 +203,24 @@ class RewardRef(StrictModel):
         return self
 
 
+# 'all-linear' or a list of module names; tagged (like RecipeField below) so an error points at
+# target_modules, not at a union member
+_LORA_TAGS = ("module-names", "all-linear")
+LoraTargets = Annotated[
+    Annotated[list[Annotated[str, Field(min_length=1, max_length=128)]], Field(max_length=256), Tag("module-names")]
+    | Annotated[Literal["all-linear"], Tag("all-linear")],
+    Discriminator(lambda v: "all-linear" if isinstance(v, str) else "module-names"),
+]
+
+
 class LoRA(StrictModel):
     enabled: bool = Field(True, description="Train LoRA adapters instead of all weights.")
     r: int = Field(16, ge=1, le=1024, description="LoRA rank.")
     alpha: int = Field(32, ge=1, le=4096, description="LoRA alpha.")
     dropout: float = Field(0.05, ge=0.0, lt=1.0, description="LoRA dropout.")
-    target_modules: list[str] | Literal["all-linear"] = Field("all-linear", description="Modules to adapt.")
+    target_modules: LoraTargets = Field(
+        "all-linear", description="Modules to adapt: 'all-linear', or at most 256 module names."
+    )
 
     @model_validator(mode="after")
     def _options_need_lora(self) -> LoRA:
@@ -250,7 +266,7 @@ class _JobBase(StrictModel):
 
 # a recipe by name or inline; the tags pick the member by type (so an error names one of them,
 # not both), and the API's error pointers leave them out (UNION_TAGS)
-UNION_TAGS = ("by-name", "inline")
+UNION_TAGS = ("by-name", "inline", *_LORA_TAGS)
 RecipeField = Annotated[
     Annotated[Annotated[str, Field(min_length=1, max_length=128)], Tag("by-name")] | Annotated[Recipe, Tag("inline")],
     Discriminator(lambda v: "by-name" if isinstance(v, str) else "inline"),
@@ -272,7 +288,9 @@ class EvalSpec(_JobBase):
     backend: Literal["hf", "vllm"] = Field("hf", description="Generation backend.")
     batch_size: int = Field(16, ge=1, le=4096, description="Prompts per generation batch (hf backend).")
     sampling: Sampling = Field(default_factory=Sampling, description="Decoding: greedy by default; n > 1 for pass@k.")
-    k: list[int] = Field(default_factory=lambda: [1], description="k values for pass@k and maj@k.")
+    k: list[Annotated[int, Field(ge=1, le=1024)]] = Field(
+        default_factory=lambda: [1], max_length=32, description="k values for pass@k and maj@k (at most 32)."
+    )
     few_shot: int | None = Field(
         None, ge=0, le=64, description="Worked examples put before each question; unset: the recipe's count."
     )
@@ -379,8 +397,12 @@ class GRPOSpec(_JobBase):
     )
     max_steps: int = Field(100, ge=1, le=10_000_000, description="Optimizer steps.")
     learning_rate: float | None = Field(None, gt=0, le=1.0, description="Peak learning rate. Unset: from the preset.")
-    beta: float | None = Field(None, description="KL coefficient to the frozen reference policy.")
-    num_generations: int | None = Field(None, description="Group size G: completions per question.")
+    # beta, num_generations and delta: their lower bounds are checked by mathrl.presets.resolve_grpo
+    # (on the resolved value, with a message that says why); these fields cap them
+    beta: float | None = Field(None, le=100, description="KL coefficient to the frozen reference policy (0 to 100).")
+    num_generations: int | None = Field(
+        None, le=1024, description="Group size G: completions per question (2 to 1024)."
+    )
     max_prompt_length: int | None = Field(
         None,
         ge=1,
@@ -397,7 +419,10 @@ class GRPOSpec(_JobBase):
         None, ge=1, le=65536, description="Completions per device per micro-step."
     )
     global_batch_size: int | None = Field(
-        None, ge=1, description="Completions per optimizer step over all devices; sets gradient accumulation."
+        None,
+        ge=1,
+        le=1_048_576,
+        description="Completions per optimizer step over all devices; sets gradient accumulation.",
     )
     num_iterations: int | None = Field(None, ge=1, le=64, description="Policy updates per generation round.")
     loss_type: LossType | None = Field(
@@ -406,7 +431,9 @@ class GRPOSpec(_JobBase):
     )
     epsilon: float | None = Field(None, gt=0, lt=1, description="Lower clip range.")
     epsilon_high: float | None = Field(None, gt=0, lt=10, description="Upper clip range (DAPO clip-higher).")
-    delta: float | None = Field(None, description="Two-sided clipping bound; must exceed 1 + epsilon.")
+    delta: float | None = Field(
+        None, le=100, description="Two-sided clipping bound; must exceed 1 + epsilon (at most 100)."
+    )
     importance_sampling_level: Literal["token", "sequence"] | None = Field(
         None,
         description="Importance ratios per token (GRPO) or per sequence (GSPO). Unset: from the preset.",
@@ -459,10 +486,12 @@ class GRPOSpec(_JobBase):
         "gradient_checkpointing): far less memory for activations, about a third more compute per step. "
         "Unset: TRL's default, on.",
     )
-    logging_steps: int = Field(1, ge=1, description="Store metrics every N steps.")
-    save_steps: int = Field(50, ge=1, description="Checkpoint every N steps.")
-    sample_every: int = Field(10, ge=1, description="Store sampled completions every N steps.")
-    seed: int = Field(42, ge=0, description="Seed of the data order, sampling and initialisation.")
+    logging_steps: int = Field(1, ge=1, le=10_000_000, description="Store metrics every N steps.")
+    save_steps: int = Field(50, ge=1, le=10_000_000, description="Checkpoint every N steps.")
+    sample_every: int = Field(10, ge=1, le=10_000_000, description="Store sampled completions every N steps.")
+    seed: int = Field(
+        42, ge=0, le=MAX_SEED, description="Seed of the data order, sampling and initialisation (0 to 2**32 - 1)."
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -624,7 +653,7 @@ class RewardModelSpec(_JobBase):
         "'hf' (transformers) or 'vllm' (vLLM's offline engine; needs a worker with vLLM).",
     )
     lora: LoRA | None = Field(None, description="Train LoRA adapters through peft.")
-    seed: int = Field(42, ge=0, description="Seed of the split, sampling and training.")
+    seed: int = Field(42, ge=0, le=MAX_SEED, description="Seed of the split, sampling and training (0 to 2**32 - 1).")
 
     @model_validator(mode="after")
     def _process_needs_steps(self) -> RewardModelSpec:
@@ -657,9 +686,9 @@ class SFTSpec(_JobBase):
         "gradient_checkpointing): far less memory for activations, about a third more compute per step. "
         "Unset: TRL's default, on.",
     )
-    logging_steps: int = Field(10, ge=1, description="Store metrics every N steps.")
-    save_steps: int = Field(100, ge=1, description="Checkpoint every N steps.")
-    seed: int = Field(42, ge=0, description="Seed of the data order and initialisation.")
+    logging_steps: int = Field(10, ge=1, le=10_000_000, description="Store metrics every N steps.")
+    save_steps: int = Field(100, ge=1, le=10_000_000, description="Checkpoint every N steps.")
+    seed: int = Field(42, ge=0, le=MAX_SEED, description="Seed of the data order and initialisation (0 to 2**32 - 1).")
 
 
 class GradeSpec(_JobBase):

@@ -139,6 +139,20 @@ class LimitsSettings(BaseModel):
     max_streams_per_key: int = Field(
         100, ge=1, description="Event streams (SSE) one API key may hold open at once, per API process."
     )
+    max_streams_per_project: int = Field(
+        300,
+        ge=1,
+        description="Event streams (SSE) all keys of one project may hold open at once, per API process.",
+    )
+    rate_per_address_per_second: float = Field(
+        10.0,
+        gt=0,
+        description="Requests per second per client address that come without a valid key (missing, unknown, "
+        "revoked or expired): a token bucket per API process; over it, 429 (no key lookup).",
+    )
+    burst_per_address: int = Field(
+        100, ge=1, description="Requests without a valid key one client address may make at once."
+    )
 
 
 class MemorySettings(BaseModel):

@@ -21,8 +21,42 @@ MAX_REDIRECTS = 5
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
+# IPv6 forms that carry an IPv4 address, which is what a connection to them reaches
+_V4_COMPATIBLE = ipaddress.IPv6Network("::/96")  # ::a.b.c.d (deprecated; :: and ::1 too)
+_V4_MAPPED = ipaddress.IPv6Network("::ffff:0:0/96")  # ::ffff:a.b.c.d
+_V4_TRANSLATED = ipaddress.IPv6Network("::ffff:0:0:0/96")  # ::ffff:0:a.b.c.d (SIIT, RFC 2765)
+_NAT64 = ipaddress.IPv6Network("64:ff9b::/96")  # well-known NAT64 prefix (RFC 6052)
+_NAT64_LOCAL = ipaddress.IPv6Network("64:ff9b:1::/48")  # local-use NAT64 (RFC 8215): never public
+_SIX_TO_FOUR = ipaddress.IPv6Network("2002::/16")  # 6to4: the IPv4 in bits 16-47
+_TEREDO = ipaddress.IPv6Network("2001::/32")  # Teredo: server in bits 32-63, client XOR-ed in 96-127
+
+
+def carried_ipv4(addr: ipaddress.IPv6Address) -> list[ipaddress.IPv4Address] | None:
+    """The IPv4 addresses an IPv6 address carries (and reaches), or None for a plain IPv6 one."""
+    low = ipaddress.IPv4Address(int(addr) & 0xFFFFFFFF)
+    if addr in _V4_COMPATIBLE or addr in _V4_MAPPED or addr in _V4_TRANSLATED or addr in _NAT64:
+        return [low]
+    if addr in _SIX_TO_FOUR and addr.sixtofour is not None:
+        return [addr.sixtofour]
+    if addr in _TEREDO and addr.teredo is not None:
+        return list(addr.teredo)  # (server, client): both take part in the exchange
+    return None
+
+
+def public_address(addr: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    """A global unicast address; an IPv6 form of an IPv4 address is judged by the IPv4 one(s)."""
+    if isinstance(addr, ipaddress.IPv6Address):
+        if addr in _NAT64_LOCAL:  # where the IPv4 sits depends on the operator's prefix length
+            return False
+        carried = carried_ipv4(addr)
+        if carried is not None:
+            return all(public_address(v4) for v4 in carried)
+    return addr.is_global and not addr.is_multicast
+
+
 def is_public(host: str) -> bool:
-    """True when every address the host names is public (not private/loopback/link-local/...)."""
+    """True when every address the host names is public (not private/loopback/link-local/...),
+    IPv4 addresses embedded in IPv6 ones (mapped, compatible, NAT64, 6to4, Teredo) included."""
     try:
         addresses = [ipaddress.ip_address(host.strip("[]"))]
     except ValueError:
@@ -31,14 +65,7 @@ def is_public(host: str) -> bool:
         except (OSError, UnicodeError):
             return False
         addresses = [ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in infos]
-    if not addresses:
-        return False
-    for addr in addresses:
-        if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
-            addr = addr.ipv4_mapped
-        if not addr.is_global or addr.is_multicast:
-            return False
-    return True
+    return bool(addresses) and all(public_address(addr) for addr in addresses)
 
 
 def _segments(parts: SplitResult) -> list[str]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
@@ -35,15 +35,17 @@ def create_key(
     expires_in_days: int | None = None,
     prefix: str = "mrl_",
     scopes: list[str] | tuple[str, ...] = ALL_SCOPES,
+    expires_at: datetime | None = None,
 ) -> tuple[ApiKey, str]:
-    """Returns the row and the secret (shown once, never stored). No `expires_in_days`: never expires."""
+    """Returns the row and the secret (shown once, never stored). No `expires_in_days` (nor
+    `expires_at`, which takes its place when given): never expires."""
     secret = prefix + secrets.token_urlsafe(32)
     row = ApiKey(
         project_id=project.id,
         name=name,
         prefix=secret[: len(prefix) + 6],
         hash=hash_key(secret),
-        expires_at=utcnow() + timedelta(days=expires_in_days) if expires_in_days else None,
+        expires_at=expires_at or (utcnow() + timedelta(days=expires_in_days) if expires_in_days else None),
         scopes=[s for s in ALL_SCOPES if s in scopes],
     )
     session.add(row)

@@ -409,9 +409,12 @@ def test_model_sources(app_client: Any, tmp_path: Path, tiny_model: str) -> None
     r = app_client.post("/v1/jobs", json=policy, headers=h)
     assert r.status_code == 422 and r.json()["errors"][0]["pointer"] == "/policy", r.text
     assert project_jobs(app_client, h) == []
-    for ok in (tiny_model, "Qwen/Qwen2.5-0.5B", "job:0190a0a0-0000-7000-8000-000000000000"):
+    for ok in (tiny_model, "Qwen/Qwen2.5-0.5B"):
         r = app_client.post("/v1/jobs", json=eval_spec(model=ok), headers=h)
         assert r.status_code == 201, (ok, r.text)
+    # a job ref must name a job of the project (tests/test_hardening.py checks the refusals)
+    r = app_client.post("/v1/jobs", json=eval_spec(model=f"job:{r.json()['id']}"), headers=h)
+    assert r.status_code == 201, r.text
 
 
 # --- 5. no code from users ----------------------------------------------------------------
@@ -550,8 +553,11 @@ def test_keys_expire_by_default_and_a_project_lists_its_own(app_client: Any) -> 
     assert abs(datetime.fromisoformat(week["expires_at"]) - (datetime.now(UTC) + timedelta(days=7))) < timedelta(
         minutes=5
     )
+    admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
     with overridden(auth={"default_key_days": 0}):
-        forever = app_client.post("/v1/keys", json={"name": "forever"}, headers=h).json()
+        # by the admin token: a key that expires cannot make one that does not (test_hardening.py)
+        forever = app_client.post("/v1/keys", json={"name": "forever", "project": owner["project"]}, headers=admin)
+    forever = forever.json()
     assert forever["expires_at"] is None
     asked = app_client.post("/v1/keys", json={"name": "asked", "expires_in_days": 2}, headers=h).json()
     assert app_client.delete(f"/v1/keys/{asked['id']}", headers=h).status_code == 204

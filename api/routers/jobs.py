@@ -28,7 +28,7 @@ from api.problems import (
     Problem,
 )
 from api.streams import close_stream, open_stream
-from api.submit import admit, commit_and_dispatch, job_row
+from api.submit import admit, check_job_refs, commit_and_dispatch, job_row
 from mathrl.schemas import (
     CheckpointResponse,
     EventResponse,
@@ -39,7 +39,7 @@ from mathrl.schemas import (
     Page,
     SampleResponse,
 )
-from mathrl.specs import AnySpec
+from mathrl.specs import AnySpec, model_refs
 from store.db import get_sessionmaker
 from store.jobs import TERMINAL, has_tag, request_cancel
 from store.models import Checkpoint, Event, Job, Metric, Sample
@@ -94,6 +94,7 @@ def create_job(
         )
         if existing is not None:
             return _replay(existing, request_hash, response)
+    check_job_refs(session, caller.project_id, model_refs(spec))  # another job's output: one of the project's
     config = admit({"": spec}, settings)[""]
     job = job_row(caller.project_id, spec, config, idempotency_key=idempotency_key, request_hash=request_hash)
     session.add(job)
@@ -194,9 +195,7 @@ def stream_events(
     session: SessionDep,
     caller: CallerDep,
     settings: SettingsDep,
-    after: int | None = Query(
-        None, ge=0, le=MAX_BIGINT, description="Only events after this seq (the last you saw)."
-    ),
+    after: int | None = Query(None, ge=0, le=MAX_BIGINT, description="Only events after this seq (the last you saw)."),
     metrics: bool = Query(False, description="Also send the job's metric points as they are written."),
     metrics_after_step: int | None = Query(
         None, ge=-1, le=MAX_INT, description="With metrics: only points after this step (the last you have)."
@@ -205,7 +204,8 @@ def stream_events(
     """Server-Sent Events: every event as it is written (`event: <type>`, `id: <seq>`), and with
     `metrics=true` the metric points too (`event: metrics`, data `{"data": [{name, step,
     value}, ...]}`); the stream ends when the job does. Each open stream counts against the
-    key's `limits.max_streams_per_key` (a 429 past it)."""
+    key's `limits.max_streams_per_key` and its project's `limits.max_streams_per_project` (a 429
+    past either)."""
     _own_job(session, caller.project_id, job_id)
     # The request's session would stay checked out (idle in a transaction) for the stream's whole
     # life: 30 open streams emptied the pool and stalled every other request. Each poll below
@@ -213,7 +213,8 @@ def stream_events(
     session.close()
     url = settings.database.url
     holder = caller.key.id if caller.key is not None else "admin"
-    open_stream(holder, settings.limits.max_streams_per_key)
+    project_id = caller.project_id
+    open_stream(holder, settings.limits.max_streams_per_key, project_id, settings.limits.max_streams_per_project)
 
     def poll(last: int | None, metric_id: int | None) -> tuple[list[dict[str, Any]], list[Metric], bool]:
         with get_sessionmaker(url)() as s:
@@ -272,7 +273,7 @@ def stream_events(
         finally:
             if waiter is not None and wakeups is not None:
                 wakeups.unsubscribe(waiter)
-            close_stream(holder)
+            close_stream(holder, project_id)
 
     return StreamingResponse(gen(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from fastapi import APIRouter, Response
 from sqlalchemy.exc import IntegrityError
 
-from api.deps import AnyCallerDep, CallerDep, SessionDep, SettingsDep, forget_key
-from api.problems import ADMIN_REQUIRED, KEY_NOT_FOUND, SCOPE_NOT_HELD, Problem
+from api.deps import AnyCallerDep, CallerDep, SessionDep, SettingsDep, forget_key, owned
+from api.problems import ADMIN_REQUIRED, KEY_NOT_FOUND, KEY_OUTLIVES, REVOKE_NOT_HELD, SCOPE_NOT_HELD, Problem
 from mathrl.schemas import KEY_SCOPES, KeyCreated, KeyCreateRequest, KeyResponse, Page
 from store.keys import create_key, get_or_create_project, list_keys, revoke
+from store.models import ApiKey, utcnow
 
 router = APIRouter(prefix="/v1/keys", tags=["keys"])
 
@@ -42,9 +44,31 @@ def create(body: KeyCreateRequest, session: SessionDep, caller: AnyCallerDep, se
         detail = SCOPE_NOT_HELD.format(extra=", ".join(repr(x) for x in extra))
         raise Problem(403, "Forbidden", detail, [{"pointer": "/scopes", "detail": detail}])
     days = body.expires_in_days if body.expires_in_days is not None else settings.auth.default_key_days
-    key, secret = create_key(session, project, body.name, days or None, settings.auth.key_prefix, scopes)
+    expires_at = _within_parent(caller.key, days or None, asked=body.expires_in_days is not None)
+    key, secret = create_key(
+        session, project, body.name, days or None, settings.auth.key_prefix, scopes, expires_at=expires_at
+    )
     session.commit()
     return {**_key_dict(key, project.name), "key": secret}
+
+
+def _within_parent(parent: ApiKey | None, days: int | None, asked: bool) -> datetime | None:
+    """A new key never outlives the key that creates it: asked for a longer life, a 422 saying the
+    most it may ask; not asked (the server's default), it expires with its parent. None: as `days`."""
+    end = parent.expires_at if parent is not None else None
+    if end is None:
+        return None
+    end = end if end.tzinfo is not None else end.replace(tzinfo=UTC)
+    now = utcnow()
+    if days is not None and now + timedelta(days=days) <= end:
+        return None
+    if asked:
+        most = max(0, int((end - now).total_seconds() // 86400))
+        detail = KEY_OUTLIVES.format(at=end.isoformat(timespec="seconds"), most=most)
+        raise Problem(
+            422, "Invalid request", f"/expires_in_days: {detail}", [{"pointer": "/expires_in_days", "detail": detail}]
+        )
+    return end
 
 
 @router.get("", response_model=Page[KeyResponse])
@@ -59,7 +83,12 @@ def list_(session: SessionDep, caller: CallerDep) -> dict[str, Any]:
 
 @router.delete("/{key_id}", status_code=204, responses={404: {"description": KEY_NOT_FOUND}})
 def delete(key_id: str, session: SessionDep, caller: CallerDep) -> Response:
-    """Revoke a key of your project; it is refused from then on."""
+    """Revoke a key of your project; it is refused from then on. A key may revoke only keys whose
+    scopes it holds all of (itself included), never one with more rights than its own."""
+    target = owned(session, ApiKey, caller.project_id, key_id, KEY_NOT_FOUND)
+    held = list(caller.key.scopes or []) if caller.key is not None else list(KEY_SCOPES)
+    if extra := [x for x in (target.scopes if target.scopes is not None else KEY_SCOPES) if x not in held]:
+        raise Problem(403, "Forbidden", REVOKE_NOT_HELD.format(extra=", ".join(repr(x) for x in extra)))
     key_hash = revoke(session, caller.project_id, key_id)
     if key_hash is None:
         raise Problem(404, "Not found", KEY_NOT_FOUND)

@@ -13,8 +13,8 @@ from fastapi import APIRouter, Body, Query
 from sqlalchemy import select
 
 from api.deps import CallerDep, SessionDep, SettingsDep, owned, page_cursor
-from api.problems import PIPELINE_NOT_FOUND, Problem
-from api.submit import admit, commit_and_dispatch, job_row
+from api.problems import PIPELINE_NOT_FOUND
+from api.submit import admit, check_job_refs, commit_and_dispatch, job_row
 from mathrl.schemas import Page, PipelineResponse
 from mathrl.specs import PipelineSpec, model_refs, parse_spec, split_job_ref
 from store.ids import uuid7
@@ -116,18 +116,14 @@ def create_pipeline(
     for step in order:  # everything is checked before anything is stored
         job_spec = spec.jobs[step]
         body = job_spec.model_dump(mode="json")
+        outside: dict[str, str] = {}  # references to jobs that exist already: checked like a job's
         for path, ref in model_refs(job_spec).items():
             target, suffix = split_job_ref(ref)
-            if not target:
-                continue
             if target in ids:
                 _set_path(body, path, f"job:{ids[target]}{suffix}")
-            else:
-                other = session.get(Job, target)
-                if other is None or other.project_id != caller.project_id:
-                    pointer = f"/jobs/{step}/{path}"
-                    msg = f"{ref!r}: no job with this id in your project (or name a step of this pipeline)"
-                    raise Problem(422, "Invalid request", f"{pointer}: {msg}", [{"pointer": pointer, "detail": msg}])
+            elif target:
+                outside[path] = ref
+        check_job_refs(session, caller.project_id, outside, f"/jobs/{step}", " (or name a step of this pipeline)")
         finals[step] = parse_spec(body)
     configs = admit(finals, settings)
     pipeline = Pipeline(
