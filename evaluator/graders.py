@@ -3,16 +3,19 @@
 `grade_items(grader, completions, answers)` scores a batch. A reward-model grader needs a
 scorer for its model (`rm_scorer(model_ref) -> score(prompts, completions)`), which the
 caller that has one passes (GRPO: trainer/rewards.py; eval jobs: the worker); without it,
-such a grader is refused."""
+such a grader is refused. Math answers are compared by `match` (default: here, in this
+process; GRPO passes evaluator.bounded.BoundedMatch, which compares them in a child process
+with a time limit per answer). `grade_item` is one item of POST /v1/graders:run, as
+evaluator/bounded.py runs it in the call's own process."""
 
 from __future__ import annotations
 
-import re
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from evaluator.grading import extract, grade
+from evaluator.grading import check_answers, extract, find_answer
 from mathrl.graders import (
     LengthPenaltyGrader,
     MathGrader,
@@ -21,8 +24,15 @@ from mathrl.graders import (
     StringCheckGrader,
     WeightedGrader,
 )
+from mathrl.regex import compile_pattern
 
 RMScorer = Callable[[Sequence[str], Sequence[str]], list[float]]  # (prompts, completions) -> scores
+# (answer, gold) pairs -> per pair (equal?, a note when they were not compared)
+Matcher = Callable[[Sequence[tuple[str, str]]], list[tuple[bool, str | None]]]
+
+
+def match_here(pairs: Sequence[tuple[str, str]]) -> list[tuple[bool, str | None]]:
+    return [check_answers(answer, gold) for answer, gold in pairs]
 
 
 @dataclass
@@ -31,16 +41,33 @@ class Result:
     reason: str
 
 
-def _math(g: MathGrader, completion: str, answer: str | None, truncated: bool) -> Result:
-    if answer is None:
-        return Result(0.0, "no gold answer to compare with")
-    v = grade(completion, answer, pattern=g.answer_pattern, truncated=truncated)
-    if v.extracted is None:
-        how = f"no match of {g.answer_pattern!r}" if g.answer_pattern else "no final answer found"
-        return Result(0.0, how + (" (cut off: no last-number fallback)" if truncated and not g.answer_pattern else ""))
-    if v.correct:
-        return Result(1.0, f"{v.extracted!r} ({v.method}) equals the gold {answer!r}")
-    return Result(0.0, f"{v.extracted!r} ({v.method}) differs from the gold {answer!r}")
+def _math(
+    g: MathGrader, completions: Sequence[str], answers: Sequence[str | None], cut: Sequence[bool], match: Matcher
+) -> list[Result]:
+    found = [
+        find_answer(c, g.answer_pattern, t) if a is not None else (None, None)
+        for c, a, t in zip(completions, answers, cut, strict=True)
+    ]
+    todo = [i for i, (x, _) in enumerate(found) if x is not None]
+    verdicts = dict(zip(todo, match([(str(found[i][0]), str(answers[i])) for i in todo]), strict=True))
+    out = []
+    for i, ((extracted, method), answer, truncated) in enumerate(zip(found, answers, cut, strict=True)):
+        if answer is None:
+            out.append(Result(0.0, "no gold answer to compare with"))
+            continue
+        if extracted is None:
+            how = f"no match of {g.answer_pattern!r}" if g.answer_pattern else "no final answer found"
+            cutoff = " (cut off: no last-number fallback)" if truncated and not g.answer_pattern else ""
+            out.append(Result(0.0, how + cutoff))
+            continue
+        correct, note = verdicts[i]
+        if note is not None:
+            out.append(Result(float(correct), f"{extracted!r} ({method}) {note}"))
+        elif correct:
+            out.append(Result(1.0, f"{extracted!r} ({method}) equals the gold {answer!r}"))
+        else:
+            out.append(Result(0.0, f"{extracted!r} ({method}) differs from the gold {answer!r}"))
+    return out
 
 
 def _string(g: StringCheckGrader, completion: str, answer: str | None, truncated: bool) -> Result:
@@ -61,7 +88,7 @@ def _string(g: StringCheckGrader, completion: str, answer: str | None, truncated
 
 
 def _regex(g: RegexGrader, completion: str) -> Result:
-    found = re.search(g.pattern, completion) is not None
+    found = compile_pattern(g.pattern).search(completion) is not None  # RE2: linear time (mathrl/regex.py)
     ok = found != g.negate
     return Result(float(ok), f"pattern {'found' if found else 'not found'}" + (" (negated)" if g.negate else ""))
 
@@ -83,6 +110,7 @@ def grade_items(
     completion_ids: Sequence[Sequence[int]] | None = None,
     truncated: Sequence[bool] | None = None,
     rm_scorer: Callable[[str], RMScorer] | None = None,
+    match: Matcher = match_here,
 ) -> list[Result]:
     """Score each completion against its gold answer. `completion_ids` (GRPO) measure lengths in
     tokens, else in words; `truncated` marks completions cut off at the length limit."""
@@ -100,6 +128,7 @@ def grade_items(
                 completion_ids=completion_ids,
                 truncated=cut,
                 rm_scorer=rm_scorer,
+                match=match,
             )
             for p in grader.graders
         ]
@@ -113,7 +142,7 @@ def grade_items(
             out.append(Result(score, reason))
         return out
     if isinstance(grader, MathGrader):
-        return [_math(grader, c, a, t) for c, a, t in zip(completions, answers, cut, strict=True)]
+        return _math(grader, completions, answers, cut, match)
     if isinstance(grader, StringCheckGrader):
         return [_string(grader, c, a, t) for c, a, t in zip(completions, answers, cut, strict=True)]
     if isinstance(grader, RegexGrader):
@@ -128,3 +157,19 @@ def grade_items(
         scores = rm_scorer(grader.model)(list(prompts or [""] * n), list(completions))
         return [Result(float(s), f"reward model score {s:.4g}") for s in scores]
     raise TypeError(f"not a grader: {grader!r}")
+
+
+@functools.lru_cache(maxsize=8)
+def _grader(grader_json: str) -> Any:
+    from pydantic import TypeAdapter
+
+    from mathrl.graders import Grader
+
+    return TypeAdapter(Grader).validate_json(grader_json)
+
+
+def grade_item(grader_json: str, completion: str, answer: str | None, prompt: str) -> tuple[float, str]:
+    """One item of POST /v1/graders:run: (score, reason). Plain data in and out, for the call's
+    own process (evaluator/bounded.py); the grader as JSON, parsed once per process."""
+    r = grade_items(_grader(grader_json), [completion], [answer], prompts=[prompt])[0]
+    return r.score, r.reason

@@ -7,11 +7,16 @@ equals the gold answer (fractions, decimals, percentages, sets, intervals, matri
 
 from __future__ import annotations
 
+import math
 import re
 import threading
 from dataclasses import dataclass
+from typing import Any
 
+import sympy
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+
+from mathrl.regex import compile_pattern
 
 _HASH = re.compile(r"####\s*([^\n]+)")
 _ANSWER_IS = re.compile(r"(?:final answer|answer)\s*(?:is|:)\s*\$?([^\n$]+)", re.IGNORECASE)
@@ -103,13 +108,25 @@ def extract_answer(completion: str, truncated: bool = False) -> str | None:
 
 
 _GOLD_CFG = (LatexExtractionConfig(), ExprExtractionConfig())
-TIMEOUT_SECONDS = 5
+TIMEOUT_SECONDS: int | None = 5  # None in evaluator/bounded.py's processes: the hard per-item limit is the bound
 
 
 def _timeout() -> int | None:
     """math-verify's timeouts use signal.alarm, which only the main thread may set: elsewhere
     (async GRPO scores rewards in a rollout thread) it runs without one, as math-verify advises."""
     return TIMEOUT_SECONDS if threading.current_thread() is threading.main_thread() else None
+
+
+def without_alarms() -> None:
+    """For a process its supervisor kills at its limits (evaluator/bounded.py): math-verify with
+    no signal.alarm timeouts, and without its warning that they are off."""
+    global TIMEOUT_SECONDS
+    TIMEOUT_SECONDS = None
+    import math_verify.grader
+    import math_verify.parser
+
+    math_verify.grader.TIMEOUT_WARNING_SHOWN = True
+    math_verify.parser.TIMEOUT_WARNING_SHOWN = True
 
 
 def _parse_answer(text: str) -> list[object]:
@@ -122,16 +139,109 @@ def _parse_answer(text: str) -> list[object]:
     return parsed
 
 
-def answers_match(predicted: str, gold: str) -> bool:
-    """True when math-verify finds the two answers equal."""
+MAX_DIGITS = 100_000  # an answer with a number past this many digits is not evaluated (no answer is that long)
+
+
+class _TooBig(Exception):
+    pass
+
+
+def _log10(n: int) -> float:
+    return math.log10(abs(n)) if n else 0.0
+
+
+def _power(mag_base: float, size_base: float, mag_exp: float) -> tuple[float, float]:
+    """log10 |b^x| (an upper bound) and the digits sympy would compute it to, from those of b and x."""
+    times = math.inf if mag_exp > 300 else 10.0**mag_exp  # |x|, at most
+    return (times * abs(mag_base) if mag_base else 0.0), (times * size_base if size_base else 0.0)
+
+
+def _estimate(e: Any, depth: int = 0) -> tuple[float, float]:
+    """(an upper bound on log10 |e|, the digits of its exact value) for a parsed answer, without
+    evaluating it; _TooBig where either passes MAX_DIGITS anywhere inside. A free symbol counts as
+    10; a call (sin, log, a set...) as the largest of its arguments."""
+    if depth > 400:
+        raise _TooBig("it is nested over 400 levels deep")
+    if isinstance(e, sympy.MatrixBase) and not isinstance(e, sympy.Basic):  # a mutable matrix: its entries
+        e = sympy.Tuple(*e)
+    if not isinstance(e, sympy.Basic):
+        return 0.0, 0.0
+    if isinstance(e, sympy.Integer):
+        mag = _log10(int(e.p))
+        out = mag, mag
+    elif isinstance(e, sympy.Rational):
+        out = _log10(int(e.p)) - _log10(int(e.q)), max(_log10(int(e.p)), _log10(int(e.q)))
+    elif isinstance(e, sympy.Float):
+        _, man, exp, bc = e._mpf_
+        out = (((exp + bc) * math.log10(2)) if man else 0.0), 0.0
+    elif isinstance(e, (sympy.NumberSymbol, sympy.core.numbers.ImaginaryUnit)):
+        out = 0.5, 0.0
+    elif isinstance(e, sympy.Symbol):
+        out = 1.0, 1.0
+    else:
+        parts = [_estimate(a, depth + 1) for a in e.args]
+        mags, sizes = [m for m, _ in parts] or [0.0], [s for _, s in parts] or [0.0]
+        if isinstance(e, sympy.Pow):
+            out = _power(mags[0], sizes[0], mags[1])
+        elif isinstance(e, sympy.exp):  # e^x: kept symbolic, so only its magnitude counts
+            out = _power(math.log10(math.e), 0.0, mags[0])
+        elif isinstance(e, sympy.Mul):
+            out = sum(mags), sum(sizes)
+        elif isinstance(e, sympy.Add):
+            out = max(mags) + math.log10(len(mags)), sum(sizes)
+        elif isinstance(e, (sympy.factorial, sympy.factorial2, sympy.gamma, sympy.subfactorial)):
+            n = math.inf if mags[0] > 300 else 10.0 ** mags[0]
+            digits = n * math.log10(n) if n > 1 else 0.0
+            out = digits, digits
+        elif isinstance(e, sympy.binomial):
+            digits = (math.inf if mags[0] > 300 else 10.0 ** mags[0]) * math.log10(2)
+            out = digits, digits
+        else:
+            out = max(mags), max(sizes)
+    if not (out[0] <= MAX_DIGITS and out[1] <= MAX_DIGITS):  # inf and nan too
+        digits = max(out)
+        raise _TooBig(
+            f"it holds a number of about {digits:.2g} digits (the limit is {MAX_DIGITS:,})"
+            if math.isfinite(digits)
+            else "it holds a number with too many digits to count (a power tower)"
+        )
+    return out
+
+
+def too_big(parsed: list[object]) -> str | None:
+    """Why a parsed answer is not evaluated (a power tower, a huge exponent or factorial: sympy
+    would compute every digit, for seconds or for ever), or None."""
+    try:
+        for e in parsed:
+            _estimate(e)
+    except _TooBig as exc:
+        return str(exc)
+    except RecursionError:
+        return "it is nested too deeply"
+    return None
+
+
+def check_answers(predicted: str, gold: str) -> tuple[bool, str | None]:
+    """(whether math-verify finds the two answers equal, a note when they were not compared: one
+    of them is too big to evaluate). Module-level and of plain data: evaluator/bounded.py runs it
+    in a child process."""
     gold_parsed = _parse_answer(gold)
     pred_parsed = _parse_answer(predicted)
+    for which, parsed in (("the answer", pred_parsed), ("the gold answer", gold_parsed)):
+        why = too_big(parsed)
+        if why is not None:
+            return False, f"not evaluated: {which}: {why}"
     if not gold_parsed or not pred_parsed:
-        return predicted.strip() == gold.strip()
+        return predicted.strip() == gold.strip(), None
     try:
-        return bool(verify(gold_parsed, pred_parsed, timeout_seconds=_timeout()))
+        return bool(verify(gold_parsed, pred_parsed, timeout_seconds=_timeout())), None
     except Exception:  # math-verify raises on pathological input; that is a wrong answer
-        return False
+        return False, None
+
+
+def answers_match(predicted: str, gold: str) -> bool:
+    """True when math-verify finds the two answers equal."""
+    return check_answers(predicted, gold)[0]
 
 
 @dataclass
@@ -139,20 +249,27 @@ class Verdict:
     extracted: str | None
     correct: bool
     method: str | None = None  # one of METHODS: how `extracted` was found
+    note: str | None = None  # why it was not compared (check_answers)
+
+
+def find_answer(completion: str, pattern: str | None = None, truncated: bool = False) -> tuple[str | None, str | None]:
+    """The answer `grade` checks and how it was found: with `pattern` (run on RE2, as every user's
+    pattern is: mathrl/regex.py) its first match's group 1, else `extract`."""
+    if pattern is None:
+        return extract(completion, truncated)
+    m = compile_pattern(pattern).search(completion)
+    found = (m.group(1) or "").strip() if m else ""
+    # a number as lm-eval reads it ('1,234.' -> '1234'); anything else as written
+    extracted = (_clean_number(found) if re.fullmatch(r"[-$\d.,]+", found) else found) or None
+    return extracted, ("pattern" if extracted is not None else None)
 
 
 def grade(completion: str, gold: str, pattern: str | None = None, truncated: bool = False) -> Verdict:
     """`pattern`: a recipe's answer_pattern; the answer is its first match's group 1 (as
     lm-evaluation-harness's strict-match), else nothing; unset: `extract` (no last-number
     fallback for a `truncated` completion)."""
-    if pattern is not None:
-        m = re.search(pattern, completion)
-        found = (m.group(1) or "").strip() if m else ""
-        # a number as lm-eval reads it ('1,234.' -> '1234'); anything else as written
-        extracted = (_clean_number(found) if re.fullmatch(r"[-$\d.,]+", found) else found) or None
-        method = "pattern" if extracted is not None else None
-    else:
-        extracted, method = extract(completion, truncated)
+    extracted, method = find_answer(completion, pattern, truncated)
     if extracted is None:
         return Verdict(None, False)
-    return Verdict(extracted, answers_match(extracted, gold), method)
+    correct, note = check_answers(extracted, gold)
+    return Verdict(extracted, correct, method, note)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import re
+from mathrl.regex import PatternError, check
 
 
 class FieldError(ValueError):
@@ -14,12 +14,13 @@ class FieldError(ValueError):
 
 
 def check_regex(field: str, pattern: str | None, group: bool) -> None:
-    """A regular expression a spec gives (with `group`: one whose group 1 is the answer)."""
+    """A regular expression a spec gives (with `group`: one whose group 1 is the answer), as
+    RE2 runs it (mathrl/regex.py: patterns that need backtracking are refused)."""
     if pattern is None:
         return
     try:
-        groups = re.compile(pattern).groups
-    except re.error as exc:
-        raise FieldError(field, f"not a regular expression: {exc}") from None
+        groups = check(pattern)
+    except PatternError as exc:
+        raise FieldError(field, str(exc)) from None
     if group and groups < 1:
         raise FieldError(field, "needs a group, e.g. '#### (\\-?[0-9.,]+)': the answer is group 1")

@@ -54,7 +54,14 @@ class RegexGrader(_Grader):
     `negate`), else 0."""
 
     type: Literal["regex"] = "regex"
-    pattern: str = Field(..., min_length=1, max_length=512, description="A Python regular expression.")
+    pattern: str = Field(
+        ...,
+        min_length=1,
+        max_length=512,
+        description="A regular expression, run on RE2 in linear time: Python's syntax without backreferences, "
+        "lookarounds, atomic groups or possessive quantifiers (refused); \\d, \\w, \\s and \\b match ASCII "
+        "only (\\p{N}, \\p{L} for Unicode).",
+    )
     negate: bool = Field(False, description="Score 1 when the pattern is absent instead.")
 
     @model_validator(mode="after")

@@ -155,6 +155,36 @@ class LimitsSettings(BaseModel):
     )
 
 
+class GradersSettings(BaseModel):
+    """POST /v1/graders:run for the graders the API runs itself (all but reward models): each call
+    grades in its own short-lived process (evaluator/bounded.py), killed at these limits, so one
+    call's slow input cannot hold up or fail another's. Per API process, as the rate limit is."""
+
+    max_concurrent_per_project: int = Field(
+        4, ge=1, description="Grading calls one project may have in flight at once; the next is 429 with Retry-After."
+    )
+    max_concurrent: int = Field(
+        16,
+        ge=1,
+        description="Grading calls in flight at once, all projects together; the next is 503 with Retry-After.",
+    )
+    timeout_seconds: float = Field(
+        30.0, gt=0, description="A call's wall-clock limit: past it, its process is killed and the call is 504."
+    )
+    item_timeout_seconds: float = Field(
+        5.0,
+        gt=0,
+        description="One item's limit: an item with no score by then is killed with its process and scored 0 "
+        "('took over ...'); a fresh process goes on with the next item.",
+    )
+    cpu_seconds_per_call: float = Field(
+        30.0, gt=0, description="CPU seconds a call's processes may use together (RLIMIT_CPU); past it, 504."
+    )
+    memory_mb_per_call: int = Field(
+        2048, ge=256, description="Address space of a call's process, in MiB (RLIMIT_AS): past it, that item fails."
+    )
+
+
 class MemorySettings(BaseModel):
     """The GPU memory of the worker pools, for the memory plan (mathrl/memory_plan.py). A GRPO or
     SFT job with GPUs whose estimated peak exceeds one of its pool's GPUs is refused at submit (422)
@@ -244,6 +274,7 @@ class Settings(BaseSettings):
     worker: WorkerSettings = Field(default_factory=WorkerSettings)  # type: ignore[arg-type]
     auth: AuthSettings = Field(default_factory=AuthSettings)  # type: ignore[arg-type]
     limits: LimitsSettings = Field(default_factory=LimitsSettings)  # type: ignore[arg-type]
+    graders: GradersSettings = Field(default_factory=GradersSettings)  # type: ignore[arg-type]
     memory: MemorySettings = Field(default_factory=MemorySettings)  # type: ignore[arg-type]
     sources: SourcesSettings = Field(default_factory=SourcesSettings)  # type: ignore[arg-type]
     ray: RaySettings = Field(default_factory=RaySettings)  # type: ignore[arg-type]

@@ -30,6 +30,7 @@ class SinkCallback(TrainerCallback):  # type: ignore[misc]
         self.samples_per_step = samples_per_step
         self.total_steps = total_steps
         self.trainer: Any = None  # set after the trainer is built (samples are read from it)
+        self.rewards: list[Any] = []  # the reward functions: their samples not checked in time are logged
         self._t_step = time.monotonic()
         self._step_times: list[float] = []
         self._tokens_at_log: float | None = None
@@ -70,6 +71,9 @@ class SinkCallback(TrainerCallback):  # type: ignore[misc]
             values["step_time"] = sum(self._step_times) / len(self._step_times)
             values.update(self._step_breakdown(args))
             self._step_times = []
+        for reward in self.rewards:
+            if getattr(reward, "timed_out", 0):  # trainer/rewards.py: cumulative, logged once there are any
+                values[f"rewards/{reward.__name__}/timed_out"] = float(reward.timed_out)
         tokens = logs.get("num_tokens")
         now = time.monotonic()
         if isinstance(tokens, (int, float)):

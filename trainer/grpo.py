@@ -122,6 +122,7 @@ def run_grpo(
     callback = SinkCallback(
         sink, sample_every=spec.sample_every, total_steps=spec.max_steps, checkpoint_dir=str(out_dir)
     )
+    callback.rewards = rewards  # samples whose check overran its time (trainer/rewards.py) are logged
     work = work_dir or out_dir
     if spec.algorithm == "async":
         from trainer.async_grpo import build_async_trainer

@@ -4,15 +4,28 @@ only name one of these.
 Each is a picklable class instance called the way TRL calls rewards:
 `reward(completions, answer=[...], **columns) -> list[float | None]`, where `answer` is the
 gold answer column of the training set. TRL logs each under its `__name__`.
+
+Answers are compared with math-verify in a child process, `item_seconds` (5) at most per
+sample and `call_seconds` (120) per call (evaluator.bounded.BoundedMatch): a completion whose
+answer sympy cannot settle in time (a huge binomial, a polynomial to expand) gets the reward of
+a wrong answer, is counted in the reward's `timed_out` (logged as `rewards/<name>/timed_out`,
+trainer/callbacks.py; async GRPO scores in its rollout process, which logs a warning line instead)
+and does not hold up the step; power towers are refused before sympy
+evaluates them (evaluator.grading.too_big), also as a wrong answer. Otherwise a policy could
+learn to answer what cannot be checked.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from evaluator.benchmarks import lookup
-from evaluator.grading import answers_match, extract_answer, last_boxed
+from evaluator.bounded import BoundedMatch
+from evaluator.grading import extract_answer, last_boxed
+
+ITEM_SECONDS = 5.0  # per sample: math-verify's comparison of its answer with the gold
+CALL_SECONDS = 120.0  # per reward call (one step's completions on this rank)
 
 
 def completion_text(completion: Any) -> str:
@@ -30,9 +43,21 @@ class Reward:
 
     name = "base"
 
-    def __init__(self, max_length: int | None = None, **_: Any) -> None:
+    def __init__(
+        self,
+        max_length: int | None = None,
+        item_seconds: float = ITEM_SECONDS,
+        call_seconds: float = CALL_SECONDS,
+        **_: Any,
+    ) -> None:
         self.__name__ = self.name
         self.max_length = max_length
+        self._match = BoundedMatch(item_seconds, call_seconds)
+
+    @property
+    def timed_out(self) -> int:
+        """Samples so far whose check overran its time (scored as a wrong answer)."""
+        return self._match.timed_out
 
     def __call__(self, completions: list[Any], answer: list[str] | None = None, **kw: Any) -> list[float | None]:
         golds = answer if answer is not None else [None] * len(completions)
@@ -49,31 +74,48 @@ class Reward:
         raise NotImplementedError
 
 
-class Accuracy(Reward):
+class _Checked(Reward):
+    """A reward from the extracted answer and whether it equals the gold (compared in bounds)."""
+
+    def __call__(self, completions: list[Any], answer: list[str] | None = None, **kw: Any) -> list[float | None]:
+        golds: Sequence[str | None] = answer if answer is not None else [None] * len(completions)
+        cut = self._cut(len(completions), kw.get("completion_ids"))
+        preds = [
+            extract_answer(completion_text(c), t) if g is not None else None
+            for c, g, t in zip(completions, golds, cut, strict=True)
+        ]
+        todo = [i for i, p in enumerate(preds) if p is not None]
+        checked = self._match([(str(preds[i]), str(golds[i])) for i in todo])
+        correct = dict(zip(todo, (c for c, _ in checked), strict=True))
+        return [self.value(g, p, correct.get(i, False)) for i, (g, p) in enumerate(zip(golds, preds, strict=True))]
+
+    def value(self, gold: str | None, pred: str | None, correct: bool) -> float | None:
+        raise NotImplementedError
+
+
+class Accuracy(_Checked):
     """1 if math-verify finds the final answer equal to the gold answer, else 0."""
 
     name = "accuracy"
 
-    def score(self, text: str, gold: str | None, truncated: bool = False) -> float | None:
+    def value(self, gold: str | None, pred: str | None, correct: bool) -> float | None:
         if gold is None:
             return None
-        pred = extract_answer(text, truncated)
-        return 1.0 if pred is not None and answers_match(pred, gold) else 0.0
+        return 1.0 if pred is not None and correct else 0.0
 
 
-class Binary(Reward):
+class Binary(_Checked):
     """The DeepSeekMath-style rule reward: +1 correct, -1 wrong, -0.5 when no answer is given
     (no boxed/####/'answer is' answer, and for a cut-off completion no last number either)."""
 
     name = "binary"
 
-    def score(self, text: str, gold: str | None, truncated: bool = False) -> float | None:
+    def value(self, gold: str | None, pred: str | None, correct: bool) -> float | None:
         if gold is None:
             return None
-        pred = extract_answer(text, truncated)
         if pred is None:
             return -0.5
-        return 1.0 if answers_match(pred, gold) else -1.0
+        return 1.0 if correct else -1.0
 
 
 class BoxedFormat(Reward):
@@ -182,7 +224,14 @@ class GraderReward(Reward):
         golds = list(answer) if answer is not None else [None] * len(texts)
         scorer = rm_scorers(cache=self._rms)
         results = grade_items(
-            self.grader, texts, golds, prompts=prompts, completion_ids=ids, truncated=cut, rm_scorer=scorer
+            self.grader,
+            texts,
+            golds,
+            prompts=prompts,
+            completion_ids=ids,
+            truncated=cut,
+            rm_scorer=scorer,
+            match=self._match,
         )
         return [r.score for r in results]
 

@@ -3,9 +3,14 @@ without starting a job, before paying for a run.
 
 math-verify runs here, in the API, on purpose: it is pure Python (sympy and an ANTLR parser, no
 torch), and a reward checked in milliseconds is worth more than one queued behind training
-jobs. It runs in a one-process pool beside the API process, never in a request thread: its
-parse timeouts need a process's main thread, and a pathological input cannot stall the API;
-a call that overruns `GRADER_TIMEOUT` seconds is answered 504 and the pool is replaced.
+jobs. Each call grades in its own short-lived process (evaluator/bounded.py), never in the API
+process: a pathological input cannot stall the API or another call. Its limits are the
+`graders` settings: an item with no score after `item_timeout_seconds` is killed with its
+process and scored 0, the rest go on in a fresh one; a call past `timeout_seconds` (wall) or
+`cpu_seconds_per_call` (RLIMIT_CPU) is killed and answered 504. A project may have
+`max_concurrent_per_project` calls in flight (429 past it) and all projects together
+`max_concurrent` (503 past it), per API process. User regexes run on RE2 (mathrl/regex.py) and
+power towers are refused before sympy evaluates them (evaluator.grading.too_big).
 
 A grader with a reward model in it needs the model loaded, and the API image has no torch: the
 call becomes a short 'grade' job (mathrl.specs.GradeSpec; quotas and pools as for any job) that
@@ -15,10 +20,11 @@ the job's id, whose results GET /v1/graders/runs/{job_id} gives when it has fini
 from __future__ import annotations
 
 import asyncio
-import atexit
 import concurrent.futures
+import json
 import threading
 import time
+from collections import defaultdict
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
@@ -29,53 +35,80 @@ from sqlalchemy import select
 from api.deps import CallerDep, SettingsDep, owned
 from api.problems import Problem
 from api.submit import admit, commit_and_dispatch, job_row
+from evaluator.bounded import CPU, DEADLINE, TIMED_OUT, run_bounded, warm
+from evaluator.graders import grade_item
 from mathrl.graders import needs_model
 from mathrl.schemas import GraderRunPending, GraderRunRequest, GraderRunResponse
 from mathrl.specs import GradeSpec, Resources
 from store.db import get_sessionmaker
 from store.models import Job, Sample
 
-router = APIRouter(prefix="/v1", tags=["graders"])
 
-GRADER_TIMEOUT = 30.0
-_pool: concurrent.futures.ProcessPoolExecutor | None = None
-_pool_lock = threading.Lock()
+def _warm() -> None:
+    warm()  # the zygote imports math-verify while the API starts, not on the first call
 
 
-def _get_pool() -> concurrent.futures.ProcessPoolExecutor:
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            import multiprocessing
+router = APIRouter(prefix="/v1", tags=["graders"], on_startup=[_warm])
 
-            spawn = multiprocessing.get_context("spawn")  # not a fork of the API's threads and sockets
-            _pool = concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=spawn)
-            atexit.register(_drop_pool)  # shut down before the interpreter tears the pool's module down
-        return _pool
+_lock = threading.Lock()
+_in_flight: dict[str, int] = defaultdict(int)  # project -> grading calls running in this API process
+_supervisors: concurrent.futures.ThreadPoolExecutor | None = None  # the threads that watch the calls' processes
 
 
-def _drop_pool() -> None:
-    global _pool
-    with _pool_lock:
-        pool, _pool = _pool, None
-    if pool is not None:
-        for proc in list(getattr(pool, "_processes", {}).values()):
-            proc.kill()  # a hung parse: its process goes, a fresh one serves the next call
-        pool.shutdown(wait=False, cancel_futures=True)
+def _take_slot(project_id: str, limits: Any) -> None:
+    """Count one more call in flight for the project, or refuse it (429; 503 when all are busy)."""
+    with _lock:
+        if _in_flight[project_id] >= limits.max_concurrent_per_project:
+            detail = (
+                f"your project already has {limits.max_concurrent_per_project} grading calls in flight (the limit "
+                "per project): wait for one to finish, or send more items per call"
+            )
+            raise Problem(429, "Too many grading calls", detail, headers={"Retry-After": "1"})
+        if sum(_in_flight.values()) >= limits.max_concurrent:
+            detail = "the API is grading as many calls as it may at once: retry"
+            raise Problem(503, "Graders busy", detail, headers={"Retry-After": "1"})
+        _in_flight[project_id] += 1
 
 
-def run_grader(body: dict[str, Any]) -> list[tuple[float, str]]:
-    """In the pool's process: grade the items (the request validated again, from plain data)."""
-    from evaluator.graders import grade_items
+def _give_slot(project_id: str) -> None:
+    with _lock:
+        _in_flight[project_id] -= 1
+        if _in_flight[project_id] <= 0:
+            del _in_flight[project_id]
 
-    req = GraderRunRequest.model_validate(body)
-    results = grade_items(
-        req.grader,
-        [i.completion for i in req.items],
-        [i.answer for i in req.items],
-        prompts=[i.prompt for i in req.items],
+
+def _executor(size: int) -> concurrent.futures.ThreadPoolExecutor:
+    """Threads of their own (not the request threadpool, which the other routes need): at most
+    `max_concurrent` calls are admitted, so none waits here."""
+    global _supervisors
+    with _lock:
+        if _supervisors is None:
+            _supervisors = concurrent.futures.ThreadPoolExecutor(max_workers=size, thread_name_prefix="grader")
+        return _supervisors
+
+
+def grade_here(body: GraderRunRequest, limits: Any) -> tuple[list[tuple[float, str]], str | None]:
+    """The call's items in its own processes, within the limits: (score, reason) per item, and
+    DEADLINE or CPU when the call was stopped."""
+    grader = json.dumps(body.grader.model_dump(mode="json"))
+    batch = run_bounded(
+        grade_item,
+        [(grader, i.completion, i.answer, i.prompt) for i in body.items],
+        item_seconds=limits.item_timeout_seconds,
+        deadline_seconds=limits.timeout_seconds,
+        cpu_seconds=limits.cpu_seconds_per_call,
+        memory_mb=limits.memory_mb_per_call,
     )
-    return [(r.score, r.reason) for r in results]
+    results = []
+    for o in batch.outcomes:
+        if o.error is None:
+            score, reason = o.value
+            results.append((float(score), str(reason)))
+        elif o.error == TIMED_OUT:
+            results.append((0.0, f"not scored: grading this item took over {limits.item_timeout_seconds:g} s"))
+        else:
+            results.append((0.0, f"not scored: {o.error}"))
+    return results, batch.stopped
 
 
 @router.post(
@@ -84,8 +117,12 @@ def run_grader(body: dict[str, Any]) -> list[tuple[float, str]]:
     responses={
         202: {"model": GraderRunPending, "description": "A reward-model grader's job has not finished within `wait`."},
         422: {},
-        429: {"description": "A reward-model grader's job is over the project's quota."},
-        504: {},
+        429: {
+            "description": "Over the project's grading calls in flight (see Retry-After), or a reward-model "
+            "grader's job is over the project's quota."
+        },
+        503: {"description": "The API is grading as many calls as it may at once (see Retry-After)."},
+        504: {"description": "The call took over its time or CPU limit: send fewer items."},
     },
 )
 async def run(
@@ -111,17 +148,26 @@ async def run(
     if body.resources is not None:
         detail = "resources is for graders with a reward model (they run on a worker); this one runs here: remove it"
         raise Problem(422, "Invalid field", f"/resources: {detail}", [{"pointer": "/resources", "detail": detail}])
-    loop = asyncio.get_running_loop()
-    future = loop.run_in_executor(_get_pool(), run_grader, body.model_dump(mode="json"))
+    limits = settings.graders
+    _take_slot(caller.project_id, limits)
     try:
-        results = await asyncio.wait_for(future, GRADER_TIMEOUT)
-    except TimeoutError:
-        _drop_pool()
-        raise Problem(504, "Grader timed out", f"grading took over {GRADER_TIMEOUT:g} s: send fewer items") from None
-    except concurrent.futures.process.BrokenProcessPool:
-        _drop_pool()
-        detail = "the grading process died: retry"
-        raise Problem(503, "Grader unavailable", detail, headers={"Retry-After": "1"}) from None
+        future = _executor(limits.max_concurrent).submit(grade_here, body, limits)
+    except BaseException:
+        _give_slot(caller.project_id)
+        raise
+    future.add_done_callback(lambda _: _give_slot(caller.project_id))  # when its processes are gone, however it ends
+    try:
+        results, stopped = await asyncio.wrap_future(future)
+    except OSError:  # no grading process could be started (evaluator/bounded.py starts its zygote again)
+        raise Problem(
+            503, "Grader unavailable", "no grading process could be started: retry", headers={"Retry-After": "1"}
+        ) from None
+    if stopped == DEADLINE:
+        detail = f"grading took over {limits.timeout_seconds:g} s: send fewer items"
+        raise Problem(504, "Grader timed out", detail)
+    if stopped == CPU:
+        detail = f"grading took over {limits.cpu_seconds_per_call:g} CPU seconds: send fewer items"
+        raise Problem(504, "Grader timed out", detail)
     data = [{"score": s, "reason": r} for s, r in results]
     return {"data": data, "mean": sum(s for s, _ in results) / len(results)}
 

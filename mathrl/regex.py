@@ -1,0 +1,79 @@
+"""Users' regular expressions (a regex grader's `pattern`, an `answer_pattern` of a math grader or
+a recipe): every one is compiled here, and runs on RE2 (google-re2), whose matching takes time
+linear in the text. Python's `re` backtracks: `(a+)+$` on 50,000 'a' and a '!' would take
+longer than the universe has. RE2 has no backreferences, lookarounds, atomic groups or
+possessive quantifiers (they need backtracking): a pattern with one is refused when the spec is
+validated, naming the field. RE2's `\\d`, `\\w`, `\\s` and `\\b` are ASCII (Python's `re` matches
+Unicode digits and letters with them); `\\p{N}`, `\\p{L}` are the Unicode classes.
+
+google-re2 is in the `server` extra, not the SDK's own dependencies (a compiled extension; a
+user's `pip install mathrl` should not need a wheel for their platform): where it is not
+installed (an SDK user's machine), `check` falls back to Python's syntax check and the server,
+which has it, gives the final word with a 422. Grading always runs server-side, on RE2
+(`compile_pattern`), never on `re`."""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import re
+from types import ModuleType
+from typing import Any
+
+BACKTRACKING = (
+    "patterns run on RE2, in linear time, without backtracking: no backreferences (\\1), lookarounds "
+    "((?=, (?!, (?<=, (?<!), atomic groups ((?>) or possessive quantifiers (a++); \\Z is written \\z"
+)
+
+
+class PatternError(ValueError):
+    """A pattern that cannot run: the message says why."""
+
+
+@functools.cache
+def _re2() -> ModuleType | None:
+    try:
+        return importlib.import_module("re2")
+    except ImportError:
+        return None
+
+
+def _options(re2: ModuleType) -> Any:
+    options = re2.Options()
+    options.log_errors = False  # refusals are answered to the caller, not written to stderr
+    return options
+
+
+def _refusal(pattern: str, re2_error: Exception) -> PatternError:
+    text = re2_error.args[0] if re2_error.args else str(re2_error)
+    why = text.decode(errors="replace") if isinstance(text, bytes) else str(text)
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        return PatternError(f"not a regular expression: {exc}")
+    if "too large" in why or "repetition size" in why:
+        return PatternError(f"too large for RE2 ({why}): lower its repetition counts (at most 1000)")
+    return PatternError(f"RE2 cannot run it ({why}): {BACKTRACKING}")
+
+
+@functools.lru_cache(maxsize=256)
+def compile_pattern(pattern: str) -> Any:
+    """The RE2 program of a user's pattern (`.search(text)`, `.groups`, as `re` has them);
+    PatternError for one RE2 cannot run. Needs google-re2 (the `server` extra)."""
+    re2 = _re2()
+    if re2 is None:
+        raise RuntimeError("grading a user's pattern needs google-re2: pip install 'mathrl[server]'")
+    try:
+        return re2.compile(pattern, _options(re2))
+    except re2.error as exc:
+        raise _refusal(pattern, exc) from None
+
+
+def check(pattern: str) -> int:
+    """Its number of groups, or PatternError: with RE2 where installed, else Python's syntax."""
+    if _re2() is not None:
+        return int(compile_pattern(pattern).groups)
+    try:
+        return re.compile(pattern).groups
+    except re.error as exc:
+        raise PatternError(f"not a regular expression: {exc}") from None
