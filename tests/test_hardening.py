@@ -471,9 +471,15 @@ def test_job_references_are_checked_at_submit_and_leak_nothing(app_client: Any) 
     assert {j["id"] for j in project_jobs(app_client, b)} == {mine}
     r = app_client.post("/v1/jobs", json=eval_spec(model=f"job:{mine}"), headers=b)
     assert r.status_code == 201, r.text
+    mine_ref = r.json()["id"]
     # pipelines say the same, pointing into the step
     r = app_client.post("/v1/pipelines", json={"jobs": {"ev": eval_spec(model=f"job:{theirs}")}}, headers=b)
     assert r.status_code == 422 and r.json()["errors"][0]["pointer"] == "/jobs/ev/model", r.text
+    # and a graders:run call with another project's reward model (a grade job), at /grader/model
+    body = {"grader": {"type": "reward_model", "model": f"job:{theirs}"}, "items": [{"completion": "1", "answer": "1"}]}
+    r = app_client.post("/v1/graders:run?wait=0", json=body, headers=b)
+    assert r.status_code == 422 and r.json()["errors"][0]["pointer"] == "/grader/model", r.text
+    assert {j["id"] for j in project_jobs(app_client, b)} == {mine, mine_ref}
 
 
 def test_requests_without_a_valid_key_are_rate_limited_per_address(app_client: Any) -> None:

@@ -34,12 +34,12 @@ from sqlalchemy import select
 
 from api.deps import CallerDep, SettingsDep, owned
 from api.problems import Problem
-from api.submit import admit, commit_and_dispatch, job_row
+from api.submit import admit, check_job_refs, commit_and_dispatch, job_row
 from evaluator.bounded import CPU, DEADLINE, TIMED_OUT, run_bounded, warm
 from evaluator.graders import grade_item
 from mathrl.graders import needs_model
 from mathrl.schemas import GraderRunPending, GraderRunRequest, GraderRunResponse
-from mathrl.specs import GradeSpec, Resources
+from mathrl.specs import GradeSpec, Resources, model_refs
 from store.db import get_sessionmaker
 from store.models import Job, Sample
 
@@ -184,6 +184,7 @@ def run_result(job_id: str, caller: CallerDep, settings: SettingsDep) -> Any:
 
 def _submit(spec: GradeSpec, project_id: str, settings: Any) -> str:
     with get_sessionmaker(settings.database.url)() as session:
+        check_job_refs(session, project_id, model_refs(spec))  # the reward model: this project's job
         config = admit({"": spec}, settings)[""]
         job = job_row(project_id, spec, config, name="graders:run")
         session.add(job)
