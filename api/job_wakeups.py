@@ -17,8 +17,11 @@ import logging
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
+from typing import Any, TypeVar, cast
 
+import anyio
 from prometheus_client import Counter
 from sqlalchemy.engine import make_url
 
@@ -30,6 +33,7 @@ KEEPALIVE_SECONDS = 15.0  # an SSE comment on a quiet stream, so proxies keep it
 STREAM_READS = Counter("mathrl_stream_reads_total", "Database reads made by open event streams")
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass(eq=False)
@@ -60,6 +64,8 @@ class JobWaker:
     def __init__(self, url: str) -> None:
         self.conninfo = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
         self._waiters: dict[str, set[Waiter]] = defaultdict(set)
+        self._generation: dict[str, int] = defaultdict(int)  # notifications seen, per job
+        self._reconnects = 0
         self._lock = threading.Lock()
         self.listening = threading.Event()  # set while the LISTEN connection is up
         self.notifications = 0
@@ -79,12 +85,21 @@ class JobWaker:
                 if not waiters:
                     del self._waiters[waiter.job_id]
 
+    def generation(self, job_id: str) -> tuple[int, int]:
+        """Which wake-up of the job a stream is reading for: streams woken by the same
+        notification may share one read (`shared_read`); a later notification starts a new one."""
+        return self._reconnects, self._generation.get(job_id, 0)
+
     def interval(self) -> float:
         """How long a stream waits for a wake-up before it reads anyway."""
         return FALLBACK_SECONDS if self.listening.is_set() else POLL_SECONDS
 
     def _wake(self, job_id: str | None) -> None:
         with self._lock:
+            if job_id:
+                self._generation[job_id] += 1
+            else:
+                self._reconnects += 1
             waiters = list(self._waiters.get(job_id, ())) if job_id else [w for s in self._waiters.values() for w in s]
         for waiter in waiters:
             waiter.wake()
@@ -109,6 +124,30 @@ class JobWaker:
             self._wake(None)
             time.sleep(backoff)
             backoff = min(backoff * 2, 10.0)
+
+
+_inflight: dict[Hashable, asyncio.Future[Any]] = {}  # shared_read's reads, on the API's event loop
+
+
+async def shared_read(key: Hashable, read: Callable[[], T]) -> T:
+    """`read()` in a worker thread, once for all the streams that ask with the same key while it
+    runs: 200 streams of one job, woken by one notification, make one database read, not 200.
+    The key must say everything the read depends on (job, cursors, the wake-up's generation)."""
+    future = _inflight.get(key)
+    if future is not None:
+        return cast(T, await asyncio.shield(future))
+    future = asyncio.get_running_loop().create_future()
+    _inflight[key] = future
+    try:
+        result = await anyio.to_thread.run_sync(read)
+    except BaseException as exc:
+        future.set_exception(exc)
+        future.exception()  # retrieved: no "never retrieved" warning when nobody else waited
+        raise
+    finally:
+        _inflight.pop(key, None)
+    future.set_result(result)
+    return result
 
 
 _wakers: dict[str, JobWaker] = {}

@@ -29,6 +29,7 @@ import uuid
 from collections import Counter
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import httpx
 from sqlalchemy import create_engine, text
@@ -78,74 +79,72 @@ def report(name: str, rps: int, lat: list[float] | tuple[float, float], errors: 
     print(f"{name:<14} {rps:>7} req/s   p50 {p50 * 1000:6.1f} ms   p99 {p99 * 1000:6.1f} ms   non-2xx={shown}")
 
 
-async def with_streams(
-    url: str,
-    headers: dict[str, str],
-    job_id: str,
-    streams: int,
-    make_request,
-    seconds: float,
-    concurrency: int,
-    db_url: str,
-) -> tuple[tuple[int, list[float], int], int, int, list[float]]:
-    """Status reads while `streams` SSE clients follow a job that never ends, and an event is
-    written to that job every 0.25 s. Returns the load result, how many streams opened, the most
-    connections seen idle in a transaction, and each event's delay from its write to each
-    stream's reading it."""
-    opened: list[int] = []
-    delivered: list[float] = []
-    limits = httpx.Limits(max_connections=streams + 10)
-    async with httpx.AsyncClient(
-        base_url=url, headers=headers, limits=limits, timeout=httpx.Timeout(60, read=None)
-    ) as c:
+class Streams:
+    """`n` SSE clients following a job, held by a thread of their own (its own event loop), so the
+    read load beside them comes from another client (wrk, or httpx in the main thread). Each
+    records how long after its write each 'bench-latency' event reached it."""
 
-        async def follow() -> None:
-            async with c.stream("GET", f"/v1/jobs/{job_id}/events/stream") as r:
-                opened.append(r.status_code)
-                async for line in r.aiter_lines():
-                    if line.startswith("data: ") and '"bench-latency"' in line:
-                        delivered.append(time.time() - json.loads(line[6:])["data"]["sent"])
+    def __init__(self, url: str, headers: dict[str, str], job_id: str, n: int) -> None:
+        self.url, self.headers, self.job_id, self.n = url, headers, job_id, n
+        self.opened: list[int] = []
+        self.delivered: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
 
-        tasks = [asyncio.create_task(follow()) for _ in range(streams)]
+    async def _run(self) -> None:
+        limits = httpx.Limits(max_connections=self.n + 10)
+        timeout = httpx.Timeout(60, read=None)
+        async with httpx.AsyncClient(base_url=self.url, headers=self.headers, limits=limits, timeout=timeout) as c:
+
+            async def follow() -> None:
+                async with c.stream("GET", f"/v1/jobs/{self.job_id}/events/stream") as r:
+                    self.opened.append(r.status_code)
+                    async for line in r.aiter_lines():
+                        if line.startswith("data: ") and '"bench-latency"' in line:
+                            self.delivered.append(time.time() - json.loads(line[6:])["data"]["sent"])
+
+            tasks = [asyncio.create_task(follow()) for _ in range(self.n)]
+            while not self._stop.is_set():
+                await asyncio.sleep(0.2)
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    def __enter__(self) -> Streams:
+        self._thread.start()
         deadline = time.perf_counter() + 60
-        while len(opened) < streams and time.perf_counter() < deadline:
-            await asyncio.sleep(0.2)
-        engine = create_engine(db_url)
+        while len(self.opened) < self.n and time.perf_counter() < deadline:
+            time.sleep(0.2)
+        time.sleep(2.0)  # each stream has read the job's events and waits
+        return self
 
-        def idle() -> int:
-            with engine.connect() as conn:
-                return int(
-                    conn.execute(
-                        text(
-                            "SELECT count(*) FROM pg_stat_activity WHERE datname = :d AND state = 'idle in transaction'"
-                        ),
-                        {"d": make_url(db_url).database},
-                    ).scalar()
-                )
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
 
-        held = max([await asyncio.to_thread(idle) for _ in range(5)])
-        delivered.clear()  # what the streams read while opening: not the delays measured
-        stop = threading.Event()
 
-        def write_events() -> None:  # as a worker writes them: one transaction each
-            from store.db import session_scope
-            from store.jobs import add_event
+def idle_in_transaction(db_url: str) -> int:
+    """The most connections seen idle in a transaction in five looks at pg_stat_activity."""
+    engine = create_engine(db_url)
+    seen = []
+    with engine.connect() as conn:
+        for _ in range(5):
+            q = "SELECT count(*) FROM pg_stat_activity WHERE datname = :d AND state = 'idle in transaction'"
+            seen.append(int(conn.execute(text(q), {"d": make_url(db_url).database}).scalar() or 0))
+            time.sleep(0.1)
+    engine.dispose()
+    return max(seen)
 
-            while not stop.wait(0.25):
-                with session_scope(db_url) as s:
-                    add_event(s, job_id, "bench-latency", data={"sent": time.time()})
 
-        writer = threading.Thread(target=write_events, daemon=True)
-        writer.start()
-        result = await load(url, headers, make_request, seconds, concurrency)
-        stop.set()
-        writer.join()
-        await asyncio.sleep(1.0)  # the last events reach the streams
-        engine.dispose()
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-    return result, sum(code == 200 for code in opened), held, delivered
+def write_events(db_url: str, job_id: str, n: int, every: float) -> None:
+    """`n` events written to the job as a worker writes them (one transaction each), stamped."""
+    from store.db import session_scope
+    from store.jobs import add_event
+
+    for _ in range(n):
+        with session_scope(db_url) as s:
+            add_event(s, job_id, "bench-latency", data={"sent": time.time()})
+        time.sleep(every)
 
 
 def wrk(url: str, key: str, body: str | None, seconds: float, concurrency: int) -> tuple[int, tuple[float, float], int]:
@@ -257,6 +256,9 @@ def main() -> None:
         "MATHRL_LIMITS__BURST": "1000000000",
         "MATHRL_LIMITS__MAX_ACTIVE_JOBS": "1000000000",
         "MATHRL_LIMITS__MAX_ACTIVE_GPUS": "1000000000",
+        # the per-key and per-project stream caps (per API process) would refuse some of --streams
+        "MATHRL_LIMITS__MAX_STREAMS_PER_KEY": "100000",
+        "MATHRL_LIMITS__MAX_STREAMS_PER_PROJECT": "100000",
     }
     py = sys.executable
     procs = [
@@ -309,22 +311,31 @@ def main() -> None:
         if args.curve:
             submit_curve(url, token, db_url, parked, args)
 
-        # open event streams must not starve other requests (each held a pooled connection once):
-        # reads with the same client, without and with the streams open, side by side
-        asyncio.run(load(url, h, read, 2, args.concurrency))  # warm-up of the httpx client's path
-        alone = asyncio.run(load(url, h, read, args.seconds, args.concurrency))
-        report("read (httpx)", *alone)
-        result, opened, held, delivered = asyncio.run(
-            with_streams(url, h, job_id, args.streams, read, args.seconds, args.concurrency, db_url)
-        )
-        report(f"read, {args.streams} SSE", *result)
+        # open event streams must not starve other requests (each held a pooled connection once,
+        # and polled the database every 0.5 s): reads from the same client without and with the
+        # streams open, side by side; then events written to the job they follow, one every
+        # 0.5 s, and how long each took to reach each stream
+        def reads() -> tuple[int, Any, Any]:
+            if shutil.which("wrk") and not args.python_client:
+                return wrk(f"{url}/v1/jobs/{job_id}", key, None, args.seconds, args.concurrency)
+            return asyncio.run(load(url, h, read, args.seconds, args.concurrency))
+
+        alone = reads()
+        report("read", *alone)
+        with Streams(url, h, job_id, args.streams) as streams:
+            held = idle_in_transaction(db_url)
+            result = reads()
+            report(f"read, {args.streams} SSE", *result)
+            write_events(db_url, job_id, 20, 0.5)
+            time.sleep(1.0)  # the last event reaches the streams
+        opened = sum(code == 200 for code in streams.opened)
         print(f"  {opened}/{args.streams} streams open; at most {held} database connections idle in a transaction")
         print(f"  read throughput with the streams open: {result[0] / max(alone[0], 1):.2f} of without")
-        if delivered:
+        got = streams.delivered
+        if got:
             print(
-                f"  event write -> stream: p50 {pct(delivered, 0.5) * 1000:.1f} ms, "
-                f"p99 {pct(delivered, 0.99) * 1000:.1f} ms ({len(delivered)} deliveries, "
-                f"an event every 0.25 s to {opened} streams)"
+                f"  event write -> stream: p50 {pct(got, 0.5) * 1000:.1f} ms, p99 {pct(got, 0.99) * 1000:.1f} ms "
+                f"({len(got)} deliveries of 20 events to {opened} streams)"
             )
 
         # dispatch latency: submit -> claimed by an idle worker; each job is cancelled once claimed

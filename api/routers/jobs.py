@@ -8,6 +8,7 @@ import json
 import logging
 import time
 from collections import defaultdict
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import unquote, urlsplit
@@ -19,7 +20,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from api.deps import CallerDep, SessionDep, SettingsDep, owned, page_cursor
-from api.job_wakeups import KEEPALIVE_SECONDS, POLL_SECONDS, STREAM_READS, waker
+from api.job_wakeups import KEEPALIVE_SECONDS, POLL_SECONDS, STREAM_READS, shared_read, waker
 from api.problems import (
     IDEMPOTENCY_CONFLICT,
     JOB_NOT_FOUND,
@@ -217,6 +218,7 @@ def stream_events(
     open_stream(holder, settings.limits.max_streams_per_key, project_id, settings.limits.max_streams_per_project)
 
     def poll(last: int | None, metric_id: int | None) -> tuple[list[dict[str, Any]], list[Metric], bool]:
+        STREAM_READS.inc()
         with get_sessionmaker(url)() as s:
             rows = _events_after(s, job_id, last, 500)
             points: list[Metric] = []
@@ -238,11 +240,16 @@ def stream_events(
         quiet_since = time.monotonic()
         try:
             while True:
-                if waiter is not None:
-                    waiter.clear()  # a write during the read below wakes the wait after it
-                STREAM_READS.inc()
                 try:
-                    rows, points, ended = await anyio.to_thread.run_sync(poll, last, metric_id)
+                    if waiter is not None and wakeups is not None:
+                        waiter.clear()  # a write during the read below wakes the wait after it
+                        # the streams of this job at the same cursors, woken by the same
+                        # notification, share one read
+                        gen = wakeups.generation(job_id)
+                        key = (url, job_id, last, metric_id, metrics, metrics_after_step, gen)
+                        rows, points, ended = await shared_read(key, partial(poll, last, metric_id))
+                    else:
+                        rows, points, ended = await anyio.to_thread.run_sync(poll, last, metric_id)
                 except SQLAlchemyError as exc:
                     # the 200 is sent: no problem response can follow. End the stream cleanly;
                     # the client reconnects with after=<the last seq it saw>.
