@@ -170,13 +170,20 @@ def test_eval_results_download(service: Service, tiny_model: str, pg_url: str, t
 
 
 def test_job_this_worker_cannot_run_fails_fast_with_the_reason(service: Service) -> None:
-    # A worker serving the gpu-1 queue on a machine with no GPU (and no vLLM): the job must
-    # fail at once with the reason, not hang or pretend.
-    w = service.start_worker("gpu-1", name="nogpu")
+    # A worker serving a GPU pool on a machine with no GPU (and no vLLM): the job must fail at
+    # once with the reason, not hang or pretend. A pool of its own: other tests park GPU jobs in
+    # 'gpu-1' (the reconciler re-sends them every few seconds), and this worker would have to
+    # fail each of those first (CI: still queued after 120 s behind them).
+    w = service.start_worker("nogpu-test", name="nogpu")
     try:
         c = service.client()
         job = c.jobs.create(
-            {"kind": "grpo", "model": "org/m", "dataset": {"name": "gsm8k-train"}, "resources": {"gpus": 1}}
+            {
+                "kind": "grpo",
+                "model": "org/m",
+                "dataset": {"name": "gsm8k-train"},
+                "resources": {"gpus": 1, "pool": "nogpu-test"},
+            }
         )
         done = c.jobs.wait(job.id, timeout=120)
         assert done.status == "failed" and "GPU" in (done.error or "")
