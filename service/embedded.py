@@ -34,6 +34,17 @@ def embedded_env(home: Path, model_roots: list[str] | None = None) -> dict[str, 
     }
 
 
+def die_with_parent() -> None:
+    """(Linux; a Popen preexec_fn) SIGTERM this child when the process that started it dies,
+    however it dies (killed, timed out): no orphaned API or worker goes on training on the CPU."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
 def free_port(preferred: int) -> int:
     for port in (preferred, 0):
         with socket.socket() as s:
@@ -85,6 +96,7 @@ def embedded_service(
             stdout=open(logs / "api.log", "ab"),
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=die_with_parent,  # a killed demo (Ctrl-C twice, a timeout) takes them along
         ),
         subprocess.Popen(
             [py, "-m", "service.cli", "worker", "--queues", queues, "--concurrency", "1"],
@@ -92,6 +104,7 @@ def embedded_service(
             stdout=open(logs / "worker.log", "ab"),
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=die_with_parent,
         ),
     ]
     url = f"http://127.0.0.1:{port}"

@@ -24,6 +24,8 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
+from service.embedded import die_with_parent as _die_with_parent
+
 ROOT = Path(__file__).resolve().parent.parent
 PG_SERVER = os.environ.get("MATHRL_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
 REDIS = os.environ.get("MATHRL_TEST_REDIS", "redis://127.0.0.1:6379/11")
@@ -110,17 +112,6 @@ def service_env(pg_url: str, redis_url: str, artifacts: Path) -> dict[str, str]:
         "TOKENIZERS_PARALLELISM": "false",
         "HF_HUB_OFFLINE": "1",
     }
-
-
-def _die_with_parent() -> None:
-    """(Linux) SIGTERM a service process if the pytest that started it dies without its
-    teardown (killed, timed out): no orphaned API or worker keeps training on the CPU."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
 
 
 @dataclass
