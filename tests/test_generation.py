@@ -35,6 +35,20 @@ def test_server_command_for_a_lora_job_on_cpu() -> None:
     assert int(cmd[cmd.index("--max-num-batched-tokens") + 1]) >= int(cmd[cmd.index("--max-model-len") + 1])
 
 
+def test_the_servers_follow_the_eager_setting_as_every_engine_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    from worker.vllm_server import server_command
+
+    lora = parse_spec({**BASE, "lora": {"r": 4}, "generation": {"backend": "vllm", "mode": "server"}})
+    full = parse_spec({**BASE, "resources": {"gpus": 2}, "generation": {"mode": "server"}})
+    monkeypatch.delenv("MATHRL_VLLM_ENFORCE_EAGER", raising=False)
+    assert "--enforce-eager" not in server_command(lora, resolve_config(lora), "/m", 5, on_gpu=False)
+    assert "--enforce_eager" not in server_command(full, resolve_config(full), "/m", 5, on_gpu=True)
+    monkeypatch.setenv("MATHRL_VLLM_ENFORCE_EAGER", "1")
+    assert "--enforce-eager" in server_command(lora, resolve_config(lora), "/m", 5, on_gpu=False)
+    cmd = server_command(full, resolve_config(full), "/m", 5, on_gpu=True)
+    assert cmd[cmd.index("--enforce_eager") + 1] == "true"
+
+
 def test_server_takes_the_jobs_last_gpus_and_full_weights_use_trls_server() -> None:
     from worker.vllm_server import server_command, split_gpus
 

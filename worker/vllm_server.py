@@ -92,6 +92,7 @@ def server_command(
             str(max_len),
             "--gpu_memory_utilization",
             str(opts.get("gpu_memory_utilization", 0.9)),
+            *(["--enforce_eager", "true"] if opts.get("enforce_eager") else []),
         ]
     cmd = [
         sys.executable,
@@ -132,6 +133,8 @@ def server_command(
         ]  # see engine_options
     if opts.get("enable_prefix_caching") is not None:
         cmd.append("--enable-prefix-caching" if opts["enable_prefix_caching"] else "--no-enable-prefix-caching")
+    if opts.get("enforce_eager"):  # MATHRL_VLLM_ENFORCE_EAGER=1, as for every engine of ours
+        cmd.append("--enforce-eager")
     return cmd
 
 
