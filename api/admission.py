@@ -211,11 +211,11 @@ def check_dataset_fields(dataset: Any) -> None:
 
 
 def _parquet_fields(raw: Path, path: str) -> list[str]:
-    import pyarrow.parquet as pq
+    from api.parquet_footer import ParquetError, parquet_columns
 
     try:
-        return list(pq.read_schema(raw).names)
-    except Exception as exc:  # not parquet, or a damaged footer
+        return parquet_columns(raw)
+    except (ParquetError, OSError) as exc:  # not parquet, or a damaged footer
         raise _refuse("/dataset/path", f"{path!r}: not a readable parquet file ({exc})") from None
 
 
