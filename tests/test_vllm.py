@@ -51,7 +51,7 @@ def _eval(python: Path, model: str, backend: str, out: Path) -> list[dict]:
         capture_output=True,
         text=True,
         timeout=600,
-        env={"PATH": "/usr/bin:/bin", "HOME": str(out)},
+        env={"PATH": "/usr/bin:/bin", "HOME": str(out), "MATHRL_VLLM_ENFORCE_EAGER": "1"},
     )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
     return [json.loads(line) for line in (out / "items.jsonl").read_text().splitlines()]
@@ -179,7 +179,13 @@ def test_grpo_vllm_generates_with_the_updated_weights(mode: str, model_for_vllm:
         capture_output=True,
         text=True,
         timeout=900,
-        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+        # colocate runs compiled, as users run it (the weights are loaded into the compiled
+        # model); the server eager, as in the rest of the suite (conftest.service_env)
+        env={
+            "PATH": "/usr/bin:/bin",
+            "HOME": str(tmp_path),
+            **({"MATHRL_VLLM_ENFORCE_EAGER": "1"} if mode == "server" else {}),
+        },
     )
     line = next((x for x in r.stdout.splitlines() if x.startswith("RESULT ")), None)
     assert line is not None, r.stdout[-2000:] + r.stderr[-4000:]
