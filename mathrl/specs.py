@@ -267,6 +267,16 @@ class _JobBase(StrictModel):
 # a recipe by name or inline; the tags pick the member by type (so an error names one of them,
 # not both), and the API's error pointers leave them out (UNION_TAGS)
 UNION_TAGS = ("by-name", "inline", *_LORA_TAGS)
+# GRPO and SFT jobs; unset, mathrl.presets resolves it to TRL's default (TRL_DEFAULTS)
+GradientCheckpointing = Annotated[
+    bool | None,
+    Field(
+        description="Recompute each layer's activations in the backward pass instead of keeping them (TRL's "
+        "gradient_checkpointing): far less memory for activations, about a third more compute per step. "
+        "Unset: TRL's default, on.",
+    ),
+]
+
 RecipeField = Annotated[
     Annotated[Annotated[str, Field(min_length=1, max_length=128)], Tag("by-name")] | Annotated[Recipe, Tag("inline")],
     Discriminator(lambda v: "by-name" if isinstance(v, str) else "inline"),
@@ -480,12 +490,7 @@ class GRPOSpec(_JobBase):
         "before it is dropped (0: on-policy). Default: TRL's 4.",
     )
     deepspeed_zero3: bool = Field(False, description="Shard with DeepSpeed ZeRO-3 (multi-GPU).")
-    gradient_checkpointing: bool | None = Field(
-        None,
-        description="Recompute each layer's activations in the backward pass instead of keeping them (TRL's "
-        "gradient_checkpointing): far less memory for activations, about a third more compute per step. "
-        "Unset: TRL's default, on.",
-    )
+    gradient_checkpointing: GradientCheckpointing = None
     logging_steps: int = Field(1, ge=1, le=10_000_000, description="Store metrics every N steps.")
     save_steps: int = Field(50, ge=1, le=10_000_000, description="Checkpoint every N steps.")
     sample_every: int = Field(10, ge=1, le=10_000_000, description="Store sampled completions every N steps.")
@@ -680,12 +685,7 @@ class SFTSpec(_JobBase):
     max_length: int = Field(1024, ge=8, le=131072, description="Prompt + completion tokens; longer rows are cut.")
     warmup_ratio: float = Field(0.0, ge=0, lt=1, description="Fraction of steps with a linear LR warm-up.")
     lora: LoRA | None = Field(None, description="Train LoRA adapters through peft.")
-    gradient_checkpointing: bool | None = Field(
-        None,
-        description="Recompute each layer's activations in the backward pass instead of keeping them (TRL's "
-        "gradient_checkpointing): far less memory for activations, about a third more compute per step. "
-        "Unset: TRL's default, on.",
-    )
+    gradient_checkpointing: GradientCheckpointing = None
     logging_steps: int = Field(10, ge=1, le=10_000_000, description="Store metrics every N steps.")
     save_steps: int = Field(100, ge=1, le=10_000_000, description="Checkpoint every N steps.")
     seed: int = Field(42, ge=0, le=MAX_SEED, description="Seed of the data order and initialisation (0 to 2**32 - 1).")

@@ -9,6 +9,7 @@ from typing import Any
 
 from evaluator import prompts
 from evaluator.models import load_tokenizer
+from mathrl.presets import resolve_config
 from mathrl.sink import Sink
 from mathrl.specs import SFTSpec
 from trainer.callbacks import SinkCallback
@@ -74,7 +75,7 @@ def run_sft(
         report_to=[],
         use_cpu=use_cpu,
         bf16=not use_cpu,
-        gradient_checkpointing=spec.gradient_checkpointing is not False,  # unset: TRL's default, on
+        gradient_checkpointing=resolve_config(spec)["gradient_checkpointing"],  # unset: TRL's default
         disable_tqdm=True,
         completion_only_loss=True,
         dataloader_num_workers=0,
