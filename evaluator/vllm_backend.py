@@ -7,6 +7,7 @@ processes): the job process is such a main module.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -51,9 +52,9 @@ def engine_options(
     max(BATCHED_TOKENS, max_model_len) tokens, so any single prompt fits in one.
 
     MATHRL_VLLM_ENFORCE_EAGER=1: no torch.compile (a shorter engine start, slower steps; vLLM
-    caches compiled graphs in ~/.cache/vllm, so only an engine's first start pays the full compile)."""
-    import os
-
+    caches compiled graphs in ~/.cache/vllm, so only an engine's first start pays the full compile).
+    On a CPU torch.compile needs a C++ compiler (inductor's C++ backend); where there is none (the
+    worker-cpu image carries none), engines run eager instead of failing to start."""
     import torch
 
     from evaluator.models import resolve_dtype
@@ -70,9 +71,20 @@ def engine_options(
         kwargs["max_num_batched_tokens"] = max(BATCHED_TOKENS, max_model_len or 0)
     if enable_prefix_caching is not None:
         kwargs["enable_prefix_caching"] = enable_prefix_caching
-    if os.environ.get("MATHRL_VLLM_ENFORCE_EAGER") == "1":
+    if os.environ.get("MATHRL_VLLM_ENFORCE_EAGER") == "1" or not (on_gpu or cxx_compiler()):
         kwargs["enforce_eager"] = True
     return kwargs
+
+
+def cxx_compiler() -> str | None:
+    """The C++ compiler torch.compile's CPU backend would call ($CXX, g++ or clang++), if any."""
+    import shutil
+
+    for name in (os.environ.get("CXX"), "g++", "clang++"):
+        found = shutil.which(name) if name else None
+        if found:
+            return found
+    return None
 
 
 def engine_env() -> dict[str, str]:

@@ -3,6 +3,8 @@ the CPU stand-in for TRL's FlashAttention-3 tree attention (async GRPO)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from mathrl.presets import resolve_config
@@ -36,7 +38,11 @@ def test_server_command_for_a_lora_job_on_cpu() -> None:
 
 
 def test_the_servers_follow_the_eager_setting_as_every_engine_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
     from worker.vllm_server import server_command
+
+    monkeypatch.setenv("CXX", sys.executable)  # a compiler to find: without one a CPU engine runs eager anyway
 
     lora = parse_spec({**BASE, "lora": {"r": 4}, "generation": {"backend": "vllm", "mode": "server"}})
     full = parse_spec({**BASE, "resources": {"gpus": 2}, "generation": {"mode": "server"}})
@@ -150,3 +156,20 @@ def test_a_servers_environment_keeps_every_core_on_a_small_cpu_machine(monkeypat
     monkeypatch.setenv("VLLM_CPU_NUM_OF_RESERVED_CPU", "2")
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
     assert server_env()["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "2"
+
+
+def test_vllm_on_a_cpu_without_a_cxx_compiler_runs_eager(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """torch.compile's CPU backend needs a C++ compiler; the worker-cpu image has none, and an
+    engine that tried to compile there failed to start ("No working C++ compiler found")."""
+    from evaluator import vllm_backend
+
+    monkeypatch.delenv("MATHRL_VLLM_ENFORCE_EAGER", raising=False)
+    monkeypatch.delenv("CXX", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert vllm_backend.cxx_compiler() is None
+    assert vllm_backend.engine_options("auto")["enforce_eager"] is True
+    gxx = tmp_path / "g++"
+    gxx.write_text("#!/bin/sh\n")
+    gxx.chmod(0o755)
+    assert vllm_backend.cxx_compiler() == str(gxx)
+    assert "enforce_eager" not in vllm_backend.engine_options("auto")
