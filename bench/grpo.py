@@ -19,6 +19,10 @@ It is not in the default modes: on a 2-core CPU its rollout worker keeps both co
 starves the trainer (557 s for its first step against 114.5 s for a sync server step, measured
 side by side with `--modes server,async`); async pays off where generation and training have
 separate devices.
+
+`hf-nockpt` and `vllm-nockpt` are those modes with gradient_checkpointing off (TRL's default is
+on): `--modes vllm,vllm-nockpt` prints what checkpointing costs a step, and the trainer's peak
+memory.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -38,7 +43,9 @@ sys.path.insert(0, str(ROOT))
 
 MODES = {  # mode -> the spec fields that pick it
     "hf": {"generation": {"backend": "hf"}},
+    "hf-nockpt": {"generation": {"backend": "hf"}, "gradient_checkpointing": False},
     "vllm": {"generation": {"backend": "vllm", "mode": "colocate"}},
+    "vllm-nockpt": {"generation": {"backend": "vllm", "mode": "colocate"}, "gradient_checkpointing": False},
     "server": {"generation": {"backend": "vllm", "mode": "server"}, "lora": {"r": 8}},
     "async": {"generation": {"backend": "vllm", "mode": "server"}, "lora": {"r": 8}, "algorithm": "async"},
 }
@@ -115,7 +122,9 @@ def one_run(mode: str, args: argparse.Namespace) -> None:
         if server is not None:
             server.stop()
     total = time.perf_counter() - t0
-    print("RESULT " + json.dumps({"mode": mode, "total": total, "steps": sink.points}), flush=True)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux: the trainer's process
+    result = {"mode": mode, "total": total, "steps": sink.points, "peak_rss_gib": peak}
+    print("RESULT " + json.dumps(result), flush=True)
 
 
 def run(mode: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -157,6 +166,7 @@ def summary(result: dict[str, Any]) -> dict[str, float]:
         "share": gen / step if step else 0.0,
         "startup": result["total"] - sum(s["step_time"] for s in steps),
         "steps": len(steps),
+        "peak_rss_gib": result["peak_rss_gib"],
     }
 
 
@@ -196,8 +206,16 @@ def main() -> None:
             print(
                 f"  {mode:<6} step {s['step']:6.1f}s = generation {s['generation']:6.1f}s + weight sync "
                 f"{s['sync']:4.1f}s + rest {s['rest']:5.1f}s; {s['tokens_per_s']:6.1f} generated tokens/s; "
-                f"generation share {100 * s['share']:.0f}%; start-up {s['startup']:.0f}s",
+                f"generation share {100 * s['share']:.0f}%; start-up {s['startup']:.0f}s; "
+                f"trainer's peak memory {s['peak_rss_gib']:.1f} GiB",
                 flush=True,
+            )
+    for mode, s in rows.items():  # gradient checkpointing off against on, the same mode otherwise
+        base = rows.get(mode.removesuffix("-nockpt")) if mode.endswith("-nockpt") else None
+        if base:
+            print(
+                f"{mode} vs {mode.removesuffix('-nockpt')}: rest of step (forward, backward, update) "
+                f"{base['rest'] / s['rest']:.2f}x faster, whole step {base['step'] / s['step']:.2f}x faster"
             )
     hf = rows.get("hf")
     if hf:
