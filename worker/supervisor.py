@@ -30,6 +30,7 @@ from worker.child import (
     EXIT_UNAVAILABLE,
     REJECTED_WRITES,
     attempt_dir,
+    model_resolver,
 )
 from worker.launch import (
     child_args,
@@ -150,7 +151,7 @@ def _run_attempt(
         warm_engine.stop_idle()  # training and HF evals need the GPUs and cores
     if spec is not None and needs_server(spec):
         try:
-            server, server_env = _start_vllm_server(settings, spec, config, project_id, out / "vllm-server.log")
+            server, server_env = _start_vllm_server(settings, spec, config, project_id, out / "vllm-server.log", job_id)
         except Exception as exc:  # a model ref that does not resolve, no vLLM here: the job fails with it
             (out / "error.txt").write_text(f"starting the vLLM server failed: {type(exc).__name__}: {exc}")
             return _record_end(settings, job_id, owner, EXIT_ERROR, False, log_path)
@@ -232,10 +233,7 @@ def _event(url: str, job_id: str, kind: str, message: str, data: dict | None = N
 
 def _warm_engine(settings: Settings, spec: Any, project_id: str, log_path: Path, job_id: str) -> Any:
     """This worker's warm vLLM engine for the eval's model, started if there is none."""
-    from worker.refs import resolve_model_ref
-
-    with session_scope(settings.database.url) as s:
-        model_path, _ = resolve_model_ref(s, project_id, spec.model)
+    model_path, _ = model_resolver(settings, job_id, project_id)(spec.model)  # as the job's process resolves it
     gpus = _visible_gpus()[: spec.resources.gpus] if spec.resources.gpus else []
     engine, came = warm_engine.acquire(settings, model_path, spec.dtype, gpus, log_path, _prepare_child)
     how = {
@@ -271,11 +269,10 @@ def _visible_gpus() -> list[str]:
     return visible
 
 
-def _start_vllm_server(settings: Settings, spec: Any, config: dict[str, Any], project_id: str, log_path: Path) -> Any:
-    from worker.refs import resolve_model_ref
-
-    with session_scope(settings.database.url) as s:
-        model_path, _ = resolve_model_ref(s, project_id, spec.model)
+def _start_vllm_server(
+    settings: Settings, spec: Any, config: dict[str, Any], project_id: str, log_path: Path, job_id: str
+) -> Any:
+    model_path, _ = model_resolver(settings, job_id, project_id)(spec.model)  # 'job:' and 'tiny:' refs too
     visible = _visible_gpus() if spec.resources.gpus else []
     return start_server(spec, config, model_path, log_path, _prepare_child, visible)
 
