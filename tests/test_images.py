@@ -350,7 +350,8 @@ SIZE_TARGETS_MB = {"api": 300, "worker": 2500}
 def _largest_paths(image: str, n: int = 12) -> list[str]:
     out = podman(
         "run", "--rm", "--network=host", "--entrypoint", "sh", image, "-c",
-        "du -xm -d 5 / 2>/dev/null | sort -rn | head -n 40",
+        "du -xms /opt/venv/lib/python3*/site-packages/* /opt/venv/lib/lib* /usr/lib/python3* /usr/lib/x86_64-linux-gnu"
+        " /usr/bin /usr/sbin /usr/share /var 2>/dev/null | sort -rn | head -n 40",
     ).stdout.split("\n")  # fmt: skip
     return [line for line in out if line.strip()][:n]
 
