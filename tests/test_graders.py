@@ -151,3 +151,22 @@ def test_a_reward_model_grader_runs_as_a_grade_job_and_is_polled(app_client: Any
     here = {"grader": {"type": "math"}, "items": body["items"], "resources": {"gpus": 1}}
     r = app_client.post("/v1/graders:run", json=here, headers=headers)
     assert r.status_code == 422 and r.json()["errors"][0]["pointer"] == "/resources", r.text
+
+
+@pytest.mark.parametrize("resources", [{"processes": 2}, {"nodes": 2}])
+def test_a_reward_model_grader_on_several_processes_or_nodes_is_a_422(
+    app_client: Any, resources: dict[str, Any]
+) -> None:
+    """A grade job runs as one process on one node; asking for more was a 500 (found by the
+    OpenAPI fuzzer: the grade job's own check raised inside the route)."""
+    rm_dir = Path(os.environ["MATHRL_ARTIFACT_DIR"]) / "rm"
+    body = {
+        "grader": {"type": "reward_model", "model": str(rm_dir)},
+        "items": [{"completion": "#### 1", "answer": "1"}],
+        "resources": {"pool": "graders-parked", **resources},
+    }
+    r = app_client.post("/v1/graders:run?wait=0", json=body, headers=admin_key(app_client))
+    assert r.status_code == 422, r.text
+    assert r.headers["content-type"].startswith("application/problem+json")
+    error = r.json()["errors"][0]
+    assert error["pointer"] == "/resources" and "one process on one node" in error["detail"], error

@@ -29,7 +29,9 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 from fastapi.concurrency import run_in_threadpool
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import ValidationError
 from sqlalchemy import select
 
 from api.deps import CallerDep, SettingsDep, owned
@@ -136,7 +138,10 @@ async def run(
     """Each item's score and the reason for it, and their mean. Nothing is stored, except for a
     grader with a reward model, which runs as a 'grade' job on a worker (see the module's text)."""
     if needs_model(body.grader):
-        spec = GradeSpec(grader=body.grader, items=body.items, resources=body.resources or Resources())
+        try:
+            spec = GradeSpec(grader=body.grader, items=body.items, resources=body.resources or Resources())
+        except ValidationError as exc:  # the grade job's own rules (one process, one node): a 422 naming the field
+            raise RequestValidationError(exc.errors(include_url=False)) from None
         job_id = await run_in_threadpool(_submit, spec, caller.project_id, settings)
         deadline = time.monotonic() + wait
         while True:
