@@ -63,6 +63,17 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 KNOBS: tuple[str, ...] = tuple(TRL_DEFAULTS)
 
+# mathrl's own loop (trainer/grpo_loop.py), per preset: what a spec that leaves these unset gets.
+# `trl-default` turns on what helps and leaves the update as TRL computes it; `deepseekmath`
+# stays the paper's loop (every sampled group trained on, uniform question order).
+LOOP_DEFAULTS: dict[str, dict[str, bool]] = {
+    "trl-default": {"dynamic_sampling": True, "curriculum": False, "skip_zero_advantage": True},
+    "deepseekmath": {"dynamic_sampling": False, "curriculum": False, "skip_zero_advantage": False},
+}
+DYNAMIC_SAMPLING_DEFAULTS: dict[str, Any] = {"metric": "correct", "max_rounds": 3}
+CURRICULUM_DEFAULTS: dict[str, Any] = {"decay": 0.5, "floor": 0.01}
+CHECKED_REWARDS = ("accuracy", "binary")  # rewards whose value > 0 means a correct answer
+
 # Knobs TRL 1.16's AsyncGRPOTrainer has no setting for (its loss is its own, with no KL term):
 # an async job refuses them at submit and stores them as null (not applicable).
 ASYNC_UNSUPPORTED: tuple[str, ...] = (
@@ -124,9 +135,60 @@ def resolve_grpo(spec: GRPOSpec) -> dict[str, Any]:
     values["vllm_server_gpus"] = spec.generation.resolved_server_gpus(spec.resources.gpus)
     values["preset"] = spec.preset
     values["algorithm"] = spec.algorithm
+    values.update(resolve_loop(spec, values))
     if spec.algorithm == "async":
         values.update(dict.fromkeys(ASYNC_UNSUPPORTED))
     return values
+
+
+def resolve_loop(spec: GRPOSpec, values: dict[str, Any]) -> dict[str, Any]:
+    """dynamic_sampling, curriculum (a dict of their settings, or None: off) and skip_zero_advantage.
+    A part the spec asks for explicitly and cannot run is refused; a preset's default that cannot
+    run here is off."""
+    defaults = LOOP_DEFAULTS[spec.preset]
+    checked = any(r.name in CHECKED_REWARDS for r in spec.rewards)
+    world = values["world_size"]
+    local = values["global_batch_size"] // world
+    whole_groups = local % values["num_generations"] == 0
+    out: dict[str, Any] = {}
+    for part, base in (("dynamic_sampling", DYNAMIC_SAMPLING_DEFAULTS), ("curriculum", CURRICULUM_DEFAULTS)):
+        asked = getattr(spec, part)
+        explicit = asked is not None
+        on = defaults[part] if asked is None else asked is not False
+        settings: dict[str, Any] = dict(base)
+        if explicit and not isinstance(asked, bool):
+            settings.update(asked.model_dump())
+        if on and part == "dynamic_sampling" and settings["metric"] == "correct" and not checked:
+            if explicit and not isinstance(asked, bool) and "metric" in asked.model_fields_set:
+                raise _err(
+                    "dynamic_sampling/metric",
+                    "metric 'correct' needs an accuracy or binary reward to read the verdict from: add one to "
+                    "rewards, or use metric 'reward'",
+                )
+            settings["metric"] = "reward"  # no verdict to read: the weighted reward (zero variance: zero advantage)
+        why = None
+        if spec.algorithm == "async":
+            why = "async GRPO samples in its own rollout worker"
+        elif part == "curriculum" and not checked:
+            why = "a pass rate needs an accuracy or binary reward: add one to rewards"
+        elif not whole_groups:
+            why = (
+                f"each of the {world} training processes must hold whole groups, but it holds {local} completions "
+                f"of groups of {values['num_generations']}: make global_batch_size / processes a multiple of "
+                "num_generations"
+            )
+        if on and why:
+            if explicit:
+                raise _err(part, f"{part} cannot run for this job: {why}; or set {part}: false")
+            on = False
+        out[part] = settings if on else None
+    skip = spec.skip_zero_advantage
+    out["skip_zero_advantage"] = defaults["skip_zero_advantage"] if skip is None else skip
+    if spec.algorithm == "async":
+        if skip:
+            raise _err("skip_zero_advantage", "async GRPO has its own loss: drop skip_zero_advantage")
+        out["skip_zero_advantage"] = None
+    return out
 
 
 def resolve_config(spec: Any) -> dict[str, Any]:

@@ -329,6 +329,29 @@ class EvalSpec(_JobBase):
 LossType = Literal["grpo", "dapo", "dr_grpo", "bnpo", "cispo", "sapo"]
 
 
+class DynamicSampling(StrictModel):
+    """Drop groups with no grading signal and generate more questions in their place (DAPO)."""
+
+    metric: Literal["correct", "reward"] = Field(
+        "correct",
+        description="The signal whose variance within a group decides whether it is kept: 'correct', the "
+        "correctness verdict of an accuracy or binary reward (the safe default: a length or format term varies "
+        "among all-wrong answers too), or 'reward', the weighted sum of the rewards.",
+    )
+    max_rounds: int = Field(
+        3, ge=1, le=16, description="Generation rounds per step at most; a step still short trains on what it has."
+    )
+
+
+class Curriculum(StrictModel):
+    """Draw questions by their pass rate so far, favouring those neither always nor never solved."""
+
+    decay: float = Field(0.5, gt=0, le=1, description="Weight of a question's newest group in its pass rate.")
+    floor: float = Field(
+        0.01, gt=0, le=1, description="Added to every question's weight, so that none is never drawn again."
+    )
+
+
 class Generation(StrictModel):
     """How a GRPO job samples its completions. The backend that ran is stored with the job
     (resolved config `generation_backend`, and a 'generation' event from the worker)."""
@@ -488,6 +511,21 @@ class GRPOSpec(_JobBase):
         le=1000,
         description="Async only: how many weight updates a sample may lag behind the policy "
         "before it is dropped (0: on-policy). Default: TRL's 4.",
+    )
+    dynamic_sampling: DynamicSampling | bool | None = Field(
+        None,
+        description="Drop groups whose grading signal has zero variance and generate more (true: the defaults "
+        "shown; false: off). Unset: from the preset.",
+    )
+    curriculum: Curriculum | bool | None = Field(
+        None,
+        description="Draw questions by their pass rate (learnability, Foster and Foerster 2025). Unset: from "
+        "the preset.",
+    )
+    skip_zero_advantage: bool | None = Field(
+        None,
+        description="Skip the forward and backward of completions with zero advantage where that leaves the "
+        "update unchanged (beta 0, no entropy terms). Unset: from the preset.",
     )
     deepspeed_zero3: bool = Field(False, description="Shard with DeepSpeed ZeRO-3 (multi-GPU).")
     gradient_checkpointing: GradientCheckpointing = None

@@ -38,7 +38,8 @@ SFT = {
 }
 # one generation round per optimizer step and one update per round (TRL otherwise buffers
 # generations across steps), a reward that differs between a random model's completions
-# (their length: the overlong penalty over the whole completion), sampling at temperature 1
+# (their length: the overlong penalty over the whole completion), sampling at temperature 1;
+# accuracy (0 for a random model) gives the curriculum its verdicts
 GRPO = {
     "kind": "grpo",
     "dataset": {"name": "arith", "split": "train", "limit": 400},
@@ -47,7 +48,11 @@ GRPO = {
     "per_device_train_batch_size": 8,
     "max_completion_length": 12,
     "num_iterations": 1,
-    "rewards": [{"name": "overlong", "buffer": 12}],
+    "rewards": [{"name": "accuracy"}, {"name": "overlong", "buffer": 12}],
+    # mathrl's loop with state: the curriculum's pass rates must come back from the checkpoint
+    # (draws depend on them), dynamic sampling's extra rounds must draw the same questions again
+    "curriculum": True,
+    "dynamic_sampling": {"metric": "reward", "max_rounds": 2},
     "learning_rate": 1e-3,
     "logging_steps": 1,
     "save_steps": SAVE_EVERY,

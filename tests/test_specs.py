@@ -101,6 +101,27 @@ def test_trl_defaults_match_installed_trl() -> None:
         ({"max_staleness": 2}, "max_staleness", "algorithm='async'"),
         ({"algorithm": "async"}, "algorithm", "mode='server'"),
         ({"deepspeed_zero3": True}, "deepspeed_zero3", "gpus >= 2"),
+        (
+            {"rewards": [{"name": "format"}], "dynamic_sampling": {"metric": "correct"}},
+            "dynamic_sampling/metric",
+            "use metric 'reward'",
+        ),
+        ({"rewards": [{"name": "format"}], "curriculum": True}, "curriculum", "needs an accuracy or binary reward"),
+        (
+            {"curriculum": {}, "num_generations": 8, "per_device_train_batch_size": 4, "resources": {"processes": 2}},
+            "curriculum",
+            "whole groups",
+        ),
+        (
+            {
+                "algorithm": "async",
+                "dynamic_sampling": True,
+                "lora": {},
+                "generation": {"backend": "vllm", "mode": "server"},
+            },
+            "dynamic_sampling",
+            "own rollout worker",
+        ),
     ],
 )
 def test_impossible_grpo_settings_say_how_to_fix(spec: dict, field: str, words: str) -> None:
@@ -192,3 +213,26 @@ def test_every_spec_field_is_described() -> None:
         if not info.description
     ]
     assert not missing, missing
+
+
+def test_the_loop_resolves_per_preset_and_is_stored() -> None:
+    base = {"kind": "grpo", "model": "org/m", "dataset": DATASET}
+    cfg = resolve_config(parse_spec(base))  # trl-default: on where it helps and leaves the update TRL's
+    assert cfg["dynamic_sampling"] == {"metric": "correct", "max_rounds": 3}
+    assert cfg["curriculum"] is None and cfg["skip_zero_advantage"] is True
+    paper = resolve_config(parse_spec({**base, "preset": "deepseekmath", "resources": {"gpus": 8}}))
+    assert paper["dynamic_sampling"] is None and paper["curriculum"] is None
+    assert paper["skip_zero_advantage"] is False
+    # no correctness verdict to read: the default filters on the weighted reward
+    shaped = resolve_config(parse_spec({**base, "rewards": [{"name": "reward_model", "model": "org/rm"}]}))
+    assert shaped["dynamic_sampling"]["metric"] == "reward"
+    asked = resolve_config(
+        parse_spec({**base, "curriculum": {"floor": 0.1}, "dynamic_sampling": False, "skip_zero_advantage": False})
+    )
+    assert asked["curriculum"] == {"decay": 0.5, "floor": 0.1} and asked["dynamic_sampling"] is None
+    assert asked["skip_zero_advantage"] is False
+    # groups split over processes: the preset's dynamic sampling is off, not refused
+    split = resolve_config(
+        parse_spec({**base, "num_generations": 8, "per_device_train_batch_size": 4, "resources": {"processes": 2}})
+    )
+    assert split["dynamic_sampling"] is None

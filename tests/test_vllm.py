@@ -202,6 +202,11 @@ def test_grpo_vllm_generates_with_the_updated_weights(mode: str, model_for_vllm:
             for a, b in zip(v, h, strict=True)
         )
         assert worst < 1e-3, f"vLLM's log-probabilities are not the updated model's (worst {worst:.3g})"
+        # the jobs' loop takes the importance ratio from the training forward instead of TRL's extra
+        # no-grad pass: on the same batch, the two give the same log-probabilities and ratios
+        reuse = out["reuse"]
+        assert reuse["logp_diff"] < 1e-5 and reuse["ratio_diff"] < 1e-5, reuse
+        assert reuse["ratio_mean"] > 0, reuse  # a ratio that masks everything would compare equal too
     assert any(a != b for a, b in zip(out["after"], out["before"], strict=True)), (
         "the engine still generates the initial model's text"
     )

@@ -1,7 +1,9 @@
 """Run by tests/test_vllm.py in a process of its own (vLLM's engine wants a __main__): a few
-GRPO steps generating with vLLM (TimedGRPOTrainer, as GRPO jobs run it), then greedy completions
+GRPO steps generating with vLLM (MathrlGRPOTrainer, as GRPO jobs run it), then greedy completions
 for fixed prompts from vLLM, after the trainer's own weight sync, and from the trainer's updated
-HF model, and vLLM's greedy completions before training. Prints JSON.
+HF model, and vLLM's greedy completions before training. In colocate mode also the importance
+ratio of one sampled batch computed both ways: TRL's (a no-grad pass after generation) and
+mathrl's (from the training forward, trainer/grpo_loop.py). Prints JSON.
 
     python tests/vllm_sync_check.py colocate MODEL_DIR OUT_DIR   # full weights into the colocated engine
     python tests/vllm_sync_check.py server MODEL_DIR OUT_DIR     # LoRA adapters to the worker's vLLM server
@@ -12,6 +14,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -33,7 +36,7 @@ def main(mode: str, model: str, out: str) -> None:
     from evaluator.models import load_tokenizer
     from evaluator.vllm_backend import engine_options
     from trainer.grpo_config import lora_config
-    from trainer.vllm_generation import TimedGRPOTrainer
+    from trainer.grpo_loop import LoopOptions, MathrlGRPOTrainer
 
     tok = load_tokenizer(model)
     server = None
@@ -78,7 +81,8 @@ def main(mode: str, model: str, out: str) -> None:
             vllm_server_base_url=server.url if server else None,
             vllm_server_timeout=600,
         )
-        trainer = TimedGRPOTrainer(
+        trainer = MathrlGRPOTrainer(
+            loop=LoopOptions(skip_zero_advantage=True),
             model=model,
             reward_funcs=[reward_digit_sevens],
             args=args,
@@ -107,6 +111,7 @@ def main(mode: str, model: str, out: str) -> None:
         trainer.train()
         gen.sync_weights()  # what the trainer runs before each generation round
         after = from_vllm()
+        reuse = ratio_both_ways(trainer) if mode == "colocate" else {}
     finally:
         if server is not None:
             server.stop()
@@ -130,8 +135,35 @@ def main(mode: str, model: str, out: str) -> None:
             hf_logprobs.append([float(logp[i, t]) for i, t in enumerate(vllm_tokens)])
     timings = trainer.timings
     result = {"before": before, "after": after, "hf": hf, "timings": timings}
-    result |= {"vllm_logprobs": vllm_logprobs, "hf_logprobs": hf_logprobs}
+    result |= {"vllm_logprobs": vllm_logprobs, "hf_logprobs": hf_logprobs, "reuse": reuse}
     print("RESULT " + json.dumps(result), flush=True)
+
+
+def ratio_both_ways(trainer: object) -> dict[str, object]:
+    """One sampled batch scored by TRL's path (its no-grad pass computes the trainer's
+    log-probabilities and the importance ratio after generation) and, on the same batch, the
+    training forward with mathrl's ratio from it: how far apart the two are."""
+    import torch
+
+    t: Any = trainer
+    assert t.reuse_logprobs, "the run should reuse the training forward's log-probabilities"
+    t.reuse_logprobs = False  # TRL's own pass, for the comparison
+    t.model.train()
+    batch = [{"prompt": p} for p in PROMPTS[:4] for _ in range(4)]
+    out, _, _ = t._one_round(batch)
+    ids = torch.cat([out["prompt_ids"], out["completion_ids"]], dim=1)
+    mask = torch.cat([out["prompt_mask"], out["completion_mask"]], dim=1)
+    width = out["completion_ids"].size(1)
+    logps, _, _ = t._get_per_token_logps_and_entropies(t.model, ids, mask, width, compute_entropy=True)
+    ours = t.importance_ratio(logps.detach(), out["sampling_per_token_logps"], out["completion_mask"])
+    keep = out["completion_mask"].bool()
+    return {
+        "logp_diff": float((logps.detach() - out["old_per_token_logps"])[keep].abs().max()),
+        "ratio_diff": float((ours - out["importance_sampling_ratio"]).abs().max()),
+        "ratio_mean": float(out["importance_sampling_ratio"].mean()),
+        "sampler_vs_trainer": float((out["old_per_token_logps"] - out["sampling_per_token_logps"])[keep].abs().mean()),
+        "mode": t.vllm_importance_sampling_mode,
+    }
 
 
 def lora_config_for(mode: str, make: object) -> object:

@@ -103,7 +103,7 @@ def run_grpo(
     (worker.vllm_server)."""
     import torch
 
-    from trainer.vllm_generation import TimedGRPOTrainer
+    from trainer.grpo_loop import LoopOptions, MathrlGRPOTrainer
 
     t0 = time.monotonic()
     tokenizer = load_tokenizer(model_path)
@@ -146,7 +146,8 @@ def run_grpo(
         args = grpo_args(spec, config, work, use_cpu, backend, vllm_server_url)
         args.reward_weights = weights
         engine = vllm_engine_options(spec, config) if backend == "vllm" else None
-        trainer = TimedGRPOTrainer(
+        trainer = MathrlGRPOTrainer(
+            loop=LoopOptions.from_config(config, [r.name for r in rewards]),
             model=model_path,
             reward_funcs=rewards,
             args=args,

@@ -1,0 +1,350 @@
+"""mathrl's GRPO loop on TRL's GRPOTrainer: what it does that the trainer it wraps does not.
+
+- Dynamic sampling (trainer/dynamic_sampling.py): groups with no grading signal are dropped and
+  more questions generated, up to `max_rounds` rounds per step.
+- A curriculum (trainer/curriculum.py): questions drawn by their pass rate so far.
+- No work for no gradient: a completion whose advantage is exactly zero (or whose tokens are all
+  masked) adds nothing to the loss when beta is 0 and no per-token term (entropy bonus, entropy
+  mask, auxiliary loss) needs it, so its forward and backward are skipped. The loss is rescaled
+  for the loss types that average over rows, so the update equals TRL's (tests/test_grpo_loop.py).
+- One forward fewer with vLLM: TRL recomputes every completion's log-probabilities in a no-grad
+  pass after generation to weigh the sampler/trainer mismatch. When the policy cannot have moved
+  between generation and training (one iteration per round, generation aligned with the optimizer
+  step), those are the training forward's own values: the ratio is computed there instead
+  (tests/vllm_sync_check.py compares the two).
+
+Every step logs what it did: `dynamic_sampling/*`, `curriculum/*`, `skip/trained_fraction`, and
+with vLLM the mismatch (`sampling/sampling_logp_difference/*`, `sampling/importance_sampling_ratio/*`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from trainer.curriculum import PassRateCurriculum
+from trainer.dynamic_sampling import COMPLETION_SIDE, informative, join_rows
+from trainer.vllm_generation import TimedGRPOTrainer
+
+# loss types whose per-token loss is zero for a zero advantage when beta is 0
+SKIPPABLE_LOSSES = ("grpo", "dapo", "dr_grpo", "bnpo", "cispo", "sapo")
+# ... and how each normalises: over rows ("rows"), over this batch's tokens ("tokens"), or over
+# the whole generation batch's tokens (num_items_in_batch: nothing to rescale)
+_NORMALISED_OVER = {"grpo": "rows", "sapo": "rows", "dr_grpo": "rows", "bnpo": "tokens", "dapo": None, "cispo": None}
+
+
+@dataclass(frozen=True)
+class LoopOptions:
+    """The resolved loop settings (mathrl.presets.resolve_loop): None turns a part off."""
+
+    dynamic_sampling: dict[str, Any] | None = None  # {"metric": "correct" | "reward", "max_rounds": int}
+    curriculum: dict[str, Any] | None = None  # {"decay": float, "floor": float}
+    skip_zero_advantage: bool = False
+    signal_reward: int | None = None  # index of the reward whose value > 0 means "correct"
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any], reward_names: list[str]) -> LoopOptions:
+        checked = [i for i, n in enumerate(reward_names) if n in ("accuracy", "binary")]
+        return cls(
+            dynamic_sampling=config.get("dynamic_sampling"),
+            curriculum=config.get("curriculum"),
+            skip_zero_advantage=bool(config.get("skip_zero_advantage")),
+            signal_reward=checked[0] if checked else None,
+        )
+
+
+class MathrlGRPOTrainer(TimedGRPOTrainer):
+    def __init__(self, *, loop: LoopOptions, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.loop = loop
+        cur = loop.curriculum
+        self.curriculum = (
+            PassRateCurriculum(len(self.train_dataset), self.args.seed, cur["decay"], cur["floor"]) if cur else None
+        )
+        self.skip_zero_advantage = loop.skip_zero_advantage and self.skip_is_exact()
+        self.reuse_logprobs = bool(
+            self.use_vllm
+            and self.vllm_importance_sampling_correction
+            and self.num_iterations == 1
+            and self.args.gradient_accumulation_steps % self.args.steps_per_generation == 0
+        )
+        self._gathered_rewards: torch.Tensor | None = None
+
+    def skip_is_exact(self) -> bool:
+        """Whether a zero-advantage completion adds exactly nothing to this run's update."""
+        return (
+            self.beta == 0.0
+            and self.loss_type in SKIPPABLE_LOSSES
+            and self.top_entropy_quantile == 1.0
+            and not self._entropy_bonus_enabled
+            and not self.aux_loss_enabled
+            and self.off_policy_mask_threshold is None
+        )
+
+    # -- generation: dynamic sampling and the curriculum ------------------------------------
+
+    def _calculate_rewards(self, inputs: Any, prompts: Any, completions: Any, completion_ids_list: Any) -> Any:
+        rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        self._gathered_rewards = rewards  # every process's rows: the grading signal is read from here
+        return rewards
+
+    def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+        if not self.model.training:
+            return super()._generate_and_score_completions(inputs)
+        return self._sample_groups(inputs)
+
+    def _one_round(self, batch: list[dict[str, Any]]) -> tuple[dict[str, Any], torch.Tensor, torch.Tensor]:
+        """Generate and score one batch: TRL's output, and per local row the verdict (1 correct, 0
+        not, NaN unscored) and the weighted reward."""
+        with self._defer_logprob_pass():
+            out = super()._generate_and_score_completions(batch)
+        rewards = self._gathered_rewards
+        assert rewards is not None
+        n, rank = len(batch), self.accelerator.process_index
+        local = rewards[rank * n : (rank + 1) * n]
+        weights = self.reward_weights.to(local.device)
+        total = (local * weights.unsqueeze(0)).nansum(dim=1)
+        i = self.loop.signal_reward
+        if i is None:
+            verdict = torch.full((n,), float("nan"), device=local.device)
+        else:
+            verdict = torch.where(torch.isnan(local[:, i]), local[:, i], (local[:, i] > 0).float())
+        return out, verdict.cpu(), total.cpu()
+
+    def _sample_groups(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+        g = self.num_generations
+        want = len(inputs) // g
+        ds = self.loop.dynamic_sampling
+        rounds = ds["max_rounds"] if ds else 1
+        step, rank = self.state.global_step, self.accelerator.process_index
+        questions: list[int] | None = None
+        batch = inputs
+        if self.curriculum is not None:
+            questions = self.curriculum.draw(want, step, 0, rank)
+            batch = self._rows(questions)
+        parts: list[dict[str, Any]] = []
+        good: list[tuple[int, list[int]]] = []
+        spare: list[tuple[int, list[int]]] = []
+        generated = zero_groups = 0
+        used = 0
+        for r in range(rounds):
+            out, verdict, total = self._one_round(batch)
+            parts.append(out)
+            used = r + 1
+            generated += len(batch)
+            signal = verdict if ds and ds["metric"] == "correct" else total
+            flags = informative(signal, g)
+            zero_groups += flags.count(False)
+            for k, ok in enumerate(flags):
+                (good if ok or not ds else spare).append((r, list(range(k * g, (k + 1) * g))))
+            if self.curriculum is not None and questions is not None:
+                self._update_curriculum(questions, verdict, g)
+            short = self._max_over_ranks(max(0, want - len(good)))
+            if short == 0 or r == rounds - 1:
+                break
+            questions = self._refill(short, step, r + 1, rank)
+            batch = self._rows(questions)
+        picks = sorted((good + spare)[:want], key=lambda pick: (pick[0], pick[1][0]))  # in the order generated
+        metrics = self._metrics["train"]
+        groups_seen = generated // g
+        metrics["dynamic_sampling/zero_variance_fraction"].append(self._mean_over_ranks(zero_groups / groups_seen))
+        if ds:
+            kept = min(len(good), want)
+            metrics["dynamic_sampling/kept_fraction"].append(self._mean_over_ranks(kept / want))
+            metrics["dynamic_sampling/rounds"].append(float(used))
+            metrics["dynamic_sampling/generated_completions"].append(self._sum_over_ranks(generated))
+        if self.curriculum is not None:
+            for name, value in self.curriculum.summary().items():
+                metrics[name].append(value)
+        if len(parts) == 1 and len(picks) == want:
+            return parts[0]  # one round, every group kept: TRL's batch as it is
+        out = join_rows(parts, picks, self._tokenizer.pad_token_id)
+        out["num_items_in_batch"] = self.accelerator.gather(out["completion_mask"].sum()).sum()
+        return out
+
+    def _rows(self, questions: list[int]) -> list[dict[str, Any]]:
+        """The dataset rows of `questions`, each repeated for its group (as TRL's sampler does)."""
+        rows = []
+        for q in questions:
+            row = dict(self.train_dataset[q])
+            rows.extend(dict(row) for _ in range(self.num_generations))
+        return rows
+
+    def _refill(self, n: int, step: int, round_: int, rank: int) -> list[int]:
+        if self.curriculum is not None:
+            return self.curriculum.draw(n, step, round_, rank)
+        size = len(self.train_dataset)
+        rng = np.random.default_rng([self.args.seed, step, round_, rank])
+        return [int(i) for i in rng.choice(size, size=n, replace=n > size)]
+
+    def _update_curriculum(self, questions: list[int], verdict: torch.Tensor, g: int) -> None:
+        assert self.curriculum is not None
+        rates = torch.nan_to_num(verdict, nan=0.0).view(-1, g).mean(dim=1).tolist()
+        mine = list(zip(questions, rates, strict=True))
+        if self.accelerator.num_processes > 1:  # every rank keeps the same table
+            from accelerate.utils import gather_object
+
+            mine = gather_object([mine])
+            mine = [pair for part in mine for pair in part]
+        self.curriculum.update(mine)
+
+    def _max_over_ranks(self, value: int) -> int:
+        if self.accelerator.num_processes == 1:
+            return value
+        t = torch.tensor([value], device=self.accelerator.device)
+        return int(self.accelerator.gather(t).max().item())
+
+    def _sum_over_ranks(self, value: float) -> float:
+        if self.accelerator.num_processes == 1:
+            return float(value)
+        t = torch.tensor([float(value)], device=self.accelerator.device)
+        return float(self.accelerator.gather(t).sum().item())
+
+    def _mean_over_ranks(self, value: float) -> float:
+        return self._sum_over_ranks(value) / self.accelerator.num_processes
+
+    @contextlib.contextmanager
+    def _defer_logprob_pass(self) -> Iterator[None]:
+        """With `reuse_logprobs`, TRL's post-generation no-grad forward is skipped: the ratio is
+        taken from the training forward (_compute_loss)."""
+        if not self.reuse_logprobs:
+            yield
+            return
+        self.vllm_importance_sampling_correction = False
+        try:
+            yield
+        finally:
+            self.vllm_importance_sampling_correction = True
+
+    # -- the curriculum's state travels with each checkpoint ----------------------------
+
+    def _save_rng_state(self, output_dir: str) -> None:
+        super()._save_rng_state(output_dir)
+        if self.curriculum is not None and self.accelerator.is_main_process:
+            self.curriculum.save(output_dir)
+
+    def _load_rng_state(self, checkpoint: str | None) -> None:
+        super()._load_rng_state(checkpoint)
+        if self.curriculum is not None and checkpoint is not None:
+            self.curriculum.load(checkpoint)
+
+    # -- training: skip what carries no gradient, reuse the forward's log-probabilities -----
+
+    def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> torch.Tensor:
+        scale = 1.0
+        full = inputs["advantages"].size(0)
+        if self.skip_zero_advantage and self.model.training:
+            inputs, scale = self._informative_rows(inputs)
+            self._metrics["train"]["skip/trained_fraction"].append(
+                self._mean_over_ranks(float((inputs["advantages"] != 0).sum()) / full)
+            )
+        if self.reuse_logprobs and "importance_sampling_ratio" not in inputs and "sampling_per_token_logps" in inputs:
+            with self._ratio_from_training_forward(inputs):
+                loss = super()._compute_loss(model, inputs)
+        else:
+            loss = super()._compute_loss(model, inputs)
+        return loss * scale if scale != 1.0 else loss
+
+    def _informative_rows(self, inputs: dict[str, Any]) -> tuple[dict[str, Any], float]:
+        """The rows that move the update, padded with zero-advantage rows to the same count on every
+        rank (the loss's metrics gather one value per row), with the completion width trimmed to
+        what they use; and the factor that keeps the loss TRL's."""
+        adv, mask = inputs["advantages"], inputs["completion_mask"]
+        if "tool_mask" in inputs:
+            mask = mask * inputs["tool_mask"]
+        full = adv.size(0)
+        lengths = mask.sum(dim=1)
+        live = ((adv != 0) & (lengths > 0)).nonzero().flatten().tolist()
+        n = self._max_over_ranks(max(1, len(live)))
+        if n >= full:
+            return inputs, 1.0
+        taken = set(live)
+        idle = sorted((i for i in range(full) if i not in taken), key=lambda i: int(lengths[i]))
+        rows = sorted(live + idle[: n - len(live)])
+        index = torch.tensor(rows, device=adv.device)
+        width = int(mask[index].nonzero()[:, 1].max().item()) + 1 if mask[index].any() else 1
+        c = inputs["completion_ids"].size(1)
+        sub: dict[str, Any] = {}
+        for key, value in inputs.items():
+            if isinstance(value, torch.Tensor) and value.ndim >= 1 and value.size(0) == full:
+                value = value[index]
+                if key in COMPLETION_SIDE and value.ndim == 2 and value.size(1) == c:
+                    value = value[:, :width]
+            sub[key] = value
+        over = _NORMALISED_OVER[self.loss_type]
+        if over == "rows":
+            scale = len(rows) / full
+        elif over == "tokens":
+            scale = float(mask[index].sum().clamp(min=1.0) / mask.sum().clamp(min=1.0))
+        else:
+            scale = 1.0
+        return sub, scale
+
+    @contextlib.contextmanager
+    def _ratio_from_training_forward(self, inputs: dict[str, Any]) -> Iterator[None]:
+        """While TRL's loss runs: once its training forward returns the log-probabilities, put the
+        sampler/trainer importance ratio into `inputs` before the loss reads it."""
+        forward = self._get_per_token_logps_and_entropies
+
+        def hooked(*args: Any, **kwargs: Any) -> Any:
+            logps, entropies, aux = forward(*args, **kwargs)
+            if kwargs.get("compute_entropy"):  # the training forward (TRL's other passes do not ask)
+                mask = inputs["completion_mask"]
+                if "tool_mask" in inputs:
+                    mask = mask * inputs["tool_mask"]
+                inputs["importance_sampling_ratio"] = self.importance_ratio(
+                    logps.detach(), inputs["sampling_per_token_logps"], mask
+                )
+            return logps, entropies, aux
+
+        self._get_per_token_logps_and_entropies = hooked
+        try:
+            yield
+        finally:
+            del self._get_per_token_logps_and_entropies  # the class's method again
+
+    def importance_ratio(self, old: torch.Tensor, sampling: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """TRL 1.16's vLLM importance-sampling ratio (GRPOTrainer._generate_and_score_completions),
+        from the trainer's log-probabilities `old` and the sampler's, and its sampling metrics."""
+        diff = torch.nan_to_num((old - sampling) * mask, nan=0.0)
+        mode = self.vllm_importance_sampling_mode
+        sequence = mode in ("sequence_mask", "sequence_truncate")
+        ratio = torch.exp(diff.sum(dim=-1, keepdim=True) if sequence else diff)
+        lo, hi = self.vllm_importance_sampling_clip_min, self.vllm_importance_sampling_clip_max
+        if mode in ("sequence_truncate", "token_truncate"):
+            ratio = torch.clamp(ratio, min=lo, max=hi)
+        elif mode in ("sequence_mask", "token_mask"):
+            low = lo if lo is not None else -math.inf
+            high = hi if hi is not None else math.inf
+            ratio = ratio.masked_fill((ratio < low) | (ratio > high), value=0.0)
+        else:
+            raise ValueError(f"Unknown vLLM importance sampling level: {mode}")
+        self._log_mismatch(old, sampling, mask, ratio, sequence)
+        return ratio
+
+    def _log_mismatch(
+        self, old: torch.Tensor, sampling: torch.Tensor, mask: torch.Tensor, ratio: torch.Tensor, sequence: bool
+    ) -> None:
+        acc, metrics = self.accelerator, self._metrics["train"]
+        bool_mask = mask.bool()
+        delta = torch.abs(old - sampling)[bool_mask]
+        delta = delta[~torch.isnan(delta)]
+        zero = torch.tensor(0.0, device=old.device)
+        metrics["sampling/sampling_logp_difference/mean"].append(
+            acc.gather(delta.mean() if delta.numel() else zero).mean().item()
+        )
+        metrics["sampling/sampling_logp_difference/max"].append(
+            acc.gather(delta.max() if delta.numel() else zero).max().item()
+        )
+        flat = ratio.flatten() if sequence else ratio[bool_mask]
+        for stat, fn in (("min", torch.min), ("mean", torch.mean), ("max", torch.max)):
+            value = fn(flat) if flat.numel() else zero
+            gathered = acc.gather(value.reshape(1))
+            reduce = {"min": torch.min, "mean": torch.mean, "max": torch.max}[stat]
+            metrics[f"sampling/importance_sampling_ratio/{stat}"].append(reduce(gathered).item())
