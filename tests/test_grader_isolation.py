@@ -186,6 +186,7 @@ def test_timed_out_samples_are_logged_as_a_metric() -> None:
     callback.rewards = [SimpleNamespace(__name__="accuracy", timed_out=2), SimpleNamespace(__name__="x", timed_out=0)]
     callback.on_log(SimpleNamespace(), SimpleNamespace(global_step=3), SimpleNamespace(), logs={"loss": 1.0})
     assert logged[-1]["rewards/accuracy/timed_out"] == 2.0 and "rewards/x/timed_out" not in logged[-1]
+    assert logged[-1]["reward/timeouts"] == 2.0  # every reward's, in one series
 
 
 @pytest.mark.quick

@@ -103,8 +103,21 @@ def test_grpo_job_optimises_its_reward_and_reports_everything(sft_job: tuple[Any
         "tokens_per_second",
         "clip_ratio/region_mean",
         "grad_norm",
+        # mathrl's loop (trainer/grpo_loop.py) and throughput, on by default
+        "dynamic_sampling/kept_fraction",
+        "dynamic_sampling/zero_variance_fraction",
+        "trained_tokens_per_second",
+        "mfu",
+        "reward/seconds_p50",
+        "reward/seconds_p95",
+        "reward/timeouts",
     ):
         assert name in metrics, sorted(metrics)
+    mfu = [p.value for p in metrics["mfu"].points]
+    assert all(0 < v < 1 for v in mfu), mfu
+    assert done.resolved_config["dynamic_sampling"] == {"metric": "correct", "max_rounds": 3}
+    peak = next(e for e in c.jobs.events(job.id) if e.type == "throughput")
+    assert "FP32 FLOPs/cycle" in peak.message, peak  # the CPU's stated peak
     samples = c.jobs.samples(job.id)
     assert samples and {"overlong", "accuracy"} <= samples[0].data["rewards"].keys()
     steps = {cp.step for cp in c.jobs.checkpoints(job.id) if cp.kind == "checkpoint"}

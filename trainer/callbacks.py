@@ -36,6 +36,7 @@ class SinkCallback(TrainerCallback):  # type: ignore[misc]
         self._tokens_at_log: float | None = None
         self._t_log = time.monotonic()
         self.stopped = False
+        self._peak: tuple[float | None, str] | None = None  # the device's peak FLOP/s, and how it was taken
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         self._t_step = self._t_log = time.monotonic()
@@ -71,9 +72,13 @@ class SinkCallback(TrainerCallback):  # type: ignore[misc]
             values["step_time"] = sum(self._step_times) / len(self._step_times)
             values.update(self._step_breakdown(args))
             self._step_times = []
+        timeouts = 0.0
         for reward in self.rewards:
             if getattr(reward, "timed_out", 0):  # trainer/rewards.py: cumulative, logged once there are any
                 values[f"rewards/{reward.__name__}/timed_out"] = float(reward.timed_out)
+                timeouts += float(reward.timed_out)
+        if self.rewards:
+            values["reward/timeouts"] = timeouts  # samples so far scored as wrong for overrunning their check
         tokens = logs.get("num_tokens")
         now = time.monotonic()
         if isinstance(tokens, (int, float)):
@@ -104,7 +109,26 @@ class SinkCallback(TrainerCallback):  # type: ignore[misc]
         if gen > 0:
             out["generation_tokens_per_second"] = t["generated_tokens"] / gen
         out["completions_per_step"] = _sum_ranks(t.get("generated_completions", 0.0), args) / n
+        out.update({k: v for k, v in t.items() if k.startswith("reward/")})
+        train = wall - gen - sync
+        if t.get("forward_tokens") and train > 0:
+            out["trained_tokens_per_second"] = t["trained_tokens"] / train
+            out.update(self._mfu(t, train))
         return out
+
+    def _mfu(self, t: dict[str, float], seconds: float) -> dict[str, float]:
+        """Model FLOPs utilisation of the training part of the steps (trainer/throughput.py)."""
+        from trainer.throughput import flops_per_token, peak_flops
+
+        if self._peak is None:
+            self._peak = peak_flops()
+            self.sink.event("throughput", f"MFU is counted against {self._peak[1]}", data={"peak": self._peak[0]})
+        peak = self._peak[0]
+        if not peak:
+            return {}
+        model = self.trainer.accelerator.unwrap_model(self.trainer.model)
+        context = t["forward_tokens"] / max(t["forward_rows"], 1.0)
+        return {"mfu": flops_per_token(model, context) * t["forward_tokens"] / (seconds * peak)}
 
     def on_save(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         name = f"checkpoint-{state.global_step}"

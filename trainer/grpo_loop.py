@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -75,6 +76,7 @@ class MathrlGRPOTrainer(TimedGRPOTrainer):
             and self.args.gradient_accumulation_steps % self.args.steps_per_generation == 0
         )
         self._gathered_rewards: torch.Tensor | None = None
+        self._reward_seconds: list[float] = []
 
     def skip_is_exact(self) -> bool:
         """Whether a zero-advantage completion adds exactly nothing to this run's update."""
@@ -90,9 +92,21 @@ class MathrlGRPOTrainer(TimedGRPOTrainer):
     # -- generation: dynamic sampling and the curriculum ------------------------------------
 
     def _calculate_rewards(self, inputs: Any, prompts: Any, completions: Any, completion_ids_list: Any) -> Any:
+        t0 = time.perf_counter()
         rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        self._reward_seconds.append(time.perf_counter() - t0)
         self._gathered_rewards = rewards  # every process's rows: the grading signal is read from here
         return rewards
+
+    def pop_timings(self) -> dict[str, float]:
+        """TimedGRPOTrainer's timings, and the latency of scoring one round's completions on this
+        rank (every reward function, gathering included): median and 95th percentile."""
+        out = super().pop_timings()
+        if self._reward_seconds:
+            out["reward/seconds_p50"] = float(np.percentile(self._reward_seconds, 50))
+            out["reward/seconds_p95"] = float(np.percentile(self._reward_seconds, 95))
+        self._reward_seconds = []
+        return out
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         if not self.model.training:
@@ -244,6 +258,11 @@ class MathrlGRPOTrainer(TimedGRPOTrainer):
             self._metrics["train"]["skip/trained_fraction"].append(
                 self._mean_over_ranks(float((inputs["advantages"] != 0).sum()) / full)
             )
+        if self.model.training:
+            rows = inputs["completion_mask"]
+            self.timings["trained_tokens"] += float(rows.sum())
+            self.timings["forward_tokens"] += float(rows.sum() + inputs["prompt_mask"].sum())
+            self.timings["forward_rows"] += float(rows.size(0))
         if self.reuse_logprobs and "importance_sampling_ratio" not in inputs and "sampling_per_token_logps" in inputs:
             with self._ratio_from_training_forward(inputs):
                 loss = super()._compute_loss(model, inputs)

@@ -260,4 +260,7 @@ def _zero_timings() -> dict[str, float]:
         "weight_sync_seconds": 0.0,
         "generated_tokens": 0.0,
         "generated_completions": 0.0,
+        "trained_tokens": 0.0,  # completion tokens in the loss (trainer/grpo_loop.py)
+        "forward_tokens": 0.0,  # tokens through the training forward and backward, prompts included
+        "forward_rows": 0.0,
     }

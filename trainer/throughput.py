@@ -1,0 +1,63 @@
+"""Model FLOPs utilisation (MFU): the FLOPs a training step needed, from the model's shape,
+against a stated peak of the device it ran on.
+
+FLOPs per trained token: 6 x parameters (forward 2N, backward 4N; Kaplan et al. 2020), plus
+attention's 12 x layers x hidden x context (PaLM, Chowdhery et al. 2022, appendix B), where
+context is the step's mean sequence length. Only the training forward and backward count: the
+no-grad passes (reference model, TRL's old log-probabilities) and generation are left out, as
+MFU usually does.
+
+Peaks (dense, the dtype the job trains in):
+- NVIDIA GPUs by name: H100 and H200 989 TFLOPS (bf16, SXM), A100 312, L40S 362, L4 121,
+  A10 125;
+- a CPU: cores x clock x FP32 FLOPs per cycle per core, 64 with AVX-512 (two FMA units of 16
+  lanes), 32 with AVX2, 8 otherwise; the clock is /proc/cpuinfo's "cpu MHz" (this machine's
+  current clock, not a turbo figure). A stated ceiling, not a measured one.
+- `MATHRL_PEAK_TFLOPS` overrides both (a device this table does not know).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+GPU_PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "L40S": 362.0, "L4": 121.0, "A10": 125.0}
+
+
+def peak_flops(threads: int | None = None) -> tuple[float | None, str]:
+    """This process's device peak in FLOP/s and how it was taken (None: unknown)."""
+    override = os.environ.get("MATHRL_PEAK_TFLOPS")
+    if override:
+        return float(override) * 1e12, f"MATHRL_PEAK_TFLOPS={override}"
+    import torch
+
+    if torch.cuda.is_available():
+        name = torch.cuda.get_device_name()
+        for key in sorted(GPU_PEAK_TFLOPS, key=len, reverse=True):
+            if key in name:
+                return GPU_PEAK_TFLOPS[key] * 1e12, f"{name}: {GPU_PEAK_TFLOPS[key]:.0f} TFLOPS dense bf16"
+        return None, f"{name}: no peak known (set MATHRL_PEAK_TFLOPS)"
+    return _cpu_peak(threads or torch.get_num_threads())
+
+
+def _cpu_peak(cores: int) -> tuple[float | None, str]:
+    try:
+        info = open("/proc/cpuinfo").read()
+    except OSError:
+        return None, "CPU: /proc/cpuinfo unreadable (set MATHRL_PEAK_TFLOPS)"
+    mhz = next((float(line.split(":")[1]) for line in info.splitlines() if line.startswith("cpu MHz")), None)
+    if mhz is None:
+        return None, "CPU: no clock in /proc/cpuinfo (set MATHRL_PEAK_TFLOPS)"
+    flags = next((line for line in info.splitlines() if line.startswith("flags")), "").split()
+    per_cycle, isa = (64, "AVX-512") if "avx512f" in flags else ((32, "AVX2") if "avx2" in flags else (8, "SSE"))
+    peak = cores * mhz * 1e6 * per_cycle
+    return peak, f"CPU: {cores} cores x {mhz / 1000:.2f} GHz x {per_cycle} FP32 FLOPs/cycle ({isa})"
+
+
+def flops_per_token(model: Any, context: float) -> float:
+    """Training FLOPs per token (forward and backward) of `model` at mean sequence length `context`."""
+    params = sum(p.numel() for p in model.parameters())
+    cfg = getattr(model, "config", None)
+    layers = getattr(cfg, "num_hidden_layers", 0) or 0
+    hidden = getattr(cfg, "hidden_size", 0) or 0
+    return 6.0 * params + 12.0 * layers * hidden * context
