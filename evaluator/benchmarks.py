@@ -189,6 +189,21 @@ REGISTRY: dict[str, Benchmark] = {
             "arith-words",
             "Built-in: a stream of 'add3-words' problems disjoint from its held-out set.",
         ),
+        synthetic_benchmark(
+            "twostep-words",
+            "test",
+            "twostep-words",
+            "word-problem",
+            "Built-in: 300 fixed two-step word problems, closer to GSM8K ('Ann has 37 apples. She buys 48 more "
+            "and then gives 19 away. How many apples does Ann have now?'); graded by the final number.",
+        ),
+        synthetic_benchmark(
+            "twostep-words-train",
+            "train",
+            "twostep-words",
+            "word-problem",
+            "Built-in: a stream of 'twostep-words' problems disjoint from its held-out set.",
+        ),
     )
 }
 

@@ -49,6 +49,7 @@ RECIPES: dict[str, Recipe] = {
     ),
     "plain": Recipe(format="chat", question="{question}"),
     "arith-words": Recipe(format="chat", question="What is {question}? Give the final answer as a number."),
+    "word-problem": Recipe(format="chat", question="{question} Give the final answer as a number."),
     # lm-evaluation-harness 0.4.13 `gsm8k` (v3.0): 5 shots drawn per question from the train split
     # by random.Random(1234), "Question: ...\nAnswer:" text, no chat template, strict-match answer
     "lm-eval-gsm8k": Recipe(

@@ -1,6 +1,8 @@
 """Built-in synthetic tasks for laptops: two-digit additions ("37+48=" -> "85"), and the same
 asked in words of an instruction-tuned model ("37 + 48" under the prompt "What is {question}?
-Give the final answer as a number."), with two or three digits (`TASKS`).
+Give the final answer as a number."), with two or three digits (`TASKS`); and two-step word
+problems, closer to GSM8K ("Ann has 37 apples. She buys 48 more and gives 19 away. How many
+apples does she have now?" -> "66"; `WORD_PROBLEMS`).
 
 Deterministic from a seed, so the held-out set is fixed and the train stream never
 contains a held-out problem.
@@ -28,7 +30,31 @@ TASKS: dict[str, tuple[int, int, str]] = {
 }
 
 
+# two-step word problems: who, what, and the two steps (a gain then a loss, or a loss then a gain)
+NAMES = ("Ann", "Ben", "Carla", "Dev", "Emma", "Farid", "Grace", "Hugo", "Ines", "Jonas", "Kira", "Liam")
+THINGS = ("apples", "stickers", "marbles", "books", "coins", "stamps", "pencils", "cards", "shells", "beads")
+GAINS = ("buys {n} more", "finds {n} more", "is given {n} more", "wins {n} more")
+LOSSES = ("gives {n} away", "sells {n}", "loses {n}", "uses {n}")
+WORD_PROBLEMS = "twostep-words"
+
+
+def _word_problem(rng: random.Random) -> tuple[str, str]:
+    name, things = rng.choice(NAMES), rng.choice(THINGS)
+    start, gain = rng.randint(10, 99), rng.randint(10, 99)
+    pronoun = "She" if name in ("Ann", "Carla", "Emma", "Grace", "Ines", "Kira") else "He"
+    if rng.random() < 0.5:  # gain, then lose part of the total
+        loss = rng.randint(5, start + gain - 1)
+        steps = f"{rng.choice(GAINS).format(n=gain)} and then {rng.choice(LOSSES).format(n=loss)}"
+    else:  # lose part of the start, then gain
+        loss = rng.randint(5, start - 1) if start > 5 else 1
+        steps = f"{rng.choice(LOSSES).format(n=loss)} and then {rng.choice(GAINS).format(n=gain)}"
+    question = f"{name} has {start} {things}. {pronoun} {steps}. How many {things} does {name} have now?"
+    return question, str(start + gain - loss)
+
+
 def _problem(rng: random.Random, task: str = "add2") -> tuple[str, str]:
+    if task == WORD_PROBLEMS:
+        return _word_problem(rng)
     low, high, fmt = TASKS[task]
     a, b = rng.randint(low, high), rng.randint(low, high)
     return fmt.format(a=a, b=b), str(a + b)
@@ -64,8 +90,8 @@ def train(n: int, seed: int = 0, carry_slip: float = 0.0, task: str = "add2") ->
     while len(out) < n:
         q, a = _problem(rng, task)
         if q not in held:
-            wrong = slipped(q)
-            if carry_slip and wrong is not None and slip_rng.random() < carry_slip:
+            wrong = slipped(q) if carry_slip else None
+            if wrong is not None and slip_rng.random() < carry_slip:
                 a = wrong
             out.append(Problem(index=len(out), question=q, gold=a))
     return out

@@ -81,3 +81,22 @@ def test_groups_without_signal_are_found_and_rows_join_across_rounds() -> None:
     assert "num_items_in_batch" not in out  # counted over every process by the caller
     with pytest.raises(ValueError, match="text batches only"):
         join_rows([{**part(1, 1, 2, 0.0), "pixel_values": torch.zeros(2, 3)}], [(0, [0])], 0)
+
+
+def test_two_step_word_problems_have_a_fixed_held_out_set_and_true_answers() -> None:
+    import re
+
+    from evaluator import synthetic
+    from evaluator.benchmarks import find_benchmark
+    from evaluator.data import load_benchmark
+
+    held = load_benchmark(find_benchmark("twostep-words", "test"), None, None)
+    assert len(held) == 300 and held == synthetic.heldout(task="twostep-words")  # fixed: same every time
+    train = synthetic.train(2000, task="twostep-words")
+    assert not {p.question for p in held} & {p.question for p in train}
+    for p in held + train:
+        start, first, second = (int(x) for x in re.findall(r"\d+", p.question))
+        gain_first = re.search(r"(buys|finds|is given|wins) \d+ more and then", p.question) is not None
+        gain, loss = (first, second) if gain_first else (second, first)
+        assert int(p.gold) == start + gain - loss >= 1, p
+    assert held[0].question.startswith(tuple(synthetic.NAMES)) and held[0].question.endswith("have now?")
