@@ -237,6 +237,10 @@ def check_benchmarks(spec: Any) -> None:
         elif spec.kind == "eval" and dataset is None:
             pointer = "/benchmark"
             get_benchmark(spec.benchmark)
+        heldout = getattr(spec, "eval", None)
+        if heldout is not None:
+            pointer = "/eval/benchmark"
+            get_benchmark(heldout.benchmark)
     except UnknownBenchmark as exc:
         detail = (
             f"{exc}. Use one of these, or give dataset.path (a file under a data root) "

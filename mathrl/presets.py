@@ -154,12 +154,12 @@ def resolve_loop(spec: GRPOSpec, values: dict[str, Any]) -> dict[str, Any]:
     for part, base in (("dynamic_sampling", DYNAMIC_SAMPLING_DEFAULTS), ("curriculum", CURRICULUM_DEFAULTS)):
         asked = getattr(spec, part)
         explicit = asked is not None
-        on = defaults[part] if asked is None else asked is not False
+        on = defaults[part] if asked is None else asked.enabled
         settings: dict[str, Any] = dict(base)
-        if explicit and not isinstance(asked, bool):
-            settings.update(asked.model_dump())
+        if explicit:
+            settings.update({k: v for k, v in asked.model_dump().items() if k != "enabled"})
         if on and part == "dynamic_sampling" and settings["metric"] == "correct" and not checked:
-            if explicit and not isinstance(asked, bool) and "metric" in asked.model_fields_set:
+            if explicit and "metric" in asked.model_fields_set:
                 raise _err(
                     "dynamic_sampling/metric",
                     "metric 'correct' needs an accuracy or binary reward to read the verdict from: add one to "

@@ -329,9 +329,21 @@ class EvalSpec(_JobBase):
 LossType = Literal["grpo", "dapo", "dr_grpo", "bnpo", "cispo", "sapo"]
 
 
+class HeldoutEval(StrictModel):
+    """Score the weights being trained on a held-out set every `every` steps, as a series."""
+
+    benchmark: str = Field(
+        ..., min_length=1, max_length=128, description="A registered benchmark (its test split), e.g. add2-words."
+    )
+    limit: int = Field(100, ge=1, le=5000, description="Problems scored each time (the set's first N).")
+    every: int = Field(10, ge=1, le=10_000_000, description="Score every N optimizer steps, and after the last.")
+    max_new_tokens: int = Field(256, ge=1, le=32768, description="Greedy completion length per problem.")
+
+
 class DynamicSampling(StrictModel):
     """Drop groups with no grading signal and generate more questions in their place (DAPO)."""
 
+    enabled: bool = Field(True, description="false: off (true or false may also stand for the whole block).")
     metric: Literal["correct", "reward"] = Field(
         "correct",
         description="The signal whose variance within a group decides whether it is kept: 'correct', the "
@@ -346,6 +358,7 @@ class DynamicSampling(StrictModel):
 class Curriculum(StrictModel):
     """Draw questions by their pass rate so far, favouring those neither always nor never solved."""
 
+    enabled: bool = Field(True, description="false: off (true or false may also stand for the whole block).")
     decay: float = Field(0.5, gt=0, le=1, description="Weight of a question's newest group in its pass rate.")
     floor: float = Field(
         0.01, gt=0, le=1, description="Added to every question's weight, so that none is never drawn again."
@@ -512,12 +525,17 @@ class GRPOSpec(_JobBase):
         description="Async only: how many weight updates a sample may lag behind the policy "
         "before it is dropped (0: on-policy). Default: TRL's 4.",
     )
-    dynamic_sampling: DynamicSampling | bool | None = Field(
+    eval: HeldoutEval | None = Field(
+        None,
+        description="Held-out evaluation during training: accuracy with its 95% CI every N steps, stored as the "
+        "series heldout/accuracy, heldout/ci_low and heldout/ci_high.",
+    )
+    dynamic_sampling: DynamicSampling | None = Field(
         None,
         description="Drop groups whose grading signal has zero variance and generate more (true: the defaults "
         "shown; false: off). Unset: from the preset.",
     )
-    curriculum: Curriculum | bool | None = Field(
+    curriculum: Curriculum | None = Field(
         None,
         description="Draw questions by their pass rate (learnability, Foster and Foerster 2025). Unset: from "
         "the preset.",
@@ -535,6 +553,12 @@ class GRPOSpec(_JobBase):
     seed: int = Field(
         42, ge=0, le=MAX_SEED, description="Seed of the data order, sampling and initialisation (0 to 2**32 - 1)."
     )
+
+    @field_validator("dynamic_sampling", "curriculum", mode="before")
+    @classmethod
+    def _switch(cls, value: Any) -> Any:
+        """`true` / `false` for the whole block: on with its defaults, or off."""
+        return {"enabled": value} if isinstance(value, bool) else value
 
     @model_validator(mode="before")
     @classmethod
@@ -727,6 +751,11 @@ class SFTSpec(_JobBase):
     logging_steps: int = Field(10, ge=1, le=10_000_000, description="Store metrics every N steps.")
     save_steps: int = Field(100, ge=1, le=10_000_000, description="Checkpoint every N steps.")
     seed: int = Field(42, ge=0, le=MAX_SEED, description="Seed of the data order and initialisation (0 to 2**32 - 1).")
+    eval: HeldoutEval | None = Field(
+        None,
+        description="Held-out evaluation during training: accuracy with its 95% CI every N steps, stored as the "
+        "series heldout/accuracy, heldout/ci_low and heldout/ci_high.",
+    )
 
 
 class GradeSpec(_JobBase):

@@ -42,6 +42,10 @@ MALFORMED: list[tuple[dict[str, Any], str]] = [
     # issue 16.9: unknown registered names were accepted (201) and failed the job later
     ({"kind": "eval", "model": "org/m", "benchmark": "gsm9k"}, "/benchmark"),
     ({**GRPO, "dataset": {"name": "gsm8k-trian"}}, "/dataset/name"),
+    ({**GRPO, "eval": {"benchmark": "add2-wrods"}}, "/eval/benchmark"),
+    ({**GRPO, "eval": {"benchmark": "add2-words", "every": 0}}, "/eval/every"),
+    ({**GRPO, "dynamic_sampling": {"max_rounds": 0}}, "/dynamic_sampling/max_rounds"),
+    ({**GRPO, "rewards": [{"name": "format"}], "curriculum": True}, "/curriculum"),
     ({**GRPO, "num_generations": 1}, "/num_generations"),
     ({**GRPO, "beta": -0.5}, "/beta"),
     ({**GRPO, "num_generations": 3}, "/num_generations"),

@@ -85,6 +85,7 @@ def test_grpo_job_optimises_its_reward_and_reports_everything(sft_job: tuple[Any
             "save_steps": 20,
             "sample_every": 10,
             "seed": 1,
+            "eval": {"benchmark": "arith", "limit": 50, "every": 20, "max_new_tokens": 6},
         }
     )
     done = c.jobs.wait(job.id, timeout=900)
@@ -113,6 +114,19 @@ def test_grpo_job_optimises_its_reward_and_reports_everything(sft_job: tuple[Any
         "reward/timeouts",
     ):
         assert name in metrics, sorted(metrics)
+    # held-out accuracy during training, at steps 20 and 40, scored as eval jobs score: the last
+    # point is the final model's, on the first 50 of the problems the eval job above scored
+    held = {p.step: p.value for p in metrics["heldout/accuracy"].points}
+    assert sorted(held) == [20, 40], held
+    for step in held:
+        low = {p.step: p.value for p in metrics["heldout/ci_low"].points}[step]
+        high = {p.step: p.value for p in metrics["heldout/ci_high"].points}[step]
+        assert low <= held[step] <= high, (step, low, held[step], high)
+    scored = next(j for j in c.jobs.list(kind="eval") if j.spec["model"] == f"job:{job.id}")
+    first50 = [s.data["correct"] for s in c.jobs.samples(scored.id, limit=1000) if s.data["problem"] < 50]
+    assert len(first50) == 50 and abs(held[40] - sum(first50) / 50) <= 0.02, (held, sum(first50))
+    event = next(e for e in c.jobs.events(job.id) if e.type == "heldout")
+    assert event.data["backend"] == "hf" and event.data["n"] == 50, event
     mfu = [p.value for p in metrics["mfu"].points]
     assert all(0 < v < 1 for v in mfu), mfu
     assert done.resolved_config["dynamic_sampling"] == {"metric": "correct", "max_rounds": 3}

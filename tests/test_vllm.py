@@ -230,6 +230,7 @@ def test_grpo_job_generates_with_vllm_through_the_service(service: Service, mode
             "generation": {"backend": "vllm"},
             "logging_steps": 1,
             "save_steps": 100,
+            "eval": {"benchmark": "arith", "limit": 8, "every": 1, "max_new_tokens": 6},
         }
     )
     assert job.resolved_config["generation_backend"] == "vllm"
@@ -243,6 +244,11 @@ def test_grpo_job_generates_with_vllm_through_the_service(service: Service, mode
         assert len(metrics[name]) == 2 and all(v >= 0 for v in metrics[name]), (name, metrics.get(name))
     assert metrics["weight_sync_seconds"][1] > 0  # step 2 generated with step 1's weights: a sync ran
     assert all(0 < v < 1 for v in metrics["generation_share"]), metrics["generation_share"]
+    # held-out scoring every step on the engine that already holds the policy: no second engine
+    held = [e for e in c.jobs.events(job.id) if e.type == "heldout"]
+    assert [e.data["step"] for e in held] == [1, 2], held
+    assert all(e.data["backend"] == "the colocated vLLM engine" and e.data["n"] == 8 for e in held), held
+    assert len(metrics["heldout/accuracy"]) == 2
 
 
 def test_reward_model_job_samples_with_vllm(service: Service, model_for_vllm: str) -> None:

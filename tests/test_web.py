@@ -234,7 +234,9 @@ def grpo_job(service: Service, project: tuple[str, Any], browser: Any, shots: Pa
         assert c.jobs.wait(live.id, timeout=120).status == "cancelled"
         pg.wait_for_selector("#status .badge[data-status=cancelled]", timeout=15_000)
 
-        job = c.jobs.create({**spec, "name": "web grpo"})
+        # the finished run also scores held-out problems every SAMPLE_EVERY steps (trainer/heldout_eval.py)
+        heldout = {"benchmark": "arith", "limit": 20, "every": SAMPLE_EVERY, "max_new_tokens": 6}
+        job = c.jobs.create({**spec, "name": "web grpo", "eval": heldout})
         seen["id"] = job.id
         done = c.jobs.wait(job.id, timeout=300)
         assert done.status == "succeeded", done.error
@@ -264,6 +266,8 @@ def test_running_job_chart_gains_points_while_watched(grpo_job: dict[str, Any]) 
     assert charts["Reward"] == 3 * GRPO_STEPS, charts
     for title in ("KL", "Loss", "Accuracy", "Completion length", "Step time (s)"):
         assert charts.get(title, 0) >= GRPO_STEPS, (title, charts)
+    # the held-out series: accuracy and its CI bounds at steps 12, 24, 36 and 48
+    assert charts["Held-out accuracy (95% CI)"] == 3 * (GRPO_STEPS // SAMPLE_EVERY), charts
     # sampled completions every SAMPLE_EVERY steps; the newest step's shown, the others one click away
     assert grpo_job["sample_steps"] == [str(s) for s in range(GRPO_STEPS, 0, -SAMPLE_EVERY)]
     assert len(grpo_job["samples"]) >= 4 and set(grpo_job["samples"]) == {str(GRPO_STEPS)}
@@ -306,7 +310,11 @@ def test_compare_view_overlays_runs_and_diffs_their_hyperparameters(
     page.wait_for_selector("main[data-loaded=true]")
     assert set(page.url.split("jobs=")[1].split(",")) == {done, live}
     charts = dict(page.eval_on_selector_all(".chart", "els => els.map(e => [e.dataset.chart, +e.dataset.points])"))
-    assert set(charts) == {"Reward", "Loss", "KL", "Accuracy"}, charts
+    assert set(charts) == {"Reward", "Loss", "KL", "Accuracy", "Held-out accuracy"}, charts
+    held = charts.pop("Held-out accuracy")  # only the finished run scored a held-out set
+    assert held == GRPO_STEPS // SAMPLE_EVERY and done[-8:] in page.inner_text(
+        ".chart[data-chart='Held-out accuracy'] .legend"
+    )
     for title in charts:  # both runs' curves in every panel: the finished run's 48 steps and the live run's
         legend = page.inner_text(f".chart[data-chart='{title}'] .legend")
         assert done[-8:] in legend and live[-8:] in legend, (title, legend)

@@ -69,8 +69,10 @@ class SinkCallback(TrainerCallback):  # type: ignore[misc]
             if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
                 values[key] = float(value)
         if self._step_times:
-            values["step_time"] = sum(self._step_times) / len(self._step_times)
-            values.update(self._step_breakdown(args))
+            breakdown = self._step_breakdown(args)
+            held = breakdown.pop("eval_seconds", 0.0)  # held-out evaluation (trainer/heldout_eval.py): not a step's
+            values["step_time"] = (sum(self._step_times) - held) / len(self._step_times)
+            values.update(breakdown)
             self._step_times = []
         timeouts = 0.0
         for reward in self.rewards:
@@ -98,7 +100,8 @@ class SinkCallback(TrainerCallback):  # type: ignore[misc]
         if pop is None:
             return {}
         t = pop()
-        n, wall = len(self._step_times), sum(self._step_times)
+        held = t.get("eval_seconds", 0.0)
+        n, wall = len(self._step_times), sum(self._step_times) - held
         gen, sync = t["generation_seconds"], t["weight_sync_seconds"]
         out = {
             "generation_seconds": gen / n,
@@ -110,6 +113,7 @@ class SinkCallback(TrainerCallback):  # type: ignore[misc]
             out["generation_tokens_per_second"] = t["generated_tokens"] / gen
         out["completions_per_step"] = _sum_ranks(t.get("generated_completions", 0.0), args) / n
         out.update({k: v for k, v in t.items() if k.startswith("reward/")})
+        out["eval_seconds"] = held
         train = wall - gen - sync
         if t.get("forward_tokens") and train > 0:
             out["trained_tokens_per_second"] = t["trained_tokens"] / train

@@ -14,6 +14,7 @@ from trainer.callbacks import SinkCallback
 from trainer.checkpoints import latest_checkpoint, save_checkpoints_atomically, save_final
 from trainer.data import load_problems, prompt_dataset
 from trainer.grpo_config import grpo_args, lora_config
+from trainer.heldout_eval import HeldoutEvalCallback
 from trainer.rewards import Reward, get_reward
 
 
@@ -123,6 +124,9 @@ def run_grpo(
         sink, sample_every=spec.sample_every, total_steps=spec.max_steps, checkpoint_dir=str(out_dir)
     )
     callback.rewards = rewards  # samples whose check overran its time (trainer/rewards.py) are logged
+    heldout = HeldoutEvalCallback(spec.eval, sink, tokenizer, data_dir) if spec.eval else None
+    # held-out scoring first: its time is in the step SinkCallback measures, and taken out again
+    callbacks = ([heldout] if heldout else []) + [callback]
     work = work_dir or out_dir
     if spec.algorithm == "async":
         from trainer.async_grpo import build_async_trainer
@@ -139,7 +143,7 @@ def run_grpo(
             weights=weights,
             out_dir=work,
             server_url=vllm_server_url,
-            callbacks=[callback],
+            callbacks=callbacks,
             peft_config=lora_config(spec.lora),
         )
     else:
@@ -154,7 +158,7 @@ def run_grpo(
             train_dataset=dataset,
             processing_class=tokenizer,
             peft_config=lora_config(spec.lora),
-            callbacks=[callback],
+            callbacks=callbacks,
             engine_options=engine,
         )
         sink.event(
@@ -168,6 +172,8 @@ def run_grpo(
             },
         )
     callback.trainer = trainer
+    if heldout is not None:
+        heldout.trainer = trainer
     save_checkpoints_atomically(trainer)
     resume = latest_checkpoint(out_dir)
     sink.event(

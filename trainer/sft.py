@@ -16,6 +16,7 @@ from trainer.callbacks import SinkCallback
 from trainer.checkpoints import latest_checkpoint, save_checkpoints_atomically, save_final
 from trainer.data import load_problems
 from trainer.grpo_config import lora_config
+from trainer.heldout_eval import HeldoutEvalCallback
 
 
 def carry_token_count(trainer: Any) -> None:
@@ -83,14 +84,17 @@ def run_sft(
     )
     peft_config = lora_config(spec.lora)
     callback = SinkCallback(sink, sample_every=10**9, total_steps=spec.max_steps, checkpoint_dir=str(out_dir))
+    heldout = HeldoutEvalCallback(spec.eval, sink, tokenizer, data_dir) if spec.eval else None
     trainer = SFTTrainer(
         model=model_path,
         args=args,
         train_dataset=dataset,
         processing_class=tokenizer,
         peft_config=peft_config,
-        callbacks=[callback],
+        callbacks=([heldout] if heldout else []) + [callback],
     )
+    if heldout is not None:
+        heldout.trainer = trainer
     save_checkpoints_atomically(trainer)
     carry_token_count(trainer)
     resume = latest_checkpoint(out_dir)

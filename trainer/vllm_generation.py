@@ -263,4 +263,5 @@ def _zero_timings() -> dict[str, float]:
         "trained_tokens": 0.0,  # completion tokens in the loss (trainer/grpo_loop.py)
         "forward_tokens": 0.0,  # tokens through the training forward and backward, prompts included
         "forward_rows": 0.0,
+        "eval_seconds": 0.0,  # held-out evaluation at step ends (trainer/heldout_eval.py)
     }

@@ -1,4 +1,5 @@
-// /ui/compare?jobs=<id>,<id>,...: chosen runs' curves overlaid (reward, loss, KL, accuracy), and
+// /ui/compare?jobs=<id>,<id>,...: chosen runs' curves overlaid (reward, loss, KL, accuracy, held-out
+// accuracy), and
 // their resolved hyperparameters side by side, the ones that differ highlighted.
 import { COLORS, LineChart } from "./chart.js";
 import { api, boot, fmtTime, h, shortId } from "./common.js";
@@ -9,6 +10,7 @@ const PANELS = [
   ["Loss", ["loss"]],
   ["KL", ["kl"]],
   ["Accuracy", ["rewards/accuracy/mean", "eval/accuracy", "accuracy"]],
+  ["Held-out accuracy", ["heldout/accuracy"]], // training jobs' held-out eval series (trainer/heldout_eval.py)
 ];
 
 async function allMetrics(id) {

@@ -13,7 +13,11 @@ const PANELS = [
   ["Reward", (n) => n === "reward" || /^rewards\/.+\/mean$/.test(n)],
   ["KL", (n) => n === "kl"],
   ["Loss", (n) => n === "loss"],
-  ["Accuracy", (n) => n.includes("accuracy") && !n.endsWith("/std")],
+  ["Accuracy", (n) => n.includes("accuracy") && !n.endsWith("/std") && !n.startsWith("heldout/")],
+  // a training job's held-out evaluation every N steps (trainer/heldout_eval.py), with its 95% CI
+  ["Held-out accuracy (95% CI)", (n) => /^heldout\/(accuracy|ci_low|ci_high)$/.test(n)],
+  // mathrl's GRPO loop (trainer/grpo_loop.py): groups kept and dropped, completions trained on
+  ["Dynamic sampling", (n) => /^dynamic_sampling\/(kept_fraction|zero_variance_fraction)$/.test(n) || n === "skip/trained_fraction"],
   ["Completion length", (n) => /^completions\/(mean|min|max)_length$/.test(n)],
   ["Step time (s)", (n) => n === "step_time"],
   // where a GRPO step's time goes (trainer/callbacks.py): generation, weight sync, the rest
