@@ -163,6 +163,8 @@ def eval_local(
     from mathrl.sink import PrintSink
     from mathrl.specs import EvalSpec
 
+    if not Path(model).is_absolute() and Path(model).exists():
+        model = str(Path(model).resolve())  # a local path, relative to where the command runs (the API refuses these)
     try:
         spec = EvalSpec(
             model=model,

@@ -101,3 +101,20 @@ def test_service_errors_are_one_message_and_exit_1_from_every_command(service: S
         assert code == 1 and expected in out and "Traceback" not in out, (args, code, out)
     code, out = cli(service, "mrl_not-a-key", "jobs", "list")
     assert code == 1 and "401" in out, out
+
+
+def test_the_local_eval_takes_a_path_relative_to_where_it_runs(
+    tiny_model: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """`mathrl-server eval --model models/x` as the README writes it: only the API refuses
+    relative paths (it cannot know the caller's directory); a local command resolves them."""
+    from service.cli import app as server_app
+
+    model = Path(tiny_model)
+    monkeypatch.chdir(model.parent.parent.parent)
+    relative = str(model.relative_to(model.parent.parent.parent))  # three parts: no hub id ('org/name') either
+    args = ["eval", "--model", relative, "--benchmark", "arith", "--limit", "3", "--max-new-tokens", "4"]
+    result = CliRunner().invoke(server_app, [*args, "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert "accuracy" in result.output and "is not a hub id" not in result.output
+    assert len((tmp_path / "items.jsonl").read_text().splitlines()) == 3
