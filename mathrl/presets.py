@@ -64,10 +64,13 @@ PRESETS: dict[str, dict[str, Any]] = {
 KNOBS: tuple[str, ...] = tuple(TRL_DEFAULTS)
 
 # mathrl's own loop (trainer/grpo_loop.py), per preset: what a spec that leaves these unset gets.
-# `trl-default` turns on what helps and leaves the update as TRL computes it; `deepseekmath`
-# stays the paper's loop (every sampled group trained on, uniform question order).
+# `trl-default` turns on what was measured to help and leaves the update as TRL computes it: the
+# skip (bench/time_to_accuracy.py: the same held-out curve as TRL's, 70% in 0.59x the time).
+# Dynamic sampling is off by default: on the same bench it reached 70% in 1.29x TRL's time (its
+# extra generation rounds cost more than its extra signal gave); a spec turns it on where signal
+# is scarce. `deepseekmath` stays the paper's loop.
 LOOP_DEFAULTS: dict[str, dict[str, bool]] = {
-    "trl-default": {"dynamic_sampling": True, "curriculum": False, "skip_zero_advantage": True},
+    "trl-default": {"dynamic_sampling": False, "curriculum": False, "skip_zero_advantage": True},
     "deepseekmath": {"dynamic_sampling": False, "curriculum": False, "skip_zero_advantage": False},
 }
 DYNAMIC_SAMPLING_DEFAULTS: dict[str, Any] = {"metric": "correct", "max_rounds": 3}

@@ -217,22 +217,32 @@ def test_every_spec_field_is_described() -> None:
 
 def test_the_loop_resolves_per_preset_and_is_stored() -> None:
     base = {"kind": "grpo", "model": "org/m", "dataset": DATASET}
-    cfg = resolve_config(parse_spec(base))  # trl-default: on where it helps and leaves the update TRL's
-    assert cfg["dynamic_sampling"] == {"metric": "correct", "max_rounds": 3}
-    assert cfg["curriculum"] is None and cfg["skip_zero_advantage"] is True
+    cfg = resolve_config(parse_spec(base))  # trl-default: what was measured to help, the update TRL's
+    assert cfg["dynamic_sampling"] is None and cfg["curriculum"] is None and cfg["skip_zero_advantage"] is True
+    on = resolve_config(parse_spec({**base, "dynamic_sampling": True}))
+    assert on["dynamic_sampling"] == {"metric": "correct", "max_rounds": 3}
     paper = resolve_config(parse_spec({**base, "preset": "deepseekmath", "resources": {"gpus": 8}}))
     assert paper["dynamic_sampling"] is None and paper["curriculum"] is None
     assert paper["skip_zero_advantage"] is False
     # no correctness verdict to read: the default filters on the weighted reward
-    shaped = resolve_config(parse_spec({**base, "rewards": [{"name": "reward_model", "model": "org/rm"}]}))
+    shaped = resolve_config(
+        parse_spec({**base, "rewards": [{"name": "reward_model", "model": "org/rm"}], "dynamic_sampling": {}})
+    )
     assert shaped["dynamic_sampling"]["metric"] == "reward"
     asked = resolve_config(
         parse_spec({**base, "curriculum": {"floor": 0.1}, "dynamic_sampling": False, "skip_zero_advantage": False})
     )
     assert asked["curriculum"] == {"decay": 0.5, "floor": 0.1} and asked["dynamic_sampling"] is None
     assert asked["skip_zero_advantage"] is False
-    # groups split over processes: the preset's dynamic sampling is off, not refused
-    split = resolve_config(
-        parse_spec({**base, "num_generations": 8, "per_device_train_batch_size": 4, "resources": {"processes": 2}})
-    )
+    # a preset's default that cannot run is off, not refused (checked with a preset defaulting it on)
+    from mathrl import presets
+
+    saved = presets.LOOP_DEFAULTS["trl-default"]
+    presets.LOOP_DEFAULTS["trl-default"] = {**saved, "dynamic_sampling": True}
+    try:
+        split = resolve_config(
+            parse_spec({**base, "num_generations": 8, "per_device_train_batch_size": 4, "resources": {"processes": 2}})
+        )
+    finally:
+        presets.LOOP_DEFAULTS["trl-default"] = saved
     assert split["dynamic_sampling"] is None

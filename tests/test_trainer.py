@@ -105,8 +105,8 @@ def test_grpo_job_optimises_its_reward_and_reports_everything(sft_job: tuple[Any
         "clip_ratio/region_mean",
         "grad_norm",
         # mathrl's loop (trainer/grpo_loop.py) and throughput, on by default
-        "dynamic_sampling/kept_fraction",
         "dynamic_sampling/zero_variance_fraction",
+        "skip/trained_fraction",
         "trained_tokens_per_second",
         "mfu",
         "reward/seconds_p50",
@@ -129,7 +129,7 @@ def test_grpo_job_optimises_its_reward_and_reports_everything(sft_job: tuple[Any
     assert event.data["backend"] == "hf" and event.data["n"] == 50, event
     mfu = [p.value for p in metrics["mfu"].points]
     assert all(0 < v < 1 for v in mfu), mfu
-    assert done.resolved_config["dynamic_sampling"] == {"metric": "correct", "max_rounds": 3}
+    assert done.resolved_config["dynamic_sampling"] is None and done.resolved_config["skip_zero_advantage"] is True
     peak = next(e for e in c.jobs.events(job.id) if e.type == "throughput")
     assert "FP32 FLOPs/cycle" in peak.message, peak  # the CPU's stated peak
     samples = c.jobs.samples(job.id)
