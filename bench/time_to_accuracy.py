@@ -231,9 +231,8 @@ def main() -> None:
     p.add_argument("--arm", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
     args = p.parse_args()
-    args.model = args.model if "/" not in args.model or Path(args.model).is_absolute() or not Path(
-        args.model
-    ).exists() else str(Path(args.model).resolve())  # a local path as given, made absolute (a spec's rule)
+    if Path(args.model).exists():  # a local path: absolute, as a spec wants it
+        args.model = str(Path(args.model).resolve())
     if args.arm:
         child(args)
         return
