@@ -20,7 +20,7 @@ from urllib.parse import unquote, urlsplit
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from api.problems import Problem
+from api.problems import UNSTORABLE, Problem
 from mathrl.errors import FieldError
 from mathrl.memory_plan import check_job, read_model_config
 from mathrl.presets import resolve_config
@@ -33,6 +33,7 @@ from store.models import Project
 def admit_spec(spec: Any, settings: Settings) -> dict[str, Any]:
     """Refuse the job unless its sources are allowed and it is within the per-job limits;
     return its resolved config (every hyperparameter as the run will use it)."""
+    check_storable(spec.model_dump(mode="json"))
     check_sources(spec, settings)
     check_benchmarks(spec)
     config = resolve_config(spec)
@@ -42,6 +43,36 @@ def admit_spec(spec: Any, settings: Settings) -> dict[str, Any]:
     check_placement(spec, settings)
     check_memory(spec, config, settings)
     return config
+
+
+def nul_pointer(value: Any, pointer: str = "") -> str | None:
+    """The JSON pointer of the first string (or key) holding a NUL character, or None."""
+    if isinstance(value, str):
+        return pointer if "\x00" in value else None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            here = f"{pointer}/{str(key).replace('~', '~0').replace('/', '~1')}"
+            if "\x00" in str(key):
+                return here
+            found = nul_pointer(item, here)
+            if found is not None:
+                return found
+    if isinstance(value, list):
+        for i, item in enumerate(value):
+            found = nul_pointer(item, f"{pointer}/{i}")
+            if found is not None:
+                return found
+    return None
+
+
+def check_storable(document: Any, prefix: str = "") -> None:
+    """A spec goes into a JSON column as it is. PostgreSQL keeps a NUL escape there, then fails
+    every operator that reads the value as text (a migration reading `spec -> 'resources'` broke
+    on one a fuzzer had stored): refuse it at the door, naming the field."""
+    where = nul_pointer(document)
+    if where is not None:
+        pointer = f"{prefix}{where}" or "/"
+        raise Problem(422, "Invalid request", f"{pointer}: {UNSTORABLE}", [{"pointer": pointer, "detail": UNSTORABLE}])
 
 
 def check_placement(spec: Any, settings: Settings) -> None:

@@ -85,6 +85,34 @@ def test_malformed_specs_are_422_problems_naming_the_field(app_client: Any, body
     assert "Traceback" not in r.text
 
 
+def test_a_nul_character_anywhere_in_a_spec_is_a_422_naming_the_field(app_client: Any) -> None:
+    """PostgreSQL keeps a NUL escape in a JSON column, then fails every operator that reads it as
+    text: a fuzzer's spec with one broke migration 0007 for the whole database. Refused at the
+    door instead, for a job, a pipeline's step and a grade job's items."""
+    h = admin_key(app_client)
+    cases = [
+        (
+            "/v1/jobs",
+            {"kind": "eval", "model": "org/m", "recipe": {"question": "Q: {question}\u0000"}},
+            "/recipe/question",
+        ),
+        (
+            "/v1/pipelines",
+            {
+                "name": "p",
+                "jobs": {"a": {"kind": "eval", "model": "org/m", "recipe": {"question": "{question}\u0000"}}},
+            },
+            "/jobs/a/recipe/question",
+        ),
+    ]
+    for path, body, pointer in cases:
+        r = app_client.post(path, json=body, headers=h)
+        assert r.status_code == 422, r.text
+        assert [e["pointer"] for e in r.json()["errors"]] == [pointer], r.text
+        assert "NUL" in r.json()["detail"]
+    assert app_client.get("/v1/jobs", headers=h).status_code == 200  # nothing broke
+
+
 def test_non_json_body_is_a_problem(app_client: Any) -> None:
     r = app_client.post(
         "/v1/jobs", content=b"{not json", headers={**admin_key(app_client), "content-type": "application/json"}
