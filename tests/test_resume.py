@@ -43,6 +43,10 @@ TIMING = {
     "training_seconds",
     "generation_share",
     "generation_tokens_per_second",
+    "trained_tokens_per_second",
+    "mfu",
+    "reward/seconds_p50",
+    "reward/seconds_p95",
 }
 
 
