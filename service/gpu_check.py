@@ -6,7 +6,7 @@ on the example's own jobs (examples/smollm2-arith.yaml: SmolLM2-135M-Instruct, `
 and checks:
 - held-out accuracy before and after GRPO, with a floor on the gain (`--min-gain`);
 - where a GRPO step's time goes (generation, training), generated and trained tokens per
-  second per device, MFU against the device's stated bf16 peak (PEAK_TFLOPS);
+  second per device, MFU against the device's stated bf16 peak (trainer.throughput.GPU_PEAK_TFLOPS);
 - the memory plan (mathrl.memory_plan) against torch.cuda.max_memory_allocated;
 - with two or more GPUs, SFT on two data-parallel ranks against one rank (the same global
   batch, so the same losses up to rounding), and GRPO's step on two ranks.
@@ -31,26 +31,10 @@ from pathlib import Path
 from typing import Any
 
 from mathrl.sink import PrintSink
+from trainer.throughput import gpu_peak_tflops
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "smollm2-arith.yaml"
-
-# Dense bf16 tensor-core peaks (TFLOP/s, no sparsity) from the vendors' datasheets, matched
-# against torch.cuda.get_device_name(). The first key contained in the name wins.
-PEAK_TFLOPS: dict[str, float] = {
-    "H100 PCIe": 756.0,
-    "H100 NVL": 835.0,
-    "H100": 989.4,  # SXM
-    "H200": 989.4,
-    "GH200": 989.4,
-    "B200": 2250.0,
-    "A100": 312.0,
-    "L40S": 362.0,
-    "L4": 121.0,
-    "A10G": 125.0,
-    "A10": 125.0,
-    "RTX 4090": 165.2,
-}
 
 
 class RecordSink(PrintSink):
@@ -112,20 +96,13 @@ def environment(device: str) -> dict[str, Any]:
         ]
         env["driver"] = _driver_version()
         name = env["gpus"][0]["name"]
-        env["peak_tflops"] = peak_tflops(name)
+        env["peak_tflops"] = gpu_peak_tflops(name)
         env["peak_source"] = f"datasheet bf16 dense for {name}" if env["peak_tflops"] else f"none known for {name}"
     else:
         env["cpu_cores"] = os.cpu_count()
         env["peak_tflops"] = measured_matmul_tflops()
         env["peak_source"] = "measured: float32 2048x2048 matmul on this CPU (no stated peak for a CPU)"
     return env
-
-
-def peak_tflops(name: str) -> float | None:
-    for key, value in PEAK_TFLOPS.items():
-        if key in name:
-            return value
-    return None
 
 
 def _driver_version() -> str | None:
@@ -253,6 +230,10 @@ def step_figures(sink: RecordSink, steps: int, world: int) -> dict[str, Any]:
         "generated_tokens_per_step": _r(generated_per_step),
         "trained_tokens_per_step": _r(trained_per_step),
         "completions_per_step": _r(med("completions_per_step")),
+        # the loop's own figures (trainer/grpo_loop.py, trainer/callbacks.py): the share of
+        # completions the skip left in the training pass, and MFU of that pass alone
+        "skip_trained_fraction": _r(med("skip/trained_fraction")),
+        "training_mfu": _r(med("mfu"), 6),
     }
     if step:
         out["generated_tokens_per_second_per_device"] = _r(generated_per_step and generated_per_step / step / world)
@@ -540,7 +521,8 @@ def table(report: dict[str, Any]) -> str:
             f"{run['backend']:<11} after {run['after']['accuracy']:.1%} ({run['gain_points']:+.1f} points); "
             f"step {run['step_seconds']}s (generation {run['generation_share']}), "
             f"tokens/s/device trained {run.get('trained_tokens_per_second_per_device')} "
-            f"generated {run.get('generated_tokens_per_second_per_device')}; MFU {run['mfu']}; "
+            f"generated {run.get('generated_tokens_per_second_per_device')}; MFU {run['mfu']} "
+            f"(training pass {run.get('training_mfu')}, trained share {run.get('skip_trained_fraction')}); "
             f"memory peak {run.get('peak_memory_gib')} GiB, plan {plan.get('estimate_gib')} GiB"
         )
     dp = report["data_parallel"]

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from service.gpu_check import mfu, peak_tflops
+from service.gpu_check import mfu
 from tests.conftest import ROOT
+from trainer.throughput import gpu_peak_tflops as peak_tflops
 
 
 @pytest.mark.slow
@@ -56,6 +57,8 @@ def test_stated_peaks_and_the_mfu_formula() -> None:
     assert peak_tflops("NVIDIA H100 80GB HBM3") == 989.4
     assert peak_tflops("NVIDIA H100 PCIe") == 756.0
     assert peak_tflops("NVIDIA A100-SXM4-80GB") == 312.0
+    assert peak_tflops("NVIDIA H200") == 989.4 and peak_tflops("NVIDIA GH200 480GB") == 989.4
+    assert peak_tflops("NVIDIA L40S") == 362.0 and peak_tflops("NVIDIA L4") == 121.0  # the longest key wins
     assert peak_tflops("Some Future GPU") is None
     # 100M params, 1000 trained and 500 generated tokens in 1 s on a 1 TFLOP/s device:
     # (6 * 1e8 * 1000 + 2 * 1e8 * 500) / 1e12 = 0.7

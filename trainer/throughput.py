@@ -8,8 +8,8 @@ no-grad passes (reference model, TRL's old log-probabilities) and generation are
 MFU usually does.
 
 Peaks (dense, the dtype the job trains in):
-- NVIDIA GPUs by name: H100 and H200 989 TFLOPS (bf16, SXM), A100 312, L40S 362, L4 121,
-  A10 125;
+- NVIDIA GPUs by name (`GPU_PEAK_TFLOPS`, dense bf16 from the vendors' datasheets, no
+  sparsity): H100 and H200 SXM 989.4 TFLOPS, A100 312, and so on;
 - a CPU: cores x clock x FP32 FLOPs per cycle per core, 64 with AVX-512 (two FMA units of 16
   lanes), 32 with AVX2, 8 otherwise; the clock is /proc/cpuinfo's "cpu MHz" (this machine's
   current clock, not a turbo figure). A stated ceiling, not a measured one.
@@ -21,7 +21,29 @@ from __future__ import annotations
 import os
 from typing import Any
 
-GPU_PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "L40S": 362.0, "L4": 121.0, "A10": 125.0}
+GPU_PEAK_TFLOPS: dict[str, float] = {
+    "H100 PCIe": 756.0,
+    "H100 NVL": 835.0,
+    "H100": 989.4,  # SXM
+    "H200": 989.4,
+    "GH200": 989.4,
+    "B200": 2250.0,
+    "A100": 312.0,
+    "L40S": 362.0,
+    "L4": 121.0,
+    "A10G": 125.0,
+    "A10": 125.0,
+    "RTX 4090": 165.2,
+}
+
+
+def gpu_peak_tflops(name: str) -> float | None:
+    """The dense bf16 peak of the GPU `name` (torch.cuda.get_device_name): the longest key it
+    contains wins ("H100 PCIe" before "H100"); None for a card the table does not know."""
+    for key in sorted(GPU_PEAK_TFLOPS, key=len, reverse=True):
+        if key in name:
+            return GPU_PEAK_TFLOPS[key]
+    return None
 
 
 def peak_flops(threads: int | None = None) -> tuple[float | None, str]:
@@ -33,10 +55,10 @@ def peak_flops(threads: int | None = None) -> tuple[float | None, str]:
 
     if torch.cuda.is_available():
         name = torch.cuda.get_device_name()
-        for key in sorted(GPU_PEAK_TFLOPS, key=len, reverse=True):
-            if key in name:
-                return GPU_PEAK_TFLOPS[key] * 1e12, f"{name}: {GPU_PEAK_TFLOPS[key]:.0f} TFLOPS dense bf16"
-        return None, f"{name}: no peak known (set MATHRL_PEAK_TFLOPS)"
+        tflops = gpu_peak_tflops(name)
+        if tflops is None:
+            return None, f"{name}: no peak known (set MATHRL_PEAK_TFLOPS)"
+        return tflops * 1e12, f"{name}: {tflops:.1f} TFLOPS dense bf16"
     return _cpu_peak(threads or torch.get_num_threads())
 
 
