@@ -1,4 +1,9 @@
-"""What the graders of mathrl/graders.py compute: per completion a score and a reason.
+"""What the graders of mathrl/graders.py compute: per completion a score and a reason. The one
+implementation of each formula: GRPO's named rewards are graders too (RewardRef.as_grader;
+trainer/rewards.py adapts them to TRL), as are eval graders and POST /v1/graders:run.
+
+A grader type is its data class in mathrl/graders.py (which the API validates without this
+module's dependencies) and one function here, registered with `@scores(TheGrader)`.
 
 `grade_items(grader, completions, answers)` scores a batch. A reward-model grader needs a
 scorer for its model (`rm_scorer(model_ref) -> score(prompts, completions)`), which the
@@ -15,8 +20,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from evaluator.grading import check_answers, extract, find_answer
+from evaluator.grading import check_answers, extract, find_answer, last_boxed
 from mathrl.graders import (
+    BoxedFormatGrader,
     LengthPenaltyGrader,
     MathGrader,
     RegexGrader,
@@ -41,36 +47,69 @@ class Result:
     reason: str
 
 
-def _math(
-    g: MathGrader, completions: Sequence[str], answers: Sequence[str | None], cut: Sequence[bool], match: Matcher
-) -> list[Result]:
+@dataclass
+class Batch:
+    """What a grader may read besides the completions: gold answers, prompts, token ids (GRPO:
+    lengths in tokens), which completions were cut off, and the services it may call."""
+
+    completions: Sequence[str]
+    answers: Sequence[str | None]
+    prompts: Sequence[str]
+    completion_ids: Sequence[Sequence[int]] | None
+    truncated: Sequence[bool]
+    rm_scorer: Callable[[str], RMScorer] | None
+    match: Matcher
+
+
+Scorer = Callable[[Any, Batch], list[Result]]
+SCORERS: dict[type, Scorer] = {}
+
+
+def scores(grader_type: type) -> Callable[[Scorer], Scorer]:
+    """Register the function that scores `grader_type` (a class of mathrl/graders.py)."""
+
+    def register(fn: Scorer) -> Scorer:
+        SCORERS[grader_type] = fn
+        return fn
+
+    return register
+
+
+@scores(MathGrader)
+def _math(g: MathGrader, b: Batch) -> list[Result]:
     found = [
         find_answer(c, g.answer_pattern, t) if a is not None else (None, None)
-        for c, a, t in zip(completions, answers, cut, strict=True)
+        for c, a, t in zip(b.completions, b.answers, b.truncated, strict=True)
     ]
     todo = [i for i, (x, _) in enumerate(found) if x is not None]
-    verdicts = dict(zip(todo, match([(str(found[i][0]), str(answers[i])) for i in todo]), strict=True))
+    verdicts = dict(zip(todo, b.match([(str(found[i][0]), str(b.answers[i])) for i in todo]), strict=True))
     out = []
-    for i, ((extracted, method), answer, truncated) in enumerate(zip(found, answers, cut, strict=True)):
+    for i, ((extracted, method), answer, truncated) in enumerate(zip(found, b.answers, b.truncated, strict=True)):
         if answer is None:
             out.append(Result(0.0, "no gold answer to compare with"))
             continue
         if extracted is None:
             how = f"no match of {g.answer_pattern!r}" if g.answer_pattern else "no final answer found"
             cutoff = " (cut off: no last-number fallback)" if truncated and not g.answer_pattern else ""
-            out.append(Result(0.0, how + cutoff))
+            out.append(Result(g.no_answer_score, how + cutoff))
             continue
         correct, note = verdicts[i]
+        score = 1.0 if correct else g.wrong_score
         if note is not None:
-            out.append(Result(float(correct), f"{extracted!r} ({method}) {note}"))
+            out.append(Result(score, f"{extracted!r} ({method}) {note}"))
         elif correct:
-            out.append(Result(1.0, f"{extracted!r} ({method}) equals the gold {answer!r}"))
+            out.append(Result(score, f"{extracted!r} ({method}) equals the gold {answer!r}"))
         else:
-            out.append(Result(0.0, f"{extracted!r} ({method}) differs from the gold {answer!r}"))
+            out.append(Result(score, f"{extracted!r} ({method}) differs from the gold {answer!r}"))
     return out
 
 
-def _string(g: StringCheckGrader, completion: str, answer: str | None, truncated: bool) -> Result:
+@scores(StringCheckGrader)
+def _string(g: StringCheckGrader, b: Batch) -> list[Result]:
+    return [_string_one(g, c, a, t) for c, a, t in zip(b.completions, b.answers, b.truncated, strict=True)]
+
+
+def _string_one(g: StringCheckGrader, completion: str, answer: str | None, truncated: bool) -> Result:
     if g.input == "completion":
         text: str | None = completion.strip()
     else:
@@ -87,18 +126,74 @@ def _string(g: StringCheckGrader, completion: str, answer: str | None, truncated
     return Result(float(ok), f"{text[:80]!r} {g.operation} {reference[:80]!r}: {'yes' if ok else 'no'}")
 
 
-def _regex(g: RegexGrader, completion: str) -> Result:
-    found = compile_pattern(g.pattern).search(completion) is not None  # RE2: linear time (mathrl/regex.py)
-    ok = found != g.negate
-    return Result(float(ok), f"pattern {'found' if found else 'not found'}" + (" (negated)" if g.negate else ""))
+@scores(RegexGrader)
+def _regex(g: RegexGrader, b: Batch) -> list[Result]:
+    pattern = compile_pattern(g.pattern)  # RE2: linear time (mathrl/regex.py)
+    out = []
+    for completion in b.completions:
+        found = pattern.search(completion) is not None
+        ok = found != g.negate
+        out.append(
+            Result(float(ok), f"pattern {'found' if found else 'not found'}" + (" (negated)" if g.negate else ""))
+        )
+    return out
 
 
-def _length(g: LengthPenaltyGrader, length: int, unit: str) -> Result:
-    start = g.max_length - min(g.buffer, g.max_length)
-    if length <= start:
-        return Result(0.0, f"{length} {unit} <= {start}: no penalty")
-    score = -min(1.0, (length - start) / max(1, min(g.buffer, g.max_length)))
-    return Result(score, f"{length} {unit}, {length - start} over {start}")
+@scores(BoxedFormatGrader)
+def _boxed(g: BoxedFormatGrader, b: Batch) -> list[Result]:
+    out = []
+    for completion in b.completions:
+        boxed = last_boxed(completion)
+        ok = boxed is not None and bool(boxed.strip())
+        out.append(Result(float(ok), "a non-empty \\boxed{} answer" if ok else "no non-empty \\boxed{} answer"))
+    return out
+
+
+@scores(LengthPenaltyGrader)
+def _length(g: LengthPenaltyGrader, b: Batch) -> list[Result]:
+    """DAPO's soft overlong penalty, in tokens where the ids are known, else in words."""
+    if b.completion_ids is not None:
+        lengths, unit = [len(ids) for ids in b.completion_ids], "tokens"
+    else:
+        lengths, unit = [len(c.split()) for c in b.completions], "words"
+    buffer = max(1, min(g.buffer, g.max_length))
+    start = g.max_length - buffer
+    out = []
+    for length in lengths:
+        if length <= start:
+            out.append(Result(0.0, f"{length} {unit} <= {start}: no penalty"))
+        else:
+            out.append(Result(-min(1.0, (length - start) / buffer), f"{length} {unit}, {length - start} over {start}"))
+    return out
+
+
+@scores(RewardModelGrader)
+def _reward_model(g: RewardModelGrader, b: Batch) -> list[Result]:
+    if b.rm_scorer is None:
+        raise ValueError("a reward_model grader needs its model loaded: it runs in GRPO and eval jobs")
+    values = b.rm_scorer(g.model)(list(b.prompts), list(b.completions))
+    return [Result(float(s), f"reward model score {s:.4g}") for s in values]
+
+
+@scores(WeightedGrader)
+def _weighted(g: WeightedGrader, b: Batch) -> list[Result]:
+    parts = [_score(p.grader, b) for p in g.graders]
+    out = []
+    for i in range(len(b.completions)):
+        score = sum(p.weight * r[i].score for p, r in zip(g.graders, parts, strict=True))
+        reason = " + ".join(
+            f"{p.weight:g} x {p.grader.type} {r[i].score:g} ({r[i].reason})"
+            for p, r in zip(g.graders, parts, strict=True)
+        )
+        out.append(Result(score, reason))
+    return out
+
+
+def _score(grader: Any, batch: Batch) -> list[Result]:
+    fn = SCORERS.get(type(grader))
+    if fn is None:
+        raise TypeError(f"not a grader: {grader!r}")
+    return fn(grader, batch)
 
 
 def grade_items(
@@ -117,46 +212,16 @@ def grade_items(
     n = len(completions)
     if len(answers) != n:
         raise ValueError(f"{n} completions but {len(answers)} answers")
-    cut = list(truncated) if truncated is not None else [False] * n
-    if isinstance(grader, WeightedGrader):
-        parts = [
-            grade_items(
-                p.grader,
-                completions,
-                answers,
-                prompts=prompts,
-                completion_ids=completion_ids,
-                truncated=cut,
-                rm_scorer=rm_scorer,
-                match=match,
-            )
-            for p in grader.graders
-        ]
-        out = []
-        for i in range(n):
-            score = sum(p.weight * r[i].score for p, r in zip(grader.graders, parts, strict=True))
-            reason = " + ".join(
-                f"{p.weight:g} x {p.grader.type} {r[i].score:g} ({r[i].reason})"
-                for p, r in zip(grader.graders, parts, strict=True)
-            )
-            out.append(Result(score, reason))
-        return out
-    if isinstance(grader, MathGrader):
-        return _math(grader, completions, answers, cut, match)
-    if isinstance(grader, StringCheckGrader):
-        return [_string(grader, c, a, t) for c, a, t in zip(completions, answers, cut, strict=True)]
-    if isinstance(grader, RegexGrader):
-        return [_regex(grader, c) for c in completions]
-    if isinstance(grader, LengthPenaltyGrader):
-        if completion_ids is not None:
-            return [_length(grader, len(ids), "tokens") for ids in completion_ids]
-        return [_length(grader, len(c.split()), "words") for c in completions]
-    if isinstance(grader, RewardModelGrader):
-        if rm_scorer is None:
-            raise ValueError("a reward_model grader needs its model loaded: it runs in GRPO and eval jobs")
-        scores = rm_scorer(grader.model)(list(prompts or [""] * n), list(completions))
-        return [Result(float(s), f"reward model score {s:.4g}") for s in scores]
-    raise TypeError(f"not a grader: {grader!r}")
+    batch = Batch(
+        completions=completions,
+        answers=answers,
+        prompts=list(prompts) if prompts is not None else [""] * n,
+        completion_ids=completion_ids,
+        truncated=list(truncated) if truncated is not None else [False] * n,
+        rm_scorer=rm_scorer,
+        match=match,
+    )
+    return _score(grader, batch)
 
 
 @functools.lru_cache(maxsize=8)

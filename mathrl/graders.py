@@ -20,7 +20,8 @@ class _Grader(BaseModel):
 
 class MathGrader(_Grader):
     """1 when the completion's final answer equals the gold answer by math-verify (fractions,
-    decimals, percentages, sets, intervals, matrices...), else 0."""
+    decimals, percentages, sets, intervals, matrices...), else `wrong_score` (0), or
+    `no_answer_score` (0) when it gives no final answer."""
 
     type: Literal["math"] = "math"
     answer_pattern: str | None = Field(
@@ -28,6 +29,11 @@ class MathGrader(_Grader):
         max_length=512,
         description="A regex whose first match's group 1 is the answer; unset: the last \\boxed{}, a '####' "
         "line, 'the answer is ...', else the last number (not for a cut-off completion).",
+    )
+
+    wrong_score: float = Field(0.0, ge=-100, le=100, description="The score of an answer that differs from the gold.")
+    no_answer_score: float = Field(
+        0.0, ge=-100, le=100, description="The score of a completion with no final answer (e.g. -0.5, DeepSeekMath's)."
     )
 
     @model_validator(mode="after")
@@ -70,6 +76,13 @@ class RegexGrader(_Grader):
         return self
 
 
+class BoxedFormatGrader(_Grader):
+    """A format check: 1 when the completion ends its answer in a non-empty \\boxed{...} (nested
+    braces counted), else 0."""
+
+    type: Literal["boxed_format"] = "boxed_format"
+
+
 class LengthPenaltyGrader(_Grader):
     """DAPO's soft overlong penalty: 0 up to max_length - buffer, then down linearly to -1 at
     max_length. Lengths are completion tokens where token ids are known (GRPO), else
@@ -89,7 +102,7 @@ class RewardModelGrader(_Grader):
 
 
 SimpleGrader = Annotated[
-    MathGrader | StringCheckGrader | RegexGrader | LengthPenaltyGrader | RewardModelGrader,
+    MathGrader | StringCheckGrader | RegexGrader | BoxedFormatGrader | LengthPenaltyGrader | RewardModelGrader,
     Field(discriminator="type"),
 ]
 
@@ -109,10 +122,16 @@ class WeightedGrader(_Grader):
 
 
 Grader = Annotated[
-    MathGrader | StringCheckGrader | RegexGrader | LengthPenaltyGrader | RewardModelGrader | WeightedGrader,
+    MathGrader
+    | StringCheckGrader
+    | RegexGrader
+    | BoxedFormatGrader
+    | LengthPenaltyGrader
+    | RewardModelGrader
+    | WeightedGrader,
     Field(discriminator="type"),
 ]
-GRADER_TYPES = ("math", "string_check", "regex", "length_penalty", "reward_model", "weighted")
+GRADER_TYPES = ("math", "string_check", "regex", "boxed_format", "length_penalty", "reward_model", "weighted")
 
 
 def needs_model(grader: BaseModel) -> bool:

@@ -23,7 +23,15 @@ from pydantic import (
 )
 
 from mathrl.errors import FieldError as FieldError  # raised here, imported from here by the API
-from mathrl.graders import Grader, GraderItem, RewardModelGrader, WeightedGrader
+from mathrl.graders import (
+    BoxedFormatGrader,
+    Grader,
+    GraderItem,
+    LengthPenaltyGrader,
+    MathGrader,
+    RewardModelGrader,
+    WeightedGrader,
+)
 from mathrl.modelref import ModelRef as ModelRef  # specs' users import it from here
 from mathrl.modelref import check_model_ref as check_model_ref
 from mathrl.presets import ASYNC_UNSUPPORTED, resolve_grpo
@@ -173,7 +181,8 @@ REWARD_NAMES: tuple[str, ...] = RewardName.__args__  # type: ignore[attr-defined
 
 class RewardRef(StrictModel):
     name: RewardName = Field(
-        ..., description="A registered reward function (trainer/rewards.py), or 'grader' for the one in 'grader'."
+        ...,
+        description="A named reward (each is a grader: RewardRef.as_grader), or 'grader' for the one in 'grader'.",
     )
     grader: Grader | None = Field(
         None, description="For 'grader': a grader (mathrl/graders.py) whose score is the reward."
@@ -201,6 +210,24 @@ class RewardRef(StrictModel):
         if self.name != "reward_model" and self.model is not None:
             raise FieldError("model", f"'model' is only for the 'reward_model' reward, not {self.name!r}: remove it")
         return self
+
+    def as_grader(self, max_completion_length: int) -> Any:
+        """The grader (mathrl/graders.py) this reward is: every named reward is one, so its
+        formula has one implementation (evaluator/graders.py) in GRPO, eval and the graders
+        route. `max_completion_length` is the run's, which 'overlong' penalises against."""
+        if self.name == "grader":
+            return self.grader
+        if self.name == "accuracy":
+            return MathGrader()
+        if self.name == "binary":  # DeepSeekMath's rule reward: +1 right, -1 wrong, -0.5 no answer
+            return MathGrader(wrong_score=-1.0, no_answer_score=-0.5)
+        if self.name == "format":
+            return BoxedFormatGrader()
+        if self.name == "overlong":
+            buffer = self.buffer or max(1, max_completion_length // 4)
+            return LengthPenaltyGrader(max_length=max_completion_length, buffer=min(buffer, max_completion_length))
+        assert self.name == "reward_model" and self.model is not None
+        return RewardModelGrader(model=self.model)
 
 
 # 'all-linear' or a list of module names; tagged (like RecipeField below) so an error points at

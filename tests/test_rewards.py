@@ -1,4 +1,4 @@
-"""Reward functions on literal cases."""
+"""GRPO's rewards on literal cases: each named reward is a grader (RewardRef.as_grader)."""
 
 from __future__ import annotations
 
@@ -7,14 +7,18 @@ from pathlib import Path
 
 import pytest
 
-from mathrl.specs import REWARD_NAMES
-from trainer.rewards import REGISTRY, Overlong, UnknownReward, get_reward
+from mathrl.specs import REWARD_NAMES, RewardRef
+from trainer.rewards import UnknownReward, get_reward
 
 pytestmark = pytest.mark.quick
 
 
-def test_registry_matches_the_names_a_spec_accepts() -> None:
-    assert set(REGISTRY) == set(REWARD_NAMES)
+def test_every_name_a_spec_accepts_is_a_grader() -> None:
+    for name in REWARD_NAMES:
+        fields = {"grader": {"type": "math"}} if name == "grader" else {}
+        fields |= {"model": "/some/rm"} if name == "reward_model" else {}
+        grader = RewardRef(name=name, **fields).as_grader(64)
+        assert grader.type in {"math", "boxed_format", "length_penalty", "reward_model"}, (name, grader)
 
 
 @pytest.mark.parametrize(
@@ -41,9 +45,23 @@ def test_conversational_completions() -> None:
 
 
 def test_overlong_penalty_is_linear_in_the_buffer() -> None:
-    r = Overlong(max_length=100, buffer=20)
-    assert [r.penalty(n) for n in (50, 80, 90, 100, 130)] == [0.0, 0.0, -0.5, -1.0, -1.0]
-    assert r(["x"] * 2, completion_ids=[[1] * 80, [1] * 95]) == [0.0, -0.75]
+    r = get_reward("overlong", max_length=100, buffer=20)
+    ids = [[1] * n for n in (50, 80, 90, 95, 100, 130)]
+    assert r(["x"] * len(ids), completion_ids=ids) == [0.0, 0.0, -0.5, -0.75, -1.0, -1.0]
+    # its default buffer: a quarter of the run's max_completion_length
+    assert get_reward("overlong", max_length=100).grader.buffer == 25
+    # without token ids (a direct call): whitespace words
+    assert get_reward("overlong", max_length=10, buffer=5)(["a b c d e f g h"]) == [-0.6]
+
+
+def test_a_missing_gold_answer_is_not_scored_and_binary_keeps_its_three_values() -> None:
+    assert get_reward("accuracy")(["\\boxed{3}", "\\boxed{3}"], answer=[None, "3"]) == [None, 1.0]
+    assert get_reward("binary").grader.model_dump() == {
+        "type": "math",
+        "answer_pattern": None,
+        "wrong_score": -1.0,
+        "no_answer_score": -0.5,
+    }
 
 
 def test_unknown_reward_suggests_a_name() -> None:
@@ -56,7 +74,7 @@ def test_rewards_are_picklable_and_named() -> None:
         r = pickle.loads(pickle.dumps(get_reward(name)))
         assert r.__name__ == name
     rm = get_reward("reward_model", model="/some/rm")
-    assert pickle.loads(pickle.dumps(rm)).model_path == "/some/rm"
+    assert rm.__name__ == "reward_model" and pickle.loads(pickle.dumps(rm)).grader.model == "/some/rm"
 
 
 @pytest.mark.quick

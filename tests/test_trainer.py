@@ -211,14 +211,14 @@ def test_outcome_rm_then_grpo_with_the_rm_reward(sft_job: tuple[Any, str]) -> No
     assert mean == pytest.approx(sum(i.data["grader_score"] for i in items) / 8)
     # a reward-model grader through POST /v1/graders:run: a 'grade' job on the worker, the same
     # scores as the RM gives loaded here
-    from trainer.rewards import RewardModelScore
+    from trainer.rm_scorer import RewardModelScorer
 
     rm_grader = {"type": "reward_model", "model": f"job:{rm.id}"}
     tried = [{"prompt": i.prompt, "completion": i.completion, "answer": i.data["gold"]} for i in items]
     out = c.graders.run(rm_grader, tried, timeout=300)
     assert out.job_id and c.jobs.retrieve(out.job_id).kind == "grade"
     final = next(cp.uri for cp in c.jobs.checkpoints(rm.id) if cp.kind == "final")
-    here = RewardModelScore(model=final)([t["completion"] for t in tried], prompts=[t["prompt"] for t in tried])
+    here = RewardModelScorer(final)([t["prompt"] for t in tried], [t["completion"] for t in tried])
     assert [d.score for d in out.data] == pytest.approx([float(x) for x in here], abs=1e-4)
     assert all("reward model score" in d.reason for d in out.data)
 

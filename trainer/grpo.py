@@ -15,43 +15,15 @@ from trainer.checkpoints import latest_checkpoint, save_checkpoints_atomically, 
 from trainer.data import load_problems, prompt_dataset
 from trainer.grpo_config import grpo_args, lora_config
 from trainer.heldout_eval import HeldoutEvalCallback
-from trainer.rewards import Reward, get_reward
+from trainer.rewards import GraderReward, reward_for
 
 
 def build_rewards(
     spec: GRPOSpec, config: dict[str, Any], resolve_model: Any = None
-) -> tuple[list[Reward], list[float]]:
-    rewards, weights = [], []
-    for ref in spec.rewards:
-        kwargs: dict[str, Any] = {}
-        if ref.name == "reward_model":
-            assert ref.model is not None
-            kwargs["model"] = resolve_model(ref.model) if resolve_model else ref.model
-        if ref.name == "grader":
-            kwargs["grader"] = resolve_grader_models(ref.grader, resolve_model)
-        kwargs["max_length"] = config["max_completion_length"]  # cut-off completions: no last-number answer
-        if ref.name == "overlong":
-            kwargs["buffer"] = ref.buffer or max(1, config["max_completion_length"] // 4)
-        rewards.append(get_reward(ref.name, **kwargs))
-        weights.append(ref.weight)
-    return rewards, weights
-
-
-def resolve_grader_models(grader: Any, resolve_model: Any) -> Any:
-    """The grader with its reward models' references ('job:<id>') resolved to local paths."""
-    from mathrl.graders import RewardModelGrader, WeightedGrader
-
-    if resolve_model is None:
-        return grader
-    if isinstance(grader, RewardModelGrader):
-        return grader.model_copy(update={"model": resolve_model(grader.model)})
-    if isinstance(grader, WeightedGrader):
-        parts = [
-            part.model_copy(update={"grader": resolve_grader_models(part.grader, resolve_model)})
-            for part in grader.graders
-        ]
-        return grader.model_copy(update={"graders": parts})
-    return grader
+) -> tuple[list[GraderReward], list[float]]:
+    """The spec's rewards, each a grader (RewardRef.as_grader), and their weights."""
+    rewards = [reward_for(ref, config["max_completion_length"], resolve_model) for ref in spec.rewards]
+    return rewards, [ref.weight for ref in spec.rewards]
 
 
 def generation_backend(config: dict[str, Any], sink: Sink) -> str:

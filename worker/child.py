@@ -155,7 +155,7 @@ def _run_kind(
     if spec.kind == "eval":
         from evaluator.recipes import stored_recipe
         from evaluator.run import run_eval
-        from trainer.rewards import rm_scorers
+        from trainer.rm_scorer import rm_scorers
 
         run_eval(
             spec,
@@ -211,7 +211,7 @@ def _run_kind(
         )
     elif spec.kind == "grade":
         from evaluator.graders import grade_items
-        from trainer.rewards import rm_scorers
+        from trainer.rm_scorer import rm_scorers
 
         items = spec.items
         results = grade_items(
