@@ -367,6 +367,16 @@ class HeldoutEval(StrictModel):
     max_new_tokens: int = Field(256, ge=1, le=32768, description="Greedy completion length per problem.")
 
 
+# GRPO and SFT jobs
+HeldoutEvalField = Annotated[
+    HeldoutEval | None,
+    Field(
+        description="Held-out evaluation during training: accuracy with its 95% CI every N steps, stored as the "
+        "series heldout/accuracy, heldout/ci_low and heldout/ci_high.",
+    ),
+]
+
+
 class DynamicSampling(StrictModel):
     """Drop groups with no grading signal and generate more questions in their place (DAPO)."""
 
@@ -552,11 +562,7 @@ class GRPOSpec(_JobBase):
         description="Async only: how many weight updates a sample may lag behind the policy "
         "before it is dropped (0: on-policy). Default: TRL's 4.",
     )
-    eval: HeldoutEval | None = Field(
-        None,
-        description="Held-out evaluation during training: accuracy with its 95% CI every N steps, stored as the "
-        "series heldout/accuracy, heldout/ci_low and heldout/ci_high.",
-    )
+    eval: HeldoutEvalField = None
     dynamic_sampling: DynamicSampling | None = Field(
         None,
         description="Drop groups whose grading signal has zero variance and generate more (true: the defaults "
@@ -778,11 +784,7 @@ class SFTSpec(_JobBase):
     logging_steps: int = Field(10, ge=1, le=10_000_000, description="Store metrics every N steps.")
     save_steps: int = Field(100, ge=1, le=10_000_000, description="Checkpoint every N steps.")
     seed: int = Field(42, ge=0, le=MAX_SEED, description="Seed of the data order and initialisation (0 to 2**32 - 1).")
-    eval: HeldoutEval | None = Field(
-        None,
-        description="Held-out evaluation during training: accuracy with its 95% CI every N steps, stored as the "
-        "series heldout/accuracy, heldout/ci_low and heldout/ci_high.",
-    )
+    eval: HeldoutEvalField = None
 
 
 class GradeSpec(_JobBase):

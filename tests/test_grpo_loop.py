@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import data_dir
+from worker.launch import accelerate_cpu_launch
 
 pytestmark = pytest.mark.slow
 
@@ -30,28 +31,8 @@ RUNNER = ROOT / "tests" / "grpo_loop_run.py"
 def _run(model: str, out: Path, runs: list[dict[str, Any]], processes: int = 1) -> list[dict[str, Any]]:
     """Every run of `runs` (loop options) in one process start; their logged metrics, in order."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    launch = (
-        [
-            "-m",
-            "accelerate.commands.launch",
-            "--num_processes",
-            str(processes),
-            "--num_machines",
-            "1",
-            "--main_process_port",
-            "0",
-            "--dynamo_backend",
-            "no",
-            "--multi_gpu",
-            "--mixed_precision",
-            "no",
-            "--num_cpu_threads_per_process",
-            "1",
-        ]
-        if processes > 1
-        else []
-    )
-    args = [sys.executable, *launch, str(RUNNER), model, data_dir(), str(out), json.dumps(runs)]
+    launch = accelerate_cpu_launch(processes, 1) if processes > 1 else [sys.executable]
+    args = [*launch, str(RUNNER), model, data_dir(), str(out), json.dumps(runs)]
     r = subprocess.run(args, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
     return [json.loads((out / str(i) / "metrics.json").read_text()) for i in range(len(runs))]

@@ -123,7 +123,7 @@ def run_grpo(
         args.reward_weights = weights
         engine = vllm_engine_options(spec, config) if backend == "vllm" else None
         trainer = MathrlGRPOTrainer(
-            loop=LoopOptions.from_config(config, [r.name for r in rewards]),
+            loop=LoopOptions.from_config(config, [r.__name__ for r in rewards]),
             model=model_path,
             reward_funcs=rewards,
             args=args,
@@ -151,7 +151,7 @@ def run_grpo(
     sink.event(
         "training",
         f"GRPO on {len(dataset)} questions, {spec.max_steps} steps, G={config['num_generations']}, "
-        f"batch {config['global_batch_size']} completions, rewards {[r.name for r in rewards]}"
+        f"batch {config['global_batch_size']} completions, rewards {[r.__name__ for r in rewards]}"
         + (f"; resuming from {resume.name}" if resume else ""),
         data={"setup_seconds": time.monotonic() - t0},
     )

@@ -48,25 +48,10 @@ def job_command(
     n = num_processes(spec)
     if n <= 1:
         return [sys.executable, *child]
-    cmd = [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        "--num_processes",
-        str(n),
-        "--num_machines",
-        "1",
-        "--main_process_port",
-        "0",
-        "--dynamo_backend",
-        "no",
-    ]  # port 0: a free one, jobs side by side
     if spec.resources.gpus == 0:
-        # data-parallel CPU processes (gloo): accelerate's `--cpu` means one process (or mpirun),
-        # its torchrun launcher is the one behind --multi_gpu; the trainer picks the CPU itself
-        threads = max(1, (cpu_count or os.cpu_count() or 1) // n)
-        cmd += ["--multi_gpu", "--mixed_precision", "no", "--num_cpu_threads_per_process", str(threads)]
-    elif uses_deepspeed(spec) and have_deepspeed:
+        return accelerate_cpu_launch(n, max(1, (cpu_count or os.cpu_count() or 1) // n)) + child
+    cmd = _accelerate_launch(n)
+    if uses_deepspeed(spec) and have_deepspeed:
         # TRL's ZeRO-3 recipe: shard parameters at load, gather a 16-bit model to save, no offload
         cmd += [
             "--use_deepspeed",
@@ -87,6 +72,37 @@ def job_command(
         # (deepspeed asked for but not installed: launched anyway, every rank's check fails with the reason)
         cmd += ["--multi_gpu", "--mixed_precision", "bf16"]
     return cmd + child
+
+
+def _accelerate_launch(n: int) -> list[str]:
+    # port 0: a free one, jobs side by side
+    return [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--num_processes",
+        str(n),
+        "--num_machines",
+        "1",
+        "--main_process_port",
+        "0",
+        "--dynamo_backend",
+        "no",
+    ]
+
+
+def accelerate_cpu_launch(n: int, threads: int) -> list[str]:
+    """`accelerate launch` of n data-parallel CPU processes (gloo), `threads` each, without the
+    script: accelerate's `--cpu` means one process (or mpirun); its torchrun launcher is the one
+    behind --multi_gpu, and the trainer picks the CPU itself."""
+    return [
+        *_accelerate_launch(n),
+        "--multi_gpu",
+        "--mixed_precision",
+        "no",
+        "--num_cpu_threads_per_process",
+        str(threads),
+    ]
 
 
 def describe(cmd: list[str]) -> str:
