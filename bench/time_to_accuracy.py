@@ -33,6 +33,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from transformers import TrainerCallback  # noqa: E402
+
 from mathrl.sink import PrintSink  # noqa: E402
 
 
@@ -183,18 +185,15 @@ def run_trl(args: argparse.Namespace, sink: SeriesSink, work: Path) -> None:
     trainer.train()
 
 
-class StopAtTarget:
+class StopAtTarget(TrainerCallback):  # type: ignore[misc]
     """Ends a plain TRL run at the step its held-out score reached the highest target."""
 
-    def __new__(cls, sink: SeriesSink) -> Any:
-        from transformers import TrainerCallback
+    def __init__(self, sink: SeriesSink) -> None:
+        self.sink = sink
 
-        class _Stop(TrainerCallback):  # type: ignore[misc]
-            def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-                if sink.should_stop():
-                    control.should_training_stop = True
-
-        return _Stop()
+    def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        if self.sink.should_stop():
+            control.should_training_stop = True
 
 
 def child(args: argparse.Namespace) -> None:

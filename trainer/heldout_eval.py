@@ -35,6 +35,7 @@ class HeldoutEvalCallback(TrainerCallback):  # type: ignore[misc]
         self.recipe = RECIPES[self.bench.recipe]
         self.problems = load_benchmark(self.bench, data_dir, spec.limit)
         self.texts = [prompts.render(self.recipe, p.question, tokenizer) for p in self.problems]
+        self._longest: int | None = None
         self.trainer: Any = None  # set once the trainer is built
         self.series: list[dict[str, float]] = []
 
@@ -90,8 +91,9 @@ class HeldoutEvalCallback(TrainerCallback):  # type: ignore[misc]
         if engine is not None:
             from vllm import SamplingParams
 
-            longest = max(len(self.tokenizer(t, add_special_tokens=False).input_ids) for t in self.texts)
-            room = engine.max_model_length - longest if engine.max_model_length else self.spec.max_new_tokens
+            if self._longest is None:  # the prompts are fixed: measured once
+                self._longest = max(len(self.tokenizer(t, add_special_tokens=False).input_ids) for t in self.texts)
+            room = engine.max_model_length - self._longest if engine.max_model_length else self.spec.max_new_tokens
             params = SamplingParams(
                 temperature=0.0, max_tokens=max(1, min(self.spec.max_new_tokens, room)), stop=self.recipe.stop
             )
