@@ -15,7 +15,7 @@ from starlette.exceptions import HTTPException
 
 from api import problems
 from api.deps import CALLER_STATE, caller_for
-from api.routers import graders, health, jobs, keys, pipelines, scores
+from api.routers import graders, health, jobs, keys, openai_graders, pipelines, scores
 from api.web.router import router as web_router
 from service.settings import get_settings
 
@@ -120,7 +120,8 @@ def create_app() -> FastAPI:
         description="Train and evaluate math-reasoning language models with GRPO. "
         "Authenticate with `Authorization: Bearer <key>`.",
     )
-    for r in (jobs.router, pipelines.router, scores.router, graders.router, keys.router, health.router):
+    routers = (jobs.router, pipelines.router, scores.router, graders.router, openai_graders.router, keys.router)
+    for r in (*routers, health.router):
         app.include_router(r)
     app.include_router(web_router)  # /ui: status pages (their data comes from the API above)
     problems.install(app)

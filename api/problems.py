@@ -81,7 +81,16 @@ def problem_response(
     }
     if errors:
         body["errors"] = errors
+    if instance.startswith(OPENAI_PATHS):
+        # OpenAI's error object beside the problem details, for code written against the openai SDK
+        # (it reads error.message and error.param): the same detail and the first field's pointer
+        param = errors[0]["pointer"].lstrip("/").replace("/", ".") if errors else None
+        body["error"] = {"message": detail, "type": "invalid_request_error", "param": param or None, "code": None}
     return JSONResponse(body, status_code=status, media_type=PROBLEM_JSON, headers=headers)
+
+
+# the routes shaped as OpenAI's API (api/routers/openai_*.py)
+OPENAI_PATHS = ("/v1/fine_tuning/", "/v1/files", "/v1/models", "/v1/chat/", "/v1/completions")
 
 
 def _pointer(loc: tuple[Any, ...]) -> str:
@@ -143,6 +152,17 @@ PROBLEM_SCHEMA: dict[str, Any] = {
         "status": {"type": "integer"},
         "detail": {"type": "string", "description": "What went wrong and how to fix it."},
         "instance": {"type": "string"},
+        "error": {
+            "type": "object",
+            "description": "On the OpenAI-shaped routes (/v1/fine_tuning, /v1/files): OpenAI's error object, the same "
+            "detail as `message` and the first field as `param`.",
+            "properties": {
+                "message": {"type": "string"},
+                "type": {"type": "string"},
+                "param": {"type": ["string", "null"]},
+                "code": {"type": ["string", "null"]},
+            },
+        },
         "errors": {
             "type": "array",
             "items": {

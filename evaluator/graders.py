@@ -16,18 +16,25 @@ evaluator/bounded.py runs it in the call's own process."""
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from evaluator.grading import check_answers, extract, find_answer, last_boxed
+from evaluator.sandbox import SandboxLimits, run_python
+from mathrl import formula, templates
 from mathrl.graders import (
     BoxedFormatGrader,
+    LabelModelGrader,
     LengthPenaltyGrader,
     MathGrader,
+    MultiGrader,
+    PythonGrader,
     RegexGrader,
     RewardModelGrader,
+    ScoreModelGrader,
     StringCheckGrader,
+    TextSimilarityGrader,
     WeightedGrader,
 )
 from mathrl.regex import compile_pattern
@@ -45,6 +52,11 @@ def match_here(pairs: Sequence[tuple[str, str]]) -> list[tuple[bool, str | None]
 class Result:
     score: float
     reason: str
+    # OpenAI's error kinds (grader run metadata.errors): invalid_variable_error, formula_parse_error,
+    # python_grader_runtime_error, python_grader_server_error, other_error; with a detail
+    error: str | None = None
+    detail: str | None = None
+    sub: dict[str, float] | None = None  # a multi grader's graders' scores by name
 
 
 @dataclass
@@ -59,6 +71,8 @@ class Batch:
     truncated: Sequence[bool]
     rm_scorer: Callable[[str], RMScorer] | None
     match: Matcher
+    items: Sequence[Mapping[str, Any]]  # what templates read as `item` (the dataset row)
+    sandbox: SandboxLimits
 
 
 Scorer = Callable[[Any, Batch], list[Result]]
@@ -106,24 +120,111 @@ def _math(g: MathGrader, b: Batch) -> list[Result]:
 
 @scores(StringCheckGrader)
 def _string(g: StringCheckGrader, b: Batch) -> list[Result]:
-    return [_string_one(g, c, a, t) for c, a, t in zip(b.completions, b.answers, b.truncated, strict=True)]
+    return [
+        _string_one(g, c, a, t, item)
+        for c, a, t, item in zip(b.completions, b.answers, b.truncated, b.items, strict=True)
+    ]
 
 
-def _string_one(g: StringCheckGrader, completion: str, answer: str | None, truncated: bool) -> Result:
-    if g.input == "completion":
-        text: str | None = completion.strip()
-    else:
-        text = extract(completion, truncated)[0]
-    reference = g.reference.replace("{answer}", answer or "")
+def _string_one(
+    g: StringCheckGrader, completion: str, answer: str | None, truncated: bool, item: Mapping[str, Any]
+) -> Result:
+    try:
+        if g.input == "completion":
+            text: str | None = completion.strip()
+        elif g.input == "extracted":
+            text = extract(completion, truncated)[0]
+        else:
+            text = templates.render(g.input, templates.sample_namespace(completion), item)
+        reference = templates.render(g.reference, templates.sample_namespace(completion), item)
+    except templates.TemplateError as e:
+        return Result(0.0, str(e), error="invalid_variable_error", detail=str(e))
+    reference = reference.replace("{answer}", answer or "")
     if text is None:
         return Result(0.0, "no final answer found")
     ok = {
         "eq": text == reference,
         "ne": text != reference,
         "contains": reference in text,
+        "like": reference in text,
         "icontains": reference.lower() in text.lower(),
+        "ilike": reference.lower() in text.lower(),
     }[g.operation]
     return Result(float(ok), f"{text[:80]!r} {g.operation} {reference[:80]!r}: {'yes' if ok else 'no'}")
+
+
+@scores(TextSimilarityGrader)
+def _similarity(g: TextSimilarityGrader, b: Batch) -> list[Result]:
+    from evaluator.similarity import similarity
+
+    out = []
+    for completion, item in zip(b.completions, b.items, strict=True):
+        sample = templates.sample_namespace(completion)
+        try:
+            text, reference = templates.render(g.input, sample, item), templates.render(g.reference, sample, item)
+        except templates.TemplateError as e:
+            out.append(Result(0.0, str(e), error="invalid_variable_error", detail=str(e)))
+            continue
+        value = similarity(g.evaluation_metric, text, reference)
+        if g.pass_threshold is not None:
+            ok = value >= g.pass_threshold
+            out.append(
+                Result(float(ok), f"{g.evaluation_metric} {value:.4g} {'>=' if ok else '<'} {g.pass_threshold:g}")
+            )
+        else:
+            out.append(Result(value, f"{g.evaluation_metric} {value:.4g}"))
+    return out
+
+
+@scores(PythonGrader)
+def _python(g: PythonGrader, b: Batch) -> list[Result]:
+    cases = [(templates.sample_namespace(c), dict(item)) for c, item in zip(b.completions, b.items, strict=True)]
+    out = []
+    for r in run_python(g.source, cases, b.sandbox):
+        if r.error is None and r.score is not None:
+            out.append(Result(r.score, f"grade() returned {r.score:g}"))
+        elif r.error == "runtime":
+            out.append(Result(0.0, f"grade() raised: {r.detail}", error="python_grader_runtime_error", detail=r.detail))
+        else:
+            out.append(
+                Result(0.0, f"the sandbox stopped it: {r.detail}", error="python_grader_server_error", detail=r.detail)
+            )
+    return out
+
+
+@scores(ScoreModelGrader)
+@scores(LabelModelGrader)
+def _model_grader(g: Any, b: Batch) -> list[Result]:
+    raise ValueError(
+        f"a {g.type} grader needs a grading model on a worker's engine, which this service does not run yet: "
+        "use string_check, text_similarity, python or multi (docs/openai-rft.md)"
+    )
+
+
+@scores(MultiGrader)
+def _multi(g: MultiGrader, b: Batch) -> list[Result]:
+    parts = {name: _score(sub, b) for name, sub in g.graders.items()}
+    out = []
+    for i in range(len(b.completions)):
+        values = {name: r[i].score for name, r in parts.items()}
+        failed = next((r[i] for r in parts.values() if r[i].error), None)
+        try:
+            score = formula.evaluate(g.calculate_output, values)
+        except formula.FormulaError as e:
+            kind = "invalid_variable_error" if isinstance(e, formula.FormulaVariableError) else "formula_parse_error"
+            out.append(Result(0.0, str(e), error=kind, detail=str(e), sub=values))
+            continue
+        reason = f"{g.calculate_output} = {score:.4g} with " + ", ".join(f"{k}={v:.4g}" for k, v in values.items())
+        out.append(
+            Result(
+                score,
+                reason,
+                error=failed.error if failed else None,
+                detail=failed.detail if failed else None,
+                sub=values,
+            )
+        )
+    return out
 
 
 @scores(RegexGrader)
@@ -206,9 +307,13 @@ def grade_items(
     truncated: Sequence[bool] | None = None,
     rm_scorer: Callable[[str], RMScorer] | None = None,
     match: Matcher = match_here,
+    items: Sequence[Mapping[str, Any]] | None = None,
+    sandbox: SandboxLimits | None = None,
 ) -> list[Result]:
     """Score each completion against its gold answer. `completion_ids` (GRPO) measure lengths in
-    tokens, else in words; `truncated` marks completions cut off at the length limit."""
+    tokens, else in words; `truncated` marks completions cut off at the length limit; `items`
+    are what templates read as `item` (default: {answer, prompt}); `sandbox`: the python
+    grader's limits."""
     n = len(completions)
     if len(answers) != n:
         raise ValueError(f"{n} completions but {len(answers)} answers")
@@ -220,7 +325,12 @@ def grade_items(
         truncated=list(truncated) if truncated is not None else [False] * n,
         rm_scorer=rm_scorer,
         match=match,
+        items=list(items) if items is not None else [{}] * n,
+        sandbox=sandbox or SandboxLimits(),
     )
+    batch.items = [
+        {"answer": a, "prompt": p, **dict(item)} for a, p, item in zip(answers, batch.prompts, batch.items, strict=True)
+    ]
     return _score(grader, batch)
 
 
@@ -233,8 +343,26 @@ def _grader(grader_json: str) -> Any:
     return TypeAdapter(Grader).validate_json(grader_json)
 
 
-def grade_item(grader_json: str, completion: str, answer: str | None, prompt: str) -> tuple[float, str]:
+def grade_item(
+    grader_json: str,
+    completion: str,
+    answer: str | None,
+    prompt: str,
+    fields: dict[str, Any] | None = None,
+    sandbox: SandboxLimits | None = None,
+) -> tuple[float, str]:
     """One item of POST /v1/graders:run: (score, reason). Plain data in and out, for the call's
     own process (evaluator/bounded.py); the grader as JSON, parsed once per process."""
-    r = grade_items(_grader(grader_json), [completion], [answer], prompts=[prompt])[0]
+    r = grade_items(
+        _grader(grader_json), [completion], [answer], prompts=[prompt], items=[fields or {}], sandbox=sandbox
+    )[0]
     return r.score, r.reason
+
+
+def grade_openai(grader_json: str, model_sample: str, item: dict[str, Any], sandbox: SandboxLimits) -> dict[str, Any]:
+    """One call of POST /v1/fine_tuning/alpha/graders/run: the reward, the named graders' rewards,
+    the error kind if any, in the call's own process (evaluator/bounded.py). The item's
+    `answer` field, if any, is the gold answer that math graders compare with."""
+    answer = item.get("answer") if isinstance(item.get("answer"), str) else None
+    r = grade_items(_grader(grader_json), [model_sample], [answer], items=[item], sandbox=sandbox)[0]
+    return {"reward": r.score, "reason": r.reason, "error": r.error, "detail": r.detail, "sub": r.sub or {}}

@@ -6,11 +6,12 @@ Their implementations: evaluator/graders.py."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from mathrl.errors import check_regex
+from mathrl import formula, templates
+from mathrl.errors import FieldError, check_regex
 from mathrl.modelref import ModelRef
 
 
@@ -43,16 +44,143 @@ class MathGrader(_Grader):
 
 
 class StringCheckGrader(_Grader):
-    """1 when the chosen text passes the comparison with the reference, else 0."""
+    """1 when the chosen text passes the comparison with the reference, else 0. OpenAI's form
+    (`input` and `reference` as templates such as '{{sample.output_text}}' and
+    '{{item.answer}}', operations like and ilike) is this grader too."""
 
     type: Literal["string_check"] = "string_check"
-    input: Literal["completion", "extracted"] = Field(
-        "extracted", description="Compare the whole completion (stripped) or its extracted final answer."
+    name: str | None = Field(None, max_length=200, description="A name for the grader (OpenAI's graders have one).")
+    input: str = Field(
+        "extracted",
+        max_length=4000,
+        description="'completion' (the whole completion, stripped), 'extracted' (its final answer), or a "
+        "template: '{{sample.output_text}}', '{{sample.output_json.<path>}}', '{{item.<field>}}'.",
     )
-    operation: Literal["eq", "ne", "contains", "icontains"] = Field("eq", description="How the two are compared.")
+    operation: Literal["eq", "ne", "like", "ilike", "contains", "icontains"] = Field(
+        "eq", description="How the two are compared: like (contains) and ilike (contains, any case) as OpenAI's."
+    )
     reference: str = Field(
-        "{answer}", max_length=4000, description="What it is compared with; '{answer}' is replaced by the gold answer."
+        "{answer}",
+        max_length=4000,
+        description="What it is compared with; '{answer}' is replaced by the gold answer; a template as input.",
     )
+
+    @model_validator(mode="after")
+    def _templates(self) -> StringCheckGrader:
+        _check_template("input", self.input)
+        _check_template("reference", self.reference)
+        return self
+
+
+def _check_template(field: str, template: str) -> None:
+    try:
+        templates.check(template)
+    except templates.TemplateError as e:
+        raise FieldError(field, str(e)) from None
+
+
+SIMILARITY_METRICS = (
+    "fuzzy_match",
+    "bleu",
+    "gleu",
+    "meteor",
+    "rouge_1",
+    "rouge_2",
+    "rouge_3",
+    "rouge_4",
+    "rouge_5",
+    "rouge_l",
+)
+
+
+class TextSimilarityGrader(_Grader):
+    """OpenAI's text_similarity: a similarity in [0, 1] of the input to the reference
+    (evaluator/similarity.py says which library computes each metric)."""
+
+    type: Literal["text_similarity"] = "text_similarity"
+    name: str | None = Field(None, max_length=200, description="A name for the grader.")
+    input: str = Field("{{sample.output_text}}", max_length=4000, description="The text graded: a template.")
+    reference: str = Field(..., max_length=100_000, description="The text it is compared with: a template.")
+    evaluation_metric: Literal[
+        "cosine",
+        "fuzzy_match",
+        "bleu",
+        "gleu",
+        "meteor",
+        "rouge_1",
+        "rouge_2",
+        "rouge_3",
+        "rouge_4",
+        "rouge_5",
+        "rouge_l",
+    ] = Field(..., description="The metric; 'cosine' needs an embedding model, which this service does not configure.")
+    pass_threshold: float | None = Field(
+        None, ge=0, le=1, description="Set: the score is 1 when the similarity reaches it, else 0."
+    )
+
+    @model_validator(mode="after")
+    def _metric(self) -> TextSimilarityGrader:
+        if self.evaluation_metric == "cosine":
+            raise FieldError(
+                "evaluation_metric",
+                "'cosine' needs an embedding model and none is configured here: use one of "
+                + ", ".join(SIMILARITY_METRICS),
+            )
+        _check_template("input", self.input)
+        _check_template("reference", self.reference)
+        return self
+
+
+MAX_PYTHON_SOURCE = 256 * 1024
+
+
+class PythonGrader(_Grader):
+    """OpenAI's python grader: `grade(sample, item) -> float` of the given source, run in a
+    sandbox (evaluator/sandbox.py: its own process, resource limits, no network, its own
+    directory)."""
+
+    type: Literal["python"] = "python"
+    name: str | None = Field(None, max_length=200, description="A name for the grader.")
+    source: str = Field(
+        ..., min_length=1, max_length=MAX_PYTHON_SOURCE, description="Python source defining grade(sample, item)."
+    )
+    image_tag: str | None = Field(
+        None, max_length=200, description="OpenAI's runtime image: accepted and ignored (one runtime here)."
+    )
+
+    @model_validator(mode="after")
+    def _compiles(self) -> PythonGrader:
+        try:
+            compile(self.source, "grader.py", "exec", dont_inherit=True)
+        except (SyntaxError, ValueError, RecursionError, MemoryError) as e:
+            line = f" (line {e.lineno})" if isinstance(e, SyntaxError) and e.lineno else ""
+            msg = e.msg if isinstance(e, SyntaxError) else str(e)
+            raise FieldError("source", f"the source does not compile{line}: {msg}") from None
+        return self
+
+
+class _ModelGrader(_Grader):
+    name: str | None = Field(None, max_length=200, description="A name for the grader.")
+    model: str = Field(..., max_length=512, description="The grading model.")
+    input: list[dict[str, Any]] = Field(..., min_length=1, max_length=64, description="The messages, as templates.")
+    sampling_params: dict[str, Any] | None = Field(None, description="The grading model's sampling parameters.")
+
+
+class ScoreModelGrader(_ModelGrader):
+    """OpenAI's score_model: a model's numeric score. Parsed and validated; not run here yet
+    (a model grader needs the worker's engine: docs/openai-rft.md)."""
+
+    type: Literal["score_model"] = "score_model"
+    range: list[float] | None = Field(None, min_length=2, max_length=2, description="[low, high] of the score.")
+
+
+class LabelModelGrader(_ModelGrader):
+    """OpenAI's label_model: a model's label, 1 when it is a passing one. Parsed and validated;
+    not run here yet (docs/openai-rft.md)."""
+
+    type: Literal["label_model"] = "label_model"
+    labels: list[str] = Field(..., min_length=1, max_length=64, description="The labels the model may give.")
+    passing_labels: list[str] = Field(..., min_length=1, max_length=64, description="The labels that score 1.")
 
 
 class RegexGrader(_Grader):
@@ -102,7 +230,16 @@ class RewardModelGrader(_Grader):
 
 
 SimpleGrader = Annotated[
-    MathGrader | StringCheckGrader | RegexGrader | BoxedFormatGrader | LengthPenaltyGrader | RewardModelGrader,
+    MathGrader
+    | StringCheckGrader
+    | RegexGrader
+    | BoxedFormatGrader
+    | LengthPenaltyGrader
+    | RewardModelGrader
+    | TextSimilarityGrader
+    | PythonGrader
+    | ScoreModelGrader
+    | LabelModelGrader,
     Field(discriminator="type"),
 ]
 
@@ -121,6 +258,28 @@ class WeightedGrader(_Grader):
     graders: list[WeightedPart] = Field(..., min_length=1, max_length=16, description="The graders and their weights.")
 
 
+class MultiGrader(_Grader):
+    """OpenAI's multi grader: named graders, and `calculate_output`, a formula over their scores
+    (mathrl/formula.py: + - * / ^, min, max, abs, floor, ceil, exp, sqrt, log; never eval)."""
+
+    type: Literal["multi"] = "multi"
+    name: str | None = Field(None, max_length=200, description="A name for the grader.")
+    graders: dict[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")], SimpleGrader] = Field(
+        ..., min_length=1, max_length=16, description="The graders by name; the formula refers to these names."
+    )
+    calculate_output: str = Field(
+        ..., min_length=1, max_length=formula.MAX_LENGTH, description="The formula, e.g. '0.5 * a + 0.5 * b'."
+    )
+
+    @model_validator(mode="after")
+    def _formula(self) -> MultiGrader:
+        try:
+            formula.parse(self.calculate_output, self.graders)
+        except formula.FormulaError as e:
+            raise FieldError("calculate_output", str(e)) from None
+        return self
+
+
 Grader = Annotated[
     MathGrader
     | StringCheckGrader
@@ -128,23 +287,59 @@ Grader = Annotated[
     | BoxedFormatGrader
     | LengthPenaltyGrader
     | RewardModelGrader
-    | WeightedGrader,
+    | TextSimilarityGrader
+    | PythonGrader
+    | ScoreModelGrader
+    | LabelModelGrader
+    | WeightedGrader
+    | MultiGrader,
     Field(discriminator="type"),
 ]
-GRADER_TYPES = ("math", "string_check", "regex", "boxed_format", "length_penalty", "reward_model", "weighted")
+GRADER_TYPES = (
+    "math",
+    "string_check",
+    "regex",
+    "boxed_format",
+    "length_penalty",
+    "reward_model",
+    "text_similarity",
+    "python",
+    "score_model",
+    "label_model",
+    "weighted",
+    "multi",
+)
+OPENAI_GRADER_TYPES = ("string_check", "text_similarity", "python", "score_model", "label_model", "multi")
 
 
 def needs_model(grader: BaseModel) -> bool:
     if isinstance(grader, RewardModelGrader):
         return True
+    if isinstance(grader, MultiGrader):
+        return any(needs_model(g) for g in grader.graders.values())
     return isinstance(grader, WeightedGrader) and any(needs_model(p.grader) for p in grader.graders)
 
 
+def model_graders(grader: BaseModel) -> list[str]:
+    """The types of the model graders (score_model, label_model) in `grader`: not run here yet."""
+    if isinstance(grader, ScoreModelGrader | LabelModelGrader):
+        return [grader.type]
+    if isinstance(grader, MultiGrader):
+        return [t for g in grader.graders.values() for t in model_graders(g)]
+    if isinstance(grader, WeightedGrader):
+        return [t for p in grader.graders for t in model_graders(p.grader)]
+    return []
+
+
 class GraderItem(BaseModel):
-    """One completion to grade: POST /v1/graders:run's items, and a 'grade' job's."""
+    """One completion to grade: POST /v1/graders:run's items, and a 'grade' job's. Templates see
+    `item` as {answer, prompt, **fields}."""
 
     model_config = ConfigDict(extra="forbid")
 
     completion: str = Field(..., max_length=100_000, description="A model's completion.")
     answer: str | None = Field(None, max_length=10_000, description="The gold answer ('math' and '{answer}' need it).")
     prompt: str = Field("", max_length=100_000, description="The prompt it answered (reward models read it).")
+    fields: dict[str, Any] | None = Field(
+        None, description="More fields of the dataset item, for templates ('{{item.<field>}}')."
+    )

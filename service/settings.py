@@ -6,6 +6,7 @@ Nested blocks use a double underscore: MATHRL_DATABASE__URL, MATHRL_WORKER__LEAS
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import Any
 
 from pydantic import BaseModel, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -183,6 +184,24 @@ class GradersSettings(BaseModel):
     memory_mb_per_call: int = Field(
         2048, ge=256, description="Address space of a call's process, in MiB (RLIMIT_AS): past it, that item fails."
     )
+    python_cpu_seconds: int = Field(
+        4, ge=1, le=600, description="A python grader's CPU seconds per call (RLIMIT_CPU in its sandbox)."
+    )
+    python_memory_mb: int = Field(
+        512, ge=64, description="A python grader's address space in MiB (RLIMIT_AS in its sandbox)."
+    )
+    python_file_mb: int = Field(16, ge=1, description="The largest file a python grader may write, in MiB.")
+
+    def sandbox(self) -> Any:
+        """The python grader's sandbox limits for one item (evaluator/sandbox.py), inside its item limit."""
+        from evaluator.sandbox import SandboxLimits
+
+        return SandboxLimits(
+            cpu_seconds=self.python_cpu_seconds,
+            memory_mb=self.python_memory_mb,
+            file_mb=self.python_file_mb,
+            wall_seconds=max(0.5, self.item_timeout_seconds - 0.5),
+        )
 
 
 class MemorySettings(BaseModel):

@@ -28,6 +28,8 @@ from trainer.rm_scorer import RewardModelScorer, rm_scorers
 ITEM_SECONDS = 5.0  # per sample: math-verify's comparison of its answer with the gold
 CALL_SECONDS = 120.0  # per reward call (one step's completions on this rank)
 DEFAULT_MAX_LENGTH = 1024  # 'overlong' without a run's max_completion_length (direct calls)
+# what TRL passes a reward besides the dataset's columns
+_TRL_ARGS = frozenset({"prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric"})
 
 
 def completion_text(completion: Any) -> str:
@@ -77,6 +79,9 @@ class GraderReward:
         cut = [len(x) >= self.max_length for x in ids] if self.max_length and ids is not None else None
         prompts = [_prompt_text(p) for p in kw.get("prompts") or [""] * len(texts)]
         golds = list(answer) if answer is not None else [None] * len(texts)
+        n = len(texts)
+        columns = {k: v for k, v in kw.items() if k not in _TRL_ARGS and isinstance(v, list) and len(v) == n}
+        items = [{k: v[i] for k, v in columns.items()} for i in range(n)]  # the dataset row: templates' `item`
         results = grade_items(
             self.grader,
             texts,
@@ -86,6 +91,7 @@ class GraderReward:
             truncated=cut,
             rm_scorer=rm_scorers(cache=self._rms),
             match=self._match,
+            items=items,
         )
         no_gold = isinstance(self.grader, MathGrader)
         return [None if no_gold and g is None else r.score for r, g in zip(results, golds, strict=True)]

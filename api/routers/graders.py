@@ -39,7 +39,7 @@ from api.problems import Problem
 from api.submit import admit, check_job_refs, commit_and_dispatch, job_row
 from evaluator.bounded import CPU, DEADLINE, TIMED_OUT, run_bounded, warm
 from evaluator.graders import grade_item
-from mathrl.graders import needs_model
+from mathrl.graders import model_graders, needs_model
 from mathrl.schemas import GraderRunPending, GraderRunRequest, GraderRunResponse
 from mathrl.specs import GradeSpec, Resources, model_refs
 from store.db import get_sessionmaker
@@ -89,28 +89,48 @@ def _executor(size: int) -> concurrent.futures.ThreadPoolExecutor:
         return _supervisors
 
 
-def grade_here(body: GraderRunRequest, limits: Any) -> tuple[list[tuple[float, str]], str | None]:
-    """The call's items in its own processes, within the limits: (score, reason) per item, and
-    DEADLINE or CPU when the call was stopped."""
-    grader = json.dumps(body.grader.model_dump(mode="json"))
-    batch = run_bounded(
-        grade_item,
-        [(grader, i.completion, i.answer, i.prompt) for i in body.items],
-        item_seconds=limits.item_timeout_seconds,
-        deadline_seconds=limits.timeout_seconds,
-        cpu_seconds=limits.cpu_seconds_per_call,
-        memory_mb=limits.memory_mb_per_call,
-    )
-    results = []
-    for o in batch.outcomes:
-        if o.error is None:
-            score, reason = o.value
-            results.append((float(score), str(reason)))
-        elif o.error == TIMED_OUT:
-            results.append((0.0, f"not scored: grading this item took over {limits.item_timeout_seconds:g} s"))
-        else:
-            results.append((0.0, f"not scored: {o.error}"))
-    return results, batch.stopped
+async def run_isolated(project_id: str, limits: Any, fn: Any, items: list[tuple[Any, ...]]) -> list[Any]:
+    """`fn(*item)` for each item in the call's own processes (evaluator/bounded.py), within the
+    `graders` limits and the project's slots: the outcomes, or the problem (503, 504) that
+    stopped the call."""
+    _take_slot(project_id, limits)
+    try:
+        future = _executor(limits.max_concurrent).submit(
+            run_bounded,
+            fn,
+            items,
+            item_seconds=limits.item_timeout_seconds,
+            deadline_seconds=limits.timeout_seconds,
+            cpu_seconds=limits.cpu_seconds_per_call,
+            memory_mb=limits.memory_mb_per_call,
+        )
+    except BaseException:
+        _give_slot(project_id)
+        raise
+    future.add_done_callback(lambda _: _give_slot(project_id))  # when its processes are gone, however it ends
+    try:
+        batch = await asyncio.wrap_future(future)
+    except OSError:  # no grading process could be started (evaluator/bounded.py starts its zygote again)
+        raise Problem(
+            503, "Grader unavailable", "no grading process could be started: retry", headers={"Retry-After": "1"}
+        ) from None
+    if batch.stopped == DEADLINE:
+        raise Problem(504, "Grader timed out", f"grading took over {limits.timeout_seconds:g} s: send fewer items")
+    if batch.stopped == CPU:
+        detail = f"grading took over {limits.cpu_seconds_per_call:g} CPU seconds: send fewer items"
+        raise Problem(504, "Grader timed out", detail)
+    return list(batch.outcomes)
+
+
+def refuse_model_graders(grader: Any) -> None:
+    """A 422 at /grader for score_model and label_model graders, which this service does not run yet."""
+    kinds = model_graders(grader)
+    if kinds:
+        detail = (
+            f"{', '.join(sorted(set(kinds)))} graders need a grading model on a worker's engine, which this service "
+            "does not run yet: use string_check, text_similarity, python, multi or the math graders"
+        )
+        raise Problem(422, "Unsupported grader", f"/grader: {detail}", [{"pointer": "/grader", "detail": detail}])
 
 
 @router.post(
@@ -153,26 +173,25 @@ async def run(
     if body.resources is not None:
         detail = "resources is for graders with a reward model (they run on a worker); this one runs here: remove it"
         raise Problem(422, "Invalid field", f"/resources: {detail}", [{"pointer": "/resources", "detail": detail}])
+    refuse_model_graders(body.grader)
     limits = settings.graders
-    _take_slot(caller.project_id, limits)
-    try:
-        future = _executor(limits.max_concurrent).submit(grade_here, body, limits)
-    except BaseException:
-        _give_slot(caller.project_id)
-        raise
-    future.add_done_callback(lambda _: _give_slot(caller.project_id))  # when its processes are gone, however it ends
-    try:
-        results, stopped = await asyncio.wrap_future(future)
-    except OSError:  # no grading process could be started (evaluator/bounded.py starts its zygote again)
-        raise Problem(
-            503, "Grader unavailable", "no grading process could be started: retry", headers={"Retry-After": "1"}
-        ) from None
-    if stopped == DEADLINE:
-        detail = f"grading took over {limits.timeout_seconds:g} s: send fewer items"
-        raise Problem(504, "Grader timed out", detail)
-    if stopped == CPU:
-        detail = f"grading took over {limits.cpu_seconds_per_call:g} CPU seconds: send fewer items"
-        raise Problem(504, "Grader timed out", detail)
+    grader = json.dumps(body.grader.model_dump(mode="json"))
+    sandbox = limits.sandbox()
+    outcomes = await run_isolated(
+        caller.project_id,
+        limits,
+        grade_item,
+        [(grader, i.completion, i.answer, i.prompt, i.fields, sandbox) for i in body.items],
+    )
+    results = []
+    for o in outcomes:
+        if o.error is None:
+            score, reason = o.value
+            results.append((float(score), str(reason)))
+        elif o.error == TIMED_OUT:
+            results.append((0.0, f"not scored: grading this item took over {limits.item_timeout_seconds:g} s"))
+        else:
+            results.append((0.0, f"not scored: {o.error}"))
     data = [{"score": s, "reason": r} for s, r in results]
     return {"data": data, "mean": sum(s for s, _ in results) / len(results)}
 

@@ -1,0 +1,117 @@
+"""OpenAI's grader routes, for code written against the `openai` SDK
+(`client.fine_tuning.alpha.graders.run(...)` and `.validate(...)`): POST
+/v1/fine_tuning/alpha/graders/run and /validate. The graders are mathrl's (mathrl/graders.py, in
+OpenAI's JSON: string_check, text_similarity, python, multi; score_model and label_model are
+parsed but not run yet), graded in the call's own processes within the `graders` limits as
+POST /v1/graders:run grades (api/routers/graders.py), with python graders in their sandbox
+(evaluator/sandbox.py). Responses are shaped as OpenAI's: the reward, each named grader's
+reward, and metadata with its error kinds."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from fastapi import APIRouter
+from pydantic import BaseModel, ConfigDict, Field
+
+from api.deps import CallerDep, SettingsDep
+from api.problems import Problem
+from api.routers.graders import refuse_model_graders, run_isolated
+from evaluator.bounded import TIMED_OUT
+from evaluator.graders import grade_openai
+from mathrl.graders import Grader, needs_model
+
+router = APIRouter(prefix="/v1/fine_tuning/alpha/graders", tags=["openai: graders"])
+
+ERROR_KINDS = (
+    "formula_parse_error",
+    "invalid_variable_error",
+    "model_grader_parse_error",
+    "model_grader_refusal_error",
+    "model_grader_server_error",
+    "other_error",
+    "python_grader_runtime_error",
+    "python_grader_server_error",
+    "sample_parse_error",
+    "truncated_observation_error",
+    "unresponsive_reward_error",
+)
+
+
+class GraderRunParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    grader: Grader
+    model_sample: str = Field(..., max_length=100_000, description="The model's output: `sample.output_text`.")
+    item: dict[str, Any] | None = Field(None, description="The dataset item: `item` in templates.")
+
+
+class GraderValidateParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    grader: Grader
+
+
+@router.post("/validate", responses={422: {"description": "The grader is invalid: the detail names the field."}})
+def validate(body: GraderValidateParams, caller: CallerDep) -> dict[str, Any]:
+    """The grader as it will run, when it is valid (else a 422 naming the field)."""
+    return {"grader": body.grader.model_dump(mode="json", exclude_none=True)}
+
+
+@router.post(
+    "/run",
+    responses={
+        422: {"description": "The grader is invalid, or needs a model (score_model, label_model, reward_model)."},
+        429: {"description": "Over the project's grading calls in flight (see Retry-After)."},
+        503: {"description": "The API is grading as many calls as it may at once (see Retry-After)."},
+        504: {"description": "The call took over its time or CPU limit."},
+    },
+)
+async def run(body: GraderRunParams, caller: CallerDep, settings: SettingsDep) -> dict[str, Any]:
+    """The reward of `model_sample` for `item` under the grader, with OpenAI's metadata. A grader
+    error (a missing template variable, a python grader that raised) is a 200 with reward 0 and
+    its error kind set, as OpenAI answers it."""
+    refuse_model_graders(body.grader)
+    if needs_model(body.grader):
+        detail = "a reward_model grader runs on a worker: try it with POST /v1/graders:run"
+        raise Problem(422, "Unsupported grader", f"/grader: {detail}", [{"pointer": "/grader", "detail": detail}])
+    limits = settings.graders
+    grader = json.dumps(body.grader.model_dump(mode="json"))
+    start = time.monotonic()
+    (outcome,) = await run_isolated(
+        caller.project_id, limits, grade_openai, [(grader, body.model_sample, body.item or {}, limits.sandbox())]
+    )
+    elapsed = time.monotonic() - start
+    errors: dict[str, Any] = {kind: False for kind in ERROR_KINDS}
+    errors |= {"model_grader_server_error_details": None, "python_grader_runtime_error_details": None}
+    errors["python_grader_server_error_type"] = None
+    if outcome.error is None:
+        result = outcome.value
+    else:  # the item's process was killed (TIMED_OUT) or broke
+        what = f"over {limits.item_timeout_seconds:g} s" if outcome.error == TIMED_OUT else outcome.error
+        result = {"reward": 0.0, "error": "unresponsive_reward_error", "detail": what, "sub": {}}
+    kind = result["error"]
+    if kind:
+        errors[kind if kind in ERROR_KINDS else "other_error"] = True
+        if kind == "python_grader_runtime_error":
+            errors["python_grader_runtime_error_details"] = result["detail"]
+        if kind == "python_grader_server_error":
+            errors["python_grader_server_error_type"] = (result["detail"] or "").split(":")[0] or "error"
+    name = getattr(body.grader, "name", None) or body.grader.type
+    sub = result["sub"] or {name: result["reward"]}
+    return {
+        "reward": result["reward"],
+        "sub_rewards": sub,
+        "metadata": {
+            "name": name,
+            "type": body.grader.type,
+            "errors": errors,
+            "execution_time": round(elapsed, 4),
+            "scores": sub,
+            "token_usage": None,
+            "sampled_model_name": None,
+        },
+        "model_grader_token_usage_per_model": {},
+    }

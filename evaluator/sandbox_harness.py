@@ -1,0 +1,142 @@
+"""Runs inside the python grader's sandbox (evaluator/sandbox.py), as its own interpreter
+(`python -I -B`): limits itself, drops to an unprivileged user, installs an audit hook, then runs
+the user's `grade(sample, item)` on each case. Reads {"source", "cases", "limits", "uid"} as JSON
+on stdin; writes one JSON list of results on the stdout it was given (the user's prints go to
+stderr). Standard library only: nothing of mathrl is importable here."""
+
+import json
+import os
+import resource
+import sys
+import traceback
+
+MB = 1024 * 1024
+
+
+def _limit(which, value):
+    soft, hard = resource.getrlimit(which)
+    if hard != resource.RLIM_INFINITY:
+        value = min(value, hard)
+    resource.setrlimit(which, (value, value))
+
+
+def _install_hook(home, read_roots):
+    home = os.path.realpath(home) + os.sep
+    roots = tuple(os.path.realpath(r) + os.sep for r in read_roots if r)
+    blocked_prefixes = ("socket.", "subprocess.", "ctypes.", "os.exec", "os.spawn", "os.posix_spawn", "pty.")
+    blocked = {
+        "_thread.start_new_thread",
+        "os.system",
+        "os.fork",
+        "os.forkpty",
+        "os.kill",
+        "os.killpg",
+        "signal.pthread_kill",
+        "os.startfile",
+    }
+    write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
+
+    def hook(event, args):
+        # loading a library is allowed (numpy imports ctypes, which opens the interpreter itself);
+        # looking up its functions (ctypes.dlsym), calling them and raw memory access are not
+        if event == "ctypes.dlopen":
+            return
+        if event in blocked or event.startswith(blocked_prefixes):
+            raise PermissionError(f"{event} is not allowed in a python grader")
+        if event == "open":
+            path, mode, flags = (list(args) + [None, None, None])[:3]
+            if isinstance(path, int):
+                return
+            if isinstance(path, bytes):
+                path = os.fsdecode(path)
+            real = os.path.realpath(str(path))
+            writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
+                isinstance(flags, int) and flags & write_flags
+            )
+            inside = (real + os.sep).startswith(home)
+            if writing and not inside:
+                raise PermissionError(f"a python grader may write only in its own directory, not {real}")
+            if not writing and not inside and not (real + os.sep).startswith(roots):
+                raise PermissionError(f"a python grader may not read {real}")
+        elif event in ("os.listdir", "os.scandir") and args and isinstance(args[0], str | bytes):
+            real = os.path.realpath(os.fsdecode(args[0])) + os.sep
+            if not real.startswith(home) and not real.startswith(roots):
+                raise PermissionError(f"a python grader may not list {real}")
+        elif event in (
+            "os.remove",
+            "os.rename",
+            "os.rmdir",
+            "os.mkdir",
+            "os.chmod",
+            "os.chown",
+            "os.symlink",
+            "os.link",
+        ):
+            for path in args[:2]:
+                if isinstance(path, str | bytes) and not (os.path.realpath(os.fsdecode(path)) + os.sep).startswith(
+                    home
+                ):
+                    raise PermissionError(f"{event} outside the grader's directory is not allowed")
+
+    sys.addaudithook(hook)
+
+    # threads raise no audit event before Python 3.13: the functions that start them are replaced
+    import _thread
+    import threading
+
+    def no_threads(*args, **kwargs):
+        raise PermissionError("threads are not allowed in a python grader")
+
+    for module, name in (
+        (_thread, "start_new_thread"),
+        (_thread, "start_joinable_thread"),
+        (threading, "_start_new_thread"),
+        (threading, "_start_joinable_thread"),
+    ):
+        if hasattr(module, name):
+            setattr(module, name, no_threads)
+
+
+def main():
+    request = json.loads(sys.stdin.read())
+    limits = request["limits"]
+    out = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)  # the user's prints go to stderr
+    _limit(resource.RLIMIT_CPU, int(limits["cpu_seconds"]))
+    _limit(resource.RLIMIT_AS, int(limits["memory_mb"]) * MB)
+    _limit(resource.RLIMIT_FSIZE, int(limits["file_mb"]) * MB)
+    _limit(resource.RLIMIT_NOFILE, 64)
+    _limit(resource.RLIMIT_CORE, 0)
+    if os.getuid() == 0 and request.get("uid") is not None:  # root in this namespace: become nobody
+        os.setgroups([])
+        os.setgid(request["uid"])
+        os.setuid(request["uid"])
+    _limit(resource.RLIMIT_NPROC, int(limits["processes"]))
+    read_roots = [p for p in sys.path if p and os.path.isdir(p)] + [sys.prefix, sys.base_prefix, sys.exec_prefix]
+    _install_hook(os.getcwd(), read_roots)
+    namespace = {"__name__": "grader"}
+    try:
+        exec(compile(request["source"], "grader.py", "exec"), namespace)  # the user's code, inside the sandbox
+        grade = namespace.get("grade")
+        if not callable(grade):
+            raise TypeError("the source defines no function grade(sample, item)")
+    except BaseException as e:
+        detail = "".join(traceback.format_exception_only(type(e), e)).strip()
+        out.write(json.dumps([{"error": "runtime", "detail": detail}] * len(request["cases"])))
+        return
+    results = []
+    for case in request["cases"]:
+        try:
+            value = grade(case["sample"], case["item"])
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise TypeError(f"grade() returned {type(value).__name__} {value!r:.80}, not a number")
+            results.append({"score": float(value)})
+        except MemoryError:
+            results.append({"error": "runtime", "detail": f"MemoryError: over the {limits['memory_mb']} MB limit"})
+        except BaseException as e:
+            detail = "".join(traceback.format_exception_only(type(e), e)).strip()
+            results.append({"error": "runtime", "detail": detail[-2000:]})
+    out.write(json.dumps(results))
+
+
+main()
