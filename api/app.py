@@ -15,7 +15,7 @@ from starlette.exceptions import HTTPException
 
 from api import problems
 from api.deps import CALLER_STATE, caller_for
-from api.routers import graders, health, jobs, keys, openai_graders, pipelines, scores
+from api.routers import graders, health, jobs, keys, openai_files, openai_graders, pipelines, scores
 from api.web.router import router as web_router
 from service.settings import get_settings
 
@@ -37,11 +37,15 @@ class LimitsAndMetrics:
     past `max_bytes`, by Content-Length or, for a chunked body, while it is read. Records
     Prometheus metrics."""
 
-    def __init__(self, app: Any, max_bytes: int) -> None:
-        self.app, self.max_bytes = app, max_bytes
+    def __init__(self, app: Any, max_bytes: int, upload_bytes: int) -> None:
+        # uploads (POST /v1/files) may be as large as a file may, and its multipart framing
+        self.app, self.max_bytes, self.upload_bytes = app, max_bytes, upload_bytes + 64 * 1024
 
-    def _too_large(self) -> str:
-        return f"{problems.TOO_LARGE} Limit: {self.max_bytes} bytes."
+    def _limit(self, scope: dict[str, Any]) -> int:
+        return self.upload_bytes if scope["path"].rstrip("/") == "/v1/files" else self.max_bytes
+
+    def _too_large(self, limit: int) -> str:
+        return f"{problems.TOO_LARGE} Limit: {limit} bytes."
 
     async def _authenticate(self, scope: dict[str, Any]) -> JSONResponse | None:
         """None with the caller left in the request's state, else the problem to answer."""
@@ -58,7 +62,7 @@ class LimitsAndMetrics:
         scope.setdefault("state", {})[CALLER_STATE] = caller
         return None
 
-    def _limited(self, receive: Any) -> Any:
+    def _limited(self, receive: Any, limit: int) -> Any:
         """`receive` that counts body bytes and stops the request past the limit."""
         seen = 0
 
@@ -67,8 +71,8 @@ class LimitsAndMetrics:
             message: dict[str, Any] = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
-                if seen > self.max_bytes:  # FastAPI passes HTTPException through its body reading
-                    raise HTTPException(413, self._too_large())
+                if seen > limit:  # FastAPI passes HTTPException through its body reading
+                    raise HTTPException(413, self._too_large(limit))
             return message
 
         return wrapped
@@ -79,14 +83,15 @@ class LimitsAndMetrics:
             return
         length = dict(scope.get("headers", [])).get(b"content-length")
         refused = None
-        if length is not None and length.isdigit() and int(length) > self.max_bytes:
-            refused = problems.problem_response(413, "Request too large", self._too_large(), scope["path"])
+        limit = self._limit(scope)
+        if length is not None and length.isdigit() and int(length) > limit:
+            refused = problems.problem_response(413, "Request too large", self._too_large(limit), scope["path"])
         elif scope["method"] in BODY_METHODS and scope["path"].startswith("/v1/"):
             refused = await self._authenticate(scope)
         if refused is not None:
             await refused(scope, receive, send)
             return
-        receive = self._limited(receive)
+        receive = self._limited(receive, limit)
         start = time.perf_counter()
         status = [500]
 
@@ -120,12 +125,15 @@ def create_app() -> FastAPI:
         description="Train and evaluate math-reasoning language models with GRPO. "
         "Authenticate with `Authorization: Bearer <key>`.",
     )
-    routers = (jobs.router, pipelines.router, scores.router, graders.router, openai_graders.router, keys.router)
+    routers = (jobs.router, pipelines.router, scores.router, graders.router, openai_graders.router, openai_files.router)
+    routers += (keys.router,)
     for r in (*routers, health.router):
         app.include_router(r)
     app.include_router(web_router)  # /ui: status pages (their data comes from the API above)
     problems.install(app)
-    app.add_middleware(LimitsAndMetrics, max_bytes=settings.max_request_bytes)
+    app.add_middleware(
+        LimitsAndMetrics, max_bytes=settings.max_request_bytes, upload_bytes=settings.files.max_file_bytes
+    )
     return app
 
 

@@ -84,7 +84,7 @@ def problem_response(
     if instance.startswith(OPENAI_PATHS):
         # OpenAI's error object beside the problem details, for code written against the openai SDK
         # (it reads error.message and error.param): the same detail and the first field's pointer
-        param = errors[0]["pointer"].lstrip("/").replace("/", ".") if errors else None
+        param = errors[0]["pointer"].removeprefix("query:").lstrip("/").replace("/", ".") if errors else None
         body["error"] = {"message": detail, "type": "invalid_request_error", "param": param or None, "code": None}
     return JSONResponse(body, status_code=status, media_type=PROBLEM_JSON, headers=headers)
 

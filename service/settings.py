@@ -156,6 +156,18 @@ class LimitsSettings(BaseModel):
     )
 
 
+class FilesSettings(BaseModel):
+    """POST /v1/files: uploaded training and validation files (JSONL), stored per project under
+    the artifact directory and checked at upload (mathrl/jsonl_files.py)."""
+
+    max_file_bytes: int = Field(64 * 1024 * 1024, ge=1024, description="The largest file one upload may carry.")
+    max_project_bytes: int = Field(
+        1024 * 1024 * 1024, ge=1024, description="All of a project's stored files together; past it, 413."
+    )
+    max_project_files: int = Field(1000, ge=1, description="Files a project may store at once.")
+    max_lines: int = Field(1_000_000, ge=1, description="Lines (examples) in one file.")
+
+
 class GradersSettings(BaseModel):
     """POST /v1/graders:run for the graders the API runs itself (all but reward models): each call
     grades in its own short-lived process (evaluator/bounded.py), killed at these limits, so one
@@ -294,6 +306,7 @@ class Settings(BaseSettings):
     auth: AuthSettings = Field(default_factory=AuthSettings)  # type: ignore[arg-type]
     limits: LimitsSettings = Field(default_factory=LimitsSettings)  # type: ignore[arg-type]
     graders: GradersSettings = Field(default_factory=GradersSettings)  # type: ignore[arg-type]
+    files: FilesSettings = Field(default_factory=FilesSettings)  # type: ignore[arg-type]
     memory: MemorySettings = Field(default_factory=MemorySettings)  # type: ignore[arg-type]
     sources: SourcesSettings = Field(default_factory=SourcesSettings)  # type: ignore[arg-type]
     ray: RaySettings = Field(default_factory=RaySettings)  # type: ignore[arg-type]

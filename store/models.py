@@ -204,3 +204,19 @@ class BenchmarkScore(Base):
     recipe_config: Mapped[dict[str, Any] | None] = mapped_column()  # the recipe as resolved (overrides applied)
     seed: Mapped[int | None] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class File(Base):
+    """An uploaded file (POST /v1/files): its bytes live under the artifact directory
+    (`path`), its line count and what its lines hold in `data` (mathrl/jsonl_files.py)."""
+
+    __tablename__ = "files"
+    __table_args__ = (Index("ix_files_project_id_id", "project_id", "id"),)
+    id: Mapped[str] = mapped_column(String(48), primary_key=True)  # 'file-' + a uuid7's hex: ordered by creation
+    project_id: Mapped[str] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"))
+    filename: Mapped[str] = mapped_column(String(255))
+    purpose: Mapped[str] = mapped_column(String(32))
+    bytes: Mapped[int] = mapped_column(BigInteger)
+    path: Mapped[str] = mapped_column(String(2048))
+    data: Mapped[dict[str, Any] | None] = mapped_column()
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)

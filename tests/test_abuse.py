@@ -82,6 +82,10 @@ def _make_objects(app_client: Any, owner: dict[str, str], paths: dict[str, Any])
         p = app_client.post("/v1/pipelines", json={"jobs": {"only": eval_spec()}}, headers=owner)
         assert p.status_code == 201, p.text
         ids["pipeline_id"] = p.json()["id"]
+    line = b'{"messages": [{"role": "user", "content": "1 + 1?"}], "reference_answer": "2"}\n'
+    f = app_client.post("/v1/files", files={"file": ("t.jsonl", line)}, data={"purpose": "fine-tune"}, headers=owner)
+    assert f.status_code == 200, f.text
+    ids["file_id"] = f.json()["id"]
     return ids
 
 

@@ -1,0 +1,188 @@
+"""OpenAI's files API, for code written against the `openai` SDK (`client.files.create(...)`):
+POST /v1/files (multipart: file, purpose), list, retrieve, delete and content. A file belongs to
+the caller's project, as a job does; its bytes live under the artifact directory
+(`files/<project>/<id>.jsonl`) and a row records it (store.models.File). A 'fine-tune' file is
+checked at upload (mathrl/jsonl_files.py): a bad line is a 422 naming the line and the field,
+and nothing is stored. Limits are the `files` settings: bytes per file (413), bytes and files
+per project (413, 429)."""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, File, Form, Query, UploadFile
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import FileResponse
+from sqlalchemy import func, select
+
+from api.deps import CallerDep, SessionDep, SettingsDep
+from api.problems import Problem
+from mathrl.jsonl_files import FileFormatError, check_jsonl
+from store.ids import uuid7
+from store.models import File as FileRow
+from store.models import Project
+
+router = APIRouter(prefix="/v1/files", tags=["openai: files"])
+
+PURPOSES = ("fine-tune",)
+FILE_ID = re.compile(r"^file-[0-9a-f]{32}$")
+NOT_FOUND = "no file with this id in your project"
+
+
+def file_object(row: FileRow) -> dict[str, Any]:
+    return {
+        "id": row.id,
+        "object": "file",
+        "bytes": row.bytes,
+        "created_at": int(row.created_at.timestamp()),
+        "filename": row.filename,
+        "purpose": row.purpose,
+        "status": "processed",
+        "status_details": None,
+        "expires_at": None,
+    }
+
+
+def own_file(session: Any, project_id: str, file_id: str) -> FileRow:
+    """The project's file, else a 404 (the same for another project's file and a malformed id)."""
+    row = session.get(FileRow, file_id) if FILE_ID.match(file_id) else None
+    if row is None or row.project_id != project_id:
+        raise Problem(404, "Not found", NOT_FOUND)
+    return row  # type: ignore[no-any-return]
+
+
+def _invalid(pointer: str, detail: str, status: int = 422, title: str = "Invalid file") -> Problem:
+    return Problem(status, title, f"{pointer}: {detail}", [{"pointer": pointer, "detail": detail}])
+
+
+@router.post(
+    "",
+    responses={
+        413: {"description": "Over the size of one file, or the project's stored bytes."},
+        422: {"description": "The purpose is unknown, or a line of the file is not in the fine-tuning format."},
+        429: {"description": "The project stores as many files as it may."},
+    },
+)
+async def create_file(
+    caller: CallerDep,
+    settings: SettingsDep,
+    file: Annotated[UploadFile, File(description="A JSONL file in OpenAI's fine-tuning format.")],
+    purpose: Annotated[str, Form(description="What it is for: 'fine-tune'.")],
+) -> dict[str, Any]:
+    """Upload a file: checked line by line, then stored in the caller's project."""
+    if purpose not in PURPOSES:
+        raise _invalid("/purpose", f"{purpose!r} is not a purpose here: use {', '.join(PURPOSES)}")
+    limits = settings.files
+    data = await file.read(limits.max_file_bytes + 1)
+    if len(data) > limits.max_file_bytes:
+        raise _invalid("/file", f"over {limits.max_file_bytes} bytes, the limit per file", 413, "File too large")
+    try:
+        stats = await run_in_threadpool(check_jsonl, data, limits.max_lines)
+    except FileFormatError as e:
+        errors = [{"pointer": f"/file/line/{n}" + (f"/{f}" if f else ""), "detail": what} for n, f, what in e.errors]
+        raise Problem(422, "Invalid file", f"/file: {e}", errors) from None
+    name = os.path.basename(file.filename or "upload.jsonl")[:255] or "upload.jsonl"
+    return await run_in_threadpool(_store, settings, caller.project_id, name, purpose, data, stats.record())
+
+
+def _store(settings: Any, project_id: str, name: str, purpose: str, data: bytes, stats: dict[str, Any]) -> Any:
+    from store.db import get_sessionmaker
+
+    limits = settings.files
+    file_id = "file-" + uuid7().replace("-", "")
+    folder = Path(settings.artifact_dir) / "files" / project_id
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{file_id}.jsonl"
+    with tempfile.NamedTemporaryFile(dir=folder, delete=False, suffix=".part") as tmp:
+        tmp.write(data)
+    with get_sessionmaker(settings.database.url)() as session:
+        try:
+            # one upload at a time per project: the quota sums below cannot race another upload
+            session.execute(select(Project.id).where(Project.id == project_id).with_for_update())
+            count, used = session.execute(
+                select(func.count(), func.coalesce(func.sum(FileRow.bytes), 0)).where(FileRow.project_id == project_id)
+            ).one()
+            if count >= limits.max_project_files:
+                raise Problem(429, "Too many files", f"your project stores {count} files, the limit: delete some first")
+            if used + len(data) > limits.max_project_bytes:
+                detail = (
+                    f"your project's files would take {used + len(data)} bytes, over its "
+                    f"{limits.max_project_bytes}: delete some first"
+                )
+                raise _invalid("/file", detail, 413, "Over the project's storage")
+            os.replace(tmp.name, path)
+            row = FileRow(
+                id=file_id,
+                project_id=project_id,
+                filename=name,
+                purpose=purpose,
+                bytes=len(data),
+                path=str(path),
+                data=stats,
+            )
+            session.add(row)
+            session.commit()
+        except BaseException:
+            session.rollback()
+            for leftover in (tmp.name, path):
+                Path(leftover).unlink(missing_ok=True)
+            raise
+        return file_object(row)
+
+
+@router.get("", responses={400: {"description": "`after` is not a file id."}})
+def list_files(
+    caller: CallerDep,
+    session: SessionDep,
+    purpose: Annotated[str | None, Query(max_length=32)] = None,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 10_000,
+    order: Annotated[Literal["asc", "desc"], Query()] = "desc",
+    after: Annotated[str | None, Query(max_length=48)] = None,
+) -> dict[str, Any]:
+    """The project's files, newest first (order=asc: oldest first), `after` a file id."""
+    query = select(FileRow).where(FileRow.project_id == caller.project_id)
+    if purpose is not None:
+        query = query.where(FileRow.purpose == purpose)
+    if after is not None:
+        if not FILE_ID.match(after):
+            raise _invalid("query:/after", "a file id from a previous page", 400, "Bad cursor")
+        query = query.where(FileRow.id < after if order == "desc" else FileRow.id > after)
+    query = query.order_by(FileRow.id.desc() if order == "desc" else FileRow.id.asc()).limit(limit + 1)
+    rows = list(session.scalars(query))
+    data = [file_object(r) for r in rows[:limit]]
+    return {
+        "object": "list",
+        "data": data,
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
+        "has_more": len(rows) > limit,
+    }
+
+
+@router.get("/{file_id}", responses={404: {"description": NOT_FOUND}})
+def retrieve_file(file_id: str, caller: CallerDep, session: SessionDep) -> dict[str, Any]:
+    return file_object(own_file(session, caller.project_id, file_id))
+
+
+@router.delete("/{file_id}", responses={404: {"description": NOT_FOUND}})
+def delete_file(file_id: str, caller: CallerDep, session: SessionDep) -> dict[str, Any]:
+    """Delete the file: its row and its bytes. A job that trained on it keeps its own copy."""
+    row = own_file(session, caller.project_id, file_id)
+    path = Path(row.path)
+    session.delete(row)
+    session.commit()
+    path.unlink(missing_ok=True)
+    return {"id": file_id, "object": "file", "deleted": True}
+
+
+@router.get("/{file_id}/content", responses={404: {"description": NOT_FOUND}}, response_class=FileResponse)
+def file_content(file_id: str, caller: CallerDep, session: SessionDep) -> FileResponse:
+    """The file's bytes, as uploaded."""
+    row = own_file(session, caller.project_id, file_id)
+    if not Path(row.path).exists():
+        raise Problem(404, "Not found", "the file's bytes are gone from the artifact directory")
+    return FileResponse(row.path, media_type="application/jsonl", filename=row.filename)

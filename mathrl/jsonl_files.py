@@ -1,0 +1,116 @@
+"""What an uploaded fine-tuning file must hold (POST /v1/files, purpose 'fine-tune'): JSONL in
+OpenAI's fine-tuning formats, checked line by line at upload, with errors that name the line
+and the field.
+
+Every line is a JSON object with `messages`, a non-empty list of {role, content}: role one of
+system, developer, user, assistant, tool; content a string or a list of text parts
+({type: text, text}). Other fields are kept: a reinforcement file's items carry the fields its
+grader reads ('{{item.reference_answer}}'). What a file can train is recorded (`FileStats`):
+- supervised: every line has an assistant message (the target);
+- reinforcement: every line's messages end with a user message (the prompt the policy answers),
+  after any system/developer messages."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+ROLES = ("system", "developer", "user", "assistant", "tool")
+MAX_ERRORS = 10  # errors reported per upload
+
+
+class FileFormatError(ValueError):
+    def __init__(self, errors: list[tuple[int, str, str]]) -> None:
+        self.errors = errors  # (line, field, what is wrong)
+        first = errors[0]
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        super().__init__(f"line {first[0]}: {first[1]}: {first[2]}{more}")
+
+
+@dataclass
+class FileStats:
+    lines: int = 0
+    supervised: int = 0  # lines with an assistant message
+    reinforcement: int = 0  # lines whose messages end with a user message
+    fields: list[str] = field(default_factory=list)  # item fields besides messages, in the first line
+
+    def record(self) -> dict[str, Any]:
+        return {
+            "lines": self.lines,
+            "supervised_lines": self.supervised,
+            "reinforcement_lines": self.reinforcement,
+            "fields": self.fields,
+        }
+
+
+def _content_ok(content: Any) -> bool:
+    if isinstance(content, str):
+        return True
+    return (
+        isinstance(content, list)
+        and bool(content)
+        and all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content)
+    )
+
+
+def check_line(obj: Any) -> list[tuple[str, str]]:
+    """(field, what is wrong) for one line's object; empty when it is valid."""
+    if not isinstance(obj, dict):
+        return [("", f"a line is a JSON object, not {type(obj).__name__}")]
+    messages = obj.get("messages")
+    if not isinstance(messages, list) or not messages:
+        return [("messages", "a non-empty list of {role, content} is required")]
+    errors = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            errors.append((f"messages[{i}]", "a message is an object {role, content}"))
+            continue
+        if m.get("role") not in ROLES:
+            errors.append((f"messages[{i}].role", f"{m.get('role')!r} is not one of {', '.join(ROLES)}"))
+        if m.get("role") != "tool" and not _content_ok(m.get("content")):
+            errors.append((f"messages[{i}].content", "a string, or a list of {type: text, text} parts"))
+    return errors
+
+
+def text_of(content: Any) -> str:
+    """A message's content as one string (text parts joined)."""
+    if isinstance(content, str):
+        return content
+    return "".join(p["text"] for p in content)
+
+
+def check_jsonl(data: bytes, max_lines: int) -> FileStats:
+    """The file's stats, or FileFormatError naming each bad line (the first MAX_ERRORS)."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise FileFormatError([(1, "", f"the file is not UTF-8 (byte {e.start})")]) from None
+    stats = FileStats()
+    errors: list[tuple[int, str, str]] = []
+    for n, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        stats.lines += 1
+        if stats.lines > max_lines:
+            raise FileFormatError([(n, "", f"the file has over {max_lines} lines (the limit per file)")])
+        try:
+            obj = json.loads(line)
+        except ValueError as e:
+            errors.append((n, "", f"not JSON: {e}"))
+        else:
+            bad = check_line(obj)
+            errors.extend((n, f, what) for f, what in bad)
+            if not bad:
+                roles = [m["role"] for m in obj["messages"]]
+                stats.supervised += "assistant" in roles
+                stats.reinforcement += roles[-1] == "user"
+                if stats.lines == 1:
+                    stats.fields = sorted(k for k in obj if k != "messages")
+        if len(errors) >= MAX_ERRORS:
+            break
+    if errors:
+        raise FileFormatError(errors[:MAX_ERRORS])
+    if stats.lines == 0:
+        raise FileFormatError([(1, "", "the file has no lines")])
+    return stats
