@@ -15,7 +15,17 @@ from starlette.exceptions import HTTPException
 
 from api import problems
 from api.deps import CALLER_STATE, caller_for
-from api.routers import graders, health, jobs, keys, openai_files, openai_graders, pipelines, scores
+from api.routers import (
+    graders,
+    health,
+    jobs,
+    keys,
+    openai_files,
+    openai_fine_tuning,
+    openai_graders,
+    pipelines,
+    scores,
+)
 from api.web.router import router as web_router
 from service.settings import get_settings
 
@@ -126,7 +136,7 @@ def create_app() -> FastAPI:
         "Authenticate with `Authorization: Bearer <key>`.",
     )
     routers = (jobs.router, pipelines.router, scores.router, graders.router, openai_graders.router, openai_files.router)
-    routers += (keys.router,)
+    routers += (openai_fine_tuning.router, keys.router)
     for r in (*routers, health.router):
         app.include_router(r)
     app.include_router(web_router)  # /ui: status pages (their data comes from the API above)

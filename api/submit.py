@@ -36,6 +36,22 @@ def check_job_refs(session: Session, project_id: str, refs: dict[str, str], pref
             raise Problem(422, "Invalid request", f"{pointer}: {msg}", [{"pointer": pointer, "detail": msg}])
 
 
+def check_file_refs(session: Session, project_id: str, spec: Any, prefix: str = "") -> None:
+    """A spec's uploaded file (`dataset.file`) is one of the project's, or the submission is a
+    422 at that field (the same answer for another project's file: it tells nothing)."""
+    from store.models import File
+
+    dataset = getattr(spec, "dataset", None)
+    file_id = getattr(dataset, "file", None)
+    if file_id is None:
+        return
+    row = session.get(File, file_id)
+    if row is None or row.project_id != project_id:
+        pointer = f"{prefix}/dataset/file"
+        msg = f"{file_id!r}: no file with this id in your project (POST /v1/files uploads one)"
+        raise Problem(422, "Invalid request", f"{pointer}: {msg}", [{"pointer": pointer, "detail": msg}])
+
+
 def in_step(exc: Problem, step: str) -> Problem:
     """A job's admission problem, pointing into the pipeline (/model -> /jobs/<step>/model)."""
     errors = [{**e, "pointer": f"/jobs/{step}{e.get('pointer', '')}"} for e in exc.errors or []]

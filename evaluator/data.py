@@ -101,6 +101,8 @@ def custom_source(ref: Any) -> str:
     """How a user's set is named in events and scores: the file's name, or the hub id and split."""
     if ref.hub is not None:
         return f"{ref.hub}{':' + ref.config if ref.config else ''}/{ref.split}"
+    if getattr(ref, "file", None):
+        return str(ref.file)
     return str(ref.path).rsplit("/", 1)[-1]
 
 
@@ -119,6 +121,8 @@ def load_custom_set(ref: Any, limit: int | None = None) -> list[Problem]:
                 f"loaded: {type(exc).__name__}: {exc}"
             ) from None
     else:
+        if getattr(ref, "format", "fields") == "messages":
+            return _message_rows(ref, name, limit or ref.limit)
         rows = _load_rows(*load_args("", "train", None, ref.path))
     for field in ("question_field", "answer_field"):
         if getattr(ref, field) not in rows.column_names:
@@ -135,4 +139,50 @@ def load_custom_set(ref: Any, limit: int | None = None) -> list[Problem]:
         if "####" in gold:
             gold = gsm8k_gold(gold)
         out.append(Problem(index=i, question=str(row[ref.question_field]), gold=gold))
+    return out
+
+
+def _message_rows(ref: Any, name: str, limit: int | None) -> list[Problem]:
+    """OpenAI's fine-tuning JSONL (mathrl/jsonl_files.py): each line's `messages` are the prompt
+    (meta['messages'], its last user message the question; a last assistant message is the
+    supervised target, `solution`), its other fields the grader's `item` (meta['item']), its
+    `answer_field`, if it has one, the gold answer. Read as JSON lines, not
+    through `datasets`: the item fields may differ in type from line to line."""
+    import json
+
+    from mathrl.jsonl_files import check_line, text_of
+
+    out = []
+    with open(ref.path, encoding="utf-8") as f:
+        for n, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            obj = json.loads(line)
+            bad = check_line(obj)
+            if bad:
+                raise ValueError(f"dataset: {name} line {n}: {bad[0][0]}: {bad[0][1]}")
+            messages = obj["messages"]
+            solution = None
+            if messages[-1]["role"] == "assistant":  # a supervised line: the last message is the target
+                solution, messages = text_of(messages[-1]["content"]), messages[:-1]
+            if not messages or messages[-1]["role"] != "user":
+                raise ValueError(
+                    f"dataset: {name} line {n}: the prompt's messages end with the user's message, not "
+                    f"{messages[-1]['role'] if messages else 'nothing'!r}"
+                )
+            item = {k: v for k, v in obj.items() if k != "messages"}
+            gold = item.get(ref.answer_field)
+            out.append(
+                Problem(
+                    index=len(out),
+                    question=text_of(messages[-1]["content"]),
+                    gold="" if gold is None else str(gold),
+                    meta={"messages": messages, "item": item},
+                    solution=solution,
+                )
+            )
+            if limit is not None and len(out) >= limit:
+                break
+    if not out:
+        raise ValueError(f"dataset: {name} has no lines")
     return out

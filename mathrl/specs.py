@@ -150,6 +150,17 @@ class DatasetRef(StrictModel):
         examples=["openai/gsm8k"],
     )
     config: str | None = Field(None, max_length=64, description="The hub dataset's configuration, e.g. 'main'.")
+    file: str | None = Field(
+        None,
+        pattern=r"^file-[0-9a-f]{32}$",
+        description="A file uploaded to this project (POST /v1/files), by its id: resolved by the worker.",
+    )
+    format: Literal["fields", "messages"] = Field(
+        "fields",
+        description="'fields': a question and an answer field per row; 'messages': OpenAI's fine-tuning JSONL, the "
+        "chat `messages` as the prompt (rendered with the model's chat template) and every other field kept for "
+        "graders' templates ('{{item.<field>}}'); answer_field, if a row has it, is the gold answer.",
+    )
     question_field: str = Field(
         "question", max_length=64, description="Field holding the question (user files, hub datasets)."
     )
@@ -160,11 +171,14 @@ class DatasetRef(StrictModel):
 
     @model_validator(mode="after")
     def _one_source(self) -> DatasetRef:
-        if sum(x is not None for x in (self.name, self.path, self.hub)) != 1:
+        if sum(x is not None for x in (self.name, self.path, self.hub, self.file)) != 1:
             raise FieldError(
                 "name",
-                "give exactly one of 'name' (a registered dataset), 'path' (a user file or URL) or 'hub' (a hub id)",
+                "give exactly one of 'name' (a registered dataset), 'path' (a user file or URL), 'hub' (a hub id) "
+                "or 'file' (an uploaded file's id)",
             )
+        if self.format == "messages" and self.name is not None:
+            raise FieldError("format", "'messages' is for a user's file (path or file), not a registered dataset")
         if self.hub is not None and (self.hub.startswith(("/", ".", "~")) or not _HUB_DATASET.match(self.hub)):
             raise FieldError("hub", f"{self.hub!r} is not a hub dataset id: write 'org/name' (a file goes in 'path')")
         if self.config is not None and self.hub is None:

@@ -6,7 +6,7 @@ Nested blocks use a double underscore: MATHRL_DATABASE__URL, MATHRL_WORKER__LEAS
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -168,6 +168,15 @@ class FilesSettings(BaseModel):
     max_lines: int = Field(1_000_000, ge=1, description="Lines (examples) in one file.")
 
 
+class FineTuningSettings(BaseModel):
+    """POST /v1/fine_tuning/jobs (api/routers/openai_fine_tuning.py): what OpenAI's API leaves to
+    the service, which the operator chooses here."""
+
+    generation_backend: Literal["auto", "vllm", "hf"] = Field(
+        "auto", description="How reinforcement jobs generate: 'auto' (vLLM where the worker has it), 'vllm', 'hf'."
+    )
+
+
 class GradersSettings(BaseModel):
     """POST /v1/graders:run for the graders the API runs itself (all but reward models): each call
     grades in its own short-lived process (evaluator/bounded.py), killed at these limits, so one
@@ -307,6 +316,7 @@ class Settings(BaseSettings):
     limits: LimitsSettings = Field(default_factory=LimitsSettings)  # type: ignore[arg-type]
     graders: GradersSettings = Field(default_factory=GradersSettings)  # type: ignore[arg-type]
     files: FilesSettings = Field(default_factory=FilesSettings)  # type: ignore[arg-type]
+    fine_tuning: FineTuningSettings = Field(default_factory=FineTuningSettings)  # type: ignore[arg-type]
     memory: MemorySettings = Field(default_factory=MemorySettings)  # type: ignore[arg-type]
     sources: SourcesSettings = Field(default_factory=SourcesSettings)  # type: ignore[arg-type]
     ray: RaySettings = Field(default_factory=RaySettings)  # type: ignore[arg-type]

@@ -111,6 +111,8 @@ def service_env(pg_url: str, redis_url: str, artifacts: Path) -> dict[str, str]:
         "PYTHONUNBUFFERED": "1",
         "TOKENIZERS_PARALLELISM": "false",
         "HF_HUB_OFFLINE": "1",
+        # OpenAI-shaped reinforcement jobs generate on HF here: no vLLM engine start per test job
+        "MATHRL_FINE_TUNING__GENERATION_BACKEND": "hf",
         # vLLM engines start without torch.compile here (a cold start 30 s shorter on this CPU:
         # 59 s against 90 s); tests/test_vllm.py's colocated weight-sync check runs compiled
         "MATHRL_VLLM_ENFORCE_EAGER": "1",

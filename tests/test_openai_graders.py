@@ -265,3 +265,33 @@ def test_one_projects_slow_python_graders_do_not_fail_anothers_calls(app_client:
             assert body["reward"] == 0.0 and body["metadata"]["errors"]["python_grader_server_error"], body
     print(f"\nother project's calls while the hogs ran: {len(latencies)}, slowest {max(latencies):.2f} s")
     assert latencies and max(latencies) < 3.0
+
+
+def test_a_messages_file_reaches_the_grader_as_its_item(tmp_path: Any, tiny_model: str) -> None:
+    """OpenAI's JSONL in a GRPO job: the chat is the prompt, the other fields the grader's `item`,
+    as TRL passes a dataset's columns to a reward."""
+    import json
+
+    from evaluator.models import load_tokenizer
+    from mathrl.specs import DatasetRef
+    from trainer.data import load_problems, prompt_dataset
+    from trainer.rewards import get_reward
+
+    path = tmp_path / "rft.jsonl"
+    rows = [
+        {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "12 + 30?"}], "ref": 42},
+        {"messages": [{"role": "user", "content": [{"type": "text", "text": "7 + 8?"}]}], "ref": "15", "x": [1]},
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tok = load_tokenizer(tiny_model)
+    problems, _ = load_problems(DatasetRef(path=str(path), format="messages"), None)
+    dataset, dropped = prompt_dataset(problems, "math-chat", tok)
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "12 + 30?"}]
+    assert dropped == 0 and dataset[0]["prompt"] == tok.apply_chat_template(
+        chat, tokenize=False, add_generation_prompt=True
+    )
+    assert "7 + 8?" in dataset[1]["prompt"] and json.loads(dataset[1]["item"]) == {"ref": "15", "x": [1]}
+    reward = get_reward("grader", grader={"type": "string_check", "input": OUT, "reference": "{{item.ref}}"})
+    columns = {k: list(dataset[k]) for k in dataset.column_names if k != "prompt"}  # as TRL passes them
+    assert reward(["42", "16"], prompts=list(dataset["prompt"]), **columns) == [1.0, 0.0]
+    assert reward(["41", "15"], prompts=list(dataset["prompt"]), **columns) == [0.0, 1.0]

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from evaluator import prompts
 from evaluator.benchmarks import find_benchmark
 from evaluator.data import Problem, load_benchmark, load_custom_set
+from mathrl.jsonl_files import text_of
 from mathrl.specs import DatasetRef
 
 
@@ -34,14 +36,25 @@ def prompt_dataset(
     rows = []
     dropped = 0
     for p in problems:
-        text = prompts.render(template, p.question, tokenizer)
+        messages = p.meta.get("messages")  # OpenAI's fine-tuning JSONL: the chat as its author wrote it
+        if messages is not None:
+            chat = [{"role": m["role"], "content": text_of(m["content"])} for m in messages]
+            text = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+        else:
+            text = prompts.render(template, p.question, tokenizer)
         if (
             max_prompt_tokens is not None
             and len(tokenizer(text, add_special_tokens=False).input_ids) > max_prompt_tokens
         ):
             dropped += 1
             continue
-        rows.append({"prompt": prompts.messages(template, p.question) if conversational else text, "answer": p.gold})
+        prompt = (
+            (messages if messages is not None else prompts.messages(template, p.question)) if conversational else text
+        )
+        row = {"prompt": prompt, "answer": p.gold}
+        if "item" in p.meta:  # the grader's `item`, as JSON: its fields may differ in type from row to row
+            row["item"] = json.dumps(p.meta["item"])
+        rows.append(row)
     if not rows:
         raise ValueError(f"every prompt is longer than max_prompt_length={max_prompt_tokens}: raise it")
     return Dataset.from_list(rows), dropped

@@ -18,6 +18,7 @@ what cannot be checked.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from evaluator.bounded import BoundedMatch
@@ -81,7 +82,12 @@ class GraderReward:
         golds = list(answer) if answer is not None else [None] * len(texts)
         n = len(texts)
         columns = {k: v for k, v in kw.items() if k not in _TRL_ARGS and isinstance(v, list) and len(v) == n}
-        items = [{k: v[i] for k, v in columns.items()} for i in range(n)]  # the dataset row: templates' `item`
+        # the dataset row: templates' `item` (a messages-format file's fields come as one JSON column)
+        packed = columns.pop("item", None)
+        items = [
+            {**({} if packed is None else json.loads(packed[i])), **{k: v[i] for k, v in columns.items()}}
+            for i in range(n)
+        ]
         results = grade_items(
             self.grader,
             texts,

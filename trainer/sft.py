@@ -9,6 +9,7 @@ from typing import Any
 
 from evaluator import prompts
 from evaluator.models import load_tokenizer
+from mathrl.jsonl_files import text_of
 from mathrl.presets import resolve_config
 from mathrl.sink import Sink
 from mathrl.specs import SFTSpec
@@ -44,6 +45,13 @@ def sft_dataset(spec: SFTSpec, tokenizer: Any, data_dir: str | None) -> Any:
     problems, template = load_problems(spec.dataset, data_dir)
     rows = []
     for p in problems:
+        if "messages" in p.meta:  # OpenAI's fine-tuning JSONL: the chat, and its last assistant message
+            if p.solution is None:
+                raise ValueError(f"dataset: line {p.index + 1} has no assistant message to learn (supervised)")
+            chat = [{"role": m["role"], "content": text_of(m["content"])} for m in p.meta["messages"]]
+            prompt = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+            rows.append({"prompt": prompt, "completion": p.solution + tokenizer.eos_token})
+            continue
         target = p.solution if template != "plain" and p.solution else p.gold
         rows.append(
             {"prompt": prompts.render(template, p.question, tokenizer), "completion": target + tokenizer.eos_token}

@@ -108,7 +108,7 @@ def run(job_id: str, owner: str, attempt: int) -> int:
     resolve = model_resolver(settings, job_id, project_id)
     _check_available(spec)
     work = attempt_dir(settings.artifact_dir, job_id, attempt)
-    spec = _fetch_dataset(spec, settings, work)
+    spec = _fetch_dataset(spec, settings, work, project_id)
     model_path, checkpoint = resolve(spec.model) if spec.kind != "grade" else ("", None)  # graders name their models
     sink_class = DatabaseSink if is_main() else ReadOnlySink
     sink = sink_class(
@@ -233,10 +233,20 @@ def _run_kind(
     return EXIT_OK
 
 
-def _fetch_dataset(spec: Any, settings: Any, work: Path) -> Any:
+def _fetch_dataset(spec: Any, settings: Any, work: Path, project_id: str) -> Any:
     """A dataset URL is fetched here, checked again now (service.sources.fetch_url: the prefix,
-    the host's addresses as DNS answers now, and every redirect), and the job reads the copy."""
+    the host's addresses as DNS answers now, and every redirect), and the job reads the copy.
+    An uploaded file ('file-...') is read where the API stored it, if the job's project owns it."""
     dataset = getattr(spec, "dataset", None)
+    if dataset is not None and dataset.file is not None:
+        from store.models import File
+
+        with session_scope(settings.database.url) as s:
+            row = s.get(File, dataset.file)
+            path = row.path if row is not None and row.project_id == project_id else None
+        if path is None or not Path(path).exists():
+            raise ValueError(f"dataset.file: {dataset.file!r} is not a file of this project any more (deleted?)")
+        return spec.model_copy(update={"dataset": dataset.model_copy(update={"path": path})})
     if dataset is None or not (dataset.path or "").lower().startswith(("http://", "https://")):
         return spec
     from service.sources import fetch_url

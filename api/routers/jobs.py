@@ -29,7 +29,7 @@ from api.problems import (
     Problem,
 )
 from api.streams import close_stream, open_stream
-from api.submit import admit, check_job_refs, commit_and_dispatch, job_row
+from api.submit import admit, check_file_refs, check_job_refs, commit_and_dispatch, job_row
 from mathrl.schemas import (
     CheckpointResponse,
     EventResponse,
@@ -96,6 +96,7 @@ def create_job(
         if existing is not None:
             return _replay(existing, request_hash, response)
     check_job_refs(session, caller.project_id, model_refs(spec))  # another job's output: one of the project's
+    check_file_refs(session, caller.project_id, spec)
     config = admit({"": spec}, settings)[""]
     job = job_row(caller.project_id, spec, config, idempotency_key=idempotency_key, request_hash=request_hash)
     session.add(job)

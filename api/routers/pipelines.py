@@ -15,7 +15,7 @@ from sqlalchemy import select
 from api.admission import check_storable
 from api.deps import CallerDep, SessionDep, SettingsDep, owned, page_cursor
 from api.problems import PIPELINE_NOT_FOUND
-from api.submit import admit, check_job_refs, commit_and_dispatch, job_row
+from api.submit import admit, check_file_refs, check_job_refs, commit_and_dispatch, job_row
 from mathrl.schemas import Page, PipelineResponse
 from mathrl.specs import PipelineSpec, model_refs, parse_spec, split_job_ref
 from store.ids import uuid7
@@ -126,6 +126,7 @@ def create_pipeline(
             elif target:
                 outside[path] = ref
         check_job_refs(session, caller.project_id, outside, f"/jobs/{step}", " (or name a step of this pipeline)")
+        check_file_refs(session, caller.project_id, job_spec, f"/jobs/{step}")
         finals[step] = parse_spec(body)
     configs = admit(finals, settings)
     pipeline = Pipeline(

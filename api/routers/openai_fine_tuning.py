@@ -1,0 +1,400 @@
+"""OpenAI's fine-tuning jobs, for code written against the `openai` SDK
+(`client.fine_tuning.jobs.create(...)`): a view over mathrl's jobs, not a second system. A
+reinforcement job is a GRPO job and a supervised one an SFT job, on an uploaded file
+(`dataset: {file, format: messages}`), in the one job store and state machine; they also show in
+/v1/jobs and the status pages, tagged 'openai:fine_tuning'. The OpenAI request and how each of
+its hyperparameters was mapped are stored with the job (resolved_config.openai). docs/openai-rft.md
+has the mapping table and what differs."""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Query
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from sqlalchemy import func, select
+
+from api.deps import CallerDep, SessionDep, SettingsDep
+from api.problems import Problem
+from api.routers.graders import refuse_model_graders
+from api.routers.openai_files import own_file
+from api.submit import admit, check_job_refs, commit_and_dispatch, job_row
+from mathrl.graders import Grader
+from mathrl.specs import model_refs, parse_spec
+from store.jobs import has_tag, request_cancel
+from store.models import Checkpoint, Event, Job, Metric
+
+router = APIRouter(prefix="/v1/fine_tuning/jobs", tags=["openai: fine-tuning"])
+
+TAG = "openai:fine_tuning"
+FTJOB = re.compile(r"^ftjob-([0-9a-f]{32})$")
+NOT_FOUND = "no fine-tuning job with this id in your project"
+# OpenAI's hyperparameters -> mathrl's: the values 'auto' takes, and the bases the multipliers scale
+AUTO_EPOCHS = 1
+AUTO_BATCH = 4  # prompts (OpenAI's examples) per step
+GROUP = 8  # completions per prompt, times compute_multiplier
+RL_LEARNING_RATE = 1e-6  # GRPO, times learning_rate_multiplier (TRL's default)
+SFT_LEARNING_RATE = 2e-5  # SFT, times learning_rate_multiplier (mathrl's SFT default)
+REASONING_TOKENS = {"low": 256, "medium": 1024, "high": 4096}  # reasoning_effort -> max_completion_length
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+Auto = Literal["auto"]
+
+
+class Hyperparameters(_Open):
+    batch_size: Auto | Annotated[int, Field(ge=1, le=4096)] | None = None
+    learning_rate_multiplier: Auto | Annotated[float, Field(gt=0, le=100)] | None = None
+    n_epochs: Auto | Annotated[int, Field(ge=1, le=50)] | None = None
+
+
+class ReinforcementHyperparameters(Hyperparameters):
+    compute_multiplier: Auto | Annotated[float, Field(gt=0, le=16)] | None = None
+    eval_interval: Auto | Annotated[int, Field(ge=1, le=100_000)] | None = None
+    eval_samples: Auto | Annotated[int, Field(ge=1, le=100)] | None = None
+    reasoning_effort: Literal["default", "low", "medium", "high"] | None = None
+
+
+class Reinforcement(_Open):
+    grader: Grader
+    hyperparameters: ReinforcementHyperparameters | None = None
+    response_format: dict[str, Any] | None = None
+
+
+class Supervised(_Open):
+    hyperparameters: Hyperparameters | None = None
+
+
+class Method(_Open):
+    type: Literal["supervised", "reinforcement", "dpo"]
+    reinforcement: Reinforcement | None = None
+    supervised: Supervised | None = None
+    dpo: dict[str, Any] | None = None
+
+
+class JobCreateParams(_Open):
+    model: str = Field(..., min_length=1, max_length=512, description="A model mathrl can load (a path, hub id, job:).")
+    training_file: str = Field(..., max_length=64, description="An uploaded file's id (POST /v1/files).")
+    validation_file: str | None = Field(None, max_length=64)
+    suffix: str | None = Field(None, min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    seed: int | None = Field(None, ge=0, le=2**32 - 1)
+    metadata: dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]] | None = Field(
+        None, max_length=16
+    )
+    hyperparameters: Hyperparameters | None = None  # OpenAI's older top-level form (supervised)
+    method: Method | None = None
+    integrations: list[dict[str, Any]] | None = None
+
+
+def _invalid(pointer: str, detail: str) -> Problem:
+    return Problem(422, "Invalid request", f"{pointer}: {detail}", [{"pointer": pointer, "detail": detail}])
+
+
+def _value(v: Any, auto: Any) -> Any:
+    return auto if v is None or v == "auto" else v
+
+
+def to_spec(
+    body: JobCreateParams, lines: int, generation_backend: str = "auto"
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The mathrl spec of an OpenAI fine-tuning request, and how each hyperparameter was mapped."""
+    method = body.method or Method(type="supervised", supervised=Supervised(hyperparameters=body.hyperparameters))
+    if method.type == "dpo":
+        raise _invalid("/method/type", "'dpo' is not trained here: use 'reinforcement' (GRPO) or 'supervised' (SFT)")
+    common = {"model": body.model, "dataset": {"file": body.training_file, "format": "messages"}, "tags": [TAG]}
+    if body.suffix:
+        common["name"] = body.suffix
+    if body.seed is not None:
+        common["seed"] = body.seed
+    if method.type == "reinforcement":
+        if method.reinforcement is None:
+            raise _invalid("/method/reinforcement", "a reinforcement job needs method.reinforcement.grader")
+        hp = method.reinforcement.hyperparameters or ReinforcementHyperparameters()
+        epochs, batch = _value(hp.n_epochs, AUTO_EPOCHS), _value(hp.batch_size, AUTO_BATCH)
+        group = max(2, round(GROUP * _value(hp.compute_multiplier, 1.0)))
+        steps = max(1, math.ceil(epochs * lines / batch))
+        spec: dict[str, Any] = {
+            **common,
+            "kind": "grpo",
+            "rewards": [{"name": "grader", "grader": method.reinforcement.grader.model_dump(mode="json")}],
+            "learning_rate": RL_LEARNING_RATE * _value(hp.learning_rate_multiplier, 1.0),
+            "num_generations": group,
+            "global_batch_size": batch * group,
+            "per_device_train_batch_size": batch * group,
+            "max_steps": steps,
+            "logging_steps": 1,
+            "save_steps": _value(hp.eval_interval, max(1, steps // 4)),
+            "generation": {"backend": generation_backend},
+        }
+        effort = hp.reasoning_effort
+        if effort in REASONING_TOKENS:
+            spec["max_completion_length"] = REASONING_TOKENS[effort]
+        mapping = {
+            "n_epochs": epochs,
+            "batch_size": batch,
+            "learning_rate_multiplier": _value(hp.learning_rate_multiplier, 1.0),
+            "compute_multiplier": _value(hp.compute_multiplier, 1.0),
+            "eval_interval": spec["save_steps"],
+            "eval_samples": _value(hp.eval_samples, None),
+            "reasoning_effort": effort or "default",
+        }
+        return spec, mapping
+    hp_s = (method.supervised.hyperparameters if method.supervised else None) or body.hyperparameters
+    hp_s = hp_s or Hyperparameters()
+    epochs, batch = _value(hp_s.n_epochs, AUTO_EPOCHS), _value(hp_s.batch_size, AUTO_BATCH)
+    steps = max(1, math.ceil(epochs * lines / batch))
+    spec = {
+        **common,
+        "kind": "sft",
+        "learning_rate": SFT_LEARNING_RATE * _value(hp_s.learning_rate_multiplier, 1.0),
+        "per_device_train_batch_size": batch,
+        "max_steps": steps,
+        "logging_steps": 1,
+        "save_steps": max(1, steps // 4),
+    }
+    mapping = {
+        "n_epochs": epochs,
+        "batch_size": batch,
+        "learning_rate_multiplier": _value(hp_s.learning_rate_multiplier, 1.0),
+    }
+    return spec, mapping
+
+
+def ftjob_id(job_id: str) -> str:
+    return "ftjob-" + job_id.replace("-", "")
+
+
+def job_uuid(ft_id: str) -> str | None:
+    m = FTJOB.match(ft_id)
+    if m is None:
+        return None
+    h = m.group(1)
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+def own_ftjob(session: Any, project_id: str, ft_id: str) -> Job:
+    job_id = job_uuid(ft_id)
+    job = session.get(Job, job_id) if job_id else None
+    if job is None or job.project_id != project_id or TAG not in (job.tags or []):
+        raise Problem(404, "Not found", NOT_FOUND)
+    return job  # type: ignore[no-any-return]
+
+
+STATUS = {"waiting": "queued", "queued": "queued", "running": "running"}
+
+
+def fine_tuned_model(job: Job, step: int | None = None) -> str:
+    """The `ft:` name of the job's model (or of its checkpoint at `step`): ft:<base>:<suffix>:<ftjob id>."""
+    base = str(job.spec.get("model", "model")).rstrip("/").rsplit("/", 1)[-1]
+    name = f"ft:{base}:{job.name or 'mathrl'}:{ftjob_id(job.id)}"
+    return name if step is None else f"{name}:ckpt-step-{step}"
+
+
+def job_object(session: Any, job: Job) -> dict[str, Any]:
+    openai = (job.resolved_config or {}).get("openai", {})
+    request, mapping = openai.get("request", {}), openai.get("mapping", {})
+    trained = session.scalar(select(func.max(Metric.value)).where(Metric.job_id == job.id, Metric.name == "num_tokens"))
+    status = STATUS.get(job.status, job.status)
+    method = request.get("method") or {"type": "supervised"}
+    return {
+        "id": ftjob_id(job.id),
+        "object": "fine_tuning.job",
+        "created_at": int(job.created_at.timestamp()),
+        "finished_at": int(job.finished_at.timestamp()) if job.finished_at else None,
+        "error": {"code": "job_failed", "message": job.error or "failed", "param": None}
+        if job.status == "failed"
+        else None,
+        "fine_tuned_model": fine_tuned_model(job) if job.status == "succeeded" else None,
+        "hyperparameters": {k: mapping.get(k) for k in ("batch_size", "learning_rate_multiplier", "n_epochs")},
+        "model": request.get("model", job.spec.get("model")),
+        "organization_id": job.project_id,
+        "result_files": [],
+        "seed": job.spec.get("seed", 42),
+        "status": status,
+        "trained_tokens": int(trained) if trained is not None and status == "succeeded" else None,
+        "training_file": request.get("training_file"),
+        "validation_file": request.get("validation_file"),
+        "estimated_finish": None,
+        "integrations": [],
+        "metadata": request.get("metadata"),
+        "method": method,
+        "user_provided_suffix": request.get("suffix"),
+    }
+
+
+@router.post(
+    "",
+    responses={
+        404: {"description": "A file is not in your project."},
+        422: {"description": "The request is invalid (the detail names the field)."},
+        429: {"description": "Over the project's quota of active jobs."},
+    },
+)
+def create(body: JobCreateParams, caller: CallerDep, session: SessionDep, settings: SettingsDep) -> dict[str, Any]:
+    """Start a fine-tuning job: a GRPO job (reinforcement) or an SFT job (supervised) on the file."""
+    if body.integrations:
+        raise _invalid("/integrations", "integrations (Weights & Biases) are not supported here: leave it out")
+    try:
+        training = own_file(session, caller.project_id, body.training_file)
+    except Problem:
+        raise _invalid("/training_file", f"{body.training_file!r}: no file with this id in your project") from None
+    if body.validation_file is not None:
+        try:
+            own_file(session, caller.project_id, body.validation_file)
+        except Problem:
+            raise _invalid(
+                "/validation_file", f"{body.validation_file!r}: no file with this id in your project"
+            ) from None
+    stats = training.data or {}
+    lines = int(stats.get("lines", 0))
+    kind = body.method.type if body.method else "supervised"
+    if kind == "reinforcement":
+        if body.method and body.method.reinforcement:
+            refuse_model_graders(body.method.reinforcement.grader)
+        if stats.get("reinforcement_lines", 0) != lines:
+            raise _invalid(
+                "/training_file",
+                f"{lines - stats.get('reinforcement_lines', 0)} of its {lines} lines do not end with a user message: "
+                "a reinforcement file's messages are the prompt the model answers",
+            )
+    if kind == "supervised" and stats.get("supervised_lines", 0) != lines:
+        raise _invalid(
+            "/training_file",
+            f"{lines - stats.get('supervised_lines', 0)} of its {lines} lines have no assistant message to learn",
+        )
+    spec_dict, mapping = to_spec(body, lines, settings.fine_tuning.generation_backend)
+    try:
+        spec = parse_spec(spec_dict)
+    except ValidationError as e:  # e.g. a model reference mathrl cannot load
+        err = e.errors()[0]
+        where = "/" + "/".join(str(p) for p in err["loc"] if not str(p).startswith(("grpo", "sft")))
+        pointer = {"/model": "/model", "/rewards/0/grader": "/method/reinforcement/grader"}.get(where, where)
+        raise _invalid(pointer, err["msg"]) from None
+    check_job_refs(session, caller.project_id, model_refs(spec))
+    config = admit({"": spec}, settings)[""]
+    config["openai"] = {"request": body.model_dump(mode="json", exclude_none=True), "mapping": mapping}
+    job = job_row(caller.project_id, spec, config)
+    session.add(job)
+    commit_and_dispatch(
+        session, settings, caller.project_id, [(job, f"queued on '{job.queue}' by POST /v1/fine_tuning/jobs")]
+    )
+    session.refresh(job)
+    return job_object(session, job)
+
+
+def _page(data: list[dict[str, Any]], more: bool) -> dict[str, Any]:
+    return {"object": "list", "data": data, "has_more": more}
+
+
+@router.get("", responses={400: {"description": "`after` is not a fine-tuning job id."}})
+def list_jobs(
+    caller: CallerDep,
+    session: SessionDep,
+    after: Annotated[str | None, Query(max_length=64)] = None,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+) -> dict[str, Any]:
+    """The project's fine-tuning jobs, newest first; `after` a job id of the previous page."""
+    q = select(Job).where(Job.project_id == caller.project_id, has_tag(session, TAG))
+    if after is not None:
+        before = job_uuid(after)
+        if before is None:
+            raise Problem(400, "Bad cursor", "query:/after: a fine-tuning job id from a previous page")
+        q = q.where(Job.id < before)
+    rows = list(session.scalars(q.order_by(Job.id.desc()).limit(limit + 1)))
+    return _page([job_object(session, j) for j in rows[:limit]], len(rows) > limit)
+
+
+@router.get("/{fine_tuning_job_id}", responses={404: {"description": NOT_FOUND}})
+def retrieve(fine_tuning_job_id: str, caller: CallerDep, session: SessionDep) -> dict[str, Any]:
+    return job_object(session, own_ftjob(session, caller.project_id, fine_tuning_job_id))
+
+
+@router.post("/{fine_tuning_job_id}/cancel", responses={404: {"description": NOT_FOUND}})
+def cancel(fine_tuning_job_id: str, caller: CallerDep, session: SessionDep) -> dict[str, Any]:
+    """Cancel it: at once if it has not started, else its worker stops it (status follows)."""
+    job = request_cancel(session, own_ftjob(session, caller.project_id, fine_tuning_job_id))
+    out = job_object(session, job)
+    if job.status == "running":
+        out["status"] = "cancelled" if job.cancel_requested and job.finished_at else "running"
+    return out
+
+
+LEVELS = {"info": "info", "warning": "warn", "error": "error"}
+
+
+@router.get("/{fine_tuning_job_id}/events", responses={404: {"description": NOT_FOUND}})
+def events(
+    fine_tuning_job_id: str,
+    caller: CallerDep,
+    session: SessionDep,
+    after: Annotated[str | None, Query(max_length=64)] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 20,
+) -> dict[str, Any]:
+    """The job's events, newest first (OpenAI's order); `after` an event id of the previous page."""
+    job = own_ftjob(session, caller.project_id, fine_tuning_job_id)
+    q = select(Event).where(Event.job_id == job.id)
+    if after is not None:
+        m = re.match(r"^ftevent-(\d{1,18})$", after)
+        if m is None:
+            raise Problem(400, "Bad cursor", "query:/after: an event id from a previous page")
+        q = q.where(Event.seq < int(m.group(1)))
+    rows = list(session.scalars(q.order_by(Event.seq.desc()).limit(limit + 1)))
+    data = [
+        {
+            "id": f"ftevent-{e.seq}",
+            "object": "fine_tuning.job.event",
+            "created_at": int(e.time.timestamp()),
+            "level": LEVELS.get(e.level, "info"),
+            "message": e.message,
+            "type": "message",
+            "data": {"type": e.type, **(e.data or {})},
+        }
+        for e in rows[:limit]
+    ]
+    return _page(data, len(rows) > limit)
+
+
+@router.get("/{fine_tuning_job_id}/checkpoints", responses={404: {"description": NOT_FOUND}})
+def checkpoints(
+    fine_tuning_job_id: str,
+    caller: CallerDep,
+    session: SessionDep,
+    after: Annotated[str | None, Query(max_length=64)] = None,
+    limit: Annotated[int, Query(ge=1, le=100)] = 10,
+) -> dict[str, Any]:
+    """The job's checkpoints, newest first, each with the training metrics at its step."""
+    job = own_ftjob(session, caller.project_id, fine_tuning_job_id)
+    q = select(Checkpoint).where(Checkpoint.job_id == job.id, Checkpoint.kind == "checkpoint")
+    rows = list(session.scalars(q.order_by(Checkpoint.step.desc())))
+    if after is not None:
+        ids = [f"ftckpt-{c.id.replace('-', '')}" for c in rows]
+        rows = rows[ids.index(after) + 1 :] if after in ids else []
+    data = []
+    for c in rows[:limit]:
+        values = dict(
+            session.execute(
+                select(Metric.name, Metric.value).where(Metric.job_id == job.id, Metric.step == c.step)
+            ).all()
+        )
+        data.append(
+            {
+                "id": f"ftckpt-{c.id.replace('-', '')}",
+                "object": "fine_tuning.job.checkpoint",
+                "created_at": int(c.created_at.timestamp()),
+                "fine_tuned_model_checkpoint": fine_tuned_model(job, c.step),
+                "fine_tuning_job_id": ftjob_id(job.id),
+                "step_number": c.step,
+                "metrics": {
+                    "step": float(c.step),
+                    "train_loss": values.get("loss"),
+                    "train_mean_token_accuracy": values.get("mean_token_accuracy"),
+                    "train_reward_mean": values.get("reward"),
+                },
+            }
+        )
+    return _page(data, len(rows) > limit)

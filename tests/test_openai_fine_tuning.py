@@ -1,0 +1,165 @@
+"""OpenAI's fine-tuning jobs through the real `openai` package against the running service (an
+API and a worker process): upload a file, create a reinforcement job with a string_check grader
+(a GRPO job underneath) and a supervised one (SFT), follow their events, list checkpoints with
+their metrics, list and cancel jobs, and the 422s for what is not supported
+(api/routers/openai_fine_tuning.py, docs/openai-rft.md)."""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import ADMIN_TOKEN, Service
+
+pytestmark = pytest.mark.slow
+
+
+def _client(service: Service) -> Any:
+    from openai import OpenAI
+
+    r = httpx.post(
+        f"{service.url}/v1/keys",
+        json={"project": f"oa-{time.monotonic_ns()}"},
+        headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+    )
+    assert r.status_code == 201, r.text
+    return OpenAI(base_url=f"{service.url}/v1", api_key=r.json()["key"], max_retries=0, timeout=60)
+
+
+def _jsonl(rows: list[dict[str, Any]]) -> io.BytesIO:
+    return io.BytesIO("".join(json.dumps(r) + "\n" for r in rows).encode())
+
+
+QUESTIONS = [(a, b) for a, b in ((12, 30), (7, 8), (21, 21), (40, 2))]
+RFT_ROWS = [
+    {"messages": [{"role": "user", "content": f"What is {a} + {b}?"}], "reference_answer": str(a + b)}
+    for a, b in QUESTIONS
+]
+SFT_ROWS = [
+    {"messages": [{"role": "user", "content": f"What is {a} + {b}?"}, {"role": "assistant", "content": str(a + b)}]}
+    for a, b in QUESTIONS
+]
+EXACT = {
+    "type": "string_check",
+    "name": "exact",
+    "input": "{{sample.output_text}}",
+    "reference": "{{item.reference_answer}}",
+    "operation": "like",
+}
+# the untrained model never answers, so a python grader that reads the item shows that the item
+# reaches the grader in a GRPO step, through the sandbox
+SEEN = {
+    "type": "python",
+    "name": "seen",
+    "source": "def grade(sample, item):\n    return float('reference_answer' in item)",
+}
+GRADER = {"type": "multi", "name": "mix", "graders": {"exact": EXACT, "seen": SEEN}, "calculate_output": "exact + seen"}
+
+
+def _wait(client: Any, job_id: str, timeout: float = 300) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = client.fine_tuning.jobs.retrieve(job_id)
+        if job.status in ("succeeded", "failed", "cancelled"):
+            return job
+        time.sleep(0.5)
+    raise TimeoutError(f"{job_id} still {job.status}")
+
+
+def test_reinforcement_and_supervised_jobs_with_the_openai_sdk(service: Service, tiny_model: str) -> None:
+    import openai
+
+    client = _client(service)
+    train = client.files.create(file=("train.jsonl", _jsonl(RFT_ROWS)), purpose="fine-tune")
+    job = client.fine_tuning.jobs.create(
+        model=tiny_model,
+        training_file=train.id,
+        suffix="adder",
+        seed=7,
+        metadata={"team": "math"},
+        method={
+            "type": "reinforcement",
+            "reinforcement": {
+                "grader": GRADER,
+                "hyperparameters": {
+                    "n_epochs": 1,
+                    "batch_size": 2,
+                    "compute_multiplier": 0.25,
+                    "reasoning_effort": "low",
+                    "eval_interval": 1,
+                },
+            },
+        },
+    )
+    assert job.object == "fine_tuning.job" and job.id.startswith("ftjob-") and job.status in ("queued", "running")
+    assert job.training_file == train.id and job.metadata == {"team": "math"} and job.seed == 7
+    assert job.method.type == "reinforcement" and job.method.reinforcement.grader.type == "multi"
+    assert job.hyperparameters.batch_size == 2 and job.hyperparameters.n_epochs == 1
+    done = _wait(client, job.id)
+    assert done.status == "succeeded", done.error
+    assert done.fine_tuned_model == f"ft:{tiny_model.rsplit('/', 1)[-1]}:adder:{job.id}"
+    assert done.trained_tokens and done.trained_tokens > 0 and done.finished_at
+    # the events, newest first, paged with `after`
+    events = client.fine_tuning.jobs.list_events(job.id, limit=100).data
+    assert events[0].message and {e.level for e in events} <= {"info", "warn", "error"}
+    assert any("succeeded" == (e.data or {}).get("type") for e in events), [e.data for e in events]
+    page = client.fine_tuning.jobs.list_events(job.id, limit=2)
+    older = client.fine_tuning.jobs.list_events(job.id, limit=2, after=page.data[-1].id)
+    assert page.has_more and older.data[0].id not in {e.id for e in page.data}
+    # the checkpoints (every step: eval_interval 1) with their step's metrics; 4 lines / 2 a step = 2 steps
+    ckpts = client.fine_tuning.jobs.checkpoints.list(job.id).data
+    assert [c.step_number for c in ckpts] == [2, 1], ckpts
+    assert ckpts[0].fine_tuned_model_checkpoint == f"{done.fine_tuned_model}:ckpt-step-2"
+    assert ckpts[0].metrics.step == 2.0 and ckpts[0].metrics.train_loss is not None
+    # the same job, as mathrl's: a GRPO job on the file with the grader as its reward
+    mathrl_id = job.id.removeprefix("ftjob-")
+    mathrl_id = f"{mathrl_id[:8]}-{mathrl_id[8:12]}-{mathrl_id[12:16]}-{mathrl_id[16:20]}-{mathrl_id[20:]}"
+    mine = httpx.get(f"{service.url}/v1/jobs/{mathrl_id}", headers={"Authorization": f"Bearer {client.api_key}"})
+    spec = mine.json()["spec"]
+    assert spec["kind"] == "grpo" and spec["dataset"] == {**spec["dataset"], "file": train.id, "format": "messages"}
+    assert spec["rewards"][0]["grader"]["graders"]["exact"]["reference"] == "{{item.reference_answer}}"
+    assert spec["num_generations"] == 2 and spec["max_completion_length"] == 256
+    metrics = httpx.get(
+        f"{service.url}/v1/jobs/{mathrl_id}/metrics", headers={"Authorization": f"Bearer {client.api_key}"}
+    ).json()["data"]
+    rewards = {m["name"]: [p["value"] for p in m["points"]] for m in metrics if m["name"].startswith("rewards/")}
+    print(f"\nreinforcement job's reward series: {rewards}")
+    assert rewards["rewards/grader_multi/mean"] == [1.0, 1.0]  # seen = 1 on every item, exact = 0
+    # supervised: an SFT job on a file of chats that end with the assistant's answer
+    sft_file = client.files.create(file=("sft.jsonl", _jsonl(SFT_ROWS)), purpose="fine-tune")
+    sft = client.fine_tuning.jobs.create(
+        model=tiny_model,
+        training_file=sft_file.id,
+        method={"type": "supervised", "supervised": {"hyperparameters": {"batch_size": 4, "n_epochs": 2}}},
+    )
+    sft_done = _wait(client, sft.id)
+    assert sft_done.status == "succeeded", sft_done.error
+    assert [c.step_number for c in client.fine_tuning.jobs.checkpoints.list(sft.id).data] == [2, 1]
+    # list (newest first) and cancel
+    assert [j.id for j in client.fine_tuning.jobs.list().data][:2] == [sft.id, job.id]
+    third = client.fine_tuning.jobs.create(model=tiny_model, training_file=sft_file.id)
+    client.fine_tuning.jobs.cancel(third.id)
+    assert _wait(client, third.id, 120).status == "cancelled"
+    # another project sees none of it
+    other = _client(service)
+    with pytest.raises(openai.NotFoundError):
+        other.fine_tuning.jobs.retrieve(job.id)
+    assert other.fine_tuning.jobs.list().data == []
+    # what is refused, naming the field
+    with pytest.raises(openai.UnprocessableEntityError, match="no file with this id"):
+        other.fine_tuning.jobs.create(model=tiny_model, training_file=train.id)
+    with pytest.raises(openai.UnprocessableEntityError, match="do not end with a user message"):
+        client.fine_tuning.jobs.create(
+            model=tiny_model,
+            training_file=sft_file.id,
+            method={"type": "reinforcement", "reinforcement": {"grader": GRADER}},
+        )
+    with pytest.raises(openai.UnprocessableEntityError, match="no assistant message"):
+        client.fine_tuning.jobs.create(model=tiny_model, training_file=train.id)
+    with pytest.raises(openai.UnprocessableEntityError, match="'dpo' is not trained here"):
+        client.fine_tuning.jobs.create(model=tiny_model, training_file=train.id, method={"type": "dpo"})
