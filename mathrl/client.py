@@ -183,6 +183,14 @@ class Jobs:
     def cancel(self, job_id: str) -> JobResponse:
         return JobResponse.model_validate(self._c.request("POST", f"/v1/jobs/{job_id}/cancel"))
 
+    def pause(self, job_id: str) -> JobResponse:
+        """A queued job pauses at once; a running one after it saves a checkpoint (409 otherwise)."""
+        return JobResponse.model_validate(self._c.request("POST", f"/v1/jobs/{job_id}/pause"))
+
+    def resume(self, job_id: str) -> JobResponse:
+        """A paused job is queued again and goes on from its newest checkpoint (409 otherwise)."""
+        return JobResponse.model_validate(self._c.request("POST", f"/v1/jobs/{job_id}/resume"))
+
     def events(self, job_id: str, after: int | None = None, limit: int = 500) -> builtins.list[EventResponse]:
         page = self._c.request("GET", f"/v1/jobs/{job_id}/events", params=_params(after=after, limit=limit))
         return [EventResponse.model_validate(e) for e in page["data"]]
@@ -407,6 +415,12 @@ class AsyncJobs:
 
     async def cancel(self, job_id: str) -> JobResponse:
         return JobResponse.model_validate(await self._c.request("POST", f"/v1/jobs/{job_id}/cancel"))
+
+    async def pause(self, job_id: str) -> JobResponse:
+        return JobResponse.model_validate(await self._c.request("POST", f"/v1/jobs/{job_id}/pause"))
+
+    async def resume(self, job_id: str) -> JobResponse:
+        return JobResponse.model_validate(await self._c.request("POST", f"/v1/jobs/{job_id}/resume"))
 
     async def events(self, job_id: str, after: int | None = None, limit: int = 500) -> builtins.list[EventResponse]:
         page = await self._c.request("GET", f"/v1/jobs/{job_id}/events", params=_params(after=after, limit=limit))

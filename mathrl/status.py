@@ -9,22 +9,28 @@ status validator), and the status pages get it from the page shell (api/web/rout
       │                  │
       │                  ├─lease lapsed (reconciler)──> queued   (attempts < max_attempts)
       │                  │                          └──> failed | cancelled
-      │                  └─drained (its worker got SIGTERM: checkpoint, hand back)──> queued
-      │                                                       (not counted against max_attempts)
+      │                  ├─drained (its worker got SIGTERM: checkpoint, hand back)──> queued
+      │                  │                                    (not counted against max_attempts)
+      │                  └─pause requested: drained the same way, handed back──> paused
+      ├──pause──> paused ──resume──> queued (resumes from its newest checkpoint)
+      │             └──cancel──> cancelled
       └──cancel──> cancelled          running ──cancel requested──> (supervisor stops it) cancelled
+
+A paused job holds no quota (it is not ACTIVE) and nothing claims it until it is resumed.
 """
 
 from __future__ import annotations
 
 from typing import Literal, get_args
 
-JobStatus = Literal["waiting", "queued", "running", "succeeded", "failed", "cancelled"]
+JobStatus = Literal["waiting", "queued", "running", "paused", "succeeded", "failed", "cancelled"]
 STATUSES: tuple[str, ...] = get_args(JobStatus)
 
 TRANSITIONS: dict[str, frozenset[str]] = {
     "waiting": frozenset({"queued", "cancelled", "failed"}),
-    "queued": frozenset({"running", "cancelled", "failed"}),
-    "running": frozenset({"succeeded", "failed", "cancelled", "queued"}),
+    "queued": frozenset({"running", "cancelled", "failed", "paused"}),
+    "running": frozenset({"succeeded", "failed", "cancelled", "queued", "paused"}),
+    "paused": frozenset({"queued", "cancelled"}),
     "succeeded": frozenset(),
     "failed": frozenset(),
     "cancelled": frozenset(),

@@ -79,6 +79,7 @@ def claim(session: Session, job_id: str, owner: str, lease_seconds: float) -> Jo
 class Heartbeat:
     owned: bool  # False: the lease was lost (reconciled away); stop the job
     cancel_requested: bool
+    pause_requested: bool = False  # drain it to a checkpoint; it is handed back as paused
 
 
 def renew_lease(session: Session, job_id: str, owner: str, lease_seconds: float) -> Heartbeat:
@@ -90,9 +91,10 @@ def renew_lease(session: Session, job_id: str, owner: str, lease_seconds: float)
         .execution_options(synchronize_session=False)
     )
     owned = result.rowcount == 1  # type: ignore[attr-defined]
-    cancel = bool(session.scalar(select(Job.cancel_requested).where(Job.id == job_id)))
+    flags = session.execute(select(Job.cancel_requested, Job.pause_requested).where(Job.id == job_id)).one_or_none()
     session.commit()
-    return Heartbeat(owned=owned, cancel_requested=cancel)
+    cancel, pause = (bool(flags[0]), bool(flags[1])) if flags is not None else (False, False)
+    return Heartbeat(owned=owned, cancel_requested=cancel, pause_requested=pause)
 
 
 def holds_lease(session: Session, job_id: str, owner: str, attempt: int) -> bool:
@@ -164,6 +166,10 @@ def hand_back(
     if job.cancel_requested:
         job.status, job.finished_at = "cancelled", now
         add_event(session, job_id, "cancelled", "cancelled while its worker was shutting down", level="warning")
+    elif job.pause_requested:  # a pause, not a shutdown: it waits until it is resumed
+        job.status, job.dispatched_at = "paused", None
+        job.drains += 1
+        add_event(session, job_id, "paused", message.replace("re-queued", "paused"), data=data)
     else:
         job.status, job.dispatched_at = "queued", None
         job.drains += 1
@@ -176,21 +182,74 @@ def hand_back(
     return job.status
 
 
+class NotPausable(ValueError):
+    """The job is not in a status a pause or a resume applies to (the message says which)."""
+
+
+def request_pause(session: Session, job: Job) -> Job:
+    """Pause a job: a queued one at once (nothing claims it while paused); a running one is
+    asked to stop at a checkpoint (its supervisor drains it and hands it back as paused). A
+    paused one stays paused; another status raises NotPausable."""
+    lock_pipeline_of(session, job.id)
+    row = session.scalar(
+        select(Job).where(Job.id == job.id).with_for_update().execution_options(populate_existing=True)
+    )
+    assert row is not None
+    now = utcnow()
+    if row.status == "queued":
+        row.status, row.dispatched_at, row.updated_at = "paused", None, now
+        add_event(session, row.id, "paused", "paused before it started: resume it to queue it again")
+    elif row.status == "running" and not row.pause_requested:
+        row.pause_requested, row.updated_at = True, now
+        add_event(session, row.id, "pause_requested", "pause requested: the job saves a checkpoint and stops")
+    elif row.status not in ("running", "paused"):
+        session.rollback()
+        raise NotPausable(f"a {row.status} job cannot be paused: only a queued or running one")
+    session.commit()
+    session.refresh(row)
+    return row
+
+
+def resume(session: Session, job: Job, task_id: str) -> Job:
+    """Queue a paused job again (with `task_id` for its broker message, sent after the commit);
+    it resumes from its newest checkpoint. A job paused only as asked (still running) has its
+    request withdrawn. Another status raises NotPausable."""
+    row = session.scalar(
+        select(Job).where(Job.id == job.id).with_for_update().execution_options(populate_existing=True)
+    )
+    assert row is not None
+    now = utcnow()
+    if row.status == "paused":
+        row.status, row.pause_requested, row.updated_at = "queued", False, now
+        row.celery_task_id, row.dispatched_at = task_id, now
+        add_event(session, row.id, "resumed", "resumed: queued, to go on from its newest checkpoint")
+    elif row.status == "running" and row.pause_requested:
+        row.pause_requested, row.updated_at = False, now
+        add_event(session, row.id, "resumed", "resumed before it had stopped: the pause request is withdrawn")
+    else:
+        session.rollback()
+        raise NotPausable(f"a {row.status} job cannot be resumed: only a paused one")
+    session.commit()
+    session.refresh(row)
+    return row
+
+
 def request_cancel(session: Session, job: Job) -> Job:
     """Cancel a job in whatever state it is now (not the state it was read in): one conditional
     UPDATE cancels a waiting or queued job at once and asks the supervisor of a running job to
     stop it; an ended job is left as it is. (Two statements raced: a job that went from waiting
     to queued meanwhile kept running, and a running job re-queued meanwhile was left queued with
     cancel_requested set, which nothing claims or sends: queued for ever.)"""
-    for s in NOT_STARTED:  # the moves the CASE below makes
+    idle = (*NOT_STARTED, "paused")  # ended at once: nothing runs them
+    for s in idle:  # the moves the CASE below makes
         check_move(s, "cancelled")
     now = utcnow()
     lock_pipeline_of(session, job.id)
-    not_started = Job.status.in_(NOT_STARTED)
+    not_started = Job.status.in_(idle)
     before = session.execute(select(Job.status, Job.cancel_requested).where(Job.id == job.id).with_for_update()).one()
     session.execute(
         update(Job)
-        .where(Job.id == job.id, Job.status.in_((*NOT_STARTED, "running")))
+        .where(Job.id == job.id, Job.status.in_((*idle, "running")))
         .values(
             cancel_requested=True,
             updated_at=now,
@@ -199,7 +258,7 @@ def request_cancel(session: Session, job: Job) -> Job:
         )
         .execution_options(synchronize_session=False)
     )
-    if before.status in NOT_STARTED:
+    if before.status in idle:
         add_event(session, job.id, "cancelled", f"cancelled while {before.status}", level="warning")
         settle_dependents(session, job.id)
     elif before.status == "running" and not before.cancel_requested:

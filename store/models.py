@@ -17,6 +17,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    false,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, validates
 
@@ -112,6 +113,9 @@ class Job(Base):
     lease_expires_at: Mapped[datetime | None] = mapped_column()
     celery_task_id: Mapped[str | None] = mapped_column(String(64))
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    # a pause asked of a running job: its supervisor drains it to a checkpoint and hands it back as
+    # paused (store.jobs.request_pause); cleared when it is resumed
+    pause_requested: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     pipeline_id: Mapped[str | None] = mapped_column(ForeignKey("pipelines.id", ondelete="CASCADE"), index=True)
     pipeline_step: Mapped[str | None] = mapped_column(String(64))
     depends_on: Mapped[list[str]] = mapped_column(default=list)  # job ids that must succeed first

@@ -86,6 +86,13 @@ def _make_objects(app_client: Any, owner: dict[str, str], paths: dict[str, Any])
     f = app_client.post("/v1/files", files={"file": ("t.jsonl", line)}, data={"purpose": "fine-tune"}, headers=owner)
     assert f.status_code == 200, f.text
     ids["file_id"] = f.json()["id"]
+    chat = b'{"messages": [{"role": "user", "content": "1 + 1?"}, {"role": "assistant", "content": "2"}]}\n'
+    f = app_client.post("/v1/files", files={"file": ("s.jsonl", chat)}, data={"purpose": "fine-tune"}, headers=owner)
+    ft = app_client.post(
+        "/v1/fine_tuning/jobs", json={"model": "org/model", "training_file": f.json()["id"]}, headers=owner
+    )
+    assert ft.status_code == 200, ft.text
+    ids["fine_tuning_job_id"] = ft.json()["id"]
     return ids
 
 

@@ -163,3 +163,44 @@ def test_reinforcement_and_supervised_jobs_with_the_openai_sdk(service: Service,
         client.fine_tuning.jobs.create(model=tiny_model, training_file=train.id)
     with pytest.raises(openai.UnprocessableEntityError, match="'dpo' is not trained here"):
         client.fine_tuning.jobs.create(model=tiny_model, training_file=train.id, method={"type": "dpo"})
+
+
+def test_pause_drains_to_a_checkpoint_and_resume_goes_on_from_it(service: Service, tiny_model: str) -> None:
+    import openai
+
+    client = _client(service)
+    train = client.files.create(file=("train.jsonl", _jsonl(RFT_ROWS)), purpose="fine-tune")
+    hp = {"n_epochs": 10, "batch_size": 2, "compute_multiplier": 0.25, "reasoning_effort": "low", "eval_interval": 5}
+    job = client.fine_tuning.jobs.create(
+        model=tiny_model,
+        training_file=train.id,
+        method={"type": "reinforcement", "reinforcement": {"grader": EXACT, "hyperparameters": hp}},
+    )
+    deadline = time.monotonic() + 120
+    while client.fine_tuning.jobs.retrieve(job.id).status != "running":
+        assert time.monotonic() < deadline, "the job never started"
+        time.sleep(0.2)
+    time.sleep(2.0)  # a step or two in
+    assert client.fine_tuning.jobs.pause(job.id).status in ("running", "paused")  # running until it has drained
+    deadline = time.monotonic() + 120
+    while (paused := client.fine_tuning.jobs.retrieve(job.id)).status != "paused":
+        assert paused.status == "running" and time.monotonic() < deadline, paused.status
+        time.sleep(0.3)
+    steps = [c.step_number for c in client.fine_tuning.jobs.checkpoints.list(job.id).data]
+    assert steps and max(steps) < 20, steps  # it stopped at a checkpoint before the end
+    kinds = [(e.data or {}).get("type") for e in client.fine_tuning.jobs.list_events(job.id, limit=100).data]
+    assert kinds[0] == "paused" and "pause_requested" in kinds and "drain_requested" in kinds, kinds
+    assert client.fine_tuning.jobs.resume(job.id).status == "queued"
+    done = _wait(client, job.id)
+    assert done.status == "succeeded", done.error
+    events = client.fine_tuning.jobs.list_events(job.id, limit=200).data
+    resumed = [e for e in events if (e.data or {}).get("type") == "resumed"]
+    claims = [e.message for e in events if (e.data or {}).get("type") == "claimed"]
+    assert resumed and len(claims) == 2, claims
+    final = [c.step_number for c in client.fine_tuning.jobs.checkpoints.list(job.id).data]
+    assert max(final) == 20, final
+    with pytest.raises(openai.ConflictError, match="cannot be paused"):
+        client.fine_tuning.jobs.pause(job.id)
+    with pytest.raises(openai.ConflictError, match="cannot be resumed"):
+        client.fine_tuning.jobs.resume(job.id)
+    print(f"\npaused with checkpoints at steps {sorted(steps)}, finished with {sorted(final)}")

@@ -366,6 +366,8 @@ def test_the_store_refuses_a_status_move_mathrl_status_does_not_allow(store_url:
         with pytest.raises(IllegalTransition, match="from succeeded to running"):
             job.status = "running"
         with pytest.raises(IllegalTransition, match="not a job status"):
+            job.status = "suspended"
+        with pytest.raises(IllegalTransition, match="from succeeded to paused"):
             job.status = "paused"
         job.status = "succeeded"  # staying put is not a move
     with pytest.raises(IllegalTransition, match="from failed to queued"):

@@ -379,6 +379,9 @@ def _run_job_process(
             cancelled = True
             code = stop_process(proc, w.cancel_grace_seconds)
             break
+        if beat.pause_requested and drain_since is None:  # a pause: the same drain, handed back as paused
+            drain_since = time.monotonic()
+            _request_drain(url, job_id, owner, out, w.drain_seconds, paused=True)
     if ray_job is None:
         _kill_group(proc, signal.SIGKILL)  # whatever the job started (engine processes) goes with it
     if server is not None and not server_reported and code != EXIT_OK and server.exited() is not None:
@@ -392,19 +395,20 @@ def _run_job_process(
     return _record_end(settings, job_id, owner, code, cancelled, log_path)
 
 
-def _request_drain(url: str, job_id: str, owner: str, out: Path, seconds: float) -> None:
+def _request_drain(url: str, job_id: str, owner: str, out: Path, seconds: float, paused: bool = False) -> None:
     """Ask the job process (every rank: they all watch the attempt's directory) to save a
     checkpoint at its next step and stop."""
     (out / DRAIN_FILE).touch()
-    log.info("draining job %s: worker shutting down", job_id)
+    log.info("draining job %s: %s", job_id, "paused" if paused else "worker shutting down")
+    why = "it was paused" if paused else f"worker {owner.split(':')[0]} is shutting down (SIGTERM)"
+    where = "waits, paused, until it is resumed" if paused else "goes back to the queue"
     _event(
         url,
         job_id,
         "drain_requested",
-        f"worker {owner.split(':')[0]} is shutting down (SIGTERM): the job saves a checkpoint at its next "
-        f"step and goes back to the queue (drain_seconds={seconds:g})",
-        {"drain_seconds": seconds},
-        "warning",
+        f"{why}: the job saves a checkpoint at its next step and {where} (drain_seconds={seconds:g})",
+        {"drain_seconds": seconds, "paused": paused},
+        "info" if paused else "warning",
     )
 
 
@@ -446,7 +450,7 @@ def _hand_back(settings: Settings, job_id: str, owner: str, attempt: int, code: 
         return "lost"
     log.info("job %s handed back (%s)", job_id, status)
     _send_released(settings)
-    return "drained" if status == "queued" else status
+    return "drained" if status in ("queued", "paused") else status
 
 
 def _report_stale(url: str, job_id: str, owner: str, attempt: int, out: Path) -> None:

@@ -20,6 +20,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from api.deps import CallerDep, SessionDep, SettingsDep, owned, page_cursor
+from api.job_control import pause_job, resume_job
 from api.job_wakeups import KEEPALIVE_SECONDS, POLL_SECONDS, STREAM_READS, shared_read, waker
 from api.problems import (
     IDEMPOTENCY_CONFLICT,
@@ -162,6 +163,25 @@ def cancel_job(job_id: str, session: SessionDep, caller: CallerDep) -> Job:
     if job.status in TERMINAL:
         return job
     return request_cancel(session, job)
+
+
+@router.post(
+    "/{job_id}/pause",
+    response_model=JobResponse,
+    responses={**NOT_FOUND, 409: {"description": "The job is neither queued nor running."}},
+)
+def pause(job_id: str, session: SessionDep, caller: CallerDep) -> Job:
+    """Pause: a queued job at once; a running one saves a checkpoint at its next step and stops
+    (status paused when it has). A paused job holds no quota until it is resumed."""
+    return pause_job(session, _own_job(session, caller.project_id, job_id))
+
+
+@router.post(
+    "/{job_id}/resume", response_model=JobResponse, responses={**NOT_FOUND, 409: {"description": "Not paused."}}
+)
+def resume_paused(job_id: str, session: SessionDep, caller: CallerDep, settings: SettingsDep) -> Job:
+    """Resume a paused job: queued again, it goes on from its newest checkpoint."""
+    return resume_job(session, settings, _own_job(session, caller.project_id, job_id))
 
 
 @router.get("/{job_id}/events", response_model=Page[EventResponse], responses=NOT_FOUND)

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy import func, select
 
 from api.deps import CallerDep, SessionDep, SettingsDep
+from api.job_control import pause_job, resume_job
 from api.problems import Problem
 from api.routers.graders import refuse_model_graders
 from api.routers.openai_files import own_file
@@ -322,6 +323,24 @@ def cancel(fine_tuning_job_id: str, caller: CallerDep, session: SessionDep) -> d
     if job.status == "running":
         out["status"] = "cancelled" if job.cancel_requested and job.finished_at else "running"
     return out
+
+
+@router.post(
+    "/{fine_tuning_job_id}/pause",
+    responses={404: {"description": NOT_FOUND}, 409: {"description": "Neither queued nor running."}},
+)
+def pause(fine_tuning_job_id: str, caller: CallerDep, session: SessionDep) -> dict[str, Any]:
+    """Pause it: a queued job at once; a running one saves a checkpoint and stops (then paused)."""
+    return job_object(session, pause_job(session, own_ftjob(session, caller.project_id, fine_tuning_job_id)))
+
+
+@router.post(
+    "/{fine_tuning_job_id}/resume", responses={404: {"description": NOT_FOUND}, 409: {"description": "Not paused."}}
+)
+def resume_paused(fine_tuning_job_id: str, caller: CallerDep, session: SessionDep, settings: SettingsDep) -> Any:
+    """Resume it: queued again, it goes on from its newest checkpoint."""
+    job = own_ftjob(session, caller.project_id, fine_tuning_job_id)
+    return job_object(session, resume_job(session, settings, job))
 
 
 LEVELS = {"info": "info", "warning": "warn", "error": "error"}

@@ -1,0 +1,30 @@
+"""Pausing and resuming a job, for both API surfaces (/v1/jobs and OpenAI's
+/v1/fine_tuning/jobs): the store's moves (store.jobs.request_pause, resume), a 409 for a job
+in a status they do not apply to, and the broker message of a resumed job."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from api.dispatch import dispatch, new_task_id
+from api.problems import Problem
+from store.jobs import NotPausable, request_pause, resume
+from store.models import Job
+
+
+def pause_job(session: Any, job: Job) -> Job:
+    try:
+        return request_pause(session, job)
+    except NotPausable as e:
+        raise Problem(409, "Not pausable", str(e)) from None
+
+
+def resume_job(session: Any, settings: Any, job: Job) -> Job:
+    task_id = new_task_id()
+    try:
+        row = resume(session, job, task_id)
+    except NotPausable as e:
+        raise Problem(409, "Not paused", str(e)) from None
+    if row.status == "queued" and row.celery_task_id == task_id:
+        dispatch(session, settings, row.id, row.queue, task_id)
+    return row
