@@ -79,7 +79,8 @@ def _check_template(field: str, template: str) -> None:
         raise FieldError(field, str(e)) from None
 
 
-SIMILARITY_METRICS = (
+SimilarityMetric = Literal[
+    "cosine",
     "fuzzy_match",
     "bleu",
     "gleu",
@@ -90,7 +91,8 @@ SIMILARITY_METRICS = (
     "rouge_4",
     "rouge_5",
     "rouge_l",
-)
+]
+SIMILARITY_METRICS: tuple[str, ...] = tuple(m for m in SimilarityMetric.__args__ if m != "cosine")  # type: ignore[attr-defined]
 
 
 class TextSimilarityGrader(_Grader):
@@ -101,19 +103,9 @@ class TextSimilarityGrader(_Grader):
     name: str | None = Field(None, max_length=200, description="A name for the grader.")
     input: str = Field("{{sample.output_text}}", max_length=4000, description="The text graded: a template.")
     reference: str = Field(..., max_length=100_000, description="The text it is compared with: a template.")
-    evaluation_metric: Literal[
-        "cosine",
-        "fuzzy_match",
-        "bleu",
-        "gleu",
-        "meteor",
-        "rouge_1",
-        "rouge_2",
-        "rouge_3",
-        "rouge_4",
-        "rouge_5",
-        "rouge_l",
-    ] = Field(..., description="The metric; 'cosine' needs an embedding model, which this service does not configure.")
+    evaluation_metric: SimilarityMetric = Field(
+        ..., description="The metric; 'cosine' needs an embedding model, which this service does not configure."
+    )
     pass_threshold: float | None = Field(
         None, ge=0, le=1, description="Set: the score is 1 when the similarity reaches it, else 0."
     )

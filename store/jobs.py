@@ -182,6 +182,15 @@ def hand_back(
     return job.status
 
 
+def _locked(session: Session, job_id: str) -> Job:
+    """The job's row, read again and locked until the transaction ends."""
+    row = session.scalar(
+        select(Job).where(Job.id == job_id).with_for_update().execution_options(populate_existing=True)
+    )
+    assert row is not None
+    return row
+
+
 class NotPausable(ValueError):
     """The job is not in a status a pause or a resume applies to (the message says which)."""
 
@@ -191,10 +200,7 @@ def request_pause(session: Session, job: Job) -> Job:
     asked to stop at a checkpoint (its supervisor drains it and hands it back as paused). A
     paused one stays paused; another status raises NotPausable."""
     lock_pipeline_of(session, job.id)
-    row = session.scalar(
-        select(Job).where(Job.id == job.id).with_for_update().execution_options(populate_existing=True)
-    )
-    assert row is not None
+    row = _locked(session, job.id)
     now = utcnow()
     if row.status == "queued":
         row.status, row.dispatched_at, row.updated_at = "paused", None, now
@@ -214,10 +220,7 @@ def resume(session: Session, job: Job, task_id: str) -> Job:
     """Queue a paused job again (with `task_id` for its broker message, sent after the commit);
     it resumes from its newest checkpoint. A job paused only as asked (still running) has its
     request withdrawn. Another status raises NotPausable."""
-    row = session.scalar(
-        select(Job).where(Job.id == job.id).with_for_update().execution_options(populate_existing=True)
-    )
-    assert row is not None
+    row = _locked(session, job.id)
     now = utcnow()
     if row.status == "paused":
         row.status, row.pause_requested, row.updated_at = "queued", False, now
