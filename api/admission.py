@@ -72,7 +72,7 @@ def check_storable(document: Any, prefix: str = "") -> None:
     where = nul_pointer(document)
     if where is not None:
         pointer = f"{prefix}{where}" or "/"
-        raise Problem(422, "Invalid request", f"{pointer}: {UNSTORABLE}", [{"pointer": pointer, "detail": UNSTORABLE}])
+        raise Problem.at(pointer, UNSTORABLE, "Invalid request")
 
 
 def check_placement(spec: Any, settings: Settings) -> None:
@@ -87,20 +87,13 @@ def check_placement(spec: Any, settings: Settings) -> None:
             f"resources.nodes={nodes} runs on a Ray cluster, and this server has none configured "
             "(MATHRL_RAY__ADDRESS): set nodes to 1, or ask the operator to configure one"
         )
-        raise Problem(
-            422, "No Ray cluster", f"/resources/nodes: {detail}", [{"pointer": "/resources/nodes", "detail": detail}]
-        )
+        raise Problem.at("/resources/nodes", detail, "No Ray cluster")
     if ray.gpus_per_node is not None and gpus > ray.gpus_per_node:
         detail = (
             f"resources.gpus={gpus} is per node, and the Ray cluster's nodes have {ray.gpus_per_node} GPUs each: "
             f"ask for at most {ray.gpus_per_node} and spread the job over more nodes (resources.nodes)"
         )
-        raise Problem(
-            422,
-            "Too many GPUs per node",
-            f"/resources/gpus: {detail}",
-            [{"pointer": "/resources/gpus", "detail": detail}],
-        )
+        raise Problem.at("/resources/gpus", detail, "Too many GPUs per node")
 
 
 def check_memory(spec: Any, config: dict[str, Any], settings: Settings) -> None:
@@ -150,7 +143,7 @@ def _roots(settings: Settings, extra: list[str]) -> list[Path]:
 
 
 def _refuse(pointer: str, detail: str) -> Problem:
-    return Problem(422, "Source not allowed", f"{pointer}: {detail}", [{"pointer": pointer, "detail": detail}])
+    return Problem.at(pointer, detail, "Source not allowed")
 
 
 def _under_roots(value: str, roots: list[Path], pointer: str, what: str) -> None:
@@ -237,8 +230,7 @@ def check_dataset_fields(dataset: Any) -> None:
             has = ", ".join(sorted(fields)) or "none"
             pointer = f"/dataset/{field}"
             detail = f"{path!r} has no field {name!r} (its fields: {has}): set {field} to one of them"
-            errors = [{"pointer": pointer, "detail": detail}]
-            raise Problem(422, "Dataset lacks a field", f"{pointer}: {detail}", errors)
+            raise Problem.at(pointer, detail, "Dataset lacks a field")
 
 
 def _parquet_fields(raw: Path, path: str) -> list[str]:
@@ -258,7 +250,7 @@ def check_benchmarks(spec: Any) -> None:
     from evaluator.benchmarks import UnknownBenchmark, find_benchmark, get_benchmark
 
     def refuse(pointer: str, title: str, detail: str) -> Problem:
-        return Problem(422, title, f"{pointer}: {detail}", [{"pointer": pointer, "detail": detail}])
+        return Problem.at(pointer, detail, title)
 
     dataset = getattr(spec, "dataset", None)
     try:
@@ -289,7 +281,7 @@ def resolve_eval_recipe(spec: Any, config: dict[str, Any]) -> None:
     from evaluator.recipes import UnknownRecipe, resolve_recipe
 
     def refuse(pointer: str, title: str, detail: str) -> Problem:
-        return Problem(422, title, f"{pointer}: {detail}", [{"pointer": pointer, "detail": detail}])
+        return Problem.at(pointer, detail, title)
 
     try:
         resolved = resolve_recipe(spec)
@@ -308,7 +300,7 @@ def resolve_eval_recipe(spec: Any, config: dict[str, Any]) -> None:
 
 def _over(pointer: str, value: int, limit: int, what: str) -> Problem:
     detail = f"{pointer.lstrip('/')}={value} is over this server's limit of {limit} {what}: lower it"
-    return Problem(422, "Over a limit", f"{pointer}: {detail}", [{"pointer": pointer, "detail": detail}])
+    return Problem.at(pointer, detail, "Over a limit")
 
 
 def check_job_limits(spec: Any, config: dict[str, Any], settings: Settings) -> None:

@@ -63,6 +63,11 @@ class Problem(Exception):
     ):
         self.status, self.title, self.detail, self.errors, self.headers = status, title, detail, errors, headers
 
+    @classmethod
+    def at(cls, pointer: str, detail: str, title: str = "Invalid request", status: int = 422) -> Problem:
+        """The one way to refuse a field: '<pointer>: <detail>', and the field in `errors`."""
+        return cls(status, title, f"{pointer}: {detail}", [{"pointer": pointer, "detail": detail}])
+
 
 def problem_response(
     status: int,

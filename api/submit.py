@@ -33,7 +33,7 @@ def check_job_refs(session: Session, project_id: str, refs: dict[str, str], pref
         if job is None or job.project_id != project_id:
             pointer = f"{prefix}/{path}"
             msg = JOB_REF_NOT_FOUND.format(ref=ref) + hint
-            raise Problem(422, "Invalid request", f"{pointer}: {msg}", [{"pointer": pointer, "detail": msg}])
+            raise Problem.at(pointer, msg, "Invalid request")
 
 
 def check_file_refs(session: Session, project_id: str, spec: Any, prefix: str = "") -> None:
@@ -49,7 +49,7 @@ def check_file_refs(session: Session, project_id: str, spec: Any, prefix: str = 
     if row is None or row.project_id != project_id:
         pointer = f"{prefix}/dataset/file"
         msg = f"{file_id!r}: no file with this id in your project (POST /v1/files uploads one)"
-        raise Problem(422, "Invalid request", f"{pointer}: {msg}", [{"pointer": pointer, "detail": msg}])
+        raise Problem.at(pointer, msg, "Invalid request")
 
 
 def in_step(exc: Problem, step: str) -> Problem:

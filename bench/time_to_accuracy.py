@@ -35,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 from transformers import TrainerCallback  # noqa: E402
 
+from mathrl.errors import StopRequested  # noqa: E402
 from mathrl.sink import PrintSink  # noqa: E402
 
 
@@ -133,7 +134,7 @@ def run_mathrl(args: argparse.Namespace, sink: SeriesSink, work: Path) -> None:
     )
     try:
         run_grpo(spec, config, sink, model_path=args.model, data_dir=args.data_dir, out_dir=work / "out")
-    except InterruptedError:  # stopped at the target (SeriesSink.should_stop)
+    except StopRequested:  # stopped at the target (SeriesSink.should_stop)
         pass
 
 

@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from mathrl.errors import StopRequested
+
 BACKEND = "hf"
 
 
@@ -60,7 +62,7 @@ def generate(
     per_batch = max(1, batch_size // n) if n > 1 else batch_size
     for start in range(0, len(order), per_batch):
         if should_stop is not None and should_stop():
-            raise InterruptedError("stop requested")
+            raise StopRequested("stop requested")
         idx = order[start : start + per_batch]
         enc = tokenizer([prompts[i] for i in idx], return_tensors="pt", padding=True, add_special_tokens=False)
         enc = {k: v.to(model.device) for k, v in enc.items()}

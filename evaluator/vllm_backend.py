@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from evaluator.hf_backend import Generation
+from mathrl.errors import StopRequested
 
 BACKEND = "vllm"
 
@@ -129,7 +130,7 @@ def connect(url: str, timeout: float, should_stop: Callable[[], bool] | None = N
     deadline = time.monotonic() + timeout
     while True:
         if should_stop is not None and should_stop():
-            raise InterruptedError("stop requested")
+            raise StopRequested("stop requested")
         try:
             if httpx.get(f"{url}/health", timeout=5).status_code == 200:
                 card = httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]
@@ -203,7 +204,7 @@ def generate_remote(
             if finished and on_batch is not None:
                 on_batch(done, len(prompts))
             if pending and should_stop is not None and should_stop():
-                raise InterruptedError("stop requested")
+                raise StopRequested("stop requested")
     finally:  # on a stop or an error, leave the requests in flight (the process is ending)
         pool.shutdown(wait=not pending, cancel_futures=True)
     return [r for r in results if r is not None]
@@ -248,7 +249,7 @@ def generate(
     # chunks only so progress and stop requests are seen; vLLM schedules within a chunk
     for start in range(0, len(prompts), batch_size):
         if should_stop is not None and should_stop():
-            raise InterruptedError("stop requested")
+            raise StopRequested("stop requested")
         chunk = [
             TokensPrompt(prompt_token_ids=tokenizer(p, add_special_tokens=False).input_ids)
             for p in prompts[start : start + batch_size]

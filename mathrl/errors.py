@@ -1,4 +1,16 @@
-"""Errors the SDK's own checks raise, importable by every module that raises them."""
+"""Errors raised across layers, importable by every module that raises them:
+
+    ValueError
+    └── FieldError          a spec's field is wrong (the API's problem details point at it)
+    Exception
+    └── StopRequested       this job must stop now: a loop saw its sink's should_stop()
+        ├── Cancelled       the job was cancelled (exit EXIT_STOPPED)
+        ├── Drained         its worker is shutting down, or it was paused: a checkpoint was
+        │                   saved and the job is handed back (exit EXIT_DRAINED)
+        └── LeaseLost       this attempt no longer owns the job: its writes are refused (EXIT_LOST)
+
+The API's own refusals are api.problems.Problem (`Problem.at(pointer, detail)` for a field).
+"""
 
 from __future__ import annotations
 
@@ -24,3 +36,22 @@ def check_regex(field: str, pattern: str | None, group: bool) -> None:
         raise FieldError(field, str(exc)) from None
     if group and groups < 1:
         raise FieldError(field, "needs a group, e.g. '#### (\\-?[0-9.,]+)': the answer is group 1")
+
+
+class StopRequested(Exception):
+    """This job must stop now (the training and generation loops raise it when their sink's
+    should_stop() says so; the worker tells which of the subclasses it was)."""
+
+
+class Cancelled(StopRequested):
+    """The job was cancelled."""
+
+
+class Drained(StopRequested):
+    """Stopped for a drain (a worker shutting down, or a pause): the job goes back to the queue,
+    or waits paused, to resume from its checkpoint."""
+
+
+class LeaseLost(StopRequested):
+    """This attempt no longer owns its job (its lease lapsed and the job was re-queued or
+    taken by another worker): its writes are refused and the process must stop."""

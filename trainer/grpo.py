@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from evaluator.models import load_tokenizer
+from mathrl.errors import StopRequested
 from mathrl.sink import Sink
 from mathrl.specs import GRPOSpec
 from trainer.callbacks import SinkCallback
@@ -159,7 +160,7 @@ def run_grpo(
     trainer.train(resume_from_checkpoint=str(resume) if resume else None)
     train_seconds = time.monotonic() - t1
     if callback.stopped:
-        raise InterruptedError("stop requested")
+        raise StopRequested("stop requested")
     return save_final(trainer, tokenizer, out_dir, sink, train_seconds, work_dir)
 
 

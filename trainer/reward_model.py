@@ -22,6 +22,7 @@ from evaluator.data import Problem
 from evaluator.grading import grade
 from evaluator.metrics import maj_at_k, wilson_interval
 from evaluator.models import load_model, load_tokenizer
+from mathrl.errors import StopRequested
 from mathrl.sink import Sink
 from mathrl.specs import RewardModelSpec
 from trainer.data import load_problems
@@ -180,7 +181,7 @@ def _train_outcome(
         trainer.model.config.pad_token_id = tok.pad_token_id
     trainer.train()
     if callback.stopped:  # cancelled or drained: no half-trained reward model is reported
-        raise InterruptedError("stop requested")
+        raise StopRequested("stop requested")
     return trainer.model, tok
 
 
@@ -241,7 +242,7 @@ def _train_process(
         callbacks=[callback := SinkCallback(sink, sample_every=10**9)],
     ).train()
     if callback.stopped:
-        raise InterruptedError("stop requested")
+        raise StopRequested("stop requested")
     return model, tok
 
 

@@ -9,6 +9,7 @@ from typing import Any
 
 from evaluator import prompts
 from evaluator.models import load_tokenizer
+from mathrl.errors import StopRequested
 from mathrl.jsonl_files import text_of
 from mathrl.presets import resolve_config
 from mathrl.sink import Sink
@@ -115,5 +116,5 @@ def run_sft(
     trainer.train(resume_from_checkpoint=str(resume) if resume else None)
     seconds = time.monotonic() - t0
     if callback.stopped:
-        raise InterruptedError("stop requested")
+        raise StopRequested("stop requested")
     return save_final(trainer, tokenizer, out_dir, sink, seconds, work_dir)

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from mathrl.errors import Cancelled, Drained, StopRequested
 from mathrl.specs import parse_spec
 from service.settings import get_settings
 from store.db import retry_transient, session_scope
@@ -40,10 +41,6 @@ from worker.sink import DatabaseSink, Fence, LeaseLost, ReadOnlySink
 EXIT_OK, EXIT_ERROR, EXIT_STOPPED, EXIT_UNAVAILABLE, EXIT_LOST, EXIT_DRAINED = 0, 1, 2, 3, 4, 5
 REJECTED_WRITES = "rejected-writes.log"  # in the attempt's directory: a line per refused write
 DRAIN_FILE = "drain-requested"  # in the attempt's directory: made by the supervisor to drain the job
-
-
-class Drained(InterruptedError):
-    """Stopped for a drain: the job goes back to the queue, to resume from its checkpoint."""
 
 
 class NotAvailable(RuntimeError):
@@ -123,12 +120,14 @@ def run(job_id: str, owner: str, attempt: int) -> int:
     try:
         _check_memory(spec, config, model_path, settings, sink)  # before the model loads
         return _run_kind(spec, config, sink, settings, job_id, model_path, checkpoint, resolve, work)
-    except InterruptedError:
+    except StopRequested as stop:
+        if isinstance(stop, LeaseLost):
+            raise
         if sink.lost:  # stopped because this attempt saw it no longer owns the job
             raise LeaseLost(f"attempt {attempt} lost job {job_id}") from None
         if sink.draining():
             raise Drained("drained") from None
-        raise
+        raise Cancelled("cancelled") from None
     finally:
         sink.flush()  # every metric and sample is stored before the process reports its end
 
@@ -390,11 +389,11 @@ def _main(job_id: str, owner: str, attempt: int, settings: Any, err_file: Path) 
         return run(job_id, owner, attempt)
     except Drained:
         return EXIT_DRAINED
-    except InterruptedError:
-        return EXIT_STOPPED
     except LeaseLost as exc:
         err_file.write_text(str(exc))
         return EXIT_LOST
+    except StopRequested:  # Cancelled
+        return EXIT_STOPPED
     except NotAvailable as exc:
         err_file.write_text(str(exc))
         if is_main():

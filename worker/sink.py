@@ -25,6 +25,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.dialects import postgresql, sqlite
 
+from mathrl.errors import LeaseLost as LeaseLost  # raised here; the worker and tests import it from here
 from mathrl.sink import promote
 from store.db import retry_transient, session_scope
 from store.ids import uuid7
@@ -42,11 +43,6 @@ class Fence:
     owner: str
     attempt: int
     rejected_log: Path | None = None
-
-
-class LeaseLost(RuntimeError):
-    """This attempt no longer owns its job (its lease lapsed and the job was re-queued or
-    taken by another worker): its writes are refused and the process must stop."""
 
 
 class DatabaseSink:

@@ -130,7 +130,7 @@ def refuse_model_graders(grader: Any) -> None:
             f"{', '.join(sorted(set(kinds)))} graders need a grading model on a worker's engine, which this service "
             "does not run yet: use string_check, text_similarity, python, multi or the math graders"
         )
-        raise Problem(422, "Unsupported grader", f"/grader: {detail}", [{"pointer": "/grader", "detail": detail}])
+        raise Problem.at("/grader", detail, "Unsupported grader")
 
 
 @router.post(
@@ -172,7 +172,7 @@ async def run(
         return answer or await run_in_threadpool(_pending, settings, caller.project_id, job_id)
     if body.resources is not None:
         detail = "resources is for graders with a reward model (they run on a worker); this one runs here: remove it"
-        raise Problem(422, "Invalid field", f"/resources: {detail}", [{"pointer": "/resources", "detail": detail}])
+        raise Problem.at("/resources", detail, "Invalid field")
     refuse_model_graders(body.grader)
     limits = settings.graders
     grader = json.dumps(body.grader.model_dump(mode="json"))
@@ -233,7 +233,7 @@ def _grade_result(settings: Any, project_id: str, job_id: str) -> dict[str, Any]
             return {"data": data, "mean": sum(d["score"] for d in data) / max(len(data), 1), "job_id": job_id}
         if job.status == "failed":
             detail = f"the grading job {job_id} failed: {job.error}"
-            raise Problem(422, "Grading failed", f"/grader: {detail}", [{"pointer": "/grader", "detail": detail}])
+            raise Problem.at("/grader", detail, "Grading failed")
         if job.status == "cancelled":
             raise Problem(409, "Grading cancelled", f"the grading job {job_id} was cancelled")
         return None

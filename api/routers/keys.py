@@ -65,9 +65,7 @@ def _within_parent(parent: ApiKey | None, days: int | None, asked: bool) -> date
     if asked:
         most = max(0, int((end - now).total_seconds() // 86400))
         detail = KEY_OUTLIVES.format(at=end.isoformat(timespec="seconds"), most=most)
-        raise Problem(
-            422, "Invalid request", f"/expires_in_days: {detail}", [{"pointer": "/expires_in_days", "detail": detail}]
-        )
+        raise Problem.at("/expires_in_days", detail)
     return end
 
 

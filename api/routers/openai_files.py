@@ -56,7 +56,7 @@ def own_file(session: Any, project_id: str, file_id: str) -> FileRow:
 
 
 def _invalid(pointer: str, detail: str, status: int = 422, title: str = "Invalid file") -> Problem:
-    return Problem(status, title, f"{pointer}: {detail}", [{"pointer": pointer, "detail": detail}])
+    return Problem.at(pointer, detail, title, status)
 
 
 @router.post(

@@ -92,10 +92,6 @@ class JobCreateParams(_Open):
     integrations: list[dict[str, Any]] | None = None
 
 
-def _invalid(pointer: str, detail: str) -> Problem:
-    return Problem(422, "Invalid request", f"{pointer}: {detail}", [{"pointer": pointer, "detail": detail}])
-
-
 def _value(v: Any, auto: Any) -> Any:
     return auto if v is None or v == "auto" else v
 
@@ -106,7 +102,7 @@ def to_spec(
     """The mathrl spec of an OpenAI fine-tuning request, and how each hyperparameter was mapped."""
     method = body.method or Method(type="supervised", supervised=Supervised(hyperparameters=body.hyperparameters))
     if method.type == "dpo":
-        raise _invalid("/method/type", "'dpo' is not trained here: use 'reinforcement' (GRPO) or 'supervised' (SFT)")
+        raise Problem.at("/method/type", "'dpo' is not trained here: use 'reinforcement' (GRPO) or 'supervised' (SFT)")
     common = {"model": body.model, "dataset": {"file": body.training_file, "format": "messages"}, "tags": [TAG]}
     if body.suffix:
         common["name"] = body.suffix
@@ -114,7 +110,7 @@ def to_spec(
         common["seed"] = body.seed
     if method.type == "reinforcement":
         if method.reinforcement is None:
-            raise _invalid("/method/reinforcement", "a reinforcement job needs method.reinforcement.grader")
+            raise Problem.at("/method/reinforcement", "a reinforcement job needs method.reinforcement.grader")
         hp = method.reinforcement.hyperparameters or ReinforcementHyperparameters()
         epochs, batch = _value(hp.n_epochs, AUTO_EPOCHS), _value(hp.batch_size, AUTO_BATCH)
         group = max(2, round(GROUP * _value(hp.compute_multiplier, 1.0)))
@@ -239,16 +235,16 @@ def job_object(session: Any, job: Job) -> dict[str, Any]:
 def create(body: JobCreateParams, caller: CallerDep, session: SessionDep, settings: SettingsDep) -> dict[str, Any]:
     """Start a fine-tuning job: a GRPO job (reinforcement) or an SFT job (supervised) on the file."""
     if body.integrations:
-        raise _invalid("/integrations", "integrations (Weights & Biases) are not supported here: leave it out")
+        raise Problem.at("/integrations", "integrations (Weights & Biases) are not supported here: leave it out")
     try:
         training = own_file(session, caller.project_id, body.training_file)
     except Problem:
-        raise _invalid("/training_file", f"{body.training_file!r}: no file with this id in your project") from None
+        raise Problem.at("/training_file", f"{body.training_file!r}: no file with this id in your project") from None
     if body.validation_file is not None:
         try:
             own_file(session, caller.project_id, body.validation_file)
         except Problem:
-            raise _invalid(
+            raise Problem.at(
                 "/validation_file", f"{body.validation_file!r}: no file with this id in your project"
             ) from None
     stats = training.data or {}
@@ -258,13 +254,13 @@ def create(body: JobCreateParams, caller: CallerDep, session: SessionDep, settin
         if body.method and body.method.reinforcement:
             refuse_model_graders(body.method.reinforcement.grader)
         if stats.get("reinforcement_lines", 0) != lines:
-            raise _invalid(
+            raise Problem.at(
                 "/training_file",
                 f"{lines - stats.get('reinforcement_lines', 0)} of its {lines} lines do not end with a user message: "
                 "a reinforcement file's messages are the prompt the model answers",
             )
     if kind == "supervised" and stats.get("supervised_lines", 0) != lines:
-        raise _invalid(
+        raise Problem.at(
             "/training_file",
             f"{lines - stats.get('supervised_lines', 0)} of its {lines} lines have no assistant message to learn",
         )
@@ -275,7 +271,7 @@ def create(body: JobCreateParams, caller: CallerDep, session: SessionDep, settin
         err = e.errors()[0]
         where = "/" + "/".join(str(p) for p in err["loc"] if not str(p).startswith(("grpo", "sft")))
         pointer = {"/model": "/model", "/rewards/0/grader": "/method/reinforcement/grader"}.get(where, where)
-        raise _invalid(pointer, err["msg"]) from None
+        raise Problem.at(pointer, err["msg"]) from None
     check_job_refs(session, caller.project_id, model_refs(spec))
     config = admit({"": spec}, settings)[""]
     config["openai"] = {"request": body.model_dump(mode="json", exclude_none=True), "mapping": mapping}

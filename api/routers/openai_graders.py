@@ -76,7 +76,7 @@ async def run(body: GraderRunParams, caller: CallerDep, settings: SettingsDep) -
     refuse_model_graders(body.grader)
     if needs_model(body.grader):
         detail = "a reward_model grader runs on a worker: try it with POST /v1/graders:run"
-        raise Problem(422, "Unsupported grader", f"/grader: {detail}", [{"pointer": "/grader", "detail": detail}])
+        raise Problem.at("/grader", detail, "Unsupported grader")
     limits = settings.graders
     grader = json.dumps(body.grader.model_dump(mode="json"))
     start = time.monotonic()
