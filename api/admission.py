@@ -261,7 +261,7 @@ def check_benchmarks(spec: Any) -> None:
             pointer = "/benchmark"
             get_benchmark(spec.benchmark)
         heldout = getattr(spec, "eval", None)
-        if heldout is not None:
+        if heldout is not None and heldout.benchmark is not None:
             pointer = "/eval/benchmark"
             get_benchmark(heldout.benchmark)
     except UnknownBenchmark as exc:

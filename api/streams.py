@@ -53,11 +53,6 @@ def close_stream(key_id: str, project_id: str | None = None) -> None:
             _give_back(_open_projects, project_id)
 
 
-def open_count(key_id: str) -> int:
-    with _lock:
-        return _open.get(key_id, 0)
-
-
 def project_open_count(project_id: str) -> int:
     with _lock:
         return _open_projects.get(project_id, 0)

@@ -37,19 +37,18 @@ def check_job_refs(session: Session, project_id: str, refs: dict[str, str], pref
 
 
 def check_file_refs(session: Session, project_id: str, spec: Any, prefix: str = "") -> None:
-    """A spec's uploaded file (`dataset.file`) is one of the project's, or the submission is a
+    """A spec's uploaded files (`dataset.file`, `eval.file`) are the project's, or the submission is a
     422 at that field (the same answer for another project's file: it tells nothing)."""
     from store.models import File
 
-    dataset = getattr(spec, "dataset", None)
-    file_id = getattr(dataset, "file", None)
-    if file_id is None:
-        return
-    row = session.get(File, file_id)
-    if row is None or row.project_id != project_id:
-        pointer = f"{prefix}/dataset/file"
-        msg = f"{file_id!r}: no file with this id in your project (POST /v1/files uploads one)"
-        raise Problem.at(pointer, msg, "Invalid request")
+    for field in ("dataset", "eval"):
+        file_id = getattr(getattr(spec, field, None), "file", None)
+        if file_id is None:
+            continue
+        row = session.get(File, file_id)
+        if row is None or row.project_id != project_id:
+            msg = f"{file_id!r}: no file with this id in your project (POST /v1/files uploads one)"
+            raise Problem.at(f"{prefix}/{field}/file", msg)
 
 
 def in_step(exc: Problem, step: str) -> Problem:

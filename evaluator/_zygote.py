@@ -24,15 +24,7 @@ from typing import Any
 
 from evaluator import graders, grading
 from evaluator.bounded import PID
-
-
-def _die_with_parent() -> None:
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG (Linux)
-    except (OSError, AttributeError):
-        pass
+from mathrl.processes import die_with_parent
 
 
 def _child(data: socket.socket) -> None:
@@ -78,7 +70,7 @@ def serve(control: socket.socket) -> None:
             try:
                 control.close()
                 signal.signal(signal.SIGINT, signal.SIG_DFL)
-                _die_with_parent()
+                die_with_parent()
                 _child(socket.socket(fileno=fds[0]))
             finally:
                 os._exit(0)

@@ -18,7 +18,7 @@ from mathrl.errors import FieldError
 from mathrl.recipe import Recipe, Shot
 from mathrl.specs import DEFAULT_MAX_NEW_TOKENS
 
-LM_EVAL_VERSION = "0.4.13"  # the lm-evaluation-harness release the lm-eval-* entries reproduce
+# the lm-eval-* entries reproduce lm-evaluation-harness 0.4.13 (docs/benchmarks.md: item for item)
 
 
 def _shots(name: str) -> list[Shot]:

@@ -73,9 +73,8 @@ def _print_jobs(jobs: list[JobResponse]) -> None:
     table = Table()
     for col in ("id", "kind", "status", "name", "queue", "attempts", "created"):
         table.add_column(col)
-    colors = {"succeeded": "green", "failed": "red", "cancelled": "yellow", "running": "cyan"}
     for j in jobs:
-        c = colors.get(j.status, "white")
+        c = _COLORS.get(j.status, "white")
         table.add_row(
             j.id,
             j.kind,
@@ -100,7 +99,14 @@ def load_spec_file(path: Path) -> dict[str, Any]:
     return data
 
 
-_COLORS = {"succeeded": "green", "failed": "red", "cancelled": "yellow", "running": "cyan", "waiting": "dim"}
+_COLORS = {
+    "succeeded": "green",
+    "failed": "red",
+    "cancelled": "yellow",
+    "running": "cyan",
+    "paused": "magenta",
+    "waiting": "dim",
+}
 
 
 def _print_pipeline(p: PipelineResponse) -> None:

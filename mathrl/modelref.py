@@ -13,6 +13,15 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?
 _JOB_REF = re.compile(r"^job:[A-Za-z0-9_-]+(@(step-\d+|latest|final))?$")
 
 
+def split_job_ref(ref: str) -> tuple[str, str]:
+    """The one parser of a 'job:' reference: 'job:grpo@step-200' -> ('grpo', '@step-200');
+    ('', '') for anything else."""
+    if not ref.startswith("job:"):
+        return "", ""
+    target, at, which = ref[4:].partition("@")
+    return target, at + which
+
+
 def check_model_ref(value: str) -> str:
     value = value.strip()
     if not value:

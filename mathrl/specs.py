@@ -16,6 +16,7 @@ from pydantic import (
     ConfigDict,
     Discriminator,
     Field,
+    PrivateAttr,
     Tag,
     TypeAdapter,
     field_validator,
@@ -34,6 +35,7 @@ from mathrl.graders import (
 )
 from mathrl.modelref import ModelRef as ModelRef  # specs' users import it from here
 from mathrl.modelref import check_model_ref as check_model_ref
+from mathrl.modelref import split_job_ref as split_job_ref  # the API imports it from here
 from mathrl.presets import ASYNC_UNSUPPORTED, resolve_grpo
 from mathrl.recipe import Recipe
 
@@ -373,12 +375,28 @@ LossType = Literal["grpo", "dapo", "dr_grpo", "bnpo", "cispo", "sapo"]
 class HeldoutEval(StrictModel):
     """Score the weights being trained on a held-out set every `every` steps, as a series."""
 
-    benchmark: str = Field(
-        ..., min_length=1, max_length=128, description="A registered benchmark (its test split), e.g. add2-words."
+    benchmark: str | None = Field(
+        None, min_length=1, max_length=128, description="A registered benchmark (its test split), e.g. add2-words."
+    )
+    file: str | None = Field(
+        None,
+        pattern=r"^file-[0-9a-f]{32}$",
+        description="Or an uploaded file (POST /v1/files) in OpenAI's fine-tuning format, scored by the GRPO job's "
+        "own rewards: the series heldout/reward (OpenAI's validation file).",
     )
     limit: int = Field(100, ge=1, le=5000, description="Problems scored each time (the set's first N).")
     every: int = Field(10, ge=1, le=10_000_000, description="Score every N optimizer steps, and after the last.")
     max_new_tokens: int = Field(256, ge=1, le=32768, description="Greedy completion length per problem.")
+    # where the worker found `file` (worker.child resolves it; never part of a spec)
+    _path: str | None = PrivateAttr(None)
+
+    @model_validator(mode="after")
+    def _one_set(self) -> HeldoutEval:
+        if (self.benchmark is None) == (self.file is None):
+            raise FieldError(
+                "benchmark", "give exactly one of 'benchmark' (a registered set) or 'file' (an uploaded one)"
+            )
+        return self
 
 
 # GRPO and SFT jobs
@@ -800,6 +818,14 @@ class SFTSpec(_JobBase):
     seed: int = Field(42, ge=0, le=MAX_SEED, description="Seed of the data order and initialisation (0 to 2**32 - 1).")
     eval: HeldoutEvalField = None
 
+    @model_validator(mode="after")
+    def _heldout_benchmark(self) -> SFTSpec:
+        if self.eval is not None and self.eval.file is not None:
+            raise FieldError(
+                "eval", "eval.file is scored by a GRPO job's rewards; an SFT job has none: give a benchmark"
+            )
+        return self
+
 
 class GradeSpec(_JobBase):
     """Score given completions with a grader that needs a model (a reward model): what
@@ -817,9 +843,10 @@ class GradeSpec(_JobBase):
         return self
 
 
-JobSpec = Annotated[EvalSpec | GRPOSpec | RewardModelSpec | SFTSpec | GradeSpec, Field(discriminator="kind")]
-JOB_KINDS: tuple[str, ...] = ("eval", "grpo", "reward_model", "sft", "grade")
 AnySpec = EvalSpec | GRPOSpec | RewardModelSpec | SFTSpec | GradeSpec
+JobSpec = Annotated[AnySpec, Field(discriminator="kind")]
+# the job kinds, read off the specs (the API's errors and the status pages' filters list them)
+JOB_KINDS: tuple[str, ...] = tuple(cls.model_fields["kind"].default for cls in AnySpec.__args__)
 
 _adapter: TypeAdapter[AnySpec] = TypeAdapter(JobSpec)
 
@@ -864,14 +891,6 @@ def grader_model_refs(grader: Any, path: str) -> dict[str, str]:
             out.update(grader_model_refs(part.grader, f"{path}/graders/{j}/grader"))
         return out
     return {}
-
-
-def split_job_ref(ref: str) -> tuple[str, str]:
-    """'job:grpo@step-200' -> ('grpo', '@step-200'); ('', '') for anything else."""
-    if not ref.startswith("job:"):
-        return "", ""
-    target, at, which = ref[4:].partition("@")
-    return target, at + which
 
 
 class PipelineSpec(StrictModel):

@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from mathrl.status import NOT_STARTED
+from mathrl.status import NOT_STARTED, TERMINAL
 from service.embedded import demo_key, embedded_service, prepare_model
 
 PIPELINE_FILE = Path(__file__).resolve().parent.parent / "examples" / "arith-pipeline.yaml"
@@ -139,7 +139,7 @@ def run_pipeline_demo(home: str, port: int, quick: bool, keep_running: bool, pip
                     line = f"[dim]{ev.time:%H:%M:%S}[/dim] [bold]{j.step:>9}[/bold] {ev.type}: {ev.message}"
                     console.print(f"[{style}]{line}[/{style}]" if style else line, highlight=False)
                 last_seq.setdefault(j.job_id, 0)
-            if p.status in ("succeeded", "failed", "cancelled"):
+            if p.status in TERMINAL:
                 break
             time.sleep(1.0)
         if p.status != "succeeded":

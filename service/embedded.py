@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
+
+from mathrl.processes import die_with_parent_gently, free_port
 
 
 def embedded_env(home: Path, model_roots: list[str] | None = None) -> dict[str, str]:
@@ -32,28 +33,6 @@ def embedded_env(home: Path, model_roots: list[str] | None = None) -> dict[str, 
         "MATHRL_WORKER__HEARTBEAT_SECONDS": "2",
         "MATHRL_WORKER__RECONCILE_SECONDS": "10",
     }
-
-
-def die_with_parent() -> None:
-    """(Linux; a Popen preexec_fn) SIGTERM this child when the process that started it dies,
-    however it dies (killed, timed out): no orphaned API or worker goes on training on the CPU."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
-
-
-def free_port(preferred: int) -> int:
-    for port in (preferred, 0):
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-                return int(s.getsockname()[1])
-            except OSError:
-                continue
-    raise RuntimeError("no free port")
 
 
 def wait_ready(url: str, procs: list[subprocess.Popen[bytes]], timeout: float = 60.0) -> None:
@@ -85,7 +64,7 @@ def embedded_service(
     home.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, **embedded_env(home, model_roots), **(extra_env or {})}
     upgrade(env["MATHRL_DATABASE__URL"])
-    port = free_port(port)
+    port = free_port(preferred=port)
     logs = home / "logs"
     logs.mkdir(exist_ok=True)
     py = sys.executable
@@ -96,7 +75,7 @@ def embedded_service(
             stdout=open(logs / "api.log", "ab"),
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=die_with_parent,  # a killed demo (Ctrl-C twice, a timeout) takes them along
+            preexec_fn=die_with_parent_gently,  # a killed demo (Ctrl-C twice, a timeout) takes them along
         ),
         subprocess.Popen(
             [py, "-m", "service.cli", "worker", "--queues", queues, "--concurrency", "1"],
@@ -104,7 +83,7 @@ def embedded_service(
             stdout=open(logs / "worker.log", "ab"),
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=die_with_parent,
+            preexec_fn=die_with_parent_gently,
         ),
     ]
     url = f"http://127.0.0.1:{port}"

@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from mathrl.processes import is_main
 from mathrl.sink import PrintSink
 from trainer.throughput import gpu_peak_tflops
 
@@ -337,7 +338,7 @@ def rank_main(kind: str, job: str, log: str) -> None:
         from trainer.grpo import run_grpo
 
         run_grpo(spec, resolve_config(spec), sink, model_path=model, data_dir=data_dir, out_dir=out)
-    if int(os.environ.get("RANK", "0")) == 0:
+    if is_main():
         Path(log).write_text(
             json.dumps({"metrics": sink.metrics_by_step, "seconds": time.monotonic() - t0}, default=float)
         )

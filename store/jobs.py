@@ -14,7 +14,8 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Session
 
 from mathrl.status import NOT_STARTED, TERMINAL, check_move
-from store.models import Event, Job, Pipeline, utcnow
+from store.events import add_event as add_event  # every module that records an event imports it from here
+from store.models import Job, Pipeline, utcnow
 from store.pipelines import settle_all, settle_dependents
 
 
@@ -26,19 +27,6 @@ def move(before: tuple[str, ...] | str, after: str) -> Update:
     for f in froms:
         check_move(f, after)
     return update(Job).where(Job.status.in_(froms)).values(status=after)
-
-
-def add_event(
-    session: Session,
-    job_id: str,
-    type: str,
-    message: str = "",
-    level: str = "info",
-    data: dict[str, Any] | None = None,
-) -> Event:
-    ev = Event(job_id=job_id, type=type, message=message, level=level, data=data, time=utcnow())
-    session.add(ev)
-    return ev
 
 
 def claim(session: Session, job_id: str, owner: str, lease_seconds: float) -> Job | None:

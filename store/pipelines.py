@@ -23,11 +23,9 @@ from collections.abc import Iterable
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from store.models import Event, Job, Pipeline, utcnow
-
-
-def _event(session: Session, job_id: str, type: str, message: str, level: str) -> None:
-    session.add(Event(job_id=job_id, type=type, message=message, level=level, time=utcnow()))
+from mathrl.status import TERMINAL
+from store.events import add_event
+from store.models import Job, Pipeline, utcnow
 
 
 def settle_pipeline(session: Session, pipeline_id: str) -> list[str]:
@@ -53,15 +51,21 @@ def settle_pipeline(session: Session, pipeline_id: str) -> list[str]:
             if failed is not None:
                 job.status, job.finished_at, job.updated_at = "failed", now, now
                 job.error = f"upstream job '{failed.pipeline_step}' ({failed.id}) failed: {failed.error or 'failed'}"
-                _event(session, job.id, "failed", job.error, "error")
+                add_event(session, job.id, "failed", job.error, level="error")
             elif cancelled is not None:
                 job.status, job.finished_at, job.updated_at = "cancelled", now, now
                 job.error = f"upstream job '{cancelled.pipeline_step}' ({cancelled.id}) was cancelled"
-                _event(session, job.id, "cancelled", job.error, "warning")
+                add_event(session, job.id, "cancelled", job.error, level="warning")
             elif all(d.status == "succeeded" for d in deps):
                 job.status, job.dispatched_at, job.updated_at = "queued", None, now
                 names = ", ".join(f"'{d.pipeline_step}'" for d in deps) or "none"
-                _event(session, job.id, "queued", f"dependencies succeeded ({names}); queued on '{job.queue}'", "info")
+                add_event(
+                    session,
+                    job.id,
+                    "queued",
+                    f"dependencies succeeded ({names}); queued on '{job.queue}'",
+                    level="info",
+                )
                 queued.append(job.id)
             else:
                 continue
@@ -87,8 +91,8 @@ def pipeline_status(statuses: Iterable[str]) -> str:
     s = set(statuses)
     if "running" in s:
         return "running"
-    if s & {"waiting", "queued"}:
-        return "queued" if not s & {"succeeded", "failed", "cancelled"} else "running"
+    if s - TERMINAL:  # waiting, queued or paused: it can still run
+        return "queued" if not s & TERMINAL else "running"
     if "failed" in s:
         return "failed"
     if "cancelled" in s:

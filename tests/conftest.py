@@ -24,7 +24,8 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from service.embedded import die_with_parent as _die_with_parent
+from mathrl.processes import die_with_parent_gently as _die_with_parent
+from mathrl.processes import free_port as _free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 PG_SERVER = os.environ.get("MATHRL_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
@@ -207,14 +208,6 @@ class Service:
         from mathrl.client import Client
 
         return Client(self.url, api_key=key or self.key())
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="session")

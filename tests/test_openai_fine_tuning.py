@@ -76,9 +76,11 @@ def test_reinforcement_and_supervised_jobs_with_the_openai_sdk(service: Service,
 
     client = _client(service)
     train = client.files.create(file=("train.jsonl", _jsonl(RFT_ROWS)), purpose="fine-tune")
+    valid = client.files.create(file=("valid.jsonl", _jsonl(RFT_ROWS[:3])), purpose="fine-tune")
     job = client.fine_tuning.jobs.create(
         model=tiny_model,
         training_file=train.id,
+        validation_file=valid.id,
         suffix="adder",
         seed=7,
         metadata={"team": "math"},
@@ -116,6 +118,8 @@ def test_reinforcement_and_supervised_jobs_with_the_openai_sdk(service: Service,
     assert [c.step_number for c in ckpts] == [2, 1], ckpts
     assert ckpts[0].fine_tuned_model_checkpoint == f"{done.fine_tuned_model}:ckpt-step-2"
     assert ckpts[0].metrics.step == 2.0 and ckpts[0].metrics.train_loss is not None
+    # the validation file, scored by the job's own grader at every checkpoint (seen = 1 on each item)
+    assert [c.metrics.valid_reward_mean for c in ckpts] == [1.0, 1.0], ckpts
     # the same job, as mathrl's: a GRPO job on the file with the grader as its reward
     mathrl_id = job.id.removeprefix("ftjob-")
     mathrl_id = f"{mathrl_id[:8]}-{mathrl_id[8:12]}-{mathrl_id[12:16]}-{mathrl_id[16:20]}-{mathrl_id[20:]}"
@@ -124,6 +128,7 @@ def test_reinforcement_and_supervised_jobs_with_the_openai_sdk(service: Service,
     assert spec["kind"] == "grpo" and spec["dataset"] == {**spec["dataset"], "file": train.id, "format": "messages"}
     assert spec["rewards"][0]["grader"]["graders"]["exact"]["reference"] == "{{item.reference_answer}}"
     assert spec["num_generations"] == 2 and spec["max_completion_length"] == 256
+    assert spec["eval"] == {"file": valid.id, "every": 1, "limit": 3, "max_new_tokens": 256, "benchmark": None}
     metrics = httpx.get(
         f"{service.url}/v1/jobs/{mathrl_id}/metrics", headers={"Authorization": f"Bearer {client.api_key}"}
     ).json()["data"]

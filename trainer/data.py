@@ -21,6 +21,21 @@ def load_problems(ref: DatasetRef, data_dir: str | None) -> tuple[list[Problem],
     return load_benchmark(bench, data_dir, ref.limit), bench.recipe
 
 
+def render_prompt(problem: Problem, template: str, tokenizer: Any) -> str:
+    """The prompt text of a problem: its chat with the model's template when it came as OpenAI's
+    fine-tuning JSONL (meta['messages'], as its author wrote it), else the recipe's rendering."""
+    messages = problem.meta.get("messages")
+    if messages is None:
+        return prompts.render(template, problem.question, tokenizer)
+    chat = [{"role": m["role"], "content": text_of(m["content"])} for m in messages]
+    return str(tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True))
+
+
+def item_column(problems: list[Problem]) -> list[str]:
+    """The grader's `item` of each problem, as JSON (its fields may differ in type from row to row)."""
+    return [json.dumps(p.meta.get("item", {})) for p in problems]
+
+
 def prompt_dataset(
     problems: list[Problem],
     template: str,
@@ -36,12 +51,8 @@ def prompt_dataset(
     rows = []
     dropped = 0
     for p in problems:
-        messages = p.meta.get("messages")  # OpenAI's fine-tuning JSONL: the chat as its author wrote it
-        if messages is not None:
-            chat = [{"role": m["role"], "content": text_of(m["content"])} for m in messages]
-            text = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
-        else:
-            text = prompts.render(template, p.question, tokenizer)
+        messages = p.meta.get("messages")
+        text = render_prompt(p, template, tokenizer)
         if (
             max_prompt_tokens is not None
             and len(tokenizer(text, add_special_tokens=False).input_ids) > max_prompt_tokens

@@ -97,7 +97,7 @@ def run_grpo(
         sink, sample_every=spec.sample_every, total_steps=spec.max_steps, checkpoint_dir=str(out_dir)
     )
     callback.rewards = rewards  # samples whose check overran its time (trainer/rewards.py) are logged
-    heldout = HeldoutEvalCallback(spec.eval, sink, tokenizer, data_dir) if spec.eval else None
+    heldout = HeldoutEvalCallback(spec.eval, sink, tokenizer, data_dir, (rewards, weights)) if spec.eval else None
     # held-out scoring first: its time is in the step SinkCallback measures, and taken out again
     callbacks = ([heldout] if heldout else []) + [callback]
     work = work_dir or out_dir

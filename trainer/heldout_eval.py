@@ -4,6 +4,10 @@ optimizer steps, and after the last, the weights being trained answer the benchm
 benchmark's own recipe). Stored per step as the series `heldout/accuracy`, `heldout/ci_low`,
 `heldout/ci_high` (Wilson 95%) and `heldout/seconds`, and as a `heldout` event.
 
+With `eval: {file}` (an uploaded file in OpenAI's fine-tuning format: OpenAI's validation file)
+the set is that file's first `limit` items, and a GRPO job's own rewards score the answers,
+weighted as in training: the series `heldout/reward` (the mean) and `heldout/seconds`.
+
 Generation: a GRPO job's colocated vLLM engine, which already holds the policy, after syncing
 the step's weights into it (so no second engine starts); otherwise the trained model itself
 through evaluator.hf_backend. One process generates (the main rank); the others wait.
@@ -20,21 +24,41 @@ from transformers import TrainerCallback
 
 from evaluator import prompts
 from evaluator.benchmarks import get_benchmark
-from evaluator.data import load_benchmark
+from evaluator.data import load_benchmark, load_custom_set
 from evaluator.grading import grade
 from evaluator.metrics import wilson_interval
 from evaluator.recipes import RECIPES
 from mathrl.sink import Sink
-from mathrl.specs import HeldoutEval
+from mathrl.specs import DatasetRef, HeldoutEval
+from trainer.data import item_column, render_prompt
 
 
 class HeldoutEvalCallback(TrainerCallback):  # type: ignore[misc]
-    def __init__(self, spec: HeldoutEval, sink: Sink, tokenizer: Any, data_dir: str | None) -> None:
+    def __init__(
+        self,
+        spec: HeldoutEval,
+        sink: Sink,
+        tokenizer: Any,
+        data_dir: str | None,
+        rewards: tuple[list[Any], list[float]] | None = None,
+    ) -> None:
+        """`rewards`: the GRPO job's reward functions and weights, which score an `eval.file` set."""
         self.spec, self.sink, self.tokenizer = spec, sink, tokenizer
-        self.bench = get_benchmark(spec.benchmark)
-        self.recipe = RECIPES[self.bench.recipe]
-        self.problems = load_benchmark(self.bench, data_dir, spec.limit)
-        self.texts = [prompts.render(self.recipe, p.question, tokenizer) for p in self.problems]
+        self.rewards = rewards
+        if spec.file is not None:
+            if rewards is None:
+                raise ValueError("eval.file is scored by a GRPO job's rewards: this job has none")
+            self.name = spec.file
+            self.recipe = RECIPES["math-chat"]
+            path = spec._path or spec.file
+            self.problems = load_custom_set(DatasetRef(path=path, format="messages"), spec.limit)
+            self.texts = [render_prompt(p, "math-chat", tokenizer) for p in self.problems]
+        else:
+            assert spec.benchmark is not None
+            bench = get_benchmark(spec.benchmark)
+            self.name, self.recipe = bench.name, RECIPES[bench.recipe]
+            self.problems = load_benchmark(bench, data_dir, spec.limit)
+            self.texts = [prompts.render(self.recipe, p.question, tokenizer) for p in self.problems]
         self._longest: int | None = None
         self.trainer: Any = None  # set once the trainer is built
         self.series: list[dict[str, float]] = []
@@ -54,32 +78,52 @@ class HeldoutEvalCallback(TrainerCallback):  # type: ignore[misc]
         point = None
         if acc.is_main_process:
             texts, truncated, backend = self._generate(engine)
-            correct = sum(
-                grade(t, p.gold, pattern=self.recipe.answer_pattern, truncated=cut).correct
-                for t, p, cut in zip(texts, self.problems, truncated, strict=True)
+            point = (
+                self._reward_point(texts)
+                if self.rewards is not None and self.spec.file
+                else self._accuracy_point(texts, truncated)
             )
-            n = len(self.problems)
-            low, high = wilson_interval(correct, n)
-            seconds = time.monotonic() - t0
-            point = {
-                "heldout/accuracy": correct / n,
-                "heldout/ci_low": low,
-                "heldout/ci_high": high,
-                "heldout/seconds": seconds,
-            }
+            point["heldout/seconds"] = time.monotonic() - t0
+            correct = point.pop("correct", None)
             self.series.append({"step": step, **point})
             self.sink.metrics(step, point)
+            n = len(self.problems)
+            what = (
+                f"mean reward {point['heldout/reward']:.4g}"
+                if "heldout/reward" in point
+                else f"accuracy {point['heldout/accuracy']:.1%} (95% CI {point['heldout/ci_low']:.1%}-"
+                f"{point['heldout/ci_high']:.1%})"
+            )
             self.sink.event(
                 "heldout",
-                f"step {step}: {self.bench.name} accuracy {correct / n:.1%} (95% CI {low:.1%}-{high:.1%}) on {n} "
-                f"problems, {backend}, {seconds:.1f}s",
-                data={"step": step, "benchmark": self.bench.name, "n": n, "correct": correct, "backend": backend},
+                f"step {step}: {self.name} {what} on {n} problems, {backend}, {point['heldout/seconds']:.1f}s",
+                data={"step": step, "benchmark": self.name, "n": n, "correct": correct, "backend": backend, **point},
             )
         acc.wait_for_everyone()
         timings = getattr(self.trainer, "timings", None)
         if timings is not None:
             timings["eval_seconds"] = timings.get("eval_seconds", 0.0) + time.monotonic() - t0
         return point
+
+    def _accuracy_point(self, texts: list[str], truncated: list[bool]) -> dict[str, float]:
+        correct = sum(
+            grade(t, p.gold, pattern=self.recipe.answer_pattern, truncated=cut).correct
+            for t, p, cut in zip(texts, self.problems, truncated, strict=True)
+        )
+        n = len(self.problems)
+        low, high = wilson_interval(correct, n)
+        return {"heldout/accuracy": correct / n, "heldout/ci_low": low, "heldout/ci_high": high, "correct": correct}
+
+    def _reward_point(self, texts: list[str]) -> dict[str, float]:
+        """The job's rewards on the answers, weighted and summed as in training (None: left out)."""
+        assert self.rewards is not None
+        functions, weights = self.rewards
+        columns = {"answer": [p.gold for p in self.problems], "item": item_column(self.problems)}
+        total = [0.0] * len(texts)
+        for reward, weight in zip(functions, weights, strict=True):
+            for i, value in enumerate(reward(texts, prompts=self.texts, **columns)):
+                total[i] += weight * (value or 0.0)
+        return {"heldout/reward": sum(total) / max(1, len(total))}
 
     def _colocated_engine(self) -> Any:
         gen = getattr(self.trainer, "vllm_generation", None)

@@ -10,7 +10,6 @@ majority vote, as scores.
 
 from __future__ import annotations
 
-import os
 import random
 import time
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from evaluator.grading import grade
 from evaluator.metrics import maj_at_k, wilson_interval
 from evaluator.models import load_model, load_tokenizer
 from mathrl.errors import StopRequested
+from mathrl.processes import is_main
 from mathrl.sink import Sink
 from mathrl.specs import RewardModelSpec
 from trainer.data import load_problems
@@ -377,7 +377,7 @@ def run_reward_model(
 
     model.eval()
     final = work / "final"
-    if int(os.environ.get("RANK", "0")) == 0:  # several data-parallel ranks: the main one saves
+    if is_main():  # several data-parallel ranks: the main one saves
         model.save_pretrained(str(final))
         tok.save_pretrained(str(final))
     sink.checkpoint(0, str(out_dir / "final"), kind="final", data={"type": spec.type}, source=str(final))

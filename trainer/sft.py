@@ -10,13 +10,12 @@ from typing import Any
 from evaluator import prompts
 from evaluator.models import load_tokenizer
 from mathrl.errors import StopRequested
-from mathrl.jsonl_files import text_of
 from mathrl.presets import resolve_config
 from mathrl.sink import Sink
 from mathrl.specs import SFTSpec
 from trainer.callbacks import SinkCallback
 from trainer.checkpoints import latest_checkpoint, save_checkpoints_atomically, save_final
-from trainer.data import load_problems
+from trainer.data import load_problems, render_prompt
 from trainer.grpo_config import lora_config
 from trainer.heldout_eval import HeldoutEvalCallback
 
@@ -49,9 +48,9 @@ def sft_dataset(spec: SFTSpec, tokenizer: Any, data_dir: str | None) -> Any:
         if "messages" in p.meta:  # OpenAI's fine-tuning JSONL: the chat, and its last assistant message
             if p.solution is None:
                 raise ValueError(f"dataset: line {p.index + 1} has no assistant message to learn (supervised)")
-            chat = [{"role": m["role"], "content": text_of(m["content"])} for m in p.meta["messages"]]
-            prompt = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
-            rows.append({"prompt": prompt, "completion": p.solution + tokenizer.eos_token})
+            rows.append(
+                {"prompt": render_prompt(p, template, tokenizer), "completion": p.solution + tokenizer.eos_token}
+            )
             continue
         target = p.solution if template != "plain" and p.solution else p.gold
         rows.append(

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from mathrl.errors import Cancelled, Drained, StopRequested
+from mathrl.processes import rank as rank_of_process
 from mathrl.specs import parse_spec
 from service.settings import get_settings
 from store.db import retry_transient, session_scope
@@ -232,25 +233,36 @@ def _run_kind(
     return EXIT_OK
 
 
+def _file_path(settings: Any, project_id: str, field: str, file_id: str) -> str:
+    """Where an uploaded file of the job's project is (its row's path), or a ValueError naming the field."""
+    from store.models import File
+
+    with session_scope(settings.database.url) as s:
+        row = s.get(File, file_id)
+        path = row.path if row is not None and row.project_id == project_id else None
+    if path is None or not Path(path).exists():
+        raise ValueError(f"{field}.file: {file_id!r} is not a file of this project any more (deleted?)")
+    return str(path)
+
+
 def _fetch_dataset(spec: Any, settings: Any, work: Path, project_id: str) -> Any:
     """A dataset URL is fetched here, checked again now (service.sources.fetch_url: the prefix,
     the host's addresses as DNS answers now, and every redirect), and the job reads the copy.
     An uploaded file ('file-...') is read where the API stored it, if the job's project owns it."""
+    heldout = getattr(spec, "eval", None)
+    if heldout is not None and heldout.file is not None:  # read by the job where the API stored it
+        resolved = heldout.model_copy()
+        resolved._path = _file_path(settings, project_id, "eval", heldout.file)
+        spec = spec.model_copy(update={"eval": resolved})
     dataset = getattr(spec, "dataset", None)
     if dataset is not None and dataset.file is not None:
-        from store.models import File
-
-        with session_scope(settings.database.url) as s:
-            row = s.get(File, dataset.file)
-            path = row.path if row is not None and row.project_id == project_id else None
-        if path is None or not Path(path).exists():
-            raise ValueError(f"dataset.file: {dataset.file!r} is not a file of this project any more (deleted?)")
+        path = _file_path(settings, project_id, "dataset", dataset.file)
         return spec.model_copy(update={"dataset": dataset.model_copy(update={"path": path})})
     if dataset is None or not (dataset.path or "").lower().startswith(("http://", "https://")):
         return spec
     from service.sources import fetch_url
 
-    rank = os.environ.get("RANK", "0")
+    rank = rank_of_process()
     local = fetch_url(dataset.path, settings.sources.allowed_url_prefixes, work / "data" / f"rank-{rank}")
     return spec.model_copy(update={"dataset": dataset.model_copy(update={"path": str(local)})})
 

@@ -12,10 +12,14 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import signal
 import sys
 from pathlib import Path
 from typing import Any
+
+from mathrl.processes import die_with_parent as die_with_parent  # the job and its ranks import these from here
+from mathrl.processes import is_main as is_main
+from mathrl.processes import rank as rank
+from mathrl.processes import world_size as world_size
 
 TRAINING_KINDS = ("grpo", "sft", "reward_model")
 EXIT_CODE_FILE = "exit-code"
@@ -118,30 +122,6 @@ def describe(cmd: list[str]) -> str:
 
 
 # ---- inside the job's processes ------------------------------------------------------------
-
-
-def rank() -> int:
-    return int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0")))
-
-
-def world_size() -> int:
-    return int(os.environ.get("WORLD_SIZE", "1"))
-
-
-def is_main() -> bool:
-    return rank() == 0
-
-
-def die_with_parent(sig: int = signal.SIGKILL) -> None:
-    """(Linux) Send this process `sig` (default SIGKILL) when its parent dies: the supervisor's
-    job process when the worker dies, a rank when its launcher dies."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, sig)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
 
 
 def error_file(out: Path) -> Path:

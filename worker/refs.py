@@ -5,6 +5,7 @@ from __future__ import annotations
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from mathrl.modelref import split_job_ref
 from store.models import Checkpoint, Job
 
 
@@ -14,10 +15,10 @@ class RefError(ValueError):
 
 def resolve_model_ref(session: Session, project_id: str, ref: str) -> tuple[str, str | None]:
     """Return (path or hub id to load, checkpoint label or None)."""
-    if not ref.startswith("job:"):
+    job_id, suffix = split_job_ref(ref)
+    if not job_id:
         return ref, None
-    body = ref[4:]
-    job_id, _, which = body.partition("@")
+    which = suffix.removeprefix("@")
     job = session.get(Job, job_id)
     if job is None or job.project_id != project_id:
         raise RefError(f"{ref}: no job {job_id} in this project")

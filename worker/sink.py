@@ -35,6 +35,11 @@ from store.models import BenchmarkScore, Checkpoint, Job, Metric, Sample, utcnow
 SCORE_KEY = ("job_id", "model_ref", "benchmark", "metric")  # store.models' uq_scores_natural_key
 
 
+def _insert(session: Any, table: Any) -> Any:
+    """The dialect's INSERT for `table` (both have ON CONFLICT: the sink's writes are upserts)."""
+    return (postgresql if session.get_bind().dialect.name == "postgresql" else sqlite).insert(table)
+
+
 @dataclass(frozen=True)
 class Fence:
     """Who may write: the lease owner and the attempt number of the claim that started this
@@ -162,7 +167,7 @@ class DatabaseSink:
         ]
 
         def write(s: Any) -> None:
-            ins = postgresql.insert(Metric) if s.get_bind().dialect.name == "postgresql" else sqlite.insert(Metric)
+            ins = _insert(s, Metric)
             # a resumed job may log a step again: the first value stays
             s.execute(ins.on_conflict_do_nothing(index_elements=["job_id", "name", "step"]), rows)
 
@@ -185,7 +190,7 @@ class DatabaseSink:
         ]
 
         def write(s: Any) -> None:
-            ins = postgresql.insert(Sample) if s.get_bind().dialect.name == "postgresql" else sqlite.insert(Sample)
+            ins = _insert(s, Sample)
             # ids are fixed up front: a retry after a commit whose answer was lost adds nothing
             s.execute(ins.on_conflict_do_nothing(index_elements=["id"]), rows)
 
@@ -226,8 +231,7 @@ class DatabaseSink:
         row = {**record, "project_id": self.project_id, "job_id": self.job_id}
 
         def write(s: Any) -> None:
-            dialect = s.get_bind().dialect.name
-            ins = postgresql.insert(BenchmarkScore) if dialect == "postgresql" else sqlite.insert(BenchmarkScore)
+            ins = _insert(s, BenchmarkScore)
             # upsert on the natural key: an attempt re-run after a lost worker replaces its scores
             replace = {k: getattr(ins.excluded, k) for k in row if k not in SCORE_KEY}
             replace["created_at"] = utcnow()

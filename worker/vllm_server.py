@@ -24,12 +24,13 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from mathrl.processes import free_port as free_port  # the warm engines and Ray import it from here
 
 # max_lora_rank values vLLM accepts (a capacity bound: an r=4 adapter is served under 8)
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -39,12 +40,6 @@ URL_ENV = "MATHRL_VLLM_SERVER_URL"
 def needs_server(spec: Any) -> bool:
     gen = getattr(spec, "generation", None)
     return gen is not None and gen.mode == "server"
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def lora_rank(r: int) -> int:

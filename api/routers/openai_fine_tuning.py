@@ -38,6 +38,7 @@ AUTO_BATCH = 4  # prompts (OpenAI's examples) per step
 GROUP = 8  # completions per prompt, times compute_multiplier
 RL_LEARNING_RATE = 1e-6  # GRPO, times learning_rate_multiplier (TRL's default)
 SFT_LEARNING_RATE = 2e-5  # SFT, times learning_rate_multiplier (mathrl's SFT default)
+MAX_VALIDATION = 5000  # validation items scored each time (HeldoutEval.limit's cap)
 REASONING_TOKENS = {"low": 256, "medium": 1024, "high": 4096}  # reasoning_effort -> max_completion_length
 
 
@@ -97,7 +98,7 @@ def _value(v: Any, auto: Any) -> Any:
 
 
 def to_spec(
-    body: JobCreateParams, lines: int, generation_backend: str = "auto"
+    body: JobCreateParams, lines: int, generation_backend: str = "auto", validation_lines: int = 0
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The mathrl spec of an OpenAI fine-tuning request, and how each hyperparameter was mapped."""
     method = body.method or Method(type="supervised", supervised=Supervised(hyperparameters=body.hyperparameters))
@@ -131,13 +132,20 @@ def to_spec(
         effort = hp.reasoning_effort
         if effort in REASONING_TOKENS:
             spec["max_completion_length"] = REASONING_TOKENS[effort]
+        if body.validation_file is not None:  # scored by the job's rewards every eval_interval steps
+            spec["eval"] = {
+                "file": body.validation_file,
+                "every": spec["save_steps"],
+                "limit": max(1, min(validation_lines, _value(hp.eval_samples, MAX_VALIDATION))),
+                "max_new_tokens": spec.get("max_completion_length", 256),
+            }
         mapping = {
             "n_epochs": epochs,
             "batch_size": batch,
             "learning_rate_multiplier": _value(hp.learning_rate_multiplier, 1.0),
             "compute_multiplier": _value(hp.compute_multiplier, 1.0),
             "eval_interval": spec["save_steps"],
-            "eval_samples": _value(hp.eval_samples, None),
+            "eval_samples": spec["eval"]["limit"] if "eval" in spec else None,
             "reasoning_effort": effort or "default",
         }
         return spec, mapping
@@ -240,13 +248,19 @@ def create(body: JobCreateParams, caller: CallerDep, session: SessionDep, settin
         training = own_file(session, caller.project_id, body.training_file)
     except Problem:
         raise Problem.at("/training_file", f"{body.training_file!r}: no file with this id in your project") from None
+    validation_lines = 0
     if body.validation_file is not None:
         try:
-            own_file(session, caller.project_id, body.validation_file)
+            validation = own_file(session, caller.project_id, body.validation_file)
         except Problem:
             raise Problem.at(
                 "/validation_file", f"{body.validation_file!r}: no file with this id in your project"
             ) from None
+        validation_lines = int((validation.data or {}).get("lines", 0))
+        rl = (validation.data or {}).get("reinforcement_lines", 0)
+        if body.method is not None and body.method.type == "reinforcement" and rl != validation_lines:
+            detail = f"{validation_lines - rl} of its {validation_lines} lines do not end with a user message"
+            raise Problem.at("/validation_file", detail)
     stats = training.data or {}
     lines = int(stats.get("lines", 0))
     kind = body.method.type if body.method else "supervised"
@@ -264,7 +278,7 @@ def create(body: JobCreateParams, caller: CallerDep, session: SessionDep, settin
             "/training_file",
             f"{lines - stats.get('supervised_lines', 0)} of its {lines} lines have no assistant message to learn",
         )
-    spec_dict, mapping = to_spec(body, lines, settings.fine_tuning.generation_backend)
+    spec_dict, mapping = to_spec(body, lines, settings.fine_tuning.generation_backend, validation_lines)
     try:
         spec = parse_spec(spec_dict)
     except ValidationError as e:  # e.g. a model reference mathrl cannot load
@@ -409,6 +423,7 @@ def checkpoints(
                     "train_loss": values.get("loss"),
                     "train_mean_token_accuracy": values.get("mean_token_accuracy"),
                     "train_reward_mean": values.get("reward"),
+                    "valid_reward_mean": values.get("heldout/reward"),
                 },
             }
         )

@@ -15,6 +15,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from api.problems import problem_response
+from mathrl.specs import JOB_KINDS
 from mathrl.status import as_json as status_as_json
 
 router = APIRouter(include_in_schema=False)
@@ -59,9 +60,10 @@ SHELL = """<!doctype html>
 """
 
 
-# the job statuses and their moves, as mathrl.status defines them (common.js reads them): the
+# the job statuses and their moves, as mathrl.status defines them, and the job kinds
+# (mathrl.specs.JOB_KINDS), which common.js reads: the
 # pages keep no copy of their own; "<" escaped so that the JSON cannot close the script element
-STATUS_JSON = json.dumps(status_as_json()).replace("<", "\\u003c")
+STATUS_JSON = json.dumps({**status_as_json(), "kinds": list(JOB_KINDS)}).replace("<", "\\u003c")
 
 
 def _page(page: str, title: str) -> HTMLResponse:

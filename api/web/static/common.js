@@ -114,6 +114,7 @@ export const $ = (sel, root = document) => root.querySelector(sel);
 const STATUS = JSON.parse(document.getElementById("mathrl-status").textContent);
 export const STATUSES = STATUS.statuses;
 export const TERMINAL = new Set(STATUS.terminal);
+export const KINDS = STATUS.kinds;
 export const badge = (status) => h("span", { class: `badge ${status}`, "data-status": status }, status);
 // ids are UUIDv7: the first digits are a timestamp shared by jobs made together, the last are random
 export const shortId = (id) => (id ? id.slice(-8) : "");

@@ -1,7 +1,6 @@
 // /ui: the job list, newest first, with kind / status / tag filters kept in the URL.
-import { STATUSES, api, badge, boot, every, fmtDuration, fmtTime, h, shortId } from "./common.js";
+import { KINDS, STATUSES, api, badge, boot, every, fmtDuration, fmtTime, h, shortId } from "./common.js";
 
-const KINDS = ["eval", "sft", "grpo", "reward_model"];
 
 const picked = new Set(); // job ids ticked for the compare view
 
