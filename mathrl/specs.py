@@ -578,7 +578,7 @@ class GRPOSpec(_JobBase):
     lora: LoRA | None = Field(None, description="Train LoRA adapters through peft.")
     generation: Generation = Field(
         default_factory=Generation,
-        description="Generation backend and its vLLM knobs (replaces the old use_vllm / vllm_mode fields).",
+        description="Generation backend and its vLLM knobs.",
     )
     algorithm: Literal["sync", "async"] = Field(
         "sync",

@@ -12,7 +12,7 @@ A warm engine is stopped when it has been idle `worker.warm_engine_idle_seconds`
 model's eval needs the slot (`worker.warm_engines` servers at most), when a job of another kind
 starts on this worker (training needs the GPUs and cores), and with the worker (the server runs
 under worker.vllm_server's guard). `worker.warm_engines: 0` turns this off: each eval job then
-loads an offline engine in its own process, as before.
+loads an offline engine in its own process.
 
 A checkpoint of the model a warm engine serves (the same architecture, generation config and
 tokenizer: `model_family`, e.g. the steps of one training run) does not restart it: an idle
