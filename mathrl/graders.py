@@ -154,8 +154,12 @@ class PythonGrader(_Grader):
 class _ModelGrader(_Grader):
     name: str | None = Field(None, max_length=200, description="A name for the grader.")
     model: str = Field(..., max_length=512, description="The grading model.")
-    input: list[dict[str, Any]] = Field(..., min_length=1, max_length=64, description="The messages, as templates.")
-    sampling_params: dict[str, Any] | None = Field(None, description="The grading model's sampling parameters.")
+    input: list[Annotated[dict[str, Any], Field(max_length=8)]] = Field(
+        ..., min_length=1, max_length=64, description="The messages, as templates."
+    )
+    sampling_params: dict[str, Any] | None = Field(
+        None, max_length=16, description="The grading model's sampling parameters."
+    )
 
 
 class ScoreModelGrader(_ModelGrader):
@@ -163,7 +167,9 @@ class ScoreModelGrader(_ModelGrader):
     (a model grader needs the worker's engine: docs/openai-rft.md)."""
 
     type: Literal["score_model"] = "score_model"
-    range: list[float] | None = Field(None, min_length=2, max_length=2, description="[low, high] of the score.")
+    range: list[Annotated[float, Field(ge=-1e6, le=1e6)]] | None = Field(
+        None, min_length=2, max_length=2, description="[low, high] of the score."
+    )
 
 
 class LabelModelGrader(_ModelGrader):
@@ -333,5 +339,5 @@ class GraderItem(BaseModel):
     answer: str | None = Field(None, max_length=10_000, description="The gold answer ('math' and '{answer}' need it).")
     prompt: str = Field("", max_length=100_000, description="The prompt it answered (reward models read it).")
     fields: dict[str, Any] | None = Field(
-        None, description="More fields of the dataset item, for templates ('{{item.<field>}}')."
+        None, max_length=256, description="More fields of the dataset item, for templates ('{{item.<field>}}')."
     )

@@ -252,6 +252,30 @@ def admin_key(app_client: Any, project: str | None = None) -> dict[str, str]:
     return {"Authorization": f"Bearer {r.json()['key']}"}
 
 
+def make_objects(app_client: Any, owner: dict[str, str]) -> dict[str, str]:
+    """One real object of the owner's project per path parameter the API takes (a job, a key, a
+    pipeline, a file, a fine-tuning job), for tests that walk every route of the OpenAPI document.
+    The jobs go to a pool no worker serves."""
+    eval_spec = {"kind": "eval", "model": "org/model", "limit": 5, "resources": {"pool": "objects-parked"}}
+    job = app_client.post("/v1/jobs", json=eval_spec, headers=owner)
+    assert job.status_code == 201, job.text
+    key = app_client.post("/v1/keys", json={"name": "victim"}, headers=owner)
+    assert key.status_code == 201, key.text
+    pipeline = app_client.post("/v1/pipelines", json={"jobs": {"only": eval_spec}}, headers=owner)
+    assert pipeline.status_code == 201, pipeline.text
+    ids = {"job_id": job.json()["id"], "key_id": key.json()["id"], "pipeline_id": pipeline.json()["id"]}
+    chat = b'{"messages": [{"role": "user", "content": "1 + 1?"}, {"role": "assistant", "content": "2"}]}\n'
+    f = app_client.post("/v1/files", files={"file": ("s.jsonl", chat)}, data={"purpose": "fine-tune"}, headers=owner)
+    assert f.status_code == 200, f.text
+    ids["file_id"] = f.json()["id"]
+    ft = app_client.post(
+        "/v1/fine_tuning/jobs", json={"model": "org/model", "training_file": ids["file_id"]}, headers=owner
+    )
+    assert ft.status_code == 200, ft.text
+    ids["fine_tuning_job_id"] = ft.json()["id"]
+    return ids
+
+
 def wait_for(predicate: Any, timeout: float = 60.0, interval: float = 0.2, what: str = "condition") -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -22,7 +22,7 @@ from hypothesis import settings as hsettings
 from sqlalchemy import text
 
 from mathrl.specs import parse_spec
-from tests.conftest import ADMIN_TOKEN, admin_key
+from tests.conftest import ADMIN_TOKEN, admin_key, make_objects
 
 PARKED = {"pool": "abuse-parked"}
 
@@ -71,36 +71,11 @@ def db(app_client: Any) -> Any:
 # --- 1. object-level authorization, enumerated from the OpenAPI document --------------------
 
 
-def _make_objects(app_client: Any, owner: dict[str, str], paths: dict[str, Any]) -> dict[str, str]:
-    """One real object of the owner's project per path-parameter name the API uses."""
-    job = app_client.post("/v1/jobs", json=eval_spec(), headers=owner)
-    assert job.status_code == 201, job.text
-    key = app_client.post("/v1/keys", json={"name": "victim"}, headers=owner)
-    assert key.status_code == 201, key.text
-    ids = {"job_id": job.json()["id"], "key_id": key.json()["id"]}
-    if "/v1/pipelines" in paths and "post" in paths["/v1/pipelines"]:
-        p = app_client.post("/v1/pipelines", json={"jobs": {"only": eval_spec()}}, headers=owner)
-        assert p.status_code == 201, p.text
-        ids["pipeline_id"] = p.json()["id"]
-    line = b'{"messages": [{"role": "user", "content": "1 + 1?"}], "reference_answer": "2"}\n'
-    f = app_client.post("/v1/files", files={"file": ("t.jsonl", line)}, data={"purpose": "fine-tune"}, headers=owner)
-    assert f.status_code == 200, f.text
-    ids["file_id"] = f.json()["id"]
-    chat = b'{"messages": [{"role": "user", "content": "1 + 1?"}, {"role": "assistant", "content": "2"}]}\n'
-    f = app_client.post("/v1/files", files={"file": ("s.jsonl", chat)}, data={"purpose": "fine-tune"}, headers=owner)
-    ft = app_client.post(
-        "/v1/fine_tuning/jobs", json={"model": "org/model", "training_file": f.json()["id"]}, headers=owner
-    )
-    assert ft.status_code == 200, ft.text
-    ids["fine_tuning_job_id"] = ft.json()["id"]
-    return ids
-
-
 @pytest.mark.quick
 def test_every_route_with_an_id_is_404_to_another_project(app_client: Any) -> None:
     a, b = admin_key(app_client), admin_key(app_client)
     paths = app_client.app.openapi()["paths"]
-    ids = _make_objects(app_client, a, paths)
+    ids = make_objects(app_client, a)
     checked = []
     for path, item in paths.items():
         params = re.findall(r"{(\w+)}", path)
@@ -111,7 +86,7 @@ def test_every_route_with_an_id_is_404_to_another_project(app_client: Any) -> No
                 continue
             unknown = [p for p in params if p not in ids]
             assert not unknown, (
-                f"{method.upper()} {path} takes {unknown}: teach _make_objects to create one so the "
+                f"{method.upper()} {path} takes {unknown}: teach tests.conftest.make_objects to create one so the "
                 "route is checked for cross-project access"
             )
             url = path.format(**ids)

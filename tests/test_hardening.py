@@ -20,7 +20,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 from sqlalchemy import text
 
-from tests.conftest import ADMIN_TOKEN, admin_key
+from tests.conftest import ADMIN_TOKEN, admin_key, make_objects
 from tests.test_abuse import PARKED, db, eval_spec, grpo_spec, overridden, project_jobs
 
 pytestmark = pytest.mark.quick
@@ -44,11 +44,7 @@ def _bounds(s: dict[str, Any]) -> tuple[float | None, float | None]:
 
 
 def _ids_for(app_client: Any, h: dict[str, str]) -> dict[str, str]:
-    job = app_client.post("/v1/jobs", json=eval_spec(), headers=h)
-    key = app_client.post("/v1/keys", json={"name": "x"}, headers=h)
-    pipeline = app_client.post("/v1/pipelines", json={"jobs": {"only": eval_spec()}}, headers=h)
-    assert job.status_code == key.status_code == pipeline.status_code == 201
-    return {"job_id": job.json()["id"], "key_id": key.json()["id"], "pipeline_id": pipeline.json()["id"]}
+    return make_objects(app_client, h)
 
 
 def test_every_numeric_query_parameter_is_bounded_and_named_when_out_of_range(app_client: Any) -> None:

@@ -114,7 +114,7 @@ def test_the_job_process_reads_its_own_checked_copy(server: str, tmp_path: Path)
     settings = Settings(artifact_dir=str(tmp_path), sources={"allowed_url_prefixes": [f"{server}/sets"]})  # type: ignore[arg-type]
     spec = parse_spec({"kind": "eval", "model": "org/m", "dataset": {"path": f"{server}/sets/moved.jsonl"}})
     work = attempt_dir(settings.artifact_dir, "job-1", 1)
-    fetched = _fetch_dataset(spec, settings, work)
+    fetched = _fetch_dataset(spec, settings, work, "project-1")
     local = Path(fetched.dataset.path)
     assert local.is_relative_to(tmp_path / "jobs" / "job-1" / "attempt-1" / "data") and local.read_text().startswith(
         '{"question"'
