@@ -126,21 +126,24 @@ def test_pages_and_their_files_are_served_without_a_key(app_client: Any) -> None
 
 
 @pytest.mark.quick
-def test_pages_get_the_job_statuses_from_the_server(app_client: Any) -> None:
-    """Issue 20.4: the pages kept their own copies of the status list and the terminal set;
-    the shell now carries mathrl.status's definition, and no page script spells it out."""
+def test_pages_get_the_job_statuses_and_kinds_from_the_server(app_client: Any) -> None:
+    """The shell carries mathrl.status's definition and mathrl.specs' job kinds, and no page
+    script spells them out (their own copies had drifted: the kind filter lacked 'grade')."""
     import html as html_lib
     import json
 
     from api.web.router import STATIC
+    from mathrl.specs import JOB_KINDS
     from mathrl.status import as_json
 
     r = app_client.get("/ui")
     found = re.search(r'<script type="application/json" id="mathrl-status">(.*?)</script>', r.text)
-    assert found and json.loads(html_lib.unescape(found.group(1))) == as_json()
+    assert found and json.loads(html_lib.unescape(found.group(1))) == {**as_json(), "kinds": list(JOB_KINDS)}
+    assert "grade" in JOB_KINDS
     for name, (body, _, _) in STATIC.items():
         text = body.decode()
         assert not re.search(r'"succeeded",\s*"failed"|"failed",\s*"cancelled"', text), f"{name} lists statuses itself"
+        assert not re.search(r'"eval",\s*"sft"|"grpo",\s*"reward_model"', text), f"{name} lists job kinds itself"
 
 
 @pytest.mark.slow
