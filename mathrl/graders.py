@@ -227,7 +227,8 @@ class RewardModelGrader(_Grader):
     model: ModelRef = Field(..., description="An RM path or 'job:<rm-job-id>'.")
 
 
-SimpleGrader = Annotated[
+# the graders that hold no other graders: a weighted or multi grader's parts
+_Simple = (
     MathGrader
     | StringCheckGrader
     | RegexGrader
@@ -237,9 +238,9 @@ SimpleGrader = Annotated[
     | TextSimilarityGrader
     | PythonGrader
     | ScoreModelGrader
-    | LabelModelGrader,
-    Field(discriminator="type"),
-]
+    | LabelModelGrader
+)
+SimpleGrader = Annotated[_Simple, Field(discriminator="type")]
 
 
 class WeightedPart(BaseModel):
@@ -278,21 +279,7 @@ class MultiGrader(_Grader):
         return self
 
 
-Grader = Annotated[
-    MathGrader
-    | StringCheckGrader
-    | RegexGrader
-    | BoxedFormatGrader
-    | LengthPenaltyGrader
-    | RewardModelGrader
-    | TextSimilarityGrader
-    | PythonGrader
-    | ScoreModelGrader
-    | LabelModelGrader
-    | WeightedGrader
-    | MultiGrader,
-    Field(discriminator="type"),
-]
+Grader = Annotated[_Simple | WeightedGrader | MultiGrader, Field(discriminator="type")]
 GRADER_TYPES = (
     "math",
     "string_check",
