@@ -160,6 +160,9 @@ def test_fuzz_openapi(app_client: Any, fuzz_key: dict[str, str]) -> None:
         )
         def run(case: Any) -> None:
             _park(case.body)
+            if isinstance(case.query, dict) and "wait" in case.query:
+                # a reward-model grader's call waits up to `wait` (300 s) for a job no worker serves here
+                case.query["wait"] = 1
             case.call_and_validate(headers=fuzz_key, checks=checks)
 
         try:
