@@ -23,6 +23,7 @@ from api.routers import (
     openai_files,
     openai_fine_tuning,
     openai_graders,
+    openai_inference,
     pipelines,
     scores,
 )
@@ -136,7 +137,7 @@ def create_app() -> FastAPI:
         "Authenticate with `Authorization: Bearer <key>`.",
     )
     routers = (jobs.router, pipelines.router, scores.router, graders.router, openai_graders.router, openai_files.router)
-    routers += (openai_fine_tuning.router, keys.router)
+    routers += (openai_fine_tuning.router, openai_inference.router, keys.router)
     for r in (*routers, health.router):
         app.include_router(r)
     app.include_router(web_router)  # /ui: status pages (their data comes from the API above)

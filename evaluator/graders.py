@@ -16,6 +16,8 @@ evaluator/bounded.py runs it in the call's own process."""
 from __future__ import annotations
 
 import functools
+import json
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +42,8 @@ from mathrl.graders import (
 from mathrl.regex import compile_pattern
 
 RMScorer = Callable[[Sequence[str], Sequence[str]], list[float]]  # (prompts, completions) -> scores
+# (chats, sampling_params) -> each chat's answer by a grading model (score_model, label_model)
+Judge = Callable[[Sequence[list[dict[str, str]]], Mapping[str, Any]], list[str]]
 # (answer, gold) pairs -> per pair (equal?, a note when they were not compared)
 Matcher = Callable[[Sequence[tuple[str, str]]], list[tuple[bool, str | None]]]
 
@@ -70,6 +74,7 @@ class Batch:
     completion_ids: Sequence[Sequence[int]] | None
     truncated: Sequence[bool]
     rm_scorer: Callable[[str], RMScorer] | None
+    judge: Callable[[str], Judge] | None  # model ref -> what generates a grading model's answers
     match: Matcher
     items: Sequence[Mapping[str, Any]]  # what templates read as `item` (the dataset row)
     sandbox: SandboxLimits
@@ -194,11 +199,81 @@ def _python(g: PythonGrader, b: Batch) -> list[Result]:
 
 @scores(ScoreModelGrader)
 @scores(LabelModelGrader)
-def _model_grader(g: Any, b: Batch) -> list[Result]:
-    raise ValueError(
-        f"a {g.type} grader needs a grading model on a worker's engine, which this service does not run yet: "
-        "use string_check, text_similarity, python or multi (docs/openai-rft.md)"
-    )
+def _model_grader(g: ScoreModelGrader | LabelModelGrader, b: Batch) -> list[Result]:
+    """A grading model reads the grader's messages (templates filled from each sample and item)
+    and answers with a score or a label (evaluator/judge.py generates it)."""
+    if b.judge is None:
+        raise ValueError(f"a {g.type} grader needs its grading model loaded: it runs on a worker ('grade' jobs)")
+    chats: list[list[dict[str, str]] | None] = []
+    out: list[Result | None] = []
+    for completion, item in zip(b.completions, b.items, strict=True):
+        try:
+            chats.append(judge_chat(g.input, templates.sample_namespace(completion), item))
+            out.append(None)
+        except templates.TemplateError as e:
+            chats.append(None)
+            out.append(Result(0.0, str(e), error="invalid_variable_error", detail=str(e)))
+    todo = [(i, c) for i, c in enumerate(chats) if c is not None]
+    answers = b.judge(g.model)([c for _, c in todo], g.sampling_params or {}) if todo else []
+    for (i, _), answer in zip(todo, answers, strict=True):
+        out[i] = read_score(g, answer) if isinstance(g, ScoreModelGrader) else read_label(g, answer)
+    return [r for r in out if r is not None]
+
+
+def judge_chat(
+    messages: Sequence[Mapping[str, Any]], sample: Mapping[str, Any], item: Mapping[str, Any]
+) -> list[dict[str, str]]:
+    """A model grader's `input` with its templates filled: OpenAI's messages (content a string or
+    a list of text parts; role 'developer' is a system message here)."""
+    chat = []
+    for m in messages:
+        content = m.get("content", "")
+        if isinstance(content, list):
+            content = "\n".join(str(p.get("text", "")) for p in content if isinstance(p, Mapping))
+        role = str(m.get("role", "user"))
+        chat.append(
+            {"role": "system" if role == "developer" else role, "content": templates.render(str(content), sample, item)}
+        )
+    return chat
+
+
+_NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
+
+
+def read_score(g: ScoreModelGrader, answer: str) -> Result:
+    """score_model: the first number of the model's answer (or its JSON's `score`), kept within
+    `range` (default [0, 1]); no number scores the range's low end."""
+    low, high = g.range or [0.0, 1.0]
+    value: Any = None
+    text = answer.strip()
+    if text.startswith("{"):
+        try:
+            value = json.loads(text).get("score")
+        except (ValueError, AttributeError):
+            value = None
+    if not isinstance(value, int | float):
+        m = _NUMBER.search(text)
+        value = float(m.group(0)) if m else None
+    if value is None or value != value:
+        return Result(low, f"no score in the grading model's answer {text[:80]!r}", error="other_error")
+    clipped = min(max(float(value), low), high)
+    note = "" if clipped == value else f", clipped to [{low:g}, {high:g}]"
+    return Result(clipped, f"the grading model scored {float(value):g}{note}")
+
+
+def read_label(g: LabelModelGrader, answer: str) -> Result:
+    """label_model: the label the model answered (its whole answer, else the first label named
+    in it, case-insensitive); 1 when it is a passing label."""
+    text = answer.strip().strip(".\"'` ").lower()
+    by_name = {label.lower(): label for label in g.labels}
+    label = by_name.get(text)
+    if label is None:
+        found = [(m.start(), x) for x in g.labels if (m := re.search(rf"\b{re.escape(x.lower())}\b", text))]
+        label = min(found)[1] if found else None
+    if label is None:
+        return Result(0.0, f"the grading model gave none of the labels: {answer.strip()[:80]!r}", error="other_error")
+    passed = label in g.passing_labels
+    return Result(float(passed), f"the grading model labelled it {label!r}: {'passing' if passed else 'not passing'}")
 
 
 @scores(MultiGrader)
@@ -306,6 +381,7 @@ def grade_items(
     completion_ids: Sequence[Sequence[int]] | None = None,
     truncated: Sequence[bool] | None = None,
     rm_scorer: Callable[[str], RMScorer] | None = None,
+    judge: Callable[[str], Judge] | None = None,
     match: Matcher = match_here,
     items: Sequence[Mapping[str, Any]] | None = None,
     sandbox: SandboxLimits | None = None,
@@ -317,20 +393,20 @@ def grade_items(
     n = len(completions)
     if len(answers) != n:
         raise ValueError(f"{n} completions but {len(answers)} answers")
+    prompts = list(prompts) if prompts is not None else [""] * n
+    rows = list(items) if items is not None else [{}] * n
     batch = Batch(
         completions=completions,
         answers=answers,
-        prompts=list(prompts) if prompts is not None else [""] * n,
+        prompts=prompts,
         completion_ids=completion_ids,
         truncated=list(truncated) if truncated is not None else [False] * n,
         rm_scorer=rm_scorer,
+        judge=judge,
         match=match,
-        items=list(items) if items is not None else [{}] * n,
+        items=[{"answer": a, "prompt": p, **dict(row)} for a, p, row in zip(answers, prompts, rows, strict=True)],
         sandbox=sandbox or SandboxLimits(),
     )
-    batch.items = [
-        {"answer": a, "prompt": p, **dict(item)} for a, p, item in zip(answers, batch.prompts, batch.items, strict=True)
-    ]
     return _score(grader, batch)
 
 

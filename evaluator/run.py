@@ -11,7 +11,7 @@ from typing import Any
 from evaluator import hf_backend, prompts
 from evaluator.benchmarks import Benchmark, find_benchmark, get_benchmark
 from evaluator.data import Problem, custom_source, load_benchmark, load_custom_set
-from evaluator.graders import RMScorer, grade_items
+from evaluator.graders import Judge, RMScorer, grade_items
 from evaluator.grading import answers_match, grade
 from evaluator.metrics import accuracy_breakdown, maj_at_k, pass_at_k, wilson_interval
 from evaluator.models import load_model, load_tokenizer
@@ -31,12 +31,14 @@ def run_eval(
     checkpoint: str | None = None,
     work_dir: Path | None = None,
     rm_scorer: Callable[[str], RMScorer] | None = None,
+    judge: Callable[[str], Judge] | None = None,
     resolved_recipe: ResolvedRecipe | None = None,
 ) -> dict[str, float]:
     """Evaluate and report through the sink. `model_path` is the resolved local path or hub id;
     `model_ref` is what the user asked for (kept on every score). Per-item results go to
     results_dir/items.jsonl (written into work_dir first when given; the sink moves them).
-    `rm_scorer`: loads a reward model for a spec grader that has one (evaluator/graders.py).
+    `rm_scorer`: loads a reward model for a spec grader that has one (evaluator/graders.py);
+    `judge`: a grading model, for a spec grader with score_model or label_model parts.
     `resolved_recipe`: the one resolved at submit (evaluator.recipes.stored_recipe); else resolved now."""
     bench, problems = _problems(spec, data_dir)
     resolved = resolved_recipe or resolve_recipe(spec)
@@ -102,6 +104,7 @@ def run_eval(
                 prompts=[t for t, _, _ in flat],
                 truncated=[g.truncated for _, _, g in flat],
                 rm_scorer=rm_scorer,
+                judge=judge,
             )
         )
     grader_scores: list[float] = []

@@ -23,7 +23,9 @@ def backend_version() -> str:
     return f"vllm-{vllm.__version__}"
 
 
-ENGINE_URL_ENV = "MATHRL_EVAL_ENGINE_URL"  # the worker's warm engine for this eval job (worker/warm_engine.py)
+ENGINE_URL_ENV = (
+    "MATHRL_EVAL_ENGINE_URL"  # the worker's warm engine for this eval or generate job (worker/warm_engine.py)
+)
 BATCHED_TOKENS = 4096  # tokens per engine step (TRL's colocated default); at least max_model_len on CPUs
 
 

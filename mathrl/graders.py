@@ -1,11 +1,13 @@
 """Graders: typed, composable scoring of a completion against its gold answer, each giving a
 score and a reason. The same objects score GRPO rewards (`rewards: [{name: grader, grader:
 ...}]`), eval items (`EvalSpec.grader`) and `POST /v1/graders:run`, which tries one on given
-completions before a run is paid for. They are data: no user code runs on our machines.
-Their implementations: evaluator/graders.py."""
+completions before a run is paid for. They are data, except a python grader's source, which
+runs in a sandbox (evaluator/sandbox.py). Their implementations: evaluator/graders.py; the
+graders that load a model (reward_model, score_model, label_model) run on a worker."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -153,7 +155,9 @@ class PythonGrader(_Grader):
 
 class _ModelGrader(_Grader):
     name: str | None = Field(None, max_length=200, description="A name for the grader.")
-    model: str = Field(..., max_length=512, description="The grading model.")
+    model: ModelRef = Field(
+        ..., description="The grading model: a hub id, a path, 'job:<id>' or an 'ft:' model of this project."
+    )
     input: list[Annotated[dict[str, Any], Field(max_length=8)]] = Field(
         ..., min_length=1, max_length=64, description="The messages, as templates."
     )
@@ -163,8 +167,8 @@ class _ModelGrader(_Grader):
 
 
 class ScoreModelGrader(_ModelGrader):
-    """OpenAI's score_model: a model's numeric score. Parsed and validated; not run here yet
-    (a model grader needs the worker's engine: docs/openai-rft.md)."""
+    """OpenAI's score_model: the grading model reads `input` (templates filled) and answers a
+    number, kept within `range` (default [0, 1])."""
 
     type: Literal["score_model"] = "score_model"
     range: list[Annotated[float, Field(ge=-1e6, le=1e6)]] | None = Field(
@@ -173,8 +177,8 @@ class ScoreModelGrader(_ModelGrader):
 
 
 class LabelModelGrader(_ModelGrader):
-    """OpenAI's label_model: a model's label, 1 when it is a passing one. Parsed and validated;
-    not run here yet (docs/openai-rft.md)."""
+    """OpenAI's label_model: the grading model reads `input` (templates filled) and answers one
+    of `labels`; 1 when it is one of `passing_labels`."""
 
     type: Literal["label_model"] = "label_model"
     labels: list[str] = Field(..., min_length=1, max_length=64, description="The labels the model may give.")
@@ -297,23 +301,40 @@ GRADER_TYPES = (
 OPENAI_GRADER_TYPES = ("string_check", "text_similarity", "python", "score_model", "label_model", "multi")
 
 
-def needs_model(grader: BaseModel) -> bool:
-    if isinstance(grader, RewardModelGrader):
-        return True
-    if isinstance(grader, MultiGrader):
-        return any(needs_model(g) for g in grader.graders.values())
-    return isinstance(grader, WeightedGrader) and any(needs_model(p.grader) for p in grader.graders)
-
-
-def model_graders(grader: BaseModel) -> list[str]:
-    """The types of the model graders (score_model, label_model) in `grader`: not run here yet."""
-    if isinstance(grader, ScoreModelGrader | LabelModelGrader):
-        return [grader.type]
-    if isinstance(grader, MultiGrader):
-        return [t for g in grader.graders.values() for t in model_graders(g)]
+def parts(grader: BaseModel, path: str = "") -> Iterator[tuple[str, BaseModel]]:
+    """The grader and every grader inside it, each with its JSON pointer below `path`."""
+    yield path, grader
     if isinstance(grader, WeightedGrader):
-        return [t for p in grader.graders for t in model_graders(p.grader)]
-    return []
+        for j, part in enumerate(grader.graders):
+            yield from parts(part.grader, f"{path}/graders/{j}/grader")
+    if isinstance(grader, MultiGrader):
+        for name, g in grader.graders.items():
+            yield from parts(g, f"{path}/graders/{name}")
+
+
+MODEL_GRADERS = (RewardModelGrader, ScoreModelGrader, LabelModelGrader)  # they load a model: a worker runs them
+
+
+def needs_model(grader: BaseModel) -> bool:
+    return any(isinstance(g, MODEL_GRADERS) for _, g in parts(grader))
+
+
+def grader_models(grader: BaseModel, path: str = "") -> dict[str, str]:
+    """The models a grader loads (reward models, grading models), by field path."""
+    return {f"{p}/model": g.model for p, g in parts(grader, path) if isinstance(g, MODEL_GRADERS)}
+
+
+def with_models(grader: Any, new_ref: Callable[[str], str]) -> Any:
+    """A copy of the grader with each model reference inside it replaced by `new_ref(ref)`."""
+    if isinstance(grader, MODEL_GRADERS):
+        return grader.model_copy(update={"model": new_ref(grader.model)})
+    if isinstance(grader, WeightedGrader):
+        weighted = [p.model_copy(update={"grader": with_models(p.grader, new_ref)}) for p in grader.graders]
+        return grader.model_copy(update={"graders": weighted})
+    if isinstance(grader, MultiGrader):
+        named = {name: with_models(g, new_ref) for name, g in grader.graders.items()}
+        return grader.model_copy(update={"graders": named})
+    return grader
 
 
 class GraderItem(BaseModel):

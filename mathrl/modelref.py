@@ -22,12 +22,55 @@ def split_job_ref(ref: str) -> tuple[str, str]:
     return target, at + which
 
 
+# OpenAI's names for a fine-tuning job and the models it made: 'ftjob-<32 hex>' (the job's id
+# without dashes) and 'ft:<base>:<suffix>:ftjob-<hex>[:ckpt-step-N]'
+_FTJOB = re.compile(r"^ftjob-([0-9a-f]{32})$")
+_FT_MODEL = re.compile(r"^ft:[^:]{1,200}:[^:]{1,200}:(ftjob-[0-9a-f]{32})(?::ckpt-step-(\d{1,9}))?$")
+
+
+def ftjob_id(job_id: str) -> str:
+    """A job's id as OpenAI's fine-tuning API shows it: 'ftjob-' and the id without dashes."""
+    return "ftjob-" + job_id.replace("-", "")
+
+
+def job_uuid(ft_id: str) -> str | None:
+    """The job id behind 'ftjob-<hex>', or None for anything else."""
+    m = _FTJOB.match(ft_id)
+    if m is None:
+        return None
+    h = m.group(1)
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+def ft_model_name(base: str, suffix: str, job_id: str, step: int | None = None) -> str:
+    """The `ft:` name of a fine-tuning job's model (or of its checkpoint at `step`)."""
+    name = f"ft:{base.rstrip('/').rsplit('/', 1)[-1]}:{suffix}:{ftjob_id(job_id)}"
+    return name if step is None else f"{name}:ckpt-step-{step}"
+
+
+def ft_model_ref(name: str) -> str | None:
+    """The 'job:' reference an `ft:` model name stands for ('job:<id>@final' or
+    'job:<id>@step-N'); None when `name` is not one."""
+    m = _FT_MODEL.match(name)
+    if m is None:
+        return None
+    job_id = job_uuid(m.group(1))
+    return f"job:{job_id}@" + (f"step-{m.group(2)}" if m.group(2) else "final")
+
+
 def check_model_ref(value: str) -> str:
     value = value.strip()
     if not value:
         raise ValueError("must not be empty: give a hub id such as 'Qwen/Qwen2.5-0.5B', a path, or 'job:<id>'")
     if re.fullmatch(r"tiny:\d{1,2}x\d{2,4}", value):
         return value  # a fresh tiny model built by the worker (sft jobs)
+    if value.startswith("ft:"):
+        ref = ft_model_ref(value)
+        if ref is None:
+            raise ValueError(
+                f"{value!r} is not a fine-tuned model's name: 'ft:<base>:<suffix>:ftjob-<id>[:ckpt-step-N]'"
+            )
+        return ref
     if value.startswith("job:"):
         if not _JOB_REF.match(value):
             raise ValueError(

@@ -196,7 +196,7 @@ class GraderRunRequest(BaseModel):
     items: list[GraderItem] = Field(..., min_length=1, max_length=1000, description="At most 1000 per call.")
     resources: Resources | None = Field(
         None,
-        description="For a grader with a reward model, which a worker runs as a short 'grade' job: the pool it "
+        description="For a grader that loads a model, which a worker runs as a short 'grade' job: the pool it "
         "runs on (default: the CPU pool).",
     )
 
@@ -210,7 +210,7 @@ class GraderRunResponse(BaseModel):
     data: list[GraderResult] = Field(description="One per item, in order.")
     mean: float = Field(description="The mean score.")
     job_id: str | None = Field(
-        None, description="The 'grade' job a worker ran it in (graders with a reward model); none when run here."
+        None, description="The 'grade' job a worker ran it in (graders that load a model); none when run here."
     )
 
 

@@ -31,7 +31,7 @@ from mathrl.graders import (
     LengthPenaltyGrader,
     MathGrader,
     RewardModelGrader,
-    WeightedGrader,
+    grader_models,
 )
 from mathrl.modelref import ModelRef as ModelRef  # specs' users import it from here
 from mathrl.modelref import check_model_ref as check_model_ref
@@ -843,7 +843,53 @@ class GradeSpec(_JobBase):
         return self
 
 
-AnySpec = EvalSpec | GRPOSpec | RewardModelSpec | SFTSpec | GradeSpec
+class ChatMessage(StrictModel):
+    role: Literal["system", "developer", "user", "assistant"] = Field(..., description="Who said it.")
+    content: str = Field(..., max_length=100_000, description="What was said.")
+
+    @model_validator(mode="after")
+    def _developer_is_system(self) -> ChatMessage:
+        if self.role == "developer":  # OpenAI's newer name for the system message
+            self.role = "system"
+        return self
+
+
+class GenerateSpec(_JobBase):
+    """Answer one chat (through the model's chat template) or one plain prompt: what
+    POST /v1/chat/completions and /v1/completions submit for an `ft:` model, and relay. The
+    choices are stored as the job's samples; with `stream`, the text also as 'delta' events
+    while it is generated (evaluator/chat.py)."""
+
+    kind: Literal["generate"] = Field("generate", description="Answering a chat or a prompt.")
+    model: ModelRef
+    messages: list[ChatMessage] | None = Field(None, min_length=1, max_length=256, description="The chat to answer.")
+    prompt: str | None = Field(None, max_length=100_000, description="A plain prompt to continue (no chat template).")
+    max_tokens: int = Field(256, ge=1, le=32_768, description="New tokens per choice at most.")
+    temperature: float = Field(1.0, ge=0, le=2, description="0: greedy.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling.")
+    n: int = Field(1, ge=1, le=16, description="Choices.")
+    stop: list[Annotated[str, Field(min_length=1, max_length=200)]] | None = Field(
+        None, max_length=4, description="Strings that end a choice (cut off)."
+    )
+    seed: int | None = Field(None, ge=0, le=2**32 - 1, description="Sampling seed.")
+    stream: bool = Field(False, description="Store the text as 'delta' events while it is generated.")
+    backend: Literal["hf", "vllm", "auto"] = Field(
+        "hf", description="vllm: the worker's warm vLLM engine; auto: that engine where the worker has vLLM, else hf."
+    )
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field("auto", description="Model weights dtype.")
+
+    @model_validator(mode="after")
+    def _one_input(self) -> GenerateSpec:
+        if (self.messages is None) == (self.prompt is None):
+            raise FieldError("messages", "give either messages (a chat) or prompt (plain text), not both or neither")
+        if self.resources.nodes > 1 or (self.resources.processes or 1) > 1:
+            raise FieldError(
+                "resources", "a generate job runs as one process on one node: drop resources.nodes/processes"
+            )
+        return self
+
+
+AnySpec = EvalSpec | GRPOSpec | RewardModelSpec | SFTSpec | GradeSpec | GenerateSpec
 JobSpec = Annotated[AnySpec, Field(discriminator="kind")]
 # the job kinds, read off the specs (the API's errors and the status pages' filters list them)
 JOB_KINDS: tuple[str, ...] = tuple(cls.model_fields["kind"].default for cls in AnySpec.__args__)
@@ -874,23 +920,11 @@ def model_refs(spec: AnySpec) -> dict[str, str]:
         if reward.model:
             out[f"rewards/{i}/model"] = reward.model
         if reward.grader is not None:
-            out.update(grader_model_refs(reward.grader, f"rewards/{i}/grader"))
+            out.update(grader_models(reward.grader, f"rewards/{i}/grader"))
     grader = getattr(spec, "grader", None)
     if grader is not None:
-        out.update(grader_model_refs(grader, "grader"))
+        out.update(grader_models(grader, "grader"))
     return out
-
-
-def grader_model_refs(grader: Any, path: str) -> dict[str, str]:
-    """The reward models a grader uses, by field path ('grader/graders/1/grader/model')."""
-    if isinstance(grader, RewardModelGrader):
-        return {f"{path}/model": grader.model}
-    if isinstance(grader, WeightedGrader):
-        out: dict[str, str] = {}
-        for j, part in enumerate(grader.graders):
-            out.update(grader_model_refs(part.grader, f"{path}/graders/{j}/grader"))
-        return out
-    return {}
 
 
 class PipelineSpec(StrictModel):

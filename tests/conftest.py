@@ -114,6 +114,7 @@ def service_env(pg_url: str, redis_url: str, artifacts: Path) -> dict[str, str]:
         "HF_HUB_OFFLINE": "1",
         # OpenAI-shaped reinforcement jobs generate on HF here: no vLLM engine start per test job
         "MATHRL_FINE_TUNING__GENERATION_BACKEND": "hf",
+        "MATHRL_FINE_TUNING__INFERENCE_BACKEND": "hf",
         # vLLM engines start without torch.compile here (a cold start 30 s shorter on this CPU:
         # 59 s against 90 s); tests/test_vllm.py's colocated weight-sync check runs compiled
         "MATHRL_VLLM_ENFORCE_EAGER": "1",
@@ -273,6 +274,15 @@ def make_objects(app_client: Any, owner: dict[str, str]) -> dict[str, str]:
     )
     assert ft.status_code == 200, ft.text
     ids["fine_tuning_job_id"] = ft.json()["id"]
+    # a checkpoint of it, as a worker would record one: its `ft:` model is what /v1/models/{model} names
+    from service.settings import get_settings
+    from store.db import session_scope
+    from store.models import Checkpoint
+
+    job_uuid = str(uuid.UUID(ids["fine_tuning_job_id"].removeprefix("ftjob-")))
+    with session_scope(get_settings().database.url) as s:
+        s.add(Checkpoint(job_id=job_uuid, step=1, kind="checkpoint", uri="/nowhere/checkpoint-1"))
+    ids["model"] = f"ft:model:mathrl:{ids['fine_tuning_job_id']}:ckpt-step-1"
     return ids
 
 

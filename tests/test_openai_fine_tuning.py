@@ -135,6 +135,7 @@ def test_reinforcement_and_supervised_jobs_with_the_openai_sdk(service: Service,
     rewards = {m["name"]: [p["value"] for p in m["points"]] for m in metrics if m["name"].startswith("rewards/")}
     print(f"\nreinforcement job's reward series: {rewards}")
     assert rewards["rewards/grader_multi/mean"] == [1.0, 1.0]  # seen = 1 on every item, exact = 0
+    _sample_the_fine_tuned_model(service, client, done.fine_tuned_model, ckpts[-1].fine_tuned_model_checkpoint)
     # supervised: an SFT job on a file of chats that end with the assistant's answer
     sft_file = client.files.create(file=("sft.jsonl", _jsonl(SFT_ROWS)), purpose="fine-tune")
     sft = client.fine_tuning.jobs.create(
@@ -168,6 +169,80 @@ def test_reinforcement_and_supervised_jobs_with_the_openai_sdk(service: Service,
         client.fine_tuning.jobs.create(model=tiny_model, training_file=train.id)
     with pytest.raises(openai.UnprocessableEntityError, match="'dpo' is not trained here"):
         client.fine_tuning.jobs.create(model=tiny_model, training_file=train.id, method={"type": "dpo"})
+
+
+def _sample_the_fine_tuned_model(service: Service, client: Any, model: str, checkpoint: str) -> None:
+    """GET /v1/models, chat and text completions (streamed and not) and model graders, on the
+    job's `ft:` model and its checkpoint: each a 'generate' or 'grade' job on the service's worker."""
+    import openai
+
+    names = [m.id for m in client.models.list().data]
+    assert model in names and checkpoint in names, names
+    assert client.models.retrieve(checkpoint).owned_by
+    # chat: two sampled choices, with their usage
+    chat = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "What is 12 + 30?"}], max_tokens=6, n=2, seed=3
+    )
+    assert chat.object == "chat.completion" and [c.index for c in chat.choices] == [0, 1]
+    assert all(c.message.role == "assistant" and c.finish_reason in ("stop", "length") for c in chat.choices)
+    assert chat.usage.prompt_tokens > 0 and 0 < chat.usage.completion_tokens <= 12
+    # streamed from a checkpoint: the chunks add up to the text the job stored
+    chunks = list(
+        client.chat.completions.create(
+            model=checkpoint,
+            messages=[{"role": "system", "content": "Answer."}, {"role": "user", "content": "7 + 8?"}],
+            max_completion_tokens=8,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    assert chunks[0].choices[0].delta.role == "assistant" and chunks[-1].usage.completion_tokens > 0
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finish in (["stop"], ["length"]), finish
+    hexid = chunks[0].id.removeprefix("chatcmpl-")
+    job_id = f"{hexid[:8]}-{hexid[8:12]}-{hexid[12:16]}-{hexid[16:20]}-{hexid[20:]}"
+    auth = {"Authorization": f"Bearer {client.api_key}"}
+    stored = httpx.get(f"{service.url}/v1/jobs/{job_id}/samples", headers=auth).json()["data"]
+    assert text == stored[0]["completion"], (text, stored)
+    deltas = [
+        e
+        for e in httpx.get(f"{service.url}/v1/jobs/{job_id}/events", headers=auth).json()["data"]
+        if e["type"] == "delta"
+    ]
+    print(f"\nstreamed {len(chunks)} chunks ({len(deltas)} delta events): {text!r}")
+    # a plain prompt, no chat template
+    done = client.completions.create(model=model, prompt="12 + 30 =", max_tokens=4, temperature=0)
+    assert done.object == "text_completion" and done.choices[0].finish_reason in ("stop", "length")
+    # the fine-tuned model as the grading model of score_model and label_model graders
+    judge = [{"role": "user", "content": "Score 0-1: {{sample.output_text}} for {{item.reference_answer}}"}]
+    grader = {
+        "type": "multi",
+        "name": "judged",
+        "graders": {
+            "score": {"type": "score_model", "name": "score", "model": model, "input": judge, "range": [0, 1]},
+            "label": {
+                "type": "label_model",
+                "name": "label",
+                "model": model,
+                "input": judge,
+                "labels": ["right", "wrong"],
+                "passing_labels": ["right"],
+            },
+        },
+        "calculate_output": "score + label",
+    }
+    graded = client.fine_tuning.alpha.graders.run(grader=grader, model_sample="42", item={"reference_answer": "42"})
+    assert set(graded.sub_rewards) == {"score", "label"} and 0 <= graded.reward <= 2, graded
+    print(f"model graders on the fine-tuned model: {graded.sub_rewards}, errors {graded.metadata.errors}")
+    # another project sees none of it
+    other = _client(service)
+    assert other.models.list().data == []
+    with pytest.raises(openai.NotFoundError, match="does not exist or you do not have access"):
+        other.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}])
+    with pytest.raises(openai.UnprocessableEntityError, match="messages"):
+        client.chat.completions.create(model=model, messages=[])
 
 
 def test_pause_drains_to_a_checkpoint_and_resume_goes_on_from_it(service: Service, tiny_model: str) -> None:

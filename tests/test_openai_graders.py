@@ -228,12 +228,16 @@ def test_graders_run_and_validate_with_the_openai_sdk(openai_client: Any) -> Non
     score_model = {
         "type": "score_model",
         "name": "judge",
-        "model": "gpt-4o",
+        "model": "HuggingFaceTB/SmolLM2-135M-Instruct",
         "input": [{"role": "user", "content": OUT}],
     }
     assert openai_client.fine_tuning.alpha.graders.validate(grader=score_model).grader.type == "score_model"
-    with pytest.raises(openai.UnprocessableEntityError, match="score_model graders need a grading model"):
-        openai_client.fine_tuning.alpha.graders.run(grader=score_model, model_sample="x", item=item)
+    # a grading model must be one mathrl can load: an 'ft:' name of another project's (or no) job is a 422
+    stranger = {**score_model, "model": f"ft:m:s:ftjob-{'0' * 32}"}
+    with pytest.raises(openai.UnprocessableEntityError, match="no job"):
+        openai_client.fine_tuning.alpha.graders.run(grader=stranger, model_sample="x", item=item)
+    with pytest.raises(openai.UnprocessableEntityError, match="not a fine-tuned model's name"):
+        openai_client.fine_tuning.alpha.graders.validate(grader={**score_model, "model": "ft:gpt-4o:x"})
 
 
 def test_one_projects_slow_python_graders_do_not_fail_anothers_calls(app_client: Any) -> None:
@@ -295,3 +299,47 @@ def test_a_messages_file_reaches_the_grader_as_its_item(tmp_path: Any, tiny_mode
     columns = {k: list(dataset[k]) for k in dataset.column_names if k != "prompt"}  # as TRL passes them
     assert reward(["42", "16"], prompts=list(dataset["prompt"]), **columns) == [1.0, 0.0]
     assert reward(["41", "15"], prompts=list(dataset["prompt"]), **columns) == [0.0, 1.0]
+
+
+def test_model_graders_read_the_grading_models_answer(tiny_model: str) -> None:
+    """score_model and label_model: the answer's parsing, and the whole path on a real (tiny,
+    untrained) model: templates filled, the chat generated, the answer read."""
+    from evaluator.chat import judges
+    from evaluator.graders import read_label, read_score
+    from mathrl.graders import LabelModelGrader, ScoreModelGrader
+
+    msgs = [{"role": "developer", "content": "Grade it."}, {"role": "user", "content": f"{OUT} vs {REF}"}]
+    sm = ScoreModelGrader(name="s", model=tiny_model, input=msgs, range=[0, 10])
+    assert read_score(sm, "7").score == 7.0
+    assert read_score(sm, '{"score": 3.5, "why": "close"}').score == 3.5
+    assert read_score(sm, "I'd say 42/10").score == 10.0  # kept within the range
+    none = read_score(sm, "no idea")
+    assert none.score == 0.0 and none.error == "other_error"
+    lm = LabelModelGrader(name="l", model=tiny_model, input=msgs, labels=["good", "bad"], passing_labels=["good"])
+    assert read_label(lm, "Good.").score == 1.0
+    assert read_label(lm, "this one is bad, not good").score == 0.0  # the first label named
+    assert read_label(lm, "maybe").error == "other_error"
+    # the whole path, the grading model loaded once for both graders
+    cache: dict[str, Any] = {}
+    item = {"reference_answer": "42"}
+    for g in (sm, lm):
+        (r,) = grade_items(g, ["42"], [None], items=[item], judge=judges(cache=cache))
+        assert r.reason.startswith(("the grading model", "no score in", "the grading model gave none")), r
+        assert (0.0 <= r.score <= 10.0) and (r.error in (None, "other_error"))
+    assert list(cache) == [tiny_model]
+    chat = cache[tiny_model].prompt([{"role": "user", "content": "42 vs 42"}])
+    assert "42 vs 42" in chat  # the template's variables were filled before the chat template
+    bad = ScoreModelGrader(name="s", model=tiny_model, input=[{"role": "user", "content": "{{item.nope}}"}])
+    (r,) = grade_items(bad, ["x"], [None], items=[item], judge=judges(cache=cache))
+    assert r.error == "invalid_variable_error"
+
+
+def test_ft_model_names_are_job_references() -> None:
+    from mathrl.modelref import check_model_ref, ft_model_name, ft_model_ref
+
+    job = "0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b"
+    name = ft_model_name("HuggingFaceTB/SmolLM2-135M-Instruct", "adder", job)
+    assert name == "ft:SmolLM2-135M-Instruct:adder:ftjob-0190a1b2c3d47e5f8a9b0c1d2e3f4a5b"
+    assert ft_model_ref(name) == f"job:{job}@final"
+    assert check_model_ref(ft_model_name("m", "s", job, step=4)) == f"job:{job}@step-4"
+    assert ft_model_ref("ft:gpt-4o:org") is None and ft_model_ref("gpt-4o") is None

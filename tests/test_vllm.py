@@ -152,6 +152,20 @@ def test_eval_job_on_a_worker_with_vllm(vllm_ready: Path, service: Service, mode
         assert reloaded_text != [i["completion"] for i in c.jobs.results(first.id)]  # the weights really changed
         print(f"checkpoint loaded into the warm engine in {came.data['reload_seconds']:.2f}s")
 
+        # a generate job (what POST /v1/completions submits for an ft: model) answers on the warm
+        # engine, streamed as 'delta' events, with the greedy text transformers gives
+        prompt = {"kind": "generate", "model": other, "prompt": "12 + 30 =", "max_tokens": 8, "temperature": 0}
+        on_engine = c.jobs.create({**prompt, "backend": "vllm", "stream": True, **on_vllm})
+        on_hf = c.jobs.create({**prompt, "backend": "hf"})
+        for j in (on_engine, on_hf):
+            assert c.jobs.wait(j.id, timeout=600).status == "succeeded", c.jobs.retrieve(j.id).error
+        served = next(e for e in c.jobs.events(on_engine.id) if e.type == "vllm_engine")
+        assert served.data["pid"] == started.data["pid"] and served.data["how"] == "reused", served
+        engine_text = c.jobs.samples(on_engine.id)[0].completion
+        assert engine_text == c.jobs.samples(on_hf.id)[0].completion
+        deltas = [e.data["text"] for e in c.jobs.events(on_engine.id) if e.type == "delta"]
+        assert "".join(deltas) == engine_text, (deltas, engine_text)
+
         # a job of another kind on this worker stops the idle engine first (it needs the cores)
         other = c.jobs.create(
             {"kind": "eval", **greedy, "limit": 1, "backend": "hf", "resources": {"pool": "vllm-test"}}

@@ -22,7 +22,8 @@ import json
 from typing import Any
 
 from evaluator.bounded import BoundedMatch
-from mathrl.graders import MathGrader, RewardModelGrader, WeightedGrader
+from evaluator.chat import judges
+from mathrl.graders import MathGrader, with_models
 from mathrl.specs import REWARD_NAMES, RewardRef
 from trainer.rm_scorer import RewardModelScorer, rm_scorers
 
@@ -63,9 +64,10 @@ class GraderReward:
         self.max_length = max_length
         self._match = BoundedMatch(item_seconds, call_seconds)
         self._rms: dict[str, RewardModelScorer] = {}
+        self._judges: dict[str, Any] = {}  # grading models (score_model, label_model), loaded once
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_rms": {}}
+        return {**self.__dict__, "_rms": {}, "_judges": {}}
 
     @property
     def timed_out(self) -> int:
@@ -96,6 +98,7 @@ class GraderReward:
             completion_ids=ids,
             truncated=cut,
             rm_scorer=rm_scorers(cache=self._rms),
+            judge=judges(cache=self._judges),
             match=self._match,
             items=items,
         )
@@ -123,18 +126,8 @@ def get_reward(name: str, max_length: int | None = None, **fields: Any) -> Grade
 
 
 def resolve_grader_models(grader: Any, resolve_model: Any) -> Any:
-    """The grader with its reward models' references ('job:<id>') resolved to local paths."""
-    if resolve_model is None:
-        return grader
-    if isinstance(grader, RewardModelGrader):
-        return grader.model_copy(update={"model": resolve_model(grader.model)})
-    if isinstance(grader, WeightedGrader):
-        parts = [
-            part.model_copy(update={"grader": resolve_grader_models(part.grader, resolve_model)})
-            for part in grader.graders
-        ]
-        return grader.model_copy(update={"graders": parts})
-    return grader
+    """The grader with its models' references ('job:<id>') resolved to local paths."""
+    return grader if resolve_model is None else with_models(grader, resolve_model)
 
 
 def _prompt_text(prompt: Any) -> str:

@@ -153,6 +153,7 @@ def _run_kind(
     )
 
     if spec.kind == "eval":
+        from evaluator.chat import judges
         from evaluator.recipes import stored_recipe
         from evaluator.run import run_eval
         from trainer.rm_scorer import rm_scorers
@@ -167,6 +168,7 @@ def _run_kind(
             checkpoint=checkpoint,
             work_dir=work / "eval",
             rm_scorer=rm_scorers(lambda ref: resolve(ref)[0]) if spec.grader is not None else None,
+            judge=judges(lambda ref: resolve(ref)[0]) if spec.grader is not None else None,
             resolved_recipe=stored_recipe(config),
         )
     elif spec.kind == "grpo":
@@ -210,6 +212,7 @@ def _run_kind(
             work_dir=work / "train",
         )
     elif spec.kind == "grade":
+        from evaluator.chat import judges
         from evaluator.graders import grade_items
         from trainer.rm_scorer import rm_scorers
 
@@ -220,14 +223,27 @@ def _run_kind(
             [i.answer for i in items],
             prompts=[i.prompt for i in items],
             rm_scorer=rm_scorers(lambda ref: resolve(ref)[0]),
+            judge=judges(lambda ref: resolve(ref)[0]),
+            items=[i.fields or {} for i in items],
         )
         rows = []
         for item, r in zip(items, results, strict=True):
-            data = {"answer": item.answer, "score": r.score, "reason": r.reason}
+            data = {"answer": item.answer, "score": r.score, "reason": r.reason, "error": r.error, "sub": r.sub}
             rows.append({"prompt": item.prompt, "completion": item.completion, "data": data})
         sink.samples(0, rows)
         mean = sum(r.score for r in results) / len(results)
         sink.event("scored", f"{len(results)} items graded, mean score {mean:.4g}", data={"mean": mean})
+    elif spec.kind == "generate":
+        from evaluator.chat import run_generate
+        from evaluator.vllm_backend import ENGINE_URL_ENV
+
+        engine_url = os.environ.get(ENGINE_URL_ENV)  # set when the worker gave it its warm engine
+        if spec.backend == "vllm" and engine_url is None:
+            raise NotAvailable(
+                "backend 'vllm' answers on the worker's warm engine, and this worker keeps none "
+                "(worker.warm_engines is 0): set backend to 'auto' or 'hf'"
+            )
+        run_generate(spec, sink, model_path, engine_url)
     else:
         raise NotAvailable(f"job kind '{spec.kind}' is not available on this worker")
     return EXIT_OK

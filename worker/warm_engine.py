@@ -52,6 +52,7 @@ FAMILY_FILES = (
 )
 VOLATILE_CONFIG = ("_name_or_path", "transformers_version")  # differ between saves of one model
 RELOAD_TIMEOUT = 600.0
+WARM_KINDS = ("eval", "generate")  # the jobs a warm engine serves: evals, and chats with `ft:` models
 
 
 @dataclass
@@ -71,10 +72,13 @@ _engines: dict[tuple[str, str, str], WarmEngine] = {}
 
 
 def wants_warm_engine(spec: Any, settings: Any) -> bool:
-    """An eval on vLLM, warm engines on, and vLLM installed here (else the job process says it is missing)."""
+    """An eval or generate job on vLLM, warm engines on, and vLLM installed here (else the job
+    process says it is missing)."""
     import importlib.util
 
-    if getattr(spec, "kind", None) != "eval" or spec.backend != "vllm" or settings.worker.warm_engines <= 0:
+    if getattr(spec, "kind", None) not in WARM_KINDS or spec.backend not in ("vllm", "auto"):
+        return False
+    if settings.worker.warm_engines <= 0:
         return False
     return importlib.util.find_spec("vllm") is not None
 

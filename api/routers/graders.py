@@ -12,10 +12,11 @@ process and scored 0, the rest go on in a fresh one; a call past `timeout_second
 `max_concurrent` (503 past it), per API process. User regexes run on RE2 (mathrl/regex.py) and
 power towers are refused before sympy evaluates them (evaluator.grading.too_big).
 
-A grader with a reward model in it needs the model loaded, and the API image has no torch: the
-call becomes a short 'grade' job (mathrl.specs.GradeSpec; quotas and pools as for any job) that
-a worker runs, and the route waits for it up to `wait` seconds: 200 with the scores, or 202 with
-the job's id, whose results GET /v1/graders/runs/{job_id} gives when it has finished."""
+A grader that loads a model (reward_model, score_model, label_model) needs it loaded, and the
+API image has no torch: the call becomes a short 'grade' job (mathrl.specs.GradeSpec; quotas
+and pools as for any job) that a worker runs, and the route waits for it up to `wait` seconds:
+200 with the scores, or 202 with the job's id, whose results GET /v1/graders/runs/{job_id}
+gives when it has finished."""
 
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ from api.problems import Problem
 from api.submit import admit, check_job_refs, commit_and_dispatch, job_row
 from evaluator.bounded import CPU, DEADLINE, TIMED_OUT, run_bounded, warm
 from evaluator.graders import grade_item
-from mathrl.graders import model_graders, needs_model
+from mathrl.graders import needs_model
 from mathrl.schemas import GraderRunPending, GraderRunRequest, GraderRunResponse
 from mathrl.specs import GradeSpec, Resources, model_refs
 from store.db import get_sessionmaker
@@ -122,25 +123,17 @@ async def run_isolated(project_id: str, limits: Any, fn: Any, items: list[tuple[
     return list(batch.outcomes)
 
 
-def refuse_model_graders(grader: Any) -> None:
-    """A 422 at /grader for score_model and label_model graders, which this service does not run yet."""
-    kinds = model_graders(grader)
-    if kinds:
-        detail = (
-            f"{', '.join(sorted(set(kinds)))} graders need a grading model on a worker's engine, which this service "
-            "does not run yet: use string_check, text_similarity, python, multi or the math graders"
-        )
-        raise Problem.at("/grader", detail, "Unsupported grader")
-
-
 @router.post(
     "/graders:run",
     response_model=GraderRunResponse,
     responses={
-        202: {"model": GraderRunPending, "description": "A reward-model grader's job has not finished within `wait`."},
+        202: {
+            "model": GraderRunPending,
+            "description": "The job of a grader with a model has not finished within `wait`.",
+        },
         422: {},
         429: {
-            "description": "Over the project's grading calls in flight (see Retry-After), or a reward-model "
+            "description": "Over the project's grading calls in flight (see Retry-After), or a model "
             "grader's job is over the project's quota."
         },
         503: {"description": "The API is grading as many calls as it may at once (see Retry-After)."},
@@ -152,28 +145,19 @@ async def run(
     caller: CallerDep,
     settings: SettingsDep,
     wait: Annotated[
-        float, Query(ge=0, le=300, description="Reward-model graders: seconds to wait for the worker's job.")
+        float, Query(ge=0, le=300, description="Graders with a model: seconds to wait for the worker's job.")
     ] = 60.0,
 ) -> Any:
     """Each item's score and the reason for it, and their mean. Nothing is stored, except for a
-    grader with a reward model, which runs as a 'grade' job on a worker (see the module's text)."""
+    grader that loads a model, which runs as a 'grade' job on a worker (see the module's text)."""
     if needs_model(body.grader):
-        try:
-            spec = GradeSpec(grader=body.grader, items=body.items, resources=body.resources or Resources())
-        except ValidationError as exc:  # the grade job's own rules (one process, one node): a 422 naming the field
-            raise RequestValidationError(exc.errors(include_url=False)) from None
-        job_id = await run_in_threadpool(_submit, spec, caller.project_id, settings)
-        deadline = time.monotonic() + wait
-        while True:
-            answer = await run_in_threadpool(_grade_result, settings, caller.project_id, job_id)
-            if answer is not None or time.monotonic() >= deadline:
-                break
-            await asyncio.sleep(0.25)
+        job_id, answer = await grade_on_worker(
+            caller.project_id, settings, body.grader, body.items, body.resources, wait
+        )
         return answer or await run_in_threadpool(_pending, settings, caller.project_id, job_id)
     if body.resources is not None:
-        detail = "resources is for graders with a reward model (they run on a worker); this one runs here: remove it"
+        detail = "resources is for graders with a model (they run on a worker); this one runs here: remove it"
         raise Problem.at("/resources", detail, "Invalid field")
-    refuse_model_graders(body.grader)
     limits = settings.graders
     grader = json.dumps(body.grader.model_dump(mode="json"))
     sandbox = limits.sandbox()
@@ -202,17 +186,41 @@ async def run(
     responses={202: {"model": GraderRunPending}, 404: {}, 409: {}, 422: {}},
 )
 def run_result(job_id: str, caller: CallerDep, settings: SettingsDep) -> Any:
-    """A reward-model grader's results, once its 'grade' job has finished (202 until then)."""
+    """The results of a grader with a model, once its 'grade' job has finished (202 until then)."""
     return _grade_result(settings, caller.project_id, job_id) or _pending(settings, caller.project_id, job_id)
 
 
-def _submit(spec: GradeSpec, project_id: str, settings: Any) -> str:
+async def grade_on_worker(
+    project_id: str,
+    settings: Any,
+    grader: Any,
+    items: list[Any],
+    resources: Any,
+    wait: float,
+    route: str = "graders:run",
+) -> tuple[str, dict[str, Any] | None]:
+    """A grader that loads a model, run as a 'grade' job on a worker: its id, and the scores when
+    it finished within `wait` seconds (None if not yet)."""
+    try:
+        spec = GradeSpec(grader=grader, items=items, resources=resources or Resources())
+    except ValidationError as exc:  # the grade job's own rules (one process, one node): a 422 naming the field
+        raise RequestValidationError(exc.errors(include_url=False)) from None
+    job_id = await run_in_threadpool(_submit, spec, project_id, settings, route)
+    deadline = time.monotonic() + wait
+    while True:
+        answer = await run_in_threadpool(_grade_result, settings, project_id, job_id)
+        if answer is not None or time.monotonic() >= deadline:
+            return job_id, answer
+        await asyncio.sleep(0.25)
+
+
+def _submit(spec: GradeSpec, project_id: str, settings: Any, route: str) -> str:
     with get_sessionmaker(settings.database.url)() as session:
-        check_job_refs(session, project_id, model_refs(spec))  # the reward model: this project's job
+        check_job_refs(session, project_id, model_refs(spec))  # the grader's models: this project's jobs
         config = admit({"": spec}, settings)[""]
-        job = job_row(project_id, spec, config, name="graders:run")
+        job = job_row(project_id, spec, config, name=route)
         session.add(job)
-        commit_and_dispatch(session, settings, project_id, [(job, f"queued on '{job.queue}' by POST /v1/graders:run")])
+        commit_and_dispatch(session, settings, project_id, [(job, f"queued on '{job.queue}' by POST /v1/{route}")])
         return job.id
 
 
@@ -229,8 +237,14 @@ def _grade_result(settings: Any, project_id: str, job_id: str) -> dict[str, Any]
         job = _grade_job(session, project_id, job_id)
         if job.status == "succeeded":
             rows = session.scalars(select(Sample).where(Sample.job_id == job_id).order_by(Sample.index)).all()
-            data = [{"score": r.data["score"], "reason": r.data["reason"]} for r in rows if r.data]
-            return {"data": data, "mean": sum(d["score"] for d in data) / max(len(data), 1), "job_id": job_id}
+            data = [r.data for r in rows if r.data]
+            mean = sum(d["score"] for d in data) / max(len(data), 1)
+            return {
+                "data": [{"score": d["score"], "reason": d["reason"]} for d in data],
+                "mean": mean,
+                "job_id": job_id,
+                "rows": data,
+            }
         if job.status == "failed":
             detail = f"the grading job {job_id} failed: {job.error}"
             raise Problem.at("/grader", detail, "Grading failed")

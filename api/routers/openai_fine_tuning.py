@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import re
+import uuid
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query
@@ -19,10 +20,10 @@ from sqlalchemy import func, select
 from api.deps import CallerDep, SessionDep, SettingsDep
 from api.job_control import pause_job, resume_job
 from api.problems import Problem
-from api.routers.graders import refuse_model_graders
 from api.routers.openai_files import own_file
 from api.submit import admit, check_job_refs, commit_and_dispatch, job_row
 from mathrl.graders import Grader
+from mathrl.modelref import ft_model_name, ftjob_id, job_uuid
 from mathrl.specs import model_refs, parse_spec
 from store.jobs import has_tag, request_cancel
 from store.models import Checkpoint, Event, Job, Metric
@@ -30,7 +31,6 @@ from store.models import Checkpoint, Event, Job, Metric
 router = APIRouter(prefix="/v1/fine_tuning/jobs", tags=["openai: fine-tuning"])
 
 TAG = "openai:fine_tuning"
-FTJOB = re.compile(r"^ftjob-([0-9a-f]{32})$")
 NOT_FOUND = "no fine-tuning job with this id in your project"
 # OpenAI's hyperparameters -> mathrl's: the values 'auto' takes, and the bases the multipliers scale
 AUTO_EPOCHS = 1
@@ -170,18 +170,6 @@ def to_spec(
     return spec, mapping
 
 
-def ftjob_id(job_id: str) -> str:
-    return "ftjob-" + job_id.replace("-", "")
-
-
-def job_uuid(ft_id: str) -> str | None:
-    m = FTJOB.match(ft_id)
-    if m is None:
-        return None
-    h = m.group(1)
-    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
-
-
 def own_ftjob(session: Any, project_id: str, ft_id: str) -> Job:
     job_id = job_uuid(ft_id)
     job = session.get(Job, job_id) if job_id else None
@@ -195,15 +183,27 @@ STATUS = {"waiting": "queued", "queued": "queued", "running": "running"}
 
 def fine_tuned_model(job: Job, step: int | None = None) -> str:
     """The `ft:` name of the job's model (or of its checkpoint at `step`): ft:<base>:<suffix>:<ftjob id>."""
-    base = str(job.spec.get("model", "model")).rstrip("/").rsplit("/", 1)[-1]
-    name = f"ft:{base}:{job.name or 'mathrl'}:{ftjob_id(job.id)}"
-    return name if step is None else f"{name}:ckpt-step-{step}"
+    return ft_model_name(str(job.spec.get("model", "model")), job.name or "mathrl", job.id, step)
 
 
-def job_object(session: Any, job: Job) -> dict[str, Any]:
+def trained_tokens(session: Any, jobs: list[Job]) -> dict[str, float]:
+    """The tokens each succeeded job trained on (its largest `num_tokens`), in one query."""
+    ids = [j.id for j in jobs if j.status == "succeeded"]
+    if not ids:
+        return {}
+    q = (
+        select(Metric.job_id, func.max(Metric.value))
+        .where(Metric.job_id.in_(ids), Metric.name == "num_tokens")
+        .group_by(Metric.job_id)
+    )
+    return {job_id: value for job_id, value in session.execute(q).all()}
+
+
+def job_object(session: Any, job: Job, tokens: dict[str, float] | None = None) -> dict[str, Any]:
+    """The job as OpenAI's `fine_tuning.job`; `tokens`: trained_tokens of a page of jobs."""
     openai = (job.resolved_config or {}).get("openai", {})
     request, mapping = openai.get("request", {}), openai.get("mapping", {})
-    trained = session.scalar(select(func.max(Metric.value)).where(Metric.job_id == job.id, Metric.name == "num_tokens"))
+    trained = (trained_tokens(session, [job]) if tokens is None else tokens).get(job.id)
     status = STATUS.get(job.status, job.status)
     method = request.get("method") or {"type": "supervised"}
     return {
@@ -265,8 +265,6 @@ def create(body: JobCreateParams, caller: CallerDep, session: SessionDep, settin
     lines = int(stats.get("lines", 0))
     kind = body.method.type if body.method else "supervised"
     if kind == "reinforcement":
-        if body.method and body.method.reinforcement:
-            refuse_model_graders(body.method.reinforcement.grader)
         if stats.get("reinforcement_lines", 0) != lines:
             raise Problem.at(
                 "/training_file",
@@ -317,7 +315,9 @@ def list_jobs(
             raise Problem(400, "Bad cursor", "query:/after: a fine-tuning job id from a previous page")
         q = q.where(Job.id < before)
     rows = list(session.scalars(q.order_by(Job.id.desc()).limit(limit + 1)))
-    return _page([job_object(session, j) for j in rows[:limit]], len(rows) > limit)
+    page = rows[:limit]
+    tokens = trained_tokens(session, page)
+    return _page([job_object(session, j, tokens) for j in page], len(rows) > limit)
 
 
 @router.get("/{fine_tuning_job_id}", responses={404: {"description": NOT_FOUND}})
@@ -328,11 +328,7 @@ def retrieve(fine_tuning_job_id: str, caller: CallerDep, session: SessionDep) ->
 @router.post("/{fine_tuning_job_id}/cancel", responses={404: {"description": NOT_FOUND}})
 def cancel(fine_tuning_job_id: str, caller: CallerDep, session: SessionDep) -> dict[str, Any]:
     """Cancel it: at once if it has not started, else its worker stops it (status follows)."""
-    job = request_cancel(session, own_ftjob(session, caller.project_id, fine_tuning_job_id))
-    out = job_object(session, job)
-    if job.status == "running":
-        out["status"] = "cancelled" if job.cancel_requested and job.finished_at else "running"
-    return out
+    return job_object(session, request_cancel(session, own_ftjob(session, caller.project_id, fine_tuning_job_id)))
 
 
 @router.post(
@@ -353,6 +349,7 @@ def resume_paused(fine_tuning_job_id: str, caller: CallerDep, session: SessionDe
     return job_object(session, resume_job(session, settings, job))
 
 
+CHECKPOINT_METRICS = ("loss", "mean_token_accuracy", "reward", "heldout/reward")
 LEVELS = {"info": "info", "warning": "warn", "error": "error"}
 
 
@@ -399,17 +396,25 @@ def checkpoints(
     """The job's checkpoints, newest first, each with the training metrics at its step."""
     job = own_ftjob(session, caller.project_id, fine_tuning_job_id)
     q = select(Checkpoint).where(Checkpoint.job_id == job.id, Checkpoint.kind == "checkpoint")
-    rows = list(session.scalars(q.order_by(Checkpoint.step.desc())))
     if after is not None:
-        ids = [f"ftckpt-{c.id.replace('-', '')}" for c in rows]
-        rows = rows[ids.index(after) + 1 :] if after in ids else []
+        m = re.match(r"^ftckpt-([0-9a-f]{32})$", after)
+        if m is None:
+            raise Problem(400, "Bad cursor", "query:/after: a checkpoint id from a previous page")
+        mark = session.get(Checkpoint, str(uuid.UUID(m.group(1))))
+        if mark is None or mark.job_id != job.id:
+            return _page([], False)
+        q = q.where(Checkpoint.step < mark.step)
+    rows = list(session.scalars(q.order_by(Checkpoint.step.desc()).limit(limit + 1)))
+    steps = [c.step for c in rows[:limit]]
+    values: dict[int, dict[str, float]] = {s: {} for s in steps}
+    if steps:
+        q_metrics = select(Metric.step, Metric.name, Metric.value).where(
+            Metric.job_id == job.id, Metric.step.in_(steps), Metric.name.in_(CHECKPOINT_METRICS)
+        )
+        for step, name, value in session.execute(q_metrics).all():
+            values[step][name] = value
     data = []
     for c in rows[:limit]:
-        values = dict(
-            session.execute(
-                select(Metric.name, Metric.value).where(Metric.job_id == job.id, Metric.step == c.step)
-            ).all()
-        )
         data.append(
             {
                 "id": f"ftckpt-{c.id.replace('-', '')}",
@@ -420,10 +425,10 @@ def checkpoints(
                 "step_number": c.step,
                 "metrics": {
                     "step": float(c.step),
-                    "train_loss": values.get("loss"),
-                    "train_mean_token_accuracy": values.get("mean_token_accuracy"),
-                    "train_reward_mean": values.get("reward"),
-                    "valid_reward_mean": values.get("heldout/reward"),
+                    "train_loss": values[c.step].get("loss"),
+                    "train_mean_token_accuracy": values[c.step].get("mean_token_accuracy"),
+                    "train_reward_mean": values[c.step].get("reward"),
+                    "valid_reward_mean": values[c.step].get("heldout/reward"),
                 },
             }
         )

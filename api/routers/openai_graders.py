@@ -1,10 +1,11 @@
 """OpenAI's grader routes, for code written against the `openai` SDK
 (`client.fine_tuning.alpha.graders.run(...)` and `.validate(...)`): POST
 /v1/fine_tuning/alpha/graders/run and /validate. The graders are mathrl's (mathrl/graders.py, in
-OpenAI's JSON: string_check, text_similarity, python, multi; score_model and label_model are
-parsed but not run yet), graded in the call's own processes within the `graders` limits as
-POST /v1/graders:run grades (api/routers/graders.py), with python graders in their sandbox
-(evaluator/sandbox.py). Responses are shaped as OpenAI's: the reward, each named grader's
+OpenAI's JSON: string_check, text_similarity, python, score_model, label_model, multi), graded in
+the call's own processes within the `graders` limits as POST /v1/graders:run grades
+(api/routers/graders.py), with python graders in their sandbox (evaluator/sandbox.py). A grader
+with a model in it (score_model, label_model) is a short 'grade' job on a worker, as there,
+awaited up to MODEL_WAIT seconds. Responses are shaped as OpenAI's: the reward, each named grader's
 reward, and metadata with its error kinds."""
 
 from __future__ import annotations
@@ -18,12 +19,14 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from api.deps import CallerDep, SettingsDep
 from api.problems import Problem
-from api.routers.graders import refuse_model_graders, run_isolated
+from api.routers.graders import grade_on_worker, run_isolated
 from evaluator.bounded import TIMED_OUT
 from evaluator.graders import grade_openai
-from mathrl.graders import Grader, needs_model
+from mathrl.graders import Grader, GraderItem, needs_model
 
 router = APIRouter(prefix="/v1/fine_tuning/alpha/graders", tags=["openai: graders"])
+ROUTE = "fine_tuning/alpha/graders/run"
+MODEL_WAIT = 300.0  # seconds a call waits for the 'grade' job of a grader with a model
 
 ERROR_KINDS = (
     "formula_parse_error",
@@ -63,35 +66,34 @@ def validate(body: GraderValidateParams, caller: CallerDep) -> dict[str, Any]:
 @router.post(
     "/run",
     responses={
-        422: {"description": "The grader is invalid, or needs a model (score_model, label_model, reward_model)."},
+        422: {"description": "The grader is invalid (the detail names the field)."},
         429: {"description": "Over the project's grading calls in flight (see Retry-After)."},
         503: {"description": "The API is grading as many calls as it may at once (see Retry-After)."},
-        504: {"description": "The call took over its time or CPU limit."},
+        504: {"description": "The call took over its time or CPU limit, or a grading model's job over MODEL_WAIT."},
     },
 )
 async def run(body: GraderRunParams, caller: CallerDep, settings: SettingsDep) -> dict[str, Any]:
     """The reward of `model_sample` for `item` under the grader, with OpenAI's metadata. A grader
     error (a missing template variable, a python grader that raised) is a 200 with reward 0 and
     its error kind set, as OpenAI answers it."""
-    refuse_model_graders(body.grader)
-    if needs_model(body.grader):
-        detail = "a reward_model grader runs on a worker: try it with POST /v1/graders:run"
-        raise Problem.at("/grader", detail, "Unsupported grader")
     limits = settings.graders
-    grader = json.dumps(body.grader.model_dump(mode="json"))
     start = time.monotonic()
-    (outcome,) = await run_isolated(
-        caller.project_id, limits, grade_openai, [(grader, body.model_sample, body.item or {}, limits.sandbox())]
-    )
+    if needs_model(body.grader):
+        result = await _on_worker(body, caller.project_id, settings)
+    else:
+        grader = json.dumps(body.grader.model_dump(mode="json"))
+        (outcome,) = await run_isolated(
+            caller.project_id, limits, grade_openai, [(grader, body.model_sample, body.item or {}, limits.sandbox())]
+        )
+        if outcome.error is None:
+            result = outcome.value
+        else:  # the item's process was killed (TIMED_OUT) or broke
+            what = f"over {limits.item_timeout_seconds:g} s" if outcome.error == TIMED_OUT else outcome.error
+            result = {"reward": 0.0, "error": "unresponsive_reward_error", "detail": what, "sub": {}}
     elapsed = time.monotonic() - start
     errors: dict[str, Any] = {kind: False for kind in ERROR_KINDS}
     errors |= {"model_grader_server_error_details": None, "python_grader_runtime_error_details": None}
     errors["python_grader_server_error_type"] = None
-    if outcome.error is None:
-        result = outcome.value
-    else:  # the item's process was killed (TIMED_OUT) or broke
-        what = f"over {limits.item_timeout_seconds:g} s" if outcome.error == TIMED_OUT else outcome.error
-        result = {"reward": 0.0, "error": "unresponsive_reward_error", "detail": what, "sub": {}}
     kind = result["error"]
     if kind:
         errors[kind if kind in ERROR_KINDS else "other_error"] = True
@@ -115,3 +117,16 @@ async def run(body: GraderRunParams, caller: CallerDep, settings: SettingsDep) -
         },
         "model_grader_token_usage_per_model": {},
     }
+
+
+async def _on_worker(body: GraderRunParams, project_id: str, settings: Any) -> dict[str, Any]:
+    """The grade job's result for the one sample, as grade_openai gives it; 504 past MODEL_WAIT."""
+    item = body.item or {}
+    answer = item.get("answer") if isinstance(item.get("answer"), str) else None
+    one = GraderItem(completion=body.model_sample, answer=answer, fields=item)
+    job_id, done = await grade_on_worker(project_id, settings, body.grader, [one], None, MODEL_WAIT, ROUTE)
+    if done is None:
+        detail = f"the grading job {job_id} did not finish in {MODEL_WAIT:g} s: GET /v1/graders/runs/{job_id} later"
+        raise Problem(504, "Grader timed out", detail)
+    (row,) = done["rows"]
+    return {"reward": row["score"], "error": row.get("error"), "detail": row["reason"], "sub": row.get("sub") or {}}

@@ -1,0 +1,358 @@
+"""Sampling fine-tuned models the way the `openai` SDK does: GET /v1/models, POST
+/v1/chat/completions and POST /v1/completions, for the `ft:` models of this project's fine-tuning
+jobs (a job's final model, or any checkpoint: `...:ckpt-step-N`).
+
+Each call is a short 'generate' job (mathrl.specs.GenerateSpec) in the one job store, under the
+project's quotas, tagged 'openai:inference': a worker answers it on its warm vLLM engine or with
+transformers (evaluator/chat.py; `fine_tuning.inference_backend`), and the route waits for it.
+With `stream`, the job stores the text as 'delta' events while it is generated and the route
+relays them as OpenAI's server-sent chunks, then `data: [DONE]`. A call that outlives
+`fine_tuning.inference_timeout_seconds`, or whose client goes away while streaming, cancels its
+job."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from sqlalchemy import select
+
+from api.deps import CallerDep, SettingsDep
+from api.problems import Problem
+from api.routers.openai_fine_tuning import TAG as FINE_TUNING
+from api.routers.openai_fine_tuning import fine_tuned_model
+from api.submit import admit, commit_and_dispatch, job_row
+from mathrl.modelref import ft_model_ref, split_job_ref
+from mathrl.specs import GenerateSpec
+from store.db import get_sessionmaker
+from store.jobs import TERMINAL, has_tag, request_cancel
+from store.models import Checkpoint, Event, Job, Sample
+
+router = APIRouter(prefix="/v1", tags=["openai: models and completions"])
+
+TAG = "openai:inference"
+POLL_SECONDS = 0.2
+MAX_MODELS = 1000  # GET /v1/models lists the newest this many
+
+
+def _not_found(name: str) -> Problem:
+    detail = f"The model '{name}' does not exist or you do not have access to it."
+    return Problem.at("/model", detail, "Model not found", status=404)
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TextPart(_Open):
+    type: Literal["text"]
+    text: str = Field(..., max_length=100_000)
+
+
+class Message(_Open):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: Annotated[str, Field(max_length=100_000)] | list[TextPart]
+    name: str | None = Field(None, max_length=64)
+
+
+class StreamOptions(_Open):
+    include_usage: bool | None = None
+
+
+class _Sampling(_Open):
+    model: str = Field(..., min_length=1, max_length=512, description="An 'ft:' model of your project.")
+    max_tokens: int | None = Field(None, ge=1, le=32_768)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    n: int | None = Field(None, ge=1, le=16)
+    stop: (
+        Annotated[str, Field(min_length=1, max_length=200)]
+        | list[Annotated[str, Field(min_length=1, max_length=200)]]
+        | None
+    ) = Field(None, max_length=4)
+    seed: int | None = Field(None, ge=0, le=2**32 - 1)
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    user: str | None = Field(None, max_length=256, description="Accepted; not used.")
+    logprobs: Literal[False] | None = Field(None, description="Log probabilities are not returned here.")
+
+
+class ChatCompletionParams(_Sampling):
+    messages: list[Message] = Field(..., min_length=1, max_length=256)
+    max_completion_tokens: int | None = Field(None, ge=1, le=32_768)
+    metadata: dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]] | None = Field(
+        None, max_length=16, description="Accepted; not stored."
+    )
+    store: bool | None = Field(None, description="Accepted; completions are kept as the job's samples either way.")
+
+
+class CompletionParams(_Sampling):
+    prompt: Annotated[str, Field(max_length=100_000)] | list[Annotated[str, Field(max_length=100_000)]] = Field(
+        ..., description="One prompt (a list of one is accepted)."
+    )
+    echo: Literal[False] | None = None
+
+
+def _model_ref(session: Any, project_id: str, name: str) -> str:
+    """The 'job:' reference of an `ft:` model of the project that exists now, else a 404."""
+    ref = ft_model_ref(name)
+    if ref is None:
+        raise _not_found(name)
+    job_id, at = split_job_ref(ref)
+    job = session.get(Job, job_id)
+    if job is None or job.project_id != project_id or FINE_TUNING not in (job.tags or []):
+        raise _not_found(name)
+    if at == "@final":
+        if job.status != "succeeded":
+            raise _not_found(name)
+    else:
+        step = int(at.removeprefix("@step-"))
+        q = select(Checkpoint.id).where(Checkpoint.job_id == job_id, Checkpoint.step == step)
+        if session.scalar(q.where(Checkpoint.kind.in_(("checkpoint", "final")))) is None:
+            raise _not_found(name)
+    return ref
+
+
+def _model_object(name: str, created: Any, owner: str) -> dict[str, Any]:
+    return {"id": name, "object": "model", "created": int(created.timestamp()), "owned_by": owner}
+
+
+@router.get("/models")
+def list_models(caller: CallerDep, settings: SettingsDep) -> dict[str, Any]:
+    """The project's fine-tuned models: each succeeded fine-tuning job's model and every
+    checkpoint of its fine-tuning jobs, newest first."""
+    with get_sessionmaker(settings.database.url)() as session:
+        q = select(Job).where(Job.project_id == caller.project_id, has_tag(session, FINE_TUNING))
+        jobs = list(session.scalars(q.order_by(Job.id.desc()).limit(MAX_MODELS)))
+        ids = [j.id for j in jobs]
+        ckpts = session.execute(
+            select(Checkpoint.job_id, Checkpoint.step, Checkpoint.created_at)
+            .where(Checkpoint.job_id.in_(ids), Checkpoint.kind == "checkpoint")
+            .order_by(Checkpoint.step.desc())
+        ).all()
+        by_job: dict[str, list[Any]] = {}
+        for job_id, step, created in ckpts:
+            by_job.setdefault(job_id, []).append((step, created))
+        data = []
+        for job in jobs:
+            if job.status == "succeeded":
+                data.append(_model_object(fine_tuned_model(job), job.finished_at or job.created_at, caller.project_id))
+            for step, created in by_job.get(job.id, []):
+                data.append(_model_object(fine_tuned_model(job, step), created, caller.project_id))
+    return {"object": "list", "data": data[:MAX_MODELS]}
+
+
+@router.get("/models/{model}", responses={404: {"description": "No such model in your project."}})
+def retrieve_model(model: str, caller: CallerDep, settings: SettingsDep) -> dict[str, Any]:
+    with get_sessionmaker(settings.database.url)() as session:
+        ref = _model_ref(session, caller.project_id, model)
+        job = session.get(Job, split_job_ref(ref)[0])
+        return _model_object(model, job.finished_at or job.created_at, caller.project_id)
+
+
+RESPONSES: dict[int | str, dict[str, Any]] = {
+    404: {"description": "The model is not an 'ft:' model of your project (or not finished)."},
+    422: {"description": "The request is invalid (the detail names the field)."},
+    429: {"description": "Over the project's quota of active jobs."},
+    502: {"description": "The worker could not answer (its job failed; the detail says why)."},
+    504: {"description": "No answer within fine_tuning.inference_timeout_seconds (the job is cancelled)."},
+}
+
+
+@router.post("/chat/completions", responses=RESPONSES)
+async def chat_completions(body: ChatCompletionParams, caller: CallerDep, settings: SettingsDep) -> Any:
+    """The model's answer to the chat (`chat.completion`, or `chat.completion.chunk`s with `stream`)."""
+    messages = [
+        {"role": m.role, "content": m.content if isinstance(m.content, str) else "\n".join(p.text for p in m.content)}
+        for m in body.messages
+    ]
+    max_tokens = body.max_completion_tokens or body.max_tokens
+    return await _answer(body, caller.project_id, settings, {"messages": messages}, max_tokens, chat=True)
+
+
+@router.post("/completions", responses=RESPONSES)
+async def completions(body: CompletionParams, caller: CallerDep, settings: SettingsDep) -> Any:
+    """The model's continuation of the prompt (`text_completion`), no chat template."""
+    prompt = body.prompt
+    if isinstance(prompt, list):
+        if len(prompt) != 1:
+            raise Problem.at("/prompt", "one prompt per call here: send a string (or a list of one)")
+        prompt = prompt[0]
+    return await _answer(body, caller.project_id, settings, {"prompt": prompt}, body.max_tokens or 16, chat=False)
+
+
+async def _answer(
+    body: _Sampling, project_id: str, settings: Any, what: dict[str, Any], max_tokens: int | None, chat: bool
+) -> Any:
+    fields: dict[str, Any] = {
+        **what,
+        "max_tokens": max_tokens or 256,
+        "temperature": 1.0 if body.temperature is None else body.temperature,
+        "top_p": body.top_p or 1.0,
+        "n": body.n or 1,
+        "stop": [body.stop] if isinstance(body.stop, str) else body.stop,
+        "seed": body.seed,
+        "stream": bool(body.stream),
+        "backend": settings.fine_tuning.inference_backend,
+        "name": "chat.completions" if chat else "completions",
+        "tags": [TAG],
+        "max_attempts": 1,
+    }
+    job_id = await run_in_threadpool(_submit, project_id, settings, body.model, fields)
+    if body.stream:
+        usage = bool(body.stream_options and body.stream_options.include_usage)
+        stream = _stream(project_id, settings, job_id, body.model, chat, fields["n"], usage)
+        return StreamingResponse(stream, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    await _wait(settings, job_id)
+    rows = await run_in_threadpool(_choices, settings, job_id)
+    return _completion(job_id, body.model, rows, chat)
+
+
+def _submit(project_id: str, settings: Any, model: str, fields: dict[str, Any]) -> str:
+    with get_sessionmaker(settings.database.url)() as session:
+        ref = _model_ref(session, project_id, model)
+        try:
+            spec = GenerateSpec(model=ref, **fields)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            raise Problem.at("/" + "/".join(str(p) for p in err["loc"]), err["msg"]) from None
+        config = admit({"": spec}, settings)[""]
+        job = job_row(project_id, spec, config)
+        session.add(job)
+        where = f"/v1/{'chat/completions' if spec.messages is not None else 'completions'}"
+        commit_and_dispatch(session, settings, project_id, [(job, f"queued on '{job.queue}' by POST {where}")])
+        return str(job.id)
+
+
+def _status(settings: Any, job_id: str) -> tuple[str, str | None]:
+    with get_sessionmaker(settings.database.url)() as session:
+        job = session.get(Job, job_id)
+        return job.status, job.error
+
+
+def _cancel(settings: Any, job_id: str) -> None:
+    with get_sessionmaker(settings.database.url)() as session:
+        job = session.get(Job, job_id)
+        if job is not None:
+            request_cancel(session, job)
+
+
+async def _wait(settings: Any, job_id: str) -> None:
+    """Back once the job has succeeded; a 504 (job cancelled) past the timeout, a 502 if it did not succeed."""
+    deadline = time.monotonic() + settings.fine_tuning.inference_timeout_seconds
+    while True:
+        status, error = await run_in_threadpool(_status, settings, job_id)
+        if status in TERMINAL:
+            break
+        if time.monotonic() >= deadline:
+            await run_in_threadpool(_cancel, settings, job_id)
+            limit = settings.fine_tuning.inference_timeout_seconds
+            raise Problem(504, "Completion timed out", f"job {job_id} did not answer in {limit:g} s: cancelled")
+        await asyncio.sleep(POLL_SECONDS)
+    if status != "succeeded":
+        raise Problem(502, "Completion failed", f"job {job_id} {status}: {error or 'no error recorded'}")
+
+
+def _choices(settings: Any, job_id: str) -> list[dict[str, Any]]:
+    with get_sessionmaker(settings.database.url)() as session:
+        rows = session.scalars(select(Sample).where(Sample.job_id == job_id).order_by(Sample.index)).all()
+        return [{"text": r.completion, **(r.data or {})} for r in rows]
+
+
+def _usage(rows: list[dict[str, Any]]) -> dict[str, int]:
+    prompt = int(rows[0].get("prompt_tokens", 0)) if rows else 0
+    completion = sum(int(r.get("completion_tokens", 0)) for r in rows)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def _completion_id(job_id: str, chat: bool) -> str:
+    return ("chatcmpl-" if chat else "cmpl-") + job_id.replace("-", "")
+
+
+def _completion(job_id: str, model: str, rows: list[dict[str, Any]], chat: bool) -> dict[str, Any]:
+    base = {"id": _completion_id(job_id, chat), "created": int(time.time()), "model": model, "usage": _usage(rows)}
+    if chat:
+        choices = [
+            {
+                "index": r["index"],
+                "message": {"role": "assistant", "content": r["text"], "refusal": None},
+                "finish_reason": r["finish_reason"],
+                "logprobs": None,
+            }
+            for r in rows
+        ]
+        return {**base, "object": "chat.completion", "choices": choices, "system_fingerprint": None}
+    choices = [
+        {"index": r["index"], "text": r["text"], "finish_reason": r["finish_reason"], "logprobs": None} for r in rows
+    ]
+    return {**base, "object": "text_completion", "choices": choices}
+
+
+def _deltas(settings: Any, job_id: str, after: int) -> list[tuple[int, dict[str, Any]]]:
+    with get_sessionmaker(settings.database.url)() as session:
+        q = select(Event.seq, Event.data).where(Event.job_id == job_id, Event.type == "delta", Event.seq > after)
+        return [(seq, data or {}) for seq, data in session.execute(q.order_by(Event.seq)).all()]
+
+
+async def _stream(
+    project_id: str, settings: Any, job_id: str, model: str, chat: bool, n: int, usage: bool
+) -> AsyncIterator[str]:
+    """OpenAI's server-sent chunks of the job's text as it is stored, the finish reasons, the
+    usage if asked, then [DONE]; an error chunk if the job fails or times out."""
+    created = int(time.time())
+    head = {"id": _completion_id(job_id, chat), "created": created, "model": model}
+    kind = "chat.completion.chunk" if chat else "text_completion"
+
+    def chunk(index: int, text: str | None, finish: str | None = None, role: bool = False) -> str:
+        if chat:
+            delta: dict[str, Any] = {"role": "assistant"} if role else {}
+            if text is not None:
+                delta["content"] = text
+            choice: dict[str, Any] = {"index": index, "delta": delta, "finish_reason": finish, "logprobs": None}
+        else:
+            choice = {"index": index, "text": text or "", "finish_reason": finish, "logprobs": None}
+        return "data: " + json.dumps({**head, "object": kind, "choices": [choice]}) + "\n\n"
+
+    def error(message: str, code: str) -> str:
+        return "data: " + json.dumps({"error": {"message": message, "type": "server_error", "code": code}}) + "\n\n"
+
+    finished = False
+    try:
+        if chat:
+            for i in range(n):
+                yield chunk(i, "", role=True)
+        last = 0
+        deadline = time.monotonic() + settings.fine_tuning.inference_timeout_seconds
+        while True:
+            status, job_error = await run_in_threadpool(_status, settings, job_id)
+            for seq, data in await run_in_threadpool(_deltas, settings, job_id, last):
+                last = seq
+                yield chunk(int(data.get("index", 0)), str(data.get("text", "")))
+            if status in TERMINAL:
+                break
+            if time.monotonic() >= deadline:
+                await run_in_threadpool(_cancel, settings, job_id)
+                finished = True
+                yield error(f"job {job_id} did not answer in time: cancelled", "timeout")
+                return
+            await asyncio.sleep(POLL_SECONDS)
+        finished = True
+        if status != "succeeded":
+            yield error(f"job {job_id} {status}: {job_error or 'no error recorded'}", "job_failed")
+            return
+        rows = await run_in_threadpool(_choices, settings, job_id)
+        for r in rows:
+            yield chunk(r["index"], None if chat else "", r["finish_reason"])
+        if usage:
+            yield "data: " + json.dumps({**head, "object": kind, "choices": [], "usage": _usage(rows)}) + "\n\n"
+        yield "data: [DONE]\n\n"
+    finally:
+        if not finished:  # the client went away: its job need not go on
+            await asyncio.shield(run_in_threadpool(_cancel, settings, job_id))

@@ -1,0 +1,286 @@
+"""Answering chats and prompts with a model: the 'generate' job behind the OpenAI-compatible
+POST /v1/chat/completions and /v1/completions (api/routers/openai_inference.py), and the
+grading models of score_model and label_model graders (`judges`).
+
+A generate job runs on the worker's warm vLLM engine when it asks for `backend: vllm` (the
+supervisor hands it one, worker/warm_engine.py: the request goes to that server's own
+/v1/chat/completions or /v1/completions), else on transformers in the job's process. With
+`stream`, the text is stored as 'delta' events while it is generated (at most every
+DELTA_SECONDS), which the API relays as server-sent events; the choices themselves are the job's
+samples: text, finish_reason and token counts."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+DELTA_SECONDS = 0.2  # the longest a streamed delta waits to be stored
+
+
+@dataclass
+class Choice:
+    text: str
+    finish_reason: str  # 'stop' or 'length'
+    completion_tokens: int
+
+
+class ChatModel:
+    """A causal LM and its tokenizer, loaded once, answering chats or plain prompts."""
+
+    def __init__(self, path: str, dtype: str = "auto"):
+        from evaluator.models import load_model, load_tokenizer
+
+        self.tokenizer = load_tokenizer(path)
+        self.model = load_model(path, dtype)
+
+    def prompt(self, messages: Sequence[Mapping[str, str]] | None, text: str | None = None) -> str:
+        """The text the model continues: the chat through its chat template, or `text` as it is."""
+        if messages is None:
+            return text or ""
+        chat = [{"role": m["role"], "content": m["content"]} for m in messages]
+        return str(self.tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True))
+
+    def prompt_tokens(self, prompt: str) -> int:
+        return len(self.tokenizer(prompt, add_special_tokens=False).input_ids)
+
+    def answer(
+        self,
+        prompts: list[str],
+        *,
+        max_tokens: int,
+        temperature: float,
+        top_p: float,
+        n: int = 1,
+        stop: list[str] | None = None,
+        seed: int = 0,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> list[list[Choice]]:
+        from evaluator.hf_backend import generate
+
+        out = generate(
+            self.model,
+            self.tokenizer,
+            prompts,
+            max_new_tokens=max_tokens,
+            stop=stop,
+            temperature=temperature,
+            top_p=top_p,
+            n=n,
+            seed=seed,
+            should_stop=should_stop,
+        )
+        return [[Choice(g.text, "length" if g.truncated else "stop", g.tokens) for g in gens] for gens in out]
+
+    def stream(
+        self,
+        prompt: str,
+        on_text: Callable[[str], None],
+        *,
+        max_tokens: int,
+        temperature: float,
+        top_p: float,
+        stop: list[str] | None = None,
+        seed: int = 0,
+    ) -> Choice:
+        """One completion, its text passed to `on_text` piece by piece while it is generated
+        (never past a stop string, which is cut as `answer` cuts it)."""
+        import torch
+        from transformers import TextIteratorStreamer
+
+        from evaluator.hf_backend import cut_at_stop, eos_ids
+
+        enc = self.tokenizer(prompt, return_tensors="pt", add_special_tokens=False).to(self.model.device)
+        streamer = TextIteratorStreamer(self.tokenizer, skip_prompt=True, skip_special_tokens=True)
+        kwargs: dict[str, Any] = {
+            "max_new_tokens": max_tokens,
+            "pad_token_id": self.tokenizer.pad_token_id,
+            "eos_token_id": eos_ids(self.model, self.tokenizer),
+            "streamer": streamer,
+        }
+        if stop:
+            kwargs.update(stop_strings=list(stop), tokenizer=self.tokenizer)
+        if temperature > 0:
+            kwargs.update(do_sample=True, temperature=temperature, top_p=top_p)
+        else:
+            kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+        result: dict[str, Any] = {}
+
+        def run() -> None:
+            torch.manual_seed(seed)
+            try:
+                with torch.inference_mode():
+                    result["ids"] = self.model.generate(**enc, **kwargs)
+            except BaseException as exc:  # re-raised below, after the streamer is drained
+                result["error"] = exc
+                streamer.end()
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        text, sent = "", 0
+        hold = max((len(s) for s in stop or []), default=0)  # what may still turn out to start a stop string
+        for piece in streamer:
+            text += piece
+            cut, stopped = cut_at_stop(text, stop)
+            safe = len(cut) if stopped else max(sent, len(cut) - hold)
+            if safe > sent:
+                on_text(cut[sent:safe])
+                sent = safe
+        thread.join()
+        if "error" in result:
+            raise result["error"]
+        cut, stopped = cut_at_stop(text, stop)
+        if len(cut) > sent:
+            on_text(cut[sent:])
+        new = result["ids"][0, enc["input_ids"].shape[1] :].tolist()
+        eos = set(eos_ids(self.model, self.tokenizer))
+        ended = next((j for j, t in enumerate(new) if t in eos), None)
+        tokens = ended + 1 if ended is not None else len(new)
+        return Choice(cut, "stop" if stopped or ended is not None else "length", tokens)
+
+
+class DeltaWriter:
+    """Streamed text stored as 'delta' events, each holding what came in at most DELTA_SECONDS."""
+
+    def __init__(self, sink: Any):
+        self.sink = sink
+        self.pending: dict[int, str] = {}
+        self.last = time.monotonic()
+
+    def add(self, index: int, text: str) -> None:
+        self.pending[index] = self.pending.get(index, "") + text
+        if time.monotonic() - self.last >= DELTA_SECONDS:
+            self.flush()
+
+    def flush(self) -> None:
+        for index, text in self.pending.items():
+            if text:
+                self.sink.event("delta", "", data={"index": index, "text": text})
+        self.pending = {}
+        self.last = time.monotonic()
+
+
+def run_generate(spec: Any, sink: Any, model_path: str, engine_url: str | None = None) -> None:
+    """A generate job: its choices as samples (and 'delta' events while streaming)."""
+    deltas = DeltaWriter(sink)
+    if engine_url is not None:
+        prompt_tokens, choices = _generate_remote(spec, engine_url, deltas)
+        prompt = spec.prompt if spec.messages is None else json.dumps([m.model_dump() for m in spec.messages])
+    else:
+        model = ChatModel(model_path, spec.dtype)
+        messages = [m.model_dump() for m in spec.messages] if spec.messages is not None else None
+        prompt = model.prompt(messages, spec.prompt)
+        prompt_tokens = model.prompt_tokens(prompt)
+        options = {
+            "max_tokens": spec.max_tokens,
+            "temperature": spec.temperature,
+            "top_p": spec.top_p,
+            "stop": spec.stop,
+            "seed": spec.seed if spec.seed is not None else 0,
+        }
+        if spec.stream and spec.n == 1:
+            choices = [model.stream(prompt, lambda text: deltas.add(0, text), **options)]
+        else:
+            choices = model.answer([prompt], n=spec.n, should_stop=sink.should_stop, **options)[0]
+            if spec.stream:  # several choices: each one's text comes whole, when all are done
+                for i, c in enumerate(choices):
+                    deltas.add(i, c.text)
+    deltas.flush()
+    rows = [
+        {
+            "prompt": prompt,
+            "completion": c.text,
+            "data": {
+                "index": i,
+                "finish_reason": c.finish_reason,
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": c.completion_tokens,
+            },
+        }
+        for i, c in enumerate(choices)
+    ]
+    sink.samples(0, rows)
+    tokens = sum(c.completion_tokens for c in choices)
+    sink.event("generated", f"{len(choices)} choice(s), {tokens} tokens", data={"completion_tokens": tokens})
+
+
+def _generate_remote(spec: Any, url: str, deltas: DeltaWriter) -> tuple[int, list[Choice]]:
+    """The request sent to the warm engine's own OpenAI server, streamed, its deltas stored."""
+    import httpx
+
+    from evaluator.vllm_backend import connect
+
+    engine = connect(url, timeout=600)
+    body: dict[str, Any] = {
+        "model": engine.model,
+        "max_tokens": spec.max_tokens,
+        "temperature": spec.temperature,
+        "top_p": spec.top_p,
+        "n": spec.n,
+        "stop": spec.stop,
+        "seed": spec.seed,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if spec.messages is not None:
+        path, body["messages"] = "/v1/chat/completions", [m.model_dump() for m in spec.messages]
+    else:
+        path, body["prompt"] = "/v1/completions", spec.prompt
+    texts: dict[int, str] = {}
+    reasons: dict[int, str] = {}
+    usage: dict[str, int] = {}
+    with httpx.stream("POST", engine.url + path, json=body, timeout=None) as r:
+        if r.status_code != 200:
+            raise RuntimeError(f"the vLLM engine refused the request ({r.status_code}): {r.read()[:500]!r}")
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            usage = chunk.get("usage") or usage
+            for c in chunk.get("choices") or []:
+                piece = c.get("text") if "text" in c else (c.get("delta") or {}).get("content")
+                if piece:
+                    texts[c["index"]] = texts.get(c["index"], "") + piece
+                    deltas.add(c["index"], piece)
+                if c.get("finish_reason"):
+                    reasons[c["index"]] = c["finish_reason"]
+    per_choice = usage.get("completion_tokens", 0) // max(spec.n, 1)
+    choices = [Choice(texts.get(i, ""), reasons.get(i, "stop"), per_choice) for i in range(spec.n)]
+    return int(usage.get("prompt_tokens", 0)), choices
+
+
+JUDGE_DEFAULTS = {"temperature": 0.0, "top_p": 1.0, "max_completions_tokens": 256, "seed": 0}
+
+
+def judges(
+    resolve: Callable[[str], str] | None = None, cache: dict[str, ChatModel] | None = None
+) -> Callable[[str], Callable[[Sequence[list[dict[str, str]]], Mapping[str, Any]], list[str]]]:
+    """What score_model and label_model graders ask (evaluator/graders.py `Batch.judge`): model
+    ref -> answer(chats, sampling_params), each model loaded once into `cache` (`resolve`: ref
+    -> local path). OpenAI's sampling_params: temperature (default 0 here: greedy), top_p,
+    max_completions_tokens (default 256) and seed."""
+    loaded: dict[str, ChatModel] = {} if cache is None else cache
+
+    def judge(ref: str) -> Callable[[Sequence[list[dict[str, str]]], Mapping[str, Any]], list[str]]:
+        if ref not in loaded:
+            loaded[ref] = ChatModel(resolve(ref) if resolve else ref)
+        model = loaded[ref]
+
+        def answer(chats: Sequence[list[dict[str, str]]], params: Mapping[str, Any]) -> list[str]:
+            p = {**JUDGE_DEFAULTS, **{k: v for k, v in params.items() if v is not None}}
+            prompts = [model.prompt(chat) for chat in chats]
+            out = model.answer(
+                prompts,
+                max_tokens=int(p["max_completions_tokens"]),
+                temperature=float(p["temperature"]),
+                top_p=float(p["top_p"]),
+                seed=int(p["seed"]),
+            )
+            return [gens[0].text for gens in out]
+
+        return answer
+
+    return judge
