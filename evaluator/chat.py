@@ -255,22 +255,31 @@ def _generate_remote(spec: Any, url: str, deltas: DeltaWriter) -> tuple[int, lis
 JUDGE_DEFAULTS = {"temperature": 0.0, "top_p": 1.0, "max_completions_tokens": 256, "seed": 0}
 
 
+Answer = Callable[[Sequence[list[dict[str, str]]], Mapping[str, Any]], list[str]]
+
+
 def judges(
-    resolve: Callable[[str], str] | None = None, cache: dict[str, ChatModel] | None = None
-) -> Callable[[str], Callable[[Sequence[list[dict[str, str]]], Mapping[str, Any]], list[str]]]:
+    resolve: Callable[[str], str] | None = None,
+    cache: dict[str, ChatModel] | None = None,
+    engine_url: str | None = None,
+) -> Callable[[str], Answer]:
     """What score_model and label_model graders ask (evaluator/graders.py `Batch.judge`): model
-    ref -> answer(chats, sampling_params), each model loaded once into `cache` (`resolve`: ref
-    -> local path). OpenAI's sampling_params: temperature (default 0 here: greedy), top_p,
-    max_completions_tokens (default 256) and seed."""
+    ref -> answer(chats, sampling_params). Each model is loaded once into `cache` (`resolve`:
+    ref -> local path); with `engine_url`, the worker's warm vLLM engine serving the job's one
+    grading model answers instead (worker/warm_engine.py engine_model). OpenAI's
+    sampling_params: temperature (default 0 here: greedy), top_p, max_completions_tokens
+    (default 256) and seed."""
     loaded: dict[str, ChatModel] = {} if cache is None else cache
 
-    def judge(ref: str) -> Callable[[Sequence[list[dict[str, str]]], Mapping[str, Any]], list[str]]:
+    def judge(ref: str) -> Answer:
+        if engine_url is not None:
+            return lambda chats, params: _answer_remote(engine_url, chats, {**JUDGE_DEFAULTS, **_given(params)})
         if ref not in loaded:
             loaded[ref] = ChatModel(resolve(ref) if resolve else ref)
         model = loaded[ref]
 
         def answer(chats: Sequence[list[dict[str, str]]], params: Mapping[str, Any]) -> list[str]:
-            p = {**JUDGE_DEFAULTS, **{k: v for k, v in params.items() if v is not None}}
+            p = {**JUDGE_DEFAULTS, **_given(params)}
             prompts = [model.prompt(chat) for chat in chats]
             out = model.answer(
                 prompts,
@@ -284,3 +293,36 @@ def judges(
         return answer
 
     return judge
+
+
+def _given(params: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in params.items() if v is not None and k in JUDGE_DEFAULTS}
+
+
+def _answer_remote(url: str, chats: Sequence[list[dict[str, str]]], p: Mapping[str, Any]) -> list[str]:
+    """The chats sent to the warm engine's own /v1/chat/completions at once (its scheduler batches
+    them), with the sampling parameters transformers would use."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+
+    from evaluator.vllm_backend import connect
+
+    engine = connect(url, timeout=600)
+    body = {
+        "model": engine.model,
+        "max_tokens": int(p["max_completions_tokens"]),
+        "temperature": float(p["temperature"]),
+        "top_p": float(p["top_p"]),
+        "seed": int(p["seed"]),
+    }
+    with httpx.Client(base_url=engine.url, timeout=None) as http:
+
+        def one(chat: list[dict[str, str]]) -> str:
+            r = http.post("/v1/chat/completions", json={**body, "messages": chat})
+            if r.status_code != 200:
+                raise RuntimeError(f"the vLLM engine refused a grading request ({r.status_code}): {r.text[:500]}")
+            return str(r.json()["choices"][0]["message"]["content"] or "")
+
+        with ThreadPoolExecutor(16) as pool:
+            return list(pool.map(one, chats))

@@ -828,13 +828,19 @@ class SFTSpec(_JobBase):
 
 
 class GradeSpec(_JobBase):
-    """Score given completions with a grader that needs a model (a reward model): what
-    POST /v1/graders:run submits for such graders, and waits for. Nothing is generated or
+    """Score given completions with a grader that loads a model (reward_model, score_model,
+    label_model): what the graders routes submit for such graders, and wait for. Nothing is
     trained; each item's score and reason are stored as the job's samples."""
 
     kind: Literal["grade"] = Field("grade", description="Grading given completions.")
     grader: Grader = Field(..., description="The grader (mathrl/graders.py), with a reward model in it.")
     items: list[GraderItem] = Field(..., min_length=1, max_length=1000, description="At most 1000 per job.")
+    backend: Literal["hf", "vllm", "auto"] = Field(
+        "hf",
+        description="Where a score_model or label_model grader's model answers: 'vllm' the worker's warm vLLM "
+        "engine, 'auto' that engine where the worker has vLLM, 'hf' transformers in the job's process.",
+    )
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field("auto", description="The grading model's dtype.")
 
     @model_validator(mode="after")
     def _one_node(self) -> GradeSpec:

@@ -177,8 +177,9 @@ class FineTuningSettings(BaseModel):
     )
     inference_backend: Literal["auto", "vllm", "hf"] = Field(
         "auto",
-        description="What answers POST /v1/chat/completions and /v1/completions for 'ft:' models: 'auto' (the "
-        "worker's warm vLLM engine where it has vLLM, else transformers), 'vllm', 'hf'.",
+        description="What answers POST /v1/chat/completions and /v1/completions for 'ft:' models, and the grading "
+        "models of score_model and label_model graders: 'auto' (the worker's warm vLLM engine where it has vLLM, "
+        "else transformers), 'vllm', 'hf'.",
     )
     inference_timeout_seconds: float = Field(
         600.0, gt=0, le=3600, description="How long a completion call waits for its job before a 504 (and a cancel)."

@@ -166,6 +166,27 @@ def test_eval_job_on_a_worker_with_vllm(vllm_ready: Path, service: Service, mode
         deltas = [e.data["text"] for e in c.jobs.events(on_engine.id) if e.type == "delta"]
         assert "".join(deltas) == engine_text, (deltas, engine_text)
 
+        # a label_model grader's model answers on the warm engine too, as transformers would
+        judge = {
+            "type": "label_model",
+            "name": "judge",
+            "model": other,
+            "input": [{"role": "user", "content": "Is {{sample.output_text}} right? Say yes or no."}],
+            "labels": ["yes", "no"],
+            "passing_labels": ["yes"],
+            "sampling_params": {"max_completions_tokens": 8},
+        }
+        grade = {"kind": "grade", "grader": judge, "items": [{"completion": "42"}, {"completion": "41"}]}
+        graded_on_engine = c.jobs.create({**grade, "backend": "vllm", **on_vllm})
+        graded_on_hf = c.jobs.create({**grade, "backend": "hf"})
+        for j in (graded_on_engine, graded_on_hf):
+            assert c.jobs.wait(j.id, timeout=600).status == "succeeded", c.jobs.retrieve(j.id).error
+        judged = next(e for e in c.jobs.events(graded_on_engine.id) if e.type == "vllm_engine")
+        assert judged.data["pid"] == started.data["pid"], judged
+        reasons = [s.data["reason"] for s in c.jobs.samples(graded_on_engine.id)]
+        assert reasons == [s.data["reason"] for s in c.jobs.samples(graded_on_hf.id)], reasons
+        print(f"label_model on the warm engine: {reasons}")
+
         # a job of another kind on this worker stops the idle engine first (it needs the cores)
         other = c.jobs.create(
             {"kind": "eval", **greedy, "limit": 1, "backend": "hf", "resources": {"pool": "vllm-test"}}

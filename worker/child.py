@@ -214,6 +214,7 @@ def _run_kind(
     elif spec.kind == "grade":
         from evaluator.chat import judges
         from evaluator.graders import grade_items
+        from evaluator.vllm_backend import ENGINE_URL_ENV
         from trainer.rm_scorer import rm_scorers
 
         items = spec.items
@@ -223,7 +224,7 @@ def _run_kind(
             [i.answer for i in items],
             prompts=[i.prompt for i in items],
             rm_scorer=rm_scorers(lambda ref: resolve(ref)[0]),
-            judge=judges(lambda ref: resolve(ref)[0]),
+            judge=judges(lambda ref: resolve(ref)[0], engine_url=os.environ.get(ENGINE_URL_ENV)),
             items=[i.fields or {} for i in items],
         )
         rows = []

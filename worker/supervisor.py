@@ -43,7 +43,7 @@ from worker.launch import (
 )
 from worker.tracking import start_mirror
 from worker.vllm_server import needs_server, start_server
-from worker.warm_engine import wants_warm_engine
+from worker.warm_engine import engine_model, wants_warm_engine
 
 log = logging.getLogger("mathrl.worker")
 
@@ -233,7 +233,7 @@ def _event(url: str, job_id: str, kind: str, message: str, data: dict | None = N
 
 def _warm_engine(settings: Settings, spec: Any, project_id: str, log_path: Path, job_id: str) -> Any:
     """This worker's warm vLLM engine for the eval's model, started if there is none."""
-    model_path, _ = model_resolver(settings, job_id, project_id)(spec.model)  # as the job's process resolves it
+    model_path, _ = model_resolver(settings, job_id, project_id)(engine_model(spec))  # as the job's process does
     gpus = _visible_gpus()[: spec.resources.gpus] if spec.resources.gpus else []
     engine, came = warm_engine.acquire(settings, model_path, spec.dtype, gpus, log_path, _prepare_child)
     how = {

@@ -52,7 +52,7 @@ FAMILY_FILES = (
 )
 VOLATILE_CONFIG = ("_name_or_path", "transformers_version")  # differ between saves of one model
 RELOAD_TIMEOUT = 600.0
-WARM_KINDS = ("eval", "generate")  # the jobs a warm engine serves: evals, and chats with `ft:` models
+WARM_KINDS = ("eval", "generate", "grade")  # evals, chats with `ft:` models, grading models' answers
 
 
 @dataclass
@@ -71,12 +71,29 @@ _lock = threading.Lock()
 _engines: dict[tuple[str, str, str], WarmEngine] = {}
 
 
+def engine_model(spec: Any) -> str | None:
+    """The model a job's warm engine serves: an eval's or generate job's model; a grade job's one
+    grading model (score_model, label_model; None when it has several, or reward models, which
+    score with a head an engine does not run)."""
+    if spec.kind != "grade":
+        return str(spec.model)
+    from mathrl.graders import LabelModelGrader, RewardModelGrader, ScoreModelGrader, parts
+
+    graders = [g for _, g in parts(spec.grader)]
+    models = {g.model for g in graders if isinstance(g, ScoreModelGrader | LabelModelGrader)}
+    if len(models) != 1 or any(isinstance(g, RewardModelGrader) for g in graders):
+        return None
+    return models.pop()
+
+
 def wants_warm_engine(spec: Any, settings: Any) -> bool:
-    """An eval or generate job on vLLM, warm engines on, and vLLM installed here (else the job
-    process says it is missing)."""
+    """An eval, generate or grade job on vLLM, warm engines on, and vLLM installed here (else the
+    job process says it is missing)."""
     import importlib.util
 
     if getattr(spec, "kind", None) not in WARM_KINDS or spec.backend not in ("vllm", "auto"):
+        return False
+    if engine_model(spec) is None:
         return False
     if settings.worker.warm_engines <= 0:
         return False

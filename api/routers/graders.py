@@ -202,7 +202,12 @@ async def grade_on_worker(
     """A grader that loads a model, run as a 'grade' job on a worker: its id, and the scores when
     it finished within `wait` seconds (None if not yet)."""
     try:
-        spec = GradeSpec(grader=grader, items=items, resources=resources or Resources())
+        spec = GradeSpec(
+            grader=grader,
+            items=items,
+            resources=resources or Resources(),
+            backend=settings.fine_tuning.inference_backend,  # where grading models answer
+        )
     except ValidationError as exc:  # the grade job's own rules (one process, one node): a 422 naming the field
         raise RequestValidationError(exc.errors(include_url=False)) from None
     job_id = await run_in_threadpool(_submit, spec, project_id, settings, route)
