@@ -6,7 +6,7 @@ import gc
 import time
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import APIRouter, Depends, FastAPI
 from fastapi.responses import JSONResponse
 from prometheus_client import Counter, Histogram
 from sqlalchemy.exc import DBAPIError
@@ -14,7 +14,7 @@ from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 
 from api import problems
-from api.deps import CALLER_STATE, caller_for
+from api.deps import CALLER_STATE, caller_for, storable_query
 from api.routers import (
     graders,
     health,
@@ -135,8 +135,16 @@ def create_app() -> FastAPI:
         version="0.1.0",
         description="Train and evaluate math-reasoning language models with GRPO. "
         "Authenticate with `Authorization: Bearer <key>`.",
+        dependencies=[Depends(storable_query)],
     )
-    routers = (jobs.router, pipelines.router, scores.router, graders.router, openai_graders.router, openai_files.router)
+    routers: tuple[APIRouter, ...] = (
+        jobs.router,
+        pipelines.router,
+        scores.router,
+        graders.router,
+        openai_graders.router,
+        openai_files.router,
+    )
     routers += (openai_fine_tuning.router, openai_inference.router, keys.router)
     for r in (*routers, health.router):
         app.include_router(r)

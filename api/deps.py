@@ -175,3 +175,13 @@ def page_cursor(value: str | None) -> str | None:
     if value is not None and not ID_PATTERN.match(value):
         raise Problem(400, "Bad cursor", BAD_CURSOR, [{"pointer": "query:/cursor", "detail": BAD_CURSOR}])
     return value
+
+
+def storable_query(request: Request) -> None:
+    """Every route's query parameters: a NUL character, which no database stores or matches
+    alike (PostgreSQL refuses it, SQLite compares it), is a 422 at that parameter."""
+    from api.problems import UNSTORABLE, Problem
+
+    bad = [k for k, v in request.query_params.multi_items() if "\x00" in k or "\x00" in v]
+    if bad:
+        raise Problem.at(f"query:/{bad[0].replace(chr(0), '')}", UNSTORABLE)

@@ -1,8 +1,11 @@
-"""Test fixtures: a fresh PostgreSQL database per session (alembic upgrade head), a Redis
-database, a real uvicorn API process and real Celery worker processes.
+"""Test fixtures: a fresh database per session (alembic upgrade head), a broker, a real uvicorn
+API process and real Celery worker processes.
 
-PostgreSQL and Redis must answer on 127.0.0.1 (scripts/test starts them). Override with
-MATHRL_TEST_PG (a server URL) and MATHRL_TEST_REDIS.
+The database and broker (`db_url`, `broker_url`) are PostgreSQL and Redis on 127.0.0.1
+(scripts/test starts them; override with MATHRL_TEST_PG, a server URL, and MATHRL_TEST_REDIS),
+or with MATHRL_TEST_SERVICES=embedded the embedded default's: a SQLite file and kombu's
+SQLAlchemy transport on another (what `scripts/test -m quick` runs on, with no services). Tests
+of PostgreSQL or Redis themselves ask for `pg_url` or `redis_url`, and are skipped there.
 """
 
 from __future__ import annotations
@@ -40,8 +43,34 @@ def data_dir() -> str:
     return str(d)
 
 
+EMBEDDED = os.environ.get("MATHRL_TEST_SERVICES") == "embedded"
+NEEDS_SERVICES = "needs {}: MATHRL_TEST_SERVICES=embedded runs on SQLite (scripts/test without -m quick starts it)"
+
+
+@pytest.fixture(scope="session")
+def db_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The database the API and workers of the tests use: PostgreSQL, or a SQLite file (embedded)."""
+    if not EMBEDDED:
+        return str(request.getfixturevalue("pg_url"))
+    from store.migrate import upgrade
+
+    url = f"sqlite:///{tmp_path_factory.mktemp('db') / 'mathrl.db'}"
+    upgrade(url)
+    return url
+
+
+@pytest.fixture(scope="session")
+def broker_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The Celery broker of the tests: Redis, or kombu's SQLAlchemy transport on SQLite (embedded)."""
+    if not EMBEDDED:
+        return str(request.getfixturevalue("redis_url"))
+    return f"sqla+sqlite:///{tmp_path_factory.mktemp('broker') / 'broker.db'}"
+
+
 @pytest.fixture(scope="session")
 def pg_url() -> Iterator[str]:
+    if EMBEDDED:
+        pytest.skip(NEEDS_SERVICES.format("PostgreSQL"))
     from store.migrate import upgrade
 
     name = f"mathrl_test_{os.getpid()}_{uuid.uuid4().hex[:6]}"
@@ -62,6 +91,8 @@ def pg_url() -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def redis_url() -> str:
+    if EMBEDDED:
+        pytest.skip(NEEDS_SERVICES.format("Redis"))
     import redis
 
     r = redis.Redis.from_url(REDIS)
@@ -93,11 +124,11 @@ def model_for_vllm(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(build_tiny_model(tmp_path_factory.mktemp("vllm") / "tiny", hidden_size=128, heads=2, chat=True, seed=3))
 
 
-def service_env(pg_url: str, redis_url: str, artifacts: Path) -> dict[str, str]:
+def service_env(db_url: str, broker_url: str, artifacts: Path) -> dict[str, str]:
     return {
         **os.environ,
-        "MATHRL_DATABASE__URL": pg_url,
-        "MATHRL_BROKER__URL": redis_url,
+        "MATHRL_DATABASE__URL": db_url,
+        "MATHRL_BROKER__URL": broker_url,
         "MATHRL_AUTH__ADMIN_TOKEN": ADMIN_TOKEN,
         "MATHRL_ARTIFACT_DIR": str(artifacts),
         "MATHRL_DATA_DIR": data_dir(),
@@ -123,7 +154,7 @@ def service_env(pg_url: str, redis_url: str, artifacts: Path) -> dict[str, str]:
 
 @dataclass
 class Service:
-    """A real API process and real worker processes on PostgreSQL + Redis."""
+    """A real API process and real worker processes on the tests' database and broker."""
 
     env: dict[str, str]
     logs: Path
@@ -212,10 +243,10 @@ class Service:
 
 
 @pytest.fixture(scope="session")
-def service(pg_url: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+def service(db_url: str, broker_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     logs = tmp_path_factory.mktemp("logs")
     svc = Service(
-        env=service_env(pg_url, redis_url, tmp_path_factory.mktemp("artifacts")), logs=logs, port=_free_port()
+        env=service_env(db_url, broker_url, tmp_path_factory.mktemp("artifacts")), logs=logs, port=_free_port()
     )
     svc.start_api()
     svc.start_worker()
@@ -226,9 +257,9 @@ def service(pg_url: str, redis_url: str, tmp_path_factory: pytest.TempPathFactor
 
 
 @pytest.fixture(scope="session")
-def app_client(pg_url: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """The API in-process (FastAPI TestClient) on the same PostgreSQL and Redis."""
-    env = service_env(pg_url, redis_url, tmp_path_factory.mktemp("artifacts-inproc"))
+def app_client(db_url: str, broker_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """The API in-process (FastAPI TestClient) on the same database and broker."""
+    env = service_env(db_url, broker_url, tmp_path_factory.mktemp("artifacts-inproc"))
     old = dict(os.environ)
     os.environ.update(env)
     from service.settings import get_settings

@@ -13,6 +13,7 @@ import re
 import time
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -488,9 +489,8 @@ def _new_key(app_client: Any, project: str | None = None) -> dict[str, Any]:
 def test_expired_and_revoked_keys_are_refused(app_client: Any) -> None:
     expired = _new_key(app_client)
     with db(app_client).begin() as c:
-        c.execute(
-            text("UPDATE api_keys SET expires_at = now() - interval '1 second' WHERE id = :i"), {"i": expired["id"]}
-        )
+        past = datetime.now(UTC) - timedelta(seconds=1)
+        c.execute(text("UPDATE api_keys SET expires_at = :t WHERE id = :i"), {"t": past, "i": expired["id"]})
     r = app_client.get("/v1/jobs", headers={"Authorization": f"Bearer {expired['key']}"})
     assert r.status_code == 401 and r.headers["WWW-Authenticate"] == "Bearer", r.text
     assert r.headers["content-type"].startswith("application/problem+json")

@@ -167,14 +167,14 @@ def test_pagination_walks_every_job_once(app_client: Any) -> None:
     assert bad.status_code == 400 and bad.json()["errors"][0]["pointer"] == "query:/cursor"
 
 
-def test_metrics_come_in_pages_of_whole_steps(app_client: Any, pg_url: str) -> None:
+def test_metrics_come_in_pages_of_whole_steps(app_client: Any, db_url: str) -> None:
     """Issue 16.9: the metrics route returned every point of a job in one response."""
     from store.db import session_scope
     from store.models import Metric, utcnow
 
     h = admin_key(app_client)
     job_id = app_client.post("/v1/jobs", json=eval_spec(), headers=h).json()["id"]
-    with session_scope(pg_url) as s:
+    with session_scope(db_url) as s:
         s.add_all(
             [
                 Metric(job_id=job_id, name=n, step=step, value=float(step), time=utcnow())

@@ -216,9 +216,9 @@ TIMEOUT, ITEM_TIMEOUT, PER_PROJECT = 6.0, 1.5, 2
 
 
 @pytest.fixture(scope="module")
-def api(pg_url: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+def api(db_url: str, broker_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     env = {
-        **service_env(pg_url, redis_url, tmp_path_factory.mktemp("artifacts-isolation")),
+        **service_env(db_url, broker_url, tmp_path_factory.mktemp("artifacts-isolation")),
         "MATHRL_GRADERS__TIMEOUT_SECONDS": str(TIMEOUT),
         "MATHRL_GRADERS__ITEM_TIMEOUT_SECONDS": str(ITEM_TIMEOUT),
         "MATHRL_GRADERS__MAX_CONCURRENT_PER_PROJECT": str(PER_PROJECT),

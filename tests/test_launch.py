@@ -158,14 +158,14 @@ def job_processes(job_id: str) -> list[int]:
     return pids
 
 
-def assert_stored_once(pg_url: str, job_id: str, events: list[Any]) -> None:
+def assert_stored_once(db_url: str, job_id: str, events: list[Any]) -> None:
     for kind in ("started", "training", "trained", "final"):
         assert [e.type for e in events].count(kind) == 1, kind
     launched = [e for e in events if e.type == "launched"]
     assert len(launched) == 1 and launched[0].data["processes"] == 2
     assert "launched 2 processes" in launched[0].message
     assert next(e for e in events if e.type == "started").data["processes"] == 2  # the DDP world formed
-    with session_scope(pg_url) as s:
+    with session_scope(db_url) as s:
         per_step = s.execute(
             select(Metric.step, func.count())
             .where(Metric.job_id == job_id, Metric.name == "loss")
@@ -179,7 +179,7 @@ def assert_stored_once(pg_url: str, job_id: str, events: list[Any]) -> None:
 
 
 @pytest.mark.slow
-def test_two_process_sft_and_grpo_jobs_train_once(service: Service, tiny_model: str, pg_url: str) -> None:
+def test_two_process_sft_and_grpo_jobs_train_once(service: Service, tiny_model: str, db_url: str) -> None:
     c = service.client()
     t0 = time.monotonic()
     job = c.jobs.create(sft(resources={"processes": 2}))
@@ -187,8 +187,8 @@ def test_two_process_sft_and_grpo_jobs_train_once(service: Service, tiny_model: 
     assert done.status == "succeeded", done.error
     sft_seconds = time.monotonic() - t0
     events = c.jobs.events(job.id)
-    assert_stored_once(pg_url, job.id, events)
-    with session_scope(pg_url) as s:
+    assert_stored_once(db_url, job.id, events)
+    with session_scope(db_url) as s:
         steps = s.scalars(select(Metric.step).where(Metric.job_id == job.id, Metric.name == "loss")).all()
     assert sorted(steps) == list(range(2, 21, 2))
     assert not job_processes(job.id)
@@ -198,7 +198,7 @@ def test_two_process_sft_and_grpo_jobs_train_once(service: Service, tiny_model: 
     done = c.jobs.wait(job.id, timeout=240)
     assert done.status == "succeeded", done.error
     events = c.jobs.events(job.id)
-    assert_stored_once(pg_url, job.id, events)
+    assert_stored_once(db_url, job.id, events)
     print(f"2-process sft 20 steps: {sft_seconds:.1f}s, grpo 4 steps: {time.monotonic() - t0:.1f}s")
 
 

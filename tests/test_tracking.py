@@ -289,7 +289,7 @@ def tracked(service: Service, mlflow_server: str) -> Iterator[tuple[Service, str
 
 @pytest.mark.slow
 def test_a_job_is_mirrored_to_mlflow_with_links_both_ways(
-    tracked: tuple[Service, str, str], mlflow_server: str, pg_url: str
+    tracked: tuple[Service, str, str], mlflow_server: str, db_url: str
 ) -> None:
     service, up, _ = tracked
     project = f"tracked-{uuid.uuid4().hex[:6]}"
@@ -317,7 +317,7 @@ def test_a_job_is_mirrored_to_mlflow_with_links_both_ways(
     assert float(params["learning_rate"]) == 1e-3 and params["max_steps"] == "6" and params["resources.pool"] == up
     assert params["dataset.name"] == "arith-train" and params["kind"] == "sft"
     # every metric of the job, step by step, as the store holds it
-    stored = store_metrics(pg_url, job.id)
+    stored = store_metrics(db_url, job.id)
     assert "loss" in stored and len(stored["loss"]) == 6, stored.keys()
     assert set(run.data.metrics) == {mlflow_key(n) for n in stored}
     for name, points in stored.items():
@@ -337,7 +337,7 @@ def test_a_job_is_mirrored_to_mlflow_with_links_both_ways(
 
 
 @pytest.mark.slow
-def test_a_tracker_that_is_down_fails_no_job_and_is_counted(tracked: tuple[Service, str, str], pg_url: str) -> None:
+def test_a_tracker_that_is_down_fails_no_job_and_is_counted(tracked: tuple[Service, str, str], db_url: str) -> None:
     service, _, down = tracked
     c = service.client()
     t0 = time.monotonic()
@@ -349,7 +349,7 @@ def test_a_tracker_that_is_down_fails_no_job_and_is_counted(tracked: tuple[Servi
     first, summary = events[0], events[-1]
     assert "failed" in first.message and "the job goes on" in first.message
     assert summary.data is not None and summary.data["errors"] >= 1 and summary.data["copied"] == 0
-    assert summary.data["pending"] == sum(len(v) for v in store_metrics(pg_url, job.id).values()) > 0
+    assert summary.data["pending"] == sum(len(v) for v in store_metrics(db_url, job.id).values()) > 0
     assert f"{summary.data['errors']} call(s) to MLflow" in summary.message and "unaffected" in summary.message
     # the job's end came first: the supervisor ended the mirror after recording it
     succeeded = next(e for e in c.jobs.events(job.id) if e.type == "succeeded")

@@ -8,6 +8,7 @@ from typing import Any
 from fastapi import APIRouter, Response
 from sqlalchemy.exc import IntegrityError
 
+from api.admission import check_storable
 from api.deps import AnyCallerDep, CallerDep, SessionDep, SettingsDep, forget_key, owned
 from api.problems import ADMIN_REQUIRED, KEY_NOT_FOUND, KEY_OUTLIVES, REVOKE_NOT_HELD, SCOPE_NOT_HELD, Problem
 from mathrl.schemas import KEY_SCOPES, KeyCreated, KeyCreateRequest, KeyResponse, Page
@@ -20,6 +21,7 @@ router = APIRouter(prefix="/v1/keys", tags=["keys"])
 @router.post("", status_code=201, response_model=KeyCreated, responses={403: {"description": ADMIN_REQUIRED}})
 def create(body: KeyCreateRequest, session: SessionDep, caller: AnyCallerDep, settings: SettingsDep) -> dict[str, Any]:
     """A new key for your project; with the admin token, for any project (created if new)."""
+    check_storable(body.model_dump(mode="json"))  # a NUL: 422 on every database, not only PostgreSQL
     if (
         body.project is not None
         and not caller.admin
@@ -39,7 +41,7 @@ def create(body: KeyCreateRequest, session: SessionDep, caller: AnyCallerDep, se
         assert caller.project is not None
         project = caller.project
     held = list(KEY_SCOPES) if caller.key is None else list(caller.key.scopes or [])
-    scopes = held if body.scopes is None else list(body.scopes)
+    scopes: list[str] = held if body.scopes is None else list(body.scopes)
     if extra := [x for x in scopes if x not in held]:
         detail = SCOPE_NOT_HELD.format(extra=", ".join(repr(x) for x in extra))
         raise Problem(403, "Forbidden", detail, [{"pointer": "/scopes", "detail": detail}])
