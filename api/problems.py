@@ -6,6 +6,7 @@ Messages are named constants so the OpenAPI `responses=` and the handlers say th
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -75,7 +76,7 @@ def problem_response(
     detail: str,
     instance: str = "",
     errors: list[dict[str, Any]] | None = None,
-    headers: dict[str, str] | None = None,
+    headers: Mapping[str, str] | None = None,
 ) -> JSONResponse:
     body: dict[str, Any] = {
         "type": f"https://mathrl.dev/problems/{title.lower().replace(' ', '-')}",

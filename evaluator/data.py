@@ -152,7 +152,7 @@ def _message_rows(ref: Any, name: str, limit: int | None) -> list[Problem]:
 
     from mathrl.jsonl_files import check_line, text_of
 
-    out = []
+    out: list[Problem] = []
     with open(ref.path, encoding="utf-8") as f:
         for n, line in enumerate(f, start=1):
             if not line.strip():

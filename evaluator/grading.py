@@ -133,7 +133,7 @@ def _parse_answer(text: str) -> list[object]:
     """math-verify parse of a bare answer: try it as LaTeX first, then as a plain expression."""
     stripped = text.strip()
     wrapped = stripped if stripped.startswith("$") else f"${stripped}$"
-    parsed = parse(wrapped, extraction_config=_GOLD_CFG, parsing_timeout=_timeout())
+    parsed: list[object] = parse(wrapped, extraction_config=_GOLD_CFG, parsing_timeout=_timeout())
     if not parsed:
         parsed = parse(stripped, extraction_config=_GOLD_CFG, parsing_timeout=_timeout())
     return parsed

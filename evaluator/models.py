@@ -71,7 +71,7 @@ def load_model(ref: str, dtype: str = "auto", device: str | None = None) -> Any:
         kwargs["gguf_file"] = gguf
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     torch_dtype = getattr(torch, resolve_dtype(dtype, on_gpu=device.startswith("cuda")))
-    model = AutoModelForCausalLM.from_pretrained(str(path) if path.exists() else ref, dtype=torch_dtype, **kwargs)
+    model: Any = AutoModelForCausalLM.from_pretrained(str(path) if path.exists() else ref, dtype=torch_dtype, **kwargs)
     model.to(device)
     model.eval()
     return model

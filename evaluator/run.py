@@ -6,18 +6,44 @@ import json
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from evaluator import hf_backend, prompts
 from evaluator.benchmarks import Benchmark, find_benchmark, get_benchmark
 from evaluator.data import Problem, custom_source, load_benchmark, load_custom_set
 from evaluator.graders import Judge, RMScorer, grade_items
 from evaluator.grading import answers_match, grade
+from evaluator.hf_backend import Generation
 from evaluator.metrics import accuracy_breakdown, maj_at_k, pass_at_k, wilson_interval
 from evaluator.models import load_model, load_tokenizer
 from evaluator.recipes import ResolvedRecipe, resolve_recipe
 from mathrl.sink import Sink
 from mathrl.specs import EvalSpec
+
+
+class _Backend(Protocol):
+    """What run_eval uses of a generation backend: the module evaluator/hf_backend.py or vllm_backend.py."""
+
+    BACKEND: str
+
+    def backend_version(self) -> str: ...
+
+    def generate(
+        self,
+        model: Any,
+        tokenizer: Any,
+        prompts: list[str],
+        *,
+        max_new_tokens: int,
+        stop: list[str] | None = ...,
+        temperature: float = ...,
+        top_p: float = ...,
+        n: int = ...,
+        seed: int = ...,
+        batch_size: int = ...,
+        on_batch: Callable[[int, int], None] | None = ...,
+        should_stop: Callable[[], bool] | None = ...,
+    ) -> list[list[Generation]]: ...
 
 
 def run_eval(
@@ -53,19 +79,22 @@ def run_eval(
     texts = [prompts.render(recipe, p.question, tokenizer, shots=sh) for p, sh in zip(problems, shots, strict=True)]
     s = spec.sampling
     max_new_tokens = resolved.max_new_tokens
+    backend: _Backend
     if spec.backend == "vllm":
-        from evaluator import vllm_backend as backend
+        from evaluator import vllm_backend
+
+        backend = vllm_backend
 
         # the longest sequence this run needs, not the model's maximum: vLLM reserves KV cache
         # for at least one full-length request, which on a CPU can exceed its share of memory
         longest = max((len(tokenizer(t, add_special_tokens=False).input_ids) for t in texts), default=0)
         model = _warm_engine(sink, longest + max_new_tokens)
         if model is None:
-            model = backend.load_engine(
+            model = vllm_backend.load_engine(
                 model_path, dtype=spec.dtype, seed=s.seed, max_model_len=longest + max_new_tokens
             )
     else:
-        backend = hf_backend  # type: ignore[assignment]
+        backend = hf_backend
         model = load_model(model_path, dtype=spec.dtype)
     sink.event("loaded", f"{spec.backend} backend ready in {time.monotonic() - t0:.1f}s")
 

@@ -13,14 +13,14 @@ import traceback
 MB = 1024 * 1024
 
 
-def _limit(which, value):
+def _limit(which: int, value: int) -> None:
     soft, hard = resource.getrlimit(which)
     if hard != resource.RLIM_INFINITY:
         value = min(value, hard)
     resource.setrlimit(which, (value, value))
 
 
-def _install_hook(home, read_roots):
+def _install_hook(home: str, read_roots: list[str]) -> None:
     home = os.path.realpath(home) + os.sep
     roots = tuple(os.path.realpath(r) + os.sep for r in read_roots if r)
     blocked_prefixes = ("socket.", "subprocess.", "ctypes.", "os.exec", "os.spawn", "os.posix_spawn", "pty.")
@@ -36,7 +36,7 @@ def _install_hook(home, read_roots):
     }
     write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
 
-    def hook(event, args):
+    def hook(event: str, args: tuple[object, ...]) -> None:
         # loading a library is allowed (numpy imports ctypes, which opens the interpreter itself);
         # looking up its functions (ctypes.dlsym), calling them and raw memory access are not
         if event == "ctypes.dlopen":
@@ -84,7 +84,7 @@ def _install_hook(home, read_roots):
     import _thread
     import threading
 
-    def no_threads(*args, **kwargs):
+    def no_threads(*args: object, **kwargs: object) -> None:
         raise PermissionError("threads are not allowed in a python grader")
 
     for module, name in (
@@ -97,7 +97,7 @@ def _install_hook(home, read_roots):
             setattr(module, name, no_threads)
 
 
-def main():
+def main() -> None:
     request = json.loads(sys.stdin.read())
     limits = request["limits"]
     out = os.fdopen(os.dup(1), "w")
@@ -114,7 +114,7 @@ def main():
     _limit(resource.RLIMIT_NPROC, int(limits["processes"]))
     read_roots = [p for p in sys.path if p and os.path.isdir(p)] + [sys.prefix, sys.base_prefix, sys.exec_prefix]
     _install_hook(os.getcwd(), read_roots)
-    namespace = {"__name__": "grader"}
+    namespace: dict[str, object] = {"__name__": "grader"}
     try:
         exec(compile(request["source"], "grader.py", "exec"), namespace)  # the user's code, inside the sandbox
         grade = namespace.get("grade")
@@ -124,7 +124,7 @@ def main():
         detail = "".join(traceback.format_exception_only(type(e), e)).strip()
         out.write(json.dumps([{"error": "runtime", "detail": detail}] * len(request["cases"])))
         return
-    results = []
+    results: list[dict[str, object]] = []
     for case in request["cases"]:
         try:
             value = grade(case["sample"], case["item"])

@@ -34,7 +34,7 @@ def api(
         workers=workers,
         log_level="warning",
         access_log=False,
-        timeout_graceful_shutdown=graceful_seconds,
+        timeout_graceful_shutdown=graceful_seconds,  # type: ignore[arg-type]  # a float works: uvicorn waits with it
     )
 
 

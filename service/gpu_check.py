@@ -28,11 +28,14 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from mathrl.processes import is_main
 from mathrl.sink import PrintSink
 from trainer.throughput import gpu_peak_tflops
+
+if TYPE_CHECKING:
+    from mathrl.specs import EvalSpec, GRPOSpec, SFTSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "smollm2-arith.yaml"
@@ -157,7 +160,8 @@ def evaluate(ev: dict[str, Any], model_path: str, data_dir: str) -> dict[str, An
 
     sink = RecordSink(echo=False)
     t0 = time.monotonic()
-    values = run_eval(parse_spec({**ev, "model": model_path}), sink, model_path=model_path, data_dir=data_dir)
+    spec = cast("EvalSpec", parse_spec({**ev, "model": model_path}))
+    values = run_eval(spec, sink, model_path=model_path, data_dir=data_dir)
     acc = next(s for s in sink.scores if s["metric"] == "accuracy")
     return {
         "accuracy": values["accuracy"],
@@ -179,7 +183,10 @@ def grpo_run(
 
     # the job as a GPU worker would run it (one GPU: resources.gpus decides the memory plan's pool)
     resources = {"gpus": 1} if env["device"] == "cuda" else {}
-    spec = parse_spec({**grpo, "model": model_path, "generation": {"backend": backend}, "resources": resources})
+    spec = cast(
+        "GRPOSpec",
+        parse_spec({**grpo, "model": model_path, "generation": {"backend": backend}, "resources": resources}),
+    )
     config = resolve_config(spec)
     cuda = env["device"] == "cuda"
     if cuda:
@@ -275,7 +282,8 @@ def mfu(run: dict[str, Any], params: int, peak: float | None, devices: int) -> f
     if not (step and trained and peak):
         return None
     flops = 6 * params * trained + 2 * params * (generated or 0)
-    return round(flops / (step * peak * 1e12 * devices), 5)
+    utilisation: float = flops / (step * peak * 1e12 * devices)
+    return round(utilisation, 5)
 
 
 def memory_plan(model_path: str, config: dict[str, Any], env: dict[str, Any]) -> dict[str, Any]:
@@ -324,7 +332,7 @@ def rank_main(kind: str, job: str, log: str) -> None:
     from mathrl.presets import resolve_config
     from mathrl.specs import parse_spec
 
-    spec = parse_spec(json.loads(job))
+    spec = cast("SFTSpec | GRPOSpec", parse_spec(json.loads(job)))  # an SFT or a GRPO job, as kind says
     sink = RecordSink(echo=False)
     out = Path(log).with_suffix(".out")
     model = spec.model
@@ -333,11 +341,12 @@ def rank_main(kind: str, job: str, log: str) -> None:
     if kind == "sft":
         from trainer.sft import run_sft
 
-        run_sft(spec, sink, model_path=model, data_dir=data_dir, out_dir=out)
+        run_sft(cast("SFTSpec", spec), sink, model_path=model, data_dir=data_dir, out_dir=out)
     else:
         from trainer.grpo import run_grpo
 
-        run_grpo(spec, resolve_config(spec), sink, model_path=model, data_dir=data_dir, out_dir=out)
+        grpo = cast("GRPOSpec", spec)
+        run_grpo(grpo, resolve_config(grpo), sink, model_path=model, data_dir=data_dir, out_dir=out)
     if is_main():
         Path(log).write_text(
             json.dumps({"metrics": sink.metrics_by_step, "seconds": time.monotonic() - t0}, default=float)

@@ -318,18 +318,18 @@ class TrackingSettings(BaseModel):
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="MATHRL_", env_nested_delimiter="__", extra="ignore")
 
-    database: DatabaseSettings = Field(default_factory=DatabaseSettings)  # type: ignore[arg-type]
-    broker: BrokerSettings = Field(default_factory=BrokerSettings)  # type: ignore[arg-type]
-    worker: WorkerSettings = Field(default_factory=WorkerSettings)  # type: ignore[arg-type]
-    auth: AuthSettings = Field(default_factory=AuthSettings)  # type: ignore[arg-type]
-    limits: LimitsSettings = Field(default_factory=LimitsSettings)  # type: ignore[arg-type]
-    graders: GradersSettings = Field(default_factory=GradersSettings)  # type: ignore[arg-type]
-    files: FilesSettings = Field(default_factory=FilesSettings)  # type: ignore[arg-type]
-    fine_tuning: FineTuningSettings = Field(default_factory=FineTuningSettings)  # type: ignore[arg-type]
-    memory: MemorySettings = Field(default_factory=MemorySettings)  # type: ignore[arg-type]
-    sources: SourcesSettings = Field(default_factory=SourcesSettings)  # type: ignore[arg-type]
-    ray: RaySettings = Field(default_factory=RaySettings)  # type: ignore[arg-type]
-    tracking: TrackingSettings = Field(default_factory=TrackingSettings)  # type: ignore[arg-type]
+    database: DatabaseSettings = Field(default_factory=DatabaseSettings)
+    broker: BrokerSettings = Field(default_factory=BrokerSettings)
+    worker: WorkerSettings = Field(default_factory=WorkerSettings)
+    auth: AuthSettings = Field(default_factory=AuthSettings)
+    limits: LimitsSettings = Field(default_factory=LimitsSettings)
+    graders: GradersSettings = Field(default_factory=GradersSettings)
+    files: FilesSettings = Field(default_factory=FilesSettings)
+    fine_tuning: FineTuningSettings = Field(default_factory=FineTuningSettings)
+    memory: MemorySettings = Field(default_factory=MemorySettings)
+    sources: SourcesSettings = Field(default_factory=SourcesSettings)
+    ray: RaySettings = Field(default_factory=RaySettings)
+    tracking: TrackingSettings = Field(default_factory=TrackingSettings)
     artifact_dir: str = Field("./.mathrl/artifacts", description="Checkpoints and per-item results.")
     data_dir: str = Field(default_factory=default_data_dir, description="Offline dataset copies.")
     max_request_bytes: int = 1_000_000

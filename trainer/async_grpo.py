@@ -80,7 +80,7 @@ def _stop_without_hanging() -> None:
         original(self)
 
     stop._mathrl = True  # type: ignore[attr-defined]
-    AsyncRolloutWorker.stop = stop
+    AsyncRolloutWorker.stop = stop  # type: ignore[method-assign]
 
 
 def _cpu_shims() -> None:

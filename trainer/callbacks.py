@@ -13,7 +13,7 @@ from transformers import TrainerCallback
 from mathrl.sink import Sink
 
 
-class SinkCallback(TrainerCallback):  # type: ignore[misc]
+class SinkCallback(TrainerCallback):
     def __init__(
         self,
         sink: Sink,

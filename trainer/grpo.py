@@ -32,7 +32,7 @@ def generation_backend(config: dict[str, Any], sink: Sink) -> str:
     to hf on a worker without vLLM (an explicit 'vllm' was refused by worker.child before)."""
     import importlib.util
 
-    backend = config.get("generation_backend", "hf")
+    backend: str = config.get("generation_backend", "hf")
     if backend == "vllm" and importlib.util.find_spec("vllm") is None:
         sink.event(
             "generation",

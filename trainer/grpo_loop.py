@@ -22,9 +22,9 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -32,6 +32,9 @@ import torch
 from trainer.curriculum import PassRateCurriculum
 from trainer.dynamic_sampling import COMPLETION_SIDE, informative, join_rows
 from trainer.vllm_generation import TimedGRPOTrainer
+
+if TYPE_CHECKING:
+    from trl import GRPOConfig
 
 # loss types whose per-token loss is zero for a zero advantage when beta is 0
 SKIPPABLE_LOSSES = ("grpo", "dapo", "dr_grpo", "bnpo", "cispo", "sapo")
@@ -61,6 +64,12 @@ class LoopOptions:
 
 
 class MathrlGRPOTrainer(TimedGRPOTrainer):
+    # what TRL's GRPOTrainer sets up, as this loop uses it (TRL types these wider)
+    args: GRPOConfig
+    model: torch.nn.Module  # the policy
+    train_dataset: Any  # a datasets.Dataset (map-style: len and indexing)
+    num_generations: int
+
     def __init__(self, *, loop: LoopOptions, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.loop = loop
@@ -73,7 +82,7 @@ class MathrlGRPOTrainer(TimedGRPOTrainer):
             self.use_vllm
             and self.vllm_importance_sampling_correction
             and self.num_iterations == 1
-            and self.args.gradient_accumulation_steps % self.args.steps_per_generation == 0
+            and self.args.gradient_accumulation_steps % cast(int, self.args.steps_per_generation) == 0  # set by TRL
         )
         self._gathered_rewards: torch.Tensor | None = None
         self._reward_seconds: list[float] = []
@@ -184,7 +193,7 @@ class MathrlGRPOTrainer(TimedGRPOTrainer):
 
     def _rows(self, questions: list[int]) -> list[dict[str, Any]]:
         """The dataset rows of `questions`, each repeated for its group (as TRL's sampler does)."""
-        rows = []
+        rows: list[dict[str, Any]] = []
         for q in questions:
             row = dict(self.train_dataset[q])
             rows.extend(dict(row) for _ in range(self.num_generations))
@@ -221,7 +230,8 @@ class MathrlGRPOTrainer(TimedGRPOTrainer):
         return float(self.accelerator.gather(t).sum().item())
 
     def _mean_over_ranks(self, value: float) -> float:
-        return self._sum_over_ranks(value) / self.accelerator.num_processes
+        processes: int = self.accelerator.num_processes
+        return self._sum_over_ranks(value) / processes
 
     @contextlib.contextmanager
     def _defer_logprob_pass(self) -> Iterator[None]:
@@ -263,6 +273,7 @@ class MathrlGRPOTrainer(TimedGRPOTrainer):
             self.timings["trained_tokens"] += float(rows.sum())
             self.timings["forward_tokens"] += float(rows.sum() + inputs["prompt_mask"].sum())
             self.timings["forward_rows"] += float(rows.size(0))
+        loss: torch.Tensor
         if self.reuse_logprobs and "importance_sampling_ratio" not in inputs and "sampling_per_token_logps" in inputs:
             with self._ratio_from_training_forward(inputs):
                 loss = super()._compute_loss(model, inputs)
@@ -322,7 +333,7 @@ class MathrlGRPOTrainer(TimedGRPOTrainer):
                 )
             return logps, entropies, aux
 
-        self._get_per_token_logps_and_entropies = hooked
+        self._get_per_token_logps_and_entropies = hooked  # type: ignore[method-assign]
         try:
             yield
         finally:
@@ -365,5 +376,10 @@ class MathrlGRPOTrainer(TimedGRPOTrainer):
         for stat, fn in (("min", torch.min), ("mean", torch.mean), ("max", torch.max)):
             value = fn(flat) if flat.numel() else zero
             gathered = acc.gather(value.reshape(1))
-            reduce = {"min": torch.min, "mean": torch.mean, "max": torch.max}[stat]
+            reducers: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+                "min": torch.min,
+                "mean": torch.mean,
+                "max": torch.max,
+            }
+            reduce = reducers[stat]
             metrics[f"sampling/importance_sampling_ratio/{stat}"].append(reduce(gathered).item())

@@ -33,7 +33,7 @@ from mathrl.specs import DatasetRef, HeldoutEval
 from trainer.data import item_column, render_prompt
 
 
-class HeldoutEvalCallback(TrainerCallback):  # type: ignore[misc]
+class HeldoutEvalCallback(TrainerCallback):
     def __init__(
         self,
         spec: HeldoutEval,

@@ -46,7 +46,9 @@ def load_policy(spec: RewardModelSpec, policy_path: str, prompts_for_length: lis
 
         longest = max((len(tok(t, add_special_tokens=False).input_ids) for t in prompts_for_length), default=0)
         # process-RM rollouts continue a prefix of a sampled solution: room for two completions
-        room = spec.sampling.max_new_tokens * (2 if spec.type == "process" else 1)
+        max_new_tokens = spec.sampling.max_new_tokens
+        assert max_new_tokens is not None  # RewardModelSpec's validator sets it
+        room = max_new_tokens * (2 if spec.type == "process" else 1)
         return vllm_backend, vllm_backend.load_engine(policy_path, seed=spec.seed, max_model_len=longest + room)
     return hf_backend, load_model(policy_path)
 
@@ -177,8 +179,9 @@ def _train_outcome(
         processing_class=tok,
         callbacks=[callback := SinkCallback(sink, sample_every=10**9)],
     )
-    if trainer.model.config.pad_token_id is None:
-        trainer.model.config.pad_token_id = tok.pad_token_id
+    model: Any = trainer.model  # a PreTrainedModel (TRL types it as any torch module, or None)
+    if model.config.pad_token_id is None:
+        model.config.pad_token_id = tok.pad_token_id
     trainer.train()
     if callback.stopped:  # cancelled or drained: no half-trained reward model is reported
         raise StopRequested("stop requested")

@@ -28,7 +28,7 @@ def carry_token_count(trainer: Any) -> None:
     is set, which SFT jobs do not), which every checkpoint saves, and read back on resume."""
     from transformers import TrainerCallback
 
-    class Carry(TrainerCallback):  # type: ignore[misc]
+    class Carry(TrainerCallback):
         def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             trainer._total_train_tokens = state.num_input_tokens_seen or 0
 

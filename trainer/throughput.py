@@ -78,8 +78,8 @@ def _cpu_peak(cores: int) -> tuple[float | None, str]:
 
 def flops_per_token(model: Any, context: float) -> float:
     """Training FLOPs per token (forward and backward) of `model` at mean sequence length `context`."""
-    params = sum(p.numel() for p in model.parameters())
+    params: int = sum(p.numel() for p in model.parameters())
     cfg = getattr(model, "config", None)
-    layers = getattr(cfg, "num_hidden_layers", 0) or 0
-    hidden = getattr(cfg, "hidden_size", 0) or 0
+    layers: int = getattr(cfg, "num_hidden_layers", 0) or 0
+    hidden: int = getattr(cfg, "hidden_size", 0) or 0
     return 6.0 * params + 12.0 * layers * hidden * context

@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import string
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
 
 SPECIALS = ["<pad>", "<bos>", "<eos>", "<unk>", "<|im_start|>", "<|im_end|>"]
 CHARS = sorted(set(string.printable) - set("\x0b\x0c\r\t"))
@@ -19,7 +23,7 @@ CHAT_TEMPLATE = (
 )
 
 
-def build_tokenizer(chat: bool = False):  # type: ignore[no-untyped-def]
+def build_tokenizer(chat: bool = False) -> PreTrainedTokenizerFast:
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 

@@ -19,7 +19,7 @@ import contextlib
 import functools
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import torch
 from trl import GRPOTrainer
@@ -29,8 +29,10 @@ from evaluator.vllm_backend import BATCHED_TOKENS
 from evaluator.vllm_reload import retie_lm_head
 
 
-class MathrlVLLMGeneration(VLLMGeneration):  # type: ignore[misc]
+class MathrlVLLMGeneration(VLLMGeneration):
     """TRL's vLLM generation, with our engine options in colocate mode and a CPU-safe sync."""
+
+    vllm_client: Any  # TRL's VLLMClient, or an AdapterServerClient when it syncs LoRA adapters
 
     def __init__(
         self, *args: Any, engine_options: dict[str, Any], timings: dict[str, float], adapter_dir: str, **kwargs: Any
@@ -56,7 +58,8 @@ class MathrlVLLMGeneration(VLLMGeneration):  # type: ignore[misc]
             self.accelerator.wait_for_everyone()
             return None
         if self.mode != "colocate":
-            return super()._init_vllm()
+            super()._init_vllm()
+            return None
         import os
 
         from trl.trainer.utils import ensure_master_addr_port
@@ -69,7 +72,7 @@ class MathrlVLLMGeneration(VLLMGeneration):  # type: ignore[misc]
         os.environ["WORLD_SIZE"] = str(acc.num_processes)
         ensure_master_addr_port()
         self.llm = LLM(
-            model=self.model.name_or_path,
+            model=cast(str, self.model.name_or_path),
             tensor_parallel_size=self.tensor_parallel_size,
             max_model_len=self.max_model_length,
             max_num_seqs=self.max_num_seqs,
@@ -212,14 +215,14 @@ def _generation_class(cls: Any) -> Iterator[None]:
     from trl.trainer import grpo_trainer
 
     saved = grpo_trainer.VLLMGeneration
-    grpo_trainer.VLLMGeneration = cls
+    grpo_trainer.VLLMGeneration = cls  # type: ignore[misc]  # a module global TRL's __init__ reads
     try:
         yield
     finally:
-        grpo_trainer.VLLMGeneration = saved
+        grpo_trainer.VLLMGeneration = saved  # type: ignore[misc]
 
 
-class TimedGRPOTrainer(GRPOTrainer):  # type: ignore[misc]
+class TimedGRPOTrainer(GRPOTrainer):
     """GRPOTrainer that measures each optimizer step's generation, weight-sync and generated tokens
     (read by trainer.callbacks.SinkCallback through `pop_timings`)."""
 

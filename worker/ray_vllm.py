@@ -78,7 +78,9 @@ def server_actor(spec: Any, server_cpus: float) -> Any:
     return ray.remote(num_cpus=server_cpus, num_gpus=gpus, max_restarts=0)(GenerationServer)
 
 
-def start(spec: Any, config: dict[str, Any], model_path: str, log_path: Path, server_cpus: float) -> tuple[Any, dict]:
+def start(
+    spec: Any, config: dict[str, Any], model_path: str, log_path: Path, server_cpus: float
+) -> tuple[Any, dict[str, Any]]:
     """Place the actor and start the server in it. Returns the actor and the server's info; raises
     RuntimeError saying what to change when Ray cannot place it in time or the start fails."""
     import ray

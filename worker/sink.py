@@ -75,7 +75,7 @@ class DatabaseSink:
         self._last_poll = 0.0
         self._poll_every = cancel_poll_seconds
         self._last_progress = 0.0
-        self._queue: queue.Queue[Callable[[], None]] = queue.Queue()
+        self._queue: queue.Queue[Callable[[Any], None]] = queue.Queue()
         self._writer: threading.Thread | None = None
         self._error: BaseException | None = None
 
@@ -84,7 +84,7 @@ class DatabaseSink:
             raise self._error
         raise RuntimeError(f"writing to the database failed: {self._error}") from self._error
 
-    def _submit(self, write: Callable[[], None]) -> None:
+    def _submit(self, write: Callable[[Any], None]) -> None:
         if self._error is not None:
             self._raise_error()
         if self._writer is None:
@@ -92,7 +92,7 @@ class DatabaseSink:
             self._writer.start()
         self._queue.put(write)
 
-    def _write(self, write: Callable[[Any], None], what: str) -> None:
+    def _write(self, write: Callable[[Any], object], what: str) -> None:
         """One fenced transaction: `write(session)` runs, and commits, only while this attempt
         owns the job (retried through a database outage)."""
 

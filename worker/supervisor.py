@@ -187,7 +187,7 @@ def _run_on_ray(settings: Settings, spec: Any, job_id: str, owner: str, attempt:
         return _record_end(settings, job_id, owner, EXIT_ERROR, False, log_path)
     warm_engine.stop_idle()
 
-    def event(kind: str, message: str, data: dict | None = None, level: str = "info") -> None:
+    def event(kind: str, message: str, data: dict[str, Any] | None = None, level: str = "info") -> None:
         _event(url, job_id, kind, message, data, level)
 
     ray_job = RayJob(settings, spec, job_id, owner, attempt, out, log_path, event)
@@ -223,7 +223,9 @@ def _run_on_ray(settings: Settings, spec: Any, job_id: str, owner: str, attempt:
     return _run_job_process(settings, job_id, owner, [], {}, out, log_path, attempt, None, ray_job)
 
 
-def _event(url: str, job_id: str, kind: str, message: str, data: dict | None = None, level: str = "info") -> None:
+def _event(
+    url: str, job_id: str, kind: str, message: str, data: dict[str, Any] | None = None, level: str = "info"
+) -> None:
     try:
         with session_scope(url) as s:
             add_event(s, job_id, kind, message, level, data=data)
@@ -233,7 +235,9 @@ def _event(url: str, job_id: str, kind: str, message: str, data: dict | None = N
 
 def _warm_engine(settings: Settings, spec: Any, project_id: str, log_path: Path, job_id: str) -> Any:
     """This worker's warm vLLM engine for the eval's model, started if there is none."""
-    model_path, _ = model_resolver(settings, job_id, project_id)(engine_model(spec))  # as the job's process does
+    model = engine_model(spec)
+    assert model is not None  # wants_warm_engine checked that it has one
+    model_path, _ = model_resolver(settings, job_id, project_id)(model)  # as the job's process does
     gpus = _visible_gpus()[: spec.resources.gpus] if spec.resources.gpus else []
     engine, came = warm_engine.acquire(settings, model_path, spec.dtype, gpus, log_path, _prepare_child)
     how = {

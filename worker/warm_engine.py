@@ -272,7 +272,8 @@ def running() -> list[WarmEngine]:
 
 
 def _expired(e: WarmEngine, settings: Any) -> bool:
-    return time.monotonic() - e.idle_since >= settings.worker.warm_engine_idle_seconds
+    idle: float = settings.worker.warm_engine_idle_seconds
+    return time.monotonic() - e.idle_since >= idle
 
 
 def _stop(which: Any) -> int:

@@ -154,7 +154,9 @@ async def run(
         job_id, answer = await grade_on_worker(
             caller.project_id, settings, body.grader, body.items, body.resources, wait
         )
-        return answer or await run_in_threadpool(_pending, settings, caller.project_id, job_id)
+        if answer:
+            return answer
+        return await run_in_threadpool(_pending, settings, caller.project_id, job_id)
     if body.resources is not None:
         detail = "resources is for graders with a model (they run on a worker); this one runs here: remove it"
         raise Problem.at("/resources", detail, "Invalid field")

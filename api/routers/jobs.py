@@ -42,14 +42,15 @@ from mathrl.schemas import (
     SampleResponse,
 )
 from mathrl.specs import AnySpec, model_refs
+from mathrl.status import TERMINAL
 from store.db import get_sessionmaker
-from store.jobs import TERMINAL, has_tag, request_cancel
+from store.jobs import has_tag, request_cancel
 from store.models import Checkpoint, Event, Job, Metric, Sample
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 log = logging.getLogger("mathrl.api")
 
-NOT_FOUND = {404: {"description": JOB_NOT_FOUND}}
+NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"description": JOB_NOT_FOUND}}
 
 # The largest values the columns a query parameter is compared with can hold (store/models.py):
 # event seqs and metric ids are bigint, steps integer. Past them PostgreSQL raises mid-query

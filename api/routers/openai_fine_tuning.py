@@ -104,7 +104,11 @@ def to_spec(
     method = body.method or Method(type="supervised", supervised=Supervised(hyperparameters=body.hyperparameters))
     if method.type == "dpo":
         raise Problem.at("/method/type", "'dpo' is not trained here: use 'reinforcement' (GRPO) or 'supervised' (SFT)")
-    common = {"model": body.model, "dataset": {"file": body.training_file, "format": "messages"}, "tags": [TAG]}
+    common: dict[str, Any] = {
+        "model": body.model,
+        "dataset": {"file": body.training_file, "format": "messages"},
+        "tags": [TAG],
+    }
     if body.suffix:
         common["name"] = body.suffix
     if body.seed is not None:

@@ -31,8 +31,9 @@ from api.routers.openai_fine_tuning import fine_tuned_model
 from api.submit import admit, commit_and_dispatch, job_row
 from mathrl.modelref import ft_model_ref, split_job_ref
 from mathrl.specs import GenerateSpec
+from mathrl.status import TERMINAL
 from store.db import get_sessionmaker
-from store.jobs import TERMINAL, has_tag, request_cancel
+from store.jobs import has_tag, request_cancel
 from store.models import Checkpoint, Event, Job, Sample
 
 router = APIRouter(prefix="/v1", tags=["openai: models and completions"])
@@ -154,6 +155,7 @@ def retrieve_model(model: str, caller: CallerDep, settings: SettingsDep) -> dict
     with get_sessionmaker(settings.database.url)() as session:
         ref = _model_ref(session, caller.project_id, model)
         job = session.get(Job, split_job_ref(ref)[0])
+        assert job is not None  # _model_ref found it
         return _model_object(model, job.finished_at or job.created_at, caller.project_id)
 
 
@@ -234,6 +236,7 @@ def _submit(project_id: str, settings: Any, model: str, fields: dict[str, Any]) 
 def _status(settings: Any, job_id: str) -> tuple[str, str | None]:
     with get_sessionmaker(settings.database.url)() as session:
         job = session.get(Job, job_id)
+        assert job is not None  # the job this request submitted
         return job.status, job.error
 
 

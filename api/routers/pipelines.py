@@ -18,14 +18,15 @@ from api.problems import PIPELINE_NOT_FOUND
 from api.submit import admit, check_file_refs, check_job_refs, commit_and_dispatch, job_row
 from mathrl.schemas import Page, PipelineResponse
 from mathrl.specs import PipelineSpec, model_refs, parse_spec, split_job_ref
+from mathrl.status import TERMINAL
 from store.ids import uuid7
-from store.jobs import TERMINAL, request_cancel
+from store.jobs import request_cancel
 from store.models import Job, Pipeline
 from store.pipelines import pipeline_status
 
 router = APIRouter(prefix="/v1/pipelines", tags=["pipelines"])
 
-NOT_FOUND = {404: {"description": PIPELINE_NOT_FOUND}}
+NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"description": PIPELINE_NOT_FOUND}}
 
 
 def _own_pipeline(session: Any, project_id: str, pipeline_id: str) -> Pipeline:
