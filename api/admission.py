@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session
 
 from api.problems import UNSTORABLE, Problem
 from mathrl.errors import FieldError
+from mathrl.kinds import function
 from mathrl.memory_plan import check_job, read_model_config
 from mathrl.presets import resolve_config
 from mathrl.specs import model_refs, split_job_ref
@@ -37,8 +38,8 @@ def admit_spec(spec: Any, settings: Settings) -> dict[str, Any]:
     check_sources(spec, settings)
     check_benchmarks(spec)
     config = resolve_config(spec)
-    if spec.kind == "eval":
-        resolve_eval_recipe(spec, config)
+    if spec.job.admit is not None:  # the kind's own checks (mathrl/kinds.py)
+        function(spec.job.admit)(spec, config)
     check_job_limits(spec, config, settings)
     check_placement(spec, settings)
     check_memory(spec, config, settings)
@@ -102,7 +103,7 @@ def check_memory(spec: Any, config: dict[str, Any], settings: Settings) -> None:
     volume. It is stored in the config (`memory_plan`); one over the GPU memory of the job's pool
     (settings.memory) is refused, with what would fit. A hub id, or a model not saved yet (a
     pipeline's earlier step), is checked by the worker before the model loads (worker.child)."""
-    if spec.kind not in ("grpo", "sft") or spec.resources.gpus == 0:
+    if not spec.job.memory_plan or spec.resources.gpus == 0:
         return
     model_config = known_model_config(spec.model, settings)
     if model_config is None:

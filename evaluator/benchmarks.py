@@ -5,12 +5,9 @@ knows any benchmark by name."""
 
 from __future__ import annotations
 
-import difflib
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TypeVar
 
-T = TypeVar("T")
+from mathrl.registry import Registry
 
 ANSWER_FROM = ("field", "boxed_solution")
 
@@ -65,165 +62,155 @@ def synthetic_benchmark(
     )
 
 
-REGISTRY: dict[str, Benchmark] = {
-    b.name: b
-    for b in (
-        Benchmark(
-            name="gsm8k",
-            version="1.0",
-            hub_id="openai/gsm8k",
-            hub_config="main",
-            split="test",
-            local_file="gsm8k_test.jsonl",
-            question_field="question",
-            answer_field="answer",
-            gold_format="gsm8k",
-            recipe="gsm8k-chat",
-            description="Grade-school math word problems, 1,319 test questions (Cobbe et al. 2021).",
-        ),
-        Benchmark(
-            name="gsm8k-train",
-            version="1.0",
-            hub_id="openai/gsm8k",
-            hub_config="main",
-            split="train",
-            local_file="gsm8k_train.jsonl",
-            question_field="question",
-            answer_field="answer",
-            gold_format="gsm8k",
-            recipe="gsm8k-chat",
-            description="GSM8K train split (7,473), for training questions.",
-        ),
-        Benchmark(
-            name="math500",
-            version="1.0",
-            hub_id="HuggingFaceH4/MATH-500",
-            hub_config=None,
-            split="test",
-            local_file="math500_test.jsonl",
-            question_field="problem",
-            answer_field="answer",
-            gold_format="latex",
-            recipe="math-chat",
-            description="MATH-500: the PRM800K test subset of MATH (Lightman et al. 2023).",
-            meta_fields=("subject", "level", "unique_id"),
-        ),
-        Benchmark(
-            name="math",
-            version="1.0",
-            hub_id="DigitalLearningGmbH/MATH-lighteval",
-            hub_config="default",
-            split="test",
-            local_file="math_test.jsonl",
-            question_field="problem",
-            answer_field="solution",
-            answer_from="boxed_solution",
-            gold_format="latex",
-            recipe="math-chat",
-            description="MATH: the full test set, 5,000 competition problems in 7 subjects and 5 levels "
-            "(Hendrycks et al. 2021).",
-            meta_fields=("subject", "level"),
-            renames=(("type", "subject"),),
-        ),
-        Benchmark(
-            name="math-train",
-            version="1.1",  # 1.1: gold = the last \\boxed{} of the solution, as the hub copy has no answer field
-            hub_id="DigitalLearningGmbH/MATH-lighteval",
-            hub_config="default",
-            split="train",
-            local_file="math_train.jsonl",
-            question_field="problem",
-            answer_field="solution",
-            answer_from="boxed_solution",
-            gold_format="latex",
-            recipe="math-chat",
-            description="MATH train split (7,500), for training questions.",
-            meta_fields=("subject", "level"),
-            renames=(("type", "subject"),),
-        ),
-        synthetic_benchmark(
-            "arith",
-            "test",
-            "add2",
-            "plain",
-            "Built-in: 300 fixed two-digit additions ('37+48=' -> '85'), for laptop demos.",
-        ),
-        synthetic_benchmark(
-            "arith-train", "train", "add2", "plain", "Built-in: a stream of two-digit additions disjoint from 'arith'."
-        ),
-        synthetic_benchmark(
-            "arith-train-sloppy",
-            "train",
-            "add2",
-            "plain",
-            "Built-in: 'arith-train' as taught by a sloppy teacher who forgets the carry in 60% of the problems "
-            "that need one. SFT on it learns the slip; GRPO's correctness reward can unlearn it.",
-            carry_slip=0.6,
-        ),
-        synthetic_benchmark(
-            "add2-words",
-            "test",
-            "add2-words",
-            "arith-words",
-            "Built-in: 300 fixed two-digit additions asked in words ('What is 37 + 48? Give the final answer as a "
-            "number.'), for instruction-tuned models; graded by the final number.",
-        ),
-        synthetic_benchmark(
-            "add2-words-train",
-            "train",
-            "add2-words",
-            "arith-words",
-            "Built-in: a stream of 'add2-words' problems disjoint from its held-out set.",
-        ),
-        synthetic_benchmark(
-            "add3-words",
-            "test",
-            "add3-words",
-            "arith-words",
-            "Built-in: 300 fixed three-digit additions asked in words, as 'add2-words'.",
-        ),
-        synthetic_benchmark(
-            "add3-words-train",
-            "train",
-            "add3-words",
-            "arith-words",
-            "Built-in: a stream of 'add3-words' problems disjoint from its held-out set.",
-        ),
-        synthetic_benchmark(
-            "twostep-words",
-            "test",
-            "twostep-words",
-            "word-problem",
-            "Built-in: 300 fixed two-step word problems, closer to GSM8K ('Ann has 37 apples. She buys 48 more "
-            "and then gives 19 away. How many apples does Ann have now?'); graded by the final number.",
-        ),
-        synthetic_benchmark(
-            "twostep-words-train",
-            "train",
-            "twostep-words",
-            "word-problem",
-            "Built-in: a stream of 'twostep-words' problems disjoint from its held-out set.",
-        ),
-    )
-}
-
-
 class UnknownBenchmark(ValueError):
     pass
 
 
-def lookup(registry: Mapping[str, T], name: str, what: str, error: type[ValueError]) -> T:
-    """registry[name], or `error` naming the close names and every known one."""
-    try:
-        return registry[name]
-    except KeyError:
-        close = difflib.get_close_matches(name, list(registry), n=3)
-        hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
-        raise error(f"unknown {what} {name!r}.{hint} Known: {', '.join(sorted(registry))}") from None
+# A new benchmark is one entry here (or REGISTRY.add(...) from another module).
+REGISTRY: Registry[Benchmark] = Registry("benchmark", UnknownBenchmark)
+for _b in (
+    Benchmark(
+        name="gsm8k",
+        version="1.0",
+        hub_id="openai/gsm8k",
+        hub_config="main",
+        split="test",
+        local_file="gsm8k_test.jsonl",
+        question_field="question",
+        answer_field="answer",
+        gold_format="gsm8k",
+        recipe="gsm8k-chat",
+        description="Grade-school math word problems, 1,319 test questions (Cobbe et al. 2021).",
+    ),
+    Benchmark(
+        name="gsm8k-train",
+        version="1.0",
+        hub_id="openai/gsm8k",
+        hub_config="main",
+        split="train",
+        local_file="gsm8k_train.jsonl",
+        question_field="question",
+        answer_field="answer",
+        gold_format="gsm8k",
+        recipe="gsm8k-chat",
+        description="GSM8K train split (7,473), for training questions.",
+    ),
+    Benchmark(
+        name="math500",
+        version="1.0",
+        hub_id="HuggingFaceH4/MATH-500",
+        hub_config=None,
+        split="test",
+        local_file="math500_test.jsonl",
+        question_field="problem",
+        answer_field="answer",
+        gold_format="latex",
+        recipe="math-chat",
+        description="MATH-500: the PRM800K test subset of MATH (Lightman et al. 2023).",
+        meta_fields=("subject", "level", "unique_id"),
+    ),
+    Benchmark(
+        name="math",
+        version="1.0",
+        hub_id="DigitalLearningGmbH/MATH-lighteval",
+        hub_config="default",
+        split="test",
+        local_file="math_test.jsonl",
+        question_field="problem",
+        answer_field="solution",
+        answer_from="boxed_solution",
+        gold_format="latex",
+        recipe="math-chat",
+        description="MATH: the full test set, 5,000 competition problems in 7 subjects and 5 levels "
+        "(Hendrycks et al. 2021).",
+        meta_fields=("subject", "level"),
+        renames=(("type", "subject"),),
+    ),
+    Benchmark(
+        name="math-train",
+        version="1.1",  # 1.1: gold = the last \\boxed{} of the solution, as the hub copy has no answer field
+        hub_id="DigitalLearningGmbH/MATH-lighteval",
+        hub_config="default",
+        split="train",
+        local_file="math_train.jsonl",
+        question_field="problem",
+        answer_field="solution",
+        answer_from="boxed_solution",
+        gold_format="latex",
+        recipe="math-chat",
+        description="MATH train split (7,500), for training questions.",
+        meta_fields=("subject", "level"),
+        renames=(("type", "subject"),),
+    ),
+    synthetic_benchmark(
+        "arith",
+        "test",
+        "add2",
+        "plain",
+        "Built-in: 300 fixed two-digit additions ('37+48=' -> '85'), for laptop demos.",
+    ),
+    synthetic_benchmark(
+        "arith-train", "train", "add2", "plain", "Built-in: a stream of two-digit additions disjoint from 'arith'."
+    ),
+    synthetic_benchmark(
+        "arith-train-sloppy",
+        "train",
+        "add2",
+        "plain",
+        "Built-in: 'arith-train' as taught by a sloppy teacher who forgets the carry in 60% of the problems "
+        "that need one. SFT on it learns the slip; GRPO's correctness reward can unlearn it.",
+        carry_slip=0.6,
+    ),
+    synthetic_benchmark(
+        "add2-words",
+        "test",
+        "add2-words",
+        "arith-words",
+        "Built-in: 300 fixed two-digit additions asked in words ('What is 37 + 48? Give the final answer as a "
+        "number.'), for instruction-tuned models; graded by the final number.",
+    ),
+    synthetic_benchmark(
+        "add2-words-train",
+        "train",
+        "add2-words",
+        "arith-words",
+        "Built-in: a stream of 'add2-words' problems disjoint from its held-out set.",
+    ),
+    synthetic_benchmark(
+        "add3-words",
+        "test",
+        "add3-words",
+        "arith-words",
+        "Built-in: 300 fixed three-digit additions asked in words, as 'add2-words'.",
+    ),
+    synthetic_benchmark(
+        "add3-words-train",
+        "train",
+        "add3-words",
+        "arith-words",
+        "Built-in: a stream of 'add3-words' problems disjoint from its held-out set.",
+    ),
+    synthetic_benchmark(
+        "twostep-words",
+        "test",
+        "twostep-words",
+        "word-problem",
+        "Built-in: 300 fixed two-step word problems, closer to GSM8K ('Ann has 37 apples. She buys 48 more "
+        "and then gives 19 away. How many apples does Ann have now?'); graded by the final number.",
+    ),
+    synthetic_benchmark(
+        "twostep-words-train",
+        "train",
+        "twostep-words",
+        "word-problem",
+        "Built-in: a stream of 'twostep-words' problems disjoint from its held-out set.",
+    ),
+):
+    REGISTRY.add(_b.name, _b)
 
 
 def get_benchmark(name: str) -> Benchmark:
-    return lookup(REGISTRY, name, "benchmark", UnknownBenchmark)
+    return REGISTRY[name]
 
 
 def find_benchmark(name: str, split: str) -> Benchmark:

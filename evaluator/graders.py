@@ -22,6 +22,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import BaseModel
+
 from evaluator.grading import check_answers, extract, find_answer, last_boxed
 from evaluator.sandbox import SandboxLimits, run_python
 from mathrl import formula, templates
@@ -40,6 +42,7 @@ from mathrl.graders import (
     WeightedGrader,
 )
 from mathrl.regex import compile_pattern
+from mathrl.registry import Registry
 
 RMScorer = Callable[[Sequence[str], Sequence[str]], list[float]]  # (prompts, completions) -> scores
 # (chats, sampling_params) -> each chat's answer by a grading model (score_model, label_model)
@@ -81,15 +84,15 @@ class Batch:
 
 
 Scorer = Callable[[Any, Batch], list[Result]]
-SCORERS: dict[type, Scorer] = {}
+SCORERS: Registry[Scorer] = Registry("grader type")
 
 
-def scores(grader_type: type) -> Callable[[Scorer], Scorer]:
-    """Register the function that scores `grader_type` (a class of mathrl/graders.py)."""
+def scores(grader_type: type[BaseModel]) -> Callable[[Scorer], Scorer]:
+    """Register the function that scores `grader_type` (a class of mathrl/graders.py), under
+    its `type`."""
 
     def register(fn: Scorer) -> Scorer:
-        SCORERS[grader_type] = fn
-        return fn
+        return SCORERS.add(grader_type.model_fields["type"].default, fn)
 
     return register
 
@@ -366,10 +369,7 @@ def _weighted(g: WeightedGrader, b: Batch) -> list[Result]:
 
 
 def _score(grader: Any, batch: Batch) -> list[Result]:
-    fn = SCORERS.get(type(grader))
-    if fn is None:
-        raise TypeError(f"not a grader: {grader!r}")
-    return fn(grader, batch)
+    return SCORERS[grader.type](grader, batch)
 
 
 def grade_items(

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from evaluator.benchmarks import lookup
 from mathrl.errors import FieldError
 from mathrl.recipe import Recipe, Shot
+from mathrl.registry import Registry
 from mathrl.specs import DEFAULT_MAX_NEW_TOKENS
 
 # the lm-eval-* entries reproduce lm-evaluation-harness 0.4.13 (docs/benchmarks.md: item for item)
@@ -32,7 +32,13 @@ MINERVA_MATH_SHOTS = _shots("minerva_math")
 
 _CHAT_SYSTEM = "You are a careful math tutor. Solve the problem step by step."
 
-RECIPES: dict[str, Recipe] = {
+
+class UnknownRecipe(ValueError):
+    pass
+
+
+RECIPES: Registry[Recipe] = Registry("recipe", UnknownRecipe)
+for _name, _recipe in {
     # mathrl's own zero-shot chat prompts (the defaults of the registered benchmarks)
     "gsm8k-chat": Recipe(
         format="chat",
@@ -84,15 +90,12 @@ RECIPES: dict[str, Recipe] = {
         stop=["Problem:"],
         max_new_tokens=256,
     ),
-}
-
-
-class UnknownRecipe(ValueError):
-    pass
+}.items():
+    RECIPES.add(_name, _recipe)
 
 
 def get_recipe(name: str) -> Recipe:
-    return lookup(RECIPES, name, "recipe", UnknownRecipe)
+    return RECIPES[name]
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,9 @@
 
     ValueError
     └── FieldError          a spec's field is wrong (the API's problem details point at it)
+    RuntimeError
+    └── NotAvailable        this worker cannot run the job: a package it lacks, too few GPUs,
+                            its memory plan (worker.child.MemoryRefused) (exit EXIT_UNAVAILABLE)
     Exception
     └── StopRequested       this job must stop now: a loop saw its sink's should_stop()
         ├── Cancelled       the job was cancelled (exit EXIT_STOPPED)
@@ -13,6 +16,8 @@ The API's own refusals are api.problems.Problem (`Problem.at(pointer, detail)` f
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from mathrl.regex import PatternError, check
 
@@ -36,6 +41,14 @@ def check_regex(field: str, pattern: str | None, group: bool) -> None:
         raise FieldError(field, str(exc)) from None
     if group and groups < 1:
         raise FieldError(field, "needs a group, e.g. '#### (\\-?[0-9.,]+)': the answer is group 1")
+
+
+class NotAvailable(RuntimeError):
+    """This worker cannot run the job (a package it lacks, too few GPUs, a backend it keeps
+    none of); `event` is the job's event that records it, with `data`."""
+
+    event = "not_available"
+    data: dict[str, Any] | None = None
 
 
 class StopRequested(Exception):

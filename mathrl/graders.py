@@ -8,7 +8,7 @@ graders that load a model (reward_model, score_model, label_model) run on a work
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -284,19 +284,10 @@ class MultiGrader(_Grader):
 
 
 Grader = Annotated[_Simple | WeightedGrader | MultiGrader, Field(discriminator="type")]
-GRADER_TYPES = (
-    "math",
-    "string_check",
-    "regex",
-    "boxed_format",
-    "length_penalty",
-    "reward_model",
-    "text_similarity",
-    "python",
-    "score_model",
-    "label_model",
-    "weighted",
-    "multi",
+# every grader type, read off the union above (a new grader is its class, its name in `_Simple`,
+# and its scorer in evaluator/graders.py)
+GRADER_TYPES: tuple[str, ...] = tuple(
+    c.model_fields["type"].default for c in (*get_args(_Simple), WeightedGrader, MultiGrader)
 )
 OPENAI_GRADER_TYPES = ("string_check", "text_similarity", "python", "score_model", "label_model", "multi")
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from mathrl.errors import FieldError
+from mathrl.kinds import function
 
 if TYPE_CHECKING:
     from mathrl.specs import GRPOSpec
@@ -197,8 +198,13 @@ def resolve_loop(spec: GRPOSpec, values: dict[str, Any]) -> dict[str, Any]:
 def resolve_config(spec: Any) -> dict[str, Any]:
     """The concrete configuration a job runs with, stored on the job row at submit time."""
     config: dict[str, Any] = spec.model_dump(mode="json")
-    if spec.kind == "grpo":
-        config.update(resolve_grpo(spec))
-    elif spec.kind == "sft" and config.get("gradient_checkpointing") is None:
-        config["gradient_checkpointing"] = TRL_DEFAULTS["gradient_checkpointing"]  # SFTConfig's default too
+    if spec.job.resolve is not None:  # the kind's own resolution (mathrl/kinds.py)
+        config.update(function(spec.job.resolve)(spec))
     return config
+
+
+def resolve_sft(spec: Any) -> dict[str, Any]:
+    """An SFT job's settings it leaves to TRL: gradient checkpointing (SFTConfig's default too)."""
+    if spec.gradient_checkpointing is None:
+        return {"gradient_checkpointing": TRL_DEFAULTS["gradient_checkpointing"]}
+    return {}

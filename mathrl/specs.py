@@ -9,7 +9,7 @@ run stores the fully resolved values, never the preset name alone.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
@@ -33,11 +33,13 @@ from mathrl.graders import (
     RewardModelGrader,
     grader_models,
 )
+from mathrl.kinds import JobKind
 from mathrl.modelref import ModelRef as ModelRef  # specs' users import it from here
 from mathrl.modelref import check_model_ref as check_model_ref
 from mathrl.modelref import split_job_ref as split_job_ref  # the API imports it from here
 from mathrl.presets import ASYNC_UNSUPPORTED, resolve_grpo
 from mathrl.recipe import Recipe
+from mathrl.registry import Registry
 
 
 class StrictModel(BaseModel):
@@ -328,6 +330,9 @@ RecipeField = Annotated[
 
 class EvalSpec(_JobBase):
     kind: Literal["eval"] = Field("eval", description="Benchmark evaluation.")
+    job: ClassVar[JobKind] = JobKind(
+        "worker.runners:run_eval", warm_engine=True, admit="api.admission:resolve_eval_recipe"
+    )
     model: ModelRef
     benchmark: str = Field("gsm8k", min_length=1, max_length=128, description="A registered benchmark.")
     dataset: DatasetRef | None = Field(None, description="A user set instead of a registered benchmark.")
@@ -499,6 +504,9 @@ class GRPOSpec(_JobBase):
     """GRPO policy training. Knobs left as null take the preset's value (or TRL's default)."""
 
     kind: Literal["grpo"] = Field("grpo", description="GRPO policy training.")
+    job: ClassVar[JobKind] = JobKind(
+        "worker.runners:run_grpo", training=True, memory_plan=True, resolve="mathrl.presets:resolve_grpo"
+    )
     model: ModelRef
     preset: Literal["deepseekmath", "trl-default"] = Field(
         "trl-default", description="Fills every knob left unset; explicit fields override it."
@@ -764,6 +772,7 @@ class RewardModelSpec(_JobBase):
     """Reward-model training: sample, label automatically (Math-Shepherd), train."""
 
     kind: Literal["reward_model"] = Field("reward_model", description="Reward-model training.")
+    job: ClassVar[JobKind] = JobKind("worker.runners:run_reward_model", training=True)
     model: ModelRef = Field(..., description="Base model the RM is trained from.")
     policy: ModelRef | None = Field(None, description="Model that samples solutions; defaults to 'model'.")
     type: Literal["outcome", "process"] = Field("outcome", description="Outcome (ORM) or process (PRM) labels.")
@@ -803,6 +812,9 @@ class SFTSpec(_JobBase):
     """Supervised fine-tuning on worked solutions (prompt -> completion), the usual start for RL."""
 
     kind: Literal["sft"] = Field("sft", description="Supervised fine-tuning.")
+    job: ClassVar[JobKind] = JobKind(
+        "worker.runners:run_sft", training=True, memory_plan=True, resolve="mathrl.presets:resolve_sft"
+    )
     model: ModelRef = Field(..., description="Model to fine-tune; 'tiny:<layers>x<width>' builds a fresh tiny one.")
     dataset: DatasetRef = Field(..., description="Questions with worked solutions (or gold answers) to imitate.")
     max_steps: int = Field(200, ge=1, le=10_000_000, description="Optimizer steps.")
@@ -833,6 +845,7 @@ class GradeSpec(_JobBase):
     trained; each item's score and reason are stored as the job's samples."""
 
     kind: Literal["grade"] = Field("grade", description="Grading given completions.")
+    job: ClassVar[JobKind] = JobKind("worker.runners:run_grade", warm_engine=True, loads_model=False)
     grader: Grader = Field(..., description="The grader (mathrl/graders.py), with a reward model in it.")
     items: list[GraderItem] = Field(..., min_length=1, max_length=1000, description="At most 1000 per job.")
     backend: Literal["hf", "vllm", "auto"] = Field(
@@ -867,6 +880,7 @@ class GenerateSpec(_JobBase):
     while it is generated (evaluator/chat.py)."""
 
     kind: Literal["generate"] = Field("generate", description="Answering a chat or a prompt.")
+    job: ClassVar[JobKind] = JobKind("worker.runners:run_generate", warm_engine=True)
     model: ModelRef
     messages: list[ChatMessage] | None = Field(None, min_length=1, max_length=256, description="The chat to answer.")
     prompt: str | None = Field(None, max_length=100_000, description="A plain prompt to continue (no chat template).")
@@ -895,10 +909,15 @@ class GenerateSpec(_JobBase):
         return self
 
 
+# The job kinds. A new kind is its spec class above, with its `job` entry (mathrl/kinds.py: its
+# runner, how it launches, its admission hooks), and its name here.
 AnySpec = EvalSpec | GRPOSpec | RewardModelSpec | SFTSpec | GradeSpec | GenerateSpec
 JobSpec = Annotated[AnySpec, Field(discriminator="kind")]
-# the job kinds, read off the specs (the API's errors and the status pages' filters list them)
-JOB_KINDS: tuple[str, ...] = tuple(cls.model_fields["kind"].default for cls in AnySpec.__args__)
+KINDS: Registry[type[AnySpec]] = Registry("job kind")
+for _cls in AnySpec.__args__:
+    KINDS.add(_cls.model_fields["kind"].default, _cls)
+# the job kinds' names (the API's errors and the status pages' filters list them)
+JOB_KINDS: tuple[str, ...] = tuple(KINDS)
 
 _adapter: TypeAdapter[AnySpec] = TypeAdapter(JobSpec)
 

@@ -94,7 +94,7 @@ def test_a_job_runs_the_recipe_it_was_admitted_with(monkeypatch: pytest.MonkeyPa
     resolve_eval_recipe(spec, config)
     admitted = resolve_recipe(spec)
     changed = get_recipe("lm-eval-gsm8k").model_copy(update={"stop": ["Q:"], "max_new_tokens": 99})
-    monkeypatch.setitem(RECIPES, "lm-eval-gsm8k", changed)
+    monkeypatch.setitem(RECIPES._entries, "lm-eval-gsm8k", changed)  # a worker upgraded meanwhile
     assert resolve_recipe(spec).recipe.stop == ["Q:"]  # what resolving again would run
     stored = stored_recipe(json.loads(json.dumps(config)))  # as it comes back from the database
     assert stored is not None and stored.record() == admitted.record()

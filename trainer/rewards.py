@@ -24,6 +24,7 @@ from typing import Any
 from evaluator.bounded import BoundedMatch
 from evaluator.chat import judges
 from mathrl.graders import MathGrader, with_models
+from mathrl.registry import Registry
 from mathrl.specs import REWARD_NAMES, RewardRef
 from trainer.rm_scorer import RewardModelScorer, rm_scorers
 
@@ -116,9 +117,10 @@ def reward_for(ref: RewardRef, max_completion_length: int, resolve_model: Any = 
 def get_reward(name: str, max_length: int | None = None, **fields: Any) -> GraderReward:
     """A reward by name, as a spec names it (`fields`: RewardRef's, e.g. model, buffer, grader;
     and item_seconds, call_seconds), for direct calls: tests and benches."""
-    from evaluator.benchmarks import lookup
-
-    lookup({n: n for n in REWARD_NAMES}, name, "reward", UnknownReward)
+    names: Registry[str] = Registry("reward", UnknownReward)
+    for n in REWARD_NAMES:
+        names.add(n, n)
+    names[name]  # an unknown name: UnknownReward, with the close ones
     timing = {k: fields.pop(k) for k in ("item_seconds", "call_seconds") if k in fields}
     reward = reward_for(RewardRef(name=name, **fields), max_length or DEFAULT_MAX_LENGTH, **timing)
     reward.max_length = max_length

@@ -29,7 +29,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from mathrl.errors import Cancelled, Drained, StopRequested
+from mathrl.errors import Cancelled, Drained, NotAvailable, StopRequested
+from mathrl.kinds import JobRun, function
 from mathrl.processes import rank as rank_of_process
 from mathrl.specs import parse_spec
 from service.settings import get_settings
@@ -42,11 +43,6 @@ from worker.sink import DatabaseSink, Fence, LeaseLost, ReadOnlySink
 EXIT_OK, EXIT_ERROR, EXIT_STOPPED, EXIT_UNAVAILABLE, EXIT_LOST, EXIT_DRAINED = 0, 1, 2, 3, 4, 5
 REJECTED_WRITES = "rejected-writes.log"  # in the attempt's directory: a line per refused write
 DRAIN_FILE = "drain-requested"  # in the attempt's directory: made by the supervisor to drain the job
-
-
-class NotAvailable(RuntimeError):
-    event = "not_available"  # the job's event that records it
-    data: dict[str, Any] | None = None
 
 
 class MemoryRefused(NotAvailable):
@@ -107,7 +103,7 @@ def run(job_id: str, owner: str, attempt: int) -> int:
     _check_available(spec)
     work = attempt_dir(settings.artifact_dir, job_id, attempt)
     spec = _fetch_dataset(spec, settings, work, project_id)
-    model_path, checkpoint = resolve(spec.model) if spec.kind != "grade" else ("", None)  # graders name their models
+    model_path, checkpoint = resolve(spec.model) if spec.job.loads_model else ("", None)
     sink_class = DatabaseSink if is_main() else ReadOnlySink
     sink = sink_class(
         url,
@@ -120,7 +116,8 @@ def run(job_id: str, owner: str, attempt: int) -> int:
     sink.install_sigterm()
     try:
         _check_memory(spec, config, model_path, settings, sink)  # before the model loads
-        return _run_kind(spec, config, sink, settings, job_id, model_path, checkpoint, resolve, work)
+        out = job_dir(settings.artifact_dir, job_id)
+        return _run_kind(JobRun(spec, config, sink, settings, job_id, model_path, checkpoint, resolve, work, out))
     except StopRequested as stop:
         if isinstance(stop, LeaseLost):
             raise
@@ -133,120 +130,15 @@ def run(job_id: str, owner: str, attempt: int) -> int:
         sink.flush()  # every metric and sample is stored before the process reports its end
 
 
-def _run_kind(
-    spec: Any,
-    config: dict[str, Any],
-    sink: DatabaseSink,
-    settings: Any,
-    job_id: str,
-    model_path: str,
-    checkpoint: str | None,
-    resolve: Any,
-    work: Path,
-) -> int:
-    out = job_dir(settings.artifact_dir, job_id)
+def _run_kind(run: JobRun) -> int:
+    """The kind's runner (its spec's `job.runner`, worker/runners.py) in this process."""
     world = world_size()
-    sink.event(
+    run.sink.event(
         "started",
-        f"job process {os.getpid()} started ({spec.kind})" + (f", rank 0 of {world}" if world > 1 else ""),
+        f"job process {os.getpid()} started ({run.spec.kind})" + (f", rank 0 of {world}" if world > 1 else ""),
         data={"pid": os.getpid(), "processes": world},
     )
-
-    if spec.kind == "eval":
-        from evaluator.chat import judges
-        from evaluator.recipes import stored_recipe
-        from evaluator.run import run_eval
-        from trainer.rm_scorer import rm_scorers
-
-        run_eval(
-            spec,
-            sink,
-            model_path=model_path,
-            data_dir=settings.data_dir,
-            results_dir=out / "eval",
-            model_ref=spec.model,
-            checkpoint=checkpoint,
-            work_dir=work / "eval",
-            rm_scorer=rm_scorers(lambda ref: resolve(ref)[0]) if spec.grader is not None else None,
-            judge=judges(lambda ref: resolve(ref)[0]) if spec.grader is not None else None,
-            resolved_recipe=stored_recipe(config),
-        )
-    elif spec.kind == "grpo":
-        from trainer.grpo import run_grpo
-        from worker.vllm_server import URL_ENV
-
-        run_grpo(
-            spec,
-            config,
-            sink,
-            model_path=model_path,
-            data_dir=settings.data_dir,
-            out_dir=out / "train",
-            resolve_model=lambda ref: resolve(ref)[0],
-            vllm_server_url=os.environ.get(URL_ENV),
-            work_dir=work / "train",
-        )
-    elif spec.kind == "sft":
-        from trainer.sft import run_sft
-
-        run_sft(
-            spec,
-            sink,
-            model_path=model_path,
-            data_dir=settings.data_dir,
-            out_dir=out / "train",
-            work_dir=work / "train",
-        )
-    elif spec.kind == "reward_model":
-        from trainer.reward_model import run_reward_model
-
-        policy_path = resolve(spec.policy)[0] if spec.policy else model_path
-        run_reward_model(
-            spec,
-            sink,
-            model_path=model_path,
-            policy_path=policy_path,
-            data_dir=settings.data_dir,
-            out_dir=out / "train",
-            model_ref=f"job:{job_id}",
-            work_dir=work / "train",
-        )
-    elif spec.kind == "grade":
-        from evaluator.chat import judges
-        from evaluator.graders import grade_items
-        from evaluator.vllm_backend import ENGINE_URL_ENV
-        from trainer.rm_scorer import rm_scorers
-
-        items = spec.items
-        results = grade_items(
-            spec.grader,
-            [i.completion for i in items],
-            [i.answer for i in items],
-            prompts=[i.prompt for i in items],
-            rm_scorer=rm_scorers(lambda ref: resolve(ref)[0]),
-            judge=judges(lambda ref: resolve(ref)[0], engine_url=os.environ.get(ENGINE_URL_ENV)),
-            items=[i.fields or {} for i in items],
-        )
-        rows = []
-        for item, r in zip(items, results, strict=True):
-            data = {"answer": item.answer, "score": r.score, "reason": r.reason, "error": r.error, "sub": r.sub}
-            rows.append({"prompt": item.prompt, "completion": item.completion, "data": data})
-        sink.samples(0, rows)
-        mean = sum(r.score for r in results) / len(results)
-        sink.event("scored", f"{len(results)} items graded, mean score {mean:.4g}", data={"mean": mean})
-    elif spec.kind == "generate":
-        from evaluator.chat import run_generate
-        from evaluator.vllm_backend import ENGINE_URL_ENV
-
-        engine_url = os.environ.get(ENGINE_URL_ENV)  # set when the worker gave it its warm engine
-        if spec.backend == "vllm" and engine_url is None:
-            raise NotAvailable(
-                "backend 'vllm' answers on the worker's warm engine, and this worker keeps none "
-                "(worker.warm_engines is 0): set backend to 'auto' or 'hf'"
-            )
-        run_generate(spec, sink, model_path, engine_url)
-    else:
-        raise NotAvailable(f"job kind '{spec.kind}' is not available on this worker")
+    function(run.spec.job.runner)(run)
     return EXIT_OK
 
 
@@ -318,7 +210,7 @@ def _check_memory(spec: Any, config: dict[str, Any], model_path: str, settings: 
     is the pool's from settings (MATHRL_MEMORY__POOLS, as at submit), else this worker's first
     visible GPU's (torch). A plan over it fails the job, with what would fit, before the model
     loads; a plan checked at submit is not checked again."""
-    if spec.kind not in ("grpo", "sft") or spec.resources.gpus == 0:
+    if not spec.job.memory_plan or spec.resources.gpus == 0:
         return
     from mathrl.memory_plan import check_job
 

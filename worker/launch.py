@@ -21,13 +21,12 @@ from mathrl.processes import is_main as is_main
 from mathrl.processes import rank as rank
 from mathrl.processes import world_size as world_size
 
-TRAINING_KINDS = ("grpo", "sft", "reward_model")
 EXIT_CODE_FILE = "exit-code"
 
 
 def num_processes(spec: Any) -> int:
     """How many processes the job runs as: training jobs honour resources.processes/gpus."""
-    if spec.kind not in TRAINING_KINDS:
+    if not spec.job.training:
         return 1
     # a GRPO job in server mode trains on the GPUs its vLLM server does not take
     return int(getattr(spec, "training_processes", spec.resources.num_processes))

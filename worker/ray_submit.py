@@ -29,7 +29,7 @@ from typing import Any
 
 from service.settings import Settings
 from worker.child import EXIT_DRAINED, EXIT_ERROR, EXIT_OK, EXIT_STOPPED
-from worker.launch import TRAINING_KINDS, read_error
+from worker.launch import read_error
 from worker.ray_train import WORKERS_LINE
 from worker.ray_vllm import SERVER_LINE
 from worker.vllm_server import needs_server
@@ -64,7 +64,7 @@ def forwarded_env(environ: dict[str, str] | None = None) -> dict[str, str]:
 def ray_workers(spec: Any) -> int:
     """Ray Train workers of a training job (processes per node x nodes, less a GRPO job's vLLM
     server GPUs in server mode); 1 for other kinds."""
-    if spec.kind not in TRAINING_KINDS:
+    if not spec.job.training:
         return 1
     return int(getattr(spec, "training_world", spec.resources.num_processes * spec.resources.nodes))
 
@@ -75,7 +75,7 @@ def entrypoint(settings: Settings, spec: Any, job_id: str, owner: str, attempt: 
     none; other kinds (an eval in a Ray pool) run the plain job process as the driver, on the GPUs
     the job asked for."""
     python = settings.ray.python
-    if spec.kind in TRAINING_KINDS:
+    if spec.job.training:
         per_worker = 1 if spec.resources.gpus else 0
         args = ["-m", "worker.ray_train", job_id, owner, str(attempt), str(ray_workers(spec)), str(per_worker)]
         if needs_server(spec):  # GRPO in vLLM server mode: the driver starts the server (worker.ray_vllm)

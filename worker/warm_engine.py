@@ -52,7 +52,6 @@ FAMILY_FILES = (
 )
 VOLATILE_CONFIG = ("_name_or_path", "transformers_version")  # differ between saves of one model
 RELOAD_TIMEOUT = 600.0
-WARM_KINDS = ("eval", "generate", "grade")  # evals, chats with `ft:` models, grading models' answers
 
 
 @dataclass
@@ -91,7 +90,7 @@ def wants_warm_engine(spec: Any, settings: Any) -> bool:
     job process says it is missing)."""
     import importlib.util
 
-    if getattr(spec, "kind", None) not in WARM_KINDS or spec.backend not in ("vllm", "auto"):
+    if not spec.job.warm_engine or spec.backend not in ("vllm", "auto"):
         return False
     if engine_model(spec) is None:
         return False
