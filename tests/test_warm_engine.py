@@ -144,3 +144,24 @@ def test_the_context_length_is_the_models_up_to_the_cap(tmp_path: Path) -> None:
     assert warm_engine.max_model_len(str(tmp_path), 4096) == 4096
     assert warm_engine.max_model_len(str(tmp_path), 16384) == 8192
     assert warm_engine.max_model_len(str(tmp_path / "missing"), 4096) == 4096
+
+
+def test_a_lora_checkpoint_is_answered_without_the_engine(
+    settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A generate job whose model is an adapter directory (a LoRA job's checkpoint) gets no
+    engine (vLLM here serves full models): transformers answers it, and the job's events say why."""
+    from mathrl.specs import parse_spec
+    from worker import supervisor
+
+    adapter = tmp_path / "checkpoint-4"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text("{}")
+    events: list[tuple[str, str]] = []
+    monkeypatch.setattr(supervisor, "_event", lambda url, job, kind, message, *a, **k: events.append((kind, message)))
+    settings.database.url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    spec = parse_spec({"kind": "generate", "model": str(adapter), "prompt": "1 + 1 =", "backend": "auto"})
+    assert supervisor._warm_engine(settings, spec, "p", tmp_path / "engine.log", "job") is None
+    assert warm_engine.running() == [] and events == [
+        ("vllm_engine", f"{adapter} is a LoRA adapter: answered with transformers")
+    ]

@@ -113,7 +113,7 @@ def run_generate(run: JobRun) -> None:
     engine_url = os.environ.get(ENGINE_URL_ENV)  # set when the worker gave it its warm engine
     if run.spec.backend == "vllm" and engine_url is None:
         raise NotAvailable(
-            "backend 'vllm' answers on the worker's warm engine, and this worker keeps none "
-            "(worker.warm_engines is 0): set backend to 'auto' or 'hf'"
+            "backend 'vllm' answers on the worker's warm engine, which this job did not get (the worker "
+            "keeps none: worker.warm_engines is 0; or the model is a LoRA adapter): set backend to 'auto' or 'hf'"
         )
     run_generate(run.spec, run.sink, run.model_path, engine_url)

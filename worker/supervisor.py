@@ -145,8 +145,11 @@ def _run_attempt(
         except Exception as exc:  # a model ref that does not resolve: the job fails with it
             (out / "error.txt").write_text(f"starting the vLLM engine failed: {type(exc).__name__}: {exc}")
             return _record_end(settings, job_id, owner, EXIT_ERROR, False, log_path)
-        server = engine.server
-        env[ENGINE_URL_ENV] = server.url
+        if engine is not None:
+            server = engine.server
+            env[ENGINE_URL_ENV] = server.url
+        else:
+            warm_engine.stop_idle()
     elif spec is not None:
         warm_engine.stop_idle()  # training and HF evals need the GPUs and cores
     if spec is not None and needs_server(spec):
@@ -234,10 +237,16 @@ def _event(
 
 
 def _warm_engine(settings: Settings, spec: Any, project_id: str, log_path: Path, job_id: str) -> Any:
-    """This worker's warm vLLM engine for the eval's model, started if there is none."""
+    """This worker's warm vLLM engine for the job's model, started if there is none; None for a
+    generate or grade job whose model is a LoRA checkpoint (an adapter directory, which the
+    engine does not serve: transformers answers it, with the adapter on its base)."""
     model = engine_model(spec)
     assert model is not None  # wants_warm_engine checked that it has one
     model_path, _ = model_resolver(settings, job_id, project_id)(model)  # as the job's process does
+    folder = Path(model_path)
+    if spec.kind != "eval" and (folder / "adapter_config.json").exists() and not (folder / "config.json").exists():
+        _event(settings.database.url, job_id, "vllm_engine", f"{model} is a LoRA adapter: answered with transformers")
+        return None
     gpus = _visible_gpus()[: spec.resources.gpus] if spec.resources.gpus else []
     engine, came = warm_engine.acquire(settings, model_path, spec.dtype, gpus, log_path, _prepare_child)
     how = {
