@@ -343,3 +343,21 @@ def test_ft_model_names_are_job_references() -> None:
     assert ft_model_ref(name) == f"job:{job}@final"
     assert check_model_ref(ft_model_name("m", "s", job, step=4)) == f"job:{job}@step-4"
     assert ft_model_ref("ft:gpt-4o:org") is None and ft_model_ref("gpt-4o") is None
+
+
+def test_completion_requests_are_checked_before_any_job(openai_client: Any) -> None:
+    """The sampling routes' own refusals, through the `openai` package: no job is made for them.
+    A stop string of any length up to 200 is one stop (a bound on the list once refused it)."""
+    import openai
+
+    name = f"ft:m:s:ftjob-{'0' * 32}"
+    chat = [{"role": "user", "content": "1 + 1?"}]
+    with pytest.raises(openai.NotFoundError, match="does not exist or you do not have access"):
+        openai_client.chat.completions.create(model=name, messages=chat, stop="Answer:")
+    with pytest.raises(openai.UnprocessableEntityError, match="stop"):
+        openai_client.chat.completions.create(model=name, messages=chat, stop=["1", "2", "3", "4", "5"])
+    with pytest.raises(openai.UnprocessableEntityError, match="logprobs"):
+        openai_client.chat.completions.create(model=name, messages=chat, logprobs=True)
+    with pytest.raises(openai.NotFoundError):
+        openai_client.completions.create(model="gpt-4o", prompt="1 + 1 =")
+    assert openai_client.models.list().data == []

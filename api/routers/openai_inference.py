@@ -67,17 +67,16 @@ class StreamOptions(_Open):
     include_usage: bool | None = None
 
 
+StopString = Annotated[str, Field(min_length=1, max_length=200)]
+
+
 class _Sampling(_Open):
     model: str = Field(..., min_length=1, max_length=512, description="An 'ft:' model of your project.")
     max_tokens: int | None = Field(None, ge=1, le=32_768)
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
     n: int | None = Field(None, ge=1, le=16)
-    stop: (
-        Annotated[str, Field(min_length=1, max_length=200)]
-        | list[Annotated[str, Field(min_length=1, max_length=200)]]
-        | None
-    ) = Field(None, max_length=4)
+    stop: StopString | Annotated[list[StopString], Field(max_length=4)] | None = None
     seed: int | None = Field(None, ge=0, le=2**32 - 1)
     stream: bool | None = None
     stream_options: StreamOptions | None = None
