@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import uuid
 from typing import Annotated
 
 from pydantic import AfterValidator, Field
@@ -38,8 +39,7 @@ def job_uuid(ft_id: str) -> str | None:
     m = _FTJOB.match(ft_id)
     if m is None:
         return None
-    h = m.group(1)
-    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+    return str(uuid.UUID(m.group(1)))
 
 
 def ft_model_name(base: str, suffix: str, job_id: str, step: int | None = None) -> str:

@@ -41,6 +41,8 @@ from mathrl.presets import ASYNC_UNSUPPORTED, resolve_grpo
 from mathrl.recipe import Recipe
 from mathrl.registry import Registry
 
+Dtype = Literal["auto", "float32", "bfloat16", "float16"]  # a model's weights dtype, as jobs give it
+
 
 class StrictModel(BaseModel):
     """Unknown fields are errors: a typo must not be silently ignored. NaN and +-Infinity (which
@@ -358,7 +360,7 @@ class EvalSpec(_JobBase):
         "are stored per item and its mean as the 'grader/mean' score.",
     )
     system_prompt: str | None = Field(None, max_length=4000, description="Overrides the recipe's system prompt.")
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field("auto", description="Model weights dtype.")
+    dtype: Dtype = Field("auto", description="Model weights dtype.")
 
     @model_validator(mode="after")
     def _k_fits_n(self) -> EvalSpec:
@@ -465,7 +467,7 @@ class Generation(StrictModel):
         "(resources.nodes > 1) the job has one server, on one node: it takes server_gpus of the job's gpus x nodes, "
         "and Ray places the training workers on the rest.",
     )
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+    dtype: Dtype = Field(
         "auto",
         description="vLLM weights dtype; 'auto' is bfloat16 on a GPU and float32 on a CPU.",
     )
@@ -853,7 +855,7 @@ class GradeSpec(_JobBase):
         description="Where a score_model or label_model grader's model answers: 'vllm' the worker's warm vLLM "
         "engine, 'auto' that engine where the worker has vLLM, 'hf' transformers in the job's process.",
     )
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field("auto", description="The grading model's dtype.")
+    dtype: Dtype = Field("auto", description="The grading model's dtype.")
 
     @model_validator(mode="after")
     def _one_node(self) -> GradeSpec:
@@ -896,7 +898,7 @@ class GenerateSpec(_JobBase):
     backend: Literal["hf", "vllm", "auto"] = Field(
         "hf", description="vllm: the worker's warm vLLM engine; auto: that engine where the worker has vLLM, else hf."
     )
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field("auto", description="Model weights dtype.")
+    dtype: Dtype = Field("auto", description="Model weights dtype.")
 
     @model_validator(mode="after")
     def _one_input(self) -> GenerateSpec:

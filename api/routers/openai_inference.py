@@ -209,7 +209,7 @@ async def _answer(
     job_id = await run_in_threadpool(_submit, project_id, settings, body.model, fields)
     if body.stream:
         usage = bool(body.stream_options and body.stream_options.include_usage)
-        stream = _stream(project_id, settings, job_id, body.model, chat, fields["n"], usage)
+        stream = _stream(settings, job_id, body.model, chat, fields["n"], usage)
         return StreamingResponse(stream, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
     await _wait(settings, job_id)
     rows = await run_in_threadpool(_choices, settings, job_id)
@@ -297,15 +297,18 @@ def _completion(job_id: str, model: str, rows: list[dict[str, Any]], chat: bool)
     return {**base, "object": "text_completion", "choices": choices}
 
 
-def _deltas(settings: Any, job_id: str, after: int) -> list[tuple[int, dict[str, Any]]]:
+def _progress(settings: Any, job_id: str, after: int) -> tuple[str, str | None, list[tuple[int, dict[str, Any]]]]:
+    """The job's status and error, then its 'delta' events after `after`: one session a poll
+    (read in that order, so a job seen ended has all its deltas read too)."""
     with get_sessionmaker(settings.database.url)() as session:
+        job = session.get(Job, job_id)
+        assert job is not None  # the job this request submitted
         q = select(Event.seq, Event.data).where(Event.job_id == job_id, Event.type == "delta", Event.seq > after)
-        return [(seq, data or {}) for seq, data in session.execute(q.order_by(Event.seq)).all()]
+        deltas = [(seq, data or {}) for seq, data in session.execute(q.order_by(Event.seq)).all()]
+        return job.status, job.error, deltas
 
 
-async def _stream(
-    project_id: str, settings: Any, job_id: str, model: str, chat: bool, n: int, usage: bool
-) -> AsyncIterator[str]:
+async def _stream(settings: Any, job_id: str, model: str, chat: bool, n: int, usage: bool) -> AsyncIterator[str]:
     """OpenAI's server-sent chunks of the job's text as it is stored, the finish reasons, the
     usage if asked, then [DONE]; an error chunk if the job fails or times out."""
     created = int(time.time())
@@ -333,8 +336,8 @@ async def _stream(
         last = 0
         deadline = time.monotonic() + settings.fine_tuning.inference_timeout_seconds
         while True:
-            status, job_error = await run_in_threadpool(_status, settings, job_id)
-            for seq, data in await run_in_threadpool(_deltas, settings, job_id, last):
+            status, job_error, deltas = await run_in_threadpool(_progress, settings, job_id, last)
+            for seq, data in deltas:
                 last = seq
                 yield chunk(int(data.get("index", 0)), str(data.get("text", "")))
             if status in TERMINAL:
