@@ -40,18 +40,13 @@ def prompts_for(model: str, limit: int, data_dir: str) -> list[str]:
 
 
 def time_backend(backend: str, model: str, texts: list[str], max_new_tokens: int, batch_size: int) -> dict:
-    from evaluator.models import load_model, load_tokenizer
+    from evaluator.backends import backend as named
+    from evaluator.models import load_tokenizer
 
     tok = load_tokenizer(model)
     t0 = time.perf_counter()
-    if backend == "vllm":
-        from evaluator import vllm_backend as b
-
-        engine = b.load_engine(model, seed=0, max_model_len=2048)
-    else:
-        from evaluator import hf_backend as b  # type: ignore[no-redef]
-
-        engine = load_model(model)
+    b = named(backend)
+    engine = b.load(model, seed=0, max_model_len=2048)
     startup = time.perf_counter() - t0
     b.generate(engine, tok, texts[:2], max_new_tokens=8, batch_size=2)  # warm-up
     t1 = time.perf_counter()

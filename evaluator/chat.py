@@ -59,7 +59,7 @@ class ChatModel:
         seed: int = 0,
         should_stop: Callable[[], bool] | None = None,
     ) -> list[list[Choice]]:
-        from evaluator.hf_backend import generate
+        from evaluator.backends.hf import generate
 
         out = generate(
             self.model,
@@ -91,7 +91,7 @@ class ChatModel:
         import torch
         from transformers import TextIteratorStreamer
 
-        from evaluator.hf_backend import cut_at_stop, eos_ids
+        from evaluator.backends.hf import cut_at_stop, eos_ids
 
         enc = self.tokenizer(prompt, return_tensors="pt", add_special_tokens=False).to(self.model.device)
         streamer = TextIteratorStreamer(self.tokenizer, skip_prompt=True, skip_special_tokens=True)
@@ -211,7 +211,7 @@ def _generate_remote(spec: Any, url: str, deltas: DeltaWriter) -> tuple[int, lis
     """The request sent to the warm engine's own OpenAI server, streamed, its deltas stored."""
     import httpx
 
-    from evaluator.vllm_backend import connect
+    from evaluator.backends.vllm import connect
 
     engine = connect(url, timeout=600)
     body: dict[str, Any] = {
@@ -306,7 +306,7 @@ def _answer_remote(url: str, chats: Sequence[list[dict[str, str]]], p: Mapping[s
 
     import httpx
 
-    from evaluator.vllm_backend import connect
+    from evaluator.backends.vllm import connect
 
     engine = connect(url, timeout=600)
     body = {

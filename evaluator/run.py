@@ -6,44 +6,19 @@ import json
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-from evaluator import hf_backend, prompts
+from evaluator import prompts
+from evaluator.backends import backend
 from evaluator.benchmarks import Benchmark, find_benchmark, get_benchmark
 from evaluator.data import Problem, custom_source, load_benchmark, load_custom_set
 from evaluator.graders import Judge, RMScorer, grade_items
 from evaluator.grading import answers_match, grade
-from evaluator.hf_backend import Generation
 from evaluator.metrics import accuracy_breakdown, maj_at_k, pass_at_k, wilson_interval
-from evaluator.models import load_model, load_tokenizer
+from evaluator.models import load_tokenizer
 from evaluator.recipes import ResolvedRecipe, resolve_recipe
 from mathrl.sink import Sink
 from mathrl.specs import EvalSpec
-
-
-class _Backend(Protocol):
-    """What run_eval uses of a generation backend: the module evaluator/hf_backend.py or vllm_backend.py."""
-
-    BACKEND: str
-
-    def backend_version(self) -> str: ...
-
-    def generate(
-        self,
-        model: Any,
-        tokenizer: Any,
-        prompts: list[str],
-        *,
-        max_new_tokens: int,
-        stop: list[str] | None = ...,
-        temperature: float = ...,
-        top_p: float = ...,
-        n: int = ...,
-        seed: int = ...,
-        batch_size: int = ...,
-        on_batch: Callable[[int, int], None] | None = ...,
-        should_stop: Callable[[], bool] | None = ...,
-    ) -> list[list[Generation]]: ...
 
 
 def run_eval(
@@ -79,23 +54,12 @@ def run_eval(
     texts = [prompts.render(recipe, p.question, tokenizer, shots=sh) for p, sh in zip(problems, shots, strict=True)]
     s = spec.sampling
     max_new_tokens = resolved.max_new_tokens
-    backend: _Backend
-    if spec.backend == "vllm":
-        from evaluator import vllm_backend
-
-        backend = vllm_backend
-
-        # the longest sequence this run needs, not the model's maximum: vLLM reserves KV cache
-        # for at least one full-length request, which on a CPU can exceed its share of memory
+    engine = backend(spec.backend)
+    max_model_len = None  # the longest sequence this run needs, for an engine sized by it
+    if engine.sized_by_sequence:
         longest = max((len(tokenizer(t, add_special_tokens=False).input_ids) for t in texts), default=0)
-        model = _warm_engine(sink, longest + max_new_tokens)
-        if model is None:
-            model = vllm_backend.load_engine(
-                model_path, dtype=spec.dtype, seed=s.seed, max_model_len=longest + max_new_tokens
-            )
-    else:
-        backend = hf_backend
-        model = load_model(model_path, dtype=spec.dtype)
+        max_model_len = longest + max_new_tokens
+    model = engine.load(model_path, dtype=spec.dtype, seed=s.seed, max_model_len=max_model_len, sink=sink)
     sink.event("loaded", f"{spec.backend} backend ready in {time.monotonic() - t0:.1f}s")
 
     t1 = time.monotonic()
@@ -106,7 +70,7 @@ def run_eval(
             last[0] = time.monotonic()
             sink.progress(done, total, f"generating ({done / max(time.monotonic() - t1, 1e-9):.2f} problems/s)")
 
-    gens = backend.generate(
+    gens = engine.generate(
         model,
         tokenizer,
         texts,
@@ -208,8 +172,8 @@ def run_eval(
         "benchmark_version": bench.version,
         "n": n_problems,
         "sampling": {**s.model_dump(), "max_new_tokens": max_new_tokens},
-        "backend": backend.BACKEND,
-        "backend_version": backend.backend_version(),
+        "backend": engine.name,
+        "backend_version": engine.version(),
         "prompt_hash": recipe.digest(tokenizer.chat_template),
         "recipe": resolved.name,
         "recipe_config": resolved.record(),
@@ -231,28 +195,6 @@ def run_eval(
         data=values,
     )
     return {**values, **{metric: correct / n for metric, (correct, n) in groups.items()}}
-
-
-def _warm_engine(sink: Sink, needed: int) -> Any:
-    """The worker's warm vLLM engine (worker/warm_engine.py) when it gave this job one that
-    holds `needed` tokens; None: load an engine here."""
-    import os
-
-    from evaluator import vllm_backend
-
-    url = os.environ.get(vllm_backend.ENGINE_URL_ENV)
-    if not url:
-        return None
-    timeout = float(os.environ.get("MATHRL_EVAL_ENGINE_TIMEOUT", "900"))  # a new CPU engine compiles for minutes
-    engine = vllm_backend.connect(url, timeout, sink.should_stop)
-    if needed > engine.max_model_len:
-        sink.event(
-            "loading",
-            f"this eval needs {needed} tokens a sequence, more than the warm engine's {engine.max_model_len} "
-            "(worker.warm_engine_max_model_len): loading an engine of its own",
-        )
-        return None
-    return engine
 
 
 def _problems(spec: EvalSpec, data_dir: str | None) -> tuple[Benchmark, list[Problem]]:

@@ -42,6 +42,8 @@ from mathrl.recipe import Recipe
 from mathrl.registry import Registry
 
 Dtype = Literal["auto", "float32", "bfloat16", "float16"]  # a model's weights dtype, as jobs give it
+# the generation backends a job can name: evaluator/backends' BACKENDS (a quick test holds them equal)
+GenerationBackend = Literal["hf", "vllm"]
 
 
 class StrictModel(BaseModel):
@@ -345,7 +347,7 @@ class EvalSpec(_JobBase):
         "own. 'few_shot', 'system_prompt' and 'sampling.max_new_tokens', when given, override the recipe's.",
     )
     limit: int | None = Field(None, ge=1, le=1_000_000, description="Evaluate only the first N problems.")
-    backend: Literal["hf", "vllm"] = Field("hf", description="Generation backend.")
+    backend: GenerationBackend = Field("hf", description="Generation backend.")
     batch_size: int = Field(16, ge=1, le=4096, description="Prompts per generation batch (hf backend).")
     sampling: Sampling = Field(default_factory=Sampling, description="Decoding: greedy by default; n > 1 for pass@k.")
     k: list[Annotated[int, Field(ge=1, le=1024)]] = Field(
@@ -445,7 +447,7 @@ class Generation(StrictModel):
     """How a GRPO job samples its completions. The backend that ran is stored with the job
     (resolved config `generation_backend`, and a 'generation' event from the worker)."""
 
-    backend: Literal["auto", "hf", "vllm"] = Field(
+    backend: Literal["auto"] | GenerationBackend = Field(
         "auto",
         description="'vllm': vLLM's engine; 'hf': transformers' generate; 'auto': vLLM (colocated) on GPU "
         "jobs, hf on CPU jobs (vLLM's CPU build runs when asked for explicitly).",
@@ -790,7 +792,7 @@ class RewardModelSpec(_JobBase):
         default_factory=lambda: Sampling(temperature=0.7, n=8, max_new_tokens=512),
         description="How the policy samples solutions (temperature, length).",
     )
-    backend: Literal["hf", "vllm"] = Field(
+    backend: GenerationBackend = Field(
         "hf",
         description="Backend that samples the policy's solutions (and the process RM's step rollouts): "
         "'hf' (transformers) or 'vllm' (vLLM's offline engine; needs a worker with vLLM).",
@@ -850,7 +852,7 @@ class GradeSpec(_JobBase):
     job: ClassVar[JobKind] = JobKind("worker.runners:run_grade", warm_engine=True, loads_model=False)
     grader: Grader = Field(..., description="The grader (mathrl/graders.py), with a reward model in it.")
     items: list[GraderItem] = Field(..., min_length=1, max_length=1000, description="At most 1000 per job.")
-    backend: Literal["hf", "vllm", "auto"] = Field(
+    backend: GenerationBackend | Literal["auto"] = Field(
         "hf",
         description="Where a score_model or label_model grader's model answers: 'vllm' the worker's warm vLLM "
         "engine, 'auto' that engine where the worker has vLLM, 'hf' transformers in the job's process.",
@@ -895,7 +897,7 @@ class GenerateSpec(_JobBase):
     )
     seed: int | None = Field(None, ge=0, le=2**32 - 1, description="Sampling seed.")
     stream: bool = Field(False, description="Store the text as 'delta' events while it is generated.")
-    backend: Literal["hf", "vllm", "auto"] = Field(
+    backend: GenerationBackend | Literal["auto"] = Field(
         "hf", description="vllm: the worker's warm vLLM engine; auto: that engine where the worker has vLLM, else hf."
     )
     dtype: Dtype = Field("auto", description="Model weights dtype.")

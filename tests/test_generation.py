@@ -161,15 +161,30 @@ def test_a_servers_environment_keeps_every_core_on_a_small_cpu_machine(monkeypat
 def test_vllm_on_a_cpu_without_a_cxx_compiler_runs_eager(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """torch.compile's CPU backend needs a C++ compiler; the worker-cpu image has none, and an
     engine that tried to compile there failed to start ("No working C++ compiler found")."""
-    from evaluator import vllm_backend
+    from evaluator.backends import vllm
 
     monkeypatch.delenv("MATHRL_VLLM_ENFORCE_EAGER", raising=False)
     monkeypatch.delenv("CXX", raising=False)
     monkeypatch.setenv("PATH", str(tmp_path))
-    assert vllm_backend.cxx_compiler() is None
-    assert vllm_backend.engine_options("auto")["enforce_eager"] is True
+    assert vllm.cxx_compiler() is None
+    assert vllm.engine_options("auto")["enforce_eager"] is True
     gxx = tmp_path / "g++"
     gxx.write_text("#!/bin/sh\n")
     gxx.chmod(0o755)
-    assert vllm_backend.cxx_compiler() == str(gxx)
-    assert "enforce_eager" not in vllm_backend.engine_options("auto")
+    assert vllm.cxx_compiler() == str(gxx)
+    assert "enforce_eager" not in vllm.engine_options("auto")
+
+
+def test_the_backends_a_spec_accepts_are_the_registered_ones() -> None:
+    """Adding a backend is a module under evaluator/backends/ and its line in BACKENDS; the specs'
+    list of names must follow (mathrl/ cannot import the evaluator to read it)."""
+    from typing import get_args
+
+    from evaluator.backends import BACKENDS, Backend, backend
+    from mathrl.specs import GenerationBackend
+
+    assert set(get_args(GenerationBackend)) == set(BACKENDS)
+    for name, cls in BACKENDS.items():
+        assert issubclass(cls, Backend) and cls.name == name
+    with pytest.raises(ValueError, match="unknown generation backend 'vlm'. Did you mean 'vllm'"):
+        backend("vlm")

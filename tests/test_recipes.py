@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from evaluator import prompts
+from evaluator.backends.hf import cut_at_stop
 from evaluator.benchmarks import REGISTRY, get_benchmark
 from evaluator.data import load_benchmark
 from evaluator.grading import grade
-from evaluator.hf_backend import cut_at_stop
 from evaluator.recipes import RECIPES, UnknownRecipe, get_recipe, resolve_recipe
 from mathrl.errors import FieldError
 from mathrl.recipe import Recipe

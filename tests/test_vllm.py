@@ -88,7 +88,7 @@ def test_eval_job_on_a_worker_with_vllm(vllm_ready: Path, service: Service, mode
         c = service.client()
         # sampled with a seed, and more prompt tokens than one engine step holds: on the CPU a
         # seeded request whose prefill vLLM split killed the engine ("CPU Generator does not use
-        # offset"); evaluator.vllm_backend.engine_options turns prefill chunking off there
+        # offset"); evaluator.backends.vllm.engine_options turns prefill chunking off there
         job = c.jobs.create(
             {
                 "kind": "eval",

@@ -33,8 +33,8 @@ def main(mode: str, model: str, out: str) -> None:
     from datasets import Dataset
     from trl import GRPOConfig
 
+    from evaluator.backends.vllm import engine_options
     from evaluator.models import load_tokenizer
-    from evaluator.vllm_backend import engine_options
     from trainer.grpo_config import lora_config
     from trainer.grpo_loop import LoopOptions, MathrlGRPOTrainer
 

@@ -45,7 +45,7 @@ def generation_backend(config: dict[str, Any], sink: Sink) -> str:
 
 def vllm_engine_options(spec: GRPOSpec, config: dict[str, Any]) -> dict[str, Any]:
     """Engine arguments for GRPO's colocated vLLM (same dtype and CPU rules as eval jobs)."""
-    from evaluator.vllm_backend import engine_options
+    from evaluator.backends.vllm import engine_options
 
     gen = spec.generation
     # colocated with training: TRL's 0.3 of the GPU unless the spec says otherwise
@@ -164,12 +164,10 @@ def run_grpo(
     return save_final(trainer, tokenizer, out_dir, sink, train_seconds, work_dir)
 
 
-def _backend_version(backend: str) -> str:
-    if backend == "vllm":
-        from evaluator.vllm_backend import backend_version
-    else:
-        from evaluator.hf_backend import backend_version
-    return str(backend_version())
+def _backend_version(name: str) -> str:
+    from evaluator.backends import backend
+
+    return backend(name).version()
 
 
 def _describe_generation(backend: str, spec: GRPOSpec, engine: dict[str, Any] | None, seconds: float) -> str:

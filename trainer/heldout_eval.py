@@ -10,7 +10,7 @@ weighted as in training: the series `heldout/reward` (the mean) and `heldout/sec
 
 Generation: a GRPO job's colocated vLLM engine, which already holds the policy, after syncing
 the step's weights into it (so no second engine starts); otherwise the trained model itself
-through evaluator.hf_backend. One process generates (the main rank); the others wait.
+through evaluator.backends.hf. One process generates (the main rank); the others wait.
 
 The time it takes is kept out of the step's training time (`eval_seconds` in the trainer's
 timings, trainer/callbacks.py)."""
@@ -143,13 +143,13 @@ class HeldoutEvalCallback(TrainerCallback):
             )
             outs = [o.outputs[0] for o in engine.llm.generate(self.texts, params, use_tqdm=False)]
             return [o.text for o in outs], [o.finish_reason == "length" for o in outs], "the colocated vLLM engine"
-        from evaluator import hf_backend
+        from evaluator.backends import hf
 
         model = self.trainer.accelerator.unwrap_model(self.trainer.model)
         was_training, side = model.training, self.tokenizer.padding_side
         model.eval()
         try:
-            gens = hf_backend.generate(
+            gens = hf.generate(
                 model,
                 self.tokenizer,
                 self.texts,

@@ -16,11 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from evaluator import hf_backend, prompts
+from evaluator import prompts
+from evaluator.backends import HF, Backend, backend
 from evaluator.data import Problem
 from evaluator.grading import grade
 from evaluator.metrics import maj_at_k, wilson_interval
-from evaluator.models import load_model, load_tokenizer
+from evaluator.models import load_tokenizer
 from mathrl.errors import StopRequested
 from mathrl.processes import is_main
 from mathrl.sink import Sink
@@ -39,18 +40,19 @@ class Sampled:
     correct: list[bool]
 
 
-def load_policy(spec: RewardModelSpec, policy_path: str, prompts_for_length: list[str], tok: Any) -> tuple[Any, Any]:
-    """(generation module, model or engine) for the spec's sampling backend."""
-    if spec.backend == "vllm":
-        from evaluator import vllm_backend
-
+def load_policy(
+    spec: RewardModelSpec, policy_path: str, prompts_for_length: list[str], tok: Any
+) -> tuple[Backend, Any]:
+    """(backend, model or engine) for the spec's sampling backend."""
+    engine = backend(spec.backend)
+    max_model_len = None
+    if engine.sized_by_sequence:
         longest = max((len(tok(t, add_special_tokens=False).input_ids) for t in prompts_for_length), default=0)
         # process-RM rollouts continue a prefix of a sampled solution: room for two completions
         max_new_tokens = spec.sampling.max_new_tokens
         assert max_new_tokens is not None  # RewardModelSpec's validator sets it
-        room = max_new_tokens * (2 if spec.type == "process" else 1)
-        return vllm_backend, vllm_backend.load_engine(policy_path, seed=spec.seed, max_model_len=longest + room)
-    return hf_backend, load_model(policy_path)
+        max_model_len = longest + max_new_tokens * (2 if spec.type == "process" else 1)
+    return engine, engine.load(policy_path, seed=spec.seed, max_model_len=max_model_len)
 
 
 def sample_solutions(
@@ -59,18 +61,19 @@ def sample_solutions(
     policy_path: str,
     problems: list[Problem],
     template: str,
-    policy: tuple[Any, Any] | None = None,
+    policy: tuple[Backend, Any] | None = None,
 ) -> list[Sampled]:
     tok = load_tokenizer(policy_path)
     texts = [prompts.render(template, p.question, tok) for p in problems]
-    backend, model = policy or load_policy(spec, policy_path, texts, tok)
+    sampler, model = policy or load_policy(spec, policy_path, texts, tok)
     sink.event(
         "sampling",
-        f"sampling with the {spec.backend} backend ({backend.backend_version()})",
-        data={"backend": spec.backend, "version": backend.backend_version()},
+        f"sampling with the {spec.backend} backend ({sampler.version()})",
+        data={"backend": spec.backend, "version": sampler.version()},
     )
     s = spec.sampling
-    gens = backend.generate(
+    assert s.max_new_tokens is not None  # RewardModelSpec's validator sets it
+    gens = sampler.generate(
         model,
         tok,
         texts,
@@ -110,12 +113,15 @@ def step_rollout_correct(solved: str, rollout: Any, gold: str) -> bool:
 
 
 def process_labels(
-    spec: RewardModelSpec, sink: Sink, model: Any, tok: Any, sampled: list[Sampled], backend: Any = hf_backend
+    spec: RewardModelSpec, sink: Sink, model: Any, tok: Any, sampled: list[Sampled], sampler: Backend | None = None
 ) -> list[dict[str, Any]]:
     """Math-Shepherd hard labels: step i is good if one of k completions from steps[:i+1] is right.
     A completion is graded as the whole solution it finishes (the prefix's steps, then the
     continuation): a prefix that already states the answer is not judged by a continuation that
     need not repeat it."""
+    sampler = sampler or HF()
+    max_new_tokens = spec.sampling.max_new_tokens
+    assert max_new_tokens is not None  # RewardModelSpec's validator sets it
     rows = []
     total = sum(len(s.completions) for s in sampled)
     done = 0
@@ -128,11 +134,11 @@ def process_labels(
                     labels.append(int(ok))  # the last step's label is the outcome itself
                     continue
                 solved = STEP_TAG.join(steps[: i + 1]) + STEP_TAG
-                gens = backend.generate(
+                gens = sampler.generate(
                     model,
                     tok,
                     [s.prompt + solved],
-                    max_new_tokens=spec.sampling.max_new_tokens,
+                    max_new_tokens=max_new_tokens,
                     temperature=max(spec.sampling.temperature, 0.3),
                     n=spec.completions_per_step,
                     seed=spec.seed + i,
@@ -352,7 +358,7 @@ def run_reward_model(
     policy_tok = load_tokenizer(policy_path)
     texts = [prompts.render(template, p.question, policy_tok) for p in train + held]
     policy = load_policy(spec, policy_path, texts, policy_tok)
-    sampler_version = policy[0].backend_version()
+    sampler_version = policy[0].version()
     sampled = sample_solutions(spec, sink, policy_path, train + held, template, policy)
     s_train, s_held = sampled[: len(train)], sampled[len(train) :]
     frac = sum(sum(s.correct) for s in sampled) / max(sum(len(s.correct) for s in sampled), 1)

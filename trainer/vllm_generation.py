@@ -5,7 +5,7 @@ generation and weight sync.
 TRL 1.16 builds its `VLLMGeneration` inside `GRPOTrainer.__init__` with a fixed set of engine
 arguments (no dtype, no KV-cache size, no prefix caching) and a server mode whose weight sync
 is NCCL only. `TimedGRPOTrainer` swaps in `MathrlVLLMGeneration`, which
-- colocate: builds the engine from `evaluator.vllm_backend.engine_options` (the same dtype and
+- colocate: builds the engine from `evaluator.backends.vllm.engine_options` (the same dtype and
   cache rules as eval jobs);
 - server with a LoRA model: talks to the worker's `vllm serve --enable-lora` (worker.vllm_server)
   through `AdapterServerClient`, and syncs by saving the adapter and loading it by name;
@@ -25,7 +25,7 @@ import torch
 from trl import GRPOTrainer
 from trl.generation.vllm_generation import VLLMGeneration
 
-from evaluator.vllm_backend import BATCHED_TOKENS
+from evaluator.backends.vllm import BATCHED_TOKENS
 from evaluator.vllm_reload import retie_lm_head
 
 

@@ -81,9 +81,9 @@ def run_reward_model(run: JobRun) -> None:
 
 def run_grade(run: JobRun) -> None:
     """Each item's score and reason as the job's samples (graders that load a model)."""
+    from evaluator.backends.vllm import ENGINE_URL_ENV
     from evaluator.chat import judges
     from evaluator.graders import grade_items
-    from evaluator.vllm_backend import ENGINE_URL_ENV
     from trainer.rm_scorer import rm_scorers
 
     items = run.spec.items
@@ -107,8 +107,8 @@ def run_grade(run: JobRun) -> None:
 
 def run_generate(run: JobRun) -> None:
     """A chat or prompt answered (POST /v1/chat/completions, /v1/completions)."""
+    from evaluator.backends.vllm import ENGINE_URL_ENV
     from evaluator.chat import run_generate
-    from evaluator.vllm_backend import ENGINE_URL_ENV
 
     engine_url = os.environ.get(ENGINE_URL_ENV)  # set when the worker gave it its warm engine
     if run.spec.backend == "vllm" and engine_url is None:

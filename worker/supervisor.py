@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from evaluator.vllm_backend import ENGINE_URL_ENV
+from evaluator.backends.vllm import ENGINE_URL_ENV
 from mathrl.specs import parse_spec
 from service.settings import Settings
 from store.db import retry_transient, session_scope

@@ -58,7 +58,7 @@ def server_command(
 ) -> list[str]:
     """The server's command line, listening on host:port (loopback on the worker; the node's address
     on a Ray node, where the trainers reach it from other nodes: worker.ray_vllm)."""
-    from evaluator.vllm_backend import engine_options
+    from evaluator.backends.vllm import engine_options
 
     gen = spec.generation
     max_len = config["max_prompt_length"] + config["max_completion_length"]
@@ -185,10 +185,10 @@ def start_server(
 
 
 def server_env() -> dict[str, str]:
-    """This process's environment, with the engine's own settings (evaluator.vllm_backend.engine_env:
+    """This process's environment, with the engine's own settings (evaluator.backends.vllm.engine_env:
     on a small CPU machine every core generates) and what our syncs need of the server: adapters
     loaded at run time, and the development routes (/collective_rpc, /reset_prefix_cache)."""
-    from evaluator.vllm_backend import engine_env
+    from evaluator.backends.vllm import engine_env
 
     return {**os.environ, **engine_env(), "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1", "VLLM_SERVER_DEV_MODE": "1"}
 

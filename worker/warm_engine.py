@@ -5,7 +5,7 @@ a GPU, which is most of a 100-problem eval. So an eval job with `backend: vllm` 
 its own engine: the supervisor hands it a vLLM OpenAI server (`vllm serve`) of the job's model
 and keeps that server after the job. The next eval job of the same model on this worker (the
 same resolved path, dtype and GPUs) generates on it at once. The job process reaches it at
-MATHRL_EVAL_ENGINE_URL (evaluator/vllm_backend.py `generate_remote`); the scores are the
+MATHRL_EVAL_ENGINE_URL (evaluator/backends/vllm.py `generate_remote`); the scores are the
 same as the offline engine's: the same engine, requests and sampling settings.
 
 A warm engine is stopped when it has been idle `worker.warm_engine_idle_seconds`, when another
@@ -152,7 +152,7 @@ def reload_weights(server: VLLMServer, model_path: str) -> float:
 
 def server_command(model_path: str, dtype: str, length: int, port: int, gpus: int) -> list[str]:
     """`vllm serve` for eval jobs, with the engine arguments every engine of ours gets."""
-    from evaluator.vllm_backend import engine_options
+    from evaluator.backends.vllm import engine_options
 
     opts = engine_options(dtype, max_model_len=length)
     cmd = [

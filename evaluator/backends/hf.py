@@ -11,12 +11,11 @@ batch's longest completion (a decode step at batch 16 costs ~0.47 s on 2 cores w
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
+from evaluator.backends.base import Backend, Generation
 from mathrl.errors import StopRequested
-
-BACKEND = "hf"
+from mathrl.sink import Sink
 
 
 def backend_version() -> str:
@@ -24,13 +23,6 @@ def backend_version() -> str:
     import transformers
 
     return f"transformers-{transformers.__version__}+torch-{torch.__version__}"
-
-
-@dataclass
-class Generation:
-    text: str
-    tokens: int
-    truncated: bool  # hit max_new_tokens without EOS
 
 
 def generate(
@@ -48,8 +40,7 @@ def generate(
     on_batch: Callable[[int, int], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
 ) -> list[list[Generation]]:
-    """Return, for each prompt, its n generations (in prompt order). A completion ends at EOS or
-    at the first of the `stop` strings, which is cut off (as lm-evaluation-harness does)."""
+    """`Backend.generate` with transformers (`HF`)."""
     import torch
 
     tokenizer.padding_side = "left"
@@ -205,3 +196,22 @@ def eos_ids(model: Any, tokenizer: Any) -> list[int]:
         if isinstance(tid, int):
             ids.add(tid)
     return sorted(ids)
+
+
+class HF(Backend):
+    """Hugging Face transformers: `generate` above, a model loaded by evaluator.models."""
+
+    name = "hf"
+
+    def version(self) -> str:
+        return backend_version()
+
+    def load(
+        self, model_path: str, *, dtype: str = "auto", seed: int = 0, max_model_len: int | None = None,
+        sink: Sink | None = None,
+    ) -> Any:  # fmt: skip
+        from evaluator.models import load_model
+
+        return load_model(model_path, dtype=dtype)
+
+    generate = staticmethod(generate)

@@ -11,10 +11,9 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from evaluator.hf_backend import Generation
+from evaluator.backends.base import Backend, Generation
 from mathrl.errors import StopRequested
-
-BACKEND = "vllm"
+from mathrl.sink import Sink
 
 
 def backend_version() -> str:
@@ -164,7 +163,7 @@ def generate_remote(
 
     import httpx
 
-    from evaluator.hf_backend import eos_ids
+    from evaluator.backends.hf import eos_ids
 
     body = {
         "model": engine.model,
@@ -213,7 +212,7 @@ def generate_remote(
 
 
 def generate(
-    engine: Any,
+    model: Any,
     tokenizer: Any,
     prompts: list[str],
     *,
@@ -227,15 +226,15 @@ def generate(
     on_batch: Callable[[int, int], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
 ) -> list[list[Generation]]:
-    if isinstance(engine, RemoteEngine):
+    if isinstance(model, RemoteEngine):
         return generate_remote(
-            engine, tokenizer, prompts, max_new_tokens=max_new_tokens, stop=stop, temperature=temperature,
+            model, tokenizer, prompts, max_new_tokens=max_new_tokens, stop=stop, temperature=temperature,
             top_p=top_p, n=n, seed=seed, on_batch=on_batch, should_stop=should_stop,
         )  # fmt: skip
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from evaluator.hf_backend import eos_ids
+    from evaluator.backends.hf import eos_ids
 
     params = SamplingParams(
         n=n,
@@ -256,7 +255,7 @@ def generate(
             TokensPrompt(prompt_token_ids=tokenizer(p, add_special_tokens=False).input_ids)
             for p in prompts[start : start + batch_size]
         ]
-        for out in engine.generate(chunk, params, use_tqdm=False):
+        for out in model.generate(chunk, params, use_tqdm=False):
             results.append(
                 [
                     Generation(text=o.text, tokens=len(o.token_ids), truncated=o.finish_reason == "length")
@@ -266,3 +265,43 @@ def generate(
         if on_batch is not None:
             on_batch(len(results), len(prompts))
     return results
+
+
+def warm_engine(sink: Sink, needed: int) -> RemoteEngine | None:
+    """The worker's warm vLLM engine (worker/warm_engine.py) when it gave this job one that
+    holds `needed` tokens; None: load an engine here."""
+    url = os.environ.get(ENGINE_URL_ENV)
+    if not url:
+        return None
+    timeout = float(os.environ.get("MATHRL_EVAL_ENGINE_TIMEOUT", "900"))  # a new CPU engine compiles for minutes
+    engine = connect(url, timeout, sink.should_stop)
+    if needed > engine.max_model_len:
+        sink.event(
+            "loading",
+            f"this eval needs {needed} tokens a sequence, more than the warm engine's {engine.max_model_len} "
+            "(worker.warm_engine_max_model_len): loading an engine of its own",
+        )
+        return None
+    return engine
+
+
+class VLLM(Backend):
+    """vLLM: the worker's warm engine when the job was given one that holds its sequences, else an
+    offline engine of the job's own (`load_engine`)."""
+
+    name = "vllm"
+    # vLLM reserves KV cache for at least one full-length request, which on a CPU can exceed its
+    # share of memory: engines are sized to the job's longest sequence, not the model's maximum
+    sized_by_sequence = True
+
+    def version(self) -> str:
+        return backend_version()
+
+    def load(
+        self, model_path: str, *, dtype: str = "auto", seed: int = 0, max_model_len: int | None = None,
+        sink: Sink | None = None,
+    ) -> Any:  # fmt: skip
+        engine = warm_engine(sink, max_model_len or 0) if sink is not None else None
+        return engine or load_engine(model_path, dtype=dtype, seed=seed, max_model_len=max_model_len)
+
+    generate = staticmethod(generate)

@@ -1,0 +1,27 @@
+"""Generation backends, one module each, all registered in `BACKENDS` by name:
+
+- `hf` (evaluator/backends/hf.py): Hugging Face transformers;
+- `vllm` (evaluator/backends/vllm.py): vLLM's offline engine, or the worker's warm server.
+
+A new backend is a `Backend` subclass (evaluator/backends/base.py) in a module here, added below.
+The job specs name the backends a spec accepts (`mathrl/specs.py` `GenerationBackend`); a quick
+test holds that list to this registry."""
+
+from __future__ import annotations
+
+from evaluator.backends.base import Backend, Generation
+from evaluator.backends.hf import HF
+from evaluator.backends.vllm import VLLM
+from mathrl.registry import Registry
+
+BACKENDS: Registry[type[Backend]] = Registry("generation backend")
+for _cls in (HF, VLLM):
+    BACKENDS.add(_cls.name, _cls)
+
+
+def backend(name: str) -> Backend:
+    """The backend registered as `name` (an unknown name raises, naming the known ones)."""
+    return BACKENDS[name]()
+
+
+__all__ = ["BACKENDS", "HF", "VLLM", "Backend", "Generation", "backend"]
