@@ -2,7 +2,8 @@
 API process and real Celery worker processes.
 
 The database and broker (`db_url`, `broker_url`) are PostgreSQL and Redis on 127.0.0.1
-(scripts/test starts them; override with MATHRL_TEST_PG, a server URL, and MATHRL_TEST_REDIS),
+(scripts/test starts them; override with MATHRL_TEST_PG, a server URL, and MATHRL_TEST_REDIS;
+each pytest-xdist worker has a database of its own and Redis db 11, 10, ...),
 or with MATHRL_TEST_SERVICES=embedded the embedded default's: a SQLite file and kombu's
 SQLAlchemy transport on another (what `scripts/test -m quick` runs on, with no services). Tests
 of PostgreSQL or Redis themselves ask for `pg_url` or `redis_url`, and are skipped there.
@@ -32,7 +33,50 @@ from mathrl.processes import free_port as _free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 PG_SERVER = os.environ.get("MATHRL_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
-REDIS = os.environ.get("MATHRL_TEST_REDIS", "redis://127.0.0.1:6379/11")
+# scripts/test runs the suite on pytest-xdist workers gw0, gw1, ...: each its own Redis db (11, 10, ...),
+# so one worker's broker flush or queues never reach another's (tests/test_drills.py uses 13 and 14)
+XDIST_WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+REDIS = os.environ.get("MATHRL_TEST_REDIS", f"redis://127.0.0.1:6379/{11 - XDIST_WORKER}")
+
+# The test files that take longest, longest first (seconds on this 2-core machine, from
+# `scripts/test`'s --durations): scripts/test hands whole files to its two xdist workers
+# (--dist loadfile, so a module's fixtures are built once) in this order, then the rest as
+# collected, so the long files start first and the short ones fill in around them.
+LONGEST_FIRST = [
+    "test_vllm.py",  # ~400 s: engines of every mode
+    "test_ray.py",  # ~300 s: a 3-node Ray cluster and its jobs
+    "test_example.py",  # ~230 s: SmolLM2 learns through the service
+    "test_embedded.py",  # ~200 s: the demo pipeline
+    "test_drills.py",  # ~150 s
+    "test_trainer.py",  # ~130 s
+]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file keeps its order
+
+
+@pytest.fixture
+def figure(request: pytest.FixtureRequest) -> Any:
+    """`figure(text)`: a result line the suite prints at its end (from any xdist worker)."""
+    return lambda text: request.node.user_properties.append(("figure", text))
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    lines = [
+        f"{report.nodeid}: {value}"
+        for key in ("passed", "failed")
+        for report in terminalreporter.stats.get(key, [])
+        for name, value in getattr(report, "user_properties", [])
+        if name == "figure" and report.when == "call"
+    ]
+    if lines:
+        terminalreporter.section("figures")
+        for line in lines:
+            terminalreporter.line(line)
+
+
 ADMIN_TOKEN = "test-admin-token-" + uuid.uuid4().hex
 
 

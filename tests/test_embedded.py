@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,7 +17,7 @@ from tests.conftest import ROOT, data_dir
 pytestmark = pytest.mark.slow
 
 
-def test_embedded_demo_pipeline_runs_every_step_and_prints_the_gain(tmp_path: Path) -> None:
+def test_embedded_demo_pipeline_runs_every_step_and_prints_the_gain(tmp_path: Path, figure: Any) -> None:
     """The README's first command, shortened (--quick: the full SFT and RM, 40 GRPO steps; the same
     pipeline file otherwise), and what it is for: the reward model ranks the policy's answers
     well above chance and better than majority vote, and GRPO improves held-out accuracy.
@@ -41,6 +42,7 @@ def test_embedded_demo_pipeline_runs_every_step_and_prints_the_gain(tmp_path: Pa
     assert gain and float(gain.group(1)) >= 8.0, text[-3000:]
     rm = dict(re.findall(r"(\w+_accuracy) (\d+\.\d)%", text.split("reward model (held-out):")[1]))
     assert float(rm["pairwise_accuracy"]) >= 75.0, rm
+    figure(f"demo --quick: GRPO gain {gain.group(1)} points; reward model {rm}")
     assert float(rm["best_of_8_accuracy"]) > float(rm["maj_at_8_accuracy"]), rm
 
 

@@ -38,9 +38,7 @@ def shortened(model: str) -> dict[str, Any]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(1500)  # the pipeline wait below: 340 s on a quiet run of this machine, 580 s on a busy one
-def test_smollm2_learns_two_digit_addition_through_the_service(
-    service: Service, smollm2: str, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_smollm2_learns_two_digit_addition_through_the_service(service: Service, smollm2: str, figure: Any) -> None:
     c = service.client()
     p = c.pipelines.create(shortened(smollm2))
     done = c.pipelines.wait(p.id, timeout=1500)
@@ -55,8 +53,7 @@ def test_smollm2_learns_two_digit_addition_through_the_service(
     gain = (after.value - before.value) * 100
     gen = next(e for e in c.jobs.events(steps["grpo-add2"].job_id) if e.type == "generation")
     assert gen.data["backend"] == "vllm", gen
-    with capsys.disabled():  # the figures, in the suite's output
-        print(f"\nsmollm2 shortened example: {before.value:.1%} -> {after.value:.1%} ({gain:+.1f} points), n={HELDOUT}")
+    figure(f"smollm2 shortened example: {before.value:.1%} -> {after.value:.1%} ({gain:+.1f} points), n={HELDOUT}")
     assert gain >= FLOOR, f"{before.value:.1%} -> {after.value:.1%} ({gain:+.1f} points, floor {FLOOR})"
 
 
