@@ -74,7 +74,13 @@ class Resources(StrictModel):
         description="Nodes a training job spans. Above 1 the job runs on the operator's Ray cluster (queue 'ray', "
         "or resources.pool): resources.processes (default: gpus, or 1 on CPU) Ray Train workers on each node.",
     )
-    gpu_type: str | None = Field(None, max_length=64, description="Optional GPU type label, e.g. 'h100'.")
+    gpu_type: str | None = Field(
+        None,
+        max_length=32,
+        pattern=r"^[a-z0-9][a-z0-9-]*$",
+        description="The GPU model a one-node GPU job needs, e.g. 'h100': it goes to queue 'gpu-N-<gpu_type>' (a "
+        "worker pool of that card) instead of 'gpu-N'. Needs gpus > 0; not with pool or nodes > 1.",
+    )
     pool: str | None = Field(
         None,
         max_length=64,
@@ -91,6 +97,12 @@ class Resources(StrictModel):
 
     @model_validator(mode="after")
     def _one_process_per_gpu(self) -> Resources:
+        if self.gpu_type is not None and (self.gpus == 0 or self.pool is not None or self.nodes > 1):
+            raise FieldError(
+                "gpu_type",
+                f"gpu_type {self.gpu_type!r} routes a one-node GPU job to queue 'gpu-N-{self.gpu_type}': give gpus > 0 "
+                "and no pool or nodes > 1 with it (a pool names its queue itself), or drop gpu_type",
+            )
         if self.gpus > 0 and self.processes is not None and self.processes != self.gpus:
             raise FieldError(
                 "processes",
@@ -115,7 +127,9 @@ class Resources(StrictModel):
             return self.pool
         if self.nodes > 1:
             return RAY_QUEUE
-        return "cpu" if self.gpus == 0 else f"gpu-{self.gpus}"
+        if self.gpus == 0:
+            return "cpu"
+        return f"gpu-{self.gpus}-{self.gpu_type}" if self.gpu_type else f"gpu-{self.gpus}"
 
 
 DEFAULT_MAX_NEW_TOKENS = 512

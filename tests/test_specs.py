@@ -267,3 +267,14 @@ def test_every_kind_and_grader_type_is_registered_in_one_place() -> None:
     with pytest.raises(ValueError, match="unknown job kind 'gpro'. Did you mean 'grpo'"):
         KINDS["gpro"]
     assert "gpro" not in KINDS and KINDS.get("gpro") is None
+
+
+def test_a_gpu_type_routes_a_gpu_job_to_that_cards_queue() -> None:
+    base = {"kind": "eval", "model": "org/m", "benchmark": "gsm8k"}
+    assert parse_spec({**base, "resources": {"gpus": 8, "gpu_type": "h100"}}).resources.queue == "gpu-8-h100"
+    assert parse_spec({**base, "resources": {"gpus": 8}}).resources.queue == "gpu-8"
+    for resources in ({"gpu_type": "h100"}, {"gpus": 1, "gpu_type": "h100", "pool": "a100s"}):
+        with pytest.raises(ValidationError, match="gpu_type 'h100' routes a one-node GPU job"):
+            parse_spec({**base, "resources": resources})
+    with pytest.raises(ValidationError, match="gpu_type"):
+        parse_spec({**base, "resources": {"gpus": 1, "gpu_type": "H100!"}})
