@@ -1,5 +1,5 @@
 """What each layer needs to know of a job kind, in one entry: `JobKind`, which a spec class of
-mathrl/specs.py carries as its `job` (the class and its name in `AnySpec` are the whole
+mathrl/specs/<kind>.py carries as its `job` (the class and its name in `AnySpec` are the whole
 registration; `KINDS` is read off them). The worker runs `runner` in the job's process with a
 `JobRun`, launches `training` kinds as one process per GPU (and on Ray past one node), gives
 `warm_engine` kinds the worker's warm vLLM engine when their backend asks for vLLM; the API

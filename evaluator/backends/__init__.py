@@ -4,7 +4,7 @@
 - `vllm` (evaluator/backends/vllm.py): vLLM's offline engine, or the worker's warm server.
 
 A new backend is a `Backend` subclass (evaluator/backends/base.py) in a module here, added below.
-The job specs name the backends a spec accepts (`mathrl/specs.py` `GenerationBackend`); a quick
+The job specs name the backends a spec accepts (`mathrl/specs/base.py` `GenerationBackend`); a quick
 test holds that list to this registry."""
 
 from __future__ import annotations

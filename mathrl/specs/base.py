@@ -1,0 +1,150 @@
+"""What every job spec shares: the strict model, resources (which queue a job goes to), the
+common fields of a job, and the field types several kinds use."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
+
+from mathrl.errors import FieldError
+from mathrl.recipe import Recipe
+
+Dtype = Literal["auto", "float32", "bfloat16", "float16"]  # a model's weights dtype, as jobs give it
+# the generation backends a job can name: evaluator/backends' BACKENDS (a quick test holds them equal)
+GenerationBackend = Literal["hf", "vllm"]
+
+
+class StrictModel(BaseModel):
+    """Unknown fields are errors: a typo must not be silently ignored. NaN and +-Infinity (which
+    Python's JSON parser reads) are errors too: JSON cannot store them (they came back as null)."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, allow_inf_nan=False)
+
+
+# seeds go to numpy, torch and random: numpy takes 0 .. 2**32 - 1
+MAX_SEED = 2**32 - 1
+
+RAY_QUEUE = "ray"  # the queue of jobs with resources.nodes > 1 (workers that submit to a Ray cluster)
+
+
+class Resources(StrictModel):
+    gpus: int = Field(
+        0,
+        ge=0,
+        le=64,
+        description="GPUs for the job, per node (see nodes); picks the worker queue ('cpu' or 'gpu-N'). "
+        "Quotas count gpus x nodes.",
+    )
+    nodes: int = Field(
+        1,
+        ge=1,
+        le=256,
+        description="Nodes a training job spans. Above 1 the job runs on the operator's Ray cluster (queue 'ray', "
+        "or resources.pool): resources.processes (default: gpus, or 1 on CPU) Ray Train workers on each node.",
+    )
+    gpu_type: str | None = Field(
+        None,
+        max_length=32,
+        pattern=r"^[a-z0-9][a-z0-9-]*$",
+        description="The GPU model a one-node GPU job needs, e.g. 'h100': it goes to queue 'gpu-N-<gpu_type>' (a "
+        "worker pool of that card) instead of 'gpu-N'. Needs gpus > 0; not with pool or nodes > 1.",
+    )
+    pool: str | None = Field(
+        None,
+        max_length=64,
+        pattern=r"^[a-z0-9][a-z0-9-]*$",
+        description="A named worker pool's queue (e.g. 'h100-vllm'); default: 'cpu' or 'gpu-N' from gpus.",
+    )
+    processes: int | None = Field(
+        None,
+        ge=1,
+        le=64,
+        description="Data-parallel processes for a training job (accelerate launch); default: gpus, or 1 on CPU. "
+        "With gpus > 0 it must equal gpus (one process per GPU); with gpus = 0 it runs that many CPU processes.",
+    )
+
+    @model_validator(mode="after")
+    def _one_process_per_gpu(self) -> Resources:
+        if self.gpu_type is not None and (self.gpus == 0 or self.pool is not None or self.nodes > 1):
+            raise FieldError(
+                "gpu_type",
+                f"gpu_type {self.gpu_type!r} routes a one-node GPU job to queue 'gpu-N-{self.gpu_type}': give gpus > 0 "
+                "and no pool or nodes > 1 with it (a pool names its queue itself), or drop gpu_type",
+            )
+        if self.gpus > 0 and self.processes is not None and self.processes != self.gpus:
+            raise FieldError(
+                "processes",
+                f"processes={self.processes} with gpus={self.gpus}: a GPU job runs one "
+                f"process per GPU; set processes={self.gpus} or drop it",
+            )
+        return self
+
+    @property
+    def num_processes(self) -> int:
+        """How many processes the job runs as on each node (1: a plain job process)."""
+        return self.processes or max(self.gpus, 1)
+
+    @property
+    def total_gpus(self) -> int:
+        """What the job holds against its project's GPU quota: gpus on each of its nodes."""
+        return self.gpus * self.nodes
+
+    @property
+    def queue(self) -> str:
+        if self.pool:
+            return self.pool
+        if self.nodes > 1:
+            return RAY_QUEUE
+        if self.gpus == 0:
+            return "cpu"
+        return f"gpu-{self.gpus}-{self.gpu_type}" if self.gpu_type else f"gpu-{self.gpus}"
+
+
+def kind_required(schema: dict[str, Any]) -> None:
+    # 'kind' has a default for Python callers, but the API picks the spec by it: say it is required
+    schema["required"] = sorted({*schema.get("required", []), "kind"})
+
+
+class JobBase(StrictModel):
+    model_config = ConfigDict(json_schema_extra=kind_required)
+
+    name: str | None = Field(None, max_length=200, description="A human-readable name.")
+    tags: list[Annotated[str, Field(min_length=1, max_length=64)]] = Field(
+        default_factory=list, max_length=32, description="Free labels; jobs can be listed by tag."
+    )
+    resources: Resources = Field(
+        default_factory=Resources,
+        description="What the job runs on: GPUs (routes it to a pool with that many), CPU processes, the pool.",
+    )
+    max_attempts: int = Field(3, ge=1, le=20, description="Deliveries before the job fails for good.")
+
+    @field_validator("tags")
+    @classmethod
+    def _tags_plain(cls, tags: list[str]) -> list[str]:
+        for tag in tags:
+            if not re.match(r"^[A-Za-z0-9._:=-]+$", tag):
+                raise ValueError(f"tag {tag!r} may hold only letters, digits and . _ : = -")
+        return tags
+
+
+# a recipe by name or inline; the tags pick the member by type (so an error names one of them,
+# not both), and the API's error pointers leave them out (UNION_TAGS)
+# LoRA's target_modules tags (mathrl/specs/lora.py) too
+LORA_TAGS = ("module-names", "all-linear")
+UNION_TAGS = ("by-name", "inline", *LORA_TAGS)
+# GRPO and SFT jobs; unset, mathrl.presets resolves it to TRL's default (TRL_DEFAULTS)
+GradientCheckpointing = Annotated[
+    bool | None,
+    Field(
+        description="Recompute each layer's activations in the backward pass instead of keeping them (TRL's "
+        "gradient_checkpointing): far less memory for activations, about a third more compute per step. "
+        "Unset: TRL's default, on.",
+    ),
+]
+
+RecipeField = Annotated[
+    Annotated[Annotated[str, Field(min_length=1, max_length=128)], Tag("by-name")] | Annotated[Recipe, Tag("inline")],
+    Discriminator(lambda v: "by-name" if isinstance(v, str) else "inline"),
+]

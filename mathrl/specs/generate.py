@@ -1,0 +1,59 @@
+"""Generation jobs (`kind: generate`): a chat or a prompt answered (the OpenAI-shaped sampling routes)."""
+
+from __future__ import annotations
+
+from typing import Annotated, ClassVar, Literal
+
+from pydantic import Field, model_validator
+
+from mathrl.errors import FieldError
+from mathrl.kinds import JobKind
+from mathrl.modelref import ModelRef
+from mathrl.specs.base import Dtype, GenerationBackend, JobBase, StrictModel
+
+
+class ChatMessage(StrictModel):
+    role: Literal["system", "developer", "user", "assistant"] = Field(..., description="Who said it.")
+    content: str = Field(..., max_length=100_000, description="What was said.")
+
+    @model_validator(mode="after")
+    def _developer_is_system(self) -> ChatMessage:
+        if self.role == "developer":  # OpenAI's newer name for the system message
+            self.role = "system"
+        return self
+
+
+class GenerateSpec(JobBase):
+    """Answer one chat (through the model's chat template) or one plain prompt: what
+    POST /v1/chat/completions and /v1/completions submit for an `ft:` model, and relay. The
+    choices are stored as the job's samples; with `stream`, the text also as 'delta' events
+    while it is generated (evaluator/chat.py)."""
+
+    kind: Literal["generate"] = Field("generate", description="Answering a chat or a prompt.")
+    job: ClassVar[JobKind] = JobKind("worker.runners:run_generate", warm_engine=True)
+    model: ModelRef
+    messages: list[ChatMessage] | None = Field(None, min_length=1, max_length=256, description="The chat to answer.")
+    prompt: str | None = Field(None, max_length=100_000, description="A plain prompt to continue (no chat template).")
+    max_tokens: int = Field(256, ge=1, le=32_768, description="New tokens per choice at most.")
+    temperature: float = Field(1.0, ge=0, le=2, description="0: greedy.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling.")
+    n: int = Field(1, ge=1, le=16, description="Choices.")
+    stop: list[Annotated[str, Field(min_length=1, max_length=200)]] | None = Field(
+        None, max_length=4, description="Strings that end a choice (cut off)."
+    )
+    seed: int | None = Field(None, ge=0, le=2**32 - 1, description="Sampling seed.")
+    stream: bool = Field(False, description="Store the text as 'delta' events while it is generated.")
+    backend: GenerationBackend | Literal["auto"] = Field(
+        "hf", description="vllm: the worker's warm vLLM engine; auto: that engine where the worker has vLLM, else hf."
+    )
+    dtype: Dtype = Field("auto", description="Model weights dtype.")
+
+    @model_validator(mode="after")
+    def _one_input(self) -> GenerateSpec:
+        if (self.messages is None) == (self.prompt is None):
+            raise FieldError("messages", "give either messages (a chat) or prompt (plain text), not both or neither")
+        if self.resources.nodes > 1 or (self.resources.processes or 1) > 1:
+            raise FieldError(
+                "resources", "a generate job runs as one process on one node: drop resources.nodes/processes"
+            )
+        return self

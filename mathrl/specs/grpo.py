@@ -1,0 +1,410 @@
+"""GRPO policy training jobs (`kind: grpo`): the loss, generation, held-out evals, curriculum and
+dynamic sampling settings. Unset knobs are filled by a preset (mathrl.presets)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import Field, PrivateAttr, field_validator, model_validator
+
+from mathrl.errors import FieldError
+from mathrl.kinds import JobKind
+from mathrl.modelref import ModelRef
+from mathrl.presets import ASYNC_UNSUPPORTED, resolve_grpo
+from mathrl.specs.base import MAX_SEED, Dtype, GenerationBackend, GradientCheckpointing, JobBase, StrictModel
+from mathrl.specs.inputs import DatasetRef
+from mathrl.specs.lora import LoRA
+from mathrl.specs.rewards import RewardRef
+
+LossType = Literal["grpo", "dapo", "dr_grpo", "bnpo", "cispo", "sapo"]
+
+
+class HeldoutEval(StrictModel):
+    """Score the weights being trained on a held-out set every `every` steps, as a series."""
+
+    benchmark: str | None = Field(
+        None, min_length=1, max_length=128, description="A registered benchmark (its test split), e.g. add2-words."
+    )
+    file: str | None = Field(
+        None,
+        pattern=r"^file-[0-9a-f]{32}$",
+        description="Or an uploaded file (POST /v1/files) in OpenAI's fine-tuning format, scored by the GRPO job's "
+        "own rewards: the series heldout/reward (OpenAI's validation file).",
+    )
+    limit: int = Field(100, ge=1, le=5000, description="Problems scored each time (the set's first N).")
+    every: int = Field(10, ge=1, le=10_000_000, description="Score every N optimizer steps, and after the last.")
+    max_new_tokens: int = Field(256, ge=1, le=32768, description="Greedy completion length per problem.")
+    # where the worker found `file` (worker.child resolves it; never part of a spec)
+    _path: str | None = PrivateAttr(None)
+
+    @model_validator(mode="after")
+    def _one_set(self) -> HeldoutEval:
+        if (self.benchmark is None) == (self.file is None):
+            raise FieldError(
+                "benchmark", "give exactly one of 'benchmark' (a registered set) or 'file' (an uploaded one)"
+            )
+        return self
+
+
+# GRPO and SFT jobs
+HeldoutEvalField = Annotated[
+    HeldoutEval | None,
+    Field(
+        description="Held-out evaluation during training: accuracy with its 95% CI every N steps, stored as the "
+        "series heldout/accuracy, heldout/ci_low and heldout/ci_high.",
+    ),
+]
+
+
+class DynamicSampling(StrictModel):
+    """Drop groups with no grading signal and generate more questions in their place (DAPO)."""
+
+    enabled: bool = Field(True, description="false: off (true or false may also stand for the whole block).")
+    metric: Literal["correct", "reward"] = Field(
+        "correct",
+        description="The signal whose variance within a group decides whether it is kept: 'correct', the "
+        "correctness verdict of an accuracy or binary reward (the safe default: a length or format term varies "
+        "among all-wrong answers too), or 'reward', the weighted sum of the rewards.",
+    )
+    max_rounds: int = Field(
+        3, ge=1, le=16, description="Generation rounds per step at most; a step still short trains on what it has."
+    )
+
+
+class Curriculum(StrictModel):
+    """Draw questions by their pass rate so far, favouring those neither always nor never solved."""
+
+    enabled: bool = Field(True, description="false: off (true or false may also stand for the whole block).")
+    decay: float = Field(0.5, gt=0, le=1, description="Weight of a question's newest group in its pass rate.")
+    floor: float = Field(
+        0.01, gt=0, le=1, description="Added to every question's weight, so that none is never drawn again."
+    )
+
+
+class Generation(StrictModel):
+    """How a GRPO job samples its completions. The backend that ran is stored with the job
+    (resolved config `generation_backend`, and a 'generation' event from the worker)."""
+
+    backend: Literal["auto"] | GenerationBackend = Field(
+        "auto",
+        description="'vllm': vLLM's engine; 'hf': transformers' generate; 'auto': vLLM (colocated) on GPU "
+        "jobs, hf on CPU jobs (vLLM's CPU build runs when asked for explicitly).",
+    )
+    mode: Literal["colocate", "server"] = Field(
+        "colocate",
+        description="'colocate': the vLLM engine runs inside each training process and gets the new "
+        "weights after every optimizer step. 'server': the worker starts a vLLM server for the job (on "
+        "server_gpus of its GPUs, or on the CPU for a CPU job) and stops it when the job ends; with LoRA the "
+        "trainer syncs the adapter to it after every step (any device), without LoRA the full weights over NCCL "
+        "(GPUs only).",
+    )
+    server_gpus: int | None = Field(
+        None,
+        ge=1,
+        le=64,
+        description="Server mode: GPUs of the job's resources.gpus that serve vLLM; the "
+        "others train. Default: a quarter of them, at least 1 (e.g. 8 GPUs: 6 train, 2 generate). On Ray "
+        "(resources.nodes > 1) the job has one server, on one node: it takes server_gpus of the job's gpus x nodes, "
+        "and Ray places the training workers on the rest.",
+    )
+    dtype: Dtype = Field(
+        "auto",
+        description="vLLM weights dtype; 'auto' is bfloat16 on a GPU and float32 on a CPU.",
+    )
+    gpu_memory_utilization: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="Share of each GPU's memory vLLM may take (weights, activations, KV cache); "
+        "colocated with training, keep it low (TRL's default 0.3). Default: 0.3.",
+    )
+    tensor_parallel_size: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="GPUs one vLLM engine is split over; must divide the job's processes.",
+    )
+    enable_prefix_caching: bool | None = Field(
+        None,
+        description="vLLM's prefix caching (the G completions of one question share its prompt); default: vLLM's own.",
+    )
+
+    def resolved_server_gpus(self, gpus: int) -> int:
+        """GPUs the vLLM server gets (0: it runs on the CPU, for a CPU job)."""
+        if self.mode != "server" or gpus == 0:
+            return 0
+        return self.server_gpus or max(1, gpus // 4)
+
+    def resolve(self, gpus: int) -> str:
+        """The backend a job with `gpus` GPUs runs: 'vllm' or 'hf'."""
+        if self.backend == "auto":
+            return "vllm" if gpus > 0 else "hf"
+        return self.backend
+
+
+class GRPOSpec(JobBase):
+    """GRPO policy training. Knobs left as null take the preset's value (or TRL's default)."""
+
+    kind: Literal["grpo"] = Field("grpo", description="GRPO policy training.")
+    job: ClassVar[JobKind] = JobKind(
+        "worker.runners:run_grpo", training=True, memory_plan=True, resolve="mathrl.presets:resolve_grpo"
+    )
+    model: ModelRef
+    preset: Literal["deepseekmath", "trl-default"] = Field(
+        "trl-default", description="Fills every knob left unset; explicit fields override it."
+    )
+    dataset: DatasetRef = Field(..., description="Training questions with gold answers.")
+    rewards: list[RewardRef] = Field(
+        default_factory=lambda: [RewardRef(name="accuracy")],
+        min_length=1,
+        max_length=16,
+        description="Reward functions, summed with their weights (default: accuracy against the gold answer).",
+    )
+    max_steps: int = Field(100, ge=1, le=10_000_000, description="Optimizer steps.")
+    learning_rate: float | None = Field(None, gt=0, le=1.0, description="Peak learning rate. Unset: from the preset.")
+    # beta, num_generations and delta: their lower bounds are checked by mathrl.presets.resolve_grpo
+    # (on the resolved value, with a message that says why); these fields cap them
+    beta: float | None = Field(None, le=100, description="KL coefficient to the frozen reference policy (0 to 100).")
+    num_generations: int | None = Field(
+        None, le=1024, description="Group size G: completions per question (2 to 1024)."
+    )
+    max_prompt_length: int | None = Field(
+        None,
+        ge=1,
+        le=131072,
+        description="Prompts longer than this (tokens) are dropped from the set. Unset: from the preset.",
+    )
+    max_completion_length: int | None = Field(
+        None,
+        ge=1,
+        le=131072,
+        description="Tokens generated per completion at most. Unset: from the preset.",
+    )
+    per_device_train_batch_size: int | None = Field(
+        None, ge=1, le=65536, description="Completions per device per micro-step."
+    )
+    global_batch_size: int | None = Field(
+        None,
+        ge=1,
+        le=1_048_576,
+        description="Completions per optimizer step over all devices; sets gradient accumulation.",
+    )
+    num_iterations: int | None = Field(None, ge=1, le=64, description="Policy updates per generation round.")
+    loss_type: LossType | None = Field(
+        None,
+        description="How token losses are averaged (TRL's loss_type). Unset: from the preset.",
+    )
+    epsilon: float | None = Field(None, gt=0, lt=1, description="Lower clip range.")
+    epsilon_high: float | None = Field(None, gt=0, lt=10, description="Upper clip range (DAPO clip-higher).")
+    delta: float | None = Field(
+        None, le=100, description="Two-sided clipping bound; must exceed 1 + epsilon (at most 100)."
+    )
+    importance_sampling_level: Literal["token", "sequence"] | None = Field(
+        None,
+        description="Importance ratios per token (GRPO) or per sequence (GSPO). Unset: from the preset.",
+    )
+    scale_rewards: Literal["group", "batch", "none"] | None = Field(
+        None,
+        description="Divide advantages by the reward std of the group, the batch, or not at all (Dr. GRPO). "
+        "Unset: from the preset.",
+    )
+    mask_truncated_completions: bool | None = Field(
+        None,
+        description="Leave completions cut at max_completion_length out of the loss (DAPO). Unset: from the preset.",
+    )
+    temperature: float | None = Field(
+        None,
+        gt=0,
+        le=5,
+        description="Sampling temperature of the rollouts. Unset: from the preset.",
+    )
+    top_p: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="Nucleus sampling mass of the rollouts. Unset: from the preset.",
+    )
+    warmup_ratio: float | None = Field(None, ge=0, lt=1, description="Fraction of steps with a linear LR warm-up.")
+    lora: LoRA | None = Field(None, description="Train LoRA adapters through peft.")
+    generation: Generation = Field(
+        default_factory=Generation,
+        description="Generation backend and its vLLM knobs.",
+    )
+    algorithm: Literal["sync", "async"] = Field(
+        "sync",
+        description="'sync': generate, then train on what was generated (GRPO as in DeepSeekMath). "
+        "'async' (experimental): TRL's AsyncGRPOTrainer; a rollout worker keeps generating on the job's vLLM "
+        "server while the trainer trains on samples up to max_staleness updates old (needs generation.mode "
+        "'server').",
+    )
+    max_staleness: int | None = Field(
+        None,
+        ge=0,
+        le=1000,
+        description="Async only: how many weight updates a sample may lag behind the policy "
+        "before it is dropped (0: on-policy). Default: TRL's 4.",
+    )
+    eval: HeldoutEvalField = None
+    dynamic_sampling: DynamicSampling | None = Field(
+        None,
+        description="Drop groups whose grading signal has zero variance and generate more (true: the defaults "
+        "shown; false: off). Unset: from the preset.",
+    )
+    curriculum: Curriculum | None = Field(
+        None,
+        description="Draw questions by their pass rate (learnability, Foster and Foerster 2025). Unset: from "
+        "the preset.",
+    )
+    skip_zero_advantage: bool | None = Field(
+        None,
+        description="Skip the forward and backward of completions with zero advantage where that leaves the "
+        "update unchanged (beta 0, no entropy terms). Unset: from the preset.",
+    )
+    deepspeed_zero3: bool = Field(False, description="Shard with DeepSpeed ZeRO-3 (multi-GPU).")
+    gradient_checkpointing: GradientCheckpointing = None
+    logging_steps: int = Field(1, ge=1, le=10_000_000, description="Store metrics every N steps.")
+    save_steps: int = Field(50, ge=1, le=10_000_000, description="Checkpoint every N steps.")
+    sample_every: int = Field(10, ge=1, le=10_000_000, description="Store sampled completions every N steps.")
+    seed: int = Field(
+        42, ge=0, le=MAX_SEED, description="Seed of the data order, sampling and initialisation (0 to 2**32 - 1)."
+    )
+
+    @field_validator("dynamic_sampling", "curriculum", mode="before")
+    @classmethod
+    def _switch(cls, value: Any) -> Any:
+        """`true` / `false` for the whole block: on with its defaults, or off."""
+        return {"enabled": value} if isinstance(value, bool) else value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _translate_old_vllm_fields(cls, data: Any) -> Any:
+        """Specs stored before the `generation` block had `use_vllm` and `vllm_mode`: read them
+        as the same request (workers re-parse stored specs, so they must not be rejected)."""
+        if not isinstance(data, dict) or ("use_vllm" not in data and "vllm_mode" not in data):
+            return data
+        data = dict(data)
+        use_vllm, mode = data.pop("use_vllm", None), data.pop("vllm_mode", None)
+        if "generation" in data:
+            raise FieldError(
+                "use_vllm",
+                "use_vllm / vllm_mode are replaced by 'generation': give only generation.backend and generation.mode",
+            )
+        if mode is not None and not use_vllm:
+            raise FieldError("vllm_mode", "vllm_mode is set but use_vllm is false: use generation.backend='vllm'")
+        data["generation"] = {"backend": "vllm" if use_vllm else "hf", **({"mode": mode} if mode else {})}
+        return data
+
+    @model_validator(mode="after")
+    def _resolvable(self) -> GRPOSpec:
+        gen = self.generation
+        if gen.gpu_memory_utilization is not None and self.resources.gpus == 0:
+            raise FieldError(
+                "generation/gpu_memory_utilization",
+                "gpu_memory_utilization is for GPU jobs; a CPU "
+                "job's KV cache is MATHRL_VLLM_CPU_KV_GIB on the worker: drop it or set resources.gpus",
+            )
+        if self.resources.num_processes % gen.tensor_parallel_size:
+            raise FieldError(
+                "generation/tensor_parallel_size",
+                f"tensor_parallel_size={gen.tensor_parallel_size} "
+                f"must divide the job's {self.resources.num_processes} process(es): use a divisor",
+            )
+        backend = gen.resolve(self.resources.gpus)
+        if gen.mode == "server":
+            self._check_server_mode(backend)
+        elif gen.server_gpus is not None:
+            raise FieldError(
+                "generation/server_gpus", "server_gpus is for mode 'server': drop it or set generation.mode='server'"
+            )
+        if gen.tensor_parallel_size > 1 and backend != "vllm":
+            raise FieldError(
+                "generation/tensor_parallel_size",
+                "tensor_parallel_size is a vLLM setting: set generation.backend='vllm' or drop it",
+            )
+        if self.deepspeed_zero3 and self.resources.gpus < 2:
+            raise FieldError(
+                "deepspeed_zero3", "deepspeed_zero3 shards over several GPUs: set resources.gpus >= 2 or drop it"
+            )
+        if self.algorithm == "async" and (backend != "vllm" or gen.mode != "server"):
+            raise FieldError(
+                "algorithm",
+                "async GRPO generates on the job's vLLM server: set generation.backend="
+                "'vllm' and generation.mode='server', or algorithm='sync'",
+            )
+        if self.max_staleness is not None and self.algorithm != "async":
+            raise FieldError(
+                "max_staleness", "max_staleness is for algorithm='async': drop it or set algorithm='async'"
+            )
+        if self.algorithm == "async":
+            self._check_async_knobs()
+        resolve_grpo(self)  # raises ValueError with a fix-it message
+        return self
+
+    def _check_server_mode(self, backend: str) -> None:
+        gen, gpus = self.generation, self.resources.gpus
+        if backend != "vllm":
+            raise FieldError(
+                "generation/mode",
+                "mode 'server' is a vLLM mode: set generation.backend='vllm' "
+                "(or 'auto' with GPUs), or use mode 'colocate'",
+            )
+        nodes = self.resources.nodes
+        if gpus > 0 and nodes == 1 and gen.resolved_server_gpus(gpus) >= gpus:
+            raise FieldError(
+                "generation/server_gpus",
+                f"server_gpus={gen.resolved_server_gpus(gpus)} of "
+                f"resources.gpus={gpus} leaves no GPU to train on: lower server_gpus or raise gpus",
+            )
+        if gpus > 0 and nodes > 1 and gen.resolved_server_gpus(gpus) > gpus:
+            raise FieldError(
+                "generation/server_gpus",
+                f"server_gpus={gen.resolved_server_gpus(gpus)}: the job's vLLM server runs on one node, which has "
+                f"resources.gpus={gpus}: lower server_gpus to at most {gpus}",
+            )
+        if self.resources.processes is not None and gpus > 0:
+            raise FieldError(
+                "resources/processes",
+                "in server mode the training processes are resources.gpus "
+                "minus generation.server_gpus: drop resources.processes",
+            )
+        if gpus == 0 and (self.lora is None or not self.lora.enabled):
+            raise FieldError(
+                "generation/mode",
+                "mode 'server' on a CPU job syncs LoRA adapters to the server "
+                "(the full-weight sync needs CUDA/NCCL): add a 'lora' block, or use mode 'colocate'",
+            )
+        if gen.tensor_parallel_size > 1:
+            raise FieldError(
+                "generation/tensor_parallel_size",
+                "in server mode the server is split over generation.server_gpus: drop tensor_parallel_size",
+            )
+
+    def _check_async_knobs(self) -> None:
+        """TRL's AsyncGRPOTrainer has its own loss and no KL term: knobs it cannot honour are refused
+        rather than stored as if they had run."""
+        if self.preset != "trl-default":
+            raise FieldError(
+                "preset",
+                f"preset '{self.preset}' sets knobs async GRPO has no use for (its KL "
+                "coefficient, loss type): drop the preset or use algorithm='sync'",
+            )
+        for knob in ASYNC_UNSUPPORTED:
+            if getattr(self, knob) is not None:
+                raise FieldError(
+                    knob,
+                    f"{knob} is not a setting of async GRPO (TRL's AsyncGRPOTrainer has its own "
+                    "loss, without a KL term): drop it, or use algorithm='sync'",
+                )
+
+    @property
+    def training_processes(self) -> int:
+        """Processes that train on one node: in server mode the GPUs the vLLM server does not take."""
+        server = self.generation.resolved_server_gpus(self.resources.gpus)
+        return self.resources.num_processes - server if server else self.resources.num_processes
+
+    @property
+    def training_world(self) -> int:
+        """Processes that train in all: processes per node x nodes, less the GPUs of the job's one
+        vLLM server in server mode (on Ray it sits on one node; the trainers fill the rest)."""
+        server = self.generation.resolved_server_gpus(self.resources.gpus)
+        return self.resources.num_processes * self.resources.nodes - server
