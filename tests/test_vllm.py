@@ -362,11 +362,14 @@ def _port_free(url: str) -> bool:
     return True
 
 
-def test_grpo_job_in_server_mode_syncs_lora_to_the_workers_vllm_server(service: Service, model_for_vllm: str) -> None:
+def test_grpo_job_in_server_mode_syncs_lora_to_the_workers_vllm_server(
+    service: Service, model_for_vllm: str, tmp_path: Path
+) -> None:
     """Server mode end to end: the worker starts a vLLM server for the job on a free port, the
-    trainer syncs its LoRA adapter to it every step, and the server is gone when the job ends."""
+    trainer syncs its LoRA adapter to it every step, and the server is gone when the job ends.
+    Then the adapter it saved is served by the worker's warm engine of its base."""
     c = service.client()
-    job = c.jobs.create(_server_spec(model_for_vllm))
+    job = c.jobs.create(_server_spec(model_for_vllm, save_steps=1))  # a checkpoint is an adapter directory
     assert job.resolved_config["generation_mode"] == "server"
     done = c.jobs.wait(job.id, timeout=900)
     assert done.status == "succeeded", done.error
@@ -381,6 +384,35 @@ def test_grpo_job_in_server_mode_syncs_lora_to_the_workers_vllm_server(service: 
     wait_for(
         lambda: _port_free(started.data["url"]), 10, 0.2, "nothing to listen on the server's port"
     )  # an exiting process lets go at once; an orphan never
+
+    # the adapter of its last checkpoint (what an ft: model's checkpoint names), made loud (lora_B random, so its text
+    # is not the base's), answers on the worker's warm engine of its base model, started with LoRA
+    # on, with the greedy text transformers + peft give; the base then runs on the same engine
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    last = max((cp for cp in c.jobs.checkpoints(job.id) if cp.kind == "checkpoint"), key=lambda cp: cp.step)
+    loud = tmp_path / "loud-adapter"
+    shutil.copytree(last.uri, loud)
+    weights = load_file(loud / "adapter_model.safetensors")
+    g = torch.Generator().manual_seed(0)
+    loud_b = {k: torch.randn(v.shape, generator=g) * 0.05 for k, v in weights.items() if "lora_B" in k}
+    save_file({**weights, **loud_b}, loud / "adapter_model.safetensors")
+    prompt = {"kind": "generate", "model": str(loud), "prompt": "12 + 30 =", "max_tokens": 8, "temperature": 0}
+    on_engine = c.jobs.create({**prompt, "backend": "vllm"})
+    base = c.jobs.create({**prompt, "model": model_for_vllm, "backend": "vllm"})
+    on_hf = c.jobs.create({**prompt, "backend": "hf"})  # last: a job off the engine stops the idle engine
+    for j in (on_engine, base, on_hf):
+        assert c.jobs.wait(j.id, timeout=600).status == "succeeded", c.jobs.retrieve(j.id).error
+    served = next(e for e in c.jobs.events(on_engine.id) if e.type == "vllm_engine")
+    assert served.data["adapter"] == str(loud) and "LoRA adapters of" in served.message, served
+    again = next(e for e in c.jobs.events(base.id) if e.type == "vllm_engine")
+    assert again.data["pid"] == served.data["pid"] and again.data["how"] == "reused", again
+    text = {j.id: c.jobs.samples(j.id)[0].completion for j in (on_engine, on_hf, base)}
+    assert text[on_engine.id] == text[on_hf.id] != text[base.id], text
+    print(f"LoRA adapter on the warm engine: {text[on_engine.id]!r}; its base: {text[base.id]!r}")
 
 
 def test_worker_killed_mid_job_takes_its_vllm_server_with_it(service: Service, model_for_vllm: str) -> None:

@@ -4,6 +4,7 @@ through the same guard as `vllm serve` (the real server is run by tests/test_vll
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from pathlib import Path
@@ -146,22 +147,59 @@ def test_the_context_length_is_the_models_up_to_the_cap(tmp_path: Path) -> None:
     assert warm_engine.max_model_len(str(tmp_path / "missing"), 4096) == 4096
 
 
-def test_a_lora_checkpoint_is_answered_without_the_engine(
+def _adapter(root: Path, name: str, base: str, r: int) -> Path:
+    adapter = root / name
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": base, "r": r}))
+    return adapter
+
+
+def test_a_lora_checkpoint_is_served_by_its_bases_engine_with_lora_on(
     settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A generate job whose model is an adapter directory (a LoRA job's checkpoint) gets no
-    engine (vLLM here serves full models): transformers answers it, and the job's events say why."""
+    """A generate job whose model is an adapter directory (a LoRA job's checkpoint) gets the engine
+    of the adapter's base model, started with LoRA up to the adapter's rank (vLLM's bound above
+    it), and the adapter to load; an idle engine of the base without LoRA is replaced, a busy one
+    is not, and another adapter of the same base and rank shares the engine."""
     from mathrl.specs import parse_spec
     from worker import supervisor
 
-    adapter = tmp_path / "checkpoint-4"
-    adapter.mkdir()
-    (adapter / "adapter_config.json").write_text("{}")
-    events: list[tuple[str, str]] = []
-    monkeypatch.setattr(supervisor, "_event", lambda url, job, kind, message, *a, **k: events.append((kind, message)))
+    commands: list[tuple[Any, ...]] = []
+    monkeypatch.setattr(
+        warm_engine,
+        "server_command",
+        lambda *a: commands.append(a) or [sys.executable, "-c", "import time; time.sleep(600)"],
+    )
+    base = str(tmp_path / "base")
+    first, second = _adapter(tmp_path, "checkpoint-4", base, 4), _adapter(tmp_path, "checkpoint-8", base, 8)
+    monkeypatch.setattr(supervisor, "_event", lambda *a, **k: None)
     settings.database.url = f"sqlite:///{tmp_path / 'db.sqlite'}"
-    spec = parse_spec({"kind": "generate", "model": str(adapter), "prompt": "1 + 1 =", "backend": "auto"})
-    assert supervisor._warm_engine(settings, spec, "p", tmp_path / "engine.log", "job") is None
-    assert warm_engine.running() == [] and events == [
-        ("vllm_engine", f"{adapter} is a LoRA adapter: answered with transformers")
-    ]
+
+    def generate(model: Path) -> Any:
+        spec = parse_spec({"kind": "generate", "model": str(model), "prompt": "1 + 1 =", "backend": "vllm"})
+        return supervisor._warm_engine(settings, spec, "p", tmp_path / "engine.log", "job")
+
+    plain, _ = _acquire(settings, base, tmp_path)  # the base alone, busy: it cannot take LoRA now
+    assert plain.lora_rank == 0 and generate(first) is None
+    warm_engine.release(plain, settings)
+    engine, loads = generate(first)  # idle now: replaced by one with LoRA
+    assert loads == str(first) and engine.key[0] == base and engine.lora_rank == 8 and engine is not plain
+    assert plain.server.proc.wait(timeout=30) is not None and commands[-1][-1] == 8
+    warm_engine.release(engine, settings)
+    again, loads = generate(second)
+    assert again is engine and loads == str(second) and len(commands) == 2
+    warm_engine.release(again, settings)
+    same, _ = _acquire(settings, base, tmp_path)  # the base model itself on the LoRA engine
+    assert same is engine
+    warm_engine.release(same, settings)
+
+
+def test_only_an_adapter_directory_is_an_adapter(tmp_path: Path) -> None:
+    adapter = _adapter(tmp_path, "a", "/models/base", 16)
+    assert warm_engine.adapter_of(str(adapter)) == warm_engine.Adapter(str(adapter), "/models/base", 16)
+    (adapter / "config.json").write_text("{}")  # a merged checkpoint: a full model
+    assert warm_engine.adapter_of(str(adapter)) is None
+    assert warm_engine.adapter_of(str(tmp_path / "missing")) is None
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "adapter_config.json").write_text("{}")  # no base named: not one an engine can serve
+    assert warm_engine.adapter_of(str(tmp_path / "b")) is None

@@ -114,6 +114,7 @@ def run_generate(run: JobRun) -> None:
     if run.spec.backend == "vllm" and engine_url is None:
         raise NotAvailable(
             "backend 'vllm' answers on the worker's warm engine, which this job did not get (the worker "
-            "keeps none: worker.warm_engines is 0; or the model is a LoRA adapter): set backend to 'auto' or 'hf'"
+            "keeps none: worker.warm_engines is 0; or its engine of this LoRA adapter's base model was busy): set "
+            "backend to 'auto' or 'hf'"
         )
     run_generate(run.spec, run.sink, run.model_path, engine_url)

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from evaluator.backends.vllm import ENGINE_URL_ENV
+from evaluator.backends.vllm import ENGINE_ADAPTER_ENV, ENGINE_URL_ENV
 from mathrl.specs import parse_spec
 from service.settings import Settings
 from store.db import retry_transient, session_scope
@@ -42,7 +42,7 @@ from worker.launch import (
     read_error,
 )
 from worker.tracking import start_mirror
-from worker.vllm_server import needs_server, start_server
+from worker.vllm_server import lora_rank, needs_server, start_server
 from worker.warm_engine import engine_model, wants_warm_engine
 
 log = logging.getLogger("mathrl.worker")
@@ -141,13 +141,16 @@ def _run_attempt(
     server = engine = None
     if spec is not None and wants_warm_engine(spec, settings):
         try:
-            engine = _warm_engine(settings, spec, project_id, out / "vllm-engine.log", job_id)
+            acquired = _warm_engine(settings, spec, project_id, out / "vllm-engine.log", job_id)
         except Exception as exc:  # a model ref that does not resolve: the job fails with it
             (out / "error.txt").write_text(f"starting the vLLM engine failed: {type(exc).__name__}: {exc}")
             return _record_end(settings, job_id, owner, EXIT_ERROR, False, log_path)
-        if engine is not None:
+        if acquired is not None:
+            engine, adapter = acquired
             server = engine.server
             env[ENGINE_URL_ENV] = server.url
+            if adapter is not None:
+                env[ENGINE_ADAPTER_ENV] = adapter
         else:
             warm_engine.stop_idle()
     elif spec is not None:
@@ -236,19 +239,28 @@ def _event(
         log.warning("recording %s of %s failed (%s)", kind, job_id, type(exc).__name__)
 
 
-def _warm_engine(settings: Settings, spec: Any, project_id: str, log_path: Path, job_id: str) -> Any:
-    """This worker's warm vLLM engine for the job's model, started if there is none; None for a
-    generate or grade job whose model is a LoRA checkpoint (an adapter directory, which the
-    engine does not serve: transformers answers it, with the adapter on its base)."""
+def _warm_engine(
+    settings: Settings, spec: Any, project_id: str, log_path: Path, job_id: str
+) -> tuple[warm_engine.WarmEngine, str | None] | None:
+    """This worker's warm vLLM engine for the job's model, started if there is none, and the LoRA
+    adapter to load into it: a LoRA checkpoint's engine is its base model's, with LoRA on, and the
+    job process loads the adapter (ENGINE_ADAPTER_ENV). None: the base's engine is busy without LoRA."""
     model = engine_model(spec)
     assert model is not None  # wants_warm_engine checked that it has one
     model_path, _ = model_resolver(settings, job_id, project_id)(model)  # as the job's process does
-    folder = Path(model_path)
-    if spec.kind != "eval" and (folder / "adapter_config.json").exists() and not (folder / "config.json").exists():
-        _event(settings.database.url, job_id, "vllm_engine", f"{model} is a LoRA adapter: answered with transformers")
-        return None
+    adapter = warm_engine.adapter_of(model_path)
+    served, rank = (adapter.base, lora_rank(adapter.rank)) if adapter else (model_path, 0)
     gpus = _visible_gpus()[: spec.resources.gpus] if spec.resources.gpus else []
-    engine, came = warm_engine.acquire(settings, model_path, spec.dtype, gpus, log_path, _prepare_child)
+    acquired = warm_engine.acquire(settings, served, spec.dtype, gpus, log_path, _prepare_child, lora_rank=rank)
+    if acquired is None:
+        _event(
+            settings.database.url,
+            job_id,
+            "vllm_engine",
+            f"{model} is a LoRA adapter and this worker's engine of its base is busy without LoRA: no warm engine",
+        )
+        return None
+    engine, came = acquired
     how = {
         "reused": f"reused this worker's warm vLLM engine (job {engine.jobs} on it)",
         "reloaded": f"loaded this model's weights into this worker's warm vLLM engine of the same model family in "
@@ -259,8 +271,9 @@ def _warm_engine(settings: Settings, spec: Any, project_id: str, log_path: Path,
         settings.database.url,
         job_id,
         "vllm_engine",
-        f"{how} at {engine.server.url} (process {engine.server.proc.pid}); it stays warm for the next eval of "
-        f"this model for {settings.worker.warm_engine_idle_seconds:.0f} s",
+        f"{how} at {engine.server.url} (process {engine.server.proc.pid})"
+        + (f", serving LoRA adapters of {served} up to rank {rank}" if adapter else "")
+        + f"; it stays warm for the next eval of this model for {settings.worker.warm_engine_idle_seconds:.0f} s",
         {
             "url": engine.server.url,
             "pid": engine.server.proc.pid,
@@ -268,9 +281,10 @@ def _warm_engine(settings: Settings, spec: Any, project_id: str, log_path: Path,
             "how": came,
             "reload_seconds": engine.reload_seconds if came == "reloaded" else None,
             "jobs": engine.jobs,
+            "adapter": adapter.path if adapter else None,
         },
     )
-    return engine
+    return engine, adapter.path if adapter else None
 
 
 def _visible_gpus() -> list[str]:

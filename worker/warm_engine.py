@@ -14,6 +14,12 @@ starts on this worker (training needs the GPUs and cores), and with the worker (
 under worker.vllm_server's guard). `worker.warm_engines: 0` turns this off: each eval job then
 loads an offline engine in its own process.
 
+A LoRA checkpoint (an adapter directory) is served by an engine of its base model started with
+`--enable-lora`: the job process loads the adapter into it under a name of its own
+(evaluator/backends/vllm.py `connect`, /v1/load_lora_adapter) and names it in its requests, so the
+adapters of one base share an engine. An idle engine of that base without LoRA (or with a lower
+rank bound) is replaced by one with it.
+
 A checkpoint of the model a warm engine serves (the same architecture, generation config and
 tokenizer: `model_family`, e.g. the steps of one training run) does not restart it: an idle
 engine of the same family, dtype and GPUs reloads the checkpoint's weights in place (vLLM's
@@ -52,6 +58,7 @@ FAMILY_FILES = (
 )
 VOLATILE_CONFIG = ("_name_or_path", "transformers_version")  # differ between saves of one model
 RELOAD_TIMEOUT = 600.0
+LORAS_PER_BATCH = 2  # adapters one engine step can mix (vLLM keeps more loaded on the CPU side)
 
 
 @dataclass
@@ -59,6 +66,7 @@ class WarmEngine:
     key: tuple[str, str, str]  # (model path, dtype, GPUs)
     server: VLLMServer
     max_model_len: int
+    lora_rank: int = 0  # the largest LoRA rank it serves (--max-lora-rank); 0: no adapters
     family: str | None = None  # model_family of the weights it serves (None: never reloaded)
     reload_seconds: float | None = None  # how long the last reload took
     users: int = 0
@@ -135,6 +143,29 @@ def model_family(model_path: str) -> str | None:
     return h.hexdigest()
 
 
+@dataclass
+class Adapter:
+    """A LoRA checkpoint: an adapter directory (peft's adapter_config.json, no config.json)."""
+
+    path: str
+    base: str  # the base model's path or hub id, as training saved it
+    rank: int
+
+
+def adapter_of(model_path: str) -> Adapter | None:
+    """The LoRA adapter at `model_path`, or None for a full model (or what cannot be read)."""
+    import json
+
+    folder = Path(model_path)
+    if not (folder / "adapter_config.json").is_file() or (folder / "config.json").exists():
+        return None
+    try:
+        config = json.loads((folder / "adapter_config.json").read_text())
+        return Adapter(str(folder), str(config["base_model_name_or_path"]), int(config["r"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def reload_weights(server: VLLMServer, model_path: str) -> float:
     """Load `model_path`'s weights into the running server in place; the seconds it took."""
     import httpx
@@ -150,8 +181,9 @@ def reload_weights(server: VLLMServer, model_path: str) -> float:
     return time.monotonic() - t0
 
 
-def server_command(model_path: str, dtype: str, length: int, port: int, gpus: int) -> list[str]:
-    """`vllm serve` for eval jobs, with the engine arguments every engine of ours gets."""
+def server_command(model_path: str, dtype: str, length: int, port: int, gpus: int, lora_rank: int = 0) -> list[str]:
+    """`vllm serve` for eval jobs, with the engine arguments every engine of ours gets; with
+    `lora_rank`, LoRA adapters up to that rank (worker.vllm_server.VLLM_LORA_RANKS) served too."""
     from evaluator.backends.vllm import engine_options
 
     opts = engine_options(dtype, max_model_len=length)
@@ -170,26 +202,34 @@ def server_command(model_path: str, dtype: str, length: int, port: int, gpus: in
         ]  # fmt: skip
     if opts.get("enforce_eager"):
         cmd.append("--enforce-eager")
+    if lora_rank:
+        cmd += ["--enable-lora", "--max-lora-rank", str(lora_rank), "--max-loras", str(LORAS_PER_BATCH)]
     return cmd
 
 
 def acquire(
-    settings: Any, model_path: str, dtype: str, gpus: list[str], log_path: Path, preexec: Any
-) -> tuple[WarmEngine, str]:
+    settings: Any, model_path: str, dtype: str, gpus: list[str], log_path: Path, preexec: Any, lora_rank: int = 0
+) -> tuple[WarmEngine, str] | None:
     """The warm engine for this model, and how it came: 'reused' (it served this model already),
     'reloaded' (an idle engine of the same family now holds this model's weights) or 'started'.
-    Release it with `release` when the job ends."""
+    `lora_rank`: the job's model is a LoRA adapter of `model_path` of that rank bound. None: the
+    model's engine is busy and cannot serve the adapter. Release it with `release` when the job ends."""
     key = (model_path, dtype, ",".join(gpus))
     with _lock:
         _stop(lambda e: e.users == 0 and (e.server.exited() is not None or _expired(e, settings)))
         engine = _engines.get(key)
+        if engine is not None and engine.server.exited() is None and engine.lora_rank < lora_rank:
+            if engine.users:
+                return None
+            _stop(lambda e: e is engine)  # restarted below with LoRA enabled
+            engine = None
         if engine is not None and engine.server.exited() is None:
             engine.users += 1
             engine.jobs += 1
             return engine, "reused"
         _engines.pop(key, None)
         family = model_family(model_path)
-        engine = _reload_idle(key, family, log_path) if family is not None else None
+        engine = _reload_idle(key, family, log_path, lora_rank) if family is not None else None
         if engine is not None:
             return engine, "reloaded"
         idle = sorted((e for e in _engines.values() if e.users == 0), key=lambda e: e.idle_since)
@@ -200,21 +240,26 @@ def acquire(
         env = server_env()  # all cores on a small CPU machine; /collective_rpc for reloading weights
         if gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
-        server = launch(server_command(model_path, dtype, length, port, len(gpus)), port, env, log_path, preexec)
-        engine = WarmEngine(key, server, length, family=family, users=1, jobs=1)
+        cmd = server_command(model_path, dtype, length, port, len(gpus), lora_rank)
+        server = launch(cmd, port, env, log_path, preexec)
+        engine = WarmEngine(key, server, length, lora_rank=lora_rank, family=family, users=1, jobs=1)
         _engines[key] = engine
         log.info("started a warm vLLM engine for %s at %s (process %d)", model_path, server.url, server.proc.pid)
         return engine, "started"
 
 
-def _reload_idle(key: tuple[str, str, str], family: str, log_path: Path) -> WarmEngine | None:
-    """An idle engine of this family, dtype and GPUs, now serving key's model (the caller holds the
-    lock); None when there is none, or its reload failed (that engine is stopped)."""
+def _reload_idle(key: tuple[str, str, str], family: str, log_path: Path, lora_rank: int) -> WarmEngine | None:
+    """An idle engine of this family, dtype and GPUs (and LoRA rank bound), now serving key's model
+    (the caller holds the lock); None when there is none, or its reload failed (that engine is stopped)."""
     engine = next(
         (
             e
             for e in _engines.values()
-            if e.users == 0 and e.family == family and e.key[1:] == key[1:] and e.server.exited() is None
+            if e.users == 0
+            and e.family == family
+            and e.key[1:] == key[1:]
+            and e.lora_rank >= lora_rank
+            and e.server.exited() is None
         ),
         None,
     )

@@ -25,6 +25,7 @@ def backend_version() -> str:
 ENGINE_URL_ENV = (
     "MATHRL_EVAL_ENGINE_URL"  # the worker's warm engine for this eval or generate job (worker/warm_engine.py)
 )
+ENGINE_ADAPTER_ENV = "MATHRL_EVAL_ENGINE_ADAPTER"  # the LoRA adapter directory the job's requests name
 BATCHED_TOKENS = 4096  # tokens per engine step (TRL's colocated default); at least max_model_len on CPUs
 
 
@@ -123,7 +124,9 @@ class RemoteEngine:
 
 def connect(url: str, timeout: float, should_stop: Callable[[], bool] | None = None) -> RemoteEngine:
     """Wait for the server at `url` to answer /health (a new one loads and compiles first) and
-    read the model name and context length it serves."""
+    read the model name and context length it serves. With ENGINE_ADAPTER_ENV set (the job's model
+    is a LoRA checkpoint of the engine's model), the adapter is loaded into the engine under a name
+    of its own, unless it is already, and that name is what the requests ask for."""
     import time
 
     import httpx
@@ -134,13 +137,38 @@ def connect(url: str, timeout: float, should_stop: Callable[[], bool] | None = N
             raise StopRequested("stop requested")
         try:
             if httpx.get(f"{url}/health", timeout=5).status_code == 200:
-                card = httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]
-                return RemoteEngine(url, int(card["max_model_len"]), card["id"])
+                cards = httpx.get(f"{url}/v1/models", timeout=30).json()["data"]
+                base = cards[0]
+                adapter = os.environ.get(ENGINE_ADAPTER_ENV)
+                if adapter is None:
+                    return RemoteEngine(url, int(base["max_model_len"]), base["id"])
+                return RemoteEngine(url, int(base["max_model_len"]), load_adapter(url, adapter, cards))
         except httpx.HTTPError:
             pass
         if time.monotonic() > deadline:
             raise TimeoutError(f"the worker's vLLM engine at {url} did not answer /health in {timeout:.0f}s")
         time.sleep(0.5)
+
+
+def adapter_name(path: str) -> str:
+    """The name a LoRA adapter directory is served under: one per path (checkpoints never change)."""
+    import hashlib
+
+    return "adapter-" + hashlib.sha256(path.encode()).hexdigest()[:16]
+
+
+def load_adapter(url: str, path: str, cards: list[dict[str, Any]]) -> str:
+    """Load the LoRA adapter at `path` into the server at `url` (`cards`: what it serves now),
+    unless it is there already; its served name."""
+    import httpx
+
+    name = adapter_name(path)
+    if any(card["id"] == name for card in cards):
+        return name
+    r = httpx.post(f"{url}/v1/load_lora_adapter", json={"lora_name": name, "lora_path": path}, timeout=300)
+    if r.status_code != 200:
+        raise RuntimeError(f"the warm engine did not load the LoRA adapter {path}: {r.status_code} {r.text[:300]}")
+    return name
 
 
 def generate_remote(
