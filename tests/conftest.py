@@ -38,23 +38,21 @@ PG_SERVER = os.environ.get("MATHRL_TEST_PG", "postgresql+psycopg://postgres@127.
 XDIST_WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
 REDIS = os.environ.get("MATHRL_TEST_REDIS", f"redis://127.0.0.1:6379/{11 - XDIST_WORKER}")
 
-# The test files that take longest, longest first (seconds on this 2-core machine, from
-# `scripts/test`'s --durations): scripts/test hands whole files to its two xdist workers
-# (--dist loadfile, so a module's fixtures are built once) in this order, then the rest as
-# collected, so the long files start first and the short ones fill in around them.
-LONGEST_FIRST = [
-    "test_vllm.py",  # ~400 s: engines of every mode
-    "test_ray.py",  # ~300 s: a 3-node Ray cluster and its jobs
-    "test_example.py",  # ~230 s: SmolLM2 learns through the service
-    "test_embedded.py",  # ~200 s: the demo pipeline
-    "test_drills.py",  # ~150 s
-    "test_trainer.py",  # ~130 s
-]
+# scripts/test runs pytest on two xdist workers (--dist loadgroup) in two lanes. The files that
+# keep both cores busy (training and generation: seconds on this 2-core machine, serial, from
+# `scripts/test`'s --durations) are one group, run one after another on one worker; every other
+# file is a group of its own (so its module fixtures are built once), handed to the other worker
+# as it frees up: those mostly wait on services, job processes, Ray or a drill's clock, which
+# leaves the cores to the first lane. Longest first, so the last to finish is short.
+CPU_BOUND = ("test_vllm.py", "test_example.py", "test_embedded.py", "test_trainer.py")  # ~1,100 s
+LONGEST_FIRST = ["test_ray.py", "test_drills.py"]  # ~300 s and ~150 s: a Ray cluster's jobs, the drills
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file keeps its order
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST, start=1)}
+    items.sort(key=lambda item: 0 if item.path.name in CPU_BOUND else rank.get(item.path.name, len(rank) + 1))
+    for item in items:  # stable sort: each file keeps its order
+        item.add_marker(pytest.mark.xdist_group("cpu-bound" if item.path.name in CPU_BOUND else item.path.name))
 
 
 @pytest.fixture
