@@ -38,21 +38,34 @@ PG_SERVER = os.environ.get("MATHRL_TEST_PG", "postgresql+psycopg://postgres@127.
 XDIST_WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
 REDIS = os.environ.get("MATHRL_TEST_REDIS", f"redis://127.0.0.1:6379/{11 - XDIST_WORKER}")
 
-# scripts/test runs pytest on two xdist workers (--dist loadgroup) in two lanes. The files that
-# keep both cores busy (training and generation: seconds on this 2-core machine, serial, from
-# `scripts/test`'s --durations) are one group, run one after another on one worker; every other
-# file is a group of its own (so its module fixtures are built once), handed to the other worker
-# as it frees up: those mostly wait on services, job processes, Ray or a drill's clock, which
-# leaves the cores to the first lane. Longest first, so the last to finish is short.
+# scripts/test runs pytest on two xdist workers in two lanes. The files that keep both cores
+# busy (training and generation: seconds on this 2-core machine, serial, from `scripts/test`'s
+# --durations) are one unit of work, run one after another on one worker; every other file is a
+# unit of its own (its module fixtures built once), handed to the other worker as it frees up:
+# those mostly wait on services, job processes, Ray or a drill's clock, which leaves the cores to
+# the first lane. Longest first, so the last to finish is short.
 CPU_BOUND = ("test_vllm.py", "test_example.py", "test_embedded.py", "test_trainer.py")  # ~1,100 s
 LONGEST_FIRST = ["test_ray.py", "test_drills.py"]  # ~300 s and ~150 s: a Ray cluster's jobs, the drills
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     rank = {name: i for i, name in enumerate(LONGEST_FIRST, start=1)}
+    # stable: each file keeps its order
     items.sort(key=lambda item: 0 if item.path.name in CPU_BOUND else rank.get(item.path.name, len(rank) + 1))
-    for item in items:  # stable sort: each file keeps its order
-        item.add_marker(pytest.mark.xdist_group("cpu-bound" if item.path.name in CPU_BOUND else item.path.name))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """xdist's file scheduling with the CPU-bound files as one unit (its own loadgroup marks do not
+    reach the scheduler under pytest 9: the group it appends to a test's id is dropped)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Lanes(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "cpu-bound" if Path(path).name in CPU_BOUND else path
+
+    return Lanes(config, log)
 
 
 @pytest.fixture
