@@ -38,7 +38,7 @@ PG_SERVER = os.environ.get("MATHRL_TEST_PG", "postgresql+psycopg://postgres@127.
 XDIST_WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
 REDIS = os.environ.get("MATHRL_TEST_REDIS", f"redis://127.0.0.1:6379/{11 - XDIST_WORKER}")
 
-# scripts/test runs pytest on two xdist workers in two lanes. The files that keep both cores
+# MATHRL_TEST_WORKERS=2 scripts/test runs pytest on two xdist workers in two lanes. The files that keep both cores
 # busy (training and generation: seconds on this 2-core machine, serial, from `scripts/test`'s
 # --durations) are one unit of work, run one after another on one worker; every other file is a
 # unit of its own (its module fixtures built once), handed to the other worker as it frees up:
@@ -49,6 +49,8 @@ LONGEST_FIRST = ["test_ray.py", "test_drills.py"]  # ~300 s and ~150 s: a Ray cl
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return  # one process: the files in collection order
     rank = {name: i for i, name in enumerate(LONGEST_FIRST, start=1)}
     # stable: each file keeps its order
     items.sort(key=lambda item: 0 if item.path.name in CPU_BOUND else rank.get(item.path.name, len(rank) + 1))
