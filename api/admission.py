@@ -24,14 +24,21 @@ from api.problems import UNSTORABLE, Problem
 from mathrl.errors import FieldError
 from mathrl.kinds import function
 from mathrl.memory_plan import check_job, read_model_config
-from mathrl.presets import resolve_config
 from mathrl.specs import model_refs, split_job_ref
+from mathrl.specs.resolved import (
+    ResolvedConfig,
+    ResolvedEval,
+    ResolvedGRPO,
+    ResolvedRewardModel,
+    ResolvedSFT,
+    resolve_config,
+)
 from service.settings import Settings
 from service.sources import url_refusal
 from store.models import Project
 
 
-def admit_spec(spec: Any, settings: Settings) -> dict[str, Any]:
+def admit_spec(spec: Any, settings: Settings) -> ResolvedConfig:
     """Refuse the job unless its sources are allowed and it is within the per-job limits;
     return its resolved config (every hyperparameter as the run will use it)."""
     check_storable(spec.model_dump(mode="json"))
@@ -97,7 +104,7 @@ def check_placement(spec: Any, settings: Settings) -> None:
         raise Problem.at("/resources/gpus", detail, "Too many GPUs per node")
 
 
-def check_memory(spec: Any, config: dict[str, Any], settings: Settings) -> None:
+def check_memory(spec: Any, config: ResolvedConfig, settings: Settings) -> None:
     """The memory plan of a GRPO or SFT job on GPUs (mathrl/memory_plan.py), when the model's
     config.json can be read now: a local path, or another job's model already saved on the artifact
     volume. It is stored in the config (`memory_plan`); one over the GPU memory of the job's pool
@@ -111,9 +118,9 @@ def check_memory(spec: Any, config: dict[str, Any], settings: Settings) -> None:
     try:
         plan, refusal = check_job(config, model_config, settings.memory.for_queue(spec.resources.queue))
     except ValueError as exc:  # a config.json this estimate cannot read: left to the run
-        config["memory_plan"] = {"estimate_gib": None, "notes": [str(exc)]}
+        config.memory_plan = {"estimate_gib": None, "notes": [str(exc)]}
         return
-    config["memory_plan"] = plan.record()
+    config.memory_plan = plan.record()
     if refusal is not None:
         errors = [{"pointer": pointer, "detail": detail} for pointer, detail in refusal.errors]
         raise Problem(422, "Does not fit in GPU memory", refusal.detail, errors)
@@ -275,7 +282,7 @@ def check_benchmarks(spec: Any) -> None:
         raise refuse("/dataset/split", "Unknown split", f"{exc}: pick one of those") from None
 
 
-def resolve_eval_recipe(spec: Any, config: dict[str, Any]) -> None:
+def resolve_eval_recipe(spec: Any, config: ResolvedConfig) -> None:
     """The recipe an eval runs with, resolved now (an unknown name or a few-shot count over the
     pool is a 422, not a failed job) and stored in its config with the completion length."""
     from evaluator.benchmarks import UnknownBenchmark
@@ -292,8 +299,9 @@ def resolve_eval_recipe(spec: Any, config: dict[str, Any]) -> None:
         raise refuse("/recipe/shots_from", "Unknown benchmark", f"{exc}: the recipe's shots come from it") from None
     except FieldError as exc:
         raise refuse(f"/{exc.field}", "Invalid recipe", str(exc)) from None
-    config["recipe"] = resolved.record()
-    config["sampling"] = {**config["sampling"], "max_new_tokens": resolved.max_new_tokens}
+    ev = config.of(ResolvedEval)
+    ev.recipe = resolved.record()
+    ev.sampling = ev.sampling.model_copy(update={"max_new_tokens": resolved.max_new_tokens})
 
 
 # --- per-job limits (on the resolved config: presets fill values) ---------------------------
@@ -304,44 +312,44 @@ def _over(pointer: str, value: int, limit: int, what: str) -> Problem:
     return Problem.at(pointer, detail, "Over a limit")
 
 
-def check_job_limits(spec: Any, config: dict[str, Any], settings: Settings) -> None:
+def check_job_limits(spec: Any, config: ResolvedConfig, settings: Settings) -> None:
     limits = settings.limits
     checks: list[tuple[str, int | None, int, str]] = [
-        ("/max_steps", config.get("max_steps"), limits.max_steps, "steps per job"),
+        ("/max_steps", getattr(spec, "max_steps", None), limits.max_steps, "steps per job"),
     ]
-    if spec.kind == "grpo":
+    if isinstance(config, ResolvedGRPO):
         checks += [
             (
                 "/global_batch_size",
-                config["global_batch_size"],
+                config.global_batch_size,
                 limits.max_generations_per_step,
                 "completions per step",
             ),
-            ("/num_generations", config["num_generations"], limits.max_generations_per_step, "completions per step"),
+            ("/num_generations", config.num_generations, limits.max_generations_per_step, "completions per step"),
             (
                 "/max_completion_length",
-                config["max_prompt_length"] + config["max_completion_length"],
+                config.max_prompt_length + config.max_completion_length,
                 limits.max_tokens,
                 "tokens per sequence (max_prompt_length + max_completion_length)",
             ),
         ]
-    sampling = config.get("sampling")
-    if sampling:
+    if isinstance(config, ResolvedEval | ResolvedRewardModel):
+        sampling = config.sampling
         checks += [
-            ("/sampling/n", sampling["n"], limits.max_generations_per_step, "completions per question"),
-            ("/sampling/max_new_tokens", sampling["max_new_tokens"], limits.max_tokens, "tokens per completion"),
+            ("/sampling/n", sampling.n, limits.max_generations_per_step, "completions per question"),
+            ("/sampling/max_new_tokens", sampling.max_new_tokens, limits.max_tokens, "tokens per completion"),
         ]
-    if spec.kind == "reward_model":
+    if isinstance(config, ResolvedRewardModel):
         checks.append(
             (
                 "/samples_per_question",
-                config["samples_per_question"],
+                config.samples_per_question,
                 limits.max_generations_per_step,
                 "completions per question",
             )
         )
-    if "max_length" in config:
-        checks.append(("/max_length", config["max_length"], limits.max_tokens, "tokens per sequence"))
+    if isinstance(config, ResolvedSFT | ResolvedRewardModel):
+        checks.append(("/max_length", config.max_length, limits.max_tokens, "tokens per sequence"))
     for pointer, value, limit, what in checks:
         if value is not None and value > limit:
             raise _over(pointer, value, limit, what)

@@ -13,6 +13,7 @@ from api.admission import QuotaProblem, admit_spec, check_project_quota
 from api.dispatch import dispatch, new_task_id
 from api.problems import Problem
 from mathrl.specs import ID_PATTERN, split_job_ref
+from mathrl.specs.resolved import ResolvedConfig
 from service.settings import Settings
 from store.ids import uuid7
 from store.models import Event, Job, utcnow
@@ -57,11 +58,11 @@ def in_step(exc: Problem, step: str) -> Problem:
     return Problem(exc.status, exc.title, f"step '{step}': {exc.detail}", errors, exc.headers)
 
 
-def admit(specs: dict[str, Any], settings: Settings) -> dict[str, dict[str, Any]]:
+def admit(specs: dict[str, Any], settings: Settings) -> dict[str, ResolvedConfig]:
     """Admit a submission: `specs` by step name ("" for a single job). Returns each one's
     resolved config; raises the first Problem, pointing into its step. (The project's quotas are
     checked at the commit: commit_and_dispatch.)"""
-    configs: dict[str, dict[str, Any]] = {}
+    configs: dict[str, ResolvedConfig] = {}
     for key, spec in specs.items():
         try:
             configs[key] = admit_spec(spec, settings)
@@ -70,7 +71,7 @@ def admit(specs: dict[str, Any], settings: Settings) -> dict[str, dict[str, Any]
     return configs
 
 
-def job_row(project_id: str, spec: Any, config: dict[str, Any], start: bool = True, **fields: Any) -> Job:
+def job_row(project_id: str, spec: Any, config: ResolvedConfig, start: bool = True, **fields: Any) -> Job:
     """A job's row from its admitted spec and resolved config. `start`: queued and given a
     task id now (else waiting, for a pipeline step with dependencies); `fields` add to or
     override what comes from the spec (name, tags, ids of a pipeline step)."""
@@ -80,7 +81,7 @@ def job_row(project_id: str, spec: Any, config: dict[str, Any], start: bool = Tr
         "name": spec.name,
         "tags": spec.tags,
         "spec": spec.model_dump(mode="json"),
-        "resolved_config": config,
+        "resolved_config": config.record(),
         "queue": spec.resources.queue,
         "gpus": spec.resources.total_gpus,  # what it holds against the project's GPU quota while active
         "max_attempts": spec.max_attempts,

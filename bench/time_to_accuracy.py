@@ -107,8 +107,8 @@ MATHRL_ARMS: dict[str, dict[str, Any]] = {
 
 
 def run_mathrl(args: argparse.Namespace, sink: SeriesSink, work: Path) -> None:
-    from mathrl.presets import resolve_config
     from mathrl.specs import parse_spec
+    from mathrl.specs.resolved import resolve_config
     from trainer.grpo import run_grpo
 
     spec = parse_spec(
@@ -128,8 +128,8 @@ def run_mathrl(args: argparse.Namespace, sink: SeriesSink, work: Path) -> None:
     )
     config = resolve_config(spec)
     print(
-        f"  mathrl loop: dynamic_sampling={config['dynamic_sampling']}, curriculum={config['curriculum']}, "
-        f"skip_zero_advantage={config['skip_zero_advantage']}",
+        f"  mathrl loop: dynamic_sampling={config.dynamic_sampling}, curriculum={config.curriculum}, "
+        f"skip_zero_advantage={config.skip_zero_advantage}",
         flush=True,
     )
     try:

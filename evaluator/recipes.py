@@ -17,6 +17,7 @@ from mathrl.errors import FieldError
 from mathrl.recipe import Recipe, Shot
 from mathrl.registry import Registry
 from mathrl.specs import DEFAULT_MAX_NEW_TOKENS
+from mathrl.specs.resolved import ResolvedEval
 
 # the lm-eval-* entries reproduce lm-evaluation-harness 0.4.13 (docs/benchmarks.md: item for item)
 
@@ -109,16 +110,16 @@ class ResolvedRecipe:
         return {"name": self.name, **self.recipe.model_dump(mode="json")}
 
 
-def stored_recipe(config: dict[str, Any]) -> ResolvedRecipe | None:
+def stored_recipe(config: ResolvedEval) -> ResolvedRecipe | None:
     """The recipe resolved at submit, from a job's resolved_config (`recipe` and the completion
     length): a queued job runs the prompt it was admitted with, even if the registry's entry
     changed meanwhile (a worker upgraded between submit and run). None for a config without one
     (jobs admitted before recipes were stored)."""
-    record = config.get("recipe")
-    if not record:
+    record = config.recipe
+    if not isinstance(record, dict) or "name" not in record:
         return None
     body = {k: v for k, v in record.items() if k != "name"}
-    length = (config.get("sampling") or {}).get("max_new_tokens")
+    length = config.sampling.max_new_tokens
     recipe = Recipe.model_validate(body)
     return ResolvedRecipe(str(record["name"]), recipe, int(length or recipe.max_new_tokens or DEFAULT_MAX_NEW_TOKENS))
 

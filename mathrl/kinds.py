@@ -13,7 +13,10 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from mathrl.specs.resolved import ResolvedConfig
 
 
 @dataclass(frozen=True)
@@ -32,7 +35,7 @@ class JobRun:
     """What a runner gets: the job, where it writes, and how it resolves other models."""
 
     spec: Any
-    config: dict[str, Any]
+    config: ResolvedConfig  # the job's resolved config (mathrl/specs/resolved.py): `run.config.of(ResolvedGRPO)`
     sink: Any  # worker.sink.DatabaseSink: events, metrics, samples, checkpoints
     settings: Any  # service.settings.Settings
     job_id: str

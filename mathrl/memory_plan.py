@@ -1,7 +1,7 @@
 """A training job's GPU memory, estimated before anything is loaded (no torch here).
 
 `plan_job(config, model_config, gpu_memory_gib)` takes a job's resolved config (what the job row
-stores: mathrl.presets.resolve_config) and the model's config.json values (a Llama/Qwen2-style
+stores: mathrl.specs.resolved.resolve_config) and the model's config.json values (a Llama/Qwen2-style
 decoder: hidden_size, intermediate_size, num_hidden_layers, num_attention_heads,
 num_key_value_heads, vocab_size, tie_word_embeddings, head_dim if present) and returns the peak
 memory of one GPU, itemised. `check_job` adds the refusal, with what would make the job fit.
@@ -56,6 +56,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+
+from mathrl.specs.resolved import ResolvedConfig, ResolvedGRPO, ResolvedSFT, resolved
 
 GIB = 1024**3
 
@@ -276,29 +278,28 @@ def estimate(shape: ModelShape, training: Training, gpu_memory: int | None = Non
 # ---- a job's resolved config ------------------------------------------------------------------
 
 
-def training_of(config: Mapping[str, Any]) -> Training:
-    """The Training of a GRPO or SFT job from its resolved config (mathrl.presets.resolve_config)."""
-    lora = config.get("lora") or {}
-    enabled = bool(lora) and lora.get("enabled", True)
-    kind = config.get("kind")
-    if kind == "grpo":
-        gen = config.get("generation") or {}
-        colocated = config.get("generation_backend") == "vllm" and config.get("generation_mode") == "colocate"
-        fraction = (gen.get("gpu_memory_utilization") or DEFAULT_VLLM_UTILIZATION) if colocated else 0.0
-        seq_len = int(config["max_prompt_length"]) + int(config["max_completion_length"])
-        reference = float(config.get("beta") or 0.0) > 0 and not enabled
-        zero3 = int(config.get("world_size") or 1) if config.get("deepspeed_zero3") else 1
-    elif kind == "sft":
-        fraction, seq_len, reference, zero3 = 0.0, int(config["max_length"]), False, 1
+def training_of(stored: Mapping[str, Any] | ResolvedConfig) -> Training:
+    """The Training of a GRPO or SFT job from its resolved config (mathrl.specs.resolved.resolve_config)."""
+    config = resolved(stored)
+    if isinstance(config, ResolvedGRPO):
+        colocated = config.generation_backend == "vllm" and config.generation_mode == "colocate"
+        utilization = config.generation.gpu_memory_utilization or DEFAULT_VLLM_UTILIZATION
+        fraction = utilization if colocated else 0.0
+        seq_len = config.max_prompt_length + config.max_completion_length
+        lora = config.lora if config.lora is not None and config.lora.enabled else None
+        reference = (config.beta or 0.0) > 0 and lora is None
+        zero3 = config.world_size if config.deepspeed_zero3 else 1
+    elif isinstance(config, ResolvedSFT):
+        fraction, seq_len, reference, zero3 = 0.0, config.max_length, False, 1
+        lora = config.lora if config.lora is not None and config.lora.enabled else None
     else:
-        raise ValueError(f"no memory plan for {kind!r} jobs (only grpo and sft)")
+        raise ValueError(f"no memory plan for {config.kind!r} jobs (only grpo and sft)")
     return Training(
-        micro_batch=int(config["per_device_train_batch_size"]),
+        micro_batch=config.per_device_train_batch_size,
         seq_len=seq_len,
-        lora_r=int(lora.get("r", 16)) if enabled else None,
-        lora_targets=lora.get("target_modules", "all-linear") if enabled else "all-linear",
-        # unset (a config stored before the field): TRL's default, on, as the trainers read it
-        gradient_checkpointing=config.get("gradient_checkpointing") is not False,
+        lora_r=lora.r if lora else None,
+        lora_targets=lora.target_modules if lora else "all-linear",
+        gradient_checkpointing=config.gradient_checkpointing,
         reference_model=reference,
         vllm_fraction=float(fraction),
         zero3_world=zero3,
@@ -324,7 +325,9 @@ def read_model_config(path: str | os.PathLike[str]) -> dict[str, Any] | None:
     return None
 
 
-def plan_job(config: Mapping[str, Any], model_config: Mapping[str, Any], gpu_memory_gib: float | None) -> MemoryPlan:
+def plan_job(
+    config: Mapping[str, Any] | ResolvedConfig, model_config: Mapping[str, Any], gpu_memory_gib: float | None
+) -> MemoryPlan:
     gpu = None if gpu_memory_gib is None else int(gpu_memory_gib * GIB)
     return estimate(ModelShape.from_config(model_config), training_of(config), gpu)
 
@@ -342,7 +345,7 @@ def _gib(n: float) -> str:
 
 
 def check_job(
-    config: Mapping[str, Any], model_config: Mapping[str, Any], gpu_memory_gib: float | None
+    config: Mapping[str, Any] | ResolvedConfig, model_config: Mapping[str, Any], gpu_memory_gib: float | None
 ) -> tuple[MemoryPlan, Refusal | None]:
     """The job's plan and, when it needs more than the GPU has, the refusal: which fields would
     make it fit, with the estimate each change gives."""

@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from mathrl.errors import FieldError
-from mathrl.kinds import function
 
 if TYPE_CHECKING:
     from mathrl.specs import GRPOSpec
@@ -193,14 +192,6 @@ def resolve_loop(spec: GRPOSpec, values: dict[str, Any]) -> dict[str, Any]:
             raise _err("skip_zero_advantage", "async GRPO has its own loss: drop skip_zero_advantage")
         out["skip_zero_advantage"] = None
     return out
-
-
-def resolve_config(spec: Any) -> dict[str, Any]:
-    """The concrete configuration a job runs with, stored on the job row at submit time."""
-    config: dict[str, Any] = spec.model_dump(mode="json")
-    if spec.job.resolve is not None:  # the kind's own resolution (mathrl/kinds.py)
-        config.update(function(spec.job.resolve)(spec))
-    return config
 
 
 def resolve_sft(spec: Any) -> dict[str, Any]:

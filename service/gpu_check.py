@@ -36,6 +36,7 @@ from trainer.throughput import gpu_peak_tflops
 
 if TYPE_CHECKING:
     from mathrl.specs import EvalSpec, GRPOSpec, SFTSpec
+    from mathrl.specs.resolved import ResolvedConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "smollm2-arith.yaml"
@@ -177,8 +178,8 @@ def grpo_run(
     """One GRPO run of the job's code, measured: per-step time split, throughput, MFU, memory."""
     import torch
 
-    from mathrl.presets import resolve_config
     from mathrl.specs import parse_spec
+    from mathrl.specs.resolved import ResolvedGRPO, resolve_config
     from trainer.grpo import run_grpo
 
     # the job as a GPU worker would run it (one GPU: resources.gpus decides the memory plan's pool)
@@ -194,7 +195,7 @@ def grpo_run(
         torch.cuda.reset_peak_memory_stats()
     sink = RecordSink()
     t0 = time.monotonic()
-    result = run_grpo(spec, config, sink, model_path=model_path, data_dir=data_dir, out_dir=out)
+    result = run_grpo(spec, config.of(ResolvedGRPO), sink, model_path=model_path, data_dir=data_dir, out_dir=out)
     wall = time.monotonic() - t0
     run: dict[str, Any] = {
         "backend": backend,
@@ -286,7 +287,7 @@ def mfu(run: dict[str, Any], params: int, peak: float | None, devices: int) -> f
     return round(utilisation, 5)
 
 
-def memory_plan(model_path: str, config: dict[str, Any], env: dict[str, Any]) -> dict[str, Any]:
+def memory_plan(model_path: str, config: ResolvedConfig, env: dict[str, Any]) -> dict[str, Any]:
     """The plan admission computes for this job (mathrl.memory_plan), on this GPU's memory."""
     from mathrl.memory_plan import plan_job
 
@@ -329,8 +330,8 @@ def sft_job(model: str, per_device: int) -> dict[str, Any]:
 def rank_main(kind: str, job: str, log: str) -> None:
     """One rank of a data-parallel run (started by torchrun): runs the job's code, rank 0 writes
     the logged metrics to `log` as JSON."""
-    from mathrl.presets import resolve_config
     from mathrl.specs import parse_spec
+    from mathrl.specs.resolved import ResolvedGRPO, ResolvedSFT, resolve_config
 
     spec = cast("SFTSpec | GRPOSpec", parse_spec(json.loads(job)))  # an SFT or a GRPO job, as kind says
     sink = RecordSink(echo=False)
@@ -341,12 +342,13 @@ def rank_main(kind: str, job: str, log: str) -> None:
     if kind == "sft":
         from trainer.sft import run_sft
 
-        run_sft(cast("SFTSpec", spec), sink, model_path=model, data_dir=data_dir, out_dir=out)
+        sft = cast("SFTSpec", spec)
+        run_sft(sft, resolve_config(sft).of(ResolvedSFT), sink, model_path=model, data_dir=data_dir, out_dir=out)
     else:
         from trainer.grpo import run_grpo
 
         grpo = cast("GRPOSpec", spec)
-        run_grpo(grpo, resolve_config(grpo), sink, model_path=model, data_dir=data_dir, out_dir=out)
+        run_grpo(grpo, resolve_config(grpo).of(ResolvedGRPO), sink, model_path=model, data_dir=data_dir, out_dir=out)
     if is_main():
         Path(log).write_text(
             json.dumps({"metrics": sink.metrics_by_step, "seconds": time.monotonic() - t0}, default=float)

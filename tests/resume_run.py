@@ -80,21 +80,29 @@ class LogSink(PrintSink):
 
 
 def main(kind: str, model: str, data_dir: str, out: str, work: str, log: str, kill_at: str | None = None) -> None:
-    from mathrl.presets import resolve_config
     from mathrl.specs import parse_spec
+    from mathrl.specs.resolved import ResolvedGRPO, ResolvedSFT, resolve_config
 
     sink = LogSink(Path(log), int(kill_at) if kill_at else None)
     spec = parse_spec({**(SFT if kind == "sft" else GRPO), "model": model})
     if kind == "sft":
         from trainer.sft import run_sft
 
-        run_sft(spec, sink, model_path=model, data_dir=data_dir, out_dir=Path(out), work_dir=Path(work))
+        run_sft(
+            spec,
+            resolve_config(spec).of(ResolvedSFT),
+            sink,
+            model_path=model,
+            data_dir=data_dir,
+            out_dir=Path(out),
+            work_dir=Path(work),
+        )
     else:
         from trainer.grpo import run_grpo
 
         run_grpo(
             spec,
-            resolve_config(spec),
+            resolve_config(spec).of(ResolvedGRPO),
             sink,
             model_path=model,
             data_dir=data_dir,

@@ -712,7 +712,7 @@ def test_a_pipeline_is_admitted_as_one_submission(app_client: Any, monkeypatch: 
     # resolved once, at submit: the presets' values and, for an eval, its prompt recipe
     expected = real_resolve(parse_spec(job["spec"]))
     admission.resolve_eval_recipe(parse_spec(job["spec"]), expected)
-    assert job["resolved_config"] == expected
+    assert job["resolved_config"] == expected.record()
 
 
 @pytest.mark.quick

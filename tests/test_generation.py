@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from mathrl.presets import resolve_config
 from mathrl.specs import parse_spec
+from mathrl.specs.resolved import ResolvedGRPO, resolve_config
 
 pytestmark = pytest.mark.quick
 
@@ -60,7 +60,7 @@ def test_server_takes_the_jobs_last_gpus_and_full_weights_use_trls_server() -> N
 
     spec = parse_spec({**BASE, "resources": {"gpus": 8}, "generation": {"mode": "server"}})
     assert split_gpus(spec, [str(i) for i in range(8)]) == (["0", "1", "2", "3", "4", "5"], ["6", "7"])
-    assert resolve_config(spec)["world_size"] == 6
+    assert resolve_config(spec).of(ResolvedGRPO).world_size == 6
     cmd = server_command(spec, resolve_config(spec), "/models/m", 5, on_gpu=True)
     assert cmd[1:3] == ["-m", "trl.scripts.vllm_serve"] and cmd[cmd.index("--tensor_parallel_size") + 1] == "2"
     three = parse_spec({**BASE, "resources": {"gpus": 4}, "generation": {"mode": "server", "server_gpus": 3}})

@@ -22,8 +22,8 @@ from mathrl.memory_plan import (
     plan_job,
     read_model_config,
 )
-from mathrl.presets import resolve_config
 from mathrl.specs import PipelineSpec, parse_spec
+from mathrl.specs.resolved import ResolvedGRPO, ResolvedSFT, resolve_config, resolved
 
 pytestmark = pytest.mark.quick
 
@@ -84,9 +84,9 @@ MEASURED = [
 ]
 
 
-def grpo_config(**fields: Any) -> dict[str, Any]:
+def grpo_config(**fields: Any) -> ResolvedGRPO:
     spec = {"kind": "grpo", "model": "/models/m", "dataset": {"name": "math-train"}, "resources": {"gpus": 1}}
-    return resolve_config(parse_spec({**spec, **fields}))
+    return resolve_config(parse_spec({**spec, **fields})).of(ResolvedGRPO)
 
 
 # ---- the estimate -----------------------------------------------------------------------------
@@ -184,15 +184,15 @@ def test_gradient_checkpointing_is_resolved_and_reaches_trl() -> None:
     from trainer.grpo_config import common_args
 
     on, off = grpo_config(), grpo_config(gradient_checkpointing=False)
-    assert on["gradient_checkpointing"] is True and off["gradient_checkpointing"] is False
+    assert on.gradient_checkpointing is True and off.gradient_checkpointing is False
     spec = parse_spec({"kind": "grpo", "model": "/m", "dataset": {"name": "math-train"}})
     assert common_args(spec, off, Path("/tmp/x"), True, None)["gradient_checkpointing"] is False
-    old = {k: v for k, v in on.items() if k != "gradient_checkpointing"}  # a config stored before the field
-    assert common_args(spec, old, Path("/tmp/x"), True, None)["gradient_checkpointing"] is True
+    old = resolved({k: v for k, v in on.record().items() if k != "gradient_checkpointing"})  # stored before it
+    assert common_args(spec, old.of(ResolvedGRPO), Path("/tmp/x"), True, None)["gradient_checkpointing"] is True
     sft = parse_spec({"kind": "sft", "model": "/m", "dataset": {"name": "math-train"}})
-    assert resolve_config(sft)["gradient_checkpointing"] is True
+    assert resolve_config(sft).of(ResolvedSFT).gradient_checkpointing is True
     sft_off = parse_spec({**sft.model_dump(), "gradient_checkpointing": False})
-    assert resolve_config(sft_off)["gradient_checkpointing"] is False
+    assert resolve_config(sft_off).of(ResolvedSFT).gradient_checkpointing is False
 
 
 def test_model_config_read_from_a_directory_or_an_adapters_base(tmp_path: Path) -> None:
@@ -246,7 +246,8 @@ def test_submit_refuses_a_7b_full_fine_tuning_on_an_80_gib_pool_and_admits_it_wi
     print(problem.detail)
 
     config = admit_spec(parse_spec({**spec, "lora": {"r": 16}}), settings)
-    plan = config["memory_plan"]
+    plan = config.memory_plan
+    assert plan is not None
     assert plan["fits"] is True and plan["gpu_memory_gib"] == 80 and plan["estimate_gib"] < 80
     assert plan["trainable_params"] == 40_370_176 and plan["terms_gib"]["vllm"] == 24.0
     print(f"Qwen2.5-7B GRPO, LoRA r=16 (TRL defaults): ~{plan['estimate_gib']} GiB of 80 GiB")
@@ -278,12 +279,13 @@ def test_what_submit_cannot_see_is_left_to_the_worker(tmp_path: Path) -> None:
     from api.admission import admit_spec
 
     hub = {"kind": "grpo", "model": "Qwen/Qwen2.5-7B", "dataset": {"name": "math-train"}, "resources": {"gpus": 1}}
-    assert "memory_plan" not in admit_spec(parse_spec(hub), settings_for(tmp_path))
+    assert admit_spec(parse_spec(hub), settings_for(tmp_path)).memory_plan is None
     cpu = {**hub, "model": str(model_dir(tmp_path, QWEN25_7B)), "resources": {"gpus": 0}}
-    assert "memory_plan" not in admit_spec(parse_spec(cpu), settings_for(tmp_path))
+    assert admit_spec(parse_spec(cpu), settings_for(tmp_path)).memory_plan is None
     # a pool whose GPU memory is not configured: the plan is stored, not checked
     other = {**cpu, "resources": {"gpus": 2}}
-    plan = admit_spec(parse_spec(other), settings_for(tmp_path))["memory_plan"]
+    plan = admit_spec(parse_spec(other), settings_for(tmp_path)).memory_plan
+    assert plan is not None
     assert plan["fits"] is None and plan["gpu_memory_gib"] is None and plan["estimate_gib"] > 80
 
 
@@ -352,7 +354,7 @@ def test_worker_fails_the_job_before_the_model_loads_with_the_submit_message(
     assert re.match(r"memory plan: ~\d+\.\d GiB per GPU of 80\.0 GiB", message)
 
     # checked at submit already: not again; no config.json to read: a warning, and the job goes on
-    checked = {**resolve_config(lora), "memory_plan": {"gpu_memory_gib": 80, "fits": True}}
+    checked = resolve_config(lora).model_copy(update={"memory_plan": {"gpu_memory_gib": 80, "fits": True}})
     child._check_memory(lora, checked, str(tmp_path / "nowhere"), settings, sink)
     assert len(sink.events) == 1
     child._check_memory(lora, resolve_config(lora), str(tmp_path / "nowhere"), settings, sink)
@@ -414,12 +416,12 @@ def test_the_gpu_recipe_example_fits_one_80_gib_gpu(tied: bool) -> None:
     assert [r.name for r in grpo.rewards] == ["binary"] and grpo.dataset.name == "math-train"
     assert {pipeline.jobs[s].benchmark for s in ("eval-base", "eval-grpo")} == {"math500"}  # type: ignore[union-attr]
     config = resolve_config(grpo)
-    assert (config["generation_backend"], config["generation_mode"]) == ("vllm", "colocate")
-    assert config["max_prompt_length"] + config["max_completion_length"] <= 4096  # the model's positions
+    assert (config.generation_backend, config.generation_mode) == ("vllm", "colocate")
+    assert config.max_prompt_length + config.max_completion_length <= 4096  # the model's positions
     plan, refusal = check_job(config, {**QWEN25_MATH_15B, "tie_word_embeddings": tied}, 80)
     print(f"examples/{EXAMPLE.name} (tied embeddings: {tied}): ~{plan.estimate_gib:.1f} GiB of 80 GiB")
     assert refusal is None and plan.fits
     if tied:  # the figure the file's comment gives
         assert f"~{plan.estimate_gib:.0f} GiB per GPU" in text
-        off, _ = check_job({**config, "gradient_checkpointing": False}, QWEN25_MATH_15B, 80)
+        off, _ = check_job(config.model_copy(update={"gradient_checkpointing": False}), QWEN25_MATH_15B, 80)
         assert f"~{off.estimate_gib:.0f} GiB" in text

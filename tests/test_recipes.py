@@ -88,19 +88,20 @@ def test_a_job_runs_the_recipe_it_was_admitted_with(monkeypatch: pytest.MonkeyPa
     changed between submit and run (a worker upgraded meanwhile) does not change the prompt."""
     from api.admission import resolve_eval_recipe
     from evaluator.recipes import stored_recipe
+    from mathrl.specs.resolved import ResolvedEval, resolve_config, resolved
 
     spec = EvalSpec(model="m", recipe="lm-eval-gsm8k", few_shot=3)
-    config = {"sampling": spec.sampling.model_dump()}
+    config = resolve_config(spec).of(ResolvedEval)
     resolve_eval_recipe(spec, config)
     admitted = resolve_recipe(spec)
     changed = get_recipe("lm-eval-gsm8k").model_copy(update={"stop": ["Q:"], "max_new_tokens": 99})
     monkeypatch.setitem(RECIPES._entries, "lm-eval-gsm8k", changed)  # a worker upgraded meanwhile
     assert resolve_recipe(spec).recipe.stop == ["Q:"]  # what resolving again would run
-    stored = stored_recipe(json.loads(json.dumps(config)))  # as it comes back from the database
+    stored = stored_recipe(resolved(json.loads(json.dumps(config.record()))).of(ResolvedEval))  # from the database
     assert stored is not None and stored.record() == admitted.record()
     assert (stored.name, stored.max_new_tokens, stored.recipe.few_shot) == ("lm-eval-gsm8k", 256, 3)
     assert stored.recipe.digest() == admitted.recipe.digest()
-    assert stored_recipe({"sampling": {}}) is None  # a job admitted before recipes were stored
+    assert stored_recipe(ResolvedEval(sampling=spec.sampling)) is None  # admitted before recipes were stored
 
 
 @pytest.mark.quick

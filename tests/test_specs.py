@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from mathrl.presets import PRESETS, TRL_DEFAULTS, resolve_config, resolve_grpo
+from mathrl.presets import PRESETS, TRL_DEFAULTS, resolve_grpo
 from mathrl.specs import GRPOSpec, parse_spec
+from mathrl.specs.resolved import resolve_config
 
 pytestmark = pytest.mark.quick
 
@@ -34,8 +35,8 @@ def test_explicit_fields_override_the_preset_and_config_stores_values() -> None:
         per_device_train_batch_size=8,
     )
     cfg = resolve_config(spec)
-    assert cfg["beta"] == 0.0 and cfg["num_generations"] == 8 and cfg["learning_rate"] == 1e-6
-    assert cfg["preset"] == "deepseekmath" and cfg["gradient_accumulation_steps"] == 8
+    assert cfg.beta == 0.0 and cfg.num_generations == 8 and cfg.learning_rate == 1e-6
+    assert cfg.preset == "deepseekmath" and cfg.gradient_accumulation_steps == 8
 
 
 def test_trl_default_preset_is_trls_defaults() -> None:
@@ -218,22 +219,22 @@ def test_every_spec_field_is_described() -> None:
 def test_the_loop_resolves_per_preset_and_is_stored() -> None:
     base = {"kind": "grpo", "model": "org/m", "dataset": DATASET}
     cfg = resolve_config(parse_spec(base))  # trl-default: what was measured to help, the update TRL's
-    assert cfg["dynamic_sampling"] is None and cfg["curriculum"] is None and cfg["skip_zero_advantage"] is True
+    assert cfg.dynamic_sampling is None and cfg.curriculum is None and cfg.skip_zero_advantage is True
     on = resolve_config(parse_spec({**base, "dynamic_sampling": True}))
-    assert on["dynamic_sampling"] == {"metric": "correct", "max_rounds": 3}
+    assert on.dynamic_sampling == {"metric": "correct", "max_rounds": 3}
     paper = resolve_config(parse_spec({**base, "preset": "deepseekmath", "resources": {"gpus": 8}}))
-    assert paper["dynamic_sampling"] is None and paper["curriculum"] is None
-    assert paper["skip_zero_advantage"] is False
+    assert paper.dynamic_sampling is None and paper.curriculum is None
+    assert paper.skip_zero_advantage is False
     # no correctness verdict to read: the default filters on the weighted reward
     shaped = resolve_config(
         parse_spec({**base, "rewards": [{"name": "reward_model", "model": "org/rm"}], "dynamic_sampling": {}})
     )
-    assert shaped["dynamic_sampling"]["metric"] == "reward"
+    assert shaped.dynamic_sampling["metric"] == "reward"
     asked = resolve_config(
         parse_spec({**base, "curriculum": {"floor": 0.1}, "dynamic_sampling": False, "skip_zero_advantage": False})
     )
-    assert asked["curriculum"] == {"decay": 0.5, "floor": 0.1} and asked["dynamic_sampling"] is None
-    assert asked["skip_zero_advantage"] is False
+    assert asked.curriculum == {"decay": 0.5, "floor": 0.1} and asked.dynamic_sampling is None
+    assert asked.skip_zero_advantage is False
     # a preset's default that cannot run is off, not refused (checked with a preset defaulting it on)
     from mathrl import presets
 
@@ -245,7 +246,7 @@ def test_the_loop_resolves_per_preset_and_is_stored() -> None:
         )
     finally:
         presets.LOOP_DEFAULTS["trl-default"] = saved
-    assert split["dynamic_sampling"] is None
+    assert split.dynamic_sampling is None
 
 
 def test_every_kind_and_grader_type_is_registered_in_one_place() -> None:

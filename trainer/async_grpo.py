@@ -21,6 +21,7 @@ from typing import Any
 
 from mathrl.sink import Sink
 from mathrl.specs import GRPOSpec
+from mathrl.specs.resolved import ResolvedGRPO
 
 
 def varlen_causal_attention(
@@ -136,7 +137,7 @@ def with_response_template(tokenizer: Any) -> Any:
         return tokenizer
 
 
-def async_args(spec: GRPOSpec, config: dict[str, Any], output_dir: Path, use_cpu: bool, server_url: str) -> Any:
+def async_args(spec: GRPOSpec, config: ResolvedGRPO, output_dir: Path, use_cpu: bool, server_url: str) -> Any:
     from trl.experimental.async_grpo import AsyncGRPOConfig
 
     kwargs: dict[str, Any] = {}
@@ -153,7 +154,7 @@ def async_args(spec: GRPOSpec, config: dict[str, Any], output_dir: Path, use_cpu
 
 def build_async_trainer(
     spec: GRPOSpec,
-    config: dict[str, Any],
+    config: ResolvedGRPO,
     sink: Sink,
     *,
     model_path: str,

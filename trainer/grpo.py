@@ -11,6 +11,7 @@ from evaluator.models import load_tokenizer
 from mathrl.errors import StopRequested
 from mathrl.sink import Sink
 from mathrl.specs import GRPOSpec
+from mathrl.specs.resolved import ResolvedGRPO
 from trainer.callbacks import SinkCallback
 from trainer.checkpoints import latest_checkpoint, save_checkpoints_atomically, save_final
 from trainer.data import load_problems, prompt_dataset
@@ -20,19 +21,19 @@ from trainer.rewards import GraderReward, reward_for
 
 
 def build_rewards(
-    spec: GRPOSpec, config: dict[str, Any], resolve_model: Any = None
+    spec: GRPOSpec, config: ResolvedGRPO, resolve_model: Any = None
 ) -> tuple[list[GraderReward], list[float]]:
     """The spec's rewards, each a grader (RewardRef.as_grader), and their weights."""
-    rewards = [reward_for(ref, config["max_completion_length"], resolve_model) for ref in spec.rewards]
+    rewards = [reward_for(ref, config.max_completion_length, resolve_model) for ref in spec.rewards]
     return rewards, [ref.weight for ref in spec.rewards]
 
 
-def generation_backend(config: dict[str, Any], sink: Sink) -> str:
+def generation_backend(config: ResolvedGRPO, sink: Sink) -> str:
     """The backend this process generates with: the resolved one, except that 'auto' falls back
     to hf on a worker without vLLM (an explicit 'vllm' was refused by worker.child before)."""
     import importlib.util
 
-    backend: str = config.get("generation_backend", "hf")
+    backend: str = config.generation_backend
     if backend == "vllm" and importlib.util.find_spec("vllm") is None:
         sink.event(
             "generation",
@@ -43,7 +44,7 @@ def generation_backend(config: dict[str, Any], sink: Sink) -> str:
     return backend
 
 
-def vllm_engine_options(spec: GRPOSpec, config: dict[str, Any]) -> dict[str, Any]:
+def vllm_engine_options(spec: GRPOSpec, config: ResolvedGRPO) -> dict[str, Any]:
     """Engine arguments for GRPO's colocated vLLM (same dtype and CPU rules as eval jobs)."""
     from evaluator.backends.vllm import engine_options
 
@@ -53,13 +54,13 @@ def vllm_engine_options(spec: GRPOSpec, config: dict[str, Any]) -> dict[str, Any
         gen.dtype,
         gen.gpu_memory_utilization or 0.3,
         gen.enable_prefix_caching,
-        max_model_len=config["max_prompt_length"] + config["max_completion_length"],
+        max_model_len=config.max_prompt_length + config.max_completion_length,
     )
 
 
 def run_grpo(
     spec: GRPOSpec,
-    config: dict[str, Any],
+    config: ResolvedGRPO,
     sink: Sink,
     *,
     model_path: str,
@@ -84,10 +85,10 @@ def run_grpo(
     problems, template = load_problems(spec.dataset, data_dir)
     # TRL's async trainer applies the chat template itself (it re-renders multi-turn rollouts)
     dataset, dropped = prompt_dataset(
-        problems, template, tokenizer, config.get("max_prompt_length"), conversational=spec.algorithm == "async"
+        problems, template, tokenizer, config.max_prompt_length, conversational=spec.algorithm == "async"
     )
     if dropped:
-        sink.event("data", f"dropped {dropped} prompts longer than {config['max_prompt_length']} tokens", "warning")
+        sink.event("data", f"dropped {dropped} prompts longer than {config.max_prompt_length} tokens", "warning")
     rewards, weights = build_rewards(spec, config, resolve_model)
     use_cpu = not torch.cuda.is_available()
     backend = generation_backend(config, sink)
@@ -151,8 +152,8 @@ def run_grpo(
     resume = latest_checkpoint(out_dir)
     sink.event(
         "training",
-        f"GRPO on {len(dataset)} questions, {spec.max_steps} steps, G={config['num_generations']}, "
-        f"batch {config['global_batch_size']} completions, rewards {[r.__name__ for r in rewards]}"
+        f"GRPO on {len(dataset)} questions, {spec.max_steps} steps, G={config.num_generations}, "
+        f"batch {config.global_batch_size} completions, rewards {[r.__name__ for r in rewards]}"
         + (f"; resuming from {resume.name}" if resume else ""),
         data={"setup_seconds": time.monotonic() - t0},
     )

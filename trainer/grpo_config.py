@@ -9,27 +9,28 @@ from pathlib import Path
 from typing import Any
 
 from mathrl.specs import GRPOSpec, LoRA
+from mathrl.specs.resolved import ResolvedGRPO
 
 
 def common_args(
-    spec: GRPOSpec, config: dict[str, Any], output_dir: Path, use_cpu: bool, server_url: str | None
+    spec: GRPOSpec, config: ResolvedGRPO, output_dir: Path, use_cpu: bool, server_url: str | None
 ) -> dict[str, Any]:
     """The arguments TRL's sync (GRPOConfig) and async (AsyncGRPOConfig) trainers share."""
     return dict(
         output_dir=str(output_dir),
-        learning_rate=config["learning_rate"],
-        num_generations=config["num_generations"],
-        max_completion_length=config["max_completion_length"],
-        per_device_train_batch_size=config["per_device_train_batch_size"],
-        gradient_accumulation_steps=config["gradient_accumulation_steps"],
-        epsilon=config["epsilon"],
-        epsilon_high=config["epsilon_high"],
-        temperature=config["temperature"],
-        top_p=config["top_p"],
+        learning_rate=config.learning_rate,
+        num_generations=config.num_generations,
+        max_completion_length=config.max_completion_length,
+        per_device_train_batch_size=config.per_device_train_batch_size,
+        gradient_accumulation_steps=config.gradient_accumulation_steps,
+        epsilon=config.epsilon,
+        epsilon_high=config.epsilon_high,
+        temperature=config.temperature,
+        top_p=config.top_p,
         vllm_server_base_url=server_url,
         vllm_server_timeout=900.0,  # a CPU server compiles for minutes before it answers /health
         max_steps=spec.max_steps,
-        warmup_steps=int(config["warmup_ratio"] * spec.max_steps),
+        warmup_steps=int(config.warmup_ratio * spec.max_steps),
         logging_steps=spec.logging_steps,
         save_strategy="steps",
         save_steps=spec.save_steps,
@@ -39,14 +40,14 @@ def common_args(
         bf16=not use_cpu,
         # resolved by mathrl.presets (TRL's default, on, when the spec leaves it unset; a config
         # stored before the field existed ran with that default too)
-        gradient_checkpointing=config.get("gradient_checkpointing", True),
+        gradient_checkpointing=config.gradient_checkpointing,
         disable_tqdm=True,
     )
 
 
 def grpo_args(
     spec: GRPOSpec,
-    config: dict[str, Any],
+    config: ResolvedGRPO,
     output_dir: Path,
     use_cpu: bool,
     backend: str = "hf",
@@ -56,18 +57,12 @@ def grpo_args(
 
     return GRPOConfig(
         **common_args(spec, config, output_dir, use_cpu, server_url),
-        beta=config["beta"],
-        num_iterations=config["num_iterations"],
-        loss_type=config["loss_type"],
-        delta=config["delta"],
-        importance_sampling_level=config["importance_sampling_level"],
-        scale_rewards=config["scale_rewards"],
-        mask_truncated_completions=config["mask_truncated_completions"],
+        **config.sync_loss().model_dump(),
         use_vllm=backend == "vllm",
         vllm_mode=spec.generation.mode,
         vllm_tensor_parallel_size=spec.generation.tensor_parallel_size,
         # prompt + completion: the engine's KV cache is sized for this, not the model's 8k context
-        vllm_max_model_length=config["max_prompt_length"] + config["max_completion_length"],
+        vllm_max_model_length=config.max_prompt_length + config.max_completion_length,
         dataloader_num_workers=0,
     )
 

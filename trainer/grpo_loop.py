@@ -36,6 +36,8 @@ from trainer.vllm_generation import TimedGRPOTrainer
 if TYPE_CHECKING:
     from trl import GRPOConfig
 
+    from mathrl.specs.resolved import ResolvedGRPO
+
 # loss types whose per-token loss is zero for a zero advantage when beta is 0
 SKIPPABLE_LOSSES = ("grpo", "dapo", "dr_grpo", "bnpo", "cispo", "sapo")
 # ... and how each normalises: over rows ("rows"), over this batch's tokens ("tokens"), or over
@@ -53,12 +55,12 @@ class LoopOptions:
     signal_reward: int | None = None  # index of the reward whose value > 0 means "correct"
 
     @classmethod
-    def from_config(cls, config: dict[str, Any], reward_names: list[str]) -> LoopOptions:
+    def from_config(cls, config: ResolvedGRPO, reward_names: list[str]) -> LoopOptions:
         checked = [i for i, n in enumerate(reward_names) if n in ("accuracy", "binary")]
         return cls(
-            dynamic_sampling=config.get("dynamic_sampling"),
-            curriculum=config.get("curriculum"),
-            skip_zero_advantage=bool(config.get("skip_zero_advantage")),
+            dynamic_sampling=config.dynamic_sampling,
+            curriculum=config.curriculum,
+            skip_zero_advantage=bool(config.skip_zero_advantage),
             signal_reward=checked[0] if checked else None,
         )
 

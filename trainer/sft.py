@@ -10,9 +10,9 @@ from typing import Any
 from evaluator import prompts
 from evaluator.models import load_tokenizer
 from mathrl.errors import StopRequested
-from mathrl.presets import resolve_config
 from mathrl.sink import Sink
 from mathrl.specs import SFTSpec
+from mathrl.specs.resolved import ResolvedSFT
 from trainer.callbacks import SinkCallback
 from trainer.checkpoints import latest_checkpoint, save_checkpoints_atomically, save_final
 from trainer.data import load_problems, render_prompt
@@ -60,7 +60,14 @@ def sft_dataset(spec: SFTSpec, tokenizer: Any, data_dir: str | None) -> Any:
 
 
 def run_sft(
-    spec: SFTSpec, sink: Sink, *, model_path: str, data_dir: str | None, out_dir: Path, work_dir: Path | None = None
+    spec: SFTSpec,
+    config: ResolvedSFT,
+    sink: Sink,
+    *,
+    model_path: str,
+    data_dir: str | None,
+    out_dir: Path,
+    work_dir: Path | None = None,
 ) -> dict[str, Any]:
     """Train; checkpoints and the final model end up in out_dir (see run_grpo for work_dir)."""
     import torch
@@ -84,7 +91,7 @@ def run_sft(
         report_to=[],
         use_cpu=use_cpu,
         bf16=not use_cpu,
-        gradient_checkpointing=resolve_config(spec)["gradient_checkpointing"],  # unset: TRL's default
+        gradient_checkpointing=config.gradient_checkpointing,  # unset in the spec: TRL's default, on
         disable_tqdm=True,
         completion_only_loss=True,
         dataloader_num_workers=0,

@@ -33,6 +33,7 @@ from mathrl.errors import Cancelled, Drained, NotAvailable, StopRequested
 from mathrl.kinds import JobRun, function
 from mathrl.processes import rank as rank_of_process
 from mathrl.specs import parse_spec
+from mathrl.specs.resolved import ResolvedConfig, resolved
 from service.settings import get_settings
 from store.db import retry_transient, session_scope
 from store.models import Job
@@ -63,15 +64,15 @@ def attempt_dir(artifact_dir: str, job_id: str, attempt: int) -> Path:
     return job_dir(artifact_dir, job_id) / f"attempt-{attempt}"
 
 
-def load_job(settings: Any, job_id: str) -> tuple[Any, str, dict[str, Any]]:
+def load_job(settings: Any, job_id: str) -> tuple[Any, str, ResolvedConfig]:
     """The job's spec, project and resolved config, read from the store."""
 
-    def load() -> tuple[Any, str, dict[str, Any]]:
+    def load() -> tuple[Any, str, ResolvedConfig]:
         with session_scope(settings.database.url) as s:
             job = s.get(Job, job_id)
             if job is None:
                 raise RuntimeError(f"job {job_id} not found")
-            return parse_spec(job.spec), job.project_id, dict(job.resolved_config or {})
+            return parse_spec(job.spec), job.project_id, resolved(job.resolved_config or {"kind": job.kind})
 
     return retry_transient(load, f"job {job_id}: loading")
 
@@ -203,7 +204,7 @@ def _check_available(spec: Any) -> None:
             raise NotAvailable(f"the job asks for {spec.resources.gpus} GPU(s); this worker has {have}")
 
 
-def _check_memory(spec: Any, config: dict[str, Any], model_path: str, settings: Any, sink: Any) -> None:
+def _check_memory(spec: Any, config: ResolvedConfig, model_path: str, settings: Any, sink: Any) -> None:
     """The memory plan of a GRPO or SFT job on GPUs (mathrl/memory_plan.py), the same check the API
     makes at submit, for what only the worker can see: a hub id's config.json (fetched alone, into
     the cache the model loads from next) or another job's model once it is saved. The GPU's memory
@@ -214,7 +215,7 @@ def _check_memory(spec: Any, config: dict[str, Any], model_path: str, settings: 
         return
     from mathrl.memory_plan import check_job
 
-    stored = config.get("memory_plan") or {}
+    stored = config.memory_plan or {}
     if stored.get("gpu_memory_gib") is not None:
         return  # checked at submit against the same settings
     gpu_gib = settings.memory.for_queue(spec.resources.queue) or _visible_gpu_gib()

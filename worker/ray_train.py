@@ -40,6 +40,8 @@ import threading
 import time
 from typing import Any
 
+from mathrl.specs.resolved import ResolvedGRPO
+
 WORKERS_LINE = "mathrl-workers: "
 OUTCOME_LINE = "mathrl-outcome: "
 DATABASE_ENV = "MATHRL_DATABASE__URL"
@@ -208,7 +210,9 @@ def _start_server(settings: Any, job_id: str, out: Any) -> tuple[Any, dict[str, 
         raise RuntimeError(no_database(socket.gethostname()))
     spec, project_id, config = load_job(settings, job_id)
     model_path, _ = model_resolver(settings, job_id, project_id)(spec.model)
-    actor, info = ray_vllm.start(spec, config, model_path, out / "vllm-server.log", settings.ray.server_cpus)
+    actor, info = ray_vllm.start(
+        spec, config.of(ResolvedGRPO), model_path, out / "vllm-server.log", settings.ray.server_cpus
+    )
     print(ray_vllm.SERVER_LINE + json.dumps(info), flush=True)
     return actor, info
 

@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from mathrl.specs.resolved import ResolvedGRPO
+
 PLACEMENT_SECONDS = 600.0  # how long the driver waits for Ray to place and start the server
 
 SERVER_LINE = "mathrl-vllm-server: "  # printed by the driver once the server is up (worker.ray_submit reads it)
@@ -34,7 +36,7 @@ class GenerationServer:
     def __init__(self) -> None:
         self.server: Any = None
 
-    def start(self, spec: Any, config: dict[str, Any], model_path: str, log_path: str) -> dict[str, Any]:
+    def start(self, spec: Any, config: ResolvedGRPO, model_path: str, log_path: str) -> dict[str, Any]:
         """Start the server; its URL and where it runs."""
         import os
         import socket
@@ -79,7 +81,7 @@ def server_actor(spec: Any, server_cpus: float) -> Any:
 
 
 def start(
-    spec: Any, config: dict[str, Any], model_path: str, log_path: Path, server_cpus: float
+    spec: Any, config: ResolvedGRPO, model_path: str, log_path: Path, server_cpus: float
 ) -> tuple[Any, dict[str, Any]]:
     """Place the actor and start the server in it. Returns the actor and the server's info; raises
     RuntimeError saying what to change when Ray cannot place it in time or the start fails."""

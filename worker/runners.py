@@ -8,6 +8,7 @@ import os
 
 from mathrl.errors import NotAvailable
 from mathrl.kinds import JobRun
+from mathrl.specs.resolved import ResolvedEval, ResolvedGRPO, ResolvedSFT
 
 
 def run_eval(run: JobRun) -> None:
@@ -29,7 +30,7 @@ def run_eval(run: JobRun) -> None:
         work_dir=run.work / "eval",
         rm_scorer=rm_scorers(lambda ref: run.resolve(ref)[0]) if graded else None,
         judge=judges(lambda ref: run.resolve(ref)[0]) if graded else None,
-        resolved_recipe=stored_recipe(run.config),
+        resolved_recipe=stored_recipe(run.config.of(ResolvedEval)),
     )
 
 
@@ -39,7 +40,7 @@ def run_grpo(run: JobRun) -> None:
 
     run_grpo(
         run.spec,
-        run.config,
+        run.config.of(ResolvedGRPO),
         run.sink,
         model_path=run.model_path,
         data_dir=run.settings.data_dir,
@@ -55,6 +56,7 @@ def run_sft(run: JobRun) -> None:
 
     run_sft(
         run.spec,
+        run.config.of(ResolvedSFT),
         run.sink,
         model_path=run.model_path,
         data_dir=run.settings.data_dir,

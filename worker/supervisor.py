@@ -16,6 +16,7 @@ from typing import Any
 
 from evaluator.backends.vllm import ENGINE_ADAPTER_ENV, ENGINE_URL_ENV
 from mathrl.specs import parse_spec
+from mathrl.specs.resolved import ResolvedConfig, ResolvedGRPO, resolved
 from service.settings import Settings
 from store.db import retry_transient, session_scope
 from store.jobs import add_event, claim, finish, hand_back, renew_lease
@@ -108,7 +109,7 @@ def supervise(settings: Settings, job_id: str, owner: str) -> str:
             cmd = job_command(spec, job_id, owner, attempt)
         except ValueError:  # a spec this version cannot read: the job process reports why
             cmd = [sys.executable, *child_args(job_id, owner, attempt)]
-        project_id, config = job.project_id, dict(job.resolved_config or {})
+        project_id, config = job.project_id, resolved(job.resolved_config or {"kind": job.kind})
     out = attempt_dir(settings.artifact_dir, job_id, attempt)  # this attempt's own (worker.child)
     out.mkdir(parents=True, exist_ok=True)
     mirror = start_mirror(settings, job_id)  # None unless runs are mirrored to MLflow (worker.tracking)
@@ -128,7 +129,7 @@ def _run_attempt(
     owner: str,
     attempt: int,
     cmd: list[str],
-    config: dict[str, Any],
+    config: ResolvedConfig,
     project_id: str,
     out: Path,
 ) -> str:
@@ -297,11 +298,11 @@ def _visible_gpus() -> list[str]:
 
 
 def _start_vllm_server(
-    settings: Settings, spec: Any, config: dict[str, Any], project_id: str, log_path: Path, job_id: str
+    settings: Settings, spec: Any, config: ResolvedConfig, project_id: str, log_path: Path, job_id: str
 ) -> Any:
     model_path, _ = model_resolver(settings, job_id, project_id)(spec.model)  # 'job:' and 'tiny:' refs too
     visible = _visible_gpus() if spec.resources.gpus else []
-    return start_server(spec, config, model_path, log_path, _prepare_child, visible)
+    return start_server(spec, config.of(ResolvedGRPO), model_path, log_path, _prepare_child, visible)
 
 
 def _report_server_exit(url: str, job_id: str, server: Any, out: Path) -> None:

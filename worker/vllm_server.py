@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from mathrl.processes import free_port as free_port  # the warm engines and Ray import it from here
+from mathrl.specs.resolved import ResolvedGRPO
 
 # max_lora_rank values vLLM accepts (a capacity bound: an r=4 adapter is served under 8)
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -54,14 +55,14 @@ def split_gpus(spec: Any, visible: list[str]) -> tuple[list[str], list[str]]:
 
 
 def server_command(
-    spec: Any, config: dict[str, Any], model_path: str, port: int, on_gpu: bool, host: str = "127.0.0.1"
+    spec: Any, config: ResolvedGRPO, model_path: str, port: int, on_gpu: bool, host: str = "127.0.0.1"
 ) -> list[str]:
     """The server's command line, listening on host:port (loopback on the worker; the node's address
     on a Ray node, where the trainers reach it from other nodes: worker.ray_vllm)."""
     from evaluator.backends.vllm import engine_options
 
     gen = spec.generation
-    max_len = config["max_prompt_length"] + config["max_completion_length"]
+    max_len = config.max_prompt_length + config.max_completion_length
     opts = engine_options(gen.dtype, gen.gpu_memory_utilization, gen.enable_prefix_caching, max_model_len=max_len)
     tp = str(max(1, gen.resolved_server_gpus(spec.resources.gpus)))
     # adapters loaded at once: the new one before the old is unloaded; async GRPO also keeps every
@@ -167,7 +168,7 @@ class VLLMServer:
 
 
 def start_server(
-    spec: Any, config: dict[str, Any], model_path: str, log_path: Path, preexec: Any, visible_gpus: list[str]
+    spec: Any, config: ResolvedGRPO, model_path: str, log_path: Path, preexec: Any, visible_gpus: list[str]
 ) -> tuple[VLLMServer, dict[str, str]]:
     """Start the job's vLLM server. Returns it and the environment the job's process needs
     (the server's URL; on GPUs, the training share of the devices)."""

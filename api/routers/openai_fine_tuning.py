@@ -25,6 +25,7 @@ from api.submit import admit, check_job_refs, commit_and_dispatch, job_row
 from mathrl.graders import Grader
 from mathrl.modelref import ft_model_name, ftjob_id, job_uuid
 from mathrl.specs import model_refs, parse_spec
+from mathrl.specs.resolved import ResolvedConfig
 from store.jobs import has_tag, request_cancel
 from store.models import Checkpoint, Event, Job, Metric
 
@@ -205,7 +206,7 @@ def trained_tokens(session: Any, jobs: list[Job]) -> dict[str, float]:
 
 def job_object(session: Any, job: Job, tokens: dict[str, float] | None = None) -> dict[str, Any]:
     """The job as OpenAI's `fine_tuning.job`; `tokens`: trained_tokens of a page of jobs."""
-    openai = (job.resolved_config or {}).get("openai", {})
+    openai = ResolvedConfig.model_validate({"kind": job.kind, **(job.resolved_config or {})}).openai or {}
     request, mapping = openai.get("request", {}), openai.get("mapping", {})
     trained = (trained_tokens(session, [job]) if tokens is None else tokens).get(job.id)
     status = STATUS.get(job.status, job.status)
@@ -290,7 +291,7 @@ def create(body: JobCreateParams, caller: CallerDep, session: SessionDep, settin
         raise Problem.at(pointer, err["msg"]) from None
     check_job_refs(session, caller.project_id, model_refs(spec))
     config = admit({"": spec}, settings)[""]
-    config["openai"] = {"request": body.model_dump(mode="json", exclude_none=True), "mapping": mapping}
+    config.openai = {"request": body.model_dump(mode="json", exclude_none=True), "mapping": mapping}
     job = job_row(caller.project_id, spec, config)
     session.add(job)
     commit_and_dispatch(
