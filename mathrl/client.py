@@ -83,6 +83,49 @@ def _wait(retrieve: Any, what: str, ident: str, timeout: float, poll: float) -> 
         time.sleep(poll)
 
 
+# `after` for a stream that sends no past events, only the job's end: no seq is above it
+_NO_EVENTS = 2**63 - 1
+# the API sends a comment on a quiet stream every 15 s (api/job_wakeups.py KEEPALIVE_SECONDS)
+_STREAM_QUIET_SECONDS = 20.0
+
+
+def _stream_wait_args(job_id: str, deadline: float) -> dict[str, Any]:
+    read = max(0.1, min(deadline - time.monotonic(), _STREAM_QUIET_SECONDS + 10))
+    return {
+        "method": "GET",
+        "url": f"/v1/jobs/{job_id}/events/stream",
+        "params": {"after": _NO_EVENTS},
+        "timeout": httpx.Timeout(30.0, read=read),
+    }
+
+
+def _until_stream_ends(http: httpx.Client, job_id: str, deadline: float) -> None:
+    """Hold the job's event stream open until the API ends it (the job ended) or the deadline
+    passes. Errors (the key's stream limit, a connection cut) end it early: the caller polls."""
+    try:
+        with http.stream(**_stream_wait_args(job_id, deadline)) as resp:
+            if resp.status_code >= 400:
+                return
+            for _ in resp.iter_lines():  # keep-alive comments too: the deadline is checked on each
+                if time.monotonic() > deadline:
+                    return
+    except httpx.HTTPError:
+        return
+
+
+async def _until_stream_ends_async(http: httpx.AsyncClient, job_id: str, deadline: float) -> None:
+    """`_until_stream_ends` for the AsyncClient."""
+    try:
+        async with http.stream(**_stream_wait_args(job_id, deadline)) as resp:
+            if resp.status_code >= 400:
+                return
+            async for _ in resp.aiter_lines():
+                if time.monotonic() > deadline:
+                    return
+    except httpx.HTTPError:
+        return
+
+
 async def _wait_async(retrieve: Any, what: str, ident: str, timeout: float, poll: float) -> Any:
     """`_wait` for the AsyncClient."""
     import asyncio
@@ -239,8 +282,14 @@ class Jobs:
             return [json.loads(line) for line in resp.iter_lines() if line.strip()]
 
     def wait(self, job_id: str, timeout: float = 3600.0, poll: float = 1.0) -> JobResponse:
-        """Block until the job reaches a terminal status (raises TimeoutError)."""
-        return _wait(self.retrieve, "job", job_id, timeout, poll)  # type: ignore[no-any-return]
+        """Block until the job reaches a terminal status (raises TimeoutError). It follows the
+        job's event stream, which the API ends when the job ends, so it returns as soon as the job
+        does; where no stream opens (the key's stream limit reached, say) it polls every `poll` s."""
+        deadline = time.monotonic() + timeout
+        job = self.retrieve(job_id)
+        if job.status not in TERMINAL_STATUSES and timeout > 0:
+            _until_stream_ends(self._c.http, job_id, deadline)
+        return _wait(self.retrieve, "job", job_id, max(0.0, deadline - time.monotonic()), poll)  # type: ignore[no-any-return]
 
 
 class Pipelines:
@@ -479,7 +528,12 @@ class AsyncJobs:
             return [json.loads(line) async for line in resp.aiter_lines() if line.strip()]
 
     async def wait(self, job_id: str, timeout: float = 3600.0, poll: float = 1.0) -> JobResponse:
-        return await _wait_async(self.retrieve, "job", job_id, timeout, poll)  # type: ignore[no-any-return]
+        """`Client.jobs.wait`: follows the job's event stream until the job ends, else polls."""
+        deadline = time.monotonic() + timeout
+        job = await self.retrieve(job_id)
+        if job.status not in TERMINAL_STATUSES and timeout > 0:
+            await _until_stream_ends_async(self._c.http, job_id, deadline)
+        return await _wait_async(self.retrieve, "job", job_id, max(0.0, deadline - time.monotonic()), poll)  # type: ignore[no-any-return]
 
 
 class AsyncPipelines:

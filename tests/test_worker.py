@@ -63,9 +63,14 @@ def pid_alive(pid: int) -> bool:
 def test_eval_job_end_to_end(service: Service, tiny_model: str) -> None:
     c = service.client()
     job = c.jobs.create(eval_spec(tiny_model, tags=["e2e"]))
+    sent: list[str] = []
+    c.http.event_hooks["request"].append(lambda r: sent.append(f"{r.method} {r.url.path}"))
     done = c.jobs.wait(job.id, timeout=180)
     assert done.status == "succeeded", done.error
     assert done.attempts == 1 and done.started_at and done.finished_at
+    # the wait held the job's event stream open until the job ended, instead of polling each second
+    assert sent == [f"GET /v1/jobs/{job.id}", f"GET /v1/jobs/{job.id}/events/stream", f"GET /v1/jobs/{job.id}"], sent
+    c.http.event_hooks["request"].clear()
     types = [e.type for e in c.jobs.events(job.id)]
     for t in ("queued", "claimed", "started", "loading", "progress", "scored", "succeeded"):
         assert t in types, types
