@@ -233,21 +233,6 @@ def test_two_node_grpo_generates_on_a_vllm_server_that_ray_places_apart(
 
 
 @pytest.mark.slow
-def test_cancel_stops_the_ray_job_and_every_worker(ray_service: Service) -> None:
-    c = ray_service.client()
-    job = c.jobs.create(sft(max_steps=100_000, logging_steps=1000, save_steps=100_000, resources={"nodes": 2}))
-    wait_for(lambda: any(e.type == "training" for e in c.jobs.events(job.id)), 240, 0.5, "training to start")
-    pids = ray_pids(c.jobs.events(job.id))
-    assert all(_alive(p) for p in pids)
-    assert c.jobs.cancel(job.id).cancel_requested
-    done = c.jobs.wait(job.id, timeout=90, poll=0.2)
-    assert done.status == "cancelled", done.error
-    wait_for(lambda: not any(_alive(p) for p in pids), 30, 0.5, "every Ray Train worker to exit")
-    exit_code = Path(ray_service.env["MATHRL_ARTIFACT_DIR"]) / "jobs" / job.id / "attempt-1" / "exit-code"
-    assert exit_code.read_text() == "2"  # the ranks stopped together between steps
-
-
-@pytest.mark.slow
 def test_a_ray_address_that_does_not_answer_fails_the_job_naming_the_setting(ray_service: Service) -> None:
     """A worker whose Ray address is wrong: the job fails at once, and the error names the setting."""
     dead = f"http://127.0.0.1:{_free_port()}"
@@ -263,10 +248,13 @@ def test_a_ray_address_that_does_not_answer_fails_the_job_naming_the_setting(ray
 
 
 @pytest.mark.slow
-def test_a_retry_stops_the_earlier_attempts_ray_job_first(ray_service: Service, ray_cluster: str) -> None:
+def test_a_retry_stops_the_earlier_attempts_ray_job_first_and_cancel_stops_every_worker(
+    ray_service: Service, ray_cluster: str
+) -> None:
     """The worker supervising a Ray job dies: the job's lease lapses, the reconciler sends it again,
     and the next attempt stops the first attempt's Ray job (still running: Ray does not know the
-    worker died) before it submits its own, so the two never run side by side."""
+    worker died) before it submits its own, so the two never run side by side. Then a cancel stops
+    the second attempt's Ray job and every one of its workers, the ranks together between steps."""
     from ray.job_submission import JobSubmissionClient
 
     c = ray_service.client()
@@ -294,8 +282,21 @@ def test_a_retry_stops_the_earlier_attempts_ray_job_first(ray_service: Service, 
         "attempt 2 to train",
     )
     assert c.jobs.retrieve(job.id).attempts == 2
-    c.jobs.cancel(job.id)
-    assert c.jobs.wait(job.id, timeout=90, poll=0.2).status == "cancelled"
+    second = next(e for e in reversed(c.jobs.events(job.id)) if e.type == "ray_workers")
+    wait_for(
+        lambda: any(e.type == "training" and e.seq > second.seq for e in c.jobs.events(job.id)),
+        120,
+        0.5,
+        "attempt 2's training to start",
+    )
+    pids = [int(w["pid"]) for w in second.data["workers"].values()]
+    assert len(pids) == 2 and all(_alive(p) for p in pids)
+    assert c.jobs.cancel(job.id).cancel_requested
+    done = c.jobs.wait(job.id, timeout=90, poll=0.2)
+    assert done.status == "cancelled", done.error
+    wait_for(lambda: not any(_alive(p) for p in pids), 30, 0.5, "every Ray Train worker to exit")
+    exit_code = Path(ray_service.env["MATHRL_ARTIFACT_DIR"]) / "jobs" / job.id / "attempt-2" / "exit-code"
+    assert exit_code.read_text() == "2"  # the ranks stopped together between steps
 
 
 @pytest.mark.slow

@@ -33,14 +33,16 @@ def eval_arith(c: Any, model: str, limit: int = 200) -> float:
 
 @pytest.fixture(scope="module")
 def sft_job(service: Service) -> tuple[Any, str]:
-    """A tiny model taught arithmetic by SFT to a middling accuracy, leaving GRPO room."""
+    """A tiny model taught by SFT to answer arithmetic questions with a number and stop (what the
+    tests below need of it: answers of varied length for the overlong reward, samples an RM can
+    score); how accurate it gets is GRPO's test in the demo (tests/test_embedded.py)."""
     c = service.client()
     job = c.jobs.create(
         {
             "kind": "sft",
             "model": "tiny:4x128",
-            "dataset": {**ARITH, "limit": 60000},
-            "max_steps": 420,
+            "dataset": {**ARITH, "limit": 26000},
+            "max_steps": 200,
             "learning_rate": 1e-3,
             "per_device_train_batch_size": 128,
             "max_length": 32,
