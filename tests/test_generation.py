@@ -148,14 +148,19 @@ def test_a_servers_environment_keeps_every_core_on_a_small_cpu_machine(monkeypat
     from worker.vllm_server import server_env
 
     monkeypatch.delenv("VLLM_CPU_NUM_OF_RESERVED_CPU", raising=False)
+    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
     assert server_env()["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0"
+    assert server_env()["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"  # the engine in the server's process
     assert "VLLM_CPU_NUM_OF_RESERVED_CPU" not in os.environ  # nothing set behind the caller's back
     monkeypatch.setattr(os, "cpu_count", lambda: 32)
     assert "VLLM_CPU_NUM_OF_RESERVED_CPU" not in server_env()  # a big machine keeps vLLM's default
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in server_env()
     monkeypatch.setenv("VLLM_CPU_NUM_OF_RESERVED_CPU", "2")
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
-    assert server_env()["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "2"
+    assert server_env()["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "2"  # an operator's own values win
+    assert server_env()["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1"
 
 
 def test_vllm_on_a_cpu_without_a_cxx_compiler_runs_eager(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
