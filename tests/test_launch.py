@@ -16,7 +16,8 @@ from mathrl.specs import parse_spec
 from store.db import session_scope
 from store.models import Metric, Sample
 from tests.conftest import Service, wait_for
-from worker.launch import describe, job_command, job_exit_code, read_error
+from worker.attempt import AttemptDir
+from worker.launch import describe, job_command, job_exit_code
 
 ARITH = {"name": "arith-train"}
 
@@ -135,9 +136,9 @@ def test_exit_code_and_error_of_a_multi_process_job(tmp_path: Path) -> None:
     (tmp_path / "exit-code").write_text("0")  # the main rank finished, another rank failed
     assert job_exit_code(1, tmp_path) == 1
     (tmp_path / "error-rank-1.txt").write_text("RuntimeError: boom")
-    assert read_error(tmp_path) == "rank 1: RuntimeError: boom"
+    assert AttemptDir(tmp_path).read_error() == "rank 1: RuntimeError: boom"
     (tmp_path / "error.txt").write_text("ValueError: main")
-    assert read_error(tmp_path) == "ValueError: main"
+    assert AttemptDir(tmp_path).read_error() == "ValueError: main"
 
 
 # ---- through the service -------------------------------------------------------------------

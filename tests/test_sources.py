@@ -109,7 +109,8 @@ def test_fetch_checks_the_host_again_when_it_fetches(
 def test_the_job_process_reads_its_own_checked_copy(server: str, tmp_path: Path) -> None:
     from mathrl.specs import parse_spec
     from service.settings import Settings
-    from worker.child import _fetch_dataset, attempt_dir
+    from worker.attempt import attempt_dir
+    from worker.child import _fetch_dataset
 
     settings = Settings(artifact_dir=str(tmp_path), sources={"allowed_url_prefixes": [f"{server}/sets"]})  # type: ignore[arg-type]
     spec = parse_spec({"kind": "eval", "model": "org/m", "dataset": {"path": f"{server}/sets/moved.jsonl"}})

@@ -37,13 +37,12 @@ from mathrl.specs.resolved import ResolvedConfig, resolved
 from service.settings import get_settings
 from store.db import retry_transient, session_scope
 from store.models import Job
-from worker.launch import EXIT_CODE_FILE, die_with_parent, error_file, is_main, world_size
+from worker.attempt import AttemptDir, attempt_dir, job_dir
+from worker.launch import die_with_parent, error_file, is_main, world_size
 from worker.refs import resolve_model_ref
 from worker.sink import DatabaseSink, Fence, LeaseLost, ReadOnlySink
 
 EXIT_OK, EXIT_ERROR, EXIT_STOPPED, EXIT_UNAVAILABLE, EXIT_LOST, EXIT_DRAINED = 0, 1, 2, 3, 4, 5
-REJECTED_WRITES = "rejected-writes.log"  # in the attempt's directory: a line per refused write
-DRAIN_FILE = "drain-requested"  # in the attempt's directory: made by the supervisor to drain the job
 
 
 class MemoryRefused(NotAvailable):
@@ -54,14 +53,6 @@ class MemoryRefused(NotAvailable):
     def __init__(self, detail: str, plan: dict[str, Any]):
         super().__init__(detail)
         self.data = plan
-
-
-def job_dir(artifact_dir: str, job_id: str) -> Path:
-    return Path(artifact_dir).resolve() / "jobs" / job_id
-
-
-def attempt_dir(artifact_dir: str, job_id: str, attempt: int) -> Path:
-    return job_dir(artifact_dir, job_id) / f"attempt-{attempt}"
 
 
 def load_job(settings: Any, job_id: str) -> tuple[Any, str, ResolvedConfig]:
@@ -111,8 +102,8 @@ def run(job_id: str, owner: str, attempt: int) -> int:
         job_id,
         project_id,
         cancel_poll_seconds=settings.worker.heartbeat_seconds,
-        fence=Fence(owner, attempt, work / REJECTED_WRITES),
-        drain_file=work / DRAIN_FILE,
+        fence=Fence(owner, attempt, AttemptDir(work).rejected_writes),
+        drain_file=AttemptDir(work).drain_request,
     )
     sink.install_sigterm()
     try:
@@ -301,7 +292,7 @@ def run_rank(job_id: str, owner: str, attempt: int) -> int:
     out.mkdir(parents=True, exist_ok=True)
     code = _main(job_id, owner, attempt, settings, error_file(out))
     if is_main():
-        (out / EXIT_CODE_FILE).write_text(str(code))
+        AttemptDir(out).exit_code.write_text(str(code))
     return code
 
 
@@ -319,7 +310,7 @@ def _main(job_id: str, owner: str, attempt: int, settings: Any, err_file: Path) 
     except NotAvailable as exc:
         err_file.write_text(str(exc))
         if is_main():
-            fence = Fence(owner, attempt, err_file.parent / REJECTED_WRITES)
+            fence = Fence(owner, attempt, AttemptDir(err_file.parent).rejected_writes)
             try:
                 DatabaseSink(settings.database.url, job_id, "", fence=fence).event(
                     exc.event, str(exc), level="error", data=exc.data

@@ -20,8 +20,7 @@ from mathrl.processes import die_with_parent as die_with_parent  # the job and i
 from mathrl.processes import is_main as is_main
 from mathrl.processes import rank as rank
 from mathrl.processes import world_size as world_size
-
-EXIT_CODE_FILE = "exit-code"
+from worker.attempt import AttemptDir
 
 
 def num_processes(spec: Any) -> int:
@@ -125,26 +124,17 @@ def describe(cmd: list[str]) -> str:
 
 def error_file(out: Path) -> Path:
     """Where this rank writes its last error: error.txt for the main rank, error-rank-N.txt else."""
-    return out / ("error.txt" if is_main() else f"error-rank-{rank()}.txt")
+    return AttemptDir(out).rank_error(0 if is_main() else rank())
 
 
 # ---- in the supervisor -----------------------------------------------------------------------
-
-
-def read_error(out: Path) -> str | None:
-    main = out / "error.txt"
-    if main.exists():
-        return main.read_text().strip() or None
-    for f in sorted(out.glob("error-rank-*.txt")):
-        return f"rank {f.stem.rsplit('-', 1)[1]}: {f.read_text().strip()}"
-    return None
 
 
 def job_exit_code(code: int, out: Path) -> int:
     """The job's exit code. `accelerate launch` exits 1 when any rank fails, whatever the rank's
     own code said (stopped on request, kind not available): the main rank's code, when it
     failed, says which. 0 only when every rank exited 0."""
-    f = out / EXIT_CODE_FILE
+    f = AttemptDir(out).exit_code
     if code <= 0 or not f.exists():
         return code
     try:

@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from service.settings import Settings
+from worker.attempt import AttemptDir
 from worker.child import EXIT_DRAINED, EXIT_ERROR, EXIT_OK, EXIT_STOPPED
-from worker.launch import read_error
 from worker.ray_train import WORKERS_LINE
 from worker.ray_vllm import SERVER_LINE
 from worker.vllm_server import needs_server
@@ -227,7 +227,7 @@ class RayJob:
         if code is None or code == EXIT_OK:
             self._error(f"the Ray job {self.id} failed: {info.message or 'no reason given'}")
             return EXIT_ERROR
-        if code not in (EXIT_STOPPED, EXIT_DRAINED) and read_error(self.out) is None:
+        if code not in (EXIT_STOPPED, EXIT_DRAINED) and AttemptDir(self.out).read_error() is None:
             # no rank wrote an error: the driver itself failed (an import, the Ray connection)
             self._error(f"the Ray job {self.id} failed (exit {code}): {info.message or 'see job.log'}")
         return int(code)
@@ -256,7 +256,7 @@ class RayJob:
         return self.code
 
     def _error(self, message: str) -> None:
-        (self.out / "error.txt").write_text(message)
+        AttemptDir(self.out).write_error(message)
 
     def _read_log(self, logs: str) -> None:
         if len(logs) < self._log_offset:  # a different log (should not happen): start over

@@ -41,6 +41,7 @@ import time
 from typing import Any
 
 from mathrl.specs.resolved import ResolvedGRPO
+from worker.attempt import AttemptDir
 
 WORKERS_LINE = "mathrl-workers: "
 OUTCOME_LINE = "mathrl-outcome: "
@@ -58,7 +59,8 @@ def train_worker(config: dict[str, Any]) -> None:
     import ray
 
     from service.settings import get_settings
-    from worker.child import EXIT_ERROR, attempt_dir, run_rank
+    from worker.attempt import attempt_dir
+    from worker.child import EXIT_ERROR, run_rank
     from worker.launch import error_file, rank
     from worker.vllm_server import URL_ENV
 
@@ -105,8 +107,8 @@ def run(job_id: str, owner: str, attempt: int, workers: int, gpus_per_worker: in
     from ray.train.torch import TorchTrainer
 
     from service.settings import get_settings
-    from worker.child import EXIT_ERROR, attempt_dir
-    from worker.launch import read_error
+    from worker.attempt import attempt_dir
+    from worker.child import EXIT_ERROR
 
     settings = get_settings()
     ray.init()
@@ -117,7 +119,7 @@ def run(job_id: str, owner: str, attempt: int, workers: int, gpus_per_worker: in
         try:
             server = _start_server(settings, job_id, out)
         except Exception as exc:  # no database, no model, no room on the cluster, vLLM missing on the node
-            (out / "error.txt").write_text(str(exc))
+            AttemptDir(out).write_error(str(exc))
             print(OUTCOME_LINE + json.dumps({"code": EXIT_ERROR, "errors": {"vllm_server": str(exc)}}), flush=True)
             return EXIT_ERROR
         server_url = server[1]["url"]
@@ -185,7 +187,7 @@ def run(job_id: str, owner: str, attempt: int, workers: int, gpus_per_worker: in
 
         gone = _server_exit(server[0]) if code != 0 else None
         if gone is not None:  # the ranks failed because the server went away: say so, not their HTTP error
-            (out / "error.txt").write_text(gone)
+            AttemptDir(out).write_error(gone)
         ray_vllm.stop(server[0])
     errors = {str(r): i["error"] for r, i in sorted(ranks.items()) if i.get("error")}
     if failure:
@@ -195,8 +197,8 @@ def run(job_id: str, owner: str, attempt: int, workers: int, gpus_per_worker: in
         + json.dumps({"code": code, "ranks": {str(r): ranks[r].get("code") for r in ranks}, "errors": errors}),
         flush=True,
     )
-    if failure and read_error(out) is None:  # the ranks' own errors are in their error files
-        (out / "error.txt").write_text(f"Ray Train failed: {failure[0]}")
+    if failure and AttemptDir(out).read_error() is None:  # the ranks' own errors are in their error files
+        AttemptDir(out).write_error(f"Ray Train failed: {failure[0]}")
     return code
 
 
@@ -237,7 +239,7 @@ def _check_server(actor: Any, out: Any) -> None:
     message = _server_exit(actor)
     if message is None:
         return
-    (out / "error.txt").write_text(message)
+    AttemptDir(out).write_error(message)
     print(OUTCOME_LINE + json.dumps({"code": EXIT_ERROR, "errors": {"vllm_server": message}}), flush=True)
     sys.stdout.flush()
     os._exit(EXIT_ERROR)

@@ -21,16 +21,14 @@ from service.settings import Settings
 from store.db import retry_transient, session_scope
 from store.jobs import add_event, claim, finish, hand_back, renew_lease
 from worker import warm_engine
+from worker.attempt import AttemptDir, attempt_dir
 from worker.child import (
-    DRAIN_FILE,
     EXIT_DRAINED,
     EXIT_ERROR,
     EXIT_LOST,
     EXIT_OK,
     EXIT_STOPPED,
     EXIT_UNAVAILABLE,
-    REJECTED_WRITES,
-    attempt_dir,
     model_resolver,
 )
 from worker.launch import (
@@ -40,7 +38,6 @@ from worker.launch import (
     job_command,
     job_exit_code,
     job_groups,
-    read_error,
 )
 from worker.tracking import start_mirror
 from worker.vllm_server import lora_rank, needs_server, start_server
@@ -135,7 +132,7 @@ def _run_attempt(
 ) -> str:
     """The claimed attempt, on this worker or on Ray, to its recorded end."""
     url = settings.database.url
-    log_path = out / "job.log"
+    log_path = AttemptDir(out).log
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     if spec is not None and settings.ray.runs(spec):
         return _run_on_ray(settings, spec, job_id, owner, attempt, out, log_path)
@@ -144,7 +141,7 @@ def _run_attempt(
         try:
             acquired = _warm_engine(settings, spec, project_id, out / "vllm-engine.log", job_id)
         except Exception as exc:  # a model ref that does not resolve: the job fails with it
-            (out / "error.txt").write_text(f"starting the vLLM engine failed: {type(exc).__name__}: {exc}")
+            AttemptDir(out).write_error(f"starting the vLLM engine failed: {type(exc).__name__}: {exc}")
             return _record_end(settings, job_id, owner, EXIT_ERROR, False, log_path)
         if acquired is not None:
             engine, adapter = acquired
@@ -160,7 +157,7 @@ def _run_attempt(
         try:
             server, server_env = _start_vllm_server(settings, spec, config, project_id, out / "vllm-server.log", job_id)
         except Exception as exc:  # a model ref that does not resolve, no vLLM here: the job fails with it
-            (out / "error.txt").write_text(f"starting the vLLM server failed: {type(exc).__name__}: {exc}")
+            AttemptDir(out).write_error(f"starting the vLLM server failed: {type(exc).__name__}: {exc}")
             return _record_end(settings, job_id, owner, EXIT_ERROR, False, log_path)
         env.update(server_env)
         _event(
@@ -187,7 +184,7 @@ def _run_on_ray(settings: Settings, spec: Any, job_id: str, owner: str, attempt:
 
     url = settings.database.url
     if settings.ray.address is None:
-        (out / "error.txt").write_text(
+        AttemptDir(out).write_error(
             f"the job asks for resources.nodes={spec.resources.nodes} and this worker has no Ray cluster "
             "configured: set MATHRL_RAY__ADDRESS on the workers of this queue"
         )
@@ -225,7 +222,7 @@ def _run_on_ray(settings: Settings, spec: Any, job_id: str, owner: str, attempt:
             f"{START_SECONDS:g} s"
         )
     if failed:
-        (out / "error.txt").write_text(failed[0])
+        AttemptDir(out).write_error(failed[0])
         return _record_end(settings, job_id, owner, EXIT_ERROR, False, log_path)
     return _run_job_process(settings, job_id, owner, [], {}, out, log_path, attempt, None, ray_job)
 
@@ -308,7 +305,7 @@ def _start_vllm_server(
 def _report_server_exit(url: str, job_id: str, server: Any, out: Path) -> None:
     """The server's exit code and the tail of its log, as the job's error and in its events."""
     code = server.exited()
-    (out / "error.txt").write_text(
+    AttemptDir(out).write_error(
         f"the job's vLLM server exited with code {code}; its log ends: ...{server.log_tail(600)}"
     )
     _event(
@@ -426,7 +423,7 @@ def _run_job_process(
 def _request_drain(url: str, job_id: str, owner: str, out: Path, seconds: float, paused: bool = False) -> None:
     """Ask the job process (every rank: they all watch the attempt's directory) to save a
     checkpoint at its next step and stop."""
-    (out / DRAIN_FILE).touch()
+    AttemptDir(out).drain_request.touch()
     log.info("draining job %s: %s", job_id, "paused" if paused else "worker shutting down")
     why = "it was paused" if paused else f"worker {owner.split(':')[0]} is shutting down (SIGTERM)"
     where = "waits, paused, until it is resumed" if paused else "goes back to the queue"
@@ -484,7 +481,7 @@ def _hand_back(settings: Settings, job_id: str, owner: str, attempt: int, code: 
 def _report_stale(url: str, job_id: str, owner: str, attempt: int, out: Path) -> None:
     """This attempt lost the job to another (its lease lapsed while it could not reach the
     database): say so, with how many of its process's writes the fence refused."""
-    rejected_log = out / REJECTED_WRITES
+    rejected_log = AttemptDir(out).rejected_writes
     rejected = len(rejected_log.read_text().splitlines()) if rejected_log.exists() else 0
     log.warning(
         "job %s attempt %d: lost the lease; the job process stopped, %d of its writes refused",
@@ -512,7 +509,7 @@ def _log_name(settings: Settings, log_path: Path) -> str:
 
 
 def _record_end(settings: Settings, job_id: str, owner: str, code: int, cancelled: bool, log_path: Path) -> str:
-    error = read_error(log_path.parent)
+    error = AttemptDir(log_path.parent).read_error()
     if cancelled or code == EXIT_STOPPED:
         status, error, message = "cancelled", None, f"cancelled; job process exited with {code}"
     elif code == EXIT_OK:
