@@ -1,0 +1,102 @@
+"""An eval's scoring: every completion graded by the recipe's answer extraction (and the spec's own
+grader, if any), the per-item records, and the metrics over them (accuracy with its Wilson
+interval, pass@k and maj@k, lengths, truncation, the grader's mean)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from evaluator.backends.base import Generation
+from evaluator.data import Problem
+from evaluator.graders import Judge, RMScorer, grade_items
+from evaluator.grading import answers_match, grade
+from evaluator.metrics import maj_at_k, pass_at_k, wilson_interval
+from mathrl.recipe import Recipe
+from mathrl.specs import EvalSpec
+
+
+@dataclass
+class Scored:
+    items: list[dict[str, Any]]  # one per completion: prompt, completion and its data
+    greedy_correct: list[bool]  # per problem: its first completion's verdict
+    values: dict[str, float] = field(default_factory=dict)  # metric -> value
+    intervals: dict[str, tuple[float, float]] = field(default_factory=dict)  # metric -> 95% Wilson interval
+
+
+def score(
+    spec: EvalSpec,
+    recipe: Recipe,
+    problems: list[Problem],
+    texts: list[str],
+    gens: list[list[Generation]],
+    gen_seconds: float,
+    rm_scorer: Callable[[str], RMScorer] | None = None,
+    judge: Callable[[str], Judge] | None = None,
+) -> Scored:
+    """Grade `gens` (per problem, its completions of `texts`) and compute the eval's metrics."""
+    graded = None  # the spec's grader, if any, over every completion in order
+    if spec.grader is not None:
+        flat = [(text, p, g) for p, text, outs in zip(problems, texts, gens, strict=True) for g in outs]
+        graded = iter(
+            grade_items(
+                spec.grader,
+                [g.text for _, _, g in flat],
+                [p.gold for _, p, _ in flat],
+                prompts=[t for t, _, _ in flat],
+                truncated=[g.truncated for _, _, g in flat],
+                rm_scorer=rm_scorer,
+                judge=judge,
+            )
+        )
+    grader_scores: list[float] = []
+    items: list[dict[str, Any]] = []
+    per_problem_correct: list[list[bool]] = []
+    per_problem_answers: list[list[str | None]] = []
+    for p, text, outs in zip(problems, texts, gens, strict=True):
+        verdicts = [grade(g.text, p.gold, pattern=recipe.answer_pattern, truncated=g.truncated) for g in outs]
+        per_problem_correct.append([v.correct for v in verdicts])
+        per_problem_answers.append([v.extracted for v in verdicts])
+        for j, (g, v) in enumerate(zip(outs, verdicts, strict=True)):
+            extra: dict[str, Any] = {}
+            if graded is not None:
+                r = next(graded)
+                grader_scores.append(r.score)
+                extra = {"grader_score": r.score, "grader_reason": r.reason}
+            data = {
+                "problem": p.index,
+                "sample": j,
+                "gold": p.gold,
+                "extracted": v.extracted,
+                "extracted_by": v.method,
+                "correct": v.correct,
+                "tokens": g.tokens,
+                "truncated": g.truncated,
+                **extra,
+                **p.meta,
+            }
+            items.append({"prompt": text, "completion": g.text, "data": data})
+    n_problems = len(problems)
+    scored = Scored(items, [c[0] for c in per_problem_correct])
+    greedy_correct = sum(scored.greedy_correct)
+    scored.values["accuracy"] = greedy_correct / max(n_problems, 1)
+    scored.intervals["accuracy"] = wilson_interval(greedy_correct, n_problems)
+    n = spec.sampling.n
+    for k in spec.k:
+        if n > 1:
+            pk = [pass_at_k(n, sum(c), k) for c in per_problem_correct]
+            mk = [
+                maj_at_k(a, c, k, same=answers_match)
+                for a, c in zip(per_problem_answers, per_problem_correct, strict=True)
+            ]
+            scored.values[f"pass@{k}"] = sum(pk) / max(n_problems, 1)
+            scored.values[f"maj@{k}"] = sum(mk) / max(n_problems, 1)
+            scored.intervals[f"maj@{k}"] = wilson_interval(int(sum(mk)), n_problems)
+    all_gens = [g for outs in gens for g in outs]
+    scored.values["mean_completion_tokens"] = sum(g.tokens for g in all_gens) / max(len(all_gens), 1)
+    scored.values["truncation_rate"] = sum(g.truncated for g in all_gens) / max(len(all_gens), 1)
+    scored.values["problems_per_second"] = n_problems / max(gen_seconds, 1e-9)
+    if grader_scores:
+        scored.values["grader/mean"] = sum(grader_scores) / len(grader_scores)
+    return scored
