@@ -344,6 +344,12 @@ def test_a_tracker_that_is_down_fails_no_job_and_is_counted(tracked: tuple[Servi
     job = c.jobs.create(sft(down, steps=4))
     done = c.jobs.wait(job.id, timeout=240)
     assert done.status == "succeeded", done.error
+    # the supervisor ends the mirror after it records the job's end: its summary comes just after
+    wait_for(
+        lambda: any(e.type == "tracking" and "unaffected" in e.message for e in c.jobs.events(job.id)),
+        30,
+        what="the mirror's summary event",
+    )
     events = [e for e in c.jobs.events(job.id) if e.type == "tracking"]
     assert events and all(e.level == "warning" for e in events), events
     first, summary = events[0], events[-1]
