@@ -286,14 +286,13 @@ def training_of(stored: Mapping[str, Any] | ResolvedConfig) -> Training:
         utilization = config.generation.gpu_memory_utilization or DEFAULT_VLLM_UTILIZATION
         fraction = utilization if colocated else 0.0
         seq_len = config.max_prompt_length + config.max_completion_length
-        lora = config.lora if config.lora is not None and config.lora.enabled else None
-        reference = (config.beta or 0.0) > 0 and lora is None
+        reference = (config.beta or 0.0) > 0 and not (config.lora and config.lora.enabled)
         zero3 = config.world_size if config.deepspeed_zero3 else 1
     elif isinstance(config, ResolvedSFT):
         fraction, seq_len, reference, zero3 = 0.0, config.max_length, False, 1
-        lora = config.lora if config.lora is not None and config.lora.enabled else None
     else:
         raise ValueError(f"no memory plan for {config.kind!r} jobs (only grpo and sft)")
+    lora = config.lora if config.lora is not None and config.lora.enabled else None
     return Training(
         micro_batch=config.per_device_train_batch_size,
         seq_len=seq_len,
