@@ -5,7 +5,7 @@ one-at-a-time; vLLM >= batched HF.
     .venv/bin/python bench/eval.py --model .mathrl/models/SmolLM2-135M-Instruct --limit 32
     .venv/bin/python bench/eval.py --model PATH --vllm-python .venv/bin/python [--vllm-eager]
 
---vllm-eager also runs vLLM with MATHRL_VLLM_ENFORCE_EAGER=1 (no torch.compile): its start-up
+--vllm-eager also runs vLLM with MATHRL_VLLM__ENFORCE_EAGER=1 (no torch.compile): its start-up
 and generation speed beside the compiled engine's (vLLM keeps compiled graphs in ~/.cache/vllm,
 so a compiled engine's first start on a machine is longer than the one measured after it).
 
@@ -133,7 +133,7 @@ def main() -> None:
         vllm = run(f"vllm:{args.limit}", args.vllm_python)
         rows.append(vllm)
         if args.vllm_eager:
-            eager = run(f"vllm:{args.limit}", args.vllm_python, {"MATHRL_VLLM_ENFORCE_EAGER": "1"})
+            eager = run(f"vllm:{args.limit}", args.vllm_python, {"MATHRL_VLLM__ENFORCE_EAGER": "1"})
             eager["backend"] = "vllm eager"
             rows.append(eager)
     for r in rows:

@@ -18,6 +18,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from evaluator.backends.base import WarmEngineAddress
+
 DELTA_SECONDS = 0.2  # the longest a streamed delta waits to be stored
 
 
@@ -163,11 +165,12 @@ class DeltaWriter:
         self.last = time.monotonic()
 
 
-def run_generate(spec: Any, sink: Any, model_path: str, engine_url: str | None = None) -> None:
-    """A generate job: its choices as samples (and 'delta' events while streaming)."""
+def run_generate(spec: Any, sink: Any, model_path: str, warm: WarmEngineAddress | None = None) -> None:
+    """A generate job: its choices as samples (and 'delta' events while streaming); on `warm`, the
+    worker's warm engine it was given, else on transformers in this process."""
     deltas = DeltaWriter(sink)
-    if engine_url is not None:
-        prompt_tokens, choices = _generate_remote(spec, engine_url, deltas)
+    if warm is not None:
+        prompt_tokens, choices = _generate_remote(spec, warm, deltas)
         prompt = spec.prompt if spec.messages is None else json.dumps([m.model_dump() for m in spec.messages])
     else:
         model = ChatModel(model_path, spec.dtype)
@@ -207,13 +210,13 @@ def run_generate(spec: Any, sink: Any, model_path: str, engine_url: str | None =
     sink.event("generated", f"{len(choices)} choice(s), {tokens} tokens", data={"completion_tokens": tokens})
 
 
-def _generate_remote(spec: Any, url: str, deltas: DeltaWriter) -> tuple[int, list[Choice]]:
+def _generate_remote(spec: Any, warm: WarmEngineAddress, deltas: DeltaWriter) -> tuple[int, list[Choice]]:
     """The request sent to the warm engine's own OpenAI server, streamed, its deltas stored."""
     import httpx
 
     from evaluator.backends.vllm import connect
 
-    engine = connect(url, timeout=600)
+    engine = connect(warm)
     body: dict[str, Any] = {
         "model": engine.model,
         "max_tokens": spec.max_tokens,
@@ -261,19 +264,19 @@ Answer = Callable[[Sequence[list[dict[str, str]]], Mapping[str, Any]], list[str]
 def judges(
     resolve: Callable[[str], str] | None = None,
     cache: dict[str, ChatModel] | None = None,
-    engine_url: str | None = None,
+    warm: WarmEngineAddress | None = None,
 ) -> Callable[[str], Answer]:
     """What score_model and label_model graders ask (evaluator/graders.py `Batch.judge`): model
     ref -> answer(chats, sampling_params). Each model is loaded once into `cache` (`resolve`:
-    ref -> local path); with `engine_url`, the worker's warm vLLM engine serving the job's one
+    ref -> local path); with `warm`, the worker's warm vLLM engine serving the job's one
     grading model answers instead (worker/warm_engine.py engine_model). OpenAI's
     sampling_params: temperature (default 0 here: greedy), top_p, max_completions_tokens
     (default 256) and seed."""
     loaded: dict[str, ChatModel] = {} if cache is None else cache
 
     def judge(ref: str) -> Answer:
-        if engine_url is not None:
-            return lambda chats, params: _answer_remote(engine_url, chats, {**JUDGE_DEFAULTS, **_given(params)})
+        if warm is not None:
+            return lambda chats, params: _answer_remote(warm, chats, {**JUDGE_DEFAULTS, **_given(params)})
         if ref not in loaded:
             loaded[ref] = ChatModel(resolve(ref) if resolve else ref)
         model = loaded[ref]
@@ -299,7 +302,7 @@ def _given(params: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in params.items() if v is not None and k in JUDGE_DEFAULTS}
 
 
-def _answer_remote(url: str, chats: Sequence[list[dict[str, str]]], p: Mapping[str, Any]) -> list[str]:
+def _answer_remote(warm: WarmEngineAddress, chats: Sequence[list[dict[str, str]]], p: Mapping[str, Any]) -> list[str]:
     """The chats sent to the warm engine's own /v1/chat/completions at once (its scheduler batches
     them), with the sampling parameters transformers would use."""
     from concurrent.futures import ThreadPoolExecutor
@@ -308,7 +311,7 @@ def _answer_remote(url: str, chats: Sequence[list[dict[str, str]]], p: Mapping[s
 
     from evaluator.backends.vllm import connect
 
-    engine = connect(url, timeout=600)
+    engine = connect(warm)
     body = {
         "model": engine.model,
         "max_tokens": int(p["max_completions_tokens"]),

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from evaluator import prompts
-from evaluator.backends import backend
+from evaluator.backends import BackendOptions, backend
 from evaluator.benchmarks import Benchmark, find_benchmark, get_benchmark
 from evaluator.data import Problem, custom_source, load_benchmark, load_custom_set
 from evaluator.graders import Judge, RMScorer
@@ -33,13 +33,15 @@ def run_eval(
     rm_scorer: Callable[[str], RMScorer] | None = None,
     judge: Callable[[str], Judge] | None = None,
     resolved_recipe: ResolvedRecipe | None = None,
+    backend_options: BackendOptions | None = None,
 ) -> dict[str, float]:
     """Evaluate and report through the sink. `model_path` is the resolved local path or hub id;
     `model_ref` is what the user asked for (kept on every score). Per-item results go to
     results_dir/items.jsonl (written into work_dir first when given; the sink moves them).
     `rm_scorer`: loads a reward model for a spec grader that has one (evaluator/graders.py);
     `judge`: a grading model, for a spec grader with score_model or label_model parts.
-    `resolved_recipe`: the one resolved at submit (evaluator.recipes.stored_recipe); else resolved now."""
+    `resolved_recipe`: the one resolved at submit (evaluator.recipes.stored_recipe); else resolved now.
+    `backend_options`: the operator's engine settings and the worker's warm engine, if it gave one."""
     bench, problems = _problems(spec, data_dir)
     resolved = resolved_recipe or resolve_recipe(spec)
     recipe = resolved.recipe
@@ -53,7 +55,7 @@ def run_eval(
     texts = [prompts.render(recipe, p.question, tokenizer, shots=sh) for p, sh in zip(problems, shots, strict=True)]
     s = spec.sampling
     max_new_tokens = resolved.max_new_tokens
-    engine = backend(spec.backend)
+    engine = backend(spec.backend, backend_options)
     max_model_len = None  # the longest sequence this run needs, for an engine sized by it
     if engine.sized_by_sequence:
         longest = max((len(tokenizer(t, add_special_tokens=False).input_ids) for t in texts), default=0)

@@ -152,6 +152,7 @@ def eval_local(
 
     err, console = Console(stderr=True), Console()
     try:
+        from evaluator.backends import BackendOptions
         from evaluator.models import trust_remote_code_for
         from evaluator.run import run_eval
     except ImportError as exc:
@@ -190,7 +191,8 @@ def eval_local(
     trust_remote_code_for(get_settings().sources.trust_remote_code_models)
     sink = PrintSink()
     try:
-        run_eval(spec, sink, model_path=model, data_dir=data_dir, results_dir=out)
+        options = BackendOptions(get_settings().vllm.engine())
+        run_eval(spec, sink, model_path=model, data_dir=data_dir, results_dir=out, backend_options=options)
     except ValueError as exc:  # an unknown recipe, few_shot over the shot pool
         err.print(f"[red]{exc}[/red]")
         raise typer.Exit(2) from None

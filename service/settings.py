@@ -11,6 +11,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from evaluator.backends.base import EngineSettings
 from mathrl.paths import default_data_dir
 
 
@@ -46,12 +47,37 @@ class WorkerSettings(BaseModel):
     warm_engine_idle_seconds: float = Field(
         600.0, gt=0, description="A warm engine no eval job has used for this long is stopped."
     )
+    warm_engine_start_seconds: float = Field(
+        900.0,
+        gt=0,
+        description="How long a job given a warm engine waits for it to answer (a new engine on a CPU compiles "
+        "for minutes) before it fails.",
+    )
     warm_engine_max_model_len: int = Field(
         4096,
         ge=256,
         description="Context length of a warm engine (the model's own, at most this): an eval whose prompt plus "
         "max_new_tokens is longer loads an engine of its own instead.",
     )
+
+
+class VLLMSettings(BaseModel):
+    """Every vLLM engine of ours: eval jobs' own and warm engines, GRPO's colocated engine and its
+    server (MATHRL_VLLM__ENFORCE_EAGER=1 and so on)."""
+
+    memory_fraction: float = Field(
+        0.9, gt=0, le=1, description="A GPU engine's share of GPU memory, unless the job's spec sets one."
+    )
+    cpu_kv_gib: float = Field(
+        2.0, gt=0, description="A CPU engine's KV cache in GiB (vLLM's own CPU rule leaves a small model too little)."
+    )
+    enforce_eager: bool = Field(
+        False, description="No torch.compile: engines start sooner and step slower (compiled graphs are cached)."
+    )
+
+    def engine(self) -> EngineSettings:
+        """What the evaluator and trainer take as an argument."""
+        return EngineSettings(**self.model_dump())
 
 
 class RaySettings(BaseModel):
@@ -329,6 +355,7 @@ class Settings(BaseSettings):
     memory: MemorySettings = Field(default_factory=MemorySettings)
     sources: SourcesSettings = Field(default_factory=SourcesSettings)
     ray: RaySettings = Field(default_factory=RaySettings)
+    vllm: VLLMSettings = Field(default_factory=VLLMSettings)
     tracking: TrackingSettings = Field(default_factory=TrackingSettings)
     artifact_dir: str = Field("./.mathrl/artifacts", description="Checkpoints and per-item results.")
     data_dir: str = Field(default_factory=default_data_dir, description="Offline dataset copies.")

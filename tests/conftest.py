@@ -205,7 +205,7 @@ def service_env(db_url: str, broker_url: str, artifacts: Path) -> dict[str, str]
         "MATHRL_FINE_TUNING__INFERENCE_BACKEND": "hf",
         # vLLM engines start without torch.compile here (a cold start 30 s shorter on this CPU:
         # 59 s against 90 s); tests/test_vllm.py's colocated weight-sync check runs compiled
-        "MATHRL_VLLM_ENFORCE_EAGER": "1",
+        "MATHRL_VLLM__ENFORCE_EAGER": "1",
     }
 
 

@@ -40,18 +40,18 @@ def test_server_command_for_a_lora_job_on_cpu() -> None:
 def test_the_servers_follow_the_eager_setting_as_every_engine_does(monkeypatch: pytest.MonkeyPatch) -> None:
     import sys
 
+    from evaluator.backends import EngineSettings
     from worker.vllm_server import server_command
 
     monkeypatch.setenv("CXX", sys.executable)  # a compiler to find: without one a CPU engine runs eager anyway
 
     lora = parse_spec({**BASE, "lora": {"r": 4}, "generation": {"backend": "vllm", "mode": "server"}})
     full = parse_spec({**BASE, "resources": {"gpus": 2}, "generation": {"mode": "server"}})
-    monkeypatch.delenv("MATHRL_VLLM_ENFORCE_EAGER", raising=False)
     assert "--enforce-eager" not in server_command(lora, resolve_config(lora), "/m", 5, on_gpu=False)
     assert "--enforce_eager" not in server_command(full, resolve_config(full), "/m", 5, on_gpu=True)
-    monkeypatch.setenv("MATHRL_VLLM_ENFORCE_EAGER", "1")
-    assert "--enforce-eager" in server_command(lora, resolve_config(lora), "/m", 5, on_gpu=False)
-    cmd = server_command(full, resolve_config(full), "/m", 5, on_gpu=True)
+    eager = EngineSettings(enforce_eager=True)
+    assert "--enforce-eager" in server_command(lora, resolve_config(lora), "/m", 5, on_gpu=False, engine=eager)
+    cmd = server_command(full, resolve_config(full), "/m", 5, on_gpu=True, engine=eager)
     assert cmd[cmd.index("--enforce_eager") + 1] == "true"
 
 
@@ -168,7 +168,6 @@ def test_vllm_on_a_cpu_without_a_cxx_compiler_runs_eager(monkeypatch: pytest.Mon
     engine that tried to compile there failed to start ("No working C++ compiler found")."""
     from evaluator.backends import vllm
 
-    monkeypatch.delenv("MATHRL_VLLM_ENFORCE_EAGER", raising=False)
     monkeypatch.delenv("CXX", raising=False)
     monkeypatch.setenv("PATH", str(tmp_path))
     assert vllm.cxx_compiler() is None
@@ -193,3 +192,25 @@ def test_the_backends_a_spec_accepts_are_the_registered_ones() -> None:
         assert issubclass(cls, Backend) and cls.name == name
     with pytest.raises(ValueError, match="unknown generation backend 'vlm'. Did you mean 'vllm'"):
         backend("vlm")
+
+
+def test_engine_settings_reach_every_engine_as_arguments(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The operator's MATHRL_VLLM__* settings are read once, by the service's settings, and given to
+    the evaluator and trainer as arguments; a job's warm engine comes from its supervisor's env."""
+    from evaluator.backends import vllm
+    from service.settings import Settings
+    from worker.warm_engine import ENGINE_ADAPTER_ENV, ENGINE_URL_ENV, given_engine
+
+    monkeypatch.setenv("MATHRL_VLLM__ENFORCE_EAGER", "1")
+    monkeypatch.setenv("MATHRL_VLLM__CPU_KV_GIB", "0.5")
+    monkeypatch.setenv("MATHRL_WORKER__WARM_ENGINE_START_SECONDS", "30")
+    settings = Settings()
+    engine = settings.vllm.engine()
+    assert (engine.enforce_eager, engine.cpu_kv_gib, engine.memory_fraction) == (True, 0.5, 0.9)
+    monkeypatch.setenv("PATH", str(tmp_path))  # no C++ compiler: eager either way; shown by the default below
+    opts = vllm.engine_options("auto", settings=engine)
+    assert opts["enforce_eager"] is True and opts["kv_cache_memory_bytes"] == 2**29
+    assert vllm.engine_options("auto")["kv_cache_memory_bytes"] == 2 * 2**30  # no settings: the defaults
+    assert given_engine(settings, {}) is None
+    warm = given_engine(settings, {ENGINE_URL_ENV: "http://127.0.0.1:5", ENGINE_ADAPTER_ENV: "/a"})
+    assert warm is not None and (warm.url, warm.adapter, warm.start_seconds) == ("http://127.0.0.1:5", "/a", 30.0)

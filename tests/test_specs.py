@@ -66,7 +66,7 @@ def test_trl_defaults_match_installed_trl() -> None:
         (
             {"generation": {"gpu_memory_utilization": 0.5}},
             "generation/gpu_memory_utilization",
-            "MATHRL_VLLM_CPU_KV_GIB",
+            "MATHRL_VLLM__CPU_KV_GIB",
         ),
         ({"generation": {"backend": "vllm", "tensor_parallel_size": 2}}, "generation/tensor_parallel_size", "divide"),
         (

@@ -51,7 +51,7 @@ def _eval(python: Path, model: str, backend: str, out: Path) -> list[dict]:
         capture_output=True,
         text=True,
         timeout=600,
-        env={"PATH": "/usr/bin:/bin", "HOME": str(out), "MATHRL_VLLM_ENFORCE_EAGER": "1"},
+        env={"PATH": "/usr/bin:/bin", "HOME": str(out), "MATHRL_VLLM__ENFORCE_EAGER": "1"},
     )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
     return [json.loads(line) for line in (out / "items.jsonl").read_text().splitlines()]
@@ -219,7 +219,7 @@ def test_grpo_vllm_generates_with_the_updated_weights(mode: str, model_for_vllm:
         env={
             "PATH": "/usr/bin:/bin",
             "HOME": str(tmp_path),
-            **({"MATHRL_VLLM_ENFORCE_EAGER": "1"} if mode == "server" else {}),
+            **({"MATHRL_VLLM__ENFORCE_EAGER": "1"} if mode == "server" else {}),
         },
     )
     line = next((x for x in r.stdout.splitlines() if x.startswith("RESULT ")), None)

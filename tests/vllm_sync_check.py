@@ -35,6 +35,7 @@ def main(mode: str, model: str, out: str) -> None:
 
     from evaluator.backends.vllm import engine_options
     from evaluator.models import load_tokenizer
+    from service.settings import get_settings
     from trainer.grpo_config import lora_config
     from trainer.grpo_loop import LoopOptions, MathrlGRPOTrainer
 
@@ -58,7 +59,9 @@ def main(mode: str, model: str, out: str) -> None:
                 "per_device_train_batch_size": 16,
             }
         )
-        server, env = start_server(spec, resolve_config(spec), model, Path(out) / "server.log", None, [])
+        server, env = start_server(
+            spec, resolve_config(spec), model, Path(out) / "server.log", None, [], get_settings().vllm.engine()
+        )
     try:
         args = GRPOConfig(
             output_dir=out,
@@ -88,7 +91,7 @@ def main(mode: str, model: str, out: str) -> None:
             args=args,
             processing_class=tok,
             train_dataset=Dataset.from_list([{"prompt": p} for p in PROMPTS * 8]),
-            engine_options=engine_options("auto"),
+            engine_options=engine_options("auto", settings=get_settings().vllm.engine()),
             peft_config=lora_config_for(mode, lora_config),
         )
         gen = trainer.vllm_generation

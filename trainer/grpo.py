@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from evaluator.backends.base import EngineSettings
 from evaluator.models import load_tokenizer
 from mathrl.errors import StopRequested
 from mathrl.sink import Sink
@@ -44,8 +45,9 @@ def generation_backend(config: ResolvedGRPO, sink: Sink) -> str:
     return backend
 
 
-def vllm_engine_options(spec: GRPOSpec, config: ResolvedGRPO) -> dict[str, Any]:
-    """Engine arguments for GRPO's colocated vLLM (same dtype and CPU rules as eval jobs)."""
+def vllm_engine_options(spec: GRPOSpec, config: ResolvedGRPO, settings: EngineSettings | None) -> dict[str, Any]:
+    """Engine arguments for GRPO's colocated vLLM (same dtype and CPU rules as eval jobs, and the
+    operator's `settings`)."""
     from evaluator.backends.vllm import engine_options
 
     gen = spec.generation
@@ -55,6 +57,7 @@ def vllm_engine_options(spec: GRPOSpec, config: ResolvedGRPO) -> dict[str, Any]:
         gen.gpu_memory_utilization or 0.3,
         gen.enable_prefix_caching,
         max_model_len=config.max_prompt_length + config.max_completion_length,
+        settings=settings,
     )
 
 
@@ -69,13 +72,14 @@ def run_grpo(
     resolve_model: Any = None,
     vllm_server_url: str | None = None,
     work_dir: Path | None = None,
+    engine_settings: EngineSettings | None = None,
 ) -> dict[str, Any]:
     """Train; checkpoints go to out_dir/checkpoint-N, the final model to out_dir/final.
     A run that finds a checkpoint in out_dir resumes from it. With `work_dir` (a job attempt's
     own directory) the trainer writes there and the sink moves each checkpoint and the final
     model into out_dir as it records them (the worker's sink: only while the attempt owns the
     job). In server mode, `vllm_server_url` is the server the worker started for this job
-    (worker.vllm_server)."""
+    (worker.vllm_server); `engine_settings`: the operator's, for a colocated engine."""
     import torch
 
     from trainer.grpo_loop import LoopOptions, MathrlGRPOTrainer
@@ -123,7 +127,7 @@ def run_grpo(
     else:
         args = grpo_args(spec, config, work, use_cpu, backend, vllm_server_url)
         args.reward_weights = weights
-        engine = vllm_engine_options(spec, config) if backend == "vllm" else None
+        engine = vllm_engine_options(spec, config, engine_settings) if backend == "vllm" else None
         trainer = MathrlGRPOTrainer(
             loop=LoopOptions.from_config(config, [r.__name__ for r in rewards]),
             model=model_path,

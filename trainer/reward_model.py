@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from evaluator import prompts
-from evaluator.backends import HF, Backend, backend
+from evaluator.backends import HF, Backend, BackendOptions, backend
 from evaluator.data import Problem
 from evaluator.grading import grade
 from evaluator.metrics import maj_at_k, wilson_interval
@@ -41,10 +41,11 @@ class Sampled:
 
 
 def load_policy(
-    spec: RewardModelSpec, policy_path: str, prompts_for_length: list[str], tok: Any
-) -> tuple[Backend, Any]:
+    spec: RewardModelSpec, policy_path: str, prompts_for_length: list[str], tok: Any,
+    options: BackendOptions | None = None,
+) -> tuple[Backend, Any]:  # fmt: skip
     """(backend, model or engine) for the spec's sampling backend."""
-    engine = backend(spec.backend)
+    engine = backend(spec.backend, options)
     max_model_len = None
     if engine.sized_by_sequence:
         longest = max((len(tok(t, add_special_tokens=False).input_ids) for t in prompts_for_length), default=0)
@@ -343,9 +344,11 @@ def run_reward_model(
     out_dir: Path,
     model_ref: str,
     work_dir: Path | None = None,
+    backend_options: BackendOptions | None = None,
 ) -> dict[str, float | None]:
     """Sample, label, train, and evaluate on held-out questions; the model ends up in
-    out_dir/final (written into work_dir first when given, and moved there by the sink)."""
+    out_dir/final (written into work_dir first when given, and moved there by the sink).
+    `backend_options`: the operator's engine settings for the sampling backend."""
     t0 = time.monotonic()
     work = work_dir or out_dir
     problems, template = load_problems(spec.dataset, data_dir)
@@ -357,7 +360,7 @@ def run_reward_model(
     )
     policy_tok = load_tokenizer(policy_path)
     texts = [prompts.render(template, p.question, policy_tok) for p in train + held]
-    policy = load_policy(spec, policy_path, texts, policy_tok)
+    policy = load_policy(spec, policy_path, texts, policy_tok, backend_options)
     sampler_version = policy[0].version()
     sampled = sample_solutions(spec, sink, policy_path, train + held, template, policy)
     s_train, s_held = sampled[: len(train)], sampled[len(train) :]

@@ -43,12 +43,13 @@ class GenerationServer:
 
         import ray
 
+        from service.settings import get_settings
         from worker.vllm_server import free_port, launch, server_command, server_env
 
         host = ray.util.get_node_ip_address()
         port = free_port(host)
         on_gpu = spec.resources.gpus > 0
-        cmd = server_command(spec, config, model_path, port, on_gpu, host=host)
+        cmd = server_command(spec, config, model_path, port, on_gpu, host=host, engine=get_settings().vllm.engine())
         Path(log_path).parent.mkdir(parents=True, exist_ok=True)
         self.server = launch(cmd, port, server_env(), Path(log_path), None, host=host)
         return {

@@ -5,10 +5,22 @@ implementation (evaluator/, trainer/) to the job's sink, directories and model r
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 from mathrl.errors import NotAvailable
 from mathrl.kinds import JobRun
 from mathrl.specs.resolved import ResolvedEval, ResolvedGRPO, ResolvedSFT
+
+if TYPE_CHECKING:
+    from evaluator.backends.base import BackendOptions
+
+
+def backend_options(run: JobRun) -> BackendOptions:
+    """The operator's engine settings and the warm engine the supervisor gave this job, if any."""
+    from evaluator.backends.base import BackendOptions
+    from worker.warm_engine import given_engine
+
+    return BackendOptions(run.settings.vllm.engine(), given_engine(run.settings))
 
 
 def run_eval(run: JobRun) -> None:
@@ -31,6 +43,7 @@ def run_eval(run: JobRun) -> None:
         rm_scorer=rm_scorers(lambda ref: run.resolve(ref)[0]) if graded else None,
         judge=judges(lambda ref: run.resolve(ref)[0]) if graded else None,
         resolved_recipe=stored_recipe(run.config.of(ResolvedEval)),
+        backend_options=backend_options(run),
     )
 
 
@@ -48,6 +61,7 @@ def run_grpo(run: JobRun) -> None:
         resolve_model=lambda ref: run.resolve(ref)[0],
         vllm_server_url=os.environ.get(URL_ENV),
         work_dir=run.work / "train",
+        engine_settings=run.settings.vllm.engine(),
     )
 
 
@@ -78,12 +92,12 @@ def run_reward_model(run: JobRun) -> None:
         out_dir=run.out / "train",
         model_ref=f"job:{run.job_id}",
         work_dir=run.work / "train",
+        backend_options=backend_options(run),
     )
 
 
 def run_grade(run: JobRun) -> None:
     """Each item's score and reason as the job's samples (graders that load a model)."""
-    from evaluator.backends.vllm import ENGINE_URL_ENV
     from evaluator.chat import judges
     from evaluator.graders import grade_items
     from trainer.rm_scorer import rm_scorers
@@ -95,7 +109,7 @@ def run_grade(run: JobRun) -> None:
         [i.answer for i in items],
         prompts=[i.prompt for i in items],
         rm_scorer=rm_scorers(lambda ref: run.resolve(ref)[0]),
-        judge=judges(lambda ref: run.resolve(ref)[0], engine_url=os.environ.get(ENGINE_URL_ENV)),
+        judge=judges(lambda ref: run.resolve(ref)[0], warm=backend_options(run).warm),
         items=[i.fields or {} for i in items],
     )
     rows = []
@@ -109,14 +123,13 @@ def run_grade(run: JobRun) -> None:
 
 def run_generate(run: JobRun) -> None:
     """A chat or prompt answered (POST /v1/chat/completions, /v1/completions)."""
-    from evaluator.backends.vllm import ENGINE_URL_ENV
     from evaluator.chat import run_generate
 
-    engine_url = os.environ.get(ENGINE_URL_ENV)  # set when the worker gave it its warm engine
-    if run.spec.backend == "vllm" and engine_url is None:
+    warm = backend_options(run).warm
+    if run.spec.backend == "vllm" and warm is None:
         raise NotAvailable(
             "backend 'vllm' answers on the worker's warm engine, which this job did not get (the worker "
             "keeps none: worker.warm_engines is 0; or its engine of this LoRA adapter's base model was busy): set "
             "backend to 'auto' or 'hf'"
         )
-    run_generate(run.spec, run.sink, run.model_path, engine_url)
+    run_generate(run.spec, run.sink, run.model_path, warm)

@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from evaluator.backends.vllm import ENGINE_ADAPTER_ENV, ENGINE_URL_ENV
 from mathrl.specs import parse_spec
 from mathrl.specs.resolved import ResolvedConfig, ResolvedGRPO, resolved
 from service.settings import Settings
@@ -41,7 +40,7 @@ from worker.launch import (
 )
 from worker.tracking import start_mirror
 from worker.vllm_server import lora_rank, needs_server, start_server
-from worker.warm_engine import engine_model, wants_warm_engine
+from worker.warm_engine import ENGINE_ADAPTER_ENV, ENGINE_URL_ENV, engine_model, wants_warm_engine
 
 log = logging.getLogger("mathrl.worker")
 
@@ -299,7 +298,9 @@ def _start_vllm_server(
 ) -> Any:
     model_path, _ = model_resolver(settings, job_id, project_id)(spec.model)  # 'job:' and 'tiny:' refs too
     visible = _visible_gpus() if spec.resources.gpus else []
-    return start_server(spec, config.of(ResolvedGRPO), model_path, log_path, _prepare_child, visible)
+    return start_server(
+        spec, config.of(ResolvedGRPO), model_path, log_path, _prepare_child, visible, settings.vllm.engine()
+    )
 
 
 def _report_server_exit(url: str, job_id: str, server: Any, out: Path) -> None:

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from evaluator.backends.base import EngineSettings
 from mathrl.processes import free_port as free_port  # the warm engines and Ray import it from here
 from mathrl.specs.resolved import ResolvedGRPO
 
@@ -55,15 +56,19 @@ def split_gpus(spec: Any, visible: list[str]) -> tuple[list[str], list[str]]:
 
 
 def server_command(
-    spec: Any, config: ResolvedGRPO, model_path: str, port: int, on_gpu: bool, host: str = "127.0.0.1"
-) -> list[str]:
+    spec: Any, config: ResolvedGRPO, model_path: str, port: int, on_gpu: bool, host: str = "127.0.0.1",
+    engine: EngineSettings | None = None,
+) -> list[str]:  # fmt: skip
     """The server's command line, listening on host:port (loopback on the worker; the node's address
-    on a Ray node, where the trainers reach it from other nodes: worker.ray_vllm)."""
+    on a Ray node, where the trainers reach it from other nodes: worker.ray_vllm), with the
+    operator's `engine` settings."""
     from evaluator.backends.vllm import engine_options
 
     gen = spec.generation
     max_len = config.max_prompt_length + config.max_completion_length
-    opts = engine_options(gen.dtype, gen.gpu_memory_utilization, gen.enable_prefix_caching, max_model_len=max_len)
+    opts = engine_options(
+        gen.dtype, gen.gpu_memory_utilization, gen.enable_prefix_caching, max_model_len=max_len, settings=engine
+    )
     tp = str(max(1, gen.resolved_server_gpus(spec.resources.gpus)))
     # adapters loaded at once: the new one before the old is unloaded; async GRPO also keeps every
     # version a queued request may still name (max_staleness + 1, TRL's default staleness 4)
@@ -129,7 +134,7 @@ def server_command(
         ]  # see engine_options
     if opts.get("enable_prefix_caching") is not None:
         cmd.append("--enable-prefix-caching" if opts["enable_prefix_caching"] else "--no-enable-prefix-caching")
-    if opts.get("enforce_eager"):  # MATHRL_VLLM_ENFORCE_EAGER=1, as for every engine of ours
+    if opts.get("enforce_eager"):  # MATHRL_VLLM__ENFORCE_EAGER=1, as for every engine of ours
         cmd.append("--enforce-eager")
     return cmd
 
@@ -168,8 +173,9 @@ class VLLMServer:
 
 
 def start_server(
-    spec: Any, config: ResolvedGRPO, model_path: str, log_path: Path, preexec: Any, visible_gpus: list[str]
-) -> tuple[VLLMServer, dict[str, str]]:
+    spec: Any, config: ResolvedGRPO, model_path: str, log_path: Path, preexec: Any, visible_gpus: list[str],
+    engine: EngineSettings | None = None,
+) -> tuple[VLLMServer, dict[str, str]]:  # fmt: skip
     """Start the job's vLLM server. Returns it and the environment the job's process needs
     (the server's URL; on GPUs, the training share of the devices)."""
     port = free_port()
@@ -180,7 +186,8 @@ def start_server(
         train, serve = split_gpus(spec, visible_gpus)
         env["CUDA_VISIBLE_DEVICES"] = ",".join(serve)
         job_env["CUDA_VISIBLE_DEVICES"] = ",".join(train)
-    server = launch(server_command(spec, config, model_path, port, on_gpu), port, env, log_path, preexec)
+    cmd = server_command(spec, config, model_path, port, on_gpu, engine=engine)
+    server = launch(cmd, port, env, log_path, preexec)
     job_env[URL_ENV] = server.url
     return server, job_env
 

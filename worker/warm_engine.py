@@ -41,7 +41,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from evaluator.backends.base import EngineSettings, WarmEngineAddress
 from worker.vllm_server import VLLMServer, free_port, launch, server_env
+
+# what the supervisor sets in the process of a job it gave a warm engine
+ENGINE_URL_ENV = "MATHRL_EVAL_ENGINE_URL"
+ENGINE_ADAPTER_ENV = "MATHRL_EVAL_ENGINE_ADAPTER"  # the LoRA adapter directory that job's requests name
+
+
+def given_engine(settings: Any, environ: dict[str, str] | None = None) -> WarmEngineAddress | None:
+    """In a job's process: the warm engine its supervisor gave it, if any (read once here and
+    passed to the evaluator as an argument)."""
+    import os
+
+    env = os.environ if environ is None else environ
+    url = env.get(ENGINE_URL_ENV)
+    if not url:
+        return None
+    return WarmEngineAddress(url, env.get(ENGINE_ADAPTER_ENV), settings.worker.warm_engine_start_seconds)
+
 
 log = logging.getLogger("mathrl.worker")
 SERVED_NAME = "mathrl-eval"
@@ -181,12 +199,16 @@ def reload_weights(server: VLLMServer, model_path: str) -> float:
     return time.monotonic() - t0
 
 
-def server_command(model_path: str, dtype: str, length: int, port: int, gpus: int, lora_rank: int = 0) -> list[str]:
-    """`vllm serve` for eval jobs, with the engine arguments every engine of ours gets; with
-    `lora_rank`, LoRA adapters up to that rank (worker.vllm_server.VLLM_LORA_RANKS) served too."""
+def server_command(
+    model_path: str, dtype: str, length: int, port: int, gpus: int, lora_rank: int = 0,
+    engine: EngineSettings | None = None,
+) -> list[str]:  # fmt: skip
+    """`vllm serve` for eval jobs, with the engine arguments every engine of ours gets (and the
+    operator's `engine` settings); with `lora_rank`, LoRA adapters up to that rank
+    (worker.vllm_server.VLLM_LORA_RANKS) served too."""
     from evaluator.backends.vllm import engine_options
 
-    opts = engine_options(dtype, max_model_len=length)
+    opts = engine_options(dtype, max_model_len=length, settings=engine)
     cmd = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_path,
         "--served-model-name", SERVED_NAME, "--host", "127.0.0.1", "--port", str(port), "--dtype", opts["dtype"],
@@ -240,7 +262,7 @@ def acquire(
         env = server_env()  # all cores on a small CPU machine; /collective_rpc for reloading weights
         if gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
-        cmd = server_command(model_path, dtype, length, port, len(gpus), lora_rank)
+        cmd = server_command(model_path, dtype, length, port, len(gpus), lora_rank, settings.vllm.engine())
         server = launch(cmd, port, env, log_path, preexec)
         engine = WarmEngine(key, server, length, lora_rank=lora_rank, family=family, users=1, jobs=1)
         _engines[key] = engine

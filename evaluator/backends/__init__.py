@@ -9,7 +9,7 @@ test holds that list to this registry."""
 
 from __future__ import annotations
 
-from evaluator.backends.base import Backend, Generation
+from evaluator.backends.base import Backend, BackendOptions, EngineSettings, Generation, WarmEngineAddress
 from evaluator.backends.hf import HF
 from evaluator.backends.vllm import VLLM
 from mathrl.registry import Registry
@@ -19,9 +19,19 @@ for _cls in (HF, VLLM):
     BACKENDS.add(_cls.name, _cls)
 
 
-def backend(name: str) -> Backend:
+def backend(name: str, options: BackendOptions | None = None) -> Backend:
     """The backend registered as `name` (an unknown name raises, naming the known ones)."""
-    return BACKENDS[name]()
+    return BACKENDS[name](options)
 
 
-__all__ = ["BACKENDS", "HF", "VLLM", "Backend", "Generation", "backend"]
+__all__ = [
+    "BACKENDS",
+    "HF",
+    "VLLM",
+    "Backend",
+    "BackendOptions",
+    "EngineSettings",
+    "Generation",
+    "WarmEngineAddress",
+    "backend",
+]

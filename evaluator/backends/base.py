@@ -1,5 +1,6 @@
-"""What every generation backend is: `Backend` (load a model, generate completions) and the
-`Generation` it returns for each completion."""
+"""What every generation backend is: `Backend` (load a model, generate completions), the
+`Generation` it returns for each completion, and the `BackendOptions` the worker gives it (the
+operator's engine settings, the warm engine a job was given): arguments, never environment reads."""
 
 from __future__ import annotations
 
@@ -9,6 +10,32 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from mathrl.sink import Sink
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """The operator's vLLM settings for every engine of ours (service/settings.py `VLLMSettings`)."""
+
+    memory_fraction: float = 0.9  # a GPU engine's gpu_memory_utilization unless its spec says one
+    cpu_kv_gib: float = 2.0  # a CPU engine's KV cache
+    enforce_eager: bool = False  # no torch.compile: a shorter start, slower steps
+
+
+@dataclass(frozen=True)
+class WarmEngineAddress:
+    """The worker's warm vLLM server a job was given (worker/warm_engine.py): its URL, the LoRA
+    adapter directory the job's requests name (None: the engine's own model), and how long to wait
+    for it to answer (a new CPU engine compiles for minutes)."""
+
+    url: str
+    adapter: str | None = None
+    start_seconds: float = 900.0
+
+
+@dataclass(frozen=True)
+class BackendOptions:
+    engine: EngineSettings = EngineSettings()
+    warm: WarmEngineAddress | None = None
 
 
 @dataclass
@@ -23,6 +50,10 @@ class Backend(ABC):
     their own module under evaluator/backends/ and are registered in `BACKENDS` by `name`."""
 
     name: ClassVar[str]
+
+    def __init__(self, options: BackendOptions | None = None):
+        self.options = options or BackendOptions()
+
     # whether `load` needs the longest sequence of the job (an engine that reserves its KV cache)
     sized_by_sequence: ClassVar[bool] = False
 

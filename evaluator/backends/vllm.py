@@ -11,7 +11,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from evaluator.backends.base import Backend, Generation
+from evaluator.backends.base import Backend, EngineSettings, Generation, WarmEngineAddress
 from mathrl.errors import StopRequested
 from mathrl.sink import Sink
 
@@ -22,10 +22,6 @@ def backend_version() -> str:
     return f"vllm-{vllm.__version__}"
 
 
-ENGINE_URL_ENV = (
-    "MATHRL_EVAL_ENGINE_URL"  # the worker's warm engine for this eval or generate job (worker/warm_engine.py)
-)
-ENGINE_ADAPTER_ENV = "MATHRL_EVAL_ENGINE_ADAPTER"  # the LoRA adapter directory the job's requests name
 BATCHED_TOKENS = 4096  # tokens per engine step (TRL's colocated default); at least max_model_len on CPUs
 
 
@@ -34,11 +30,13 @@ def engine_options(
     gpu_memory_utilization: float | None = None,
     enable_prefix_caching: bool | None = None,
     max_model_len: int | None = None,
+    settings: EngineSettings | None = None,
 ) -> dict[str, Any]:
-    """The vLLM engine arguments every engine of ours gets (eval jobs and GRPO's colocated engine).
+    """The vLLM engine arguments every engine of ours gets (eval jobs and GRPO's colocated engine),
+    with the operator's `settings` (service/settings.py `VLLMSettings`, MATHRL_VLLM__*).
 
-    On a GPU, vLLM's gpu_memory_utilization is the given fraction, else MATHRL_VLLM_MEMORY_FRACTION
-    (default 0.9). On the CPU build the KV cache gets a fixed size instead, MATHRL_VLLM_CPU_KV_GIB
+    On a GPU, vLLM's gpu_memory_utilization is the given fraction, else `settings.memory_fraction`
+    (default 0.9). On the CPU build the KV cache gets a fixed size instead, `settings.cpu_kv_gib`
     (default 2): vLLM's CPU rule (a share of the node's memory minus what the process already
     holds) left a float32 SmolLM2 0.25 GiB, too little for one request.
 
@@ -54,7 +52,7 @@ def engine_options(
     Generator by an offset, which CPU generators do not have). Each step then holds up to
     max(BATCHED_TOKENS, max_model_len) tokens, so any single prompt fits in one.
 
-    MATHRL_VLLM_ENFORCE_EAGER=1: no torch.compile (a shorter engine start, slower steps; vLLM
+    `settings.enforce_eager`: no torch.compile (a shorter engine start, slower steps; vLLM
     caches compiled graphs in ~/.cache/vllm, so only an engine's first start pays the full compile).
     On a CPU torch.compile needs a C++ compiler (inductor's C++ backend); where there is none (the
     worker-cpu image carries none), engines run eager instead of failing to start."""
@@ -62,19 +60,19 @@ def engine_options(
 
     from evaluator.models import resolve_dtype
 
+    settings = settings or EngineSettings()
     on_gpu = torch.cuda.is_available()
     os.environ.update(engine_env())  # for an engine in this process; a server's: worker.vllm_server.server_env
     kwargs: dict[str, Any] = {"dtype": resolve_dtype(dtype, on_gpu)}
     if on_gpu:
-        fraction = gpu_memory_utilization or float(os.environ.get("MATHRL_VLLM_MEMORY_FRACTION", "0.9"))
-        kwargs["gpu_memory_utilization"] = fraction
+        kwargs["gpu_memory_utilization"] = gpu_memory_utilization or settings.memory_fraction
     else:
-        kwargs["kv_cache_memory_bytes"] = int(float(os.environ.get("MATHRL_VLLM_CPU_KV_GIB", "2")) * 2**30)
+        kwargs["kv_cache_memory_bytes"] = int(settings.cpu_kv_gib * 2**30)
         kwargs["enable_chunked_prefill"] = False
         kwargs["max_num_batched_tokens"] = max(BATCHED_TOKENS, max_model_len or 0)
     if enable_prefix_caching is not None:
         kwargs["enable_prefix_caching"] = enable_prefix_caching
-    if os.environ.get("MATHRL_VLLM_ENFORCE_EAGER") == "1" or not (on_gpu or cxx_compiler()):
+    if settings.enforce_eager or not (on_gpu or cxx_compiler()):
         kwargs["enforce_eager"] = True
     return kwargs
 
@@ -111,11 +109,15 @@ def engine_env() -> dict[str, str]:
     return {k: v for k, v in wanted.items() if k not in os.environ}
 
 
-def load_engine(model_path: str, dtype: str = "auto", seed: int = 0, max_model_len: int | None = None) -> Any:
+def load_engine(
+    model_path: str, dtype: str = "auto", seed: int = 0, max_model_len: int | None = None,
+    settings: EngineSettings | None = None,
+) -> Any:  # fmt: skip
     """An offline engine for eval jobs, with `engine_options`."""
     from vllm import LLM
 
-    kwargs: dict[str, Any] = {"model": model_path, "seed": seed, **engine_options(dtype, max_model_len=max_model_len)}
+    opts = engine_options(dtype, max_model_len=max_model_len, settings=settings)
+    kwargs: dict[str, Any] = {"model": model_path, "seed": seed, **opts}
     if max_model_len:
         kwargs["max_model_len"] = max_model_len
     return LLM(**kwargs)
@@ -128,15 +130,17 @@ class RemoteEngine:
         self.url, self.max_model_len, self.model = url.rstrip("/"), max_model_len, model
 
 
-def connect(url: str, timeout: float, should_stop: Callable[[], bool] | None = None) -> RemoteEngine:
-    """Wait for the server at `url` to answer /health (a new one loads and compiles first) and
-    read the model name and context length it serves. With ENGINE_ADAPTER_ENV set (the job's model
-    is a LoRA checkpoint of the engine's model), the adapter is loaded into the engine under a name
-    of its own, unless it is already, and that name is what the requests ask for."""
+def connect(warm: WarmEngineAddress, should_stop: Callable[[], bool] | None = None) -> RemoteEngine:
+    """Wait up to `warm.start_seconds` for the server at `warm.url` to answer /health (a new one
+    loads and compiles first) and read the model name and context length it serves. With
+    `warm.adapter` (the job's model is a LoRA checkpoint of the engine's model), the adapter is
+    loaded into the engine under a name of its own, unless it is already, and that name is what the
+    requests ask for."""
     import time
 
     import httpx
 
+    url, timeout, adapter = warm.url, warm.start_seconds, warm.adapter
     deadline = time.monotonic() + timeout
     while True:
         if should_stop is not None and should_stop():
@@ -145,7 +149,6 @@ def connect(url: str, timeout: float, should_stop: Callable[[], bool] | None = N
             if httpx.get(f"{url}/health", timeout=5).status_code == 200:
                 cards = httpx.get(f"{url}/v1/models", timeout=30).json()["data"]
                 base = cards[0]
-                adapter = os.environ.get(ENGINE_ADAPTER_ENV)
                 if adapter is None:
                     return RemoteEngine(url, int(base["max_model_len"]), base["id"])
                 return RemoteEngine(url, int(base["max_model_len"]), load_adapter(url, adapter, cards))
@@ -301,14 +304,10 @@ def generate(
     return results
 
 
-def warm_engine(sink: Sink, needed: int) -> RemoteEngine | None:
-    """The worker's warm vLLM engine (worker/warm_engine.py) when it gave this job one that
-    holds `needed` tokens; None: load an engine here."""
-    url = os.environ.get(ENGINE_URL_ENV)
-    if not url:
-        return None
-    timeout = float(os.environ.get("MATHRL_EVAL_ENGINE_TIMEOUT", "900"))  # a new CPU engine compiles for minutes
-    engine = connect(url, timeout, sink.should_stop)
+def warm_engine(sink: Sink, needed: int, warm: WarmEngineAddress) -> RemoteEngine | None:
+    """The worker's warm vLLM engine (worker/warm_engine.py) it gave this job, when it holds
+    `needed` tokens; None: load an engine here."""
+    engine = connect(warm, sink.should_stop)
     if needed > engine.max_model_len:
         sink.event(
             "loading",
@@ -335,7 +334,10 @@ class VLLM(Backend):
         self, model_path: str, *, dtype: str = "auto", seed: int = 0, max_model_len: int | None = None,
         sink: Sink | None = None,
     ) -> Any:  # fmt: skip
-        engine = warm_engine(sink, max_model_len or 0) if sink is not None else None
-        return engine or load_engine(model_path, dtype=dtype, seed=seed, max_model_len=max_model_len)
+        warm = self.options.warm
+        engine = warm_engine(sink, max_model_len or 0, warm) if sink is not None and warm is not None else None
+        return engine or load_engine(
+            model_path, dtype=dtype, seed=seed, max_model_len=max_model_len, settings=self.options.engine
+        )
 
     generate = staticmethod(generate)

@@ -301,7 +301,7 @@ class GRPOSpec(JobBase):
             raise FieldError(
                 "generation/gpu_memory_utilization",
                 "gpu_memory_utilization is for GPU jobs; a CPU "
-                "job's KV cache is MATHRL_VLLM_CPU_KV_GIB on the worker: drop it or set resources.gpus",
+                "job's KV cache is MATHRL_VLLM__CPU_KV_GIB on the worker: drop it or set resources.gpus",
             )
         if self.resources.num_processes % gen.tensor_parallel_size:
             raise FieldError(
