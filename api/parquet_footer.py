@@ -7,7 +7,7 @@ its length (4 bytes, little-endian) and the magic `PAR1`; FileMetaData's field 2
 a depth-first list of SchemaElements whose first is the root (name, field 4; num_children,
 field 5). https://github.com/apache/parquet-format (Thrift compact protocol:
 https://github.com/apache/thrift/blob/master/doc/specs/thrift-compact-protocol.md).
-tests/test_parquet_footer.py compares it with pyarrow on nested, wide and damaged files."""
+tests/unit/api/test_parquet_footer.py compares it with pyarrow on nested, wide and damaged files."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ data dir (a task file that `include`s the installed task and changes only its da
 the hub cannot be reached here; prompts, shots, stop strings and filters stay lm-eval's.
 
 `fixtures` runs lm-eval with --log_samples on the first few items and stores the prompt it
-built for each (the test tests/test_recipes.py renders the same items with our recipes and
+built for each (the test tests/unit/evaluator/test_recipes.py renders the same items with our recipes and
 compares them character for character, and token for token through the model's tokenizer).
 
 `compare` evaluates the first --limit GSM8K test problems with lm-eval's `gsm8k` task (5-shot,

@@ -1,5 +1,5 @@
 """Measure one GPU's memory in TRL GRPO steps, next to what mathrl/memory_plan.py estimates for
-them: the calibration of its activation constants (tests/test_memory_plan.py::MEASURED holds the
+them: the calibration of its activation constants (tests/unit/mathrl/test_memory_plan.py::MEASURED holds the
 H100 readings this script gave). Needs a CUDA GPU; no hub: the model is a randomly initialised
 Qwen2 of a published shape, the tokenizer a word-level one over its vocabulary, and generation is
 TRL's hf backend (its peak is reset once generation ends, so the step's peak is training alone).

@@ -2,7 +2,7 @@
 
 A benchmark names its default recipe (evaluator/benchmarks.py); an eval spec may pick another
 by name or give one inline. The lm-evaluation-harness entries reproduce that tool's prompts
-token for token (tests/test_recipes.py compares them with prompts the pinned lm-eval wrote:
+token for token (tests/unit/evaluator/test_recipes.py compares them with prompts the pinned lm-eval wrote:
 tests/fixtures/lm_eval/, made by `bench/lm_eval_compare.py fixtures`).
 """
 

@@ -71,7 +71,7 @@ CAST_BYTES = 2  # autocast's bfloat16 copy of each weight, alive through the ste
 # intermediate_size, plus ACT_LORA x in_features for each LoRA-adapted linear layer (its dropout
 # mask). With gradient checkpointing each layer keeps CKPT_HIDDEN x hidden_size (its float32
 # input) and one layer at a time holds the full amount. Fitted to TRL 1.16 GRPO steps on an H100
-# (bench/memory_plan.py; tests/test_memory_plan.py holds the measurements): Qwen2.5-0.5B and -1.5B
+# (bench/memory_plan.py; tests/unit/mathrl/test_memory_plan.py holds the measurements): Qwen2.5-0.5B and -1.5B
 # shapes in full fine-tuning, 2,304 to 6,144 tokens per micro-batch, within 5% of the measured
 # peak (3-5% above it with gradient checkpointing); LoRA r=16 on all linear layers of the 1.5B and
 # 7B shapes, 1,152 to 4,608 tokens, 3-6% above it.

@@ -19,7 +19,7 @@ def _err(field: str, message: str) -> ValueError:
 
 
 # TRL 1.16 GRPOConfig defaults for the knobs a spec can reach (checked against the
-# installed TRL by tests/test_specs.py::test_trl_defaults_match_trl).
+# installed TRL by tests/unit/mathrl/test_specs.py::test_trl_defaults_match_trl).
 TRL_DEFAULTS: dict[str, Any] = {
     "learning_rate": 1e-6,
     "beta": 0.0,

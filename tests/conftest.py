@@ -1,5 +1,7 @@
 """Test fixtures: a fresh database per session (alembic upgrade head), a broker, a real uvicorn
-API process and real Celery worker processes.
+API process and real Celery worker processes, the tests' models. What tests share besides
+fixtures is in tests/helpers/; the tests are tests/unit/<package>/ (no services needed: the quick
+subset) and tests/system/ (drills, images, Ray, models, real worker processes).
 
 The database and broker (`db_url`, `broker_url`) are PostgreSQL and Redis on 127.0.0.1
 (scripts/test starts them; override with MATHRL_TEST_PG, a server URL, and MATHRL_TEST_REDIS;
@@ -11,32 +13,18 @@ of PostgreSQL or Redis themselves ask for `pg_url` or `redis_url`, and are skipp
 
 from __future__ import annotations
 
-import json
 import os
-import signal
-import subprocess
-import sys
-import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from mathrl.processes import die_with_parent_gently as _die_with_parent
-from mathrl.processes import free_port as _free_port
-
-ROOT = Path(__file__).resolve().parent.parent
-PG_SERVER = os.environ.get("MATHRL_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
-# scripts/test runs the suite on pytest-xdist workers gw0, gw1, ...: each its own Redis db (11, 10, ...),
-# so one worker's broker flush or queues never reach another's (tests/test_drills.py uses 13 and 14)
-XDIST_WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
-REDIS = os.environ.get("MATHRL_TEST_REDIS", f"redis://127.0.0.1:6379/{11 - XDIST_WORKER}")
+from tests.helpers.env import EMBEDDED, NEEDS_SERVICES, PG_SERVER, REDIS, free_port
+from tests.helpers.service import Service, service_env
 
 # MATHRL_TEST_WORKERS=2 scripts/test runs pytest on two xdist workers in two lanes. The files that keep both cores
 # busy (training and generation: seconds on this 2-core machine, serial, from `scripts/test`'s
@@ -88,20 +76,6 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         terminalreporter.section("figures")
         for line in lines:
             terminalreporter.line(line)
-
-
-ADMIN_TOKEN = "test-admin-token-" + uuid.uuid4().hex
-
-
-def data_dir() -> str:
-    d = ROOT.parent / "shared" / "datasets"
-    if not d.is_dir():
-        pytest.skip("../shared/datasets is not present")
-    return str(d)
-
-
-EMBEDDED = os.environ.get("MATHRL_TEST_SERVICES") == "embedded"
-NEEDS_SERVICES = "needs {}: MATHRL_TEST_SERVICES=embedded runs on SQLite (scripts/test without -m quick starts it)"
 
 
 @pytest.fixture(scope="session")
@@ -181,129 +155,11 @@ def model_for_vllm(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(build_tiny_model(tmp_path_factory.mktemp("vllm") / "tiny", hidden_size=128, heads=2, chat=True, seed=3))
 
 
-def service_env(db_url: str, broker_url: str, artifacts: Path) -> dict[str, str]:
-    return {
-        **os.environ,
-        "MATHRL_DATABASE__URL": db_url,
-        "MATHRL_BROKER__URL": broker_url,
-        "MATHRL_AUTH__ADMIN_TOKEN": ADMIN_TOKEN,
-        "MATHRL_ARTIFACT_DIR": str(artifacts),
-        "MATHRL_DATA_DIR": data_dir(),
-        # the tests' tiny models and user datasets live under pytest's base temp dir
-        "MATHRL_SOURCES__MODEL_ROOTS": json.dumps([str(artifacts.parent)]),
-        "MATHRL_SOURCES__DATA_ROOTS": json.dumps([str(artifacts.parent)]),
-        "MATHRL_WORKER__LEASE_SECONDS": "4",
-        "MATHRL_WORKER__HEARTBEAT_SECONDS": "0.5",
-        "MATHRL_WORKER__CANCEL_GRACE_SECONDS": "3",
-        "MATHRL_WORKER__RECONCILE_SECONDS": "1",
-        "MATHRL_WORKER__REDELIVER_AFTER_SECONDS": "8",
-        "PYTHONUNBUFFERED": "1",
-        "TOKENIZERS_PARALLELISM": "false",
-        "HF_HUB_OFFLINE": "1",
-        # OpenAI-shaped reinforcement jobs generate on HF here: no vLLM engine start per test job
-        "MATHRL_FINE_TUNING__GENERATION_BACKEND": "hf",
-        "MATHRL_FINE_TUNING__INFERENCE_BACKEND": "hf",
-        # vLLM engines start without torch.compile here (a cold start 30 s shorter on this CPU:
-        # 59 s against 90 s); tests/test_vllm.py's colocated weight-sync check runs compiled
-        "MATHRL_VLLM__ENFORCE_EAGER": "1",
-    }
-
-
-@dataclass
-class Service:
-    """A real API process and real worker processes on the tests' database and broker."""
-
-    env: dict[str, str]
-    logs: Path
-    port: int
-    api: subprocess.Popen[bytes] | None = None
-    workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start_api(self) -> None:
-        self.api = subprocess.Popen(
-            [sys.executable, "-m", "service.cli", "api", "--port", str(self.port)],
-            env=self.env,
-            cwd=ROOT,
-            stdout=open(self.logs / "api.log", "ab"),
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            preexec_fn=_die_with_parent,
-        )
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            assert self.api.poll() is None, (self.logs / "api.log").read_text()[-3000:]
-            try:
-                if httpx.get(f"{self.url}/livez", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise TimeoutError("API did not start")
-
-    def stop_api(self, sig: int = signal.SIGTERM) -> None:
-        if self.api is not None and self.api.poll() is None:
-            os.killpg(self.api.pid, sig)
-            self.api.wait(timeout=20)
-        self.api = None
-
-    def start_worker(
-        self, queues: str = "cpu", name: str | None = None, env: dict[str, str] | None = None
-    ) -> subprocess.Popen[bytes]:
-        """A worker (env: these variables over the service's)."""
-        name = name or f"w{len(self.workers)}"
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "service.cli", "worker", "--queues", queues, "--hostname", f"{name}@%h"],
-            env={**self.env, **(env or {})},
-            cwd=ROOT,
-            stdout=open(self.logs / f"worker-{name}.log", "ab"),
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            preexec_fn=_die_with_parent,
-        )
-        self.workers.append(proc)
-        deadline = time.monotonic() + 60
-        log = self.logs / f"worker-{name}.log"
-        while time.monotonic() < deadline:
-            assert proc.poll() is None, log.read_text()[-3000:]
-            if log.exists() and "ready." in log.read_text():
-                return proc
-            time.sleep(0.2)
-        raise TimeoutError("worker did not start")
-
-    def stop_worker(self, proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:
-        if proc.poll() is None:
-            os.killpg(proc.pid, sig)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        if proc in self.workers:
-            self.workers.remove(proc)
-
-    def key(self, project: str | None = None) -> str:
-        project = project or f"p-{uuid.uuid4().hex[:8]}"
-        r = httpx.post(
-            f"{self.url}/v1/keys", json={"project": project}, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
-        )
-        assert r.status_code == 201, r.text
-        return str(r.json()["key"])
-
-    def client(self, key: str | None = None) -> Any:
-        from mathrl.client import Client
-
-        return Client(self.url, api_key=key or self.key())
-
-
 @pytest.fixture(scope="session")
 def service(db_url: str, broker_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     logs = tmp_path_factory.mktemp("logs")
     svc = Service(
-        env=service_env(db_url, broker_url, tmp_path_factory.mktemp("artifacts")), logs=logs, port=_free_port()
+        env=service_env(db_url, broker_url, tmp_path_factory.mktemp("artifacts")), logs=logs, port=free_port()
     )
     svc.start_api()
     svc.start_worker()
@@ -331,54 +187,3 @@ def app_client(db_url: str, broker_url: str, tmp_path_factory: pytest.TempPathFa
     os.environ.clear()
     os.environ.update(old)
     get_settings.cache_clear()
-
-
-def admin_key(app_client: Any, project: str | None = None) -> dict[str, str]:
-    """Headers with a fresh key for a (new) project, through the in-process app."""
-    project = project or f"p-{uuid.uuid4().hex[:8]}"
-    r = app_client.post("/v1/keys", json={"project": project}, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
-    assert r.status_code == 201, r.text
-    return {"Authorization": f"Bearer {r.json()['key']}"}
-
-
-def make_objects(app_client: Any, owner: dict[str, str]) -> dict[str, str]:
-    """One real object of the owner's project per path parameter the API takes (a job, a key, a
-    pipeline, a file, a fine-tuning job), for tests that walk every route of the OpenAPI document.
-    The jobs go to a pool no worker serves."""
-    eval_spec = {"kind": "eval", "model": "org/model", "limit": 5, "resources": {"pool": "objects-parked"}}
-    job = app_client.post("/v1/jobs", json=eval_spec, headers=owner)
-    assert job.status_code == 201, job.text
-    key = app_client.post("/v1/keys", json={"name": "victim"}, headers=owner)
-    assert key.status_code == 201, key.text
-    pipeline = app_client.post("/v1/pipelines", json={"jobs": {"only": eval_spec}}, headers=owner)
-    assert pipeline.status_code == 201, pipeline.text
-    ids = {"job_id": job.json()["id"], "key_id": key.json()["id"], "pipeline_id": pipeline.json()["id"]}
-    chat = b'{"messages": [{"role": "user", "content": "1 + 1?"}, {"role": "assistant", "content": "2"}]}\n'
-    f = app_client.post("/v1/files", files={"file": ("s.jsonl", chat)}, data={"purpose": "fine-tune"}, headers=owner)
-    assert f.status_code == 200, f.text
-    ids["file_id"] = f.json()["id"]
-    ft = app_client.post(
-        "/v1/fine_tuning/jobs", json={"model": "org/model", "training_file": ids["file_id"]}, headers=owner
-    )
-    assert ft.status_code == 200, ft.text
-    ids["fine_tuning_job_id"] = ft.json()["id"]
-    # a checkpoint of it, as a worker would record one: its `ft:` model is what /v1/models/{model} names
-    from service.settings import get_settings
-    from store.db import session_scope
-    from store.models import Checkpoint
-
-    job_uuid = str(uuid.UUID(ids["fine_tuning_job_id"].removeprefix("ftjob-")))
-    with session_scope(get_settings().database.url) as s:
-        s.add(Checkpoint(job_id=job_uuid, step=1, kind="checkpoint", uri="/nowhere/checkpoint-1"))
-    ids["model"] = f"ft:model:mathrl:{ids['fine_tuning_job_id']}:ckpt-step-1"
-    return ids
-
-
-def wait_for(predicate: Any, timeout: float = 60.0, interval: float = 0.2, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")

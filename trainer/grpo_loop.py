@@ -6,12 +6,12 @@
 - No work for no gradient: a completion whose advantage is exactly zero (or whose tokens are all
   masked) adds nothing to the loss when beta is 0 and no per-token term (entropy bonus, entropy
   mask, auxiliary loss) needs it, so its forward and backward are skipped. The loss is rescaled
-  for the loss types that average over rows, so the update equals TRL's (tests/test_grpo_loop.py).
+  for the loss types that average over rows, so the update equals TRL's (tests/system/test_grpo_loop.py).
 - One forward fewer with vLLM: TRL recomputes every completion's log-probabilities in a no-grad
   pass after generation to weigh the sampler/trainer mismatch. When the policy cannot have moved
   between generation and training (one iteration per round, generation aligned with the optimizer
   step), those are the training forward's own values: the ratio is computed there instead
-  (tests/vllm_sync_check.py compares the two).
+  (tests/helpers/vllm_sync_check.py compares the two).
 
 Every step logs what it did: `dynamic_sampling/*`, `curriculum/*`, `skip/trained_fraction`, and
 with vLLM the mismatch (`sampling/sampling_logp_difference/*`, `sampling/importance_sampling_ratio/*`).

@@ -23,7 +23,7 @@ from trainer.heldout_eval import HeldoutEvalCallback
 def carry_token_count(trainer: Any) -> None:
     """Make SFTTrainer's `num_tokens` metric survive a resume. TRL counts the tokens trained on
     in an attribute of the trainer, not in its saved state, so a resumed run counted from 0
-    again (tests/test_resume.py found it). The count is kept in the trainer state's
+    again (tests/system/test_resume.py found it). The count is kept in the trainer state's
     `num_input_tokens_seen` (unused by the Trainer itself unless include_num_input_tokens_seen
     is set, which SFT jobs do not), which every checkpoint saves, and read back on resume."""
     from transformers import TrainerCallback

@@ -8,7 +8,7 @@ queued, running) or changes its gpus: queued -> running and a drain's running ->
 lock on the project.
 
 SQLite: a later migration that rebuilds the jobs table (batch mode "move and copy") drops these
-triggers and must create them again (tests/test_store.py checks the counters at head).
+triggers and must create them again (tests/unit/store/test_store.py checks the counters at head).
 
 Revision ID: 0007
 Revises: 0006

@@ -1,0 +1,86 @@
+"""Helpers for the in-process app (the `app_client` fixture): keys, one object of each kind, live
+settings, the database under it."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+from tests.helpers.env import ADMIN_TOKEN
+
+
+def admin_key(app_client: Any, project: str | None = None) -> dict[str, str]:
+    """Headers with a fresh key for a (new) project, through the in-process app."""
+    project = project or f"p-{uuid.uuid4().hex[:8]}"
+    r = app_client.post("/v1/keys", json={"project": project}, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+    assert r.status_code == 201, r.text
+    return {"Authorization": f"Bearer {r.json()['key']}"}
+
+
+def make_objects(app_client: Any, owner: dict[str, str]) -> dict[str, str]:
+    """One real object of the owner's project per path parameter the API takes (a job, a key, a
+    pipeline, a file, a fine-tuning job), for tests that walk every route of the OpenAPI document.
+    The jobs go to a pool no worker serves."""
+    eval_spec = {"kind": "eval", "model": "org/model", "limit": 5, "resources": {"pool": "objects-parked"}}
+    job = app_client.post("/v1/jobs", json=eval_spec, headers=owner)
+    assert job.status_code == 201, job.text
+    key = app_client.post("/v1/keys", json={"name": "victim"}, headers=owner)
+    assert key.status_code == 201, key.text
+    pipeline = app_client.post("/v1/pipelines", json={"jobs": {"only": eval_spec}}, headers=owner)
+    assert pipeline.status_code == 201, pipeline.text
+    ids = {"job_id": job.json()["id"], "key_id": key.json()["id"], "pipeline_id": pipeline.json()["id"]}
+    chat = b'{"messages": [{"role": "user", "content": "1 + 1?"}, {"role": "assistant", "content": "2"}]}\n'
+    f = app_client.post("/v1/files", files={"file": ("s.jsonl", chat)}, data={"purpose": "fine-tune"}, headers=owner)
+    assert f.status_code == 200, f.text
+    ids["file_id"] = f.json()["id"]
+    ft = app_client.post(
+        "/v1/fine_tuning/jobs", json={"model": "org/model", "training_file": ids["file_id"]}, headers=owner
+    )
+    assert ft.status_code == 200, ft.text
+    ids["fine_tuning_job_id"] = ft.json()["id"]
+    # a checkpoint of it, as a worker would record one: its `ft:` model is what /v1/models/{model} names
+    from service.settings import get_settings
+    from store.db import session_scope
+    from store.models import Checkpoint
+
+    job_uuid = str(uuid.UUID(ids["fine_tuning_job_id"].removeprefix("ftjob-")))
+    with session_scope(get_settings().database.url) as s:
+        s.add(Checkpoint(job_id=job_uuid, step=1, kind="checkpoint", uri="/nowhere/checkpoint-1"))
+    ids["model"] = f"ft:model:mathrl:{ids['fine_tuning_job_id']}:ckpt-step-1"
+    return ids
+
+
+@contextlib.contextmanager
+def overridden(**blocks: dict[str, Any]) -> Iterator[None]:
+    """Change live settings of the in-process app (e.g. limits={'burst': 3}) and restore them."""
+    from service.settings import get_settings
+
+    settings = get_settings()
+    saved = {(b, k): getattr(getattr(settings, b), k) for b, values in blocks.items() for k in values}
+    try:
+        for b, values in blocks.items():
+            for k, v in values.items():
+                setattr(getattr(settings, b), k, v)
+        yield
+    finally:
+        for (b, k), v in saved.items():
+            setattr(getattr(settings, b), k, v)
+
+
+def project_jobs(app_client: Any, headers: dict[str, str]) -> list[dict[str, Any]]:
+    r = app_client.get("/v1/jobs", headers=headers)
+    if r.status_code == 429:  # the fuzzer can use up its key's request rate: wait as told, once
+        time.sleep(float(r.headers.get("Retry-After", "1")))
+        r = app_client.get("/v1/jobs", headers=headers)
+    assert r.status_code == 200, r.text
+    return list(r.json()["data"])
+
+
+def db(app_client: Any) -> Any:
+    from service.settings import get_settings
+    from store.db import get_engine
+
+    return get_engine(get_settings().database.url)

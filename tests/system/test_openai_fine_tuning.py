@@ -1,0 +1,287 @@
+"""OpenAI's fine-tuning jobs through the real `openai` package against the running service (an
+API and a worker process): upload a file, create a reinforcement job with a string_check grader
+(a GRPO job underneath) and a supervised one (SFT), follow their events, list checkpoints with
+their metrics, list and cancel jobs, and the 422s for what is not supported
+(api/routers/openai_fine_tuning.py, docs/openai-rft.md)."""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.helpers.env import ADMIN_TOKEN
+from tests.helpers.service import Service
+
+pytestmark = pytest.mark.slow
+
+
+def _client(service: Service) -> Any:
+    from openai import OpenAI
+
+    r = httpx.post(
+        f"{service.url}/v1/keys",
+        json={"project": f"oa-{time.monotonic_ns()}"},
+        headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+    )
+    assert r.status_code == 201, r.text
+    return OpenAI(base_url=f"{service.url}/v1", api_key=r.json()["key"], max_retries=0, timeout=60)
+
+
+def _jsonl(rows: list[dict[str, Any]]) -> io.BytesIO:
+    return io.BytesIO("".join(json.dumps(r) + "\n" for r in rows).encode())
+
+
+QUESTIONS = [(a, b) for a, b in ((12, 30), (7, 8), (21, 21), (40, 2))]
+RFT_ROWS = [
+    {"messages": [{"role": "user", "content": f"What is {a} + {b}?"}], "reference_answer": str(a + b)}
+    for a, b in QUESTIONS
+]
+SFT_ROWS = [
+    {"messages": [{"role": "user", "content": f"What is {a} + {b}?"}, {"role": "assistant", "content": str(a + b)}]}
+    for a, b in QUESTIONS
+]
+EXACT = {
+    "type": "string_check",
+    "name": "exact",
+    "input": "{{sample.output_text}}",
+    "reference": "{{item.reference_answer}}",
+    "operation": "like",
+}
+# the untrained model never answers, so a python grader that reads the item shows that the item
+# reaches the grader in a GRPO step, through the sandbox
+SEEN = {
+    "type": "python",
+    "name": "seen",
+    "source": "def grade(sample, item):\n    return float('reference_answer' in item)",
+}
+GRADER = {"type": "multi", "name": "mix", "graders": {"exact": EXACT, "seen": SEEN}, "calculate_output": "exact + seen"}
+
+
+def _wait(client: Any, job_id: str, timeout: float = 300) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = client.fine_tuning.jobs.retrieve(job_id)
+        if job.status in ("succeeded", "failed", "cancelled"):
+            return job
+        time.sleep(0.5)
+    raise TimeoutError(f"{job_id} still {job.status}")
+
+
+def test_reinforcement_and_supervised_jobs_with_the_openai_sdk(service: Service, tiny_model: str) -> None:
+    import openai
+
+    client = _client(service)
+    train = client.files.create(file=("train.jsonl", _jsonl(RFT_ROWS)), purpose="fine-tune")
+    valid = client.files.create(file=("valid.jsonl", _jsonl(RFT_ROWS[:3])), purpose="fine-tune")
+    job = client.fine_tuning.jobs.create(
+        model=tiny_model,
+        training_file=train.id,
+        validation_file=valid.id,
+        suffix="adder",
+        seed=7,
+        metadata={"team": "math"},
+        method={
+            "type": "reinforcement",
+            "reinforcement": {
+                "grader": GRADER,
+                "hyperparameters": {
+                    "n_epochs": 1,
+                    "batch_size": 2,
+                    "compute_multiplier": 0.25,
+                    "reasoning_effort": "low",
+                    "eval_interval": 1,
+                },
+            },
+        },
+    )
+    assert job.object == "fine_tuning.job" and job.id.startswith("ftjob-") and job.status in ("queued", "running")
+    assert job.training_file == train.id and job.metadata == {"team": "math"} and job.seed == 7
+    assert job.method.type == "reinforcement" and job.method.reinforcement.grader.type == "multi"
+    assert job.hyperparameters.batch_size == 2 and job.hyperparameters.n_epochs == 1
+    done = _wait(client, job.id)
+    assert done.status == "succeeded", done.error
+    assert done.fine_tuned_model == f"ft:{tiny_model.rsplit('/', 1)[-1]}:adder:{job.id}"
+    assert done.trained_tokens and done.trained_tokens > 0 and done.finished_at
+    # the events, newest first, paged with `after`
+    events = client.fine_tuning.jobs.list_events(job.id, limit=100).data
+    assert events[0].message and {e.level for e in events} <= {"info", "warn", "error"}
+    assert any("succeeded" == (e.data or {}).get("type") for e in events), [e.data for e in events]
+    page = client.fine_tuning.jobs.list_events(job.id, limit=2)
+    older = client.fine_tuning.jobs.list_events(job.id, limit=2, after=page.data[-1].id)
+    assert page.has_more and older.data[0].id not in {e.id for e in page.data}
+    # the checkpoints (every step: eval_interval 1) with their step's metrics; 4 lines / 2 a step = 2 steps
+    ckpts = client.fine_tuning.jobs.checkpoints.list(job.id).data
+    assert [c.step_number for c in ckpts] == [2, 1], ckpts
+    assert ckpts[0].fine_tuned_model_checkpoint == f"{done.fine_tuned_model}:ckpt-step-2"
+    assert ckpts[0].metrics.step == 2.0 and ckpts[0].metrics.train_loss is not None
+    # the validation file, scored by the job's own grader at every checkpoint (seen = 1 on each item)
+    assert [c.metrics.valid_reward_mean for c in ckpts] == [1.0, 1.0], ckpts
+    # the same job, as mathrl's: a GRPO job on the file with the grader as its reward
+    mathrl_id = job.id.removeprefix("ftjob-")
+    mathrl_id = f"{mathrl_id[:8]}-{mathrl_id[8:12]}-{mathrl_id[12:16]}-{mathrl_id[16:20]}-{mathrl_id[20:]}"
+    mine = httpx.get(f"{service.url}/v1/jobs/{mathrl_id}", headers={"Authorization": f"Bearer {client.api_key}"})
+    spec = mine.json()["spec"]
+    assert spec["kind"] == "grpo" and spec["dataset"] == {**spec["dataset"], "file": train.id, "format": "messages"}
+    assert spec["rewards"][0]["grader"]["graders"]["exact"]["reference"] == "{{item.reference_answer}}"
+    assert spec["num_generations"] == 2 and spec["max_completion_length"] == 256
+    assert spec["eval"] == {"file": valid.id, "every": 1, "limit": 3, "max_new_tokens": 256, "benchmark": None}
+    metrics = httpx.get(
+        f"{service.url}/v1/jobs/{mathrl_id}/metrics", headers={"Authorization": f"Bearer {client.api_key}"}
+    ).json()["data"]
+    rewards = {m["name"]: [p["value"] for p in m["points"]] for m in metrics if m["name"].startswith("rewards/")}
+    print(f"\nreinforcement job's reward series: {rewards}")
+    assert rewards["rewards/grader_multi/mean"] == [1.0, 1.0]  # seen = 1 on every item, exact = 0
+    _sample_the_fine_tuned_model(service, client, done.fine_tuned_model, ckpts[-1].fine_tuned_model_checkpoint)
+    # supervised: an SFT job on a file of chats that end with the assistant's answer
+    sft_file = client.files.create(file=("sft.jsonl", _jsonl(SFT_ROWS)), purpose="fine-tune")
+    sft = client.fine_tuning.jobs.create(
+        model=tiny_model,
+        training_file=sft_file.id,
+        method={"type": "supervised", "supervised": {"hyperparameters": {"batch_size": 4, "n_epochs": 2}}},
+    )
+    sft_done = _wait(client, sft.id)
+    assert sft_done.status == "succeeded", sft_done.error
+    assert [c.step_number for c in client.fine_tuning.jobs.checkpoints.list(sft.id).data] == [2, 1]
+    # list (newest first) and cancel
+    assert [j.id for j in client.fine_tuning.jobs.list().data][:2] == [sft.id, job.id]
+    third = client.fine_tuning.jobs.create(model=tiny_model, training_file=sft_file.id)
+    client.fine_tuning.jobs.cancel(third.id)
+    assert _wait(client, third.id, 120).status == "cancelled"
+    # another project sees none of it
+    other = _client(service)
+    with pytest.raises(openai.NotFoundError):
+        other.fine_tuning.jobs.retrieve(job.id)
+    assert other.fine_tuning.jobs.list().data == []
+    # what is refused, naming the field
+    with pytest.raises(openai.UnprocessableEntityError, match="no file with this id"):
+        other.fine_tuning.jobs.create(model=tiny_model, training_file=train.id)
+    with pytest.raises(openai.UnprocessableEntityError, match="do not end with a user message"):
+        client.fine_tuning.jobs.create(
+            model=tiny_model,
+            training_file=sft_file.id,
+            method={"type": "reinforcement", "reinforcement": {"grader": GRADER}},
+        )
+    with pytest.raises(openai.UnprocessableEntityError, match="no assistant message"):
+        client.fine_tuning.jobs.create(model=tiny_model, training_file=train.id)
+    with pytest.raises(openai.UnprocessableEntityError, match="'dpo' is not trained here"):
+        client.fine_tuning.jobs.create(model=tiny_model, training_file=train.id, method={"type": "dpo"})
+
+
+def _sample_the_fine_tuned_model(service: Service, client: Any, model: str, checkpoint: str) -> None:
+    """GET /v1/models, chat and text completions (streamed and not) and model graders, on the
+    job's `ft:` model and its checkpoint: each a 'generate' or 'grade' job on the service's worker."""
+    import openai
+
+    names = [m.id for m in client.models.list().data]
+    assert model in names and checkpoint in names, names
+    assert client.models.retrieve(checkpoint).owned_by
+    # chat: two sampled choices, with their usage
+    chat = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "What is 12 + 30?"}], max_tokens=6, n=2, seed=3
+    )
+    assert chat.object == "chat.completion" and [c.index for c in chat.choices] == [0, 1]
+    assert all(c.message.role == "assistant" and c.finish_reason in ("stop", "length") for c in chat.choices)
+    assert chat.usage.prompt_tokens > 0 and 0 < chat.usage.completion_tokens <= 12
+    # streamed from a checkpoint: the chunks add up to the text the job stored
+    chunks = list(
+        client.chat.completions.create(
+            model=checkpoint,
+            messages=[{"role": "system", "content": "Answer."}, {"role": "user", "content": "7 + 8?"}],
+            max_completion_tokens=8,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    assert chunks[0].choices[0].delta.role == "assistant" and chunks[-1].usage.completion_tokens > 0
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finish in (["stop"], ["length"]), finish
+    hexid = chunks[0].id.removeprefix("chatcmpl-")
+    job_id = f"{hexid[:8]}-{hexid[8:12]}-{hexid[12:16]}-{hexid[16:20]}-{hexid[20:]}"
+    auth = {"Authorization": f"Bearer {client.api_key}"}
+    stored = httpx.get(f"{service.url}/v1/jobs/{job_id}/samples", headers=auth).json()["data"]
+    assert text == stored[0]["completion"], (text, stored)
+    deltas = [
+        e
+        for e in httpx.get(f"{service.url}/v1/jobs/{job_id}/events", headers=auth).json()["data"]
+        if e["type"] == "delta"
+    ]
+    print(f"\nstreamed {len(chunks)} chunks ({len(deltas)} delta events): {text!r}")
+    # a plain prompt, no chat template
+    done = client.completions.create(model=model, prompt="12 + 30 =", max_tokens=4, temperature=0)
+    assert done.object == "text_completion" and done.choices[0].finish_reason in ("stop", "length")
+    # the fine-tuned model as the grading model of score_model and label_model graders
+    judge = [{"role": "user", "content": "Score 0-1: {{sample.output_text}} for {{item.reference_answer}}"}]
+    grader = {
+        "type": "multi",
+        "name": "judged",
+        "graders": {
+            "score": {"type": "score_model", "name": "score", "model": model, "input": judge, "range": [0, 1]},
+            "label": {
+                "type": "label_model",
+                "name": "label",
+                "model": model,
+                "input": judge,
+                "labels": ["right", "wrong"],
+                "passing_labels": ["right"],
+            },
+        },
+        "calculate_output": "score + label",
+    }
+    graded = client.fine_tuning.alpha.graders.run(grader=grader, model_sample="42", item={"reference_answer": "42"})
+    assert set(graded.sub_rewards) == {"score", "label"} and 0 <= graded.reward <= 2, graded
+    print(f"model graders on the fine-tuned model: {graded.sub_rewards}, errors {graded.metadata.errors}")
+    # another project sees none of it
+    other = _client(service)
+    assert other.models.list().data == []
+    with pytest.raises(openai.NotFoundError, match="does not exist or you do not have access"):
+        other.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}])
+    with pytest.raises(openai.UnprocessableEntityError, match="messages"):
+        client.chat.completions.create(model=model, messages=[])
+
+
+def test_pause_drains_to_a_checkpoint_and_resume_goes_on_from_it(service: Service, tiny_model: str) -> None:
+    import openai
+
+    client = _client(service)
+    train = client.files.create(file=("train.jsonl", _jsonl(RFT_ROWS)), purpose="fine-tune")
+    hp = {"n_epochs": 10, "batch_size": 2, "compute_multiplier": 0.25, "reasoning_effort": "low", "eval_interval": 5}
+    job = client.fine_tuning.jobs.create(
+        model=tiny_model,
+        training_file=train.id,
+        method={"type": "reinforcement", "reinforcement": {"grader": EXACT, "hyperparameters": hp}},
+    )
+    deadline = time.monotonic() + 120
+    while client.fine_tuning.jobs.retrieve(job.id).status != "running":
+        assert time.monotonic() < deadline, "the job never started"
+        time.sleep(0.2)
+    time.sleep(2.0)  # a step or two in
+    assert client.fine_tuning.jobs.pause(job.id).status in ("running", "paused")  # running until it has drained
+    deadline = time.monotonic() + 120
+    while (paused := client.fine_tuning.jobs.retrieve(job.id)).status != "paused":
+        assert paused.status == "running" and time.monotonic() < deadline, paused.status
+        time.sleep(0.3)
+    steps = [c.step_number for c in client.fine_tuning.jobs.checkpoints.list(job.id).data]
+    assert steps and max(steps) < 20, steps  # it stopped at a checkpoint before the end
+    kinds = [(e.data or {}).get("type") for e in client.fine_tuning.jobs.list_events(job.id, limit=100).data]
+    assert kinds[0] == "paused" and "pause_requested" in kinds and "drain_requested" in kinds, kinds
+    assert client.fine_tuning.jobs.resume(job.id).status == "queued"
+    done = _wait(client, job.id)
+    assert done.status == "succeeded", done.error
+    events = client.fine_tuning.jobs.list_events(job.id, limit=200).data
+    resumed = [e for e in events if (e.data or {}).get("type") == "resumed"]
+    claims = [e.message for e in events if (e.data or {}).get("type") == "claimed"]
+    assert resumed and len(claims) == 2, claims
+    final = [c.step_number for c in client.fine_tuning.jobs.checkpoints.list(job.id).data]
+    assert max(final) == 20, final
+    with pytest.raises(openai.ConflictError, match="cannot be paused"):
+        client.fine_tuning.jobs.pause(job.id)
+    with pytest.raises(openai.ConflictError, match="cannot be resumed"):
+        client.fine_tuning.jobs.resume(job.id)
+    print(f"\npaused with checkpoints at steps {sorted(steps)}, finished with {sorted(final)}")

@@ -1,0 +1,97 @@
+"""POST /v1/files and the rest of OpenAI's files API through the real `openai` package: upload,
+list, retrieve, content, delete; a bad line is a 422 naming the line and the field and stores
+nothing; another project sees none of it; the size and count limits (api/routers/openai_files.py)."""
+
+from __future__ import annotations
+
+import io
+import json
+from typing import Any
+
+import pytest
+
+from tests.helpers.api import admin_key
+
+pytestmark = pytest.mark.quick
+
+
+def _client(app_client: Any) -> Any:
+    from openai import OpenAI
+
+    key = admin_key(app_client)["Authorization"].removeprefix("Bearer ")
+    return OpenAI(base_url=f"{app_client.base_url}/v1", api_key=key, http_client=app_client, max_retries=0)
+
+
+def rft_jsonl(n: int) -> bytes:
+    lines = [
+        {"messages": [{"role": "user", "content": f"What is {a} + {a + 1}?"}], "reference_answer": str(2 * a + 1)}
+        for a in range(n)
+    ]
+    return "".join(json.dumps(x) + "\n" for x in lines).encode()
+
+
+def test_upload_list_retrieve_content_delete(app_client: Any) -> None:
+    client = _client(app_client)
+    data = rft_jsonl(5)
+    f = client.files.create(file=("train.jsonl", io.BytesIO(data)), purpose="fine-tune")
+    assert f.object == "file" and f.id.startswith("file-") and f.bytes == len(data) and f.filename == "train.jsonl"
+    assert f.purpose == "fine-tune" and f.status == "processed"
+    second = client.files.create(file=("val.jsonl", io.BytesIO(rft_jsonl(2))), purpose="fine-tune")
+    listed = client.files.list()
+    assert [x.id for x in listed.data] == [second.id, f.id]  # newest first
+    assert [x.id for x in client.files.list(order="asc", limit=1)] == [f.id, second.id]  # the SDK pages on
+    assert client.files.retrieve(f.id).bytes == len(data)
+    assert client.files.content(f.id).content == data
+    # another project sees none of it
+    other = _client(app_client)
+    assert other.files.list().data == []
+    import openai
+
+    with pytest.raises(openai.NotFoundError):
+        other.files.retrieve(f.id)
+    deleted = client.files.delete(f.id)
+    assert deleted.deleted and deleted.id == f.id
+    assert [x.id for x in client.files.list().data] == [second.id]
+    with pytest.raises(openai.NotFoundError):
+        client.files.content(f.id)
+
+
+def test_a_bad_line_names_the_line_and_field_and_stores_nothing(app_client: Any) -> None:
+    import openai
+
+    client = _client(app_client)
+    bad = rft_jsonl(3) + b'{"messages": [{"role": "robot", "content": "hi"}]}\n' + b"not json\n"
+    with pytest.raises(openai.UnprocessableEntityError) as e:
+        client.files.create(file=("bad.jsonl", io.BytesIO(bad)), purpose="fine-tune")
+    body = e.value.body
+    assert "line 4: messages[0].role: 'robot' is not one of" in body["message"], body
+    r = e.value.response.json()
+    assert [x["pointer"] for x in r["errors"]] == ["/file/line/4/messages[0].role", "/file/line/5"]
+    assert client.files.list().data == []
+    with pytest.raises(openai.UnprocessableEntityError, match="not a purpose"):
+        client.files.create(file=("x.jsonl", io.BytesIO(rft_jsonl(1))), purpose="assistants")
+    with pytest.raises(openai.UnprocessableEntityError, match="no lines"):
+        client.files.create(file=("empty.jsonl", io.BytesIO(b"\n")), purpose="fine-tune")
+
+
+def test_file_limits(app_client: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    import openai
+
+    from service.settings import get_settings
+
+    client = _client(app_client)
+    files = get_settings().files
+    monkeypatch.setattr(files, "max_project_files", 1)
+    client.files.create(file=("a.jsonl", io.BytesIO(rft_jsonl(1))), purpose="fine-tune")
+    with pytest.raises(openai.RateLimitError, match="stores 1 files"):
+        client.files.create(file=("b.jsonl", io.BytesIO(rft_jsonl(1))), purpose="fine-tune")
+    monkeypatch.setattr(files, "max_project_files", 10)
+    monkeypatch.setattr(files, "max_project_bytes", 2000)
+    with pytest.raises(openai.APIStatusError, match="over its 2000") as e:
+        client.files.create(file=("c.jsonl", io.BytesIO(rft_jsonl(40))), purpose="fine-tune")
+    assert e.value.status_code == 413
+    monkeypatch.setattr(files, "max_file_bytes", 1024)
+    with pytest.raises(openai.APIStatusError, match="limit per file") as e:
+        client.files.create(file=("d.jsonl", io.BytesIO(rft_jsonl(30))), purpose="fine-tune")
+    assert e.value.status_code == 413
+    assert len(client.files.list().data) == 1

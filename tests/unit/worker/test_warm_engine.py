@@ -1,0 +1,205 @@
+"""The worker's pool of warm vLLM engines (worker/warm_engine.py): which job gets which engine,
+and when an engine is stopped. The engine is a real process here, a sleeping Python started
+through the same guard as `vllm serve` (the real server is run by tests/system/test_vllm.py)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from service.settings import Settings
+from worker import warm_engine
+
+pytestmark = pytest.mark.quick
+
+
+@pytest.fixture
+def settings(monkeypatch: pytest.MonkeyPatch) -> Settings:
+    monkeypatch.setattr(
+        warm_engine, "server_command", lambda *a, **k: [sys.executable, "-c", "import time; time.sleep(600)"]
+    )
+    s = Settings()
+    s.worker.warm_engines = 1
+    s.worker.warm_engine_idle_seconds = 600
+    yield s
+    warm_engine.stop_idle()
+    assert warm_engine.running() == []
+
+
+def _acquire(settings: Settings, model: str, tmp_path: Path) -> tuple[Any, str]:
+    return warm_engine.acquire(settings, model, "auto", [], tmp_path / "engine.log", None)
+
+
+def test_the_next_job_of_the_same_model_reuses_the_engine(settings: Settings, tmp_path: Path) -> None:
+    first, how = _acquire(settings, "/models/a", tmp_path)
+    assert how == "started" and first.users == 1
+    warm_engine.release(first, settings)
+    second, how = _acquire(settings, "/models/a", tmp_path)
+    assert how == "reused" and second is first and second.jobs == 2
+    assert second.server.exited() is None
+    warm_engine.release(second, settings)
+
+
+def test_another_model_takes_the_slot_of_an_idle_engine_but_not_of_a_busy_one(
+    settings: Settings, tmp_path: Path
+) -> None:
+    a, _ = _acquire(settings, "/models/a", tmp_path)
+    b, how = _acquire(settings, "/models/b", tmp_path)  # a is in use: both run
+    assert how == "started" and {e.key[0] for e in warm_engine.running()} == {"/models/a", "/models/b"}
+    warm_engine.release(a, settings)
+    warm_engine.release(b, settings)
+    c, _ = _acquire(settings, "/models/c", tmp_path)  # one slot: the idle ones make way
+    assert [e.key[0] for e in warm_engine.running()] == ["/models/c"]
+    assert a.server.proc.wait(timeout=30) is not None and b.server.proc.wait(timeout=30) is not None
+    warm_engine.release(c, settings)
+
+
+def test_idle_engines_stop_after_the_idle_time_and_for_other_jobs(settings: Settings, tmp_path: Path) -> None:
+    settings.worker.warm_engine_idle_seconds = 0.5
+    e, _ = _acquire(settings, "/models/a", tmp_path)
+    time.sleep(1.0)
+    warm_engine.reap(settings)
+    assert warm_engine.running() == [e]  # in use: never reaped
+    warm_engine.release(e, settings)  # its timer stops it 1.5 s later
+    deadline = time.monotonic() + 30
+    while warm_engine.running() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert warm_engine.running() == [] and e.server.exited() is not None
+
+    settings.worker.warm_engine_idle_seconds = 600
+    f, _ = _acquire(settings, "/models/a", tmp_path)
+    warm_engine.release(f, settings)
+    assert warm_engine.stop_idle() == 1  # what the supervisor does before a training job
+    assert f.server.exited() is not None
+
+
+def test_an_engine_that_died_is_replaced(settings: Settings, tmp_path: Path) -> None:
+    e, _ = _acquire(settings, "/models/a", tmp_path)
+    warm_engine.release(e, settings)
+    e.server.stop()
+    f, how = _acquire(settings, "/models/a", tmp_path)
+    assert how == "started" and f is not e and f.server.exited() is None
+    warm_engine.release(f, settings)
+
+
+def _checkpoint(folder: Path, weights: bytes, **config: Any) -> str:
+    """A model folder as a trainer saves one: config, tokenizer, safetensors weights."""
+    import json
+
+    folder.mkdir(parents=True)
+    cfg = {"architectures": ["Qwen2ForCausalLM"], "hidden_size": 64, "_name_or_path": str(folder), **config}
+    (folder / "config.json").write_text(json.dumps(cfg))
+    (folder / "tokenizer.json").write_text('{"model": {"vocab": {"a": 0}}}')
+    (folder / "model.safetensors").write_bytes(weights)
+    return str(folder)
+
+
+def test_checkpoints_of_one_model_share_a_family_and_other_models_do_not(tmp_path: Path) -> None:
+    step8 = _checkpoint(tmp_path / "checkpoint-8", b"weights at step 8", transformers_version="5.17.0")
+    step16 = _checkpoint(tmp_path / "checkpoint-16", b"weights at step 16", transformers_version="5.16.0")
+    family = warm_engine.model_family(step8)
+    assert family is not None and warm_engine.model_family(step16) == family  # weights and save fields aside
+    wider = _checkpoint(tmp_path / "wider", b"w", hidden_size=128)
+    assert warm_engine.model_family(wider) != family
+    other_tokenizer = _checkpoint(tmp_path / "other-tok", b"w")
+    (Path(other_tokenizer) / "tokenizer.json").write_text('{"model": {"vocab": {"b": 0}}}')
+    assert warm_engine.model_family(other_tokenizer) != family
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text("{}")
+    assert warm_engine.model_family(str(adapter)) is None  # no config.json: never reloaded
+    assert warm_engine.model_family("org/hub-model") is None
+    (Path(step16) / "model.safetensors").unlink()
+    assert warm_engine.model_family(step16) is None  # vLLM's reload reads safetensors
+
+
+def test_a_checkpoint_of_the_same_family_reloads_an_idle_engine_and_a_failed_reload_starts_anew(
+    settings: Settings, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The stand-in server answers no HTTP, so its reload fails: that engine is stopped and a new one
+    started for the checkpoint (the reload itself, on a real vLLM server: tests/system/test_vllm.py)."""
+    step8 = _checkpoint(tmp_path / "checkpoint-8", b"8")
+    step16 = _checkpoint(tmp_path / "checkpoint-16", b"16")
+    e, how = _acquire(settings, step8, tmp_path)
+    assert how == "started" and e.family == warm_engine.model_family(step8)
+    busy, how = _acquire(settings, step16, tmp_path)  # e is busy: never reloaded under a running job
+    assert how == "started" and busy is not e
+    warm_engine.release(busy, settings)
+    warm_engine.release(e, settings)
+    assert not any("reloading" in r.message for r in caplog.records)
+    f, how = _acquire(settings, _checkpoint(tmp_path / "checkpoint-24", b"24"), tmp_path)
+    assert how == "started" and f is not e and f is not busy
+    (failed,) = [r.getMessage() for r in caplog.records if "reloading" in r.message]
+    assert "checkpoint-24" in failed and "checkpoint-8" in failed, failed  # tried on the oldest idle one
+    assert e.server.proc.wait(timeout=30) is not None
+    warm_engine.release(f, settings)
+
+
+def test_the_context_length_is_the_models_up_to_the_cap(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text('{"max_position_embeddings": 8192}')
+    assert warm_engine.max_model_len(str(tmp_path), 4096) == 4096
+    assert warm_engine.max_model_len(str(tmp_path), 16384) == 8192
+    assert warm_engine.max_model_len(str(tmp_path / "missing"), 4096) == 4096
+
+
+def _adapter(root: Path, name: str, base: str, r: int) -> Path:
+    adapter = root / name
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": base, "r": r}))
+    return adapter
+
+
+def test_a_lora_checkpoint_is_served_by_its_bases_engine_with_lora_on(
+    settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A generate job whose model is an adapter directory (a LoRA job's checkpoint) gets the engine
+    of the adapter's base model, started with LoRA up to the adapter's rank (vLLM's bound above
+    it), and the adapter to load; an idle engine of the base without LoRA is replaced, a busy one
+    is not, and another adapter of the same base and rank shares the engine."""
+    from mathrl.specs import parse_spec
+    from worker import supervisor
+
+    commands: list[tuple[Any, ...]] = []
+    monkeypatch.setattr(
+        warm_engine,
+        "server_command",
+        lambda *a: commands.append(a) or [sys.executable, "-c", "import time; time.sleep(600)"],
+    )
+    base = str(tmp_path / "base")
+    first, second = _adapter(tmp_path, "checkpoint-4", base, 4), _adapter(tmp_path, "checkpoint-8", base, 8)
+    monkeypatch.setattr(supervisor, "_event", lambda *a, **k: None)
+    settings.database.url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+
+    def generate(model: Path) -> Any:
+        spec = parse_spec({"kind": "generate", "model": str(model), "prompt": "1 + 1 =", "backend": "vllm"})
+        return supervisor._warm_engine(settings, spec, "p", tmp_path / "engine.log", "job")
+
+    plain, _ = _acquire(settings, base, tmp_path)  # the base alone, busy: it cannot take LoRA now
+    assert plain.lora_rank == 0 and generate(first) is None
+    warm_engine.release(plain, settings)
+    engine, loads = generate(first)  # idle now: replaced by one with LoRA
+    assert loads == str(first) and engine.key[0] == base and engine.lora_rank == 8 and engine is not plain
+    assert plain.server.proc.wait(timeout=30) is not None and commands[-1][-1] == 8
+    warm_engine.release(engine, settings)
+    again, loads = generate(second)
+    assert again is engine and loads == str(second) and len(commands) == 2
+    warm_engine.release(again, settings)
+    same, _ = _acquire(settings, base, tmp_path)  # the base model itself on the LoRA engine
+    assert same is engine
+    warm_engine.release(same, settings)
+
+
+def test_only_an_adapter_directory_is_an_adapter(tmp_path: Path) -> None:
+    adapter = _adapter(tmp_path, "a", "/models/base", 16)
+    assert warm_engine.adapter_of(str(adapter)) == warm_engine.Adapter(str(adapter), "/models/base", 16)
+    (adapter / "config.json").write_text("{}")  # a merged checkpoint: a full model
+    assert warm_engine.adapter_of(str(adapter)) is None
+    assert warm_engine.adapter_of(str(tmp_path / "missing")) is None
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "adapter_config.json").write_text("{}")  # no base named: not one an engine can serve
+    assert warm_engine.adapter_of(str(tmp_path / "b")) is None
