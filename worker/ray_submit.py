@@ -5,8 +5,8 @@ Kubernetes RBAC needed), watched, stopped. The worker itself needs no GPUs.
 - Submission id `mathrl-<job id>-<attempt>`: Ray refuses a reused id, and before an attempt
   starts the previous attempts' Ray jobs are stopped, so a retry never runs beside the attempt
   it replaces.
-- `RayJob` answers the supervisor's loop like a local process (wait / stop), so heartbeat,
-  cancel, drain and the end's bookkeeping are the same code for both (worker.supervisor).
+- `RayJob` is a `JobHandle` (worker.job_handle) as a local process is, so heartbeat, cancel,
+  drain and the end's bookkeeping are the same code for both (worker.watch).
 - Ray's status changes and the job's log go into the job's events (`ray_status`, `ray_log`,
   `ray_workers` with each rank's node and pid, and `vllm_server` with where Ray placed a GRPO
   job's vLLM server, read from worker.ray_train's lines), and the log into the attempt's job.log.
@@ -300,6 +300,18 @@ class RayJob:
                 ],
                 {"lines": len(lines)},
             )
+
+    def launched(self) -> tuple[str, dict[str, Any]] | None:
+        n = self.workers_asked
+        what = (
+            f"launched {n} processes (Ray Train workers on {self.nodes} nodes)"
+            if n > 1
+            else "launched 1 process (on Ray)"
+        )
+        return what, {"processes": n, "nodes": self.nodes, "submission_id": self.id}
+
+    def end(self) -> None:
+        """Nothing is left: the Ray job's driver and its Train workers ended with it."""
 
     def wait(self, timeout: float | None = None) -> int:
         deadline = None if timeout is None else time.monotonic() + timeout

@@ -8,7 +8,7 @@ from celery import Task
 from celery.signals import worker_ready, worker_shutting_down
 
 from service.settings import get_settings
-from worker import reconciler, supervisor, warm_engine
+from worker import reconciler, warm_engine, watch
 from worker.celery_app import TASK_RUN_JOB, get_celery
 from worker.supervisor import supervise, worker_identity
 
@@ -35,5 +35,5 @@ def _drain_on_shutdown(sig: str = "", how: str = "", **_: object) -> None:
     waits for the running tasks; the supervisor of each one drains its job (checkpoint at the
     next step, back to the queue) instead of running it to the end or losing it."""
     log.warning("%s: %s shutdown; draining running jobs", sig, how)
-    supervisor.shutting_down.set()
+    watch.shutting_down.set()
     warm_engine.stop_idle()

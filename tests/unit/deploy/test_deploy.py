@@ -98,7 +98,7 @@ def test_gpus_and_tolerations_on_gpu_worker_pods_only(which: str, request: pytes
         if p.get("gpuType"):
             assert spec["nodeSelector"]["nvidia.com/gpu.product"] == p["gpuType"]
         assert spec["terminationGracePeriodSeconds"] >= 600  # time to checkpoint a running job
-        # SIGTERM drains the job (worker/supervisor.py): it has the grace period less 30 s
+        # SIGTERM drains the job (worker/watch.py): it has the grace period less 30 s
         drain = float(env_of(c)["MATHRL_WORKER__DRAIN_SECONDS"]["value"])
         assert drain == spec["terminationGracePeriodSeconds"] - 30, drain
         # GPU pools run the CUDA worker image, CPU pools the CPU one (both built from the Dockerfile)

@@ -1,0 +1,152 @@
+"""How an attempt's end is recorded: its outcome (succeeded, failed, cancelled), a drained job
+handed back to the queue, an attempt that lost its lease, the job's vLLM server gone; events the
+supervisor adds; and the pipeline jobs an end releases, sent at once."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from service.settings import Settings
+from store.db import retry_transient, session_scope
+from store.jobs import add_event, finish, hand_back
+from worker.attempt import AttemptDir
+from worker.child import EXIT_OK, EXIT_STOPPED, EXIT_UNAVAILABLE
+
+log = logging.getLogger("mathrl.worker")
+
+
+def event(
+    url: str, job_id: str, kind: str, message: str, data: dict[str, Any] | None = None, level: str = "info"
+) -> None:
+    try:
+        with session_scope(url) as s:
+            add_event(s, job_id, kind, message, level, data=data)
+    except Exception as exc:  # database briefly down: the job runs anyway
+        log.warning("recording %s of %s failed (%s)", kind, job_id, type(exc).__name__)
+
+
+def record_end(settings: Settings, job_id: str, owner: str, code: int, cancelled: bool, log_path: Path) -> str:
+    error = AttemptDir(log_path.parent).read_error()
+    if cancelled or code == EXIT_STOPPED:
+        status, error, message = "cancelled", None, f"cancelled; job process exited with {code}"
+    elif code == EXIT_OK:
+        status, message = "succeeded", "job finished"
+    else:
+        status = "failed"
+        if code < 0:
+            name = signal.Signals(-code).name
+            error = f"job process killed by {name}" + (" (out of memory?)" if name == "SIGKILL" else "")
+        elif code == EXIT_UNAVAILABLE:
+            error = error or "job kind not available on this worker"
+        else:
+            error = error or f"job process exited with code {code}"
+            error += f" (log: {log_name(settings, log_path)})"
+        message = error
+    for attempt in range(30):  # the database may be briefly down: the outcome must not be lost
+        try:
+            with session_scope(settings.database.url) as s:
+                if not finish(s, job_id, owner, status, error, message):
+                    add_event(s, job_id, "stale_finish", f"{owner} finished after losing its lease", "warning")
+            send_released(settings)
+            return status
+        except Exception as exc:
+            log.warning("recording the end of %s failed (%s); retry %d", job_id, type(exc).__name__, attempt + 1)
+            time.sleep(1.0)
+    return status
+
+
+def log_name(settings: Settings, log_path: Path) -> str:
+    """The job log as the operator finds it, without this server's paths (users see job errors)."""
+    try:
+        return f"{log_path.relative_to(Path(settings.artifact_dir).resolve())} in the artifact directory"
+    except ValueError:
+        return log_path.name
+
+
+def hand_back_drained(settings: Settings, job_id: str, owner: str, attempt: int, code: int, timed_out: bool) -> str:
+    """The job stopped for a drain (or was killed when it did not within drain_seconds): put it
+    back in the queue, to resume from its newest checkpoint on another worker. Retried through a
+    database outage; if it still cannot be written, the lease lapses and the reconciler re-queues."""
+    from sqlalchemy import func, select
+
+    from store.models import Checkpoint
+
+    how = (
+        f"it did not stop within drain_seconds={settings.worker.drain_seconds:g} and was killed"
+        if timed_out
+        else f"attempt {attempt} stopped (exit {code})"
+    )
+
+    def write() -> str | None:
+        with session_scope(settings.database.url) as s:
+            step = s.scalar(
+                select(func.max(Checkpoint.step)).where(Checkpoint.job_id == job_id, Checkpoint.kind == "checkpoint")
+            )
+            where = "starts again (no checkpoint)" if step is None else f"resumes from its checkpoint at step {step}"
+            return hand_back(
+                s,
+                job_id,
+                owner,
+                f"drained: {how}; re-queued, {where} (not counted against max_attempts)",
+                {"attempt": attempt, "checkpoint_step": step, "timed_out": timed_out},
+            )
+
+    try:
+        status = retry_transient(write, f"job {job_id}: handing it back")
+    except Exception as exc:
+        log.warning("handing back %s failed (%s); its lease will lapse and the reconciler re-queue it", job_id, exc)
+        return "drained"
+    if status is None:
+        log.warning("job %s: lost the lease before handing it back", job_id)
+        return "lost"
+    log.info("job %s handed back (%s)", job_id, status)
+    send_released(settings)
+    return "drained" if status in ("queued", "paused") else status
+
+
+def report_stale(url: str, job_id: str, owner: str, attempt: int, out: Path) -> None:
+    """This attempt lost the job to another (its lease lapsed while it could not reach the
+    database): say so, with how many of its process's writes the fence refused."""
+    rejected_log = AttemptDir(out).rejected_writes
+    rejected = len(rejected_log.read_text().splitlines()) if rejected_log.exists() else 0
+    log.warning(
+        "job %s attempt %d: lost the lease; the job process stopped, %d of its writes refused",
+        job_id,
+        attempt,
+        rejected,
+    )
+    event(
+        url,
+        job_id,
+        "stale_attempt",
+        f"attempt {attempt} ({owner}) lost its lease to another attempt; its "
+        f"process stopped, {rejected} of its writes refused",
+        {"attempt": attempt, "rejected_writes": rejected},
+        "warning",
+    )
+
+
+def report_server_exit(url: str, job_id: str, server: Any, out: Path) -> None:
+    """The server's exit code and the tail of its log, as the job's error and in its events."""
+    code = server.exited()
+    AttemptDir(out).write_error(
+        f"the job's vLLM server exited with code {code}; its log ends: ...{server.log_tail(600)}"
+    )
+    event(
+        url, job_id, "vllm_server", f"the vLLM server exited with code {code}", {"log_tail": server.log_tail()}, "error"
+    )
+
+
+def send_released(settings: Settings) -> None:
+    """Send the pipeline jobs this job's end released, now rather than at the next reconcile."""
+    from worker.celery_app import get_celery
+    from worker.reconciler import reconcile_once
+
+    try:
+        reconcile_once(settings, get_celery(settings.broker.url, settings.broker.visibility_timeout))
+    except Exception as exc:  # the reconciler thread sends them later
+        log.warning("sending released jobs failed (%s); the reconciler will", exc)
