@@ -35,48 +35,6 @@ def test_async_client_has_every_call_of_the_sync_one(sync: type, async_: type) -
         assert list(sig.parameters) == list(have[name].parameters), (name, sig, have[name])
 
 
-def test_wait_polls_where_the_stream_is_refused() -> None:
-    """jobs.wait follows the job's event stream (tests/system/test_worker.py: one stream, no polling);
-    where the API refuses it (the key's stream limit: 429) the wait polls instead and still ends."""
-    seen: list[str] = []
-    retrieves = 0
-
-    def api(request: httpx.Request) -> httpx.Response:
-        nonlocal retrieves
-        seen.append(request.url.path)
-        if request.url.path.endswith("/events/stream"):
-            return httpx.Response(429, json={"title": "Too many open streams", "status": 429})
-        retrieves += 1
-        status = "running" if retrieves < 4 else "succeeded"
-        return httpx.Response(200, json=_job_json("j1", status))
-
-    c = sdk.Client("http://api", api_key="k", transport=httpx.MockTransport(api))
-    assert c.jobs.wait("j1", timeout=30, poll=0.01).status == "succeeded"
-    assert seen == ["/v1/jobs/j1", "/v1/jobs/j1/events/stream"] + ["/v1/jobs/j1"] * 3, seen
-
-
-def _job_json(job_id: str, status: str) -> dict[str, Any]:
-    """A job as the API answers it."""
-    return {
-        "id": job_id,
-        "project_id": "p",
-        "kind": "eval",
-        "name": None,
-        "status": status,
-        "tags": [],
-        "spec": {},
-        "resolved_config": None,
-        "queue": "cpu",
-        "attempts": 1,
-        "max_attempts": 3,
-        "cancel_requested": False,
-        "error": None,
-        "created_at": "2026-11-26T00:00:00Z",
-        "started_at": None,
-        "finished_at": None,
-    }
-
-
 def _sync_client(app_client: Any, key: str) -> sdk.Client:
     """A Client whose HTTP goes to the in-process app (Starlette's TestClient is an httpx.Client)."""
     from fastapi.testclient import TestClient
