@@ -24,7 +24,7 @@ from worker.child import (
     EXIT_ERROR,
     model_resolver,
 )
-from worker.job_handle import LocalJob, prepare_child
+from worker.job_handle import ForkedJob, prepare_child, start_job
 from worker.launch import (
     child_args,
     describe,
@@ -127,8 +127,9 @@ def _run_attempt(
             {"url": server.url, "pid": server.proc.pid},
         )
     try:
-        job = LocalJob(cmd, env, log_path)
-        log.info("job %s attempt %d: process %d, %s, log %s", job_id, attempt, job.pid, describe(cmd), log_path)
+        job = start_job(settings, cmd, env, log_path)
+        how = "forked" if isinstance(job, ForkedJob) else "started"
+        log.info("job %s attempt %d: process %d %s, %s, log %s", job_id, attempt, job.pid, how, describe(cmd), log_path)
         return watch(settings, job_id, owner, job, out, attempt, server)
     finally:
         if engine is not None:

@@ -10,6 +10,7 @@ from celery.signals import worker_ready, worker_shutting_down
 from service.settings import get_settings
 from worker import reconciler, warm_engine, watch
 from worker.celery_app import TASK_RUN_JOB, get_celery
+from worker.job_handle import fork_server
 from worker.supervisor import supervise, worker_identity
 
 log = logging.getLogger("mathrl.worker")
@@ -27,6 +28,7 @@ def run_job(self: Task, job_id: str) -> str:
 def _start_reconciler(**_: object) -> None:
     reconciler.start(get_settings(), app)
     log.info("reconciler started")
+    fork_server(get_settings())  # its imports begin now, so the first jobs find it ready
 
 
 @worker_shutting_down.connect
