@@ -154,6 +154,7 @@ def run_bounded(
             batch.stopped = DEADLINE
             break
         pid, sock = _zygote.fork()
+        forked = time.monotonic()
         conn = Connection(sock.detach())
         batch.processes += 1
         used, last, alive = 0.0, time.monotonic(), True
@@ -173,8 +174,12 @@ def run_bounded(
                     except (EOFError, OSError):  # the process died inside item i
                         alive = False
                         used += time.monotonic() - last
-                        if left is not None and used >= left:
-                            batch.stopped = CPU  # RLIMIT_CPU: SIGXCPU (or SIGKILL a second later)
+                        # RLIMIT_CPU (SIGXCPU, or SIGKILL a second later) once its CPU time reached the
+                        # limit, which its wall time since the fork bounds from above: on a busy machine
+                        # this process can read a result late, so `used` alone can fall short of it
+                        if left is not None and (used >= left or time.monotonic() - forked >= max(1, math.ceil(left))):
+                            used = max(used, left)
+                            batch.stopped = CPU
                         else:
                             out[i] = Outcome(error="the grading process died")
                             i += 1

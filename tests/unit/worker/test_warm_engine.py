@@ -172,7 +172,7 @@ def test_a_lora_checkpoint_is_served_by_its_bases_engine_with_lora_on(
     )
     base = str(tmp_path / "base")
     first, second = _adapter(tmp_path, "checkpoint-4", base, 4), _adapter(tmp_path, "checkpoint-8", base, 8)
-    monkeypatch.setattr(supervisor, "_event", lambda *a, **k: None)
+    monkeypatch.setattr(supervisor, "event", lambda *a, **k: None)
     settings.database.url = f"sqlite:///{tmp_path / 'db.sqlite'}"
 
     def generate(model: Path) -> Any:
@@ -184,7 +184,9 @@ def test_a_lora_checkpoint_is_served_by_its_bases_engine_with_lora_on(
     warm_engine.release(plain, settings)
     engine, loads = generate(first)  # idle now: replaced by one with LoRA
     assert loads == str(first) and engine.key[0] == base and engine.lora_rank == 8 and engine is not plain
-    assert plain.server.proc.wait(timeout=30) is not None and commands[-1][-1] == 8
+    assert (
+        plain.server.proc.wait(timeout=30) is not None and commands[-1][5] == 8
+    )  # (model, dtype, length, port, gpus, lora_rank, engine settings)
     warm_engine.release(engine, settings)
     again, loads = generate(second)
     assert again is engine and loads == str(second) and len(commands) == 2
