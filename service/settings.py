@@ -36,11 +36,13 @@ class WorkerSettings(BaseModel):
         "and resumes from its newest checkpoint. Keep it under the pod's terminationGracePeriodSeconds "
         "(the chart adds 30 s).",
     )
-    fork_jobs: bool = Field(
-        True,
+    fork_jobs: Literal["auto", "true", "false"] = Field(
+        "auto",
         description="Start single-process jobs by forking a process that imported torch, transformers and TRL "
         "once (worker/job_forkserver.py): a job starts without its interpreter's start and imports (9.4 s for a "
-        "training job, 3.9 s for an eval on a 2-core CPU). false: a fresh interpreter per job.",
+        "training job, 3.9 s for an eval on a 2-core CPU). auto: where torch is a CPU build (a CUDA build's "
+        "imports are not known here to leave the driver untouched, which a fork needs; jobs on GPUs are long "
+        "enough not to notice); false: a fresh interpreter per job.",
     )
     reconcile_seconds: float = Field(15.0, description="How often the reconciler re-delivers lost jobs.")
     redeliver_after_seconds: float = Field(60.0, description="A queued job unclaimed this long is sent again.")

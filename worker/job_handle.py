@@ -236,9 +236,25 @@ class ForkedJob:
         kill_group(self.pid, signal.SIGKILL)
 
 
+def torch_is_cpu_build() -> bool:
+    """Whether the installed torch is a CPU build, read from its version file without importing it."""
+    import importlib.util
+    import re
+
+    spec = importlib.util.find_spec("torch")
+    if spec is None or spec.origin is None:
+        return False
+    try:
+        text = (Path(spec.origin).parent / "version.py").read_text()
+    except OSError:
+        return False
+    return re.search(r"^cuda\b.*= None\s*$", text, re.M) is not None
+
+
 def fork_server(settings: Any) -> ForkServer | None:
-    """This worker's fork server if worker.fork_jobs is on and it has started (else its start begun)."""
-    if not settings.worker.fork_jobs:
+    """This worker's fork server if worker.fork_jobs says so and it has started (else its start begun)."""
+    mode = settings.worker.fork_jobs
+    if mode == "false" or (mode == "auto" and not torch_is_cpu_build()):
         return None
     logs = Path(settings.artifact_dir) / "workers"
     logs.mkdir(parents=True, exist_ok=True)
