@@ -162,6 +162,17 @@ for _b in (
         carry_slip=0.6,
     ),
     synthetic_benchmark(
+        "arith3",
+        "test",
+        "add3",
+        "plain",
+        "Built-in: 300 fixed three-digit additions ('374+485=' -> '859'), the harder held-out set for the tiny "
+        "model of 'arith'.",
+    ),
+    synthetic_benchmark(
+        "arith3-train", "train", "add3", "plain", "Built-in: a stream of three-digit additions disjoint from 'arith3'."
+    ),
+    synthetic_benchmark(
         "add2-words",
         "test",
         "add2-words",

@@ -25,6 +25,7 @@ HELDOUT_SIZE = 300
 # task -> (lowest operand, highest operand, question format)
 TASKS: dict[str, tuple[int, int, str]] = {
     "add2": (10, 99, "{a}+{b}="),  # the tiny model's task (character tokenizer, no instructions)
+    "add3": (100, 999, "{a}+{b}="),  # the same, three digits: what GRPO on the tiny model does not learn yet
     "add2-words": (10, 99, "{a} + {b}"),
     "add3-words": (100, 999, "{a} + {b}"),
 }

@@ -248,3 +248,23 @@ def test_a_hub_dataset_is_admitted_without_fetching_it(app_client: Any) -> None:
     r = app_client.post("/v1/jobs", json=spec, headers=admin_key(app_client))
     assert r.status_code == 201, r.text
     assert r.json()["resolved_config"]["recipe"]["name"] == "math-chat"
+
+
+@pytest.mark.quick
+def test_the_three_digit_set_is_fixed_true_and_disjoint_from_its_training_stream() -> None:
+    """'arith3' (a benchmark added as one registry entry over a generator task, evaluator/benchmarks.py
+    and evaluator/synthetic.py TASKS): three-digit additions in the tiny model's format."""
+    import re
+
+    from evaluator import synthetic
+    from evaluator.benchmarks import find_benchmark
+    from evaluator.data import load_benchmark
+
+    held = load_benchmark(find_benchmark("arith3", "test"), None, None)
+    assert len(held) == 300 and held == load_benchmark(find_benchmark("arith3", "test"), None, None)
+    train = load_benchmark(find_benchmark("arith3-train", "train"), None, 2000)
+    assert len(train) == 2000 and not {p.question for p in held} & {p.question for p in train}
+    for p in held + train:
+        a, b = (int(x) for x in re.fullmatch(r"(\d{3})\+(\d{3})=", p.question).groups())  # type: ignore[union-attr]
+        assert int(p.gold) == a + b
+    assert held != synthetic.heldout(task="add2")
