@@ -108,11 +108,12 @@ def _fresh_seeds() -> None:
         sys.modules["numpy"].random.seed()
 
 
-def _send(conn: socket.socket, message: dict[str, Any]) -> None:
+def _send(conn: socket.socket, message: dict[str, Any]) -> bool:
     try:
         conn.send(json.dumps(message).encode())
+        return True
     except OSError:
-        pass  # the supervisor went away; the job dies with this server or is reaped all the same
+        return False  # the supervisor went away
 
 
 def serve(ctl: socket.socket) -> None:
@@ -146,7 +147,8 @@ def serve(ctl: socket.socket) -> None:
         pid = os.fork()
         if pid == 0:
             _child(req, [ctl, conn, *children.values()])
-        _send(conn, {"pid": pid})
+        if not _send(conn, {"pid": pid}):  # its supervisor gave up waiting and started the job itself
+            os.kill(pid, signal.SIGKILL)
         children[pid] = conn
 
 

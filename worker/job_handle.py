@@ -203,7 +203,11 @@ class ForkedJob:
         self.conn, self.cmd = ours, cmd
         self.code: int | None = None
         self.conn.settimeout(60)
-        reply = self.conn.recv(1 << 16)
+        try:
+            reply = self.conn.recv(1 << 16)
+        except TimeoutError:
+            self.conn.close()  # the server kills a child whose pid it cannot send
+            raise
         if not reply:
             raise RuntimeError("the job fork server went away before it forked the job")
         self.pid = int(json.loads(reply)["pid"])
