@@ -29,6 +29,7 @@ from evaluator.sandbox import SandboxLimits, run_python
 from mathrl import formula, templates
 from mathrl.graders import (
     BoxedFormatGrader,
+    HashFormatGrader,
     LabelModelGrader,
     LengthPenaltyGrader,
     MathGrader,
@@ -325,6 +326,18 @@ def _boxed(g: BoxedFormatGrader, b: Batch) -> list[Result]:
         boxed = last_boxed(completion)
         ok = boxed is not None and bool(boxed.strip())
         out.append(Result(float(ok), "a non-empty \\boxed{} answer" if ok else "no non-empty \\boxed{} answer"))
+    return out
+
+
+HASH_ANSWER = re.compile(r"^####[ \t]*[-$]{0,2}[\d,]*\.?\d+[ \t]*$", re.M)  # a sign or a dollar: -3.5, $12
+
+
+@scores(HashFormatGrader)
+def _hash(g: HashFormatGrader, b: Batch) -> list[Result]:
+    out = []
+    for completion in b.completions:
+        ok = HASH_ANSWER.search(completion) is not None
+        out.append(Result(float(ok), "a '#### <number>' answer line" if ok else "no '#### <number>' answer line"))
     return out
 
 

@@ -213,6 +213,13 @@ class BoxedFormatGrader(_Grader):
     type: Literal["boxed_format"] = "boxed_format"
 
 
+class HashFormatGrader(_Grader):
+    """A format check for GSM8K-style answers: 1 when the completion gives its final answer on a
+    '#### <number>' line (the format GSM8K's solutions and the gsm8k recipes use), else 0."""
+
+    type: Literal["hash_format"] = "hash_format"
+
+
 class LengthPenaltyGrader(_Grader):
     """DAPO's soft overlong penalty: 0 up to max_length - buffer, then down linearly to -1 at
     max_length. Lengths are completion tokens where token ids are known (GRPO), else
@@ -237,6 +244,7 @@ _Simple = (
     | StringCheckGrader
     | RegexGrader
     | BoxedFormatGrader
+    | HashFormatGrader
     | LengthPenaltyGrader
     | RewardModelGrader
     | TextSimilarityGrader

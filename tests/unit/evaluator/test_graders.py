@@ -68,6 +68,32 @@ def test_weighted_grader_sums_its_parts() -> None:
         run({"type": "reward_model", "model": "/models/rm"}, ["x"], ["1"])
 
 
+def test_the_hash_format_grader_everywhere_a_grader_goes(app_client: Any) -> None:
+    """hash_format (a grader added as its spec class and one scorer): GSM8K's '#### <number>' line,
+    as an item grader, a GRPO reward and through POST /v1/graders:run."""
+    from trainer.rewards import get_reward
+
+    texts = ["so 12 in all\n#### 1,234", "#### $-3.5", "the answer is 12", "#### twelve", "x\n####  7  \nthanks"]
+    assert [r.score for r in run({"type": "hash_format"}, texts, [None] * 5)] == [1.0, 1.0, 0.0, 0.0, 1.0]
+    spec = GRPOSpec.model_validate(
+        {
+            "model": "org/m",
+            "dataset": {"name": "gsm8k-train"},
+            "rewards": [{"name": "grader", "grader": {"type": "hash_format"}}],
+        }
+    )
+    reward = get_reward("grader", grader=spec.rewards[0].grader, max_length=64)
+    assert reward(texts[:3], answer=["1234", "-3.5", "12"], completion_ids=[[1]] * 3) == [1.0, 1.0, 0.0]
+    body = {
+        "grader": {"type": "hash_format"},
+        "items": [{"completion": t} for t in texts[2:4]] + [{"completion": texts[0]}],
+    }
+    r = app_client.post("/v1/graders:run", json=body, headers=admin_key(app_client))
+    assert r.status_code == 200, r.text
+    assert [d["score"] for d in r.json()["data"]] == [0.0, 0.0, 1.0]
+    assert r.json()["data"][0]["reason"] == "no '#### <number>' answer line"
+
+
 def test_a_grader_is_a_grpo_reward() -> None:
     from trainer.rewards import get_reward
 
