@@ -1,26 +1,37 @@
 """The python grader's sandbox: the user's `grade(sample, item)` runs in a separate interpreter
 (evaluator/sandbox_harness.py), one process per batch of cases, never in the caller's process.
 
-What holds on every machine:
-- a separate process in its own session, killed with its group at `wall_seconds`;
+The boundary is the kernel's (`mode="kernel"`, the default): bubblewrap (`bwrap`, Debian's
+package bubblewrap) starts the interpreter in new PID, network, IPC, UTS and mount namespaces,
+with a root filesystem of its own that holds only
+- /usr (and the /bin, /lib, /lib64 links), the Python installation and its packages, read-only;
+- a private /tmp of `file_mb * 4` MiB, its working directory;
+- a /proc of its own PID namespace (it sees no other process) and a minimal /dev.
+Nothing else of the machine is mounted: no artifact or upload directory, no /etc, no /root, no
+other process's /proc/<pid>/environ, no interface but its own loopback. It never runs as root:
+started by root, bwrap keeps only CAP_SETUID/CAP_SETGID and the harness drops to `nobody`
+(65534) before reading the user's code; started by another user, bwrap maps that user to 65534
+in a user namespace of its own with no capabilities. Where the Python installation is not
+readable by nobody (a Python under /root), its read-only bind is what makes it readable: the
+directories bwrap creates on the way are 0755.
+
+It fails closed: where bwrap cannot make those namespaces (no bwrap, or a container that forbids
+them), `run_python` raises SandboxUnavailable, which says why and what the operator can install
+or allow; the API answers 503. `mode="audit-hook"` (settings: graders.python_sandbox) runs the
+user's code behind the audit hook alone, for single-user installs that say so explicitly: still
+never as root (it refuses where it cannot become nobody), in a network namespace where
+`unshare -n` is allowed.
+
+In both modes, inside the process:
 - resource limits set before the user's code runs: CPU seconds (RLIMIT_CPU), address space
   (RLIMIT_AS), the size of any file it writes (RLIMIT_FSIZE), open files (RLIMIT_NOFILE),
-  threads and processes (RLIMIT_NPROC), no core dumps;
-- started as root (a container's default), it drops to the user `nobody` (uid 65534) first,
-  where nobody can read the Python installation (not one under /root: `Isolation.user` says);
-- an audit hook (PEP 578) installed before the user's code: no sockets, subprocesses, fork,
-  exec, threads, signals to other processes or ctypes; files opened for writing only in its own
-  temporary directory; files read only there and in the Python installation (to import the
-  standard library and the installed packages);
-- `python -I -B`: no environment variables of the caller, no user site, no bytecode written.
-
-Where the machine has them, a kernel boundary besides (`Isolation.kernel`):
-- bubblewrap (`bwrap`, Debian's package bubblewrap): new namespaces for everything (network
-  included), the filesystem mounted read-only but for its directory, a private /tmp;
-- else `unshare -n` (or `unshare -rn` without root): a network namespace with no interfaces.
-Without either, no network isolation holds below the audit hook, and the filesystem view is
-the audit hook's alone: an escape from the interpreter (a bug in CPython or a C extension)
-would reach what the user `nobody` may (world-readable files, the network).
+  threads and processes (RLIMIT_NPROC), no core dumps; killed with its group at `wall_seconds`;
+- an audit hook (PEP 578), defence in depth and never the boundary: no sockets, subprocesses
+  (`_posixsubprocess` included), fork, exec, spawn, system, threads, signals, ctypes calls or
+  cffi; no compiled module but from the installation; files written only in its own directory,
+  read only there and in the Python installation (so no /proc/<pid>/environ, no /proc/self/mem);
+- `python -I -B`: no environment of the caller (the environment is built from nothing: PATH,
+  HOME and two thread counts), no user site, no bytecode written.
 """
 
 from __future__ import annotations
@@ -32,13 +43,32 @@ import shutil
 import signal
 import subprocess
 import sys
+import sysconfig
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mathrl.errors import NotAvailable
+
 HARNESS = Path(__file__).with_name("sandbox_harness.py")
 NOBODY = 65534
+MODES = ("kernel", "audit-hook")
+INSIDE_HARNESS = "/sandbox/harness.py"  # where bwrap mounts the harness
+WORKDIR = "/tmp"  # the grader's directory inside bwrap (its own tmpfs)
+INSTALL_HINT = (
+    "install bubblewrap on this machine (Debian: apt-get install bubblewrap; the mathrl images carry it) "
+    "and allow it to create namespaces (as root, or unprivileged user namespaces: "
+    "sysctl kernel.unprivileged_userns_clone=1 / user.max_user_namespaces > 0; on Kubernetes run grading "
+    "in the chart's grading pool, with runtimeClassName gvisor where the cluster has it); a single-user "
+    "install may instead set MATHRL_GRADERS__PYTHON_SANDBOX=audit-hook (no kernel boundary)"
+)
+
+
+class SandboxUnavailable(NotAvailable):
+    """No sandbox of the asked mode can be made on this machine: python graders are refused."""
+
+    event = "python_sandbox_unavailable"
 
 
 @dataclass(frozen=True)
@@ -48,13 +78,35 @@ class SandboxLimits:
     file_mb: int = 16
     processes: int = 64  # threads count (numpy's BLAS threads are set to 1)
     wall_seconds: float = 30.0
+    mode: str = "kernel"  # MODES: 'kernel' (bubblewrap, else refused) or 'audit-hook' (the hook alone)
+    audit_hook: bool = True  # off only in the tests that prove the kernel boundary holds by itself
 
 
 @dataclass(frozen=True)
 class Isolation:
-    kernel: str  # 'bwrap', 'unshare-net' or 'none'
-    prefix: tuple[str, ...]
-    user: str  # who the grader runs as: 'nobody', or the caller's user and why
+    kernel: str  # 'bwrap', 'unshare-net' (audit-hook mode) or 'none'
+    prefix: tuple[str, ...]  # the command line before the interpreter's
+    user: str  # who the grader runs as
+    refused: str | None = None  # why python graders cannot run in this mode here, and what to do
+
+    def describe(self) -> str:
+        """One line for the demo, the health page and the logs."""
+        if self.refused:
+            return f"python graders refused: {self.refused}"
+        if self.kernel == "bwrap":
+            return (
+                "python graders behind a kernel boundary (bubblewrap: new pid, net, ipc, mount namespaces), "
+                f"as {self.user}"
+            )
+        net = "a network namespace of its own" if self.kernel == "unshare-net" else "no network namespace"
+        return f"python graders behind the audit hook only (single-user mode, {net}), as {self.user}"
+
+
+@dataclass
+class CaseResult:
+    score: float | None = None
+    error: str | None = None  # 'runtime' (the user's code raised) or 'server' (the sandbox stopped it)
+    detail: str | None = None
 
 
 def _readable_by_others(path: str) -> bool:
@@ -74,93 +126,153 @@ def _readable_by_others(path: str) -> bool:
 
 
 def _python_dirs() -> list[str]:
-    import sysconfig
+    """What the interpreter reads: its installation (the base and a virtual environment's), each
+    as given and resolved (a venv's python is a link into the base)."""
+    dirs = {sys.prefix, sys.base_prefix, sys.exec_prefix, sysconfig.get_paths()["stdlib"]}
+    dirs |= {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
+    dirs |= {str(Path(d).resolve()) for d in list(dirs)}
+    dirs.add(str(Path(sys.executable).resolve().parent.parent))
+    out = sorted(d for d in dirs if d and os.path.isdir(d) and not d.startswith("/usr/"))
+    # a directory inside another is mounted with it
+    return [d for d in out if not any(d != o and d.startswith(o.rstrip("/") + "/") for o in out)]
 
-    return [sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"]]
 
-
-@dataclass
-class CaseResult:
-    score: float | None = None
-    error: str | None = None  # 'runtime' (the user's code raised) or 'server' (the sandbox stopped it)
-    detail: str | None = None
-
-
-@functools.lru_cache(maxsize=1)
-def isolation() -> Isolation:
-    """The strongest kernel boundary this machine grants, found once by trying it."""
+def _bwrap_prefix(tmp_mb: int) -> list[str]:
     root = os.geteuid() == 0
-    candidates: list[tuple[str, tuple[str, ...]]] = []
-    if shutil.which("bwrap"):
-        candidates.append(
-            (
-                "bwrap",
-                (
-                    "bwrap",
-                    "--unshare-all",
-                    "--die-with-parent",
-                    "--new-session",
-                    "--ro-bind",
-                    "/",
-                    "/",
-                    "--dev",
-                    "/dev",
-                    "--proc",
-                    "/proc",
-                    "--tmpfs",
-                    "/tmp",
-                ),
-            )
-        )
-    if shutil.which("unshare"):
-        candidates.append(("unshare-net", ("unshare", "-n") if root else ("unshare", "-rn")))
+    argv = ["bwrap", "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-net", "--unshare-ipc"]
+    argv += ["--unshare-uts", "--unshare-cgroup-try", "--hostname", "grader"]
+    if root:  # the harness drops to nobody itself; nothing else of root's is kept
+        argv += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+    else:  # a user namespace of its own, the caller's uid seen as nobody, no capabilities
+        argv += ["--unshare-user", "--uid", str(NOBODY), "--gid", str(NOBODY)]
+    argv += ["--ro-bind", "/usr", "/usr"]
+    for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
+        if os.path.islink(top):
+            argv += ["--symlink", os.readlink(top), top]
+        elif os.path.isdir(top):
+            argv += ["--ro-bind", top, top]
+    argv += ["--ro-bind-try", "/etc/ld.so.cache", "/etc/ld.so.cache"]
+    made: set[str] = set()
+    for d in _python_dirs():
+        # the directories on the way, searchable by nobody (bwrap would make them 0700): what makes a
+        # Python under /root readable to the grader, without opening /root
+        for parent in reversed(Path(d).parents):
+            if str(parent) != "/" and str(parent) not in made:
+                made.add(str(parent))
+                argv += ["--perms", "0755", "--dir", str(parent)]
+        argv += ["--ro-bind", d, d]
+    argv += ["--perms", "0755", "--dir", "/sandbox"]
+    argv += ["--ro-bind", str(HARNESS), INSIDE_HARNESS, "--dev", "/dev", "--proc", "/proc"]
+    argv += ["--perms", "1777", "--size", str(tmp_mb * 1024 * 1024), "--tmpfs", WORKDIR, "--chdir", WORKDIR]
+    return argv
+
+
+def _user(root: bool) -> tuple[str, str | None]:
+    """Who a grader without bwrap would run as, and why it cannot where it cannot."""
     if not root:
-        user = "the caller's user (not root)"
-    elif all(_readable_by_others(d) for d in _python_dirs()):
-        user = "nobody"
-    else:  # e.g. a Python under /root: nobody could not import the standard library
-        user = "root: the Python installation is not readable by nobody"
-    for name, prefix in candidates:
-        try:
-            ok = subprocess.run([*prefix, "true"], capture_output=True, timeout=10).returncode == 0
-        except (OSError, subprocess.TimeoutExpired):
-            ok = False
-        if ok:
-            return Isolation(name, prefix, user)
+        return "the caller's user (not root)", None
+    if all(_readable_by_others(d) for d in _python_dirs()):
+        return "nobody", None
+    return "nobody", (
+        "the Python installation is not readable by nobody (a Python under /root?), and a grader never runs as "
+        "root: use the default mode, kernel (bubblewrap's read-only bind makes the installation readable), or "
+        "a Python installation that others may read"
+    )
+
+
+@functools.lru_cache(maxsize=2)
+def isolation(mode: str = "kernel") -> Isolation:
+    """The sandbox `mode` gives on this machine, found once by starting it."""
+    if mode not in MODES:
+        raise ValueError(f"python sandbox mode {mode!r}: use one of {', '.join(MODES)}")
+    root = os.geteuid() == 0
+    if mode == "kernel":
+        if not shutil.which("bwrap"):
+            return Isolation("none", (), "nobody", "bubblewrap (bwrap) is not installed: " + INSTALL_HINT)
+        prefix = tuple(_bwrap_prefix(64))
+        probe = _probe(list(prefix), INSIDE_HARNESS, NOBODY if root else None)
+        if probe:
+            return Isolation(
+                "none", (), "nobody", f"bubblewrap could not start a sandbox here ({probe}): {INSTALL_HINT}"
+            )
+        return Isolation("bwrap", prefix, "nobody")
+    user, refused = _user(root)
+    if refused:
+        return Isolation("none", (), user, refused)
+    if shutil.which("unshare"):
+        prefix = ("unshare", "-n") if root else ("unshare", "-rn")
+        if subprocess.run([*prefix, "true"], capture_output=True, timeout=10).returncode == 0:
+            return Isolation("unshare-net", prefix, user)
     return Isolation("none", (), user)
+
+
+def _probe(prefix: list[str], harness: str, uid: int | None) -> str | None:
+    """Run a trivial grader through `prefix`: None if it scored, else what went wrong."""
+    request: dict[str, Any] = {"source": "def grade(s, i):\n    return 1", "cases": [{"sample": {}, "item": {}}]}
+    request |= {"uid": uid, "limits": {"cpu_seconds": 10, "memory_mb": 1024, "file_mb": 1, "processes": 64}}
+    try:
+        out = subprocess.run(
+            [*prefix, sys.executable, "-I", "-B", harness],
+            input=json.dumps(request).encode(),
+            capture_output=True,
+            timeout=30,
+            env=_env(WORKDIR),
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return str(e)
+    if out.returncode == 0 and out.stdout.strip() == b'[{"score": 1.0}]':
+        return None
+    tail = out.stderr.decode(errors="replace").strip().splitlines()[-1:] or [f"exit code {out.returncode}"]
+    return tail[0][:300]
+
+
+def _env(home: str) -> dict[str, str]:
+    return {"PATH": "/usr/bin:/bin", "HOME": home, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+
+
+def check_available(mode: str = "kernel") -> None:
+    """Raise SandboxUnavailable where python graders cannot run in `mode` on this machine."""
+    iso = isolation(mode)
+    if iso.refused:
+        raise SandboxUnavailable(f"python graders cannot run on this server: {iso.refused}")
 
 
 def run_python(
     source: str, cases: list[tuple[dict[str, Any], dict[str, Any]]], limits: SandboxLimits = SandboxLimits()
 ) -> list[CaseResult]:
-    """`grade(sample, item)` of `source` on each (sample, item), in one sandboxed process."""
+    """`grade(sample, item)` of `source` on each (sample, item), in one sandboxed process.
+    Raises SandboxUnavailable where the sandbox of `limits.mode` cannot be made."""
     if not cases:
         return []
-    iso = isolation()
+    check_available(limits.mode)
+    iso = isolation(limits.mode)
+    root = os.geteuid() == 0
+    uid = NOBODY if root else None  # the harness drops to it (never root: isolation() refused otherwise)
+    request = {
+        "source": source,
+        "cases": [{"sample": s, "item": i} for s, i in cases],
+        "limits": {
+            "cpu_seconds": limits.cpu_seconds,
+            "memory_mb": limits.memory_mb,
+            "file_mb": limits.file_mb,
+            "processes": limits.processes,
+        },
+        "uid": uid,
+        "audit_hook": limits.audit_hook,
+    }
     with tempfile.TemporaryDirectory(prefix="pygrader-") as home:
-        uid = NOBODY if iso.user == "nobody" else None
-        if uid is not None:
-            os.chown(home, uid, uid)
+        if iso.kernel == "bwrap":  # its directory is its own tmpfs, nothing on this machine's disk
+            cmd = [*_bwrap_prefix(limits.file_mb * 4), sys.executable, "-I", "-B", INSIDE_HARNESS]
+            cwd, env = home, _env(WORKDIR)
+        else:
+            if uid is not None:
+                os.chown(home, uid, uid)
+            cmd = [*iso.prefix, sys.executable, "-I", "-B", str(HARNESS)]
+            cwd, env = home, _env(home)
         os.chmod(home, 0o700)
-        prefix = list(iso.prefix)
-        if iso.kernel == "bwrap":
-            prefix += ["--bind", home, home, "--chdir", home]
-        request = {
-            "source": source,
-            "cases": [{"sample": s, "item": i} for s, i in cases],
-            "limits": {
-                "cpu_seconds": limits.cpu_seconds,
-                "memory_mb": limits.memory_mb,
-                "file_mb": limits.file_mb,
-                "processes": limits.processes,
-            },
-            "uid": uid,
-        }
-        env = {"PATH": "/usr/bin:/bin", "HOME": home, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
-        cmd = [*prefix, sys.executable, "-I", "-B", str(HARNESS)]
         proc = subprocess.Popen(
             cmd,
-            cwd=home,
+            cwd=cwd,
             env=env,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,

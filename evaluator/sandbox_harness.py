@@ -7,8 +7,10 @@ stderr). Standard library only: nothing of mathrl is importable here."""
 import json
 import os
 import resource
+import signal
 import sys
 import traceback
+from typing import Any
 
 MB = 1024 * 1024
 
@@ -18,6 +20,10 @@ def _limit(which: int, value: int) -> None:
     if hard != resource.RLIM_INFINITY:
         value = min(value, hard)
     resource.setrlimit(which, (value, value))
+
+
+# modules that start processes or call C without an audit event of their own: never importable
+NO_IMPORT = ("_posixsubprocess", "subprocess", "_cffi_backend", "cffi", "_xxsubinterpreters", "_posixshmem")
 
 
 def _install_hook(home: str, read_roots: list[str]) -> None:
@@ -33,8 +39,17 @@ def _install_hook(home: str, read_roots: list[str]) -> None:
         "os.killpg",
         "signal.pthread_kill",
         "os.startfile",
+        "gc.get_objects",  # reaching the hook's own objects to change them
+        "gc.get_referrers",
+        "gc.get_referents",
+        "sys._current_frames",
     }
     write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
+    for name in NO_IMPORT:  # imported before the hook: the next import would raise no event
+        sys.modules.pop(name, None)
+    for module, attr in ((os, "pidfd_open"), (signal, "pidfd_send_signal")):  # signals with no audit event
+        if hasattr(module, attr):
+            delattr(module, attr)
 
     def hook(event: str, args: tuple[object, ...]) -> None:
         # loading a library is allowed (numpy imports ctypes, which opens the interpreter itself);
@@ -43,6 +58,10 @@ def _install_hook(home: str, read_roots: list[str]) -> None:
             return
         if event in blocked or event.startswith(blocked_prefixes):
             raise PermissionError(f"{event} is not allowed in a python grader")
+        if event == "import" and args and isinstance(args[0], str):
+            top = args[0].split(".")[0]
+            if top in NO_IMPORT:
+                raise PermissionError(f"importing {args[0]} is not allowed in a python grader")
         if event == "open":
             path, mode, flags = (list(args) + [None, None, None])[:3]
             if isinstance(path, int):
@@ -80,6 +99,19 @@ def _install_hook(home: str, read_roots: list[str]) -> None:
 
     sys.addaudithook(hook)
 
+    # a compiled module runs C with no audit events: only those of the installation may load
+    import _imp
+
+    create_dynamic = _imp.create_dynamic
+
+    def installed_only(spec: Any, *rest: Any) -> Any:
+        origin = os.path.realpath(str(getattr(spec, "origin", "") or ""))
+        if not (origin + os.sep).startswith(roots) or (origin + os.sep).startswith(home):
+            raise PermissionError(f"a python grader may load compiled modules only from the installation, not {origin}")
+        return create_dynamic(spec, *rest)
+
+    _imp.create_dynamic = installed_only
+
     # threads raise no audit event before Python 3.13: the functions that start them are replaced
     import _thread
     import threading
@@ -107,13 +139,16 @@ def main() -> None:
     _limit(resource.RLIMIT_FSIZE, int(limits["file_mb"]) * MB)
     _limit(resource.RLIMIT_NOFILE, 64)
     _limit(resource.RLIMIT_CORE, 0)
-    if os.getuid() == 0 and request.get("uid") is not None:  # root in this namespace: become nobody
+    if os.getuid() == 0 and request.get("uid") is not None:  # root (in bwrap: no other capability): become nobody
         os.setgroups([])
         os.setgid(request["uid"])
         os.setuid(request["uid"])
+    if os.getuid() == 0 or os.geteuid() == 0:
+        raise SystemExit("refusing to run a python grader as root")
     _limit(resource.RLIMIT_NPROC, int(limits["processes"]))
     read_roots = [p for p in sys.path if p and os.path.isdir(p)] + [sys.prefix, sys.base_prefix, sys.exec_prefix]
-    _install_hook(os.getcwd(), read_roots)
+    if request.get("audit_hook", True):
+        _install_hook(os.getcwd(), read_roots)
     namespace: dict[str, object] = {"__name__": "grader"}
     try:
         exec(compile(request["source"], "grader.py", "exec"), namespace)  # the user's code, inside the sandbox

@@ -318,6 +318,11 @@ def needs_model(grader: BaseModel) -> bool:
     return any(isinstance(g, MODEL_GRADERS) for _, g in parts(grader))
 
 
+def runs_code(grader: BaseModel) -> bool:
+    """Whether the grader runs a user's source (a python grader, anywhere inside it)."""
+    return any(isinstance(g, PythonGrader) for _, g in parts(grader))
+
+
 def grader_models(grader: BaseModel, path: str = "") -> dict[str, str]:
     """The models a grader loads (reward models, grading models), by field path."""
     return {f"{p}/model": g.model for p, g in parts(grader, path) if isinstance(g, MODEL_GRADERS)}

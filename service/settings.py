@@ -255,6 +255,12 @@ class GradersSettings(BaseModel):
         512, ge=64, description="A python grader's address space in MiB (RLIMIT_AS in its sandbox)."
     )
     python_file_mb: int = Field(16, ge=1, description="The largest file a python grader may write, in MiB.")
+    python_sandbox: Literal["kernel", "audit-hook"] = Field(
+        "kernel",
+        description="Where python graders run. 'kernel': behind bubblewrap's namespaces, as nobody, or not at "
+        "all (503 naming what to install); 'audit-hook': behind the in-interpreter audit hook alone, which is no "
+        "security boundary: only for a single-user install (evaluator/sandbox.py, RELIABILITY.md).",
+    )
 
     def sandbox(self) -> Any:
         """The python grader's sandbox limits for one item (evaluator/sandbox.py), inside its item limit."""
@@ -265,6 +271,7 @@ class GradersSettings(BaseModel):
             memory_mb=self.python_memory_mb,
             file_mb=self.python_file_mb,
             wall_seconds=max(0.5, self.item_timeout_seconds - 0.5),
+            mode=self.python_sandbox,
         )
 
 
@@ -297,11 +304,14 @@ class SourcesSettings(BaseModel):
 
     model_roots: list[str] = Field(
         default_factory=lambda: ["./.mathrl/models"],
-        description="Directories local model paths must lie under (the artifact and data dirs are always allowed).",
+        description="Directories local model paths must lie under. The artifact directory and the model cache are "
+        "never reachable by a path, whatever the roots: a project names its own models by 'job:<id>' or 'ft:...'.",
     )
     data_roots: list[str] = Field(
         default_factory=list,
-        description="Directories user dataset files must lie under (the data and artifact dirs are always allowed).",
+        description="Directories user dataset files must lie under (data_dir is always allowed). The artifact "
+        "directory (uploaded files included) is never reachable by a path: a project names its own files by "
+        "'file-...'.",
     )
     allowed_url_prefixes: list[str] = Field(
         default_factory=list,
@@ -368,6 +378,12 @@ class Settings(BaseSettings):
     artifact_dir: str = Field("./.mathrl/artifacts", description="Checkpoints and per-item results.")
     data_dir: str = Field(default_factory=default_data_dir, description="Offline dataset copies.")
     max_request_bytes: int = 1_000_000
+    trusted_proxies: list[str] = Field(
+        default_factory=list,
+        description="Addresses (or CIDRs) of the proxies whose X-Forwarded-For and X-Forwarded-Proto the API "
+        "believes (uvicorn's forwarded_allow_ips). Empty, the default: none, not even loopback, so a client "
+        "cannot pick the address its bad-key requests are counted against (the chart: api.trustedProxies).",
+    )
 
 
 @lru_cache

@@ -40,7 +40,7 @@ from api.problems import Problem
 from api.submit import admit, check_job_refs, commit_and_dispatch, job_row
 from evaluator.bounded import CPU, DEADLINE, TIMED_OUT, run_bounded, warm
 from evaluator.graders import grade_item
-from mathrl.graders import needs_model
+from mathrl.graders import needs_model, runs_code
 from mathrl.schemas import GraderRunPending, GraderRunRequest, GraderRunResponse
 from mathrl.specs import GradeSpec, Resources, model_refs
 from store.db import get_sessionmaker
@@ -161,6 +161,7 @@ async def run(
         detail = "resources is for graders with a model (they run on a worker); this one runs here: remove it"
         raise Problem.at("/resources", detail, "Invalid field")
     limits = settings.graders
+    require_sandbox(body.grader, limits)
     grader = json.dumps(body.grader.model_dump(mode="json"))
     sandbox = limits.sandbox()
     outcomes = await run_isolated(
@@ -180,6 +181,17 @@ async def run(
             results.append((0.0, f"not scored: {o.error}"))
     data = [{"score": s, "reason": r} for s, r in results]
     return {"data": data, "mean": sum(s for s, _ in results) / len(results)}
+
+
+def require_sandbox(grader: Any, limits: Any) -> None:
+    """503 where the grader runs a user's source and this server cannot sandbox it in the
+    configured mode (evaluator/sandbox.py fails closed): the detail says why and what to install."""
+    from evaluator.sandbox import isolation
+
+    if runs_code(grader):
+        iso = isolation(limits.python_sandbox)
+        if iso.refused:
+            raise Problem(503, "Python graders unavailable", f"python graders cannot run on this server: {iso.refused}")
 
 
 @router.get(

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from api.deps import CallerDep, SettingsDep
 from api.problems import Problem
-from api.routers.graders import grade_on_worker, run_isolated
+from api.routers.graders import grade_on_worker, require_sandbox, run_isolated
 from evaluator.bounded import TIMED_OUT
 from evaluator.graders import grade_openai
 from mathrl.graders import Grader, GraderItem, needs_model
@@ -81,6 +81,7 @@ async def run(body: GraderRunParams, caller: CallerDep, settings: SettingsDep) -
     if needs_model(body.grader):
         result = await _on_worker(body, caller.project_id, settings)
     else:
+        require_sandbox(body.grader, limits)
         grader = json.dumps(body.grader.model_dump(mode="json"))
         (outcome,) = await run_isolated(
             caller.project_id, limits, grade_openai, [(grader, body.model_sample, body.item or {}, limits.sandbox())]

@@ -13,7 +13,7 @@ import pytest
 from pydantic import TypeAdapter, ValidationError
 
 from evaluator.graders import grade_items
-from evaluator.sandbox import SandboxLimits, isolation, run_python
+from evaluator.sandbox import SandboxLimits, run_python
 from mathrl.graders import Grader
 from tests.helpers.api import admin_key
 
@@ -118,7 +118,7 @@ SANDBOX = SandboxLimits(cpu_seconds=2, memory_mb=256, file_mb=1, wall_seconds=10
     [
         ("a socket", "import socket\nsocket.create_connection(('127.0.0.1', 5432))", "runtime", "not allowed"),
         ("a file outside", "open('/etc/hostname').read()", "runtime", "may not read"),
-        ("a write outside", "open('/tmp/pwned', 'w').write('x')", "runtime", "only in its own directory"),
+        ("a write outside", "open('/var/tmp/pwned', 'w').write('x')", "runtime", "only in its own directory"),
         ("a fork", "import os\nos.fork()", "runtime", "os.fork is not allowed"),
         ("a subprocess", "import subprocess\nsubprocess.run(['true'])", "runtime", "not allowed"),
         ("threads", "import threading\nthreading.Thread(target=print).start()", "runtime", "threads are not allowed"),
@@ -138,20 +138,6 @@ def test_the_sandbox_holds(what: str, source: str, kind: str, says: str) -> None
     # what it may do: its own directory, the standard library and installed packages
     ok = "def grade(sample, item):\n    import json, numpy\n    open('mine', 'w').write('1')\n    return float(open('mine').read())"  # noqa: E501
     assert run_python(ok, [({}, {})], SANDBOX)[0].score == 1.0
-
-
-def test_the_network_namespace_where_the_machine_grants_one() -> None:
-    iso = isolation()
-    print(f"\nsandbox isolation here: kernel={iso.kernel}, user={iso.user}")
-    if iso.kernel == "none":
-        pytest.skip("no bwrap and no unshare here: the audit hook alone blocks sockets")
-    # below the audit hook: even a socket the hook did not see has no route out
-    import subprocess
-    import sys
-
-    probe = "import socket; s = socket.socket(); print(s.connect_ex(('127.0.0.1', 9)))"
-    out = subprocess.run([*iso.prefix, sys.executable, "-c", probe], capture_output=True, text=True, timeout=30)
-    assert out.stdout.strip() in ("101", "111") and out.stdout.strip() == "101", out  # ENETUNREACH: no interface
 
 
 # --- through the openai package -------------------------------------------------------------

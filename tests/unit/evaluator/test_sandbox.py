@@ -1,0 +1,294 @@
+"""The python grader's sandbox against a hostile tenant (issue 43): each escape class, refused
+by the kernel boundary alone (the audit hook switched off, as if an escape had defeated it)
+and by the audit hook alone (its own refusal, before the kernel is reached); the boundary
+fails closed where it cannot be made. The harms a grader tries: another project's uploaded
+file, a root-only secret, the API's environment (/proc/<pid>/environ), a socket to a loopback
+server and to the database port, a signal to a process outside, writes to the installation,
+and exhausting processes or disk. evaluator/sandbox.py says what holds and why."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from evaluator import sandbox
+from evaluator.sandbox import SandboxLimits, SandboxUnavailable, isolation, run_python
+from tests.helpers.api import admin_key
+
+pytestmark = pytest.mark.quick
+
+TOKEN = "mathrl-admin-token-7f3a9c"
+LIMITS = SandboxLimits(cpu_seconds=10, memory_mb=1024, file_mb=4, wall_seconds=30)
+
+
+def grader(body: str) -> str:
+    return "def grade(sample, item):\n" + "\n".join("    " + line for line in body.splitlines()) + "\n    return 1.0\n"
+
+
+@pytest.fixture(scope="module")
+def boundary() -> Any:
+    iso = isolation("kernel")
+    print(f"\nsandbox here: {iso.describe()}")
+    if iso.refused and not os.environ.get("CI") and os.geteuid() != 0:
+        pytest.skip(f"no kernel boundary on this machine ({iso.refused}); scripts/test installs bubblewrap as root")
+    assert iso.kernel == "bwrap", iso.refused  # CI and root machines: scripts/setup-sandbox installs bubblewrap
+    return iso
+
+
+@pytest.fixture(scope="module")
+def targets(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """What another tenant and the service hold on this machine, and a process and a server outside."""
+    root = tmp_path_factory.mktemp("tenant-b")
+    other = root / "files" / "project-b" / "file-b.jsonl"  # world-readable, as uploads on a shared volume are
+    other.parent.mkdir(parents=True)
+    other.write_text('{"secret": "project-b-row"}\n')
+    os.chmod(root, 0o755)
+    for d in other.parents:
+        if d.is_relative_to(root):
+            os.chmod(d, 0o755)
+    other.chmod(0o644)
+    secret = root / "root-only.txt"
+    secret.write_text("root-only-secret")
+    secret.chmod(0o600)
+    os.environ["MATHRL_AUTH__ADMIN_TOKEN_PROBE"] = TOKEN  # in this (the API's) process's environ
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    victim = subprocess.Popen(["sleep", "120"])
+    yield {"other": str(other), "secret": str(secret), "port": server.getsockname()[1], "victim": victim.pid}
+    victim.kill()
+    victim.wait()
+    server.close()
+    os.environ.pop("MATHRL_AUTH__ADMIN_TOKEN_PROBE", None)
+
+
+# the harms, tried by plain Python and by C (ctypes, a shell through _posixsubprocess.fork_exec,
+# os.execv, os.posix_spawn, os.system): each reports what it reached, as the reason of an error
+PROBE = r"""
+import ctypes, errno, json, os, signal, socket
+seen = {"uid": os.getuid(), "euid": os.geteuid()}
+def read(path):
+    try:
+        return open(path).read()
+    except OSError as e:
+        return f"refused: {errno.errorcode.get(e.errno, e.errno)}"
+seen["other"] = read(T["other"])
+seen["secret"] = read(T["secret"])
+environs = []
+for pid in os.listdir("/proc"):
+    if pid.isdigit():
+        environs.append(read(f"/proc/{pid}/environ"))
+seen["environ_leak"] = any(T["token"] in e for e in environs)
+seen["pids"] = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
+def connect(port):
+    s = socket.socket()
+    s.settimeout(2)
+    code = s.connect_ex(("127.0.0.1", port))
+    s.close()
+    return errno.errorcode.get(code, code)
+seen["loopback"] = connect(T["port"])
+seen["database"] = connect(5432)
+try:
+    os.kill(T["victim"], signal.SIGKILL)
+    seen["kill"] = "sent"
+except OSError as e:
+    seen["kill"] = errno.errorcode.get(e.errno, e.errno)
+def write(path):
+    try:
+        with open(path, "w") as f:
+            f.write("x")
+        return "written"
+    except OSError as e:
+        return errno.errorcode.get(e.errno, e.errno)
+import sysconfig
+seen["write_site"] = write(os.path.join(sysconfig.get_paths()["purelib"], "evil.pth"))
+seen["write_usr"] = write("/usr/evil")
+seen["write_other"] = write(T["other"])
+libc = ctypes.CDLL(None)
+seen["ctypes_open"] = libc.open(T["secret"].encode(), 0)
+import _posixsubprocess
+r, w = os.pipe()
+er, ew = os.pipe()
+cmd = f"id -u; cat {T['other']} {T['secret']}; cat /proc/*/environ | grep -c {T['token']}"
+pid = _posixsubprocess.fork_exec(
+    [b"/bin/sh", b"-c", cmd.encode()], [b"/bin/sh"], True, tuple(sorted((w, ew))), None, None,
+    -1, -1, -1, w, -1, w, er, ew, False, False, -1, None, None, None, -1, None, False,
+)
+os.close(w); os.close(ew)
+os.waitpid(pid, 0)
+seen["shell"] = os.read(r, 65536).decode()
+child = os.fork()
+if child == 0:
+    os.execv("/bin/sh", ["/bin/sh", "-c", f"cat {T['other']} > /dev/null 2>&1 || exit 3; exit 0"])
+seen["exec_reads_other"] = os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]) == 0
+spawned = os.posix_spawn("/bin/sh", ["/bin/sh", "-c", f"cat {T['secret']} > /dev/null 2>&1 || exit 3"], {})
+seen["spawn_reads_secret"] = os.waitstatus_to_exitcode(os.waitpid(spawned, 0)[1]) == 0
+seen["system_reads_secret"] = os.system(f"cat {T['secret']} > /dev/null 2>&1") == 0
+raise RuntimeError("SEEN" + json.dumps(seen))
+"""
+
+
+def test_the_kernel_boundary_holds_without_the_audit_hook(boundary: Any, targets: dict[str, Any]) -> None:
+    """Before this boundary the same probe, as root with the hook as the only guard, read all of it
+    (issue 43: uid=0, another project's upload, a 0600 file, the API's environ)."""
+    t = {**targets, "token": TOKEN}
+    src = grader(f"T = {json.dumps(t)}\n" + PROBE)
+    (r,) = run_python(src, [({}, {})], SandboxLimits(audit_hook=False))
+    assert r.error == "runtime" and r.detail and "SEEN" in r.detail, r
+    seen = json.loads(r.detail.split("SEEN", 1)[1])
+    print(seen)
+    assert seen["uid"] == seen["euid"] == 65534  # never root
+    assert seen["other"].startswith("refused") and seen["secret"].startswith("refused")
+    assert not seen["environ_leak"] and max(seen["pids"]) < 20  # its own PID namespace: bwrap, itself, its shells
+    # a loopback of its own (bwrap brings `lo` up) where nothing listens: the server outside, which is
+    # listening, and the database are on another network
+    assert seen["loopback"] in ("ECONNREFUSED", "ENETUNREACH") and seen["database"] in ("ECONNREFUSED", "ENETUNREACH")
+    assert seen["kill"] == "ESRCH"  # the process outside is not in its namespace
+    assert os.waitpid(targets["victim"], os.WNOHANG) == (0, 0)  # and still runs
+    assert seen["write_site"] in ("EROFS", "EACCES") and seen["write_usr"] in ("EROFS", "EACCES")
+    assert seen["write_other"] in ("ENOENT", "EROFS", "EACCES")
+    assert seen["ctypes_open"] == -1
+    assert seen["shell"].splitlines()[0] == "65534" and "project-b-row" not in seen["shell"]
+    assert "root-only-secret" not in seen["shell"] and seen["shell"].strip().endswith("0")
+    assert not seen["exec_reads_other"] and not seen["spawn_reads_secret"] and not seen["system_reads_secret"]
+
+
+def test_resource_exhaustion_is_bounded_without_the_audit_hook(boundary: Any) -> None:
+    fork_bomb = "import os\nfor _ in range(10000):\n    if os.fork() == 0:\n        import time; time.sleep(30)"
+    (r,) = run_python(grader(fork_bomb), [({}, {})], SandboxLimits(processes=32, wall_seconds=10, audit_hook=False))
+    assert r.score is None and "BlockingIOError" in (r.detail or "") + (r.error or ""), r  # RLIMIT_NPROC: EAGAIN
+    fill = "i = 0\nwhile True:\n    open(f'f{i}', 'wb').write(b'x' * 1024 * 1024)\n    i += 1"
+    (r,) = run_python(grader(fill), [({}, {})], SandboxLimits(file_mb=2, audit_hook=False))
+    assert r.score is None and "No space left on device" in (r.detail or ""), r  # its tmpfs holds file_mb * 4
+    (r,) = run_python(
+        grader("x = bytearray(2 * 1024 ** 3)"), [({}, {})], SandboxLimits(memory_mb=256, audit_hook=False)
+    )
+    assert r.score is None and "MemoryError" in (r.detail or ""), r
+    (r,) = run_python(grader("while True:\n    pass"), [({}, {})], SandboxLimits(cpu_seconds=1, audit_hook=False))
+    assert r.error == "server" and "cpu_limit" in (r.detail or ""), r
+
+
+LIB_DYNLOAD = next(p for p in sys.path if p.endswith("lib-dynload"))
+HOOK_REFUSES = [
+    (
+        "fork_exec",
+        "import _posixsubprocess",
+        "importing _posixsubprocess is not allowed",
+    ),
+    ("subprocess", "import subprocess\nsubprocess.run(['id'])", "not allowed"),
+    ("exec", "import os\nos.execv('/bin/sh', ['/bin/sh'])", "os.exec is not allowed"),
+    ("posix_spawn", "import os\nos.posix_spawn('/bin/sh', ['/bin/sh'], {})", "os.posix_spawn is not allowed"),
+    ("system", "import os\nos.system('id')", "os.system is not allowed"),
+    ("fork", "import os\nos.fork()", "os.fork is not allowed"),
+    ("ctypes", "import ctypes\nctypes.CDLL(None).getpid()", "ctypes.dlsym is not allowed"),
+    ("ctypes memory", "import ctypes\nctypes.string_at(1, 8)", "not allowed"),
+    ("cffi", "import cffi", "importing cffi is not allowed"),
+    ("environ", "open('/proc/1/environ').read()", "may not read /proc/1/environ"),
+    ("own memory", "open('/proc/self/mem', 'r+b')", "may write only in its own directory"),
+    ("own memory read", "open('/proc/self/mem', 'rb')", "may not read"),
+    ("signals", "import os\nos.kill(1, 9)", "os.kill is not allowed"),
+    ("pidfd", "import os\nos.pidfd_open(1)", "has no attribute 'pidfd_open'"),
+    ("loopback socket", "import socket\nsocket.create_connection(('127.0.0.1', 8000))", "socket."),
+    ("database socket", "import socket\nsocket.socket().connect(('127.0.0.1', 5432))", "socket."),
+    ("write outside", "open('/usr/lib/evil', 'w')", "may write only in its own directory"),
+    (
+        ".pth in site-packages",
+        "import sysconfig\nopen(sysconfig.get_paths()['purelib'] + '/evil.pth', 'w')",
+        "may write only in its own directory",
+    ),
+    (
+        "compiled module from its directory",
+        f"import shutil, importlib.util, sysconfig\next = sysconfig.get_config_var('EXT_SUFFIX')\n"
+        f"shutil.copy('{LIB_DYNLOAD}/_json' + ext, 'evil.so')\n"
+        "spec = importlib.util.spec_from_file_location('evil', 'evil.so')\nimportlib.util.module_from_spec(spec)",
+        "compiled modules only from the installation",
+    ),
+    ("hook internals", "import gc\ngc.get_objects()", "gc.get_objects is not allowed"),
+    ("threads", "import threading\nthreading.Thread(target=print).start()", "threads are not allowed"),
+]
+
+
+@pytest.mark.parametrize(("what", "body", "says"), HOOK_REFUSES, ids=[h[0] for h in HOOK_REFUSES])
+def test_the_audit_hook_refuses_each_class_itself(boundary: Any, what: str, body: str, says: str) -> None:
+    (r,) = run_python(grader(body), [({}, {})], LIMITS)
+    assert r.score is None and r.error == "runtime" and says in (r.detail or ""), (what, r)
+
+
+def test_what_a_grader_may_do_it_still_does(boundary: Any) -> None:
+    ok = "import json, math, numpy, re\nopen('mine', 'w').write('2')\nreturn float(open('mine').read()) + numpy.sqrt(4)"
+    (r,) = run_python("def grade(sample, item):\n" + "\n".join("    " + x for x in ok.splitlines()), [({}, {})], LIMITS)
+    assert r.score == 4.0, r
+
+
+def test_no_boundary_means_no_python_grader(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fails closed: without bubblewrap (none on PATH) the grader is refused with what to install."""
+    sandbox.isolation.cache_clear()
+    monkeypatch.setenv("PATH", "/nonexistent")
+    try:
+        iso = isolation("kernel")
+        assert iso.refused and "apt-get install bubblewrap" in iso.refused and "audit-hook" in iso.refused
+        with pytest.raises(SandboxUnavailable, match="bubblewrap"):
+            run_python(grader("pass"), [({}, {})], LIMITS)
+    finally:
+        sandbox.isolation.cache_clear()
+
+
+def test_audit_hook_mode_never_runs_as_root(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The single-user mode: where the grader could not drop to nobody (root, with a Python that
+    nobody may read), it is refused rather than run as root."""
+    monkeypatch.setattr(sandbox, "_readable_by_others", lambda path: False)
+    monkeypatch.setattr(sandbox.os, "geteuid", lambda: 0)
+    sandbox.isolation.cache_clear()
+    try:
+        iso = isolation("audit-hook")
+        assert iso.refused and "never runs as root" in iso.refused
+    finally:
+        sandbox.isolation.cache_clear()
+
+
+def test_the_api_answers_503_where_no_boundary_can_be_made(app_client: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    sandbox.isolation.cache_clear()
+    monkeypatch.setenv("PATH", "/nonexistent")
+    try:
+        py = {"type": "python", "name": "p", "source": grader("pass")}
+        r = app_client.post(
+            "/v1/graders:run", json={"grader": py, "items": [{"completion": "x"}]}, headers=admin_key(app_client)
+        )
+        assert r.status_code == 503 and "bubblewrap" in r.json()["detail"], r.text
+        r = app_client.post(
+            "/v1/fine_tuning/alpha/graders/run", json={"grader": py, "model_sample": "x"}, headers=admin_key(app_client)
+        )
+        assert r.status_code == 503 and "bubblewrap" in r.json()["detail"], r.text
+    finally:
+        sandbox.isolation.cache_clear()
+
+
+def test_the_exploit_of_issue_43_through_the_api(boundary: Any, app_client: Any) -> None:
+    """The request that got a root shell: now the hook refuses it, and below the hook it would run as nobody."""
+    source = (
+        "def grade(sample, item):\n import os,_posixsubprocess\n r,w=os.pipe(); er,ew=os.pipe()\n"
+        " _posixsubprocess.fork_exec([b'/bin/sh',b'-c',b'id'],[b'/bin/sh'],True,tuple(sorted((w,ew))),None,None,"
+        "-1,-1,-1,w,-1,w,er,ew,False,False,-1,None,None,None,-1,None,False)\n os.close(w); os.close(ew)\n"
+        " raise RuntimeError(os.read(r,4096))"
+    )
+    body = {"grader": {"type": "python", "name": "p", "source": source}, "items": [{"completion": "x"}]}
+    r = app_client.post("/v1/graders:run", json=body, headers=admin_key(app_client))
+    assert r.status_code == 200 and "uid=0" not in r.text and "_posixsubprocess is not allowed" in r.text, r.text
+    (raw,) = run_python(source, [({}, {})], SandboxLimits(audit_hook=False))
+    assert "uid=65534" in (raw.detail or "") and "uid=0" not in (raw.detail or ""), raw
+
+
+def test_the_sandbox_sees_no_path_of_the_service(boundary: Any, tmp_path: Path) -> None:
+    """Nothing but the installation is mounted: not the artifact directory, not the project's code."""
+    here = Path(__file__).resolve().parents[3]
+    paths = (str(here / "api"), str(tmp_path), "/etc/passwd")
+    body = f"import os\nraise RuntimeError(repr([os.path.exists(p) for p in {paths!r}]))"
+    (r,) = run_python(grader(body), [({}, {})], SandboxLimits(audit_hook=False))
+    assert "[False, False, False]" in (r.detail or ""), r
