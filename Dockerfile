@@ -88,7 +88,10 @@ LABEL org.opencontainers.image.title="mathrl-api" \
       org.opencontainers.image.revision="${REVISION}" \
       org.opencontainers.image.created="${CREATED}" \
       org.opencontainers.image.licenses="Apache-2.0"
-RUN groupadd --gid ${APP_UID} mathrl \
+# bubblewrap: the kernel boundary python graders run behind (evaluator/sandbox.py); without it they are refused
+RUN (dpkg -s bubblewrap >/dev/null 2>&1 \
+     || (apt-get update && apt-get install -y --no-install-recommends bubblewrap && rm -rf /var/lib/apt/lists/*)) \
+ && groupadd --gid ${APP_UID} mathrl \
  && useradd --uid ${APP_UID} --gid ${APP_UID} --create-home --home-dir /home/mathrl --shell /usr/sbin/nologin mathrl \
  && mkdir -p /var/lib/mathrl/artifacts /var/lib/mathrl/datasets \
  && chown -R ${APP_UID}:${APP_UID} /var/lib/mathrl
@@ -152,7 +155,7 @@ LABEL org.opencontainers.image.title="mathrl-worker" \
 ENV DEBIAN_FRONTEND=noninteractive
 # gcc and Python headers: Triton (under torch.compile and vLLM) compiles small helpers at run time
 RUN apt-get update \
- && apt-get install -y --no-install-recommends python3 python3-dev gcc libc6-dev libgomp1 ca-certificates tini \
+ && apt-get install -y --no-install-recommends python3 python3-dev gcc libc6-dev libgomp1 ca-certificates tini bubblewrap \
  && rm -rf /var/lib/apt/lists/* \
  && (userdel --remove ubuntu 2>/dev/null || true) \
  && groupadd --gid ${APP_UID} mathrl \
@@ -224,7 +227,7 @@ RUN /opt/slim-venv /opt/venv triton opencv-python-headless numba llvmlite anthro
       lib/python3*/site-packages/ray/jars \
  && /opt/venv/bin/python -c "import torch, trl, vllm, transformers, datasets, peft, accelerate, ray, mlflow; \
 from trl import GRPOTrainer, SFTTrainer; from vllm import LLM; import vllm.v1.worker.cpu_worker, vllm.entrypoints.openai.api_server; \
-import service.cli, worker.child, trainer.grpo, trainer.sft, trainer.reward_model, evaluator.run, evaluator.vllm_backend"
+import service.cli, worker.child, trainer.grpo, trainer.sft, trainer.reward_model, evaluator.run, evaluator.backends.vllm"
 
 FROM ${PYTHON_IMAGE} AS worker-cpu
 ARG APP_UID
@@ -238,9 +241,10 @@ LABEL org.opencontainers.image.title="mathrl-worker-cpu" \
       org.opencontainers.image.created="${CREATED}" \
       org.opencontainers.image.licenses="Apache-2.0"
 ENV DEBIAN_FRONTEND=noninteractive
-# tini (SIGTERM to the worker: it drains its job), OpenMP and NUMA for torch and vLLM on CPU
-RUN dpkg -s tini libgomp1 libnuma1 >/dev/null 2>&1 \
- || (apt-get update && apt-get install -y --no-install-recommends tini libgomp1 libnuma1 && rm -rf /var/lib/apt/lists/*); \
+# tini (SIGTERM to the worker: it drains its job), OpenMP and NUMA for torch and vLLM on CPU,
+# bubblewrap (the python graders' kernel boundary: evaluator/sandbox.py)
+RUN dpkg -s tini libgomp1 libnuma1 bubblewrap >/dev/null 2>&1 \
+ || (apt-get update && apt-get install -y --no-install-recommends tini libgomp1 libnuma1 bubblewrap && rm -rf /var/lib/apt/lists/*); \
     groupadd --gid ${APP_UID} mathrl \
  && useradd --uid ${APP_UID} --gid ${APP_UID} --create-home --home-dir /home/mathrl --shell /usr/sbin/nologin mathrl \
  && mkdir -p /var/lib/mathrl/artifacts /var/lib/mathrl/datasets /var/cache/mathrl \

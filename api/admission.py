@@ -13,6 +13,7 @@ lexically (plus symlinks) and URL hosts are checked as literal addresses or by D
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -20,7 +21,7 @@ from urllib.parse import unquote, urlsplit
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from api.problems import UNSTORABLE, Problem
+from api.problems import Problem
 from mathrl.errors import FieldError
 from mathrl.kinds import function
 from mathrl.memory_plan import check_job, read_model_config
@@ -41,7 +42,6 @@ from store.models import Project
 def admit_spec(spec: Any, settings: Settings) -> ResolvedConfig:
     """Refuse the job unless its sources are allowed and it is within the per-job limits;
     return its resolved config (every hyperparameter as the run will use it)."""
-    check_storable(spec.model_dump(mode="json"))
     check_sources(spec, settings)
     check_benchmarks(spec)
     config = resolve_config(spec)
@@ -51,36 +51,6 @@ def admit_spec(spec: Any, settings: Settings) -> ResolvedConfig:
     check_placement(spec, settings)
     check_memory(spec, config, settings)
     return config
-
-
-def nul_pointer(value: Any, pointer: str = "") -> str | None:
-    """The JSON pointer of the first string (or key) holding a NUL character, or None."""
-    if isinstance(value, str):
-        return pointer if "\x00" in value else None
-    if isinstance(value, dict):
-        for key, item in value.items():
-            here = f"{pointer}/{str(key).replace('~', '~0').replace('/', '~1')}"
-            if "\x00" in str(key):
-                return here
-            found = nul_pointer(item, here)
-            if found is not None:
-                return found
-    if isinstance(value, list):
-        for i, item in enumerate(value):
-            found = nul_pointer(item, f"{pointer}/{i}")
-            if found is not None:
-                return found
-    return None
-
-
-def check_storable(document: Any, prefix: str = "") -> None:
-    """A spec goes into a JSON column as it is. PostgreSQL keeps a NUL escape there, then fails
-    every operator that reads the value as text (a migration reading `spec -> 'resources'` broke
-    on one a fuzzer had stored): refuse it at the door, naming the field."""
-    where = nul_pointer(document)
-    if where is not None:
-        pointer = f"{prefix}{where}" or "/"
-        raise Problem.at(pointer, UNSTORABLE, "Invalid request")
 
 
 def check_placement(spec: Any, settings: Settings) -> None:
@@ -146,32 +116,50 @@ def known_model_config(ref: str, settings: Settings) -> dict[str, Any] | None:
 
 
 def _roots(settings: Settings, extra: list[str]) -> list[Path]:
-    roots = [*extra, settings.artifact_dir, settings.data_dir]
+    """The operator's roots for raw paths, and the offline dataset copies (data_dir). The
+    service's own storage is never one of them: see _service_storage."""
+    roots = [*extra, settings.data_dir]
     return [Path(r).expanduser().resolve() for r in roots if r]
+
+
+def _service_storage(settings: Settings) -> list[Path]:
+    """What a raw path may never reach, whatever the roots say: the artifact directory (every
+    project's trained models, checkpoints, results and uploaded files) and the model cache. Those
+    are reached by typed references only ('job:<id>', 'ft:...', 'file-...'), which are checked
+    against the caller's project."""
+    cache = os.environ.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface")
+    return [Path(d).expanduser().resolve() for d in (settings.artifact_dir, cache) if d]
 
 
 def _refuse(pointer: str, detail: str) -> Problem:
     return Problem.at(pointer, detail, "Source not allowed")
 
 
-def _under_roots(value: str, roots: list[Path], pointer: str, what: str) -> None:
-    """A local path (or file:// URL) must resolve, symlinks and '..' included, under a root."""
+def _under_roots(value: str, roots: list[Path], pointer: str, what: str, settings: Settings) -> None:
+    """A local path (or file:// URL) must resolve, symlinks and '..' included, under a root and
+    outside the service's own storage. The refusal names no path of this server's."""
     raw = unquote(urlsplit(value).path) if value.startswith("file:") else value
     if value.startswith("file:") and urlsplit(value).netloc not in ("", "localhost"):
         raise _refuse(pointer, f"{value!r}: a file:// URL must name a local file (file:///path)")
-    listed = ", ".join(str(r) for r in roots)
+    refs = (
+        "'job:<id>' or an 'ft:' model name for a model this project trained"
+        if what == "model"
+        else "an uploaded file's id ('file-...') for a file of this project"
+    )
     if not raw.startswith("/"):  # './x', 'x', '~/x': relative to this server's process, not to anything of yours
         raise _refuse(
             pointer,
-            f"{value!r} is a relative path, which would resolve against the API server's own "
-            f"working directory: give the absolute path (under one of {listed})",
+            f"{value!r} is a relative path, which would resolve against the API server's own working directory: "
+            f"give an absolute path under one of the operator's {what} roots, or {refs}",
         )
     resolved = Path(raw).resolve()
+    if any(resolved.is_relative_to(d) for d in _service_storage(settings)):
+        raise _refuse(pointer, f"{value!r} is in the service's own storage, which no path may name: use {refs}")
     if not any(resolved.is_relative_to(root) for root in roots):
         raise _refuse(
             pointer,
-            f"{value!r} resolves to {resolved}, outside the {what} roots this server allows ({listed}): "
-            f"copy it under one of them, use a hub id, or ask the operator to add a root",
+            f"{value!r} is outside the {what} roots this server allows: use a hub id, {refs}, "
+            "or ask the operator which roots hold shared files",
         )
 
 
@@ -186,7 +174,7 @@ def check_model_source(value: str | None, settings: Settings, pointer: str) -> N
     if "://" in value or value.startswith("file:"):
         raise _refuse(pointer, f"{value!r}: models load from a hub id, a path under a model root, or 'job:<id>'")
     if value.startswith(("/", "./", "../", "~")):
-        _under_roots(value, _roots(settings, settings.sources.model_roots), pointer, "model")
+        _under_roots(value, _roots(settings, settings.sources.model_roots), pointer, "model", settings)
     # anything else is a hub id ('org/name'), which the spec already checked syntactically
 
 
@@ -196,7 +184,7 @@ def check_data_source(value: str | None, settings: Settings, pointer: str) -> No
     if value.startswith(("http://", "https://")) or ("://" in value and not value.startswith("file:")):
         check_url(value, settings, pointer)
         return
-    _under_roots(value, _roots(settings, settings.sources.data_roots), pointer, "data")
+    _under_roots(value, _roots(settings, settings.sources.data_roots), pointer, "data", settings)
 
 
 def check_sources(spec: Any, settings: Settings) -> None:

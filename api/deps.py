@@ -180,7 +180,8 @@ def page_cursor(value: str | None) -> str | None:
 def storable_query(request: Request) -> None:
     """Every route's query parameters: a NUL character, which no database stores or matches
     alike (PostgreSQL refuses it, SQLite compares it), is a 422 at that parameter."""
-    from api.problems import UNSTORABLE, Problem
+    from api.problems import Problem
+    from store.db import UNSTORABLE
 
     bad = [k for k, v in request.query_params.multi_items() if "\x00" in k or "\x00" in v]
     if bad:

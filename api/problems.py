@@ -12,11 +12,12 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from sqlalchemy.exc import DataError, DBAPIError, OperationalError
+from sqlalchemy.exc import DataError, DBAPIError, OperationalError, StatementError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from mathrl.graders import GRADER_TYPES
 from mathrl.specs import JOB_KINDS, UNION_TAGS
+from store.db import UNSTORABLE, Unstorable
 
 log = logging.getLogger("mathrl.api")
 
@@ -49,7 +50,6 @@ IDEMPOTENCY_CONFLICT = "This Idempotency-Key was used with a different request b
 BAD_CURSOR = "The cursor is not one this API returned: pass next_cursor from the previous page."
 DB_UNAVAILABLE = "The database is unreachable right now; nothing was lost. Retry in a few seconds."
 TOO_LARGE = "The request body is larger than this server accepts."
-UNSTORABLE = "A value holds a character that cannot be stored (NUL, \\u0000): remove it."
 OUT_OF_RANGE = "A number is out of the range this server stores: use a smaller one."
 
 
@@ -259,6 +259,20 @@ def install(app: FastAPI) -> None:
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         title = {404: "Not found", 405: "Method not allowed", 413: "Request too large"}.get(exc.status_code, "Error")
         return problem_response(exc.status_code, title, str(exc.detail), request.url.path, headers=exc.headers)
+
+    @app.exception_handler(Unstorable)
+    async def _nul(request: Request, exc: Unstorable) -> JSONResponse:
+        # the store's one check on every JSON column (store/db.py); the pointer is where in the
+        # stored document (a job's spec is the request's body)
+        errors = [{"pointer": exc.pointer, "detail": UNSTORABLE}]
+        return problem_response(422, "Invalid request", str(exc), request.url.path, errors)
+
+    @app.exception_handler(StatementError)
+    async def _statement(request: Request, exc: StatementError) -> JSONResponse:
+        if isinstance(exc.orig, Unstorable):  # raised while an ORM flush bound the value
+            return await _nul(request, exc.orig)
+        log.exception("unhandled database statement error on %s", request.url.path)
+        return problem_response(500, "Internal error", "An unexpected error; it has been logged.", request.url.path)
 
     @app.exception_handler(DataError)
     async def _unstorable(request: Request, exc: DataError) -> JSONResponse:

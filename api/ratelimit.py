@@ -5,8 +5,9 @@ which would otherwise be answered 401 as fast as they came.
 With N API processes a key can make up to N x the rate (each process keeps its own buckets);
 that bounds abuse without a shared store on the request path. Routes without a key (health,
 metrics) are not limited; neither is the operator's admin token, nor a valid key by its address.
-The address is the one the API process sees: behind a proxy, let uvicorn take it from
-X-Forwarded-For (FORWARDED_ALLOW_IPS=<the proxy's address>), or all clients share one bucket.
+The address is the one the API process sees. X-Forwarded-For is believed only from the proxies the
+operator lists (settings.trusted_proxies, the chart's api.trustedProxies; default none, not even
+loopback): behind a proxy, list it, or all clients share its bucket.
 """
 
 from __future__ import annotations

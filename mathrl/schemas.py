@@ -157,6 +157,11 @@ class KeyResponse(_Out):
         description="What the key may do: 'read' (GET routes), 'submit' (create jobs and pipelines, cancel), "
         "'keys' (create, list and revoke the project's keys).",
     )
+    parent_id: str | None = Field(
+        None,
+        description="The key that created this one (null: the operator's admin token). Revoking a key revokes "
+        "every key below it.",
+    )
 
 
 class KeyCreated(KeyResponse):

@@ -27,11 +27,16 @@ def api(
     """Serve the REST API (uvicorn)."""
     import uvicorn
 
+    from service.settings import get_settings
+
+    proxies = get_settings().trusted_proxies  # forwarded headers only from these (default: none)
     uvicorn.run(
         "api.app:app",
         host=host,
         port=port,
         workers=workers,
+        proxy_headers=bool(proxies),
+        forwarded_allow_ips=",".join(proxies) if proxies else None,
         log_level="warning",
         access_log=False,
         timeout_graceful_shutdown=graceful_seconds,  # type: ignore[arg-type]  # a float works: uvicorn waits with it

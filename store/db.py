@@ -41,11 +41,48 @@ def _finite(value: Any) -> Any:
     return value
 
 
+UNSTORABLE = "A value holds a character that cannot be stored (NUL, \\u0000): remove it."
+
+
+class Unstorable(ValueError):
+    """A value no JSON column may hold: a NUL character (`pointer`: where, in the document). PostgreSQL
+    keeps the escape in a json column, and then every query that reads that row as text fails
+    ('unsupported Unicode escape sequence'). The API answers it as a 422 at that pointer."""
+
+    def __init__(self, pointer: str):
+        self.pointer = pointer or "/"
+        super().__init__(f"{self.pointer}: {UNSTORABLE}")
+
+
+def nul_pointer(value: Any, pointer: str = "") -> str | None:
+    """The JSON pointer of the first string (or key) holding a NUL character, or None."""
+    if isinstance(value, str):
+        return pointer if "\x00" in value else None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            here = f"{pointer}/{str(key).replace('~', '~0').replace('/', '~1')}"
+            if "\x00" in str(key):
+                return here
+            found = nul_pointer(item, here)
+            if found is not None:
+                return found
+    if isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            found = nul_pointer(item, f"{pointer}/{i}")
+            if found is not None:
+                return found
+    return None
+
+
 def json_serializer(value: Any) -> str:
-    """How JSON columns are written: NaN and infinities become null. PostgreSQL refuses them
-    ('Token "NaN" is invalid') where SQLite stores them, so an event carrying an undefined
-    metric failed its job on one store and not the other."""
-    return json.dumps(_finite(value))
+    """How every JSON column is written, by every route and every worker (the store's one check):
+    NaN and infinities become null (PostgreSQL refuses them, 'Token "NaN" is invalid', where
+    SQLite stores them, so an event carrying an undefined metric failed its job on one store and
+    not the other), and a NUL character anywhere is refused (Unstorable) before it is stored."""
+    text = json.dumps(_finite(value))
+    if "\\u0000" in text and (where := nul_pointer(value)) is not None:
+        raise Unstorable(where)
+    return text
 
 
 @lru_cache(maxsize=8)

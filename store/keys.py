@@ -36,9 +36,11 @@ def create_key(
     prefix: str = "mrl_",
     scopes: list[str] | tuple[str, ...] = ALL_SCOPES,
     expires_at: datetime | None = None,
+    parent_id: str | None = None,
 ) -> tuple[ApiKey, str]:
     """Returns the row and the secret (shown once, never stored). No `expires_in_days` (nor
-    `expires_at`, which takes its place when given): never expires."""
+    `expires_at`, which takes its place when given): never expires. `parent_id`: the key that
+    mints it (None: the admin token), whose revocation revokes this one too."""
     secret = prefix + secrets.token_urlsafe(32)
     row = ApiKey(
         project_id=project.id,
@@ -47,6 +49,7 @@ def create_key(
         hash=hash_key(secret),
         expires_at=expires_at or (utcnow() + timedelta(days=expires_in_days) if expires_in_days else None),
         scopes=[s for s in ALL_SCOPES if s in scopes],
+        parent_id=parent_id,
     )
     session.add(row)
     session.flush()
@@ -68,16 +71,41 @@ def authenticate(session: Session, secret: str) -> tuple[ApiKey, Project] | None
     return key, project
 
 
-def revoke(session: Session, project_id: str, key_id: str) -> str | None:
-    """Revoke a key of the project; returns its hash, or None if there was no such live key."""
-    key_hash = session.scalar(
+def revoke(session: Session, project_id: str, key_id: str) -> list[str] | None:
+    """Revoke a key of the project and every key minted below it (its children, theirs, ...);
+    returns the hashes of the keys this revoked, or None if `key_id` was no live key of the project.
+    A key minted by a key being revoked, committed meanwhile, is found by the next round."""
+    now = utcnow()
+    first = session.scalar(
         update(ApiKey)
         .where(ApiKey.id == key_id, ApiKey.project_id == project_id, ApiKey.revoked_at.is_(None))
-        .values(revoked_at=utcnow())
+        .values(revoked_at=now)
         .returning(ApiKey.hash)
         .execution_options(synchronize_session=False)
     )
-    return key_hash
+    if first is None:
+        return None
+    hashes, frontier = [first], [key_id]
+    while frontier:  # the subtree, a generation at a time (revoked descendants still lead to theirs)
+        children = session.execute(
+            select(ApiKey.id, ApiKey.hash, ApiKey.revoked_at).where(ApiKey.parent_id.in_(frontier))
+        ).all()
+        live = [c.id for c in children if c.revoked_at is None]
+        if live:
+            session.execute(
+                update(ApiKey)
+                .where(ApiKey.id.in_(live), ApiKey.revoked_at.is_(None))
+                .values(revoked_at=now)
+                .execution_options(synchronize_session=False)
+            )
+        hashes += [c.hash for c in children]
+        frontier = [c.id for c in children]
+    return hashes
+
+
+def is_live(session: Session, key_id: str) -> bool:
+    """Whether the key is still unrevoked (read inside the transaction that mints a child)."""
+    return session.scalar(select(ApiKey.revoked_at.is_(None)).where(ApiKey.id == key_id)) is True
 
 
 def list_keys(session: Session, project_id: str) -> list[ApiKey]:

@@ -68,6 +68,8 @@ class ApiKey(Base):
     revoked_at: Mapped[datetime | None] = mapped_column()
     # what the key may do (mathrl.schemas.KEY_SCOPES): read, submit (jobs, pipelines, cancels), keys
     scopes: Mapped[list[str]] = mapped_column(default=lambda: ["read", "submit", "keys"])
+    # the key that minted this one (None: the admin token did): revoking a key revokes its subtree
+    parent_id: Mapped[str | None] = mapped_column(String(36), index=True)
 
 
 class Pipeline(Base):

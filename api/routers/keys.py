@@ -8,11 +8,10 @@ from typing import Any
 from fastapi import APIRouter, Response
 from sqlalchemy.exc import IntegrityError
 
-from api.admission import check_storable
 from api.deps import AnyCallerDep, CallerDep, SessionDep, SettingsDep, forget_key, owned
 from api.problems import ADMIN_REQUIRED, KEY_NOT_FOUND, KEY_OUTLIVES, REVOKE_NOT_HELD, SCOPE_NOT_HELD, Problem
 from mathrl.schemas import KEY_SCOPES, KeyCreated, KeyCreateRequest, KeyResponse, Page
-from store.keys import create_key, get_or_create_project, list_keys, revoke
+from store.keys import create_key, get_or_create_project, is_live, list_keys, revoke
 from store.models import ApiKey, utcnow
 
 router = APIRouter(prefix="/v1/keys", tags=["keys"])
@@ -21,7 +20,6 @@ router = APIRouter(prefix="/v1/keys", tags=["keys"])
 @router.post("", status_code=201, response_model=KeyCreated, responses={403: {"description": ADMIN_REQUIRED}})
 def create(body: KeyCreateRequest, session: SessionDep, caller: AnyCallerDep, settings: SettingsDep) -> dict[str, Any]:
     """A new key for your project; with the admin token, for any project (created if new)."""
-    check_storable(body.model_dump(mode="json"))  # a NUL: 422 on every database, not only PostgreSQL
     if (
         body.project is not None
         and not caller.admin
@@ -47,9 +45,20 @@ def create(body: KeyCreateRequest, session: SessionDep, caller: AnyCallerDep, se
         raise Problem(403, "Forbidden", detail, [{"pointer": "/scopes", "detail": detail}])
     days = body.expires_in_days if body.expires_in_days is not None else settings.auth.default_key_days
     expires_at = _within_parent(caller.key, days or None, asked=body.expires_in_days is not None)
+    parent_id = caller.key.id if caller.key is not None else None
     key, secret = create_key(
-        session, project, body.name, days or None, settings.auth.key_prefix, scopes, expires_at=expires_at
+        session,
+        project,
+        body.name,
+        days or None,
+        settings.auth.key_prefix,
+        scopes,
+        expires_at=expires_at,
+        parent_id=parent_id,
     )
+    if parent_id is not None and not is_live(session, parent_id):  # revoked since this request authenticated
+        session.rollback()
+        raise Problem(401, "Unauthorized", "This API key has been revoked.", headers={"WWW-Authenticate": "Bearer"})
     session.commit()
     return {**_key_dict(key, project.name), "key": secret}
 
@@ -83,17 +92,19 @@ def list_(session: SessionDep, caller: CallerDep) -> dict[str, Any]:
 
 @router.delete("/{key_id}", status_code=204, responses={404: {"description": KEY_NOT_FOUND}})
 def delete(key_id: str, session: SessionDep, caller: CallerDep) -> Response:
-    """Revoke a key of your project; it is refused from then on. A key may revoke only keys whose
-    scopes it holds all of (itself included), never one with more rights than its own."""
+    """Revoke a key of your project, and every key minted below it (by it, by those, ...); they are
+    refused from then on. A key may revoke only keys whose scopes it holds all of (itself
+    included), never one with more rights than its own."""
     target = owned(session, ApiKey, caller.project_id, key_id, KEY_NOT_FOUND)
     held = list(caller.key.scopes or []) if caller.key is not None else list(KEY_SCOPES)
     if extra := [x for x in (target.scopes if target.scopes is not None else KEY_SCOPES) if x not in held]:
         raise Problem(403, "Forbidden", REVOKE_NOT_HELD.format(extra=", ".join(repr(x) for x in extra)))
-    key_hash = revoke(session, caller.project_id, key_id)
-    if key_hash is None:
+    hashes = revoke(session, caller.project_id, key_id)
+    if hashes is None:
         raise Problem(404, "Not found", KEY_NOT_FOUND)
     session.commit()
-    forget_key(key_hash)
+    for key_hash in hashes:
+        forget_key(key_hash)
     return Response(status_code=204)
 
 
@@ -108,4 +119,5 @@ def _key_dict(key: Any, project_name: str) -> dict[str, Any]:
         "expires_at": key.expires_at,
         "revoked_at": key.revoked_at,
         "scopes": list(key.scopes or []),
+        "parent_id": key.parent_id,
     }

@@ -12,7 +12,6 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, Query
 from sqlalchemy import select
 
-from api.admission import check_storable
 from api.deps import CallerDep, SessionDep, SettingsDep, owned, page_cursor
 from api.problems import PIPELINE_NOT_FOUND
 from api.submit import admit, check_file_refs, check_job_refs, commit_and_dispatch, job_row
@@ -111,7 +110,6 @@ def create_pipeline(
     spec: Annotated[PipelineSpec, Body()], session: SessionDep, caller: CallerDep, settings: SettingsDep
 ) -> dict[str, Any]:
     """Submit named job specs at once; a later step names an earlier one's output as 'job:<step>'."""
-    check_storable(spec.model_dump(mode="json", exclude_unset=True))  # stored as it is (a NUL: 422)
     deps = spec.dependencies()
     order = _order(deps)
     ids = {step: uuid7() for step in order}

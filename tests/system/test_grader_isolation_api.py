@@ -138,3 +138,18 @@ def test_grading_calls_in_flight_are_limited_per_project(api: Service) -> None:
     assert statuses == [200] * PER_PROJECT  # 2 slow items cut off at 1.5 s each, within the 6 s
     after = _grade(api, a, {"type": "regex", "pattern": "x"}, [{"completion": "x"}])
     assert after.status_code == 200, after.text  # the slots were given back
+
+
+def test_forwarded_addresses_are_not_trusted_from_loopback(api: Service) -> None:
+    """Issue 43.5: 600 bad-key requests from loopback, each with its own X-Forwarded-For, all got 401
+    (uvicorn believed loopback's forwarded headers, so each counted against a made-up address).
+    With no trusted proxy configured (the default), they all count against 127.0.0.1: past the
+    burst, 429. (Last in this module: it spends loopback's bad-key budget.)"""
+    statuses = []
+    with httpx.Client(base_url=api.url, timeout=10) as client:
+        for i in range(160):
+            r = client.get(
+                "/v1/jobs", headers={"Authorization": "Bearer nope", "X-Forwarded-For": f"203.0.113.{i % 250}"}
+            )
+            statuses.append(r.status_code)
+    assert set(statuses) <= {401, 429} and statuses.count(429) >= 50, statuses

@@ -600,6 +600,39 @@ def test_dockerfile_targets_run_as_non_root_and_split_torch() -> None:
 
 
 @pytest.mark.quick
+def test_every_module_the_images_import_exists() -> None:
+    """Issue 48: the CPU worker image's build check still imported evaluator.vllm_backend, which a
+    refactor had moved to evaluator/backends/, and nothing said so until an operator built it. Each
+    module that a RUN's `python -c` imports must be found in this environment (the images install
+    the same packages): a renamed module of ours fails here, without building an image."""
+    import importlib.util
+
+    parser = dockerfile()
+    checked = set()
+    for stage, instructions in stages(parser).items():
+        for i in instructions:
+            if i["instruction"] != "RUN":
+                continue
+            for code in re.findall(r'python3? -c "([^"]*)"', i["value"]):
+                for stmt in re.split(r"[;\n]", code):
+                    stmt = stmt.strip()
+                    if m := re.match(r"import (.+)$", stmt):
+                        mods = [x.strip().split(" as ")[0] for x in m.group(1).split(",")]
+                    elif m := re.match(r"from (\S+) import (.+)$", stmt):
+                        mods = [m.group(1)]
+                    else:
+                        continue
+                    for mod in mods:
+                        assert importlib.util.find_spec(mod) is not None, (
+                            f"{stage}: the image imports {mod}, which does not exist"
+                        )
+                        checked.add(mod)
+    assert {"service.cli", "worker.child", "evaluator.run", "evaluator.backends.vllm", "vllm", "trl"} <= checked, (
+        checked
+    )
+
+
+@pytest.mark.quick
 def test_worker_image_pins_match_the_test_environment() -> None:
     args = build_args(dockerfile())
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]

@@ -153,7 +153,9 @@ def test_a_reward_model_grader_runs_as_a_grade_job_and_is_polled(app_client: Any
     """The API has no torch: a grader with a reward model becomes a 'grade' job for a worker.
     With no worker here, the call answers 202 after `wait` with the job to poll."""
     headers = admin_key(app_client)
-    rm_dir = Path(os.environ["MATHRL_ARTIFACT_DIR"]) / "rm"  # under the model roots; never loaded here
+    rm_dir = (
+        Path(os.environ["MATHRL_ARTIFACT_DIR"]).parent / "models" / "rm"
+    )  # under the model roots; never loaded here
     body = {
         "grader": {"type": "reward_model", "model": str(rm_dir)},
         "items": [{"completion": "#### 1", "answer": "1", "prompt": "1?"}],
