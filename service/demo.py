@@ -54,6 +54,13 @@ def _accuracy(client: Any, job_id: str) -> Any:
     return next((s for s in client.scores.list(job_id=job_id) if s.metric == "accuracy"), None)
 
 
+def sandbox_line(env: dict[str, str]) -> str:
+    """Which mode python graders run in on this machine (evaluator/sandbox.py), said at start."""
+    from evaluator.sandbox import isolation
+
+    return isolation(env.get("MATHRL_GRADERS__PYTHON_SANDBOX", "kernel")).describe()
+
+
 def _finish(console: Any, t0: float, keep_running: bool) -> int:
     console.print(f"demo finished in {time.monotonic() - t0:.0f}s")
     if keep_running:
@@ -115,6 +122,7 @@ def run_pipeline_demo(home: str, port: int, quick: bool, keep_running: bool, pip
         key = demo_key(env)
         (root / "demo-key").write_text(key + "\n")
         console.print(f"API at [bold]{url}[/bold] (up in {time.monotonic() - t0:.0f}s); key in {root / 'demo-key'}")
+        console.print(sandbox_line(env))
         client = Client(url, api_key=key)
         p = client.pipelines.create(spec)
         console.print(f"submitted pipeline [bold]{p.id}[/bold]: " + " -> ".join(j.step for j in p.jobs))
@@ -185,6 +193,7 @@ def run_eval_demo(home: str, port: int, model: str, limit: int, max_new_tokens: 
     try:
         key = demo_key(env)
         console.print(f"API at [bold]{url}[/bold] (docs: {url}/docs); demo key written to {root / 'demo-key'}")
+        console.print(sandbox_line(env))
         (root / "demo-key").write_text(key + "\n")
         client = Client(url, api_key=key)
         spec = {

@@ -111,6 +111,7 @@ def run_grade(run: JobRun) -> None:
         rm_scorer=rm_scorers(lambda ref: run.resolve(ref)[0]),
         judge=judges(lambda ref: run.resolve(ref)[0], warm=backend_options(run).warm),
         items=[i.fields or {} for i in items],
+        sandbox=run.settings.graders.sandbox(),  # python graders: the operator's sandbox mode and limits
     )
     rows = []
     for item, r in zip(items, results, strict=True):

@@ -367,7 +367,8 @@ def test_config_and_settings_names_are_real_settings(default: Rendered) -> None:
         for part in parts:
             assert part in model.model_fields, f"{name}: no setting {part!r}"
             model = model.model_fields[part].annotation
-    os_env = {n: "x" for n in names} | {"MATHRL_DATABASE__URL": "postgresql+psycopg://u@h/d"}
+    os_env = {n: "[]" if n == "MATHRL_TRUSTED_PROXIES" else "x" for n in names}  # a list setting takes JSON
+    os_env |= {"MATHRL_DATABASE__URL": "postgresql+psycopg://u@h/d"}
     import os
 
     old = {k: os.environ.get(k) for k in os_env}
@@ -378,6 +379,15 @@ def test_config_and_settings_names_are_real_settings(default: Rendered) -> None:
     finally:
         for k, v in old.items():
             os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+
+
+@pytest.mark.quick
+def test_the_api_believes_forwarded_addresses_only_from_listed_proxies(default: Rendered) -> None:
+    """Issue 43.5: uvicorn believed X-Forwarded-For from loopback by default; the chart lists none."""
+    env = env_of(container(default.get("Deployment", "mathrl-api")))
+    assert env["MATHRL_TRUSTED_PROXIES"]["value"] == "[]"
+    listed = render({"api": {"trustedProxies": ["10.0.0.0/8"]}}).get("Deployment", "mathrl-api")
+    assert json.loads(env_of(container(listed))["MATHRL_TRUSTED_PROXIES"]["value"]) == ["10.0.0.0/8"]
 
 
 @pytest.mark.quick
