@@ -73,6 +73,17 @@ def worker(
     os.execv(sys.executable, cmd)
 
 
+@app.command("grading-pool")
+def grading_pool(host: str = "127.0.0.1", port: int = 8100) -> None:
+    """Serve python graders' sandboxes to the API and workers (service/grading_pool.py): a process
+    with no database or broker credentials, for a pool of pods of its own."""
+    import uvicorn
+
+    from service.grading_pool import create_pool
+
+    uvicorn.run(create_pool(), host=host, port=port, log_level="warning", access_log=False, proxy_headers=False)
+
+
 @app.command()
 def migrate() -> None:
     """Bring the database schema to the latest version (alembic upgrade head)."""

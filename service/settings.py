@@ -262,6 +262,20 @@ class GradersSettings(BaseModel):
         "security boundary: only for a single-user install (evaluator/sandbox.py, RELIABILITY.md).",
     )
 
+    pool_url: str | None = Field(
+        None,
+        description="A grading pool (`mathrl-server grading-pool`; the chart's `grading` block) that runs python "
+        "graders for this process, e.g. http://mathrl-grading:8100. Unset: they run on this machine.",
+    )
+    pool_token: str | None = Field(
+        None,
+        description="The token a grading pool requires of its callers (the API and workers), and that the pool "
+        "itself checks (its only secret: a pool holds no database or broker credentials).",
+    )
+    pool_concurrency: int = Field(
+        4, ge=1, description="A grading pool's sandboxes at once; a call past it waits its turn."
+    )
+
     def sandbox(self) -> Any:
         """The python grader's sandbox limits for one item (evaluator/sandbox.py), inside its item limit."""
         from evaluator.sandbox import SandboxLimits
@@ -272,6 +286,8 @@ class GradersSettings(BaseModel):
             file_mb=self.python_file_mb,
             wall_seconds=max(0.5, self.item_timeout_seconds - 0.5),
             mode=self.python_sandbox,
+            pool_url=self.pool_url,
+            pool_token=self.pool_token,
         )
 
 

@@ -188,7 +188,7 @@ def require_sandbox(grader: Any, limits: Any) -> None:
     configured mode (evaluator/sandbox.py fails closed): the detail says why and what to install."""
     from evaluator.sandbox import isolation
 
-    if runs_code(grader):
+    if runs_code(grader) and not limits.pool_url:  # a grading pool answers for itself (503 per call)
         iso = isolation(limits.python_sandbox)
         if iso.refused:
             raise Problem(503, "Python graders unavailable", f"python graders cannot run on this server: {iso.refused}")

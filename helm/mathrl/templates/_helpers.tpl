@@ -122,6 +122,13 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
   value: {{ .Values.datasets.mountPath | quote }}
 - name: HOME
   value: /home/mathrl
+{{- if .Values.grading.enabled }}
+- name: MATHRL_GRADERS__POOL_URL
+  value: {{ printf "http://%s-grading.%s.svc:%v" (include "mathrl.fullname" .) .Release.Namespace .Values.grading.port | quote }}
+- name: MATHRL_GRADERS__POOL_TOKEN
+  valueFrom:
+    secretKeyRef: {name: {{ include "mathrl.fullname" . }}-grading, key: token}
+{{- end }}
 {{- include "mathrl.rayEnv" . }}
 {{- include "mathrl.memoryEnv" . }}
 {{- with .Values.extraEnv }}

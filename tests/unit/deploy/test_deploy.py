@@ -391,6 +391,43 @@ def test_the_api_believes_forwarded_addresses_only_from_listed_proxies(default: 
 
 
 @pytest.mark.quick
+def test_the_grading_pool_holds_nothing_to_steal_and_reaches_nothing() -> None:
+    """Issue 43.1: on Kubernetes python graders run in a pool of their own (service/grading_pool.py)."""
+    assert not any(d["metadata"]["name"].endswith("-grading") for d in render().workloads())  # off by default
+    r = render({"grading": {"enabled": True, "runtimeClassName": "gvisor"}})
+    pool = r.get("Deployment", "mathrl-grading")
+    spec, c = pod_spec(pool), container(pool)
+    assert spec["automountServiceAccountToken"] is False and spec["runtimeClassName"] == "gvisor"
+    assert "serviceAccountName" not in spec and spec["enableServiceLinks"] is False
+    env = env_of(c)
+    assert set(env) == {
+        "MATHRL_GRADERS__POOL_TOKEN",
+        "MATHRL_GRADERS__PYTHON_SANDBOX",
+        "MATHRL_GRADERS__POOL_CONCURRENCY",
+        "HOME",
+    }
+    assert env["MATHRL_GRADERS__POOL_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "mathrl-grading"
+    assert "envFrom" not in c  # not the ConfigMap, not the object store's secret
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True and c["securityContext"]["runAsNonRoot"] is True
+    assert c["securityContext"]["capabilities"]["drop"] == ["ALL"] and c["args"][0] == "grading-pool"
+    assert [m["mountPath"] for m in c["volumeMounts"]] == ["/tmp"]  # no artifacts, no datasets
+    policy = r.get("NetworkPolicy", "mathrl-grading")["spec"]
+    assert policy["policyTypes"] == ["Ingress", "Egress"] and policy["egress"] == []
+    (peer,) = policy["ingress"][0]["from"]
+    assert {"key": "app.kubernetes.io/component", "operator": "In", "values": ["api", "worker"]} in peer["podSelector"][
+        "matchExpressions"
+    ]
+    for doc in r.docs:  # the pool's objects are valid Kubernetes
+        if doc["metadata"]["name"] == "mathrl-grading":
+            for version in K8S_VERSIONS:
+                kubernetes_validate.validate(doc, version, strict=True)
+    for workload in (r.get("Deployment", "mathrl-api"), *workers(r).values()):  # the callers know the pool
+        called = env_of(container(workload))
+        assert called["MATHRL_GRADERS__POOL_URL"]["value"] == "http://mathrl-grading.ml.svc:8100"
+        assert called["MATHRL_GRADERS__POOL_TOKEN"]["valueFrom"]["secretKeyRef"]["key"] == "token"
+
+
+@pytest.mark.quick
 def test_helm_lint_is_clean() -> None:
     for values in (None, gpu_values()):
         report = helm.lint(str(CHART), values, strict=True, namespace=NAMESPACE, kube_version="v1.27.0")

@@ -1,0 +1,95 @@
+"""The grading pool (service/grading_pool.py): a real `mathrl-server grading-pool` process that
+runs python graders for callers presenting its token, sandboxed in its own mode, and the
+sandbox's client (evaluator.sandbox.run_python with pool_url) that the API and workers use."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from evaluator.sandbox import SandboxLimits, SandboxUnavailable, isolation, run_python
+from tests.helpers.env import free_port
+from tests.helpers.processes import wait_for
+
+pytestmark = pytest.mark.quick
+TOKEN = "pool-token-for-tests"
+
+
+def _pool(env: dict[str, str]) -> Iterator[str]:
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "service.cli", "grading-pool", "--port", str(port)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    url = f"http://127.0.0.1:{port}"
+
+    def up() -> bool:
+        assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
+        try:
+            return httpx.get(f"{url}/livez", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    wait_for(up, timeout=60, what="the grading pool")
+    yield url
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def pool() -> Iterator[str]:
+    # what a pool pod gets: its token and its mode, nothing of the database, broker or admin
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MATHRL_")}
+    yield from _pool({**env, "MATHRL_GRADERS__POOL_TOKEN": TOKEN})
+
+
+def test_the_pool_runs_graders_for_its_callers_only(pool: str) -> None:
+    if isolation("kernel").refused:
+        pytest.skip(f"no kernel boundary here: {isolation('kernel').refused}")
+    assert "kernel boundary" in httpx.get(f"{pool}/readyz").json()["sandbox"]
+    body = {"source": "def grade(sample, item):\n    return 0.5", "cases": [{"sample": {}, "item": {}}]}
+    assert httpx.post(f"{pool}/v1/run", json=body).status_code == 401
+    assert httpx.post(f"{pool}/v1/run", json=body, headers={"Authorization": "Bearer wrong"}).status_code == 401
+    limits = SandboxLimits(pool_url=pool, pool_token=TOKEN)
+    src = "def grade(sample, item):\n    import os\n    return float(len(item['x'])) + os.getuid()"
+    (r,) = run_python(src, [({}, {"x": "abc"})], limits)
+    assert r.score == 3.0 + 65534, r  # as nobody, in the pool's sandbox
+    exploit = "def grade(sample, item):\n    import _posixsubprocess"
+    (r,) = run_python(exploit, [({}, {})], limits)
+    assert r.error == "runtime" and "_posixsubprocess is not allowed" in (r.detail or ""), r
+    (r,) = run_python(
+        "def grade(s, i):\n    while True:\n        pass",
+        [({}, {})],
+        SandboxLimits(cpu_seconds=1, pool_url=pool, pool_token=TOKEN),
+    )
+    assert r.error == "server" and "cpu_limit" in (r.detail or ""), r
+    r = httpx.post(
+        f"{pool}/v1/run", json={**body, "limits": {"cpu_seconds": 10**6}}, headers={"Authorization": f"Bearer {TOKEN}"}
+    )
+    assert r.status_code == 422, r.text
+
+
+def test_a_pool_that_cannot_sandbox_is_not_ready_and_refuses() -> None:
+    """Fails closed: a pool whose machine has no bubblewrap says so on /readyz and to every call."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MATHRL_")}
+    env["PATH"] = os.path.dirname(sys.executable)  # python, and no bwrap
+    for url in _pool({**env, "MATHRL_GRADERS__POOL_TOKEN": TOKEN}):
+        ready = httpx.get(f"{url}/readyz")
+        assert ready.status_code == 503 and "bubblewrap" in ready.text, ready.text
+        with pytest.raises(SandboxUnavailable, match="bubblewrap"):
+            run_python("def grade(s, i):\n    return 1", [({}, {})], SandboxLimits(pool_url=url, pool_token=TOKEN))
+
+
+def test_an_unreachable_pool_is_a_server_error_not_a_score(tmp_path: Any) -> None:
+    (r,) = run_python(
+        "def grade(s, i):\n    return 1", [({}, {})], SandboxLimits(pool_url=f"http://127.0.0.1:{free_port()}")
+    )
+    assert r.score is None and r.error == "server" and "did not answer" in (r.detail or ""), r
