@@ -15,6 +15,7 @@ from evaluator.graders import Judge, RMScorer
 from evaluator.models import load_tokenizer
 from evaluator.recipes import ResolvedRecipe, resolve_recipe
 from evaluator.report import report_scores, write_items
+from evaluator.sandbox import SandboxLimits
 from evaluator.scoring import score
 from mathrl.sink import Sink
 from mathrl.specs import EvalSpec
@@ -34,6 +35,7 @@ def run_eval(
     judge: Callable[[str], Judge] | None = None,
     resolved_recipe: ResolvedRecipe | None = None,
     backend_options: BackendOptions | None = None,
+    sandbox: SandboxLimits | None = None,
 ) -> dict[str, float]:
     """Evaluate and report through the sink. `model_path` is the resolved local path or hub id;
     `model_ref` is what the user asked for (kept on every score). Per-item results go to
@@ -41,7 +43,8 @@ def run_eval(
     `rm_scorer`: loads a reward model for a spec grader that has one (evaluator/graders.py);
     `judge`: a grading model, for a spec grader with score_model or label_model parts.
     `resolved_recipe`: the one resolved at submit (evaluator.recipes.stored_recipe); else resolved now.
-    `backend_options`: the operator's engine settings and the worker's warm engine, if it gave one."""
+    `backend_options`: the operator's engine settings and the worker's warm engine, if it gave one.
+    `sandbox`: where and how a spec grader's python parts run (the operator's graders settings)."""
     bench, problems = _problems(spec, data_dir)
     resolved = resolved_recipe or resolve_recipe(spec)
     recipe = resolved.recipe
@@ -87,7 +90,7 @@ def run_eval(
     )
     gen_seconds = time.monotonic() - t1
 
-    scored = score(spec, recipe, problems, texts, gens, gen_seconds, rm_scorer=rm_scorer, judge=judge)
+    scored = score(spec, recipe, problems, texts, gens, gen_seconds, rm_scorer=rm_scorer, judge=judge, sandbox=sandbox)
     write_items(sink, scored.items, results_dir, work_dir)
     provenance = {
         "model_ref": model_ref or model_path,

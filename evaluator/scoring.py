@@ -13,6 +13,7 @@ from evaluator.data import Problem
 from evaluator.graders import Judge, RMScorer, grade_items
 from evaluator.grading import answers_match, grade
 from evaluator.metrics import maj_at_k, pass_at_k, wilson_interval
+from evaluator.sandbox import SandboxLimits
 from mathrl.recipe import Recipe
 from mathrl.specs import EvalSpec
 
@@ -34,6 +35,7 @@ def score(
     gen_seconds: float,
     rm_scorer: Callable[[str], RMScorer] | None = None,
     judge: Callable[[str], Judge] | None = None,
+    sandbox: SandboxLimits | None = None,
 ) -> Scored:
     """Grade `gens` (per problem, its completions of `texts`) and compute the eval's metrics."""
     graded = None  # the spec's grader, if any, over every completion in order
@@ -48,6 +50,7 @@ def score(
                 truncated=[g.truncated for _, _, g in flat],
                 rm_scorer=rm_scorer,
                 judge=judge,
+                sandbox=sandbox,
             )
         )
     grader_scores: list[float] = []

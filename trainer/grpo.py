@@ -22,10 +22,11 @@ from trainer.rewards import GraderReward, reward_for
 
 
 def build_rewards(
-    spec: GRPOSpec, config: ResolvedGRPO, resolve_model: Any = None
+    spec: GRPOSpec, config: ResolvedGRPO, resolve_model: Any = None, sandbox: Any = None
 ) -> tuple[list[GraderReward], list[float]]:
-    """The spec's rewards, each a grader (RewardRef.as_grader), and their weights."""
-    rewards = [reward_for(ref, config.max_completion_length, resolve_model) for ref in spec.rewards]
+    """The spec's rewards, each a grader (RewardRef.as_grader), and their weights; `sandbox`: where
+    and how their python graders run (evaluator.sandbox.SandboxLimits)."""
+    rewards = [reward_for(ref, config.max_completion_length, resolve_model, sandbox=sandbox) for ref in spec.rewards]
     return rewards, [ref.weight for ref in spec.rewards]
 
 
@@ -73,6 +74,7 @@ def run_grpo(
     vllm_server_url: str | None = None,
     work_dir: Path | None = None,
     engine_settings: EngineSettings | None = None,
+    sandbox: Any = None,
 ) -> dict[str, Any]:
     """Train; checkpoints go to out_dir/checkpoint-N, the final model to out_dir/final.
     A run that finds a checkpoint in out_dir resumes from it. With `work_dir` (a job attempt's
@@ -93,7 +95,7 @@ def run_grpo(
     )
     if dropped:
         sink.event("data", f"dropped {dropped} prompts longer than {config.max_prompt_length} tokens", "warning")
-    rewards, weights = build_rewards(spec, config, resolve_model)
+    rewards, weights = build_rewards(spec, config, resolve_model, sandbox)
     use_cpu = not torch.cuda.is_available()
     backend = generation_backend(config, sink)
     if backend == "vllm" and spec.generation.mode == "server" and not vllm_server_url:

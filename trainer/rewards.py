@@ -59,8 +59,10 @@ class GraderReward:
         max_length: int | None = None,
         item_seconds: float = ITEM_SECONDS,
         call_seconds: float = CALL_SECONDS,
+        sandbox: Any = None,
     ) -> None:
         self.grader = grader
+        self.sandbox = sandbox  # evaluator.sandbox.SandboxLimits for python graders (None: the defaults)
         self.__name__ = name or f"grader_{grader.type}"
         self.max_length = max_length
         self._match = BoundedMatch(item_seconds, call_seconds)
@@ -102,6 +104,7 @@ class GraderReward:
             judge=judges(cache=self._judges),
             match=self._match,
             items=items,
+            sandbox=self.sandbox,
         )
         no_gold = isinstance(self.grader, MathGrader)
         return [None if no_gold and g is None else r.score for r, g in zip(results, golds, strict=True)]

@@ -44,6 +44,7 @@ def run_eval(run: JobRun) -> None:
         judge=judges(lambda ref: run.resolve(ref)[0]) if graded else None,
         resolved_recipe=stored_recipe(run.config.of(ResolvedEval)),
         backend_options=backend_options(run),
+        sandbox=run.settings.graders.sandbox(),
     )
 
 
@@ -62,6 +63,7 @@ def run_grpo(run: JobRun) -> None:
         vllm_server_url=os.environ.get(URL_ENV),
         work_dir=run.work / "train",
         engine_settings=run.settings.vllm.engine(),
+        sandbox=run.settings.graders.sandbox(),
     )
 
 
