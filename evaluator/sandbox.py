@@ -6,7 +6,8 @@ package bubblewrap) starts the interpreter in new PID, network, IPC, UTS and mou
 with a root filesystem of its own that holds only
 - /usr (and the /bin, /lib, /lib64 links), the Python installation and its packages, read-only;
 - a private /tmp of `file_mb * 4` MiB, its working directory;
-- a /proc of its own PID namespace (it sees no other process) and a minimal /dev.
+- a minimal /dev, and no /proc: in its own PID namespace it could see only itself, and it has
+  not even that to read.
 Nothing else of the machine is mounted: no artifact or upload directory, no /etc, no /root, no
 other process's /proc/<pid>/environ, no interface but its own loopback. It never runs as root:
 started by root, bwrap keeps only CAP_SETUID/CAP_SETGID and the harness drops to `nobody`
@@ -142,7 +143,7 @@ def _python_dirs() -> list[str]:
 def _bwrap_prefix(tmp_mb: int) -> list[str]:
     root = os.geteuid() == 0
     argv = ["bwrap", "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-net", "--unshare-ipc"]
-    argv += ["--unshare-uts", "--unshare-cgroup-try", "--hostname", "grader"]
+    argv += ["--unshare-uts", "--unshare-cgroup-try"]
     if root:  # the harness drops to nobody itself; nothing else of root's is kept
         argv += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
     else:  # a user namespace of its own, the caller's uid seen as nobody, no capabilities
@@ -164,7 +165,8 @@ def _bwrap_prefix(tmp_mb: int) -> list[str]:
                 argv += ["--perms", "0755", "--dir", str(parent)]
         argv += ["--ro-bind", d, d]
     argv += ["--perms", "0755", "--dir", "/sandbox"]
-    argv += ["--ro-bind", str(HARNESS), INSIDE_HARNESS, "--dev", "/dev", "--proc", "/proc"]
+    # no /proc at all: nothing of any process to read (and a container's masked /proc cannot be mounted again)
+    argv += ["--ro-bind", str(HARNESS), INSIDE_HARNESS, "--dev", "/dev"]
     argv += ["--perms", "1777", "--size", str(tmp_mb * 1024 * 1024), "--tmpfs", WORKDIR, "--chdir", WORKDIR]
     return argv
 

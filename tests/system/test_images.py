@@ -426,3 +426,56 @@ def _answers(url: str) -> bool:
         return httpx.get(url, timeout=2).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+# ---- user code inside the images: the python grader's kernel boundary (issue 43) ---------------
+
+BOUNDARY_PROBE = r"""
+import errno, json, os, socket
+from evaluator.sandbox import SandboxLimits, isolation, run_python
+iso = isolation("kernel")
+assert not iso.refused, iso.refused
+probe = '''
+import errno, json, os, socket
+def read(p):
+    try:
+        return open(p).read()
+    except OSError as e:
+        return "refused " + errno.errorcode.get(e.errno, str(e.errno))
+s = socket.socket(); s.settimeout(2)
+seen = {"uid": os.getuid(), "artifact": read("/var/lib/mathrl/artifacts/secret.txt"),
+        "environ": read("/proc/1/environ"), "db": errno.errorcode.get(s.connect_ex(("127.0.0.1", 5432)))}
+raise RuntimeError("SEEN" + json.dumps(seen))
+'''
+src = "def grade(sample, item):\n" + "\n".join("    " + line for line in probe.strip().splitlines())
+(raw,) = run_python(src, [({}, {})], SandboxLimits(audit_hook=False))
+(hooked,) = run_python("def grade(s, i):\n    import _posixsubprocess", [({}, {})])
+print("RESULT" + json.dumps({"describe": iso.describe(), "raw": raw.detail, "hooked": hooked.detail}))
+"""
+
+
+@needs_images
+@pytest.mark.parametrize("which", ["api", "worker"])
+def test_the_python_graders_kernel_boundary_holds_inside_the_image(which: str, tmp_path: Path) -> None:
+    """As the chart runs the image (its user, a read-only root, the artifact volume, the admin token
+    in the environment, host networking beside PostgreSQL): a grader with the audit hook switched
+    off runs as nobody and reaches neither the volume, nor the process's environment, nor the database."""
+    artifacts = tmp_path / "artifacts"
+    artifacts.mkdir()
+    (artifacts / "secret.txt").write_text("another-projects-model")
+    os.chown(artifacts, 10001, 10001)
+    os.chown(artifacts / "secret.txt", 10001, 10001)
+    out = podman(
+        "run", "--rm", "--network=host", "--user", "10001:10001", "--read-only",
+        "--mount", "type=tmpfs,destination=/tmp,tmpfs-mode=1777",
+        "--volume", f"{artifacts}:/var/lib/mathrl/artifacts",
+        "--env", f"MATHRL_AUTH__ADMIN_TOKEN={ADMIN_TOKEN}",
+        "--entrypoint", "/opt/venv/bin/python", IMAGES[which], "-c", BOUNDARY_PROBE,
+    )  # fmt: skip
+    result = json.loads(out.stdout.split("RESULT", 1)[1])
+    print(f"\n{IMAGES[which]}: {result['describe']}; raw probe: {result['raw']}")
+    assert "kernel boundary" in result["describe"], result
+    seen = json.loads(result["raw"].split("SEEN", 1)[1])
+    assert seen["uid"] == 65534 and seen["artifact"].startswith("refused") and seen["environ"].startswith("refused")
+    assert seen["db"] in ("ECONNREFUSED", "ENETUNREACH"), seen
+    assert "_posixsubprocess is not allowed" in result["hooked"], result
