@@ -75,7 +75,7 @@ RUN /opt/venv/bin/pip install --no-cache-dir -r /opt/requirements.txt
 COPY --from=wheel /wheels /wheels
 COPY scripts/slim-venv /opt/slim-venv
 RUN set -eux; whl=$(ls /wheels/mathrl-*.whl); /opt/venv/bin/pip install --no-cache-dir "${whl}[server]"; \
-    /opt/slim-venv /opt/venv setuptools click-repl prompt_toolkit wcwidth  # celery's REPL: the API never runs it
+    /opt/slim-venv /opt/venv setuptools click-repl prompt_toolkit wcwidth uvloop watchfiles websockets httptools  # celery's REPL and uvicorn[standard]'s extras: the API never runs them (asyncio and h11 serve it)
 
 FROM ${PYTHON_IMAGE} AS api
 ARG APP_UID
