@@ -299,6 +299,7 @@ def test_images_serve_jobs_and_a_worker_sigterm_drains_to_a_new_worker(deploymen
 
 # Ubuntu's Python and glibc in the CUDA base image (nvidia/cuda:*-ubuntu24.04): Python 3.12, glibc 2.39
 CUDA_BASE_PYTHON = {"ubuntu24.04": ("3.12", 39)}
+SDIST_ONLY = ("rouge-score>=0.1.2,<0.2",)  # the text_similarity grader's ROUGE (pyproject.toml's server extra)
 
 
 @pytest.mark.skipif(os.environ.get("MATHRL_TEST_IMAGES") != "1", reason="part of scripts/test-images")
@@ -323,12 +324,21 @@ def test_cuda_worker_pins_resolve_with_the_cuda_torch_build(tmp_path: Path) -> N
         capture_output=True,
     )
     (wheel,) = tmp_path.glob("mathrl-*.whl")
+    # pure-Python dependencies published as source only (the image's pip builds them): their wheels,
+    # built here, are py3-none-any and stand for them in the binary-only resolution below
+    sdist_only = tmp_path / "sdist-only"
+    for req in SDIST_ONLY:
+        subprocess.run(
+            [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(sdist_only), req],
+            check=True,
+            capture_output=True,
+        )
     platforms = [f"manylinux_2_{v}_x86_64" for v in range(17, glibc + 1)] + ["manylinux2014_x86_64", "linux_x86_64"]
     report = tmp_path / "report.json"
     cmd = [sys.executable, "-m", "pip", "install", "--isolated", "--dry-run", "--ignore-installed", "--quiet"]
     cmd += ["--report", str(report), "--only-binary", ":all:", "--python-version", python, "--implementation", "cp"]
     cmd += [f"--platform={p}" for p in platforms]
-    cmd += [f"--abi=cp{python.replace('.', '')}", "--abi=abi3", "--abi=none"]
+    cmd += [f"--abi=cp{python.replace('.', '')}", "--abi=abi3", "--abi=none", "--find-links", str(sdist_only)]
     pins = {k: args[f"{k.upper()}_VERSION"] for k in ("torch", "trl", "vllm", "transformers")}
     cmd += [f"{k}=={v}" for k, v in pins.items()] + [f"{wheel}[worker,ray]"]
     t0 = time.monotonic()
