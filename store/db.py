@@ -85,6 +85,21 @@ def json_serializer(value: Any) -> str:
     return text
 
 
+def _refuse_nul_strings(session: Session, _context: Any, _instances: Any) -> None:
+    """The same check for the text columns of every row a session writes (a key's name, a job's
+    name): PostgreSQL refuses a NUL there, SQLite would store it."""
+    from sqlalchemy import inspect
+
+    for row in (*session.new, *session.dirty):
+        for attr in inspect(row).mapper.column_attrs:
+            value = getattr(row, attr.key, None)
+            if isinstance(value, str) and "\x00" in value:
+                raise Unstorable(f"/{attr.key}")
+
+
+event.listen(Session, "before_flush", _refuse_nul_strings)
+
+
 @lru_cache(maxsize=8)
 def get_engine(url: str, echo: bool = False) -> Engine:
     parsed = make_url(url)
