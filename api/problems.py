@@ -78,6 +78,9 @@ def problem_response(
     errors: list[dict[str, Any]] | None = None,
     headers: Mapping[str, str] | None = None,
 ) -> JSONResponse:
+    openai = instance.startswith(OPENAI_PATHS)
+    if openai and status == 422:  # OpenAI answers invalid parameters with 400 (the SDK's BadRequestError)
+        status = 400
     body: dict[str, Any] = {
         "type": f"https://mathrl.dev/problems/{title.lower().replace(' ', '-')}",
         "title": title,
@@ -87,16 +90,38 @@ def problem_response(
     }
     if errors:
         body["errors"] = errors
-    if instance.startswith(OPENAI_PATHS):
+    if openai:
         # OpenAI's error object beside the problem details, for code written against the openai SDK
-        # (it reads error.message and error.param): the same detail and the first field's pointer
+        # (it reads error.message, .type, .param and .code): the same detail and the first field's pointer
         param = errors[0]["pointer"].removeprefix("query:").lstrip("/").replace("/", ".") if errors else None
-        body["error"] = {"message": detail, "type": "invalid_request_error", "param": param or None, "code": None}
+        kind, code = openai_error_kind(status, title, instance)
+        body["error"] = {"message": detail, "type": kind, "param": param or None, "code": code}
     return JSONResponse(body, status_code=status, media_type=PROBLEM_JSON, headers=headers)
 
 
 # the routes shaped as OpenAI's API (api/routers/openai_*.py)
 OPENAI_PATHS = ("/v1/fine_tuning/", "/v1/files", "/v1/models", "/v1/chat/", "/v1/completions")
+MODEL_PATHS = ("/v1/models", "/v1/chat/", "/v1/completions")
+
+
+def openai_error_kind(status: int, title: str, instance: str) -> tuple[str, str | None]:
+    """OpenAI's error `type` and `code` for a status on its routes, as its API answers them:
+    400/404/409/413 invalid_request_error (404 of a model: code model_not_found), 401
+    invalid_request_error with code invalid_api_key, 403 permission_error, 429 a rate limit
+    (type requests, code rate_limit_exceeded) or a quota (insufficient_quota), 5xx server_error."""
+    if status == 401:
+        return "invalid_request_error", "invalid_api_key"
+    if status == 403:
+        return "permission_error", None
+    if status == 404 and instance.startswith(MODEL_PATHS):
+        return "invalid_request_error", "model_not_found"
+    if status == 429:
+        if title == "Quota exceeded":
+            return "insufficient_quota", "insufficient_quota"
+        return "requests", "rate_limit_exceeded"
+    if status >= 500:
+        return "server_error", None
+    return "invalid_request_error", None
 
 
 def _pointer(loc: tuple[Any, ...]) -> str:
@@ -219,6 +244,8 @@ def document_problems(schema: dict[str, Any]) -> dict[str, Any]:
                     responses.setdefault("400", {"description": BAD_CURSOR})
                 if params:
                     responses.setdefault("422", {"description": "A parameter is invalid."})
+            if path.startswith(OPENAI_PATHS) and "422" in responses:  # answered 400 there, as OpenAI does
+                responses.setdefault("400", responses.pop("422"))
             for code, response in responses.items():
                 if code[0] in "45":
                     response["content"] = content

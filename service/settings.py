@@ -218,6 +218,13 @@ class FineTuningSettings(BaseModel):
     inference_timeout_seconds: float = Field(
         600.0, gt=0, le=3600, description="How long a completion call waits for its job before a 504 (and a cancel)."
     )
+    model_aliases: dict[str, str] = Field(
+        default_factory=dict,
+        description="Model names a fine-tuning request may give -> the model mathrl trains for it (a hub id, a "
+        'path under a model root), e.g. {"o4-mini-2025-04-16": "Qwen/Qwen2.5-1.5B-Instruct"}, so that a '
+        "script written for OpenAI keeps its model string (MATHRL_FINE_TUNING__MODEL_ALIASES as JSON; the chart: "
+        "fineTuning.modelAliases). An OpenAI model's name that is not listed is refused at create (400).",
+    )
 
 
 class GradersSettings(BaseModel):

@@ -186,6 +186,28 @@ def own_ftjob(session: Any, project_id: str, ft_id: str) -> Job:
 STATUS = {"waiting": "queued", "queued": "queued", "running": "running"}
 
 
+# OpenAI's own models: a script migrating from OpenAI names one of these, which no hub serves
+OPENAI_MODEL = re.compile(r"^(gpt-|o\d|chatgpt-|davinci|babbage|text-|ft:gpt-|ft:o\d|computer-use-)", re.IGNORECASE)
+
+
+def trainable_model(name: str, aliases: dict[str, str]) -> str:
+    """The model mathrl trains for a request's `model`: the operator's alias for it, else the name
+    itself (a hub id, a path, 'job:' or an 'ft:' model); an OpenAI model's name with no alias is a
+    400 that says what this server trains, before a job is stored."""
+    if name in aliases:
+        return aliases[name]
+    if OPENAI_MODEL.match(name):
+        listed = ", ".join(f"{k!r} (-> {v})" for k, v in sorted(aliases.items())) or "none are configured"
+        detail = (
+            f"{name!r} is an OpenAI model, which this server cannot train. It trains Hugging Face models: give a "
+            f"hub id ('org/name', e.g. 'Qwen/Qwen2.5-1.5B-Instruct'), a model path under the operator's model roots, "
+            f"or an 'ft:' model of your project; or ask the operator to map the name (fine_tuning.model_aliases; "
+            f"aliases here: {listed})"
+        )
+        raise Problem.at("/model", detail, status=400)
+    return name
+
+
 def fine_tuned_model(job: Job, step: int | None = None) -> str:
     """The `ft:` name of the job's model (or of its checkpoint at `step`): ft:<base>:<suffix>:<ftjob id>."""
     return ft_model_name(str(job.spec.get("model", "model")), job.name or "mathrl", job.id, step)
@@ -282,6 +304,7 @@ def create(body: JobCreateParams, caller: CallerDep, session: SessionDep, settin
             f"{lines - stats.get('supervised_lines', 0)} of its {lines} lines have no assistant message to learn",
         )
     spec_dict, mapping = to_spec(body, lines, settings.fine_tuning.generation_backend, validation_lines)
+    spec_dict["model"] = trainable_model(body.model, settings.fine_tuning.model_aliases)
     try:
         spec = parse_spec(spec_dict)
     except ValidationError as e:  # e.g. a model reference mathrl cannot load

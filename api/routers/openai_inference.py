@@ -126,10 +126,13 @@ def _model_object(name: str, created: Any, owner: str) -> dict[str, Any]:
 
 @router.get("/models")
 def list_models(caller: CallerDep, settings: SettingsDep) -> dict[str, Any]:
-    """The project's fine-tuned models: each succeeded fine-tuning job's model and every
-    checkpoint of its fine-tuning jobs, newest first."""
+    """The project's fine-tuned models, as OpenAI lists them: each succeeded fine-tuning job's model
+    and its checkpoints, newest first (a running, failed or cancelled job's checkpoints are not
+    listed; a checkpoint's own name still answers while its job runs)."""
     with get_sessionmaker(settings.database.url)() as session:
-        q = select(Job).where(Job.project_id == caller.project_id, has_tag(session, FINE_TUNING))
+        q = select(Job).where(
+            Job.project_id == caller.project_id, has_tag(session, FINE_TUNING), Job.status == "succeeded"
+        )
         jobs = list(session.scalars(q.order_by(Job.id.desc()).limit(MAX_MODELS)))
         ids = [j.id for j in jobs]
         ckpts = session.execute(
@@ -142,8 +145,7 @@ def list_models(caller: CallerDep, settings: SettingsDep) -> dict[str, Any]:
             by_job.setdefault(job_id, []).append((step, created))
         data = []
         for job in jobs:
-            if job.status == "succeeded":
-                data.append(_model_object(fine_tuned_model(job), job.finished_at or job.created_at, caller.project_id))
+            data.append(_model_object(fine_tuned_model(job), job.finished_at or job.created_at, caller.project_id))
             for step, created in by_job.get(job.id, []):
                 data.append(_model_object(fine_tuned_model(job, step), created, caller.project_id))
     return {"object": "list", "data": data[:MAX_MODELS]}

@@ -158,17 +158,17 @@ def test_reinforcement_and_supervised_jobs_with_the_openai_sdk(service: Service,
         other.fine_tuning.jobs.retrieve(job.id)
     assert other.fine_tuning.jobs.list().data == []
     # what is refused, naming the field
-    with pytest.raises(openai.UnprocessableEntityError, match="no file with this id"):
+    with pytest.raises(openai.BadRequestError, match="no file with this id"):
         other.fine_tuning.jobs.create(model=tiny_model, training_file=train.id)
-    with pytest.raises(openai.UnprocessableEntityError, match="do not end with a user message"):
+    with pytest.raises(openai.BadRequestError, match="do not end with a user message"):
         client.fine_tuning.jobs.create(
             model=tiny_model,
             training_file=sft_file.id,
             method={"type": "reinforcement", "reinforcement": {"grader": GRADER}},
         )
-    with pytest.raises(openai.UnprocessableEntityError, match="no assistant message"):
+    with pytest.raises(openai.BadRequestError, match="no assistant message"):
         client.fine_tuning.jobs.create(model=tiny_model, training_file=train.id)
-    with pytest.raises(openai.UnprocessableEntityError, match="'dpo' is not trained here"):
+    with pytest.raises(openai.BadRequestError, match="'dpo' is not trained here"):
         client.fine_tuning.jobs.create(model=tiny_model, training_file=train.id, method={"type": "dpo"})
 
 
@@ -242,7 +242,7 @@ def _sample_the_fine_tuned_model(service: Service, client: Any, model: str, chec
     assert other.models.list().data == []
     with pytest.raises(openai.NotFoundError, match="does not exist or you do not have access"):
         other.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}])
-    with pytest.raises(openai.UnprocessableEntityError, match="messages"):
+    with pytest.raises(openai.BadRequestError, match="messages"):
         client.chat.completions.create(model=model, messages=[])
 
 

@@ -61,16 +61,16 @@ def test_a_bad_line_names_the_line_and_field_and_stores_nothing(app_client: Any)
 
     client = _client(app_client)
     bad = rft_jsonl(3) + b'{"messages": [{"role": "robot", "content": "hi"}]}\n' + b"not json\n"
-    with pytest.raises(openai.UnprocessableEntityError) as e:
+    with pytest.raises(openai.BadRequestError) as e:
         client.files.create(file=("bad.jsonl", io.BytesIO(bad)), purpose="fine-tune")
     body = e.value.body
     assert "line 4: messages[0].role: 'robot' is not one of" in body["message"], body
     r = e.value.response.json()
     assert [x["pointer"] for x in r["errors"]] == ["/file/line/4/messages[0].role", "/file/line/5"]
     assert client.files.list().data == []
-    with pytest.raises(openai.UnprocessableEntityError, match="not a purpose"):
+    with pytest.raises(openai.BadRequestError, match="not a purpose"):
         client.files.create(file=("x.jsonl", io.BytesIO(rft_jsonl(1))), purpose="assistants")
-    with pytest.raises(openai.UnprocessableEntityError, match="no lines"):
+    with pytest.raises(openai.BadRequestError, match="no lines"):
         client.files.create(file=("empty.jsonl", io.BytesIO(b"\n")), purpose="fine-tune")
 
 

@@ -367,7 +367,8 @@ def test_config_and_settings_names_are_real_settings(default: Rendered) -> None:
         for part in parts:
             assert part in model.model_fields, f"{name}: no setting {part!r}"
             model = model.model_fields[part].annotation
-    os_env = {n: "[]" if n == "MATHRL_TRUSTED_PROXIES" else "x" for n in names}  # a list setting takes JSON
+    as_json = {"MATHRL_TRUSTED_PROXIES": "[]", "MATHRL_FINE_TUNING__MODEL_ALIASES": "{}"}  # list and dict settings
+    os_env = {n: as_json.get(n, "x") for n in names}
     os_env |= {"MATHRL_DATABASE__URL": "postgresql+psycopg://u@h/d"}
     import os
 

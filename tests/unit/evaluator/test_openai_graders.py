@@ -199,7 +199,7 @@ def test_graders_run_and_validate_with_the_openai_sdk(openai_client: Any) -> Non
     out = openai_client.fine_tuning.alpha.graders.run(grader=GRADERS["string_check"], model_sample="x", item={})
     assert out.metadata.errors.invalid_variable_error
     # refusals: 422s that name the field
-    with pytest.raises(openai.UnprocessableEntityError, match="embedding model"):
+    with pytest.raises(openai.BadRequestError, match="embedding model"):
         openai_client.fine_tuning.alpha.graders.validate(
             grader={
                 "type": "text_similarity",
@@ -209,7 +209,7 @@ def test_graders_run_and_validate_with_the_openai_sdk(openai_client: Any) -> Non
                 "evaluation_metric": "cosine",
             }
         )
-    with pytest.raises(openai.UnprocessableEntityError, match="not one of the graders"):
+    with pytest.raises(openai.BadRequestError, match="not one of the graders"):
         openai_client.fine_tuning.alpha.graders.validate(grader={**multi, "calculate_output": "exact + nope"})
     score_model = {
         "type": "score_model",
@@ -220,9 +220,9 @@ def test_graders_run_and_validate_with_the_openai_sdk(openai_client: Any) -> Non
     assert openai_client.fine_tuning.alpha.graders.validate(grader=score_model).grader.type == "score_model"
     # a grading model must be one mathrl can load: an 'ft:' name of another project's (or no) job is a 422
     stranger = {**score_model, "model": f"ft:m:s:ftjob-{'0' * 32}"}
-    with pytest.raises(openai.UnprocessableEntityError, match="no job"):
+    with pytest.raises(openai.BadRequestError, match="no job"):
         openai_client.fine_tuning.alpha.graders.run(grader=stranger, model_sample="x", item=item)
-    with pytest.raises(openai.UnprocessableEntityError, match="not a fine-tuned model's name"):
+    with pytest.raises(openai.BadRequestError, match="not a fine-tuned model's name"):
         openai_client.fine_tuning.alpha.graders.validate(grader={**score_model, "model": "ft:gpt-4o:x"})
 
 
@@ -340,9 +340,9 @@ def test_completion_requests_are_checked_before_any_job(openai_client: Any) -> N
     chat = [{"role": "user", "content": "1 + 1?"}]
     with pytest.raises(openai.NotFoundError, match="does not exist or you do not have access"):
         openai_client.chat.completions.create(model=name, messages=chat, stop="Answer:")
-    with pytest.raises(openai.UnprocessableEntityError, match="stop"):
+    with pytest.raises(openai.BadRequestError, match="stop"):
         openai_client.chat.completions.create(model=name, messages=chat, stop=["1", "2", "3", "4", "5"])
-    with pytest.raises(openai.UnprocessableEntityError, match="logprobs"):
+    with pytest.raises(openai.BadRequestError, match="logprobs"):
         openai_client.chat.completions.create(model=name, messages=chat, logprobs=True)
     with pytest.raises(openai.NotFoundError):
         openai_client.completions.create(model="gpt-4o", prompt="1 + 1 =")

@@ -1,0 +1,104 @@
+"""What a script migrating from OpenAI meets (issue 46), through the real `openai` package on the
+in-process app: invalid parameters are 400 (BadRequestError) with OpenAI's error type and code,
+OpenAI model names are refused at create unless the operator maps them, and models.list lists
+what OpenAI would (succeeded jobs' models and their checkpoints)."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+
+from tests.helpers.api import admin_key, db, make_objects, overridden
+
+pytestmark = pytest.mark.quick
+
+
+def _client(app_client: Any, headers: dict[str, str]) -> Any:
+    from openai import OpenAI
+
+    key = headers["Authorization"].removeprefix("Bearer ")
+    return OpenAI(base_url=f"{app_client.base_url}/v1", api_key=key, http_client=app_client, max_retries=0)
+
+
+def test_errors_carry_openais_status_type_and_code(app_client: Any) -> None:
+    """Before: invalid parameters were 422 (UnprocessableEntityError, which `except BadRequestError`
+    misses), error.type always invalid_request_error and error.code always null."""
+    import openai
+
+    h = admin_key(app_client)
+    ids = make_objects(app_client, h)
+    client = _client(app_client, h)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.fine_tuning.jobs.create(model="org/model", training_file="file-nope")
+    assert e.value.status_code == 400 and e.value.type == "invalid_request_error" and e.value.param == "training_file"
+    with pytest.raises(openai.BadRequestError) as e:
+        client.fine_tuning.jobs.create(model="org/model", training_file=ids["file_id"], method={"type": "dpo"})
+    assert e.value.param == "method.type", e.value.body
+    with pytest.raises(openai.BadRequestError):  # a body that fails the schema (pydantic), too
+        client.fine_tuning.jobs.create(model="org/model", training_file=ids["file_id"], seed=-1)
+    with pytest.raises(openai.BadRequestError):
+        client.files.create(file=("bad.jsonl", b"{not json}\n"), purpose="fine-tune")
+    with pytest.raises(openai.BadRequestError):
+        grader = {"type": "text_similarity", "name": "c", "input": "a", "reference": "b", "evaluation_metric": "cosine"}
+        client.fine_tuning.alpha.graders.validate(grader=grader)
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(
+            model=ids["model"], messages=[{"role": "user", "content": "1+1?"}], logprobs=True
+        )
+    with pytest.raises(openai.NotFoundError) as e:
+        client.models.retrieve(f"ft:org/model:x:ftjob-{uuid.uuid4().hex}")
+    assert e.value.code == "model_not_found" and e.value.type == "invalid_request_error"
+    with pytest.raises(openai.NotFoundError) as e:
+        client.fine_tuning.jobs.retrieve(f"ftjob-{uuid.uuid4().hex}")
+    assert e.value.code is None
+    with pytest.raises(openai.AuthenticationError) as e:
+        _client(app_client, {"Authorization": "Bearer wrong"}).models.list()
+    assert e.value.code == "invalid_api_key" and e.value.type == "invalid_request_error"
+    # mathrl's own routes keep their 422s
+    r = app_client.post("/v1/jobs", json={"kind": "eval", "model": "org/m", "limit": -1}, headers=h)
+    assert r.status_code == 422 and "error" not in r.json()
+    # and the OpenAPI document says 400 on OpenAI's routes
+    doc = app_client.get("/openapi.json").json()["paths"]
+    assert "400" in doc["/v1/fine_tuning/jobs"]["post"]["responses"]
+    assert "422" not in doc["/v1/fine_tuning/jobs"]["post"]["responses"]
+
+
+def test_an_openai_model_name_is_refused_at_create_unless_the_operator_maps_it(app_client: Any) -> None:
+    """Before: jobs.create(model="o4-mini-2025-04-16") was queued and failed a second later with a hub error."""
+    import openai
+
+    h = admin_key(app_client)
+    ids = make_objects(app_client, h)
+    client = _client(app_client, h)
+    before = len(client.fine_tuning.jobs.list().data)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.fine_tuning.jobs.create(model="o4-mini-2025-04-16", training_file=ids["file_id"])
+    assert e.value.param == "model" and "OpenAI model" in e.value.message and "hub id" in e.value.message
+    assert len(client.fine_tuning.jobs.list().data) == before  # nothing stored
+    with overridden(fine_tuning={"model_aliases": {"gpt-4o-mini-2024-07-18": "Qwen/Qwen2.5-0.5B-Instruct"}}):
+        with pytest.raises(openai.BadRequestError) as e:  # the refusal lists the aliases there are
+            client.fine_tuning.jobs.create(model="o4-mini-2025-04-16", training_file=ids["file_id"])
+        assert "'gpt-4o-mini-2024-07-18' (-> Qwen/Qwen2.5-0.5B-Instruct)" in e.value.message
+        job = client.fine_tuning.jobs.create(model="gpt-4o-mini-2024-07-18", training_file=ids["file_id"])
+    assert job.model == "gpt-4o-mini-2024-07-18" and job.status in ("validating_files", "queued")
+    stored = app_client.get(f"/v1/jobs/{uuid.UUID(job.id.removeprefix('ftjob-'))}", headers=h).json()
+    assert stored["spec"]["model"] == "Qwen/Qwen2.5-0.5B-Instruct"
+    client.fine_tuning.jobs.cancel(job.id)
+
+
+def test_models_list_shows_succeeded_jobs_models_and_their_checkpoints_only(app_client: Any) -> None:
+    """Before: a cancelled (or running) job's checkpoints were listed."""
+    h = admin_key(app_client)
+    ids = make_objects(app_client, h)  # a queued fine-tuning job with a checkpoint at step 1
+    client = _client(app_client, h)
+    assert [m.id for m in client.models.list().data] == []
+    client.fine_tuning.jobs.cancel(ids["fine_tuning_job_id"])
+    assert [m.id for m in client.models.list().data] == []
+    job_id = str(uuid.UUID(ids["fine_tuning_job_id"].removeprefix("ftjob-")))
+    with db(app_client).begin() as c:
+        c.execute(text("UPDATE jobs SET status = 'succeeded' WHERE id = :i"), {"i": job_id})
+    listed = [m.id for m in client.models.list().data]
+    assert len(listed) == 2 and ids["model"] in listed and ids["fine_tuning_job_id"] in listed[0], listed
