@@ -73,7 +73,7 @@ class SeriesSink(PrintSink):
             if self.stop_at is not None and point["accuracy"] >= self.stop_at:
                 self.reached = True
 
-    def should_stop(self) -> bool:
+    def should_stop(self, fresh: bool = False) -> bool:
         return self.reached
 
     def progress(self, done: int, total: int, message: str = "") -> None:

@@ -40,8 +40,10 @@ class Sink(Protocol):
     def score(self, record: dict[str, Any]) -> None:
         """A benchmark score with its provenance (see store.models.BenchmarkScore)."""
 
-    def should_stop(self) -> bool:
-        """True when the job was asked to stop; checked between steps."""
+    def should_stop(self, fresh: bool = False) -> bool:
+        """True when the job was asked to stop; checked between steps. `fresh`: ask the store now
+        (at a step's end, so that no step starts after a cancel or pause was accepted), not only
+        every so often (the generation loops call it far more often)."""
 
     def draining(self) -> bool:
         """True when the stop is a drain (the worker is shutting down): a trainer saves a
@@ -108,7 +110,7 @@ class PrintSink:
     def score(self, record: dict[str, Any]) -> None:
         self.scores.append(record)
 
-    def should_stop(self) -> bool:
+    def should_stop(self, fresh: bool = False) -> bool:
         return False
 
     def draining(self) -> bool:

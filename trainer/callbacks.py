@@ -52,7 +52,7 @@ class SinkCallback(TrainerCallback):
             self._record_samples(step)
         if self.total_steps:
             self.sink.progress(step, self.total_steps, "training")
-        if _any_rank(self.sink.should_stop(), args):
+        if _any_rank(self.sink.should_stop(fresh=True), args):  # read now: no step starts after a cancel
             self.stopped = True
             control.should_training_stop = True
             # a drain (the worker is shutting down): save this step, the job resumes from it on

@@ -72,6 +72,7 @@ class DatabaseSink:
         self.lost = False
         self.rejected = 0
         self._stop = False
+        self._paused = False  # a pause read from the job row: a drain, like the supervisor's file
         self._last_poll = 0.0
         self._poll_every = cancel_poll_seconds
         self._last_progress = 0.0
@@ -243,29 +244,32 @@ class DatabaseSink:
         """The worker is shutting down: save a checkpoint now, stop, and the job is handed back
         to the queue (a file in the attempt's directory, so every rank of a multi-process job
         sees it without a signal that would stop `accelerate launch` itself)."""
-        return self.drain_file is not None and self.drain_file.exists()
+        return self._paused or (self.drain_file is not None and self.drain_file.exists())
 
-    def should_stop(self) -> bool:
-        """A cancel was requested, SIGTERM came, the worker is draining (then `draining()`), or
-        this attempt lost the job (then `lost`)."""
+    def should_stop(self, fresh: bool = False) -> bool:
+        """A cancel or a pause was requested, SIGTERM came, the worker is draining (then
+        `draining()`: a pause is a drain too), or this attempt lost the job (then `lost`). The job
+        row is read every `cancel_poll_seconds`, and whenever `fresh` (at each step's end): a
+        cancel or pause accepted by the API then starts no further step."""
         if self._stop or self.draining():
             return True
         now = time.monotonic()
-        if now - self._last_poll >= self._poll_every:
+        if fresh or now - self._last_poll >= self._poll_every:
             self._last_poll = now
             try:
                 with session_scope(self.url) as s:
                     row = s.execute(
-                        select(Job.cancel_requested, Job.status, Job.lease_owner, Job.attempts).where(
-                            Job.id == self.job_id
-                        )
+                        select(
+                            Job.cancel_requested, Job.pause_requested, Job.status, Job.lease_owner, Job.attempts
+                        ).where(Job.id == self.job_id)
                     ).one()
             except Exception:
                 return self._stop
             f = self.fence
             if f is not None and (row.status != "running" or row.lease_owner != f.owner or row.attempts != f.attempt):
                 self.lost = True
-            self._stop = bool(row.cancel_requested) or self.lost
+            self._paused = bool(row.pause_requested) and not row.cancel_requested
+            self._stop = bool(row.cancel_requested) or self.lost or self._paused
         return self._stop
 
 

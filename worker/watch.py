@@ -87,6 +87,8 @@ def watch(
     if server is not None and not server_reported and code != EXIT_OK and server.exited() is not None:
         report_server_exit(url, job_id, server, out)  # the job failed because its server went away
     code = job_exit_code(code, out) if not server_reported else code
+    if drain_since is None and code == EXIT_DRAINED and not cancelled:
+        drain_since = time.monotonic()  # the job read its pause from the job row before this loop did
     if lost or code == EXIT_LOST:
         report_stale(url, job_id, owner, attempt, out)
         return "lost"

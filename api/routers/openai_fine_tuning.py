@@ -232,6 +232,10 @@ def job_object(session: Any, job: Job, tokens: dict[str, float] | None = None) -
     request, mapping = openai.get("request", {}), openai.get("mapping", {})
     trained = (trained_tokens(session, [job]) if tokens is None else tokens).get(job.id)
     status = STATUS.get(job.status, job.status)
+    if job.status == "running" and job.cancel_requested:  # accepted: no further step starts (worker/sink.py)
+        status = "cancelled"
+    elif job.status == "running" and job.pause_requested:  # accepted: it checkpoints at this step's end
+        status = "paused"
     method = request.get("method") or {"type": "supervised"}
     return {
         "id": ftjob_id(job.id),
@@ -355,7 +359,8 @@ def retrieve(fine_tuning_job_id: str, caller: CallerDep, session: SessionDep) ->
 
 @router.post("/{fine_tuning_job_id}/cancel", responses={404: {"description": NOT_FOUND}})
 def cancel(fine_tuning_job_id: str, caller: CallerDep, session: SessionDep) -> dict[str, Any]:
-    """Cancel it: at once if it has not started, else its worker stops it (status follows)."""
+    """Cancel it: at once if it has not started; a running one is `cancelled` from now on, as OpenAI
+    answers, and its worker starts no further step (the step under way ends, then it stops)."""
     return job_object(session, request_cancel(session, own_ftjob(session, caller.project_id, fine_tuning_job_id)))
 
 
@@ -364,7 +369,8 @@ def cancel(fine_tuning_job_id: str, caller: CallerDep, session: SessionDep) -> d
     responses={404: {"description": NOT_FOUND}, 409: {"description": "Neither queued nor running."}},
 )
 def pause(fine_tuning_job_id: str, caller: CallerDep, session: SessionDep) -> dict[str, Any]:
-    """Pause it: a queued job at once; a running one saves a checkpoint and stops (then paused)."""
+    """Pause it: a queued job at once; a running one is `paused` from now on, as OpenAI answers, and
+    saves a checkpoint at the end of the step under way and stops (no further step starts)."""
     return job_object(session, pause_job(session, own_ftjob(session, caller.project_id, fine_tuning_job_id)))
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import json
 import time
+import uuid
 from typing import Any
 
 import httpx
@@ -60,6 +61,19 @@ SEEN = {
     "source": "def grade(sample, item):\n    return float('reference_answer' in item)",
 }
 GRADER = {"type": "multi", "name": "mix", "graders": {"exact": EXACT, "seen": SEEN}, "calculate_output": "exact + seen"}
+
+
+def _mathrl(service: Service, client: Any, ftjob: str, what: str = "") -> Any:
+    """mathrl's own view of a fine-tuning job (GET /v1/jobs/{id}[/what]), with the client's key."""
+    job_id = str(uuid.UUID(ftjob.removeprefix("ftjob-")))
+    r = httpx.get(f"{service.url}/v1/jobs/{job_id}{what}", headers={"Authorization": f"Bearer {client.api_key}"})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def _last_step(service: Service, client: Any, ftjob: str) -> int:
+    series = _mathrl(service, client, ftjob, "/metrics?limit=50000")["data"]
+    return max((p["step"] for s in series for p in s["points"]), default=0)
 
 
 def _wait(client: Any, job_id: str, timeout: float = 300) -> Any:
@@ -262,13 +276,18 @@ def test_pause_drains_to_a_checkpoint_and_resume_goes_on_from_it(service: Servic
         assert time.monotonic() < deadline, "the job never started"
         time.sleep(0.2)
     time.sleep(2.0)  # a step or two in
-    assert client.fine_tuning.jobs.pause(job.id).status in ("running", "paused")  # running until it has drained
+    at_pause = _last_step(service, client, job.id)
+    # the state asked for, at once, as OpenAI answers (issue 46.3: it was 'running' for 4.5-51 s)
+    assert client.fine_tuning.jobs.pause(job.id).status == "paused"
+    assert client.fine_tuning.jobs.retrieve(job.id).status == "paused"
     deadline = time.monotonic() + 120
-    while (paused := client.fine_tuning.jobs.retrieve(job.id)).status != "paused":
-        assert paused.status == "running" and time.monotonic() < deadline, paused.status
+    while _mathrl(service, client, job.id)["status"] != "paused":  # the worker has drained it
+        assert time.monotonic() < deadline, "the job never drained"
         time.sleep(0.3)
     steps = [c.step_number for c in client.fine_tuning.jobs.checkpoints.list(job.id).data]
     assert steps and max(steps) < 20, steps  # it stopped at a checkpoint before the end
+    # and it held: the step under way ended, no other started (+1: metrics stored behind by the sink's writer)
+    assert max(steps) <= at_pause + 2, (at_pause, steps)
     kinds = [(e.data or {}).get("type") for e in client.fine_tuning.jobs.list_events(job.id, limit=100).data]
     assert kinds[0] == "paused" and "pause_requested" in kinds and "drain_requested" in kinds, kinds
     assert client.fine_tuning.jobs.resume(job.id).status == "queued"
@@ -284,4 +303,23 @@ def test_pause_drains_to_a_checkpoint_and_resume_goes_on_from_it(service: Servic
         client.fine_tuning.jobs.pause(job.id)
     with pytest.raises(openai.ConflictError, match="cannot be resumed"):
         client.fine_tuning.jobs.resume(job.id)
-    print(f"\npaused with checkpoints at steps {sorted(steps)}, finished with {sorted(final)}")
+    print(f"\npaused at step {at_pause} with checkpoints at steps {sorted(steps)}, finished with {sorted(final)}")
+    # a running job cancelled: 'cancelled' at once, and no further step starts
+    long = client.fine_tuning.jobs.create(
+        model=tiny_model,
+        training_file=train.id,
+        method={"type": "reinforcement", "reinforcement": {"grader": EXACT, "hyperparameters": hp}},
+    )
+    deadline = time.monotonic() + 120
+    while _last_step(service, client, long.id) < 2:
+        assert time.monotonic() < deadline, "the job never started"
+        time.sleep(0.2)
+    at_cancel = _last_step(service, client, long.id)
+    assert client.fine_tuning.jobs.cancel(long.id).status == "cancelled"
+    deadline = time.monotonic() + 120
+    while _mathrl(service, client, long.id)["status"] != "cancelled":
+        assert time.monotonic() < deadline, "the job never stopped"
+        time.sleep(0.3)
+    ended = _last_step(service, client, long.id)
+    assert ended <= at_cancel + 2, (at_cancel, ended)
+    print(f"cancelled at step {at_cancel}, stopped after step {ended}")
