@@ -291,8 +291,10 @@ def install(app: FastAPI) -> None:
     async def _nul(request: Request, exc: Unstorable) -> JSONResponse:
         # the store's one check on every JSON column (store/db.py); the pointer is where in the
         # stored document (a job's spec is the request's body)
-        errors = [{"pointer": exc.pointer, "detail": UNSTORABLE}]
-        return problem_response(422, "Invalid request", str(exc), request.url.path, errors)
+        # the OpenAI routes' request is stored under the config's openai.request: point at its own field
+        pointer = exc.pointer.removeprefix("/openai/request") or "/"
+        errors = [{"pointer": pointer, "detail": UNSTORABLE}]
+        return problem_response(422, "Invalid request", f"{pointer}: {UNSTORABLE}", request.url.path, errors)
 
     @app.exception_handler(StatementError)
     async def _statement(request: Request, exc: StatementError) -> JSONResponse:

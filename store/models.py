@@ -77,13 +77,18 @@ class Pipeline(Base):
     Its status is derived from its jobs' (store/pipelines.py), never stored twice."""
 
     __tablename__ = "pipelines"
-    __table_args__ = (Index("ix_pipelines_project_id_id", "project_id", "id"),)
+    __table_args__ = (
+        Index("ix_pipelines_project_id_id", "project_id", "id"),
+        Index("uq_pipelines_project_idempotency", "project_id", "idempotency_key", unique=True),
+    )
     id: Mapped[str] = mapped_column(String(36), primary_key=True, default=uuid7)
     project_id: Mapped[str] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"))
     name: Mapped[str | None] = mapped_column(String(200))
     tags: Mapped[list[str]] = mapped_column(default=list)
     spec: Mapped[dict[str, Any]] = mapped_column()
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    idempotency_key: Mapped[str | None] = mapped_column(String(200))  # api/idempotency.py
+    request_hash: Mapped[str | None] = mapped_column(String(64))
 
 
 class Job(Base):
@@ -217,7 +222,10 @@ class File(Base):
     (`path`), its line count and what its lines hold in `data` (mathrl/jsonl_files.py)."""
 
     __tablename__ = "files"
-    __table_args__ = (Index("ix_files_project_id_id", "project_id", "id"),)
+    __table_args__ = (
+        Index("ix_files_project_id_id", "project_id", "id"),
+        Index("uq_files_project_idempotency", "project_id", "idempotency_key", unique=True),
+    )
     id: Mapped[str] = mapped_column(String(48), primary_key=True)  # 'file-' + a uuid7's hex: ordered by creation
     project_id: Mapped[str] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"))
     filename: Mapped[str] = mapped_column(String(255))
@@ -226,3 +234,5 @@ class File(Base):
     path: Mapped[str] = mapped_column(String(2048))
     data: Mapped[dict[str, Any] | None] = mapped_column()
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    idempotency_key: Mapped[str | None] = mapped_column(String(200))  # api/idempotency.py
+    request_hash: Mapped[str | None] = mapped_column(String(64))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import logging
 import time
@@ -20,6 +19,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from api.deps import CallerDep, SessionDep, SettingsDep, owned, page_cursor
+from api.idempotency import earlier, replayed, request_hash
 from api.job_control import pause_job, resume_job
 from api.job_wakeups import KEEPALIVE_SECONDS, POLL_SECONDS, STREAM_READS, shared_read, waker
 from api.problems import (
@@ -89,38 +89,24 @@ def create_job(
     idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
 ) -> Job:
     """Submit a job. With an `Idempotency-Key`, resubmitting the same body returns the same job."""
-    body = spec.model_dump(mode="json")
-    request_hash = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
-    if idempotency_key:
-        existing = session.scalar(
-            select(Job).where(Job.project_id == caller.project_id, Job.idempotency_key == idempotency_key)
-        )
-        if existing is not None:
-            return _replay(existing, request_hash, response)
+    digest = request_hash(spec.model_dump(mode="json"))
+    if (existing := earlier(session, Job, caller.project_id, idempotency_key, digest)) is not None:
+        replayed(response)
+        return existing
     check_job_refs(session, caller.project_id, model_refs(spec))  # another job's output: one of the project's
     check_file_refs(session, caller.project_id, spec)
     config = admit({"": spec}, settings)[""]
-    job = job_row(caller.project_id, spec, config, idempotency_key=idempotency_key, request_hash=request_hash)
+    job = job_row(caller.project_id, spec, config, idempotency_key=idempotency_key, request_hash=digest)
     session.add(job)
     try:
         commit_and_dispatch(session, settings, caller.project_id, [(job, f"queued on '{job.queue}'")])
     except IntegrityError:  # a concurrent request with the same key won the race
         session.rollback()
-        existing = session.scalar(
-            select(Job).where(Job.project_id == caller.project_id, Job.idempotency_key == idempotency_key)
-        )
-        if existing is None:
+        if (existing := earlier(session, Job, caller.project_id, idempotency_key, digest)) is None:
             raise
-        return _replay(existing, request_hash, response)
+        replayed(response)
+        return existing
     return job
-
-
-def _replay(existing: Job, request_hash: str, response: Response) -> Job:
-    if existing.request_hash != request_hash:
-        raise Problem(409, "Conflict", IDEMPOTENCY_CONFLICT)
-    response.status_code = 200
-    response.headers["Idempotent-Replayed"] = "true"
-    return existing
 
 
 @router.get("", response_model=Page[JobResponse])

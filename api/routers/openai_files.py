@@ -14,12 +14,14 @@ import tempfile
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, File, Form, Query, UploadFile
+from fastapi import APIRouter, File, Form, Header, Query, UploadFile
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse
 from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
 
 from api.deps import CallerDep, SessionDep, SettingsDep
+from api.idempotency import earlier, request_hash
 from api.problems import Problem
 from mathrl.jsonl_files import FileFormatError, check_jsonl
 from store.ids import uuid7
@@ -62,6 +64,7 @@ def _invalid(pointer: str, detail: str, status: int = 422, title: str = "Invalid
 @router.post(
     "",
     responses={
+        409: {"description": "This Idempotency-Key was used with a different upload."},
         413: {"description": "Over the size of one file, or the project's stored bytes."},
         422: {"description": "The purpose is unknown, or a line of the file is not in the fine-tuning format."},
         429: {"description": "The project stores as many files as it may."},
@@ -72,8 +75,10 @@ async def create_file(
     settings: SettingsDep,
     file: Annotated[UploadFile, File(description="A JSONL file in OpenAI's fine-tuning format.")],
     purpose: Annotated[str, Form(description="What it is for: 'fine-tune'.")],
+    idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
 ) -> dict[str, Any]:
-    """Upload a file: checked line by line, then stored in the caller's project."""
+    """Upload a file: checked line by line, then stored in the caller's project. A retry with the
+    same Idempotency-Key (the openai SDK sends one) and the same file returns the first upload."""
     if purpose not in PURPOSES:
         raise _invalid("/purpose", f"{purpose!r} is not a purpose here: use {', '.join(PURPOSES)}")
     limits = settings.files
@@ -86,12 +91,24 @@ async def create_file(
         errors = [{"pointer": f"/file/line/{n}" + (f"/{f}" if f else ""), "detail": what} for n, f, what in e.errors]
         raise Problem(422, "Invalid file", f"/file: {e}", errors) from None
     name = os.path.basename(file.filename or "upload.jsonl")[:255] or "upload.jsonl"
-    return await run_in_threadpool(_store, settings, caller.project_id, name, purpose, data, stats.record())
+    key = (idempotency_key, request_hash(purpose.encode() + b"\0" + name.encode() + b"\0" + data))
+    return await run_in_threadpool(_store, settings, caller.project_id, name, purpose, data, stats.record(), key)
 
 
-def _store(settings: Any, project_id: str, name: str, purpose: str, data: bytes, stats: dict[str, Any]) -> Any:
+def _store(
+    settings: Any,
+    project_id: str,
+    name: str,
+    purpose: str,
+    data: bytes,
+    stats: dict[str, Any],
+    key: tuple[str | None, str] = (None, ""),
+) -> Any:
     from store.db import get_sessionmaker
 
+    with get_sessionmaker(settings.database.url)() as session:  # a retry of an upload stored before
+        if (existing := earlier(session, FileRow, project_id, *key)) is not None:
+            return file_object(existing)
     limits = settings.files
     file_id = "file-" + uuid7().replace("-", "")
     folder = Path(settings.artifact_dir) / "files" / project_id
@@ -123,13 +140,18 @@ def _store(settings: Any, project_id: str, name: str, purpose: str, data: bytes,
                 bytes=len(data),
                 path=str(path),
                 data=stats,
+                idempotency_key=key[0],
+                request_hash=key[1] if key[0] else None,
             )
             session.add(row)
             session.commit()
-        except BaseException:
+        except BaseException as exc:
             session.rollback()
             for leftover in (tmp.name, path):
                 Path(leftover).unlink(missing_ok=True)
+            if isinstance(exc, IntegrityError) and key[0]:  # a concurrent retry with the same key stored it
+                if (existing := earlier(session, FileRow, project_id, *key)) is not None:
+                    return file_object(existing)
             raise
         return file_object(row)
 

@@ -13,11 +13,13 @@ import re
 import uuid
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Header, Query, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
 
 from api.deps import CallerDep, SessionDep, SettingsDep
+from api.idempotency import earlier, replayed, request_hash
 from api.job_control import pause_job, resume_job
 from api.problems import Problem
 from api.routers.openai_files import own_file
@@ -267,12 +269,25 @@ def job_object(session: Any, job: Job, tokens: dict[str, float] | None = None) -
     "",
     responses={
         404: {"description": "A file is not in your project."},
+        409: {"description": "This Idempotency-Key was used with a different request."},
         422: {"description": "The request is invalid (the detail names the field)."},
         429: {"description": "Over the project's quota of active jobs."},
     },
 )
-def create(body: JobCreateParams, caller: CallerDep, session: SessionDep, settings: SettingsDep) -> dict[str, Any]:
-    """Start a fine-tuning job: a GRPO job (reinforcement) or an SFT job (supervised) on the file."""
+def create(
+    body: JobCreateParams,
+    caller: CallerDep,
+    session: SessionDep,
+    settings: SettingsDep,
+    response: Response,
+    idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
+) -> dict[str, Any]:
+    """Start a fine-tuning job: a GRPO job (reinforcement) or an SFT job (supervised) on the file.
+    A retry with the same Idempotency-Key (the openai SDK sends one) returns the same job."""
+    digest = request_hash(body.model_dump(mode="json", exclude_none=True))
+    if (existing := earlier(session, Job, caller.project_id, idempotency_key, digest)) is not None:
+        replayed(response)
+        return job_object(session, existing)
     if body.integrations:
         raise Problem.at("/integrations", "integrations (Weights & Biases) are not supported here: leave it out")
     try:
@@ -319,11 +334,18 @@ def create(body: JobCreateParams, caller: CallerDep, session: SessionDep, settin
     check_job_refs(session, caller.project_id, model_refs(spec))
     config = admit({"": spec}, settings)[""]
     config.openai = {"request": body.model_dump(mode="json", exclude_none=True), "mapping": mapping}
-    job = job_row(caller.project_id, spec, config)
+    job = job_row(caller.project_id, spec, config, idempotency_key=idempotency_key, request_hash=digest)
     session.add(job)
-    commit_and_dispatch(
-        session, settings, caller.project_id, [(job, f"queued on '{job.queue}' by POST /v1/fine_tuning/jobs")]
-    )
+    try:
+        commit_and_dispatch(
+            session, settings, caller.project_id, [(job, f"queued on '{job.queue}' by POST /v1/fine_tuning/jobs")]
+        )
+    except IntegrityError:  # a concurrent retry with the same key won the race
+        session.rollback()
+        if (existing := earlier(session, Job, caller.project_id, idempotency_key, digest)) is None:
+            raise
+        replayed(response)
+        return job_object(session, existing)
     session.refresh(job)
     return job_object(session, job)
 

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Query
+from fastapi import APIRouter, Body, Header, Query, Response
 from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
 
 from api.deps import CallerDep, SessionDep, SettingsDep, owned, page_cursor
+from api.idempotency import earlier, replayed, request_hash
 from api.problems import PIPELINE_NOT_FOUND
 from api.submit import admit, check_file_refs, check_job_refs, commit_and_dispatch, job_row
 from mathrl.schemas import Page, PipelineResponse
@@ -104,12 +106,27 @@ def _jobs_of(session: Any, pipeline_ids: list[str]) -> dict[str, list[Job]]:
             "or a step's memory plan does not fit its pool's GPUs."
         },
         429: {"description": "The pipeline's jobs would exceed the project's quota of active jobs or GPUs."},
+        200: {
+            "description": "A replay: this Idempotency-Key and body created this pipeline before.",
+            "model": PipelineResponse,
+        },
+        409: {"description": "This Idempotency-Key was used with a different request body."},
     },
 )
 def create_pipeline(
-    spec: Annotated[PipelineSpec, Body()], session: SessionDep, caller: CallerDep, settings: SettingsDep
+    spec: Annotated[PipelineSpec, Body()],
+    session: SessionDep,
+    caller: CallerDep,
+    settings: SettingsDep,
+    response: Response,
+    idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
 ) -> dict[str, Any]:
-    """Submit named job specs at once; a later step names an earlier one's output as 'job:<step>'."""
+    """Submit named job specs at once; a later step names an earlier one's output as 'job:<step>'.
+    With an `Idempotency-Key`, resubmitting the same body returns the same pipeline (200)."""
+    digest = request_hash(spec.model_dump(mode="json", exclude_unset=True))
+    if (existing := earlier(session, Pipeline, caller.project_id, idempotency_key, digest)) is not None:
+        replayed(response)
+        return view(existing, _jobs_of(session, [existing.id])[existing.id])
     deps = spec.dependencies()
     order = _order(deps)
     ids = {step: uuid7() for step in order}
@@ -134,9 +151,18 @@ def create_pipeline(
         name=spec.name,
         tags=spec.tags,
         spec=spec.model_dump(mode="json", exclude_unset=True),
+        idempotency_key=idempotency_key,
+        request_hash=digest,
     )
     session.add(pipeline)
-    session.flush()
+    try:
+        session.flush()
+    except IntegrityError:  # a concurrent retry with the same key won the race
+        session.rollback()
+        if (existing := earlier(session, Pipeline, caller.project_id, idempotency_key, digest)) is None:
+            raise
+        replayed(response)
+        return view(existing, _jobs_of(session, [existing.id])[existing.id])
     jobs: list[Job] = []
     for step in order:
         final = finals[step]

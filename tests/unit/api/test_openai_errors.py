@@ -102,3 +102,43 @@ def test_models_list_shows_succeeded_jobs_models_and_their_checkpoints_only(app_
         c.execute(text("UPDATE jobs SET status = 'succeeded' WHERE id = :i"), {"i": job_id})
     listed = [m.id for m in client.models.list().data]
     assert len(listed) == 2 and ids["model"] in listed and ids["fine_tuning_job_id"] in listed[0], listed
+
+
+def test_a_retried_create_with_the_same_idempotency_key_returns_the_first_object(app_client: Any) -> None:
+    """Before: /v1/fine_tuning/jobs, /v1/files and /v1/pipelines ignored the SDK's Idempotency-Key,
+    so a retried create made a second object."""
+    import openai
+
+    h = admin_key(app_client)
+    ids = make_objects(app_client, h)
+    client = _client(app_client, h)
+    key = {"Idempotency-Key": f"retry-{uuid.uuid4()}"}
+    rows = b'{"messages": [{"role": "user", "content": "2 + 2?"}, {"role": "assistant", "content": "4"}]}\n'
+    first = client.files.create(file=("t.jsonl", rows), purpose="fine-tune", extra_headers=key)
+    again = client.files.create(file=("t.jsonl", rows), purpose="fine-tune", extra_headers=key)
+    assert again.id == first.id and len(client.files.list().data) == 2  # make_objects' file and this one
+    with pytest.raises(openai.ConflictError):
+        client.files.create(file=("t.jsonl", rows + rows), purpose="fine-tune", extra_headers=key)
+    key = {"Idempotency-Key": f"retry-{uuid.uuid4()}"}
+    job = client.fine_tuning.jobs.create(model="org/model", training_file=first.id, extra_headers=key)
+    same = client.fine_tuning.jobs.create(model="org/model", training_file=first.id, extra_headers=key)
+    assert same.id == job.id and len(client.fine_tuning.jobs.list().data) == 2
+    with pytest.raises(openai.ConflictError):
+        client.fine_tuning.jobs.create(model="org/model", training_file=first.id, seed=3, extra_headers=key)
+    client.fine_tuning.jobs.cancel(job.id)
+    spec = {"jobs": {"only": {"kind": "eval", "model": "org/m", "limit": 5, "resources": {"pool": "objects-parked"}}}}
+    key = {**h, "Idempotency-Key": f"retry-{uuid.uuid4()}"}
+    p1 = app_client.post("/v1/pipelines", json=spec, headers=key)
+    p2 = app_client.post("/v1/pipelines", json=spec, headers=key)
+    assert p1.status_code == 201 and p2.status_code == 200 and p2.json()["id"] == p1.json()["id"], p2.text
+    assert p2.headers["Idempotent-Replayed"] == "true" and p2.json()["jobs"] == p1.json()["jobs"]
+    assert app_client.post("/v1/pipelines", json={**spec, "name": "other"}, headers=key).status_code == 409
+    assert len(app_client.get("/v1/pipelines", headers=h).json()["data"]) == 2  # make_objects' and this one
+    assert ids  # the other project's objects are not touched by the same key
+    other = admin_key(app_client)
+    assert (
+        app_client.post(
+            "/v1/pipelines", json=spec, headers={**other, "Idempotency-Key": key["Idempotency-Key"]}
+        ).status_code
+        == 201
+    )
