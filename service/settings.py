@@ -207,7 +207,10 @@ class FineTuningSettings(BaseModel):
     the service, which the operator chooses here."""
 
     generation_backend: Literal["auto", "vllm", "hf"] = Field(
-        "auto", description="How reinforcement jobs generate: 'auto' (vLLM where the worker has it), 'vllm', 'hf'."
+        "auto",
+        description="How reinforcement jobs generate: 'auto' (vLLM, colocated, for a job on GPUs, hf where that "
+        "worker has no vLLM; transformers for a job on the CPU: generation.backend in mathrl/specs/grpo.py), "
+        "'vllm' (vLLM's CPU build too), 'hf'.",
     )
     inference_backend: Literal["auto", "vllm", "hf"] = Field(
         "auto",
