@@ -259,7 +259,8 @@ def read_score(g: ScoreModelGrader, answer: str) -> Result:
         m = _NUMBER.search(text)
         value = float(m.group(0)) if m else None
     if value is None or value != value:
-        return Result(low, f"no score in the grading model's answer {text[:80]!r}", error="other_error")
+        why = f"no score in the grading model's answer {text[:80]!r}"
+        return Result(low, why, error="model_grader_parse_error", detail=why)
     clipped = min(max(float(value), low), high)
     note = "" if clipped == value else f", clipped to [{low:g}, {high:g}]"
     return Result(clipped, f"the grading model scored {float(value):g}{note}")
@@ -275,7 +276,8 @@ def read_label(g: LabelModelGrader, answer: str) -> Result:
         found = [(m.start(), x) for x in g.labels if (m := re.search(rf"\b{re.escape(x.lower())}\b", text))]
         label = min(found)[1] if found else None
     if label is None:
-        return Result(0.0, f"the grading model gave none of the labels: {answer.strip()[:80]!r}", error="other_error")
+        why = f"the grading model gave none of the labels: {answer.strip()[:80]!r}"
+        return Result(0.0, why, error="model_grader_parse_error", detail=why)
     passed = label in g.passing_labels
     return Result(float(passed), f"the grading model labelled it {label!r}: {'passing' if passed else 'not passing'}")
 

@@ -102,6 +102,8 @@ async def run(body: GraderRunParams, caller: CallerDep, settings: SettingsDep) -
             errors["python_grader_runtime_error_details"] = result["detail"]
         if kind == "python_grader_server_error":
             errors["python_grader_server_error_type"] = (result["detail"] or "").split(":")[0] or "error"
+        if kind.startswith("model_grader"):  # the one field OpenAI's schema has for a grading model's why
+            errors["model_grader_server_error_details"] = result["detail"]
     name = getattr(body.grader, "name", None) or body.grader.type
     sub = result["sub"] or {name: result["reward"]}
     return {

@@ -251,6 +251,17 @@ def _sample_the_fine_tuned_model(service: Service, client: Any, model: str, chec
     graded = client.fine_tuning.alpha.graders.run(grader=grader, model_sample="42", item={"reference_answer": "42"})
     assert set(graded.sub_rewards) == {"score", "label"} and 0 <= graded.reward <= 2, graded
     print(f"model graders on the fine-tuned model: {graded.sub_rewards}, errors {graded.metadata.errors}")
+    # why a grading model's score is what it is, where the SDK shows it (issue 46.7: only other_error was set)
+    alone = client.fine_tuning.alpha.graders.run(
+        grader=grader["graders"]["label"], model_sample="42", item={"reference_answer": "42"}
+    )
+    errors = alone.metadata.errors
+    print(f"label_model alone: reward {alone.reward}, errors {errors}")
+    assert not errors.other_error
+    if alone.reward == 0.0:
+        assert errors.model_grader_parse_error and "none of the labels" in (
+            errors.model_grader_server_error_details or ""
+        )
     # another project sees none of it
     other = _client(service)
     assert other.models.list().data == []

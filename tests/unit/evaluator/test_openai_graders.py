@@ -300,18 +300,18 @@ def test_model_graders_read_the_grading_models_answer(tiny_model: str) -> None:
     assert read_score(sm, '{"score": 3.5, "why": "close"}').score == 3.5
     assert read_score(sm, "I'd say 42/10").score == 10.0  # kept within the range
     none = read_score(sm, "no idea")
-    assert none.score == 0.0 and none.error == "other_error"
+    assert none.score == 0.0 and none.error == "model_grader_parse_error" and "no score" in (none.detail or "")
     lm = LabelModelGrader(name="l", model=tiny_model, input=msgs, labels=["good", "bad"], passing_labels=["good"])
     assert read_label(lm, "Good.").score == 1.0
     assert read_label(lm, "this one is bad, not good").score == 0.0  # the first label named
-    assert read_label(lm, "maybe").error == "other_error"
+    assert read_label(lm, "maybe").error == "model_grader_parse_error"
     # the whole path, the grading model loaded once for both graders
     cache: dict[str, Any] = {}
     item = {"reference_answer": "42"}
     for g in (sm, lm):
         (r,) = grade_items(g, ["42"], [None], items=[item], judge=judges(cache=cache))
         assert r.reason.startswith(("the grading model", "no score in", "the grading model gave none")), r
-        assert (0.0 <= r.score <= 10.0) and (r.error in (None, "other_error"))
+        assert (0.0 <= r.score <= 10.0) and (r.error in (None, "model_grader_parse_error"))
     assert list(cache) == [tiny_model]
     chat = cache[tiny_model].prompt([{"role": "user", "content": "42 vs 42"}])
     assert "42 vs 42" in chat  # the template's variables were filled before the chat template
