@@ -142,3 +142,49 @@ def test_a_retried_create_with_the_same_idempotency_key_returns_the_first_object
         ).status_code
         == 201
     )
+
+
+def test_each_rft_hyperparameter_is_honoured_or_refused_by_name(app_client: Any) -> None:
+    """Issue 46.9: each of OpenAI's RFT hyperparameters, as the job runs it (docs/openai-rft.md)."""
+    import openai
+
+    h = admin_key(app_client)
+    client = _client(app_client, h)
+    rows = b"".join(
+        f'{{"messages": [{{"role": "user", "content": "{a} + 1?"}}], "reference_answer": "{a + 1}"}}\n'.encode()
+        for a in range(10)
+    )
+    train = client.files.create(file=("rft.jsonl", rows), purpose="fine-tune")
+    valid = client.files.create(file=("valid.jsonl", rows), purpose="fine-tune")
+    grader = {
+        "type": "string_check",
+        "name": "x",
+        "input": "{{sample.output_text}}",
+        "reference": "{{item.reference_answer}}",
+        "operation": "eq",
+    }
+    hp = {
+        "n_epochs": 3,
+        "batch_size": 5,
+        "learning_rate_multiplier": 2.0,
+        "compute_multiplier": 0.5,
+        "reasoning_effort": "medium",
+        "eval_interval": 2,
+        "eval_samples": 7,
+    }
+    method = {"type": "reinforcement", "reinforcement": {"grader": grader, "hyperparameters": hp}}
+    job = client.fine_tuning.jobs.create(
+        model="org/model", training_file=train.id, validation_file=valid.id, method=method
+    )
+    stored = app_client.get(f"/v1/jobs/{uuid.UUID(job.id.removeprefix('ftjob-'))}", headers=h).json()
+    spec, config = stored["spec"], stored["resolved_config"]
+    assert spec["max_steps"] == 6  # ceil(3 epochs x 10 lines / 5 prompts a step)
+    assert spec["num_generations"] == 4 and spec["global_batch_size"] == 20  # G = round(8 x 0.5), 5 prompts x G
+    assert spec["learning_rate"] == pytest.approx(2e-6) and config["max_completion_length"] == 1024
+    assert spec["save_steps"] == 2 and spec["eval"]["every"] == 2 and spec["eval"]["limit"] == 7
+    assert config["openai"]["mapping"]["reasoning_effort"] == "medium"
+    client.fine_tuning.jobs.cancel(job.id)
+    bad = {**method, "reinforcement": {"grader": grader, "hyperparameters": {**hp, "beta": 0.1}}}
+    with pytest.raises(openai.BadRequestError) as e:
+        client.fine_tuning.jobs.create(model="org/model", training_file=train.id, method=bad)
+    assert "beta" in str(e.value.param) + e.value.message, e.value.body
