@@ -300,7 +300,9 @@ def test_pause_drains_to_a_checkpoint_and_resume_goes_on_from_it(service: Servic
     # and it held: the step under way ended, no other started (+1: metrics stored behind by the sink's writer)
     assert max(steps) <= at_pause + 2, (at_pause, steps)
     kinds = [(e.data or {}).get("type") for e in client.fine_tuning.jobs.list_events(job.id, limit=100).data]
-    assert kinds[0] == "paused" and "pause_requested" in kinds and "drain_requested" in kinds, kinds
+    # the job drains at the step's end, whether it read the pause from its row first or its
+    # supervisor did (then a drain_requested event too)
+    assert kinds[0] == "paused" and "pause_requested" in kinds, kinds
     assert client.fine_tuning.jobs.resume(job.id).status == "queued"
     done = _wait(client, job.id)
     assert done.status == "succeeded", done.error
