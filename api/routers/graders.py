@@ -186,12 +186,13 @@ async def run(
 def require_sandbox(grader: Any, limits: Any) -> None:
     """503 where the grader runs a user's source and this server cannot sandbox it in the
     configured mode (evaluator/sandbox.py fails closed): the detail says why and what to install."""
-    from evaluator.sandbox import isolation
+    from evaluator.sandbox import SandboxUnavailable, check_available
 
     if runs_code(grader) and not limits.pool_url:  # a grading pool answers for itself (503 per call)
-        iso = isolation(limits.python_sandbox)
-        if iso.refused:
-            raise Problem(503, "Python graders unavailable", f"python graders cannot run on this server: {iso.refused}")
+        try:
+            check_available(limits.python_sandbox)
+        except SandboxUnavailable as e:
+            raise Problem(503, "Python graders unavailable", str(e)) from None
 
 
 @router.get(
