@@ -5,6 +5,11 @@
   evaluation before and after), shows progress, and prints the scores with the gain. Any other
   pipeline file runs the same way (`--pipeline examples/smollm2-arith.yaml`).
 - `run_eval_demo`: one eval job, e.g. SmolLM2-135M-Instruct on the first GSM8K problems.
+
+Run again after an interrupted run (Ctrl-C, a closed terminal), a demo finds that run's work
+unfinished in the home's database, and the one worker would resume it before anything new
+(`earlier_runs`): the pipeline demo picks up an unfinished pipeline with the very same spec and
+cancels everything else unfinished, the eval demo cancels it all, and both say which.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from mathrl.status import NOT_STARTED, TERMINAL
+from mathrl.status import NOT_STARTED, STATUSES, TERMINAL
 from service.embedded import demo_key, embedded_service, prepare_model
 
 PIPELINE_FILE = Path(__file__).resolve().parent.parent / "examples" / "arith-pipeline.yaml"
@@ -48,6 +53,64 @@ def demo_pipeline(quick: bool = False) -> dict[str, Any]:
         jobs["grpo"].update(max_steps=40, save_steps=40, sample_every=10)
         spec["name"] += " (quick)"
     return spec
+
+
+UNFINISHED = tuple(s for s in STATUSES if s not in TERMINAL)
+
+
+def _why_not_resumed(p: Any, wanted: dict[str, Any] | None) -> str | None:
+    """Why the unfinished pipeline `p` of an earlier run cannot be picked up (None: it can)."""
+    if wanted is None or p.spec != wanted:
+        return "a different spec"
+    for j in p.jobs:
+        if j.status in ("failed", "cancelled", "paused"):
+            return f"its step '{j.step}' {'is' if j.status == 'paused' else 'was'} {j.status}"
+    return None
+
+
+def earlier_runs(console: Any, client: Any, spec: dict[str, Any] | None) -> Any | None:
+    """What an interrupted demo left unfinished in this home: the worker resumes it first when it
+    comes back, so a new submission would wait behind it. Returns the newest unfinished pipeline
+    whose spec is `spec` exactly (as the API stored it) and that can still succeed, to be watched
+    instead of submitting again (it resumes from its checkpoints); cancels every other unfinished
+    pipeline and job of the demo's project through the API, saying which and why. With `spec`
+    None, or one the API would refuse (it then says why), nothing is picked up."""
+    wanted = None
+    if spec is not None:
+        from pydantic import ValidationError
+
+        from mathrl.specs import PipelineSpec
+
+        try:
+            wanted = PipelineSpec.model_validate(spec).model_dump(mode="json", exclude_unset=True)
+        except (ValidationError, ValueError):
+            return None  # left as it is: the API's 422 tells what is wrong with the new spec
+    unfinished = [j for status in UNFINISHED for j in client.jobs.list(status=status)]
+    resumed: Any = None
+    for pid in sorted({j.pipeline_id for j in unfinished if j.pipeline_id}, reverse=True):  # uuid7: newest first
+        p = client.pipelines.retrieve(pid)
+        if p.status in TERMINAL:  # ended since it was listed
+            continue
+        why = _why_not_resumed(p, wanted)
+        if why is None and resumed is None:
+            resumed = p
+            continue
+        client.pipelines.cancel(p.id)
+        why = why or f"the newer pipeline {resumed.id}, of the same spec, is picked up instead"
+        console.print(f"[yellow]cancelled pipeline {p.id} from an earlier run: {why}[/yellow]", highlight=False)
+    for j in unfinished:
+        if not j.pipeline_id:
+            client.jobs.cancel(j.id)
+            console.print(f"[yellow]cancelled {j.kind} job {j.id} from an earlier run[/yellow]", highlight=False)
+    return resumed
+
+
+def _last_seq(client: Any, job_id: str) -> int:
+    """The newest event's seq of a job (0 with none): a picked-up run shows only what happens next."""
+    seq = 0
+    while events := client.jobs.events(job_id, after=seq or None):
+        seq = events[-1].seq
+    return seq
 
 
 def _accuracy(client: Any, job_id: str) -> Any:
@@ -124,10 +187,18 @@ def run_pipeline_demo(home: str, port: int, quick: bool, keep_running: bool, pip
         console.print(f"API at [bold]{url}[/bold] (up in {time.monotonic() - t0:.0f}s); key in {root / 'demo-key'}")
         console.print(sandbox_line(env))
         client = Client(url, api_key=key)
-        p = client.pipelines.create(spec)
-        console.print(f"submitted pipeline [bold]{p.id}[/bold]: " + " -> ".join(j.step for j in p.jobs))
-        console.print(f"watch it at {url}/ui/pipelines/{p.id}")
         last_seq: dict[str, int] = {}
+        p = earlier_runs(console, client, spec)
+        if p is not None:
+            console.print(
+                f"resumed pipeline [bold]{p.id}[/bold] from an earlier run (the same spec, not submitted again): "
+                + ", ".join(f"{j.step} {j.status}" for j in p.jobs)
+            )
+            last_seq = {j.job_id: _last_seq(client, j.job_id) for j in p.jobs}
+        else:
+            p = client.pipelines.create(spec)
+            console.print(f"submitted pipeline [bold]{p.id}[/bold]: " + " -> ".join(j.step for j in p.jobs))
+        console.print(f"watch it at {url}/ui/pipelines/{p.id}")
         shown_tenth: dict[str, int] = {}  # progress is printed every 10%, not every second
         while True:
             p = client.pipelines.retrieve(p.id)
@@ -196,6 +267,7 @@ def run_eval_demo(home: str, port: int, model: str, limit: int, max_new_tokens: 
         console.print(sandbox_line(env))
         (root / "demo-key").write_text(key + "\n")
         client = Client(url, api_key=key)
+        earlier_runs(console, client, None)
         spec = {
             "kind": "eval",
             "name": "demo: GSM8K",
