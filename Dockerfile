@@ -57,6 +57,7 @@ COPY pyproject.toml README.md alembic.ini ./
 COPY mathrl ./mathrl
 COPY api ./api
 COPY worker ./worker
+COPY kinds ./kinds
 COPY trainer ./trainer
 COPY evaluator ./evaluator
 COPY store ./store

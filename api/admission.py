@@ -22,18 +22,10 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from api.problems import Problem
-from mathrl.errors import FieldError
-from mathrl.kinds import function
-from mathrl.memory_plan import check_job, read_model_config
+from kinds import home, resolve_config
+from mathrl.errors import Refused
 from mathrl.specs import model_refs, split_job_ref
-from mathrl.specs.resolved import (
-    ResolvedConfig,
-    ResolvedEval,
-    ResolvedGRPO,
-    ResolvedRewardModel,
-    ResolvedSFT,
-    resolve_config,
-)
+from mathrl.specs.resolved import ResolvedConfig
 from service.settings import Settings
 from service.sources import url_refusal
 from store.models import Project
@@ -44,9 +36,12 @@ def admit_spec(spec: Any, settings: Settings) -> ResolvedConfig:
     return its resolved config (every hyperparameter as the run will use it)."""
     check_sources(spec, settings)
     check_benchmarks(spec)
+    kind = home(spec)  # kinds/<kind>.py
     config = resolve_config(spec)
-    if spec.job.admit is not None:  # the kind's own checks (mathrl/kinds.py)
-        function(spec.job.admit)(spec, config)
+    try:
+        kind.admit(spec, config, settings)
+    except Refused as exc:
+        raise Problem.at(f"/{exc.field}", str(exc), exc.title) from None
     check_job_limits(spec, config, settings)
     check_placement(spec, settings)
     check_memory(spec, config, settings)
@@ -75,18 +70,21 @@ def check_placement(spec: Any, settings: Settings) -> None:
 
 
 def check_memory(spec: Any, config: ResolvedConfig, settings: Settings) -> None:
-    """The memory plan of a GRPO or SFT job on GPUs (mathrl/memory_plan.py), when the model's
+    """The memory plan of a job on GPUs whose kind has one (trainer/memory_plan.py), when the model's
     config.json can be read now: a local path, or another job's model already saved on the artifact
     volume. It is stored in the config (`memory_plan`); one over the GPU memory of the job's pool
     (settings.memory) is refused, with what would fit. A hub id, or a model not saved yet (a
     pipeline's earlier step), is checked by the worker before the model loads (worker.child)."""
-    if not spec.job.memory_plan or spec.resources.gpus == 0:
+    from trainer.memory_plan import check_job
+
+    training = home(spec).memory(config)
+    if training is None or spec.resources.gpus == 0:
         return
     model_config = known_model_config(spec.model, settings)
     if model_config is None:
         return
     try:
-        plan, refusal = check_job(config, model_config, settings.memory.for_queue(spec.resources.queue))
+        plan, refusal = check_job(training, model_config, settings.memory.for_queue(spec.resources.queue))
     except ValueError as exc:  # a config.json this estimate cannot read: left to the run
         config.memory_plan = {"estimate_gib": None, "notes": [str(exc)]}
         return
@@ -101,6 +99,8 @@ def known_model_config(ref: str, settings: Settings) -> dict[str, Any] | None:
     or 'job:<id>[@final|@step-N]' whose model is saved under the artifact directory (where the
     worker's sink moves it: <artifact_dir>/jobs/<id>/train/final or checkpoint-N). Nothing is
     fetched; None when it is not there (yet)."""
+    from trainer.memory_plan import read_model_config
+
     if ref.startswith("/"):
         return read_model_config(ref)
     target, which = split_job_ref(ref)
@@ -270,28 +270,6 @@ def check_benchmarks(spec: Any) -> None:
         raise refuse("/dataset/split", "Unknown split", f"{exc}: pick one of those") from None
 
 
-def resolve_eval_recipe(spec: Any, config: ResolvedConfig) -> None:
-    """The recipe an eval runs with, resolved now (an unknown name or a few-shot count over the
-    pool is a 422, not a failed job) and stored in its config with the completion length."""
-    from evaluator.benchmarks import UnknownBenchmark
-    from evaluator.recipes import UnknownRecipe, resolve_recipe
-
-    def refuse(pointer: str, title: str, detail: str) -> Problem:
-        return Problem.at(pointer, detail, title)
-
-    try:
-        resolved = resolve_recipe(spec)
-    except UnknownRecipe as exc:
-        raise refuse("/recipe", "Unknown recipe", f"{exc}. Use one of these, or give a recipe inline") from None
-    except UnknownBenchmark as exc:
-        raise refuse("/recipe/shots_from", "Unknown benchmark", f"{exc}: the recipe's shots come from it") from None
-    except FieldError as exc:
-        raise refuse(f"/{exc.field}", "Invalid recipe", str(exc)) from None
-    ev = config.of(ResolvedEval)
-    ev.recipe = resolved.record()
-    ev.sampling = ev.sampling.model_copy(update={"max_new_tokens": resolved.max_new_tokens})
-
-
 # --- per-job limits (on the resolved config: presets fill values) ---------------------------
 
 
@@ -301,46 +279,11 @@ def _over(pointer: str, value: int, limit: int, what: str) -> Problem:
 
 
 def check_job_limits(spec: Any, config: ResolvedConfig, settings: Settings) -> None:
-    limits = settings.limits
-    checks: list[tuple[str, int | None, int, str]] = [
-        ("/max_steps", getattr(spec, "max_steps", None), limits.max_steps, "steps per job"),
-    ]
-    if isinstance(config, ResolvedGRPO):
-        checks += [
-            (
-                "/global_batch_size",
-                config.global_batch_size,
-                limits.max_generations_per_step,
-                "completions per step",
-            ),
-            ("/num_generations", config.num_generations, limits.max_generations_per_step, "completions per step"),
-            (
-                "/max_completion_length",
-                config.max_prompt_length + config.max_completion_length,
-                limits.max_tokens,
-                "tokens per sequence (max_prompt_length + max_completion_length)",
-            ),
-        ]
-    if isinstance(config, ResolvedEval | ResolvedRewardModel):
-        sampling = config.sampling
-        checks += [
-            ("/sampling/n", sampling.n, limits.max_generations_per_step, "completions per question"),
-            ("/sampling/max_new_tokens", sampling.max_new_tokens, limits.max_tokens, "tokens per completion"),
-        ]
-    if isinstance(config, ResolvedRewardModel):
-        checks.append(
-            (
-                "/samples_per_question",
-                config.samples_per_question,
-                limits.max_generations_per_step,
-                "completions per question",
-            )
-        )
-    if isinstance(config, ResolvedSFT | ResolvedRewardModel):
-        checks.append(("/max_length", config.max_length, limits.max_tokens, "tokens per sequence"))
-    for pointer, value, limit, what in checks:
-        if value is not None and value > limit:
-            raise _over(pointer, value, limit, what)
+    """The job's values its kind holds to this server's per-job limits (kinds/<kind>.py `limits`)."""
+    for limit in home(spec).limits(spec, config):
+        cap: int = getattr(settings.limits, limit.limit)
+        if limit.value is not None and limit.value > cap:
+            raise _over(limit.pointer, limit.value, cap, limit.what)
 
 
 # --- project quotas ----------------------------------------------------------------------

@@ -94,8 +94,8 @@ def spec_for(mode: str, args: argparse.Namespace) -> dict[str, Any]:
 
 def one_run(mode: str, args: argparse.Namespace) -> None:
     """Child process: one mode through run_grpo; prints the stored metrics as JSON."""
+    from kinds import resolve_config
     from mathrl.specs import parse_spec
-    from mathrl.specs.resolved import resolve_config
     from trainer.grpo import run_grpo
     from worker.vllm_server import needs_server, start_server
 

@@ -1,4 +1,4 @@
-"""Measure one GPU's memory in TRL GRPO steps, next to what mathrl/memory_plan.py estimates for
+"""Measure one GPU's memory in TRL GRPO steps, next to what trainer/memory_plan.py estimates for
 them: the calibration of its activation constants (tests/unit/mathrl/test_memory_plan.py::MEASURED holds the
 H100 readings this script gave). Needs a CUDA GPU; no hub: the model is a randomly initialised
 Qwen2 of a published shape, the tokenizer a word-level one over its vocabulary, and generation is
@@ -35,11 +35,11 @@ SHAPES: dict[str, dict[str, Any]] = {
 
 
 def memory_plan() -> Any:
-    """mathrl/memory_plan.py alone (pure Python): a GPU box with torch and TRL needs nothing of the SDK."""
+    """trainer/memory_plan.py alone (pure Python): a GPU box with torch and TRL needs nothing of the SDK."""
     import importlib.util
 
     if "mathrl_memory_plan" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("mathrl_memory_plan", ROOT / "mathrl" / "memory_plan.py")
+        spec = importlib.util.spec_from_file_location("mathrl_memory_plan", ROOT / "trainer" / "memory_plan.py")
         assert spec is not None and spec.loader is not None
         sys.modules["mathrl_memory_plan"] = module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)

@@ -107,8 +107,8 @@ MATHRL_ARMS: dict[str, dict[str, Any]] = {
 
 
 def run_mathrl(args: argparse.Namespace, sink: SeriesSink, work: Path) -> None:
+    from kinds import resolve_config
     from mathrl.specs import parse_spec
-    from mathrl.specs.resolved import resolve_config
     from trainer.grpo import run_grpo
 
     spec = parse_spec(

@@ -2,6 +2,7 @@
 
     ValueError
     └── FieldError          a spec's field is wrong (the API's problem details point at it)
+        └── Refused         its kind refuses it at submit (kinds/<kind>.py admit), with a title
     RuntimeError
     └── NotAvailable        this worker cannot run the job: a package it lacks, too few GPUs,
                             its memory plan (worker.child.MemoryRefused) (exit EXIT_UNAVAILABLE)
@@ -41,6 +42,15 @@ def check_regex(field: str, pattern: str | None, group: bool) -> None:
         raise FieldError(field, str(exc)) from None
     if group and groups < 1:
         raise FieldError(field, "needs a group, e.g. '#### (\\-?[0-9.,]+)': the answer is group 1")
+
+
+class Refused(FieldError):
+    """A job its kind refuses at submit (kinds/<kind>.py `admit`): the API answers 422 titled
+    `title`, pointing at `field`."""
+
+    def __init__(self, field: str, message: str, title: str = "Invalid job"):
+        super().__init__(field, message)
+        self.title = title
 
 
 class NotAvailable(RuntimeError):

@@ -192,10 +192,3 @@ def resolve_loop(spec: GRPOSpec, values: dict[str, Any]) -> dict[str, Any]:
             raise _err("skip_zero_advantage", "async GRPO has its own loss: drop skip_zero_advantage")
         out["skip_zero_advantage"] = None
     return out
-
-
-def resolve_sft(spec: Any) -> dict[str, Any]:
-    """An SFT job's settings it leaves to TRL: gradient checkpointing (SFTConfig's default too)."""
-    if spec.gradient_checkpointing is None:
-        return {"gradient_checkpointing": TRL_DEFAULTS["gradient_checkpointing"]}
-    return {}

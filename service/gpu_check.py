@@ -7,7 +7,7 @@ and checks:
 - held-out accuracy before and after GRPO, with a floor on the gain (`--min-gain`);
 - where a GRPO step's time goes (generation, training), generated and trained tokens per
   second per device, MFU against the device's stated bf16 peak (trainer.throughput.GPU_PEAK_TFLOPS);
-- the memory plan (mathrl.memory_plan) against torch.cuda.max_memory_allocated;
+- the memory plan (trainer/memory_plan.py) against torch.cuda.max_memory_allocated;
 - with two or more GPUs, SFT on two data-parallel ranks against one rank (the same global
   batch, so the same losses up to rounding), and GRPO's step on two ranks.
 
@@ -178,8 +178,9 @@ def grpo_run(
     """One GRPO run of the job's code, measured: per-step time split, throughput, MFU, memory."""
     import torch
 
+    from kinds import resolve_config
     from mathrl.specs import parse_spec
-    from mathrl.specs.resolved import ResolvedGRPO, resolve_config
+    from mathrl.specs.resolved import ResolvedGRPO
     from trainer.grpo import run_grpo
 
     # the job as a GPU worker would run it (one GPU: resources.gpus decides the memory plan's pool)
@@ -288,12 +289,13 @@ def mfu(run: dict[str, Any], params: int, peak: float | None, devices: int) -> f
 
 
 def memory_plan(model_path: str, config: ResolvedConfig, env: dict[str, Any]) -> dict[str, Any]:
-    """The plan admission computes for this job (mathrl.memory_plan), on this GPU's memory."""
-    from mathrl.memory_plan import plan_job
+    """The plan admission computes for this job (trainer/memory_plan.py), on this GPU's memory."""
+    from kinds import training_of
+    from trainer.memory_plan import plan_job
 
     config_json = json.loads((Path(model_path) / "config.json").read_text())
     gpu_gib = env["gpus"][0]["memory_gib"] if env.get("gpus") else None
-    return plan_job(config, config_json, gpu_gib).record()
+    return plan_job(training_of(config), config_json, gpu_gib).record()
 
 
 def _first_last(values: list[float]) -> list[float] | None:
@@ -330,8 +332,9 @@ def sft_job(model: str, per_device: int) -> dict[str, Any]:
 def rank_main(kind: str, job: str, log: str) -> None:
     """One rank of a data-parallel run (started by torchrun): runs the job's code, rank 0 writes
     the logged metrics to `log` as JSON."""
+    from kinds import resolve_config
     from mathrl.specs import parse_spec
-    from mathrl.specs.resolved import ResolvedGRPO, ResolvedSFT, resolve_config
+    from mathrl.specs.resolved import ResolvedGRPO, ResolvedSFT
 
     spec = cast("SFTSpec | GRPOSpec", parse_spec(json.loads(job)))  # an SFT or a GRPO job, as kind says
     sink = RecordSink(echo=False)

@@ -302,7 +302,7 @@ class GradersSettings(BaseModel):
 
 
 class MemorySettings(BaseModel):
-    """The GPU memory of the worker pools, for the memory plan (mathrl/memory_plan.py). A GRPO or
+    """The GPU memory of the worker pools, for the memory plan (trainer/memory_plan.py). A GRPO or
     SFT job with GPUs whose estimated peak exceeds one of its pool's GPUs is refused at submit (422)
     when the API can read the model's config.json (a local path, another job's saved model), else
     failed by the worker before the model loads. API and workers read the same values."""

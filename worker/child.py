@@ -29,8 +29,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from kinds import JobRun, home
 from mathrl.errors import Cancelled, Drained, NotAvailable, StopRequested
-from mathrl.kinds import JobRun, function
 from mathrl.processes import rank as rank_of_process
 from mathrl.specs import parse_spec
 from mathrl.specs.resolved import ResolvedConfig, resolved
@@ -46,7 +46,7 @@ EXIT_OK, EXIT_ERROR, EXIT_STOPPED, EXIT_UNAVAILABLE, EXIT_LOST, EXIT_DRAINED = 0
 
 
 class MemoryRefused(NotAvailable):
-    """The job's memory plan (mathrl/memory_plan.py) needs more than this worker's GPUs have."""
+    """The job's memory plan (trainer/memory_plan.py) needs more than this worker's GPUs have."""
 
     event = "memory_plan"
 
@@ -95,7 +95,7 @@ def run(job_id: str, owner: str, attempt: int) -> int:
     _check_available(spec)
     work = attempt_dir(settings.artifact_dir, job_id, attempt)
     spec = _fetch_dataset(spec, settings, work, project_id)
-    model_path, checkpoint = resolve(spec.model) if spec.job.loads_model else ("", None)
+    model_path, checkpoint = resolve(spec.model) if home(spec).needs(spec).loads_model else ("", None)
     sink_class = DatabaseSink if is_main() else ReadOnlySink
     sink = sink_class(
         url,
@@ -108,8 +108,13 @@ def run(job_id: str, owner: str, attempt: int) -> int:
     sink.install_sigterm()
     try:
         _check_memory(spec, config, model_path, settings, sink)  # before the model loads
+        from worker.vllm_server import URL_ENV
+        from worker.warm_engine import given_engine
+
         out = job_dir(settings.artifact_dir, job_id)
-        return _run_kind(JobRun(spec, config, sink, settings, job_id, model_path, checkpoint, resolve, work, out))
+        warm, server = given_engine(settings), os.environ.get(URL_ENV)
+        run = JobRun(spec, config, sink, settings, job_id, model_path, checkpoint, resolve, work, out, warm, server)
+        return _run_kind(run)
     except StopRequested as stop:
         if isinstance(stop, LeaseLost):
             raise
@@ -122,15 +127,15 @@ def run(job_id: str, owner: str, attempt: int) -> int:
         sink.flush()  # every metric and sample is stored before the process reports its end
 
 
-def _run_kind(run: JobRun) -> int:
-    """The kind's runner (its spec's `job.runner`, worker/runners.py) in this process."""
+def _run_kind(run: JobRun[Any, Any]) -> int:
+    """The kind's `run` (kinds/<kind>.py) in this process."""
     world = world_size()
     run.sink.event(
         "started",
         f"job process {os.getpid()} started ({run.spec.kind})" + (f", rank 0 of {world}" if world > 1 else ""),
         data={"pid": os.getpid(), "processes": world},
     )
-    function(run.spec.job.runner)(run)
+    home(run.spec).run(run)
     return EXIT_OK
 
 
@@ -172,17 +177,16 @@ def _check_available(spec: Any) -> None:
     """Fail fast, with the reason, when this worker lacks what the job needs."""
     import importlib.util
 
-    generation = getattr(spec, "generation", None)
-    field = "generation.backend" if generation is not None else "backend"
-    wants_vllm = (generation.backend if generation is not None else getattr(spec, "backend", "hf")) == "vllm"
-    if wants_vllm and importlib.util.find_spec("vllm") is None:
+    needs = home(spec).needs(spec)
+    field = needs.vllm_field
+    if field is not None and importlib.util.find_spec("vllm") is None:
         raise NotAvailable(
             f"this job asks for vLLM ({field}='vllm'), which is not installed on this worker: "
             f"set {field} to 'hf'"
-            + (" or 'auto'" if generation is not None else "")
+            + (" or 'auto'" if field == "generation.backend" else "")
             + ", or send it to a pool whose image has vLLM (resources.pool)"
         )
-    if getattr(spec, "deepspeed_zero3", False) and importlib.util.find_spec("deepspeed") is None:
+    if needs.deepspeed and importlib.util.find_spec("deepspeed") is None:
         raise NotAvailable(
             "this job asks for deepspeed_zero3, and DeepSpeed is not installed on this worker: "
             "drop deepspeed_zero3, or run a worker image with deepspeed"
@@ -196,15 +200,16 @@ def _check_available(spec: Any) -> None:
 
 
 def _check_memory(spec: Any, config: ResolvedConfig, model_path: str, settings: Any, sink: Any) -> None:
-    """The memory plan of a GRPO or SFT job on GPUs (mathrl/memory_plan.py), the same check the API
+    """The memory plan of a job on GPUs whose kind has one (trainer/memory_plan.py), the same check the API
     makes at submit, for what only the worker can see: a hub id's config.json (fetched alone, into
     the cache the model loads from next) or another job's model once it is saved. The GPU's memory
     is the pool's from settings (MATHRL_MEMORY__POOLS, as at submit), else this worker's first
     visible GPU's (torch). A plan over it fails the job, with what would fit, before the model
     loads; a plan checked at submit is not checked again."""
-    if not spec.job.memory_plan or spec.resources.gpus == 0:
+    training = home(spec).memory(config)
+    if training is None or spec.resources.gpus == 0:
         return
-    from mathrl.memory_plan import check_job
+    from trainer.memory_plan import check_job
 
     stored = config.memory_plan or {}
     if stored.get("gpu_memory_gib") is not None:
@@ -215,7 +220,7 @@ def _check_memory(spec: Any, config: ResolvedConfig, model_path: str, settings: 
         sink.event("memory_plan", f"memory plan not checked: no config.json for {spec.model}", "warning")
         return
     try:
-        plan, refusal = check_job(config, model_config, gpu_gib)
+        plan, refusal = check_job(training, model_config, gpu_gib)
     except ValueError as exc:
         sink.event("memory_plan", f"memory plan not checked: {exc}", "warning")
         return
@@ -226,7 +231,7 @@ def _check_memory(spec: Any, config: ResolvedConfig, model_path: str, settings: 
 
 
 def _model_config(model_path: str) -> dict[str, Any] | None:
-    from mathrl.memory_plan import read_model_config
+    from trainer.memory_plan import read_model_config
 
     if model_path.startswith("/"):
         return read_model_config(model_path)

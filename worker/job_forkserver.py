@@ -37,7 +37,7 @@ PRELOAD = (
     "trl",
     "trl.trainer.sft_trainer",
     "worker.child",
-    "worker.runners",
+    "kinds",
     "evaluator.run",
     "trainer.sft",
 )

@@ -24,15 +24,16 @@ from worker.attempt import AttemptDir
 
 
 def num_processes(spec: Any) -> int:
-    """How many processes the job runs as: training jobs honour resources.processes/gpus."""
-    if not spec.job.training:
-        return 1
-    # a GRPO job in server mode trains on the GPUs its vLLM server does not take
-    return int(getattr(spec, "training_processes", spec.resources.num_processes))
+    """How many processes the job runs as on one node (its kind's needs: kinds/<kind>.py)."""
+    from kinds import home
+
+    return home(spec).needs(spec).processes
 
 
 def uses_deepspeed(spec: Any) -> bool:
-    return bool(getattr(spec, "deepspeed_zero3", False)) and num_processes(spec) > 1
+    from kinds import home
+
+    return home(spec).needs(spec).deepspeed
 
 
 def child_args(job_id: str, owner: str, attempt: int) -> list[str]:

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from kinds import home
 from service.settings import Settings
 from worker.attempt import AttemptDir
 from worker.child import EXIT_DRAINED, EXIT_ERROR, EXIT_OK, EXIT_STOPPED
@@ -64,9 +65,7 @@ def forwarded_env(environ: dict[str, str] | None = None) -> dict[str, str]:
 def ray_workers(spec: Any) -> int:
     """Ray Train workers of a training job (processes per node x nodes, less a GRPO job's vLLM
     server GPUs in server mode); 1 for other kinds."""
-    if not spec.job.training:
-        return 1
-    return int(getattr(spec, "training_world", spec.resources.num_processes * spec.resources.nodes))
+    return home(spec).needs(spec).world
 
 
 def entrypoint(settings: Settings, spec: Any, job_id: str, owner: str, attempt: int) -> tuple[str, int, int]:
@@ -75,7 +74,7 @@ def entrypoint(settings: Settings, spec: Any, job_id: str, owner: str, attempt: 
     none; other kinds (an eval in a Ray pool) run the plain job process as the driver, on the GPUs
     the job asked for."""
     python = settings.ray.python
-    if spec.job.training:
+    if home(spec).needs(spec).training:
         per_worker = 1 if spec.resources.gpus else 0
         args = ["-m", "worker.ray_train", job_id, owner, str(attempt), str(ray_workers(spec)), str(per_worker)]
         if needs_server(spec):  # GRPO in vLLM server mode: the driver starts the server (worker.ray_vllm)

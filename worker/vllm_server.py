@@ -40,8 +40,10 @@ URL_ENV = "MATHRL_VLLM_SERVER_URL"
 
 
 def needs_server(spec: Any) -> bool:
-    gen = getattr(spec, "generation", None)
-    return gen is not None and gen.mode == "server"
+    """The job wants a vLLM server of its own beside it (its kind's needs: kinds/<kind>.py)."""
+    from kinds import home
+
+    return home(spec).needs(spec).vllm_server
 
 
 def lora_rank(r: int) -> int:

@@ -97,27 +97,18 @@ _engines: dict[tuple[str, str, str], WarmEngine] = {}
 
 
 def engine_model(spec: Any) -> str | None:
-    """The model a job's warm engine serves: an eval's or generate job's model; a grade job's one
-    grading model (score_model, label_model; None when it has several, or reward models, which
-    score with a head an engine does not run)."""
-    if spec.kind != "grade":
-        return str(spec.model)
-    from mathrl.graders import LabelModelGrader, RewardModelGrader, ScoreModelGrader, parts
+    """The model a job's warm engine would serve (its kind's needs, kinds/<kind>.py), or None: it
+    wants none (another backend, a kind that generates nothing, a grader with several models)."""
+    from kinds import home
 
-    graders = [g for _, g in parts(spec.grader)]
-    models = {g.model for g in graders if isinstance(g, ScoreModelGrader | LabelModelGrader)}
-    if len(models) != 1 or any(isinstance(g, RewardModelGrader) for g in graders):
-        return None
-    return models.pop()
+    return home(spec).needs(spec).engine_model
 
 
 def wants_warm_engine(spec: Any, settings: Any) -> bool:
-    """An eval, generate or grade job on vLLM, warm engines on, and vLLM installed here (else the
-    job process says it is missing)."""
+    """A job that wants a warm engine, warm engines on, and vLLM installed here (else the job
+    process says it is missing)."""
     import importlib.util
 
-    if not spec.job.warm_engine or spec.backend not in ("vllm", "auto"):
-        return False
     if engine_model(spec) is None:
         return False
     if settings.worker.warm_engines <= 0:

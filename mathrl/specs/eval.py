@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated, ClassVar, Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
 from mathrl.errors import FieldError
 from mathrl.graders import Grader
-from mathrl.kinds import JobKind
 from mathrl.modelref import ModelRef
 from mathrl.specs.base import Dtype, GenerationBackend, JobBase, RecipeField
 from mathrl.specs.inputs import DatasetRef, Sampling
@@ -16,9 +15,6 @@ from mathrl.specs.inputs import DatasetRef, Sampling
 
 class EvalSpec(JobBase):
     kind: Literal["eval"] = Field("eval", description="Benchmark evaluation.")
-    job: ClassVar[JobKind] = JobKind(
-        "worker.runners:run_eval", warm_engine=True, admit="api.admission:resolve_eval_recipe"
-    )
     model: ModelRef
     benchmark: str = Field("gsm8k", min_length=1, max_length=128, description="A registered benchmark.")
     dataset: DatasetRef | None = Field(None, description="A user set instead of a registered benchmark.")

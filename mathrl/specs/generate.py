@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Annotated, ClassVar, Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
 from mathrl.errors import FieldError
-from mathrl.kinds import JobKind
 from mathrl.modelref import ModelRef
 from mathrl.specs.base import Dtype, GenerationBackend, JobBase, StrictModel
 
@@ -30,7 +29,6 @@ class GenerateSpec(JobBase):
     while it is generated (evaluator/chat.py)."""
 
     kind: Literal["generate"] = Field("generate", description="Answering a chat or a prompt.")
-    job: ClassVar[JobKind] = JobKind("worker.runners:run_generate", warm_engine=True)
     model: ModelRef
     messages: list[ChatMessage] | None = Field(None, min_length=1, max_length=256, description="The chat to answer.")
     prompt: str | None = Field(None, max_length=100_000, description="A plain prompt to continue (no chat template).")

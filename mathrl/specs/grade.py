@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Literal
 
 from pydantic import Field, model_validator
 
 from mathrl.errors import FieldError
 from mathrl.graders import Grader, GraderItem
-from mathrl.kinds import JobKind
 from mathrl.specs.base import Dtype, GenerationBackend, JobBase
 
 
@@ -18,7 +17,6 @@ class GradeSpec(JobBase):
     trained; each item's score and reason are stored as the job's samples."""
 
     kind: Literal["grade"] = Field("grade", description="Grading given completions.")
-    job: ClassVar[JobKind] = JobKind("worker.runners:run_grade", warm_engine=True, loads_model=False)
     grader: Grader = Field(..., description="The grader (mathrl/graders.py), with a reward model in it.")
     items: list[GraderItem] = Field(..., min_length=1, max_length=1000, description="At most 1000 per job.")
     backend: GenerationBackend | Literal["auto"] = Field(

@@ -3,12 +3,11 @@ dynamic sampling settings. Unset knobs are filled by a preset (mathrl.presets)."
 
 from __future__ import annotations
 
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from mathrl.errors import FieldError
-from mathrl.kinds import JobKind
 from mathrl.modelref import ModelRef
 from mathrl.presets import ASYNC_UNSUPPORTED, resolve_grpo
 from mathrl.specs.base import MAX_SEED, Dtype, GenerationBackend, GradientCheckpointing, JobBase, StrictModel
@@ -146,9 +145,6 @@ class GRPOSpec(JobBase):
     """GRPO policy training. Knobs left as null take the preset's value (or TRL's default)."""
 
     kind: Literal["grpo"] = Field("grpo", description="GRPO policy training.")
-    job: ClassVar[JobKind] = JobKind(
-        "worker.runners:run_grpo", training=True, memory_plan=True, resolve="mathrl.presets:resolve_grpo"
-    )
     model: ModelRef
     preset: Literal["deepseekmath", "trl-default"] = Field(
         "trl-default", description="Fills every knob left unset; explicit fields override it."

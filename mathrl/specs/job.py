@@ -14,8 +14,8 @@ from mathrl.specs.grpo import GRPOSpec
 from mathrl.specs.reward_model import RewardModelSpec
 from mathrl.specs.sft import SFTSpec
 
-# The job kinds. A new kind is its spec class (a module of mathrl/specs/), with its `job` entry (mathrl/kinds.py: its
-# runner, how it launches, its admission hooks), and its name here.
+# The job kinds. A new kind is its spec class (a module of mathrl/specs/) and its name here; its home on the server,
+# everything the server does with it, is kinds/<kind>.py (registered in kinds.HOMES).
 AnySpec = EvalSpec | GRPOSpec | RewardModelSpec | SFTSpec | GradeSpec | GenerateSpec
 JobSpec = Annotated[AnySpec, Field(discriminator="kind")]
 KINDS: Registry[type[AnySpec]] = Registry("job kind")

@@ -1,5 +1,5 @@
 """A job's resolved configuration: its spec's fields with every value the run reads filled in
-(mathrl.presets at submit, then the API's admission), typed. The store keeps it as JSON
+(its kind's home, kinds/<kind>.py: `resolve` at submit, then `admit`), typed. The store keeps it as JSON
 (jobs.resolved_config, `record()`); the API, the worker and the trainers read it through these
 models (`resolved(config)`), not by string key. Fields a kind does not type (the rest of its
 spec) ride along as extras, so the stored record keeps every one."""
@@ -11,7 +11,6 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from mathrl.kinds import function
 from mathrl.specs.grpo import Generation
 from mathrl.specs.inputs import Sampling
 from mathrl.specs.lora import LoRA
@@ -26,7 +25,7 @@ class ResolvedConfig(BaseModel):
 
     kind: str
     memory_plan: dict[str, Any] | None = Field(
-        None, description="GPU memory planned at submit (mathrl.memory_plan: estimate, terms, notes)."
+        None, description="GPU memory planned at submit (trainer/memory_plan.py: estimate, terms, notes)."
     )
     openai: dict[str, Any] | None = Field(
         None, description="The OpenAI fine-tuning request this job was made from, and how it was mapped."
@@ -126,21 +125,10 @@ class ResolvedEval(ResolvedConfig):
     )
 
 
+# each kind's model, read off the classes above (a kind whose runner reads no typed config has none)
 RESOLVED: dict[str, type[ResolvedConfig]] = {
-    "grpo": ResolvedGRPO,
-    "sft": ResolvedSFT,
-    "reward_model": ResolvedRewardModel,
-    "eval": ResolvedEval,
+    str(cls.model_fields["kind"].default): cls for cls in ResolvedConfig.__subclasses__()
 }
-
-
-def resolve_config(spec: Any) -> ResolvedConfig:
-    """The concrete configuration a job runs with, stored on the job row at submit time: the spec,
-    and what its kind's `resolve` adds (GRPO: mathrl.presets.resolve_grpo)."""
-    config: dict[str, Any] = spec.model_dump(mode="json")
-    if spec.job.resolve is not None:
-        config.update(function(spec.job.resolve)(spec))
-    return resolved(config)
 
 
 def resolved(config: Mapping[str, Any] | ResolvedConfig) -> ResolvedConfig:

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Literal
 
 from pydantic import Field, model_validator
 
 from mathrl.errors import FieldError
-from mathrl.kinds import JobKind
 from mathrl.modelref import ModelRef
 from mathrl.specs.base import MAX_SEED, GenerationBackend, JobBase
 from mathrl.specs.inputs import DEFAULT_MAX_NEW_TOKENS, DatasetRef, Sampling
@@ -18,7 +17,6 @@ class RewardModelSpec(JobBase):
     """Reward-model training: sample, label automatically (Math-Shepherd), train."""
 
     kind: Literal["reward_model"] = Field("reward_model", description="Reward-model training.")
-    job: ClassVar[JobKind] = JobKind("worker.runners:run_reward_model", training=True)
     model: ModelRef = Field(..., description="Base model the RM is trained from.")
     policy: ModelRef | None = Field(None, description="Model that samples solutions; defaults to 'model'.")
     type: Literal["outcome", "process"] = Field("outcome", description="Outcome (ORM) or process (PRM) labels.")

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Literal
 
 from pydantic import Field, model_validator
 
 from mathrl.errors import FieldError
-from mathrl.kinds import JobKind
 from mathrl.modelref import ModelRef
 from mathrl.specs.base import MAX_SEED, GradientCheckpointing, JobBase
 from mathrl.specs.grpo import HeldoutEvalField
@@ -19,9 +18,6 @@ class SFTSpec(JobBase):
     """Supervised fine-tuning on worked solutions (prompt -> completion), the usual start for RL."""
 
     kind: Literal["sft"] = Field("sft", description="Supervised fine-tuning.")
-    job: ClassVar[JobKind] = JobKind(
-        "worker.runners:run_sft", training=True, memory_plan=True, resolve="mathrl.presets:resolve_sft"
-    )
     model: ModelRef = Field(..., description="Model to fine-tune; 'tiny:<layers>x<width>' builds a fresh tiny one.")
     dataset: DatasetRef = Field(..., description="Questions with worked solutions (or gold answers) to imitate.")
     max_steps: int = Field(200, ge=1, le=10_000_000, description="Optimizer steps.")

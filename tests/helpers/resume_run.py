@@ -80,8 +80,9 @@ class LogSink(PrintSink):
 
 
 def main(kind: str, model: str, data_dir: str, out: str, work: str, log: str, kill_at: str | None = None) -> None:
+    from kinds import resolve_config
     from mathrl.specs import parse_spec
-    from mathrl.specs.resolved import ResolvedGRPO, ResolvedSFT, resolve_config
+    from mathrl.specs.resolved import ResolvedGRPO, ResolvedSFT
 
     sink = LogSink(Path(log), int(kill_at) if kill_at else None)
     spec = parse_spec({**(SFT if kind == "sft" else GRPO), "model": model})

@@ -42,8 +42,8 @@ def main(mode: str, model: str, out: str) -> None:
     tok = load_tokenizer(model)
     server = None
     if mode == "server":  # started as the worker starts it for a job in server mode
+        from kinds import resolve_config
         from mathrl.specs import parse_spec
-        from mathrl.specs.resolved import resolve_config
         from worker.vllm_server import start_server
 
         spec = parse_spec(

@@ -21,7 +21,9 @@ from hypothesis import HealthCheck, Phase
 from hypothesis import settings as hsettings
 from sqlalchemy import text
 
+from kinds import HOMES
 from mathrl.specs import parse_spec
+from service.settings import get_settings
 from tests.helpers.api import admin_key, db, make_objects, overridden, project_jobs
 from tests.helpers.env import ADMIN_TOKEN
 from tests.helpers.jobs import PARKED, parked_eval, parked_grpo
@@ -585,7 +587,7 @@ def test_a_pipeline_is_admitted_as_one_submission(app_client: Any, monkeypatch: 
     job = app_client.get(f"/v1/jobs/{r.json()['jobs'][0]['job_id']}", headers=h).json()
     # resolved once, at submit: the presets' values and, for an eval, its prompt recipe
     expected = real_resolve(parse_spec(job["spec"]))
-    admission.resolve_eval_recipe(parse_spec(job["spec"]), expected)
+    HOMES["eval"].admit(parse_spec(job["spec"]), expected, get_settings())
     assert job["resolved_config"] == expected.record()
 
 

@@ -86,13 +86,14 @@ def test_spec_fields_override_the_recipe() -> None:
 def test_a_job_runs_the_recipe_it_was_admitted_with(monkeypatch: pytest.MonkeyPatch) -> None:
     """The worker reads the recipe resolved at submit from the job's config: a registry entry
     changed between submit and run (a worker upgraded meanwhile) does not change the prompt."""
-    from api.admission import resolve_eval_recipe
     from evaluator.recipes import stored_recipe
-    from mathrl.specs.resolved import ResolvedEval, resolve_config, resolved
+    from kinds import HOMES, resolve_config
+    from mathrl.specs.resolved import ResolvedEval, resolved
+    from service.settings import get_settings
 
     spec = EvalSpec(model="m", recipe="lm-eval-gsm8k", few_shot=3)
     config = resolve_config(spec).of(ResolvedEval)
-    resolve_eval_recipe(spec, config)
+    HOMES["eval"].admit(spec, config, get_settings())
     admitted = resolve_recipe(spec)
     changed = get_recipe("lm-eval-gsm8k").model_copy(update={"stop": ["Q:"], "max_new_tokens": 99})
     monkeypatch.setitem(RECIPES._entries, "lm-eval-gsm8k", changed)  # a worker upgraded meanwhile

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from kinds import resolve_config
 from mathrl.specs import parse_spec
-from mathrl.specs.resolved import ResolvedGRPO, resolve_config
+from mathrl.specs.resolved import ResolvedGRPO
 
 pytestmark = pytest.mark.quick
 

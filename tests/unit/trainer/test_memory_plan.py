@@ -1,4 +1,4 @@
-"""The memory plan (mathrl/memory_plan.py): the estimate against known configurations and against
+"""The memory plan (trainer/memory_plan.py): the estimate against known configurations and against
 peaks measured on an H100, the refusal at submit (api/admission.py), the same check on the worker
 before the model loads (worker/child.py), the pools' GPU memory from the chart, and the GPU recipe
 example. No service, no model, no GPU: the config.json values are written here (no hub access)."""
@@ -13,7 +13,11 @@ from typing import Any
 import pytest
 import yaml
 
-from mathrl.memory_plan import (
+from kinds import resolve_config, training_of
+from mathrl.specs import PipelineSpec, parse_spec
+from mathrl.specs.resolved import ResolvedGRPO, ResolvedSFT, resolved
+from tests.helpers.env import ROOT
+from trainer.memory_plan import (
     GIB,
     ModelShape,
     Training,
@@ -22,9 +26,6 @@ from mathrl.memory_plan import (
     plan_job,
     read_model_config,
 )
-from mathrl.specs import PipelineSpec, parse_spec
-from mathrl.specs.resolved import ResolvedGRPO, ResolvedSFT, resolve_config, resolved
-from tests.helpers.env import ROOT
 
 pytestmark = pytest.mark.quick
 
@@ -162,16 +163,16 @@ def test_each_term_moves_the_way_the_trainer_does() -> None:
 
 def test_resolved_configs_map_onto_the_plan() -> None:
     colocated = grpo_config(beta=0.04)  # auto -> vLLM colocated on a GPU job, TRL's 0.3 of the GPU
-    plan = plan_job(colocated, QWEN25_15B, 80)
+    plan = plan_job(training_of(colocated), QWEN25_15B, 80)
     assert plan.terms["vllm"] == int(0.3 * 80 * GIB) and plan.terms["reference_model"] > 0
-    lora = plan_job(grpo_config(beta=0.04, lora={"r": 16}), QWEN25_15B, 80)
+    lora = plan_job(training_of(grpo_config(beta=0.04, lora={"r": 16})), QWEN25_15B, 80)
     assert lora.terms["reference_model"] == 0  # TRL switches the adapter off instead
     server = grpo_config(resources={"gpus": 2}, generation={"backend": "vllm", "mode": "server"})
-    assert plan_job(server, QWEN25_15B, 80).terms["vllm"] == 0  # the server has GPUs of its own
-    low = plan_job(grpo_config(generation={"gpu_memory_utilization": 0.5}), QWEN25_15B, 80)
+    assert plan_job(training_of(server), QWEN25_15B, 80).terms["vllm"] == 0  # the server has GPUs of its own
+    low = plan_job(training_of(grpo_config(generation={"gpu_memory_utilization": 0.5})), QWEN25_15B, 80)
     assert low.terms["vllm"] == int(0.5 * 80 * GIB)
     sft = resolve_config(parse_spec({"kind": "sft", "model": "/m", "dataset": {"name": "math-train"}}))
-    assert plan_job(sft, QWEN25_15B, 80).terms["vllm"] == 0
+    assert plan_job(training_of(sft), QWEN25_15B, 80).terms["vllm"] == 0
     with pytest.raises(ValueError, match="hidden_size"):
         ModelShape.from_config({"model_type": "bert"})
     with pytest.raises(ValueError, match="mixture-of-experts"):
@@ -342,7 +343,7 @@ def test_worker_fails_the_job_before_the_model_loads_with_the_submit_message(
     with pytest.raises(child.MemoryRefused) as refused:
         child._check_memory(spec, config, "Qwen/Qwen2.5-7B", settings, sink)
     assert asked == [("Qwen/Qwen2.5-7B", "config.json")]
-    _, same = check_job(config, QWEN25_7B, 80)
+    _, same = check_job(training_of(config), QWEN25_7B, 80)
     assert same is not None and str(refused.value) == same.detail
     assert refused.value.event == "memory_plan" and refused.value.data["fits"] is False
 
@@ -418,10 +419,12 @@ def test_the_gpu_recipe_example_fits_one_80_gib_gpu(tied: bool) -> None:
     config = resolve_config(grpo)
     assert (config.generation_backend, config.generation_mode) == ("vllm", "colocate")
     assert config.max_prompt_length + config.max_completion_length <= 4096  # the model's positions
-    plan, refusal = check_job(config, {**QWEN25_MATH_15B, "tie_word_embeddings": tied}, 80)
+    plan, refusal = check_job(training_of(config), {**QWEN25_MATH_15B, "tie_word_embeddings": tied}, 80)
     print(f"examples/{EXAMPLE.name} (tied embeddings: {tied}): ~{plan.estimate_gib:.1f} GiB of 80 GiB")
     assert refusal is None and plan.fits
     if tied:  # the figure the file's comment gives
         assert f"~{plan.estimate_gib:.0f} GiB per GPU" in text
-        off, _ = check_job(config.model_copy(update={"gradient_checkpointing": False}), QWEN25_MATH_15B, 80)
+        off, _ = check_job(
+            training_of(config.model_copy(update={"gradient_checkpointing": False})), QWEN25_MATH_15B, 80
+        )
         assert f"~{off.estimate_gib:.0f} GiB" in text

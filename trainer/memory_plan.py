@@ -1,7 +1,8 @@
 """A training job's GPU memory, estimated before anything is loaded (no torch here).
 
-`plan_job(config, model_config, gpu_memory_gib)` takes a job's resolved config (what the job row
-stores: mathrl.specs.resolved.resolve_config) and the model's config.json values (a Llama/Qwen2-style
+`plan_job(training, model_config, gpu_memory_gib)` takes what a job trains (`Training`: each
+training kind's memory hook makes it from the job's resolved config, kinds.training_of) and the
+model's config.json values (a Llama/Qwen2-style
 decoder: hidden_size, intermediate_size, num_hidden_layers, num_attention_heads,
 num_key_value_heads, vocab_size, tie_word_embeddings, head_dim if present) and returns the peak
 memory of one GPU, itemised. `check_job` adds the refusal, with what would make the job fit.
@@ -56,8 +57,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
-
-from mathrl.specs.resolved import ResolvedConfig, ResolvedGRPO, ResolvedSFT, resolved
 
 GIB = 1024**3
 
@@ -275,36 +274,6 @@ def estimate(shape: ModelShape, training: Training, gpu_memory: int | None = Non
     return MemoryPlan(params=params, trainable=trainable, terms=terms, peak=peak, gpu_memory=gpu_memory, notes=notes)
 
 
-# ---- a job's resolved config ------------------------------------------------------------------
-
-
-def training_of(stored: Mapping[str, Any] | ResolvedConfig) -> Training:
-    """The Training of a GRPO or SFT job from its resolved config (mathrl.specs.resolved.resolve_config)."""
-    config = resolved(stored)
-    if isinstance(config, ResolvedGRPO):
-        colocated = config.generation_backend == "vllm" and config.generation_mode == "colocate"
-        utilization = config.generation.gpu_memory_utilization or DEFAULT_VLLM_UTILIZATION
-        fraction = utilization if colocated else 0.0
-        seq_len = config.max_prompt_length + config.max_completion_length
-        reference = (config.beta or 0.0) > 0 and not (config.lora and config.lora.enabled)
-        zero3 = config.world_size if config.deepspeed_zero3 else 1
-    elif isinstance(config, ResolvedSFT):
-        fraction, seq_len, reference, zero3 = 0.0, config.max_length, False, 1
-    else:
-        raise ValueError(f"no memory plan for {config.kind!r} jobs (only grpo and sft)")
-    lora = config.lora if config.lora is not None and config.lora.enabled else None
-    return Training(
-        micro_batch=config.per_device_train_batch_size,
-        seq_len=seq_len,
-        lora_r=lora.r if lora else None,
-        lora_targets=lora.target_modules if lora else "all-linear",
-        gradient_checkpointing=config.gradient_checkpointing,
-        reference_model=reference,
-        vllm_fraction=float(fraction),
-        zero3_world=zero3,
-    )
-
-
 def read_model_config(path: str | os.PathLike[str]) -> dict[str, Any] | None:
     """The config.json of a local model directory (of a LoRA adapter's directory: its base model's,
     when that is a local directory too); None when there is none or it is not JSON."""
@@ -324,11 +293,11 @@ def read_model_config(path: str | os.PathLike[str]) -> dict[str, Any] | None:
     return None
 
 
-def plan_job(
-    config: Mapping[str, Any] | ResolvedConfig, model_config: Mapping[str, Any], gpu_memory_gib: float | None
-) -> MemoryPlan:
+def plan_job(training: Training, model_config: Mapping[str, Any], gpu_memory_gib: float | None) -> MemoryPlan:
+    """The plan of a job whose training is `training` (a kind's memory hook makes it from the job's
+    resolved config: kinds.training_of)."""
     gpu = None if gpu_memory_gib is None else int(gpu_memory_gib * GIB)
-    return estimate(ModelShape.from_config(model_config), training_of(config), gpu)
+    return estimate(ModelShape.from_config(model_config), training, gpu)
 
 
 @dataclass
@@ -344,12 +313,11 @@ def _gib(n: float) -> str:
 
 
 def check_job(
-    config: Mapping[str, Any] | ResolvedConfig, model_config: Mapping[str, Any], gpu_memory_gib: float | None
+    training: Training, model_config: Mapping[str, Any], gpu_memory_gib: float | None
 ) -> tuple[MemoryPlan, Refusal | None]:
     """The job's plan and, when it needs more than the GPU has, the refusal: which fields would
     make it fit, with the estimate each change gives."""
     shape = ModelShape.from_config(model_config)
-    training = training_of(config)
     gpu = None if gpu_memory_gib is None else int(gpu_memory_gib * GIB)
     plan = estimate(shape, training, gpu)
     if gpu is None or plan.peak <= gpu:

@@ -1,0 +1,47 @@
+"""Answering a chat or a prompt (`kind: generate`, spec: mathrl/specs/generate.py): what the
+OpenAI-shaped sampling routes submit; one process, on the worker's warm vLLM engine when asked."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from kinds.base import JobRun, Kind, Limit, Needs
+from mathrl.errors import NotAvailable
+from mathrl.specs import GenerateSpec
+from mathrl.specs.resolved import ResolvedConfig
+
+if TYPE_CHECKING:
+    from service.settings import Settings
+    from trainer.memory_plan import Training
+
+
+class GenerateKind(Kind[GenerateSpec, ResolvedConfig]):
+    spec = GenerateSpec
+    config = ResolvedConfig
+
+    def resolve(self, spec: GenerateSpec) -> ResolvedConfig:
+        return self.resolved(spec, {})
+
+    def admit(self, spec: GenerateSpec, config: ResolvedConfig, settings: Settings) -> None:
+        return None
+
+    def limits(self, spec: GenerateSpec, config: ResolvedConfig) -> list[Limit]:
+        return []  # its own caps (n <= 16, max_tokens <= 32768: the spec); the API's rate limit covers the rest
+
+    def memory(self, config: ResolvedConfig) -> Training | None:
+        return None
+
+    def needs(self, spec: GenerateSpec) -> Needs:
+        engine = spec.model if spec.backend in ("vllm", "auto") else None
+        return Needs(engine_model=engine, vllm_field="backend" if spec.backend == "vllm" else None)
+
+    def run(self, run: JobRun[GenerateSpec, ResolvedConfig]) -> None:
+        from evaluator.chat import run_generate
+
+        if run.spec.backend == "vllm" and run.warm is None:
+            raise NotAvailable(
+                "backend 'vllm' answers on the worker's warm engine, which this job did not get (the worker "
+                "keeps none: worker.warm_engines is 0; or its engine of this LoRA adapter's base model was busy): "
+                "set backend to 'auto' or 'hf'"
+            )
+        run_generate(run.spec, run.sink, run.model_path, run.warm)

@@ -1,0 +1,86 @@
+"""GRPO policy training (`kind: grpo`, spec: mathrl/specs/grpo.py): its knobs resolved from TRL's
+defaults, the preset and the spec (mathrl/presets.py), trained as one process per GPU (less a
+vLLM server's in server mode), with a GPU memory plan."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from kinds.base import JobRun, Kind, Limit, LimitName, Needs
+from mathrl.presets import resolve_grpo
+from mathrl.specs import GRPOSpec
+from mathrl.specs.resolved import ResolvedGRPO
+
+if TYPE_CHECKING:
+    from service.settings import Settings
+    from trainer.memory_plan import Training
+
+
+class GRPOKind(Kind[GRPOSpec, ResolvedGRPO]):
+    spec = GRPOSpec
+    config = ResolvedGRPO
+
+    def resolve(self, spec: GRPOSpec) -> ResolvedGRPO:
+        return self.resolved(spec, resolve_grpo(spec))
+
+    def admit(self, spec: GRPOSpec, config: ResolvedGRPO, settings: Settings) -> None:
+        return None  # every rule of its knobs is the spec's own (resolve_grpo raises at parse)
+
+    def limits(self, spec: GRPOSpec, config: ResolvedGRPO) -> list[Limit]:
+        many: LimitName = "max_generations_per_step"
+        return [
+            Limit("/max_steps", spec.max_steps, "max_steps", "steps per job"),
+            Limit("/global_batch_size", config.global_batch_size, many, "completions per step"),
+            Limit("/num_generations", config.num_generations, many, "completions per step"),
+            Limit(
+                "/max_completion_length",
+                config.max_prompt_length + config.max_completion_length,
+                "max_tokens",
+                "tokens per sequence (max_prompt_length + max_completion_length)",
+            ),
+        ]
+
+    def memory(self, config: ResolvedGRPO) -> Training | None:
+        from trainer.memory_plan import DEFAULT_VLLM_UTILIZATION, Training
+
+        colocated = config.generation_backend == "vllm" and config.generation_mode == "colocate"
+        utilization = config.generation.gpu_memory_utilization or DEFAULT_VLLM_UTILIZATION
+        lora = config.lora if config.lora is not None and config.lora.enabled else None
+        return Training(
+            micro_batch=config.per_device_train_batch_size,
+            seq_len=config.max_prompt_length + config.max_completion_length,
+            lora_r=lora.r if lora else None,
+            lora_targets=lora.target_modules if lora else "all-linear",
+            gradient_checkpointing=config.gradient_checkpointing,
+            reference_model=(config.beta or 0.0) > 0 and lora is None,
+            vllm_fraction=float(utilization if colocated else 0.0),
+            zero3_world=config.world_size if config.deepspeed_zero3 else 1,
+        )
+
+    def needs(self, spec: GRPOSpec) -> Needs:
+        processes = spec.training_processes  # in server mode: the GPUs its vLLM server does not take
+        return Needs(
+            training=True,
+            processes=processes,
+            world=spec.training_world,
+            deepspeed=spec.deepspeed_zero3 and processes > 1,
+            vllm_server=spec.generation.mode == "server",
+            vllm_field="generation.backend" if spec.generation.backend == "vllm" else None,
+        )
+
+    def run(self, run: JobRun[GRPOSpec, ResolvedGRPO]) -> None:
+        from trainer.grpo import run_grpo
+
+        run_grpo(
+            run.spec,
+            run.config,
+            run.sink,
+            model_path=run.model_path,
+            data_dir=run.settings.data_dir,
+            out_dir=run.out / "train",
+            resolve_model=lambda ref: run.resolve(ref)[0],
+            vllm_server_url=run.vllm_server_url,
+            work_dir=run.work / "train",
+            engine_settings=run.settings.vllm.engine(),
+            sandbox=run.settings.graders.sandbox(),
+        )
