@@ -1,7 +1,8 @@
 """The arguments of a GRPO run: TRL's config (sync GRPOConfig; the async trainer's shares
 `common_args`) built from a spec and its resolved config (mathrl/presets.py resolves the loss
 and sampling settings: beta, epsilon, loss_type, ...), and peft's LoRA config. Kept apart from
-trainer/grpo.py (the run) so that the sync and async trainers both build on it."""
+trainer/grpo.py (the run) so that the sync and async trainers both build on it. What every training
+job shares (output, seed, logging, saving, bf16 or fp32) comes from trainer/training_args.py."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 
 from mathrl.specs import GRPOSpec, LoRA
 from mathrl.specs.resolved import ResolvedGRPO
+from trainer.training_args import training_args
 
 
 def common_args(
@@ -17,11 +19,20 @@ def common_args(
 ) -> dict[str, Any]:
     """The arguments TRL's sync (GRPOConfig) and async (AsyncGRPOConfig) trainers share."""
     return dict(
-        output_dir=str(output_dir),
-        learning_rate=config.learning_rate,
+        **training_args(
+            output_dir,
+            use_cpu=use_cpu,
+            seed=spec.seed,
+            learning_rate=config.learning_rate,
+            per_device_train_batch_size=config.per_device_train_batch_size,
+            logging_steps=spec.logging_steps,
+            save_steps=spec.save_steps,
+            # resolved by mathrl.presets (TRL's default, on, when the spec leaves it unset; a
+            # config stored before the field existed ran with that default too)
+            gradient_checkpointing=config.gradient_checkpointing,
+        ),
         num_generations=config.num_generations,
         max_completion_length=config.max_completion_length,
-        per_device_train_batch_size=config.per_device_train_batch_size,
         gradient_accumulation_steps=config.gradient_accumulation_steps,
         epsilon=config.epsilon,
         epsilon_high=config.epsilon_high,
@@ -31,17 +42,6 @@ def common_args(
         vllm_server_timeout=900.0,  # a CPU server compiles for minutes before it answers /health
         max_steps=spec.max_steps,
         warmup_steps=int(config.warmup_ratio * spec.max_steps),
-        logging_steps=spec.logging_steps,
-        save_strategy="steps",
-        save_steps=spec.save_steps,
-        seed=spec.seed,
-        report_to=[],
-        use_cpu=use_cpu,
-        bf16=not use_cpu,
-        # resolved by mathrl.presets (TRL's default, on, when the spec leaves it unset; a config
-        # stored before the field existed ran with that default too)
-        gradient_checkpointing=config.gradient_checkpointing,
-        disable_tqdm=True,
     )
 
 
@@ -63,7 +63,6 @@ def grpo_args(
         vllm_tensor_parallel_size=spec.generation.tensor_parallel_size,
         # prompt + completion: the engine's KV cache is sized for this, not the model's 8k context
         vllm_max_model_length=config.max_prompt_length + config.max_completion_length,
-        dataloader_num_workers=0,
     )
 
 

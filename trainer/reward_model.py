@@ -14,7 +14,7 @@ import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from evaluator import prompts
 from evaluator.backends import HF, Backend, BackendOptions, backend
@@ -27,6 +27,11 @@ from mathrl.processes import is_main
 from mathrl.sink import Sink
 from mathrl.specs import RewardModelSpec
 from trainer.data import load_problems
+from trainer.training_args import TrainingArgs, training_args
+
+if TYPE_CHECKING:
+    from transformers import TrainingArguments
+    from trl import RewardConfig
 
 STEP_TAG = "\n"  # a step is a line of the solution
 
@@ -153,31 +158,53 @@ def process_labels(
     return rows
 
 
+def _rm_training_args(spec: RewardModelSpec, out_dir: Path, use_cpu: bool) -> TrainingArgs:
+    """What both reward models train with: the spec's rate and batch, metrics every 5 steps, and
+    no checkpoints (run_reward_model saves the trained model itself)."""
+    return training_args(
+        out_dir,
+        use_cpu=use_cpu,
+        seed=spec.seed,
+        learning_rate=spec.learning_rate,
+        per_device_train_batch_size=spec.per_device_train_batch_size,
+        logging_steps=5,
+        save_steps=None,
+    )
+
+
+def outcome_args(spec: RewardModelSpec, out_dir: Path, use_cpu: bool) -> RewardConfig:
+    """TRL's RewardConfig for the outcome RM (pairs of whole solutions, cut at max_length)."""
+    from trl import RewardConfig
+
+    return RewardConfig(
+        **_rm_training_args(spec, out_dir, use_cpu),
+        num_train_epochs=spec.num_train_epochs,
+        max_length=spec.max_length,
+    )
+
+
+def process_args(spec: RewardModelSpec, out_dir: Path, use_cpu: bool) -> TrainingArguments:
+    """transformers' TrainingArguments for the process RM (a token classifier; its rows are
+    already encoded and cut, and keep their columns for the collator)."""
+    from transformers import TrainingArguments
+
+    return TrainingArguments(
+        **_rm_training_args(spec, out_dir, use_cpu),
+        num_train_epochs=spec.num_train_epochs,
+        remove_unused_columns=False,
+    )
+
+
 def _train_outcome(
     spec: RewardModelSpec, pairs: list[dict[str, str]], model_path: str, out_dir: Path, sink: Sink
 ) -> Any:
     import torch
     from datasets import Dataset
-    from trl import RewardConfig, RewardTrainer
+    from trl import RewardTrainer
 
     from trainer.callbacks import SinkCallback
 
-    use_cpu = not torch.cuda.is_available()
-    args = RewardConfig(
-        output_dir=str(out_dir),
-        learning_rate=spec.learning_rate,
-        num_train_epochs=spec.num_train_epochs,
-        per_device_train_batch_size=spec.per_device_train_batch_size,
-        max_length=spec.max_length,
-        report_to=[],
-        use_cpu=use_cpu,
-        bf16=not use_cpu,
-        logging_steps=5,
-        save_strategy="no",
-        seed=spec.seed,
-        disable_tqdm=True,
-        dataloader_num_workers=0,
-    )
+    args = outcome_args(spec, out_dir, use_cpu=not torch.cuda.is_available())
     tok = load_tokenizer(model_path)
     trainer = RewardTrainer(
         model=model_path,
@@ -201,7 +228,7 @@ def _train_process(
     """Token classification on step ends (label at the last token of each step)."""
     import torch
     from datasets import Dataset
-    from transformers import AutoModelForTokenClassification, Trainer, TrainingArguments
+    from transformers import AutoModelForTokenClassification, Trainer
 
     from trainer.callbacks import SinkCallback
 
@@ -228,22 +255,7 @@ def _train_process(
         mask = [[1] * len(b["input_ids"]) + [0] * (n - len(b["input_ids"])) for b in batch]
         return {"input_ids": torch.tensor(ids), "labels": torch.tensor(labels), "attention_mask": torch.tensor(mask)}
 
-    use_cpu = not torch.cuda.is_available()
-    args = TrainingArguments(
-        output_dir=str(out_dir),
-        learning_rate=spec.learning_rate,
-        num_train_epochs=spec.num_train_epochs,
-        per_device_train_batch_size=spec.per_device_train_batch_size,
-        report_to=[],
-        use_cpu=use_cpu,
-        bf16=not use_cpu,
-        logging_steps=5,
-        save_strategy="no",
-        seed=spec.seed,
-        disable_tqdm=True,
-        remove_unused_columns=False,
-        dataloader_num_workers=0,
-    )
+    args = process_args(spec, out_dir, use_cpu=not torch.cuda.is_available())
     Trainer(
         model=model,
         args=args,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from evaluator import prompts
 from evaluator.models import load_tokenizer
@@ -18,6 +18,10 @@ from trainer.checkpoints import latest_checkpoint, save_checkpoints_atomically, 
 from trainer.data import load_problems, render_prompt
 from trainer.grpo_config import lora_config
 from trainer.heldout_eval import HeldoutEvalCallback
+from trainer.training_args import training_args
+
+if TYPE_CHECKING:
+    from trl import SFTConfig
 
 
 def carry_token_count(trainer: Any) -> None:
@@ -59,6 +63,30 @@ def sft_dataset(spec: SFTSpec, tokenizer: Any, data_dir: str | None) -> Any:
     return Dataset.from_list(rows)
 
 
+def sft_args(spec: SFTSpec, config: ResolvedSFT, output_dir: Path, use_cpu: bool) -> SFTConfig:
+    """TRL's SFTConfig for a spec: the arguments every training job shares, and SFT's own."""
+    from trl import SFTConfig
+
+    return SFTConfig(
+        **training_args(
+            output_dir,
+            use_cpu=use_cpu,
+            seed=spec.seed,
+            learning_rate=spec.learning_rate,
+            per_device_train_batch_size=spec.per_device_train_batch_size,
+            logging_steps=spec.logging_steps,
+            save_steps=spec.save_steps,
+            gradient_checkpointing=config.gradient_checkpointing,  # unset in the spec: TRL's default, on
+        ),
+        max_steps=spec.max_steps,
+        gradient_accumulation_steps=spec.gradient_accumulation_steps,
+        max_length=spec.max_length,
+        warmup_steps=int(spec.warmup_ratio * spec.max_steps),
+        completion_only_loss=True,
+        max_grad_norm=1.0,
+    )
+
+
 def run_sft(
     spec: SFTSpec,
     config: ResolvedSFT,
@@ -71,32 +99,12 @@ def run_sft(
 ) -> dict[str, Any]:
     """Train; checkpoints and the final model end up in out_dir (see run_grpo for work_dir)."""
     import torch
-    from trl import SFTConfig, SFTTrainer
+    from trl import SFTTrainer
 
     tokenizer = load_tokenizer(model_path)
     dataset = sft_dataset(spec, tokenizer, data_dir)
     use_cpu = not torch.cuda.is_available()
-    args = SFTConfig(
-        output_dir=str(work_dir or out_dir),
-        max_steps=spec.max_steps,
-        learning_rate=spec.learning_rate,
-        per_device_train_batch_size=spec.per_device_train_batch_size,
-        gradient_accumulation_steps=spec.gradient_accumulation_steps,
-        max_length=spec.max_length,
-        warmup_steps=int(spec.warmup_ratio * spec.max_steps),
-        logging_steps=spec.logging_steps,
-        save_strategy="steps",
-        save_steps=spec.save_steps,
-        seed=spec.seed,
-        report_to=[],
-        use_cpu=use_cpu,
-        bf16=not use_cpu,
-        gradient_checkpointing=config.gradient_checkpointing,  # unset in the spec: TRL's default, on
-        disable_tqdm=True,
-        completion_only_loss=True,
-        dataloader_num_workers=0,
-        max_grad_norm=1.0,
-    )
+    args = sft_args(spec, config, work_dir or out_dir, use_cpu)
     peft_config = lora_config(spec.lora)
     callback = SinkCallback(sink, sample_every=10**9, total_steps=spec.max_steps, checkpoint_dir=str(out_dir))
     heldout = HeldoutEvalCallback(spec.eval, sink, tokenizer, data_dir) if spec.eval else None
