@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from mathrl.presets import resolve_grpo
+from kinds import resolve_config
 from mathrl.specs import parse_spec
 from mathrl.specs.resolved import ResolvedGRPO, ResolvedSFT
 from trainer.training_args import training_args
@@ -77,8 +77,7 @@ def test_grpo_configs_get_the_shared_block_from_spec_and_resolved_config(tmp_pat
             "gradient_checkpointing": False,
         }
     )
-    # the stored config: the spec and what the preset resolves
-    config = ResolvedGRPO.model_validate({**spec.model_dump(mode="json"), **resolve_grpo(spec)})
+    config = resolve_config(spec).of(ResolvedGRPO)
     if algorithm == "sync":
         from trainer.grpo_config import grpo_args
 
@@ -123,7 +122,7 @@ def test_sft_config_gets_the_shared_block_and_its_own(tmp_path: Path) -> None:
             "gradient_checkpointing": False,
         }
     )
-    config = ResolvedSFT.model_validate(spec.model_dump(mode="json"))
+    config = resolve_config(spec).of(ResolvedSFT)
     args = sft_args(spec, config, tmp_path, use_cpu=True)
     assert_shared(
         args,
