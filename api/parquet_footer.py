@@ -15,16 +15,14 @@ import struct
 from collections.abc import Iterator
 from pathlib import Path
 
+from mathrl.errors import ParquetError as ParquetError  # raised here; its callers import it from here
+
 MAGIC = b"PAR1"
 MAX_FOOTER = 64 << 20  # bytes of metadata read at most (a footer this big is not a dataset we read)
 MAX_DEPTH = 64  # nested structs skipped at most this deep
 
 # Thrift compact types
 STOP, TRUE, FALSE, BYTE, I16, I32, I64, DOUBLE, BINARY, LIST, SET, MAP, STRUCT = range(13)
-
-
-class ParquetError(ValueError):
-    """Not a parquet file, or a footer that cannot be read."""
 
 
 class _Reader:

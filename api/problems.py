@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import DataError, DBAPIError, OperationalError, StatementError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from mathrl.errors import MathRLException
 from mathrl.graders import GRADER_TYPES
 from mathrl.specs import JOB_KINDS, UNION_TAGS
 from store.db import UNSTORABLE, Unstorable
@@ -53,7 +54,11 @@ TOO_LARGE = "The request body is larger than this server accepts."
 OUT_OF_RANGE = "A number is out of the range this server stores: use a smaller one."
 
 
-class Problem(Exception):
+class Problem(MathRLException):
+    """The API's own refusal, answered as problem details (RFC 9457): its HTTP status, title,
+    detail, the fields in error (`errors`, JSON pointers) and any headers. It stays here, beside
+    its handler, not in mathrl.errors: only the API raises it."""
+
     def __init__(
         self,
         status: int,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from mathrl.errors import UnknownBenchmark as UnknownBenchmark  # raised here; its callers import it from here
 from mathrl.registry import Registry
 
 ANSWER_FROM = ("field", "boxed_solution")
@@ -60,10 +61,6 @@ def synthetic_benchmark(
         carry_slip=carry_slip,
         task=task,
     )
-
-
-class UnknownBenchmark(ValueError):
-    pass
 
 
 # A new benchmark is one entry here (or REGISTRY.add(...) from another module).

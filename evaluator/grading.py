@@ -16,6 +16,7 @@ from typing import Any
 import sympy
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
+from mathrl.errors import MathRLException
 from mathrl.regex import compile_pattern
 
 _HASH = re.compile(r"####\s*([^\n]+)")
@@ -142,8 +143,8 @@ def _parse_answer(text: str) -> list[object]:
 MAX_DIGITS = 100_000  # an answer with a number past this many digits is not evaluated (no answer is that long)
 
 
-class _TooBig(Exception):
-    pass
+class _TooBig(MathRLException):
+    """An answer too large to evaluate (private: caught in this module, where it is raised)."""
 
 
 def _log10(n: int) -> float:

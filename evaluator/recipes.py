@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from mathrl.errors import FieldError
+from mathrl.errors import UnknownRecipe as UnknownRecipe  # raised here; its callers import it from here
 from mathrl.recipe import Recipe, Shot
 from mathrl.registry import Registry
 from mathrl.specs import DEFAULT_MAX_NEW_TOKENS
@@ -32,10 +33,6 @@ GSM8K_COT_SHOTS = _shots("gsm8k_cot")
 MINERVA_MATH_SHOTS = _shots("minerva_math")
 
 _CHAT_SYSTEM = "You are a careful math tutor. Solve the problem step by step."
-
-
-class UnknownRecipe(ValueError):
-    pass
 
 
 RECIPES: Registry[Recipe] = Registry("recipe", UnknownRecipe)

@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mathrl.errors import NotAvailable
+from mathrl.errors import SandboxUnavailable as SandboxUnavailable  # raised here; its callers import it from here
 
 HARNESS = Path(__file__).with_name("sandbox_harness.py")
 NOBODY = 65534
@@ -64,12 +64,6 @@ INSTALL_HINT = (
     "in the chart's grading pool, with runtimeClassName gvisor where the cluster has it); a single-user "
     "install may instead set MATHRL_GRADERS__PYTHON_SANDBOX=audit-hook (no kernel boundary)"
 )
-
-
-class SandboxUnavailable(NotAvailable):
-    """No sandbox of the asked mode can be made on this machine: python graders are refused."""
-
-    event = "python_sandbox_unavailable"
 
 
 @dataclass(frozen=True)

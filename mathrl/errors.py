@@ -1,47 +1,70 @@
-"""Errors raised across layers, importable by every module that raises them:
+"""Every exception the project raises, in one hierarchy under one base, MathRLException (as
+httpx's `_exceptions.py` keeps its own). Each also keeps the built-in base that callers catch it
+by (`except ValueError` still catches a FieldError). The modules that raise them re-export
+them, so `from evaluator.benchmarks import UnknownBenchmark` and the like still work; where a
+class came from is written beside it. This module imports nothing of the project, so every
+module can import it.
 
-    ValueError
-    └── FieldError          a spec's field is wrong (the API's problem details point at it)
-        └── Refused         its kind refuses it at submit (kinds/<kind>.py admit), with a title
-    RuntimeError
-    └── NotAvailable        this worker cannot run the job: a package it lacks, too few GPUs,
-                            its memory plan (worker.child.MemoryRefused) (exit EXIT_UNAVAILABLE)
-    Exception
-    └── StopRequested       this job must stop now: a loop saw its sink's should_stop()
-        ├── Cancelled       the job was cancelled (exit EXIT_STOPPED)
-        ├── Drained         its worker is shutting down, or it was paused: a checkpoint was
-        │                   saved and the job is handed back (exit EXIT_DRAINED)
-        └── LeaseLost       this attempt no longer owns the job: its writes are refused (EXIT_LOST)
+    MathRLException
+    ├── FieldError (ValueError)       a spec's field is wrong (the API's problem details point at it)
+    │   └── Refused                   its kind refuses it at submit (kinds/<kind>.py admit), with a title
+    ├── UnknownName (ValueError)      a name no registry entry has (mathrl.registry.Registry)
+    │   ├── UnknownBenchmark          evaluator.benchmarks' registry
+    │   ├── UnknownRecipe             evaluator.recipes' registry
+    │   └── UnknownReward             trainer.rewards' names
+    ├── PatternError (ValueError)     a user's regular expression RE2 cannot run (mathrl.regex)
+    ├── TemplateError (ValueError)    a grader template's variable that does not exist (mathrl.templates)
+    ├── FormulaError (ValueError)     a multi grader's formula that cannot be parsed (mathrl.formula)
+    │   └── FormulaVariableError      ... or names no grader
+    ├── FileFormatError (ValueError)  an uploaded JSONL file's lines, in error (mathrl.jsonl_files)
+    ├── IllegalTransition (ValueError)  a job status move the status graph lacks (mathrl.status)
+    ├── Unstorable (ValueError)       a NUL character no JSON column may hold (store.db)
+    ├── NotPausable (ValueError)      a job whose status no pause or resume applies to (store.jobs)
+    ├── RefusedURL (ValueError)       a dataset URL the server will not fetch (service.sources)
+    ├── RefError (ValueError)         a job or checkpoint reference that names nothing (worker.refs)
+    ├── ParquetError (ValueError)     not a parquet file, or its footer cannot be read (api.parquet_footer)
+    ├── NotAvailable (RuntimeError)   this worker cannot run the job (exit EXIT_UNAVAILABLE)
+    │   ├── SandboxUnavailable        no python grader sandbox on this machine (evaluator.sandbox)
+    │   └── MemoryRefused             its memory plan needs more than the GPUs have (worker.child)
+    ├── CheckpointWriteError (RuntimeError)  a checkpoint that could not be written (trainer.checkpoints)
+    ├── RayUnavailable (RuntimeError) the Ray cluster does not answer or refused (worker.ray_submit)
+    ├── StopRequested                 this job must stop now: a loop saw its sink's should_stop()
+    │   ├── Cancelled                 the job was cancelled (exit EXIT_STOPPED)
+    │   ├── Drained                   its worker is shutting down, or it was paused: a checkpoint
+    │   │                             was saved and the job is handed back (exit EXIT_DRAINED)
+    │   └── LeaseLost                 this attempt no longer owns the job: its writes are refused (EXIT_LOST)
+    │
+    │   defined where they are used, on this base:
+    ├── api.problems.Problem          an HTTP refusal (status, title, problem details, headers):
+    │   │                             the API's own, raised and answered only in api/
+    │   └── api.admission.QuotaProblem  a 429 with the pipeline step that crossed the quota
+    └── evaluator.grading._TooBig     private: a sympy answer too large to evaluate, caught
+                                      where it is raised
 
-The API's own refusals are api.problems.Problem (`Problem.at(pointer, detail)` for a field).
+The SDK client's HTTP error, mathrl.client.MathRLError, is not yet under this base.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from mathrl.regex import PatternError, check
+# the message of Unstorable; the API answers it for a NUL character wherever one is found
+UNSTORABLE = "A value holds a character that cannot be stored (NUL, \\u0000): remove it."
 
 
-class FieldError(ValueError):
+class MathRLException(Exception):
+    """The base of every exception the project raises."""
+
+
+# --- a spec, a user's input ------------------------------------------------------------------
+
+
+class FieldError(MathRLException, ValueError):
     """A cross-field error that knows which field to blame (the API's problem details point at it)."""
 
     def __init__(self, field: str, message: str):
         super().__init__(message)
         self.field = field
-
-
-def check_regex(field: str, pattern: str | None, group: bool) -> None:
-    """A regular expression a spec gives (with `group`: one whose group 1 is the answer), as
-    RE2 runs it (mathrl/regex.py: patterns that need backtracking are refused)."""
-    if pattern is None:
-        return
-    try:
-        groups = check(pattern)
-    except PatternError as exc:
-        raise FieldError(field, str(exc)) from None
-    if group and groups < 1:
-        raise FieldError(field, "needs a group, e.g. '#### (\\-?[0-9.,]+)': the answer is group 1")
 
 
 class Refused(FieldError):
@@ -53,7 +76,88 @@ class Refused(FieldError):
         self.title = title
 
 
-class NotAvailable(RuntimeError):
+class UnknownName(MathRLException, ValueError):
+    """A name no registry entry has (mathrl.registry.Registry raises it, or the registry's own
+    subclass, naming the close names and every known one)."""
+
+
+class UnknownBenchmark(UnknownName):
+    """A benchmark name the registry lacks (evaluator.benchmarks)."""
+
+
+class UnknownRecipe(UnknownName):
+    """A recipe name the registry lacks (evaluator.recipes)."""
+
+
+class UnknownReward(UnknownName):
+    """A reward name the trainer does not know (trainer.rewards)."""
+
+
+class PatternError(MathRLException, ValueError):
+    """A pattern that cannot run: the message says why (mathrl.regex)."""
+
+
+class TemplateError(MathRLException, ValueError):
+    """A variable the template names does not exist (invalid_variable_error; mathrl.templates)."""
+
+
+class FormulaError(MathRLException, ValueError):
+    """The formula cannot be parsed or names what it may not (formula_parse_error; mathrl.formula)."""
+
+
+class FormulaVariableError(FormulaError):
+    """The formula names a variable that is not one of the graders (invalid_variable_error)."""
+
+
+class FileFormatError(MathRLException, ValueError):
+    """An uploaded fine-tuning file's errors (mathrl.jsonl_files): `errors` holds (line, field,
+    what is wrong) for each, the message names the first."""
+
+    def __init__(self, errors: list[tuple[int, str, str]]) -> None:
+        self.errors = errors  # (line, field, what is wrong)
+        first = errors[0]
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        super().__init__(f"line {first[0]}: {first[1]}: {first[2]}{more}")
+
+
+class RefusedURL(MathRLException, ValueError):
+    """A dataset URL the server will not fetch (service.sources.url_refusal says why)."""
+
+
+class RefError(MathRLException, ValueError):
+    """A model reference ('job:<id>[@step-N|@final]') that names no job or checkpoint of the
+    project (worker.refs)."""
+
+
+class ParquetError(MathRLException, ValueError):
+    """Not a parquet file, or a footer that cannot be read (api.parquet_footer)."""
+
+
+# --- the store -------------------------------------------------------------------------------
+
+
+class IllegalTransition(MathRLException, ValueError):
+    """A job status move the status graph lacks (mathrl.status.check_move)."""
+
+
+class Unstorable(MathRLException, ValueError):
+    """A value no JSON column may hold: a NUL character (`pointer`: where, in the document). PostgreSQL
+    keeps the escape in a json column, and then every query that reads that row as text fails
+    ('unsupported Unicode escape sequence'). The API answers it as a 422 at that pointer."""
+
+    def __init__(self, pointer: str):
+        self.pointer = pointer or "/"
+        super().__init__(f"{self.pointer}: {UNSTORABLE}")
+
+
+class NotPausable(MathRLException, ValueError):
+    """The job is not in a status a pause or a resume applies to (the message says which)."""
+
+
+# --- a worker, a job's run -------------------------------------------------------------------
+
+
+class NotAvailable(MathRLException, RuntimeError):
     """This worker cannot run the job (a package it lacks, too few GPUs, a backend it keeps
     none of); `event` is the job's event that records it, with `data`."""
 
@@ -61,7 +165,32 @@ class NotAvailable(RuntimeError):
     data: dict[str, Any] | None = None
 
 
-class StopRequested(Exception):
+class SandboxUnavailable(NotAvailable):
+    """No sandbox of the asked mode can be made on this machine: python graders are refused."""
+
+    event = "python_sandbox_unavailable"
+
+
+class MemoryRefused(NotAvailable):
+    """The job's memory plan (trainer/memory_plan.py) needs more than this worker's GPUs have."""
+
+    event = "memory_plan"
+
+    def __init__(self, detail: str, plan: dict[str, Any]):
+        super().__init__(detail)
+        self.data = plan
+
+
+class CheckpointWriteError(MathRLException, RuntimeError):
+    """A checkpoint that could not be written (trainer.checkpoints): the message names the step
+    and the cause; the earlier checkpoints stay as they were."""
+
+
+class RayUnavailable(MathRLException, RuntimeError):
+    """The Ray cluster at the configured address does not answer, or refused the submission."""
+
+
+class StopRequested(MathRLException):
     """This job must stop now (the training and generation loops raise it when their sink's
     should_stop() says so; the worker tells which of the subclasses it was)."""
 

@@ -14,6 +14,9 @@ import operator
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from mathrl.errors import FormulaError as FormulaError  # raised here; its callers import them from here
+from mathrl.errors import FormulaVariableError as FormulaVariableError
+
 FUNCTIONS: dict[str, Callable[..., float]] = {
     "min": min,
     "max": max,
@@ -34,14 +37,6 @@ _BINARY: dict[type, Callable[[float, float], float]] = {
 _STRUCTURE = (ast.Expression, ast.BinOp, ast.UnaryOp, ast.USub, ast.UAdd, ast.Load, *_BINARY)
 MAX_LENGTH = 1000
 MAX_EXPONENT = 64.0
-
-
-class FormulaError(ValueError):
-    """The formula cannot be parsed or names what it may not (formula_parse_error)."""
-
-
-class FormulaVariableError(FormulaError):
-    """The formula names a variable that is not one of the graders (invalid_variable_error)."""
 
 
 def parse(formula: str, names: Iterable[str]) -> ast.Expression:

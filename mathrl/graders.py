@@ -13,8 +13,9 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from mathrl import formula, templates
-from mathrl.errors import FieldError, check_regex
+from mathrl.errors import FieldError
 from mathrl.modelref import ModelRef
+from mathrl.regex import check_regex
 
 
 class _Grader(BaseModel):

@@ -16,16 +16,10 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from mathrl.errors import FileFormatError as FileFormatError  # raised here; its callers import it from here
+
 ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_ERRORS = 10  # errors reported per upload
-
-
-class FileFormatError(ValueError):
-    def __init__(self, errors: list[tuple[int, str, str]]) -> None:
-        self.errors = errors  # (line, field, what is wrong)
-        first = errors[0]
-        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-        super().__init__(f"line {first[0]}: {first[1]}: {first[2]}{more}")
 
 
 @dataclass

@@ -15,7 +15,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from mathrl.errors import FieldError, check_regex
+from mathrl.errors import FieldError
+from mathrl.regex import check_regex
 
 
 class Shot(BaseModel):

@@ -20,14 +20,13 @@ import re
 from types import ModuleType
 from typing import Any
 
+from mathrl.errors import FieldError
+from mathrl.errors import PatternError as PatternError  # raised here; its callers import it from here
+
 BACKTRACKING = (
     "patterns run on RE2, in linear time, without backtracking: no backreferences (\\1), lookarounds "
     "((?=, (?!, (?<=, (?<!), atomic groups ((?>) or possessive quantifiers (a++); \\Z is written \\z"
 )
-
-
-class PatternError(ValueError):
-    """A pattern that cannot run: the message says why."""
 
 
 @functools.cache
@@ -77,3 +76,16 @@ def check(pattern: str) -> int:
         return re.compile(pattern).groups
     except re.error as exc:
         raise PatternError(f"not a regular expression: {exc}") from None
+
+
+def check_regex(field: str, pattern: str | None, group: bool) -> None:
+    """A regular expression a spec gives (with `group`: one whose group 1 is the answer), as
+    RE2 runs it: a FieldError naming `field` for one it cannot run."""
+    if pattern is None:
+        return
+    try:
+        groups = check(pattern)
+    except PatternError as exc:
+        raise FieldError(field, str(exc)) from None
+    if group and groups < 1:
+        raise FieldError(field, "needs a group, e.g. '#### (\\-?[0-9.,]+)': the answer is group 1")

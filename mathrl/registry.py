@@ -8,17 +8,16 @@ import difflib
 from collections.abc import Callable, Iterator, Mapping
 from typing import Generic, TypeVar
 
+from mathrl.errors import UnknownName as UnknownName  # raised here; its callers import it from here
+
 T = TypeVar("T")
 
 
-class UnknownName(ValueError):
-    """A name no registry entry has."""
-
-
 class Registry(Mapping[str, T], Generic[T]):
-    """Entries by name; `registry[name]` of an unknown name raises `error` with the close names."""
+    """Entries by name; `registry[name]` of an unknown name raises `error` (UnknownName, or a
+    registry's own subclass of it) with the close names."""
 
-    def __init__(self, what: str, error: type[ValueError] = UnknownName) -> None:
+    def __init__(self, what: str, error: type[UnknownName] = UnknownName) -> None:
         self.what = what
         self.error = error
         self._entries: dict[str, T] = {}

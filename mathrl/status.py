@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from typing import Literal, get_args
 
+from mathrl.errors import IllegalTransition as IllegalTransition  # raised here; its callers import it from here
+
 JobStatus = Literal["waiting", "queued", "running", "paused", "succeeded", "failed", "cancelled"]
 STATUSES: tuple[str, ...] = get_args(JobStatus)
 
@@ -40,10 +42,6 @@ NOT_STARTED: tuple[str, ...] = ("waiting", "queued")
 ACTIVE: tuple[str, ...] = ("waiting", "queued", "running")  # what counts against a project's quota
 
 assert set(TRANSITIONS) == set(STATUSES), "every status has its row of moves"
-
-
-class IllegalTransition(ValueError):
-    pass
 
 
 def check_move(before: str | None, after: str) -> None:

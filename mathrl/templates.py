@@ -13,13 +13,11 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from mathrl.errors import TemplateError as TemplateError  # raised here; its callers import it from here
+
 VARIABLE = re.compile(r"\{\{\s*([^{}]*?)\s*\}\}")
 _PATH = re.compile(r"^(sample|item)((?:\.[A-Za-z0-9_\-]+)*)$")
 SAMPLE_FIELDS = ("output_text", "output_json")
-
-
-class TemplateError(ValueError):
-    """A variable the template names does not exist (invalid_variable_error)."""
 
 
 def variables(template: str) -> list[str]:

@@ -17,6 +17,8 @@ import socket
 from pathlib import Path
 from urllib.parse import SplitResult, unquote, urljoin, urlsplit
 
+from mathrl.errors import RefusedURL as RefusedURL  # raised here; its callers import it from here
+
 MAX_REDIRECTS = 5
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
@@ -112,10 +114,6 @@ def url_refusal(value: str, prefixes: list[str]) -> str | None:
             "(or does not resolve); only public hosts may be fetched"
         )
     return None
-
-
-class RefusedURL(ValueError):
-    pass
 
 
 def fetch_url(value: str, prefixes: list[str], dest: Path, timeout: float = 60.0) -> Path:

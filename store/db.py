@@ -17,6 +17,9 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
+from mathrl.errors import UNSTORABLE as UNSTORABLE  # raised here; its callers import them from here
+from mathrl.errors import Unstorable as Unstorable
+
 T = TypeVar("T")
 log = logging.getLogger("mathrl.db")
 
@@ -39,19 +42,6 @@ def _finite(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_finite(v) for v in value]
     return value
-
-
-UNSTORABLE = "A value holds a character that cannot be stored (NUL, \\u0000): remove it."
-
-
-class Unstorable(ValueError):
-    """A value no JSON column may hold: a NUL character (`pointer`: where, in the document). PostgreSQL
-    keeps the escape in a json column, and then every query that reads that row as text fails
-    ('unsupported Unicode escape sequence'). The API answers it as a 422 at that pointer."""
-
-    def __init__(self, pointer: str):
-        self.pointer = pointer or "/"
-        super().__init__(f"{self.pointer}: {UNSTORABLE}")
 
 
 def nul_pointer(value: Any, pointer: str = "") -> str | None:

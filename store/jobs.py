@@ -13,6 +13,7 @@ from sqlalchemy import ColumnElement, Update, and_, case, cast, exists, func, li
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Session
 
+from mathrl.errors import NotPausable as NotPausable  # raised here; its callers import it from here
 from mathrl.status import NOT_STARTED, TERMINAL, check_move
 from store.events import add_event as add_event  # every module that records an event imports it from here
 from store.models import Job, Pipeline, utcnow
@@ -177,10 +178,6 @@ def _locked(session: Session, job_id: str) -> Job:
     )
     assert row is not None
     return row
-
-
-class NotPausable(ValueError):
-    """The job is not in a status a pause or a resume applies to (the message says which)."""
 
 
 def request_pause(session: Session, job: Job) -> Job:

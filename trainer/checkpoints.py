@@ -17,11 +17,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from mathrl.errors import CheckpointWriteError as CheckpointWriteError  # raised here; its callers import it from here
 from mathrl.sink import Sink
-
-
-class CheckpointWriteError(RuntimeError):
-    pass
 
 
 def _fsync(path: Path) -> None:

@@ -23,6 +23,7 @@ from typing import Any
 
 from evaluator.bounded import BoundedMatch
 from evaluator.chat import judges
+from mathrl.errors import UnknownReward as UnknownReward  # raised here; its callers import it from here
 from mathrl.graders import MathGrader, with_models
 from mathrl.registry import Registry
 from mathrl.specs import REWARD_NAMES, RewardRef
@@ -141,7 +142,3 @@ def _prompt_text(prompt: Any) -> str:
     if isinstance(prompt, list):
         return "".join(str(m.get("content", "")) + "\n" for m in prompt if isinstance(m, dict))
     return str(prompt)
-
-
-class UnknownReward(ValueError):
-    pass

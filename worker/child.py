@@ -31,6 +31,7 @@ from typing import Any
 
 from kinds import JobRun, home
 from mathrl.errors import Cancelled, Drained, NotAvailable, StopRequested
+from mathrl.errors import MemoryRefused as MemoryRefused  # raised here; its callers import it from here
 from mathrl.processes import rank as rank_of_process
 from mathrl.specs import parse_spec
 from mathrl.specs.resolved import ResolvedConfig, resolved
@@ -43,16 +44,6 @@ from worker.refs import resolve_model_ref
 from worker.sink import DatabaseSink, Fence, LeaseLost, ReadOnlySink
 
 EXIT_OK, EXIT_ERROR, EXIT_STOPPED, EXIT_UNAVAILABLE, EXIT_LOST, EXIT_DRAINED = 0, 1, 2, 3, 4, 5
-
-
-class MemoryRefused(NotAvailable):
-    """The job's memory plan (trainer/memory_plan.py) needs more than this worker's GPUs have."""
-
-    event = "memory_plan"
-
-    def __init__(self, detail: str, plan: dict[str, Any]):
-        super().__init__(detail)
-        self.data = plan
 
 
 def load_job(settings: Any, job_id: str) -> tuple[Any, str, ResolvedConfig]:

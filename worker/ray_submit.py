@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from kinds import home
+from mathrl.errors import RayUnavailable as RayUnavailable  # raised here; its callers import it from here
 from service.settings import Settings
 from worker.attempt import AttemptDir
 from worker.child import EXIT_DRAINED, EXIT_ERROR, EXIT_OK, EXIT_STOPPED
@@ -44,10 +45,6 @@ LOG_LINES_PER_EVENT = 40
 AGENT_WAIT_SECONDS = 60.0  # how long a submission waits for the head's job agent to come up
 
 Event = Callable[..., None]  # (kind, message, data=None, level="info")
-
-
-class RayUnavailable(RuntimeError):
-    """The Ray cluster at the configured address does not answer, or refused the submission."""
 
 
 def submission_id(job_id: str, attempt: int) -> str:

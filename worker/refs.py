@@ -5,12 +5,9 @@ from __future__ import annotations
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from mathrl.errors import RefError as RefError  # raised here; its callers import it from here
 from mathrl.modelref import split_job_ref
 from store.models import Checkpoint, Job
-
-
-class RefError(ValueError):
-    pass
 
 
 def resolve_model_ref(session: Session, project_id: str, ref: str) -> tuple[str, str | None]:
