@@ -84,7 +84,7 @@ def main() -> None:
     sys.stdout.reconfigure(line_buffering=True)  # type: ignore[attr-defined]
 
     from mathrl.client import Client
-    from mathrl.presets import resolve_grpo
+    from mathrl.specs.presets import resolve_grpo
     from mathrl.specs import GRPOSpec
     from service.embedded import demo_key, embedded_service, prepare_model
 

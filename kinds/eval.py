@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from kinds.base import JobRun, Kind, Limit, Needs
+from mathrl.backends import uses_vllm
 from mathrl.errors import FieldError, Refused
 from mathrl.specs import EvalSpec
 from mathrl.specs.resolved import ResolvedEval
@@ -49,7 +50,7 @@ class EvalKind(Kind[EvalSpec, ResolvedEval]):
         return None
 
     def needs(self, spec: EvalSpec) -> Needs:
-        vllm = spec.backend == "vllm"
+        vllm = uses_vllm(spec.backend)
         return Needs(engine_model=spec.model if vllm else None, vllm_field="backend" if vllm else None)
 
     def run(self, run: JobRun[EvalSpec, ResolvedEval]) -> None:

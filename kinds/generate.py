@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from kinds.base import JobRun, Kind, Limit, Needs
+from mathrl.backends import names_vllm
 from mathrl.errors import NotAvailable
 from mathrl.specs import GenerateSpec
 from mathrl.specs.resolved import ResolvedConfig
@@ -32,13 +33,14 @@ class GenerateKind(Kind[GenerateSpec, ResolvedConfig]):
         return None
 
     def needs(self, spec: GenerateSpec) -> Needs:
-        engine = spec.model if spec.backend in ("vllm", "auto") else None
-        return Needs(engine_model=engine, vllm_field="backend" if spec.backend == "vllm" else None)
+        vllm = names_vllm(spec.backend)
+        engine = spec.model if vllm or spec.backend == "auto" else None
+        return Needs(engine_model=engine, vllm_field="backend" if vllm else None)
 
     def run(self, run: JobRun[GenerateSpec, ResolvedConfig]) -> None:
         from evaluator.chat import run_generate
 
-        if run.spec.backend == "vllm" and run.warm is None:
+        if names_vllm(run.spec.backend) and run.warm is None:
             raise NotAvailable(
                 "backend 'vllm' answers on the worker's warm engine, which this job did not get (the worker "
                 "keeps none: worker.warm_engines is 0; or its engine of this LoRA adapter's base model was busy): "

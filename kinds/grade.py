@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from kinds.base import JobRun, Kind, Limit, Needs
+from mathrl.backends import names_vllm
 from mathrl.graders import LabelModelGrader, RewardModelGrader, ScoreModelGrader, parts
 from mathrl.specs import GradeSpec
 from mathrl.specs.resolved import ResolvedConfig
@@ -38,9 +39,10 @@ class GradeKind(Kind[GradeSpec, ResolvedConfig]):
         graders = [g for _, g in parts(spec.grader)]
         models = {g.model for g in graders if isinstance(g, ScoreModelGrader | LabelModelGrader)}
         one = len(models) == 1 and not any(isinstance(g, RewardModelGrader) for g in graders)
-        wants = spec.backend in ("vllm", "auto") and one
-        vllm = "backend" if spec.backend == "vllm" else None
-        return Needs(loads_model=False, engine_model=models.pop() if wants else None, vllm_field=vllm)
+        vllm = names_vllm(spec.backend)
+        wants = (vllm or spec.backend == "auto") and one
+        engine = models.pop() if wants else None
+        return Needs(loads_model=False, engine_model=engine, vllm_field="backend" if vllm else None)
 
     def run(self, run: JobRun[GradeSpec, ResolvedConfig]) -> None:
         """Each item's score and reason as the job's samples."""

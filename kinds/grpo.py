@@ -1,5 +1,5 @@
 """GRPO policy training (`kind: grpo`, spec: mathrl/specs/grpo.py): its knobs resolved from TRL's
-defaults, the preset and the spec (mathrl/presets.py), trained as one process per GPU (less a
+defaults, the preset and the spec (mathrl/specs/presets.py), trained as one process per GPU (less a
 vLLM server's in server mode), with a GPU memory plan."""
 
 from __future__ import annotations
@@ -7,8 +7,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from kinds.base import JobRun, Kind, Limit, LimitName, Needs
-from mathrl.presets import resolve_grpo
+from mathrl.backends import names_vllm, uses_vllm
 from mathrl.specs import GRPOSpec
+from mathrl.specs.presets import resolve_grpo
 from mathrl.specs.resolved import ResolvedGRPO
 
 if TYPE_CHECKING:
@@ -43,7 +44,7 @@ class GRPOKind(Kind[GRPOSpec, ResolvedGRPO]):
     def memory(self, config: ResolvedGRPO) -> Training | None:
         from trainer.memory_plan import DEFAULT_VLLM_UTILIZATION, Training
 
-        colocated = config.generation_backend == "vllm" and config.generation_mode == "colocate"
+        colocated = uses_vllm(config.generation_backend) and config.generation_mode == "colocate"
         utilization = config.generation.gpu_memory_utilization or DEFAULT_VLLM_UTILIZATION
         lora = config.lora if config.lora is not None and config.lora.enabled else None
         return Training(
@@ -65,7 +66,7 @@ class GRPOKind(Kind[GRPOSpec, ResolvedGRPO]):
             world=spec.training_world,
             deepspeed=spec.deepspeed_zero3 and processes > 1,
             vllm_server=spec.generation.mode == "server",
-            vllm_field="generation.backend" if spec.generation.backend == "vllm" else None,
+            vllm_field="generation.backend" if names_vllm(spec.generation.backend) else None,
         )
 
     def run(self, run: JobRun[GRPOSpec, ResolvedGRPO]) -> None:

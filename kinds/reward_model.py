@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from kinds.base import JobRun, Kind, Limit, LimitName, Needs
+from mathrl.backends import uses_vllm
 from mathrl.specs import RewardModelSpec
 from mathrl.specs.resolved import ResolvedRewardModel
 
@@ -38,7 +39,7 @@ class RewardModelKind(Kind[RewardModelSpec, ResolvedRewardModel]):
 
     def needs(self, spec: RewardModelSpec) -> Needs:
         r = spec.resources
-        vllm = "backend" if spec.backend == "vllm" else None
+        vllm = "backend" if uses_vllm(spec.backend) else None
         return Needs(training=True, processes=r.num_processes, world=r.num_processes * r.nodes, vllm_field=vllm)
 
     def run(self, run: JobRun[RewardModelSpec, ResolvedRewardModel]) -> None:

@@ -1,13 +1,13 @@
 """Supervised fine-tuning (`kind: sft`, spec: mathrl/specs/sft.py): trained as one process per GPU,
-with a GPU memory plan; gradient checkpointing left unset resolves to TRL's default."""
+with a GPU memory plan; its knobs left unset (gradient checkpointing) resolve to TRL's defaults."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 from kinds.base import JobRun, Kind, Limit, Needs
-from mathrl.presets import TRL_DEFAULTS
 from mathrl.specs import SFTSpec
+from mathrl.specs.base import knob_defaults
 from mathrl.specs.resolved import ResolvedSFT
 
 if TYPE_CHECKING:
@@ -21,7 +21,9 @@ class SFTKind(Kind[SFTSpec, ResolvedSFT]):
 
     def resolve(self, spec: SFTSpec) -> ResolvedSFT:
         unset = spec.gradient_checkpointing is None
-        return self.resolved(spec, {"gradient_checkpointing": TRL_DEFAULTS["gradient_checkpointing"]} if unset else {})
+        return self.resolved(
+            spec, {"gradient_checkpointing": knob_defaults(SFTSpec)["gradient_checkpointing"]} if unset else {}
+        )
 
     def admit(self, spec: SFTSpec, config: ResolvedSFT, settings: Settings) -> None:
         return None

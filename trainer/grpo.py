@@ -1,5 +1,5 @@
 """GRPO jobs on TRL's GRPOTrainer. `run_grpo(spec, config, sink, ...)` takes the resolved
-config (mathrl.presets.resolve_grpo) and nothing of the database."""
+config (mathrl.specs.presets.resolve_grpo) and nothing of the database."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Any
 
 from evaluator.backends.base import EngineSettings
 from evaluator.models import load_tokenizer
+from mathrl.backends import uses_vllm
 from mathrl.errors import StopRequested
 from mathrl.sink import Sink
 from mathrl.specs import GRPOSpec
@@ -36,7 +37,7 @@ def generation_backend(config: ResolvedGRPO, sink: Sink) -> str:
     import importlib.util
 
     backend: str = config.generation_backend
-    if backend == "vllm" and importlib.util.find_spec("vllm") is None:
+    if uses_vllm(backend) and importlib.util.find_spec("vllm") is None:
         sink.event(
             "generation",
             "generation.backend 'auto' chose vLLM for this GPU job, but this worker has no vLLM: generating with hf",
@@ -98,7 +99,7 @@ def run_grpo(
     rewards, weights = build_rewards(spec, config, resolve_model, sandbox)
     use_cpu = not torch.cuda.is_available()
     backend = generation_backend(config, sink)
-    if backend == "vllm" and spec.generation.mode == "server" and not vllm_server_url:
+    if uses_vllm(backend) and spec.generation.mode == "server" and not vllm_server_url:
         raise RuntimeError("generation.mode is 'server' but the worker started no vLLM server for this job")
     callback = SinkCallback(
         sink, sample_every=spec.sample_every, total_steps=spec.max_steps, checkpoint_dir=str(out_dir)
@@ -129,7 +130,7 @@ def run_grpo(
     else:
         args = grpo_args(spec, config, work, use_cpu, backend, vllm_server_url)
         args.reward_weights = weights
-        engine = vllm_engine_options(spec, config, engine_settings) if backend == "vllm" else None
+        engine = vllm_engine_options(spec, config, engine_settings) if uses_vllm(backend) else None
         trainer = MathrlGRPOTrainer(
             loop=LoopOptions.from_config(config, [r.__name__ for r in rewards]),
             model=model_path,
@@ -146,7 +147,7 @@ def run_grpo(
             _describe_generation(backend, spec, engine, time.monotonic() - t0),
             data={
                 "backend": backend,
-                "mode": spec.generation.mode if backend == "vllm" else None,
+                "mode": spec.generation.mode if uses_vllm(backend) else None,
                 "version": _backend_version(backend),
                 "engine_options": engine,
             },
@@ -178,8 +179,8 @@ def _backend_version(name: str) -> str:
 
 
 def _describe_generation(backend: str, spec: GRPOSpec, engine: dict[str, Any] | None, seconds: float) -> str:
-    if backend != "vllm":
-        return f"generating with hf ({_backend_version(backend)})"
+    if not uses_vllm(backend):
+        return f"generating with {backend} ({_backend_version(backend)})"
     where = "the job's vLLM server" if spec.generation.mode == "server" else "a colocated engine"
     sync = (
         ("LoRA adapter" if spec.lora and spec.lora.enabled else "full weights")

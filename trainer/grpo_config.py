@@ -1,5 +1,5 @@
 """The arguments of a GRPO run: TRL's config (sync GRPOConfig; the async trainer's shares
-`common_args`) built from a spec and its resolved config (mathrl/presets.py resolves the loss
+`common_args`) built from a spec and its resolved config (mathrl/specs/presets.py resolves the loss
 and sampling settings: beta, epsilon, loss_type, ...), and peft's LoRA config. Kept apart from
 trainer/grpo.py (the run) so that the sync and async trainers both build on it. What every training
 job shares (output, seed, logging, saving, bf16 or fp32) comes from trainer/training_args.py."""
@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from mathrl.backends import uses_vllm
 from mathrl.specs import GRPOSpec, LoRA
 from mathrl.specs.resolved import ResolvedGRPO
 from trainer.training_args import training_args
@@ -27,7 +28,7 @@ def common_args(
             per_device_train_batch_size=config.per_device_train_batch_size,
             logging_steps=spec.logging_steps,
             save_steps=spec.save_steps,
-            # resolved by mathrl.presets (TRL's default, on, when the spec leaves it unset; a
+            # resolved by mathrl.specs.presets (TRL's default, on, when the spec leaves it unset; a
             # config stored before the field existed ran with that default too)
             gradient_checkpointing=config.gradient_checkpointing,
         ),
@@ -58,7 +59,7 @@ def grpo_args(
     return GRPOConfig(
         **common_args(spec, config, output_dir, use_cpu, server_url),
         **config.sync_loss().model_dump(),
-        use_vllm=backend == "vllm",
+        use_vllm=uses_vllm(backend),
         vllm_mode=spec.generation.mode,
         vllm_tensor_parallel_size=spec.generation.tensor_parallel_size,
         # prompt + completion: the engine's KV cache is sized for this, not the model's 8k context

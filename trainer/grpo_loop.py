@@ -36,6 +36,7 @@ from trainer.vllm_generation import TimedGRPOTrainer
 if TYPE_CHECKING:
     from trl import GRPOConfig
 
+    from mathrl.specs.loop import Curriculum, DynamicSampling
     from mathrl.specs.resolved import ResolvedGRPO
 
 # loss types whose per-token loss is zero for a zero advantage when beta is 0
@@ -47,10 +48,10 @@ _NORMALISED_OVER = {"grpo": "rows", "sapo": "rows", "dr_grpo": "rows", "bnpo": "
 
 @dataclass(frozen=True)
 class LoopOptions:
-    """The resolved loop settings (mathrl.presets.resolve_loop): None turns a part off."""
+    """The resolved loop settings (mathrl/specs/presets.py resolve_loop): None turns a part off."""
 
-    dynamic_sampling: dict[str, Any] | None = None  # {"metric": "correct" | "reward", "max_rounds": int}
-    curriculum: dict[str, Any] | None = None  # {"decay": float, "floor": float}
+    dynamic_sampling: DynamicSampling | None = None
+    curriculum: Curriculum | None = None
     skip_zero_advantage: bool = False
     signal_reward: int | None = None  # index of the reward whose value > 0 means "correct"
 
@@ -77,7 +78,7 @@ class MathrlGRPOTrainer(TimedGRPOTrainer):
         self.loop = loop
         cur = loop.curriculum
         self.curriculum = (
-            PassRateCurriculum(len(self.train_dataset), self.args.seed, cur["decay"], cur["floor"]) if cur else None
+            PassRateCurriculum(len(self.train_dataset), self.args.seed, cur.decay, cur.floor) if cur else None
         )
         self.skip_zero_advantage = loop.skip_zero_advantage and self.skip_is_exact()
         self.reuse_logprobs = bool(
@@ -146,7 +147,7 @@ class MathrlGRPOTrainer(TimedGRPOTrainer):
         g = self.num_generations
         want = len(inputs) // g
         ds = self.loop.dynamic_sampling
-        rounds = ds["max_rounds"] if ds else 1
+        rounds = ds.max_rounds if ds else 1
         step, rank = self.state.global_step, self.accelerator.process_index
         questions: list[int] | None = None
         batch = inputs
@@ -163,7 +164,7 @@ class MathrlGRPOTrainer(TimedGRPOTrainer):
             parts.append(out)
             used = r + 1
             generated += len(batch)
-            signal = verdict if ds and ds["metric"] == "correct" else total
+            signal = verdict if ds and ds.metric == "correct" else total
             flags = informative(signal, g)
             zero_groups += flags.count(False)
             for k, ok in enumerate(flags):

@@ -4,8 +4,8 @@
 - `vllm` (evaluator/backends/vllm.py): vLLM's offline engine, or the worker's warm server.
 
 A new backend is a `Backend` subclass (evaluator/backends/base.py) in a module here, added below.
-The job specs name the backends a spec accepts (`mathrl/specs/base.py` `GenerationBackend`); a quick
-test holds that list to this registry."""
+Each is declared once, by name, in the SDK's registry (mathrl/backends.py: what the specs accept and
+what it generates on); a quick test holds that registry to this one."""
 
 from __future__ import annotations
 

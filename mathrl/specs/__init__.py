@@ -2,7 +2,7 @@
 
 A spec is discriminated by ``kind``. Every field carries a description (it becomes the
 OpenAPI documentation) and every impossible setting fails with a message that says how
-to fix it. GRPO knobs left unset are filled by a preset (see ``mathrl.presets``); the
+to fix it. GRPO knobs left unset are filled by a preset (see ``mathrl.specs.presets``); the
 run stores the fully resolved values, never the preset name alone.
 
 One module per job kind (eval, grpo, reward_model, sft, grade, generate), what they share (base:

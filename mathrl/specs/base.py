@@ -8,12 +8,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 
+from mathrl.backends import GenerationBackend as GenerationBackend  # the backends a job can name
 from mathrl.errors import FieldError
 from mathrl.recipe import Recipe
 
 Dtype = Literal["auto", "float32", "bfloat16", "float16"]  # a model's weights dtype, as jobs give it
-# the generation backends a job can name: evaluator/backends' BACKENDS (a quick test holds them equal)
-GenerationBackend = Literal["hf", "vllm"]
 
 
 class StrictModel(BaseModel):
@@ -134,13 +133,46 @@ class JobBase(StrictModel):
 # LoRA's target_modules tags (mathrl/specs/lora.py) too
 LORA_TAGS = ("module-names", "all-linear")
 UNION_TAGS = ("by-name", "inline", *LORA_TAGS)
-# GRPO and SFT jobs; unset, mathrl.presets resolves it to TRL's default (TRL_DEFAULTS)
+# A training knob's TRL default, in its field's JSON schema (read back by knob_defaults)
+TRL_DEFAULT = "x-trl-default"
+UNSET = " Unset: the preset's value, else TRL's default"
+
+
+def Knob(trl_default: Any, description: str, **bounds: Any) -> Any:  # a Field, named like one
+    """A training knob, declared once: its help, its bounds and TRL's default. The spec's field is
+    unset (None) unless given; a preset's values (mathrl/specs/presets.py) and then TRL's default fill it at
+    resolution, and the resolved config (mathrl/specs/resolved.py: `_knob`) reuses this
+    declaration's help."""
+    shown = (
+        "none" if trl_default is None else repr(trl_default).lower() if isinstance(trl_default, bool) else trl_default
+    )
+    return Field(
+        None, description=f"{description}{UNSET} ({shown}).", json_schema_extra={TRL_DEFAULT: trl_default}, **bounds
+    )
+
+
+def knob_defaults(model: type[BaseModel]) -> dict[str, Any]:
+    """Every knob of a spec class with TRL's default for it."""
+    out: dict[str, Any] = {}
+    for name, field in model.model_fields.items():
+        extra = field.json_schema_extra
+        if isinstance(extra, dict) and TRL_DEFAULT in extra:
+            out[name] = extra[TRL_DEFAULT]
+    return out
+
+
+def knob_help(model: type[BaseModel], name: str) -> str:
+    """A knob's help, as its declaration gives it (without the note on what fills it when unset)."""
+    return (model.model_fields[name].description or "").split(UNSET)[0]
+
+
+# GRPO and SFT jobs
 GradientCheckpointing = Annotated[
     bool | None,
-    Field(
-        description="Recompute each layer's activations in the backward pass instead of keeping them (TRL's "
-        "gradient_checkpointing): far less memory for activations, about a third more compute per step. "
-        "Unset: TRL's default, on.",
+    Knob(
+        True,
+        "Recompute each layer's activations in the backward pass instead of keeping them (TRL's "
+        "gradient_checkpointing): far less memory for activations, about a third more compute per step.",
     ),
 ]
 

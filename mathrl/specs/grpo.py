@@ -1,5 +1,5 @@
 """GRPO policy training jobs (`kind: grpo`): the loss, generation, held-out evals, curriculum and
-dynamic sampling settings. Unset knobs are filled by a preset (mathrl.presets)."""
+dynamic sampling settings. Unset knobs are filled by a preset (mathrl/specs/presets.py)."""
 
 from __future__ import annotations
 
@@ -7,12 +7,24 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
+from mathrl.backends import uses_vllm
 from mathrl.errors import FieldError
 from mathrl.modelref import ModelRef
-from mathrl.presets import ASYNC_UNSUPPORTED, resolve_grpo
-from mathrl.specs.base import MAX_SEED, Dtype, GenerationBackend, GradientCheckpointing, JobBase, StrictModel
+from mathrl.specs.base import (
+    MAX_SEED,
+    Dtype,
+    GenerationBackend,
+    GradientCheckpointing,
+    JobBase,
+    Knob,
+    StrictModel,
+    knob_defaults,
+)
 from mathrl.specs.inputs import DatasetRef
+from mathrl.specs.loop import Curriculum as Curriculum
+from mathrl.specs.loop import DynamicSampling as DynamicSampling
 from mathrl.specs.lora import LoRA
+from mathrl.specs.presets import ASYNC_UNSUPPORTED, resolve_grpo
 from mathrl.specs.rewards import RewardRef
 
 LossType = Literal["grpo", "dapo", "dr_grpo", "bnpo", "cispo", "sapo"]
@@ -53,31 +65,6 @@ HeldoutEvalField = Annotated[
         "series heldout/accuracy, heldout/ci_low and heldout/ci_high.",
     ),
 ]
-
-
-class DynamicSampling(StrictModel):
-    """Drop groups with no grading signal and generate more questions in their place (DAPO)."""
-
-    enabled: bool = Field(True, description="false: off (true or false may also stand for the whole block).")
-    metric: Literal["correct", "reward"] = Field(
-        "correct",
-        description="The signal whose variance within a group decides whether it is kept: 'correct', the "
-        "correctness verdict of an accuracy or binary reward (the safe default: a length or format term varies "
-        "among all-wrong answers too), or 'reward', the weighted sum of the rewards.",
-    )
-    max_rounds: int = Field(
-        3, ge=1, le=16, description="Generation rounds per step at most; a step still short trains on what it has."
-    )
-
-
-class Curriculum(StrictModel):
-    """Draw questions by their pass rate so far, favouring those neither always nor never solved."""
-
-    enabled: bool = Field(True, description="false: off (true or false may also stand for the whole block).")
-    decay: float = Field(0.5, gt=0, le=1, description="Weight of a question's newest group in its pass rate.")
-    floor: float = Field(
-        0.01, gt=0, le=1, description="Added to every question's weight, so that none is never drawn again."
-    )
 
 
 class Generation(StrictModel):
@@ -157,70 +144,43 @@ class GRPOSpec(JobBase):
         description="Reward functions, summed with their weights (default: accuracy against the gold answer).",
     )
     max_steps: int = Field(100, ge=1, le=10_000_000, description="Optimizer steps.")
-    learning_rate: float | None = Field(None, gt=0, le=1.0, description="Peak learning rate. Unset: from the preset.")
-    # beta, num_generations and delta: their lower bounds are checked by mathrl.presets.resolve_grpo
+    # the knobs: each declared once here, with TRL's default (mathrl/specs/presets.py overlays a preset's values)
+    learning_rate: float | None = Knob(1e-6, "Peak learning rate.", gt=0, le=1.0)
+    # beta, num_generations and delta: their lower bounds are checked by mathrl.specs.presets.resolve_grpo
     # (on the resolved value, with a message that says why); these fields cap them
-    beta: float | None = Field(None, le=100, description="KL coefficient to the frozen reference policy (0 to 100).")
-    num_generations: int | None = Field(
-        None, le=1024, description="Group size G: completions per question (2 to 1024)."
+    beta: float | None = Knob(0.0, "KL coefficient to the frozen reference policy (0 to 100; 0: no KL term).", le=100)
+    num_generations: int | None = Knob(8, "Group size G: completions per question (2 to 1024).", le=1024)
+    max_prompt_length: int | None = Knob(
+        512, "Prompts longer than this (tokens) are dropped from the set.", ge=1, le=131072
     )
-    max_prompt_length: int | None = Field(
+    max_completion_length: int | None = Knob(512, "Tokens generated per completion at most.", ge=1, le=131072)
+    per_device_train_batch_size: int | None = Knob(8, "Completions per device per micro-step.", ge=1, le=65536)
+    global_batch_size: int | None = Knob(
         None,
-        ge=1,
-        le=131072,
-        description="Prompts longer than this (tokens) are dropped from the set. Unset: from the preset.",
-    )
-    max_completion_length: int | None = Field(
-        None,
-        ge=1,
-        le=131072,
-        description="Tokens generated per completion at most. Unset: from the preset.",
-    )
-    per_device_train_batch_size: int | None = Field(
-        None, ge=1, le=65536, description="Completions per device per micro-step."
-    )
-    global_batch_size: int | None = Field(
-        None,
+        "Completions per optimizer step over all devices; sets gradient accumulation (none: one micro-batch "
+        "per device).",
         ge=1,
         le=1_048_576,
-        description="Completions per optimizer step over all devices; sets gradient accumulation.",
     )
-    num_iterations: int | None = Field(None, ge=1, le=64, description="Policy updates per generation round.")
-    loss_type: LossType | None = Field(
-        None,
-        description="How token losses are averaged (TRL's loss_type). Unset: from the preset.",
+    num_iterations: int | None = Knob(1, "Policy updates per generation round.", ge=1, le=64)
+    loss_type: LossType | None = Knob("dapo", "How token losses are averaged (TRL's loss_type).")
+    epsilon: float | None = Knob(0.2, "Lower clip range.", gt=0, lt=1)
+    epsilon_high: float | None = Knob(None, "Upper clip range (DAPO clip-higher; none: epsilon).", gt=0, lt=10)
+    delta: float | None = Knob(
+        None, "Two-sided clipping bound; must exceed 1 + epsilon (at most 100; none: off).", le=100
     )
-    epsilon: float | None = Field(None, gt=0, lt=1, description="Lower clip range.")
-    epsilon_high: float | None = Field(None, gt=0, lt=10, description="Upper clip range (DAPO clip-higher).")
-    delta: float | None = Field(
-        None, le=100, description="Two-sided clipping bound; must exceed 1 + epsilon (at most 100)."
+    importance_sampling_level: Literal["token", "sequence"] | None = Knob(
+        "token", "Importance ratios per token (GRPO) or per sequence (GSPO)."
     )
-    importance_sampling_level: Literal["token", "sequence"] | None = Field(
-        None,
-        description="Importance ratios per token (GRPO) or per sequence (GSPO). Unset: from the preset.",
+    scale_rewards: Literal["group", "batch", "none"] | None = Knob(
+        "group", "Divide advantages by the reward std of the group, the batch, or not at all (Dr. GRPO)."
     )
-    scale_rewards: Literal["group", "batch", "none"] | None = Field(
-        None,
-        description="Divide advantages by the reward std of the group, the batch, or not at all (Dr. GRPO). "
-        "Unset: from the preset.",
+    mask_truncated_completions: bool | None = Knob(
+        False, "Leave completions cut at max_completion_length out of the loss (DAPO)."
     )
-    mask_truncated_completions: bool | None = Field(
-        None,
-        description="Leave completions cut at max_completion_length out of the loss (DAPO). Unset: from the preset.",
-    )
-    temperature: float | None = Field(
-        None,
-        gt=0,
-        le=5,
-        description="Sampling temperature of the rollouts. Unset: from the preset.",
-    )
-    top_p: float | None = Field(
-        None,
-        gt=0,
-        le=1,
-        description="Nucleus sampling mass of the rollouts. Unset: from the preset.",
-    )
-    warmup_ratio: float | None = Field(None, ge=0, lt=1, description="Fraction of steps with a linear LR warm-up.")
+    temperature: float | None = Knob(1.0, "Sampling temperature of the rollouts.", gt=0, le=5)
+    top_p: float | None = Knob(1.0, "Nucleus sampling mass of the rollouts.", gt=0, le=1)
+    warmup_ratio: float | None = Knob(0.0, "Fraction of steps with a linear learning-rate warm-up.", ge=0, lt=1)
     lora: LoRA | None = Field(None, description="Train LoRA adapters through peft.")
     generation: Generation = Field(
         default_factory=Generation,
@@ -312,7 +272,7 @@ class GRPOSpec(JobBase):
             raise FieldError(
                 "generation/server_gpus", "server_gpus is for mode 'server': drop it or set generation.mode='server'"
             )
-        if gen.tensor_parallel_size > 1 and backend != "vllm":
+        if gen.tensor_parallel_size > 1 and not uses_vllm(backend):
             raise FieldError(
                 "generation/tensor_parallel_size",
                 "tensor_parallel_size is a vLLM setting: set generation.backend='vllm' or drop it",
@@ -321,7 +281,7 @@ class GRPOSpec(JobBase):
             raise FieldError(
                 "deepspeed_zero3", "deepspeed_zero3 shards over several GPUs: set resources.gpus >= 2 or drop it"
             )
-        if self.algorithm == "async" and (backend != "vllm" or gen.mode != "server"):
+        if self.algorithm == "async" and (not uses_vllm(backend) or gen.mode != "server"):
             raise FieldError(
                 "algorithm",
                 "async GRPO generates on the job's vLLM server: set generation.backend="
@@ -338,7 +298,7 @@ class GRPOSpec(JobBase):
 
     def _check_server_mode(self, backend: str) -> None:
         gen, gpus = self.generation, self.resources.gpus
-        if backend != "vllm":
+        if not uses_vllm(backend):
             raise FieldError(
                 "generation/mode",
                 "mode 'server' is a vLLM mode: set generation.backend='vllm' "
@@ -404,3 +364,8 @@ class GRPOSpec(JobBase):
         vLLM server in server mode (on Ray it sits on one node; the trainers fill the rest)."""
         server = self.generation.resolved_server_gpus(self.resources.gpus)
         return self.resources.num_processes * self.resources.nodes - server
+
+
+# TRL 1.16's GRPOConfig defaults for every knob, read off the declarations above (checked against the
+# installed TRL by tests/unit/mathrl/test_specs.py::test_trl_defaults_match_trl)
+TRL_DEFAULTS: dict[str, Any] = knob_defaults(GRPOSpec)

@@ -11,8 +11,11 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from mathrl.specs.grpo import Generation
+from mathrl.backends import GenerationBackend
+from mathrl.specs.base import knob_help
+from mathrl.specs.grpo import Generation, GRPOSpec, LossType
 from mathrl.specs.inputs import Sampling
+from mathrl.specs.loop import Curriculum, DynamicSampling
 from mathrl.specs.lora import LoRA
 
 R = TypeVar("R", bound="ResolvedConfig")
@@ -42,42 +45,53 @@ class ResolvedConfig(BaseModel):
         return self.model_dump(mode="json", exclude_unset=True)
 
 
+def _knob(name: str, default: Any = ..., async_none: bool = False) -> Any:
+    """A GRPO knob's field in the resolved config, with the help of its one declaration (GRPOSpec)."""
+    note = " None: async GRPO, which has no such setting." if async_none else ""
+    return Field(default, description=knob_help(GRPOSpec, name) + note)
+
+
 class ResolvedGRPO(ResolvedConfig):
     """A GRPO job's knobs as the run uses them: TRL's defaults, then the preset, then the spec."""
 
     kind: Literal["grpo"] = "grpo"
-    learning_rate: float = Field(description="Peak learning rate.")
-    beta: float | None = Field(description="KL coefficient to the reference policy (None: async, no KL term).")
-    num_generations: int = Field(description="Completions per question (the group size G).")
-    max_prompt_length: int = Field(description="Prompt tokens kept; longer prompts are dropped.")
-    max_completion_length: int = Field(description="Completion tokens generated at most.")
-    per_device_train_batch_size: int = Field(description="Completions per process per micro-batch.")
-    global_batch_size: int = Field(description="Completions per optimizer step, over every process.")
+    # the knobs: types as the run uses them; help, bounds and TRL's default declared once, on GRPOSpec
+    learning_rate: float = _knob("learning_rate")
+    beta: float | None = _knob("beta", async_none=True)
+    num_generations: int = _knob("num_generations")
+    max_prompt_length: int = _knob("max_prompt_length")
+    max_completion_length: int = _knob("max_completion_length")
+    per_device_train_batch_size: int = _knob("per_device_train_batch_size")
+    global_batch_size: int = _knob("global_batch_size")
     gradient_accumulation_steps: int = Field(description="Micro-batches per optimizer step.")
     questions_per_step: int = Field(description="global_batch_size / num_generations.")
     world_size: int = Field(description="Training processes: processes per node x nodes, less the vLLM server's.")
-    num_iterations: int | None = Field(description="Policy updates per generation round (None: async).")
-    loss_type: str | None = Field(description="TRL's loss_type: how token losses are averaged (None: async).")
-    epsilon: float = Field(description="Lower clip range.")
-    epsilon_high: float | None = Field(description="Upper clip range (None: epsilon).")
-    delta: float | None = Field(description="Two-sided clipping bound (None: off).")
-    importance_sampling_level: str | None = Field(description="'token' or 'sequence' (None: async).")
-    scale_rewards: str | None = Field(description="'group', 'batch' or 'none' (None: async).")
-    mask_truncated_completions: bool | None = Field(description="Truncated completions out of the loss.")
-    temperature: float = Field(description="Sampling temperature of the rollouts.")
-    top_p: float = Field(description="Nucleus sampling of the rollouts.")
-    warmup_ratio: float = Field(description="Fraction of steps with a linear learning-rate warm-up.")
-    gradient_checkpointing: bool = Field(True, description="Recompute activations in the backward pass.")
-    generation_backend: Literal["hf", "vllm"] = Field("hf", description="What generates the rollouts.")
+    num_iterations: int | None = _knob("num_iterations", async_none=True)
+    loss_type: LossType | None = _knob("loss_type", async_none=True)
+    epsilon: float = _knob("epsilon")
+    epsilon_high: float | None = _knob("epsilon_high")
+    delta: float | None = _knob("delta")
+    importance_sampling_level: Literal["token", "sequence"] | None = _knob("importance_sampling_level", async_none=True)
+    scale_rewards: Literal["group", "batch", "none"] | None = _knob("scale_rewards", async_none=True)
+    mask_truncated_completions: bool | None = _knob("mask_truncated_completions", async_none=True)
+    temperature: float = _knob("temperature")
+    top_p: float = _knob("top_p")
+    warmup_ratio: float = _knob("warmup_ratio")
+    gradient_checkpointing: bool = _knob("gradient_checkpointing", default=True)
+    generation_backend: GenerationBackend = Field("hf", description="What generates the rollouts.")
     generation_mode: Literal["colocate", "server"] | None = Field(
         None, description="vLLM in the training process, or a server beside it (None: not vLLM)."
     )
     vllm_server_gpus: int = Field(0, description="GPUs of the job's vLLM server (server mode).")
     preset: str = Field("trl-default", description="The preset the unset knobs came from.")
     algorithm: str = Field("sync", description="'sync' (GRPOTrainer) or 'async' (AsyncGRPOTrainer).")
-    dynamic_sampling: dict[str, Any] | None = Field(None, description="Its settings, or None: off.")
-    curriculum: dict[str, Any] | None = Field(None, description="Its settings, or None: off.")
-    skip_zero_advantage: bool | None = Field(None, description="Skip groups with no signal (None: async).")
+    dynamic_sampling: DynamicSampling | None = Field(None, description="Its settings, or None: off.")
+    curriculum: Curriculum | None = Field(None, description="Its settings, or None: off.")
+    skip_zero_advantage: bool | None = Field(
+        None,
+        description="Whether the run skips completions with zero advantage: only where the update stays exact "
+        "(beta 0); None: async.",
+    )
     # the spec's fields the memory plan and the trainers read
     generation: Generation = Field(default_factory=Generation, description="The spec's generation settings.")
     lora: LoRA | None = Field(None, description="The spec's LoRA settings (None: every weight trains).")

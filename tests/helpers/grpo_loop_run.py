@@ -37,7 +37,7 @@ def run(model: str, data_dir: str, out: str, opts: dict[str, Any]) -> None:
     from trl import GRPOConfig
 
     from evaluator.models import load_tokenizer
-    from mathrl.specs import DatasetRef
+    from mathrl.specs import Curriculum, DatasetRef, DynamicSampling
     from trainer.data import load_problems, prompt_dataset
     from trainer.grpo_loop import LoopOptions, MathrlGRPOTrainer
 
@@ -74,8 +74,8 @@ def run(model: str, data_dir: str, out: str, opts: dict[str, Any]) -> None:
     )
     trainer = MathrlGRPOTrainer(
         loop=LoopOptions(
-            dynamic_sampling=opts.get("dynamic_sampling"),
-            curriculum=opts.get("curriculum"),
+            dynamic_sampling=DynamicSampling(**opts["dynamic_sampling"]) if opts.get("dynamic_sampling") else None,
+            curriculum=Curriculum(**opts["curriculum"]) if opts.get("curriculum") else None,
             skip_zero_advantage=opts.get("skip_zero_advantage", False),
             signal_reward=0,
         ),

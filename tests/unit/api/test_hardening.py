@@ -166,7 +166,7 @@ def _all_models() -> list[type[BaseModel]]:
     return list(seen)
 
 
-# lower bounds checked on the resolved value by mathrl.presets.resolve_grpo, with a message of its own
+# lower bounds checked on the resolved value by mathrl.specs.presets.resolve_grpo, with a message of its own
 LOWER_BOUND_IN_RESOLVER = {"GRPOSpec.beta", "GRPOSpec.num_generations", "GRPOSpec.delta"}
 
 

@@ -6,8 +6,9 @@ import pytest
 from pydantic import ValidationError
 
 from kinds import resolve_config
-from mathrl.presets import PRESETS, TRL_DEFAULTS, resolve_grpo
 from mathrl.specs import GRPOSpec, parse_spec
+from mathrl.specs.grpo import TRL_DEFAULTS
+from mathrl.specs.presets import PRESETS, resolve_grpo
 
 pytestmark = pytest.mark.quick
 
@@ -43,6 +44,25 @@ def test_trl_default_preset_is_trls_defaults() -> None:
     r = resolve_grpo(GRPOSpec(model="org/m", dataset=DATASET))
     assert r["beta"] == 0.0 and r["num_generations"] == 8 and r["loss_type"] == "dapo"
     assert PRESETS["trl-default"] == {}
+
+
+def test_every_knob_is_declared_once() -> None:
+    """A GRPO knob is one declaration on the spec (help, bounds, TRL's default); the preset is values
+    over it, and the resolved config reuses its help and types it as the run uses it."""
+    from typing import get_args
+
+    from mathrl.specs.base import knob_help
+    from mathrl.specs.resolved import ResolvedGRPO
+
+    for knob in TRL_DEFAULTS:
+        spec_field, resolved_field = GRPOSpec.model_fields[knob], ResolvedGRPO.model_fields[knob]
+        assert spec_field.default is None and "TRL's default (" in (spec_field.description or ""), knob
+        assert resolved_field.description is not None
+        assert resolved_field.description.startswith(knob_help(GRPOSpec, knob)), knob
+        given = {a for a in get_args(spec_field.annotation) if a is not type(None)}
+        assert given <= {resolved_field.annotation, *get_args(resolved_field.annotation)}, knob
+    for preset in PRESETS.values():
+        assert set(preset) <= set(TRL_DEFAULTS)  # values over declared knobs only
 
 
 def test_trl_defaults_match_installed_trl() -> None:
@@ -221,7 +241,7 @@ def test_the_loop_resolves_per_preset_and_is_stored() -> None:
     cfg = resolve_config(parse_spec(base))  # trl-default: what was measured to help, the update TRL's
     assert cfg.dynamic_sampling is None and cfg.curriculum is None and cfg.skip_zero_advantage is True
     on = resolve_config(parse_spec({**base, "dynamic_sampling": True}))
-    assert on.dynamic_sampling == {"metric": "correct", "max_rounds": 3}
+    assert on.record()["dynamic_sampling"] == {"metric": "correct", "max_rounds": 3}
     paper = resolve_config(parse_spec({**base, "preset": "deepseekmath", "resources": {"gpus": 8}}))
     assert paper.dynamic_sampling is None and paper.curriculum is None
     assert paper.skip_zero_advantage is False
@@ -229,14 +249,18 @@ def test_the_loop_resolves_per_preset_and_is_stored() -> None:
     shaped = resolve_config(
         parse_spec({**base, "rewards": [{"name": "reward_model", "model": "org/rm"}], "dynamic_sampling": {}})
     )
-    assert shaped.dynamic_sampling["metric"] == "reward"
+    assert shaped.dynamic_sampling is not None and shaped.dynamic_sampling.metric == "reward"
     asked = resolve_config(
         parse_spec({**base, "curriculum": {"floor": 0.1}, "dynamic_sampling": False, "skip_zero_advantage": False})
     )
-    assert asked.curriculum == {"decay": 0.5, "floor": 0.1} and asked.dynamic_sampling is None
+    assert asked.record()["curriculum"] == {"decay": 0.5, "floor": 0.1} and asked.dynamic_sampling is None
     assert asked.skip_zero_advantage is False
+    # skipping is stored as what the run does: exact only without a KL term
+    assert resolve_config(parse_spec({**base, "beta": 0.04})).skip_zero_advantage is False
+    with pytest.raises(ValidationError, match="drop skip_zero_advantage, or set beta: 0"):
+        parse_spec({**base, "beta": 0.04, "skip_zero_advantage": True})
     # a preset's default that cannot run is off, not refused (checked with a preset defaulting it on)
-    from mathrl import presets
+    from mathrl.specs import presets
 
     saved = presets.LOOP_DEFAULTS["trl-default"]
     presets.LOOP_DEFAULTS["trl-default"] = {**saved, "dynamic_sampling": True}

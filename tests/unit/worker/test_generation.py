@@ -181,14 +181,20 @@ def test_vllm_on_a_cpu_without_a_cxx_compiler_runs_eager(monkeypatch: pytest.Mon
 
 
 def test_the_backends_a_spec_accepts_are_the_registered_ones() -> None:
-    """Adding a backend is a module under evaluator/backends/ and its line in BACKENDS; the specs'
-    list of names must follow (mathrl/ cannot import the evaluator to read it)."""
+    """Adding a backend is its entry in the SDK's registry (mathrl/backends.py: the specs' choices,
+    the resolved config, the trainer read it) and its implementation under evaluator/backends/ in
+    BACKENDS (mathrl/ cannot import the evaluator): the two must hold the same names."""
     from typing import get_args
 
-    from evaluator.backends import BACKENDS, Backend, backend
-    from mathrl.specs import GenerationBackend
+    from evaluator.backends import BACKENDS, VLLM, Backend, backend
+    from mathrl.backends import GENERATION_BACKENDS
+    from mathrl.specs import EvalSpec, GenerationBackend
+    from mathrl.specs.resolved import ResolvedGRPO
 
-    assert set(get_args(GenerationBackend)) == set(BACKENDS)
+    assert set(GENERATION_BACKENDS) == set(BACKENDS) == set(get_args(GenerationBackend))
+    assert {n for n, info in GENERATION_BACKENDS.items() if info.vllm} == {n for n, c in BACKENDS.items() if c is VLLM}
+    assert EvalSpec.model_json_schema()["properties"]["backend"]["enum"] == list(GENERATION_BACKENDS)
+    assert get_args(ResolvedGRPO.model_fields["generation_backend"].annotation) == tuple(GENERATION_BACKENDS)
     for name, cls in BACKENDS.items():
         assert issubclass(cls, Backend) and cls.name == name
     with pytest.raises(ValueError, match="unknown generation backend 'vlm'. Did you mean 'vllm'"):

@@ -84,7 +84,7 @@ def test_bad_process_counts_name_the_field(spec: dict[str, Any], field: str, wor
 
 @pytest.mark.quick
 def test_global_batch_counts_every_process() -> None:
-    from mathrl.presets import resolve_grpo
+    from mathrl.specs.presets import resolve_grpo
 
     config = resolve_grpo(parse_spec(grpo(resources={"processes": 2}, global_batch_size=32)))
     assert config["world_size"] == 2 and config["gradient_accumulation_steps"] == 2

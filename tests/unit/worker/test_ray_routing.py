@@ -13,8 +13,8 @@ from tests.helpers.jobs import grpo, sft
 
 @pytest.mark.quick
 def test_nodes_route_to_ray_count_in_quotas_and_the_world_size() -> None:
-    from mathrl.presets import resolve_grpo
     from mathrl.specs import parse_spec
+    from mathrl.specs.presets import resolve_grpo
 
     spec = parse_spec(sft(resources={"nodes": 4, "gpus": 8}))
     assert spec.resources.queue == "ray" and spec.resources.total_gpus == 32
@@ -79,8 +79,8 @@ def test_a_ray_grpo_jobs_vllm_server_takes_its_gpus_from_the_whole_job_on_one_no
     world and the Ray Train workers are the rest), and may not exceed one node's gpus."""
     from pydantic import ValidationError
 
-    from mathrl.presets import resolve_grpo
     from mathrl.specs import parse_spec
+    from mathrl.specs.presets import resolve_grpo
     from worker.ray_submit import ray_workers
 
     server = {"backend": "vllm", "mode": "server", "server_gpus": 2}

@@ -1,14 +1,20 @@
 """GRPO presets and their resolution into one concrete config.
 
-A preset names exactly the values it sets. Resolution order: TRL's defaults, then the
-preset, then every field the user set explicitly. The result is what the run stores.
+Every knob is declared once, on the spec (mathrl/specs/grpo.py: `Knob`, with TRL's default, its
+bounds and help). A preset is an overlay of values over those declarations, naming exactly the
+values it sets. Resolution order: TRL's defaults, then the preset, then every field the user set
+explicitly. The result is what the run stores, and what the trainer reads (ResolvedGRPO); the GRPO
+spec validates itself by resolving (so the SDK refuses what the server would).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from mathrl.backends import uses_vllm
 from mathrl.errors import FieldError
+from mathrl.specs.base import knob_defaults
+from mathrl.specs.loop import Curriculum, DynamicSampling
 
 if TYPE_CHECKING:
     from mathrl.specs import GRPOSpec
@@ -17,30 +23,6 @@ if TYPE_CHECKING:
 def _err(field: str, message: str) -> ValueError:
     return FieldError(field, message)
 
-
-# TRL 1.16 GRPOConfig defaults for the knobs a spec can reach (checked against the
-# installed TRL by tests/unit/mathrl/test_specs.py::test_trl_defaults_match_trl).
-TRL_DEFAULTS: dict[str, Any] = {
-    "learning_rate": 1e-6,
-    "beta": 0.0,
-    "num_generations": 8,
-    "max_prompt_length": 512,
-    "max_completion_length": 512,
-    "per_device_train_batch_size": 8,
-    "global_batch_size": None,  # None: one micro-batch per device, no accumulation
-    "num_iterations": 1,
-    "loss_type": "dapo",
-    "epsilon": 0.2,
-    "epsilon_high": None,
-    "delta": None,
-    "importance_sampling_level": "token",
-    "scale_rewards": "group",
-    "mask_truncated_completions": False,
-    "temperature": 1.0,
-    "top_p": 1.0,
-    "warmup_ratio": 0.0,
-    "gradient_checkpointing": True,  # TRL's GRPOConfig and SFTConfig turn it on (TrainingArguments' is off)
-}
 
 # DeepSeekMath (Shao et al. 2024), section 4.2: policy lr 1e-6, KL coefficient 0.04,
 # 64 outputs per question, max length 1024, training batch 1024, a single policy update
@@ -61,8 +43,6 @@ PRESETS: dict[str, dict[str, Any]] = {
     },
 }
 
-KNOBS: tuple[str, ...] = tuple(TRL_DEFAULTS)
-
 # mathrl's own loop (trainer/grpo_loop.py), per preset: what a spec that leaves these unset gets.
 # `trl-default` turns on what was measured to help and leaves the update as TRL computes it: the
 # skip (bench/time_to_accuracy.py: the same held-out curve as TRL's, 70% in 0.59x the time).
@@ -73,8 +53,6 @@ LOOP_DEFAULTS: dict[str, dict[str, bool]] = {
     "trl-default": {"dynamic_sampling": False, "curriculum": False, "skip_zero_advantage": True},
     "deepseekmath": {"dynamic_sampling": False, "curriculum": False, "skip_zero_advantage": False},
 }
-DYNAMIC_SAMPLING_DEFAULTS: dict[str, Any] = {"metric": "correct", "max_rounds": 3}
-CURRICULUM_DEFAULTS: dict[str, Any] = {"decay": 0.5, "floor": 0.01}
 CHECKED_REWARDS = ("accuracy", "binary")  # rewards whose value > 0 means a correct answer
 
 # Knobs TRL 1.16's AsyncGRPOTrainer has no setting for (its loss is its own, with no KL term):
@@ -92,9 +70,10 @@ ASYNC_UNSUPPORTED: tuple[str, ...] = (
 
 def resolve_grpo(spec: GRPOSpec) -> dict[str, Any]:
     """Return every knob with its concrete value; raise ValueError saying how to fix it."""
-    values: dict[str, Any] = dict(TRL_DEFAULTS)
+    trl = knob_defaults(type(spec))
+    values: dict[str, Any] = dict(trl)
     values.update(PRESETS[spec.preset])
-    for knob in KNOBS:
+    for knob in trl:
         explicit = getattr(spec, knob)
         if explicit is not None:
             values[knob] = explicit
@@ -134,7 +113,7 @@ def resolve_grpo(spec: GRPOSpec) -> dict[str, Any]:
     values["questions_per_step"] = global_batch // g
     values["world_size"] = world
     values["generation_backend"] = spec.generation.resolve(spec.resources.gpus)
-    values["generation_mode"] = spec.generation.mode if values["generation_backend"] == "vllm" else None
+    values["generation_mode"] = spec.generation.mode if uses_vllm(values["generation_backend"]) else None
     values["vllm_server_gpus"] = spec.generation.resolved_server_gpus(spec.resources.gpus)
     values["preset"] = spec.preset
     values["algorithm"] = spec.algorithm
@@ -145,22 +124,24 @@ def resolve_grpo(spec: GRPOSpec) -> dict[str, Any]:
 
 
 def resolve_loop(spec: GRPOSpec, values: dict[str, Any]) -> dict[str, Any]:
-    """dynamic_sampling, curriculum (a dict of their settings, or None: off) and skip_zero_advantage.
-    A part the spec asks for explicitly and cannot run is refused; a preset's default that cannot
-    run here is off."""
+    """dynamic_sampling and curriculum (their blocks with every setting, or None: off) and
+    skip_zero_advantage (whether the run skips: only where that leaves the update exact). A part the
+    spec asks for explicitly and cannot run is refused; a preset's default that cannot run here is off."""
     defaults = LOOP_DEFAULTS[spec.preset]
     checked = any(r.name in CHECKED_REWARDS for r in spec.rewards)
     world = values["world_size"]
     local = values["global_batch_size"] // world
     whole_groups = local % values["num_generations"] == 0
     out: dict[str, Any] = {}
-    for part, base in (("dynamic_sampling", DYNAMIC_SAMPLING_DEFAULTS), ("curriculum", CURRICULUM_DEFAULTS)):
+    parts: tuple[tuple[str, type[DynamicSampling] | type[Curriculum]], ...] = (
+        ("dynamic_sampling", DynamicSampling),
+        ("curriculum", Curriculum),
+    )
+    for part, block in parts:
         asked = getattr(spec, part)
         explicit = asked is not None
         on = defaults[part] if asked is None else asked.enabled
-        settings: dict[str, Any] = dict(base)
-        if explicit:
-            settings.update({k: v for k, v in asked.model_dump().items() if k != "enabled"})
+        settings = (asked or block()).model_dump(exclude={"enabled"})  # the block's own defaults where unset
         if on and part == "dynamic_sampling" and settings["metric"] == "correct" and not checked:
             if explicit and "metric" in asked.model_fields_set:
                 raise _err(
@@ -184,11 +165,26 @@ def resolve_loop(spec: GRPOSpec, values: dict[str, Any]) -> dict[str, Any]:
             if explicit:
                 raise _err(part, f"{part} cannot run for this job: {why}; or set {part}: false")
             on = False
-        out[part] = settings if on else None
+        out[part] = block(**settings) if on else None
+    out["skip_zero_advantage"] = resolve_skip(spec, values, defaults["skip_zero_advantage"])
+    return out
+
+
+def resolve_skip(spec: GRPOSpec, values: dict[str, Any], default: bool) -> bool | None:
+    """Whether the run skips zero-advantage completions: stored as what the run does. Skipping is
+    exact only with no KL term (beta 0: a completion with zero advantage then adds nothing to the
+    update; every loss type TRL 1.16 has agrees); asked for with beta > 0 it is refused, and a
+    preset's default is off there. None: async, which has a loss of its own."""
     skip = spec.skip_zero_advantage
-    out["skip_zero_advantage"] = defaults["skip_zero_advantage"] if skip is None else skip
     if spec.algorithm == "async":
         if skip:
             raise _err("skip_zero_advantage", "async GRPO has its own loss: drop skip_zero_advantage")
-        out["skip_zero_advantage"] = None
-    return out
+        return None
+    exact = values["beta"] == 0
+    if skip and not exact:
+        raise _err(
+            "skip_zero_advantage",
+            f"skipping zero-advantage completions changes the update when beta > 0 (beta={values['beta']:g}: the "
+            "KL term still has a gradient for them): drop skip_zero_advantage, or set beta: 0",
+        )
+    return (default if skip is None else skip) and exact

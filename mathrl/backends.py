@@ -1,0 +1,43 @@
+"""The generation backends a job can name, each declared once here: its name and what it
+generates on. The specs' choices (`GenerationBackend`, read off this registry), the resolved config,
+the worker (which package a job needs), the memory plan and the trainer (TRL's `use_vllm`) all read
+this entry; the evaluator registers each one's implementation under the same name
+(evaluator/backends/: `BACKENDS`), and a quick test holds the two registries equal
+(tests/unit/worker/test_generation.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+from mathrl.registry import Registry
+
+
+@dataclass(frozen=True)
+class BackendInfo:
+    name: str
+    vllm: bool  # generates on vLLM: the worker needs the vllm package, a warm engine can serve it, TRL's use_vllm
+    description: str
+
+
+GENERATION_BACKENDS: Registry[BackendInfo] = Registry("generation backend")
+for _info in (
+    BackendInfo("hf", vllm=False, description="Hugging Face transformers' generate, in the job's process"),
+    BackendInfo("vllm", vllm=True, description="vLLM's engine (in the process, a server beside it, or a warm one)"),
+):
+    GENERATION_BACKENDS.add(_info.name, _info)
+
+if TYPE_CHECKING:
+    GenerationBackend = str
+else:  # the specs' choices, read off the registry: pydantic validates and documents them as an enum
+    GenerationBackend = Literal[tuple(GENERATION_BACKENDS)]
+
+
+def uses_vllm(name: str) -> bool:
+    """Whether the backend `name` ('auto' is resolved first by the spec) generates on vLLM."""
+    return GENERATION_BACKENDS[name].vllm
+
+
+def names_vllm(choice: str) -> bool:
+    """A spec's backend choice that names a vLLM backend outright ('auto' names none: it picks)."""
+    return choice != "auto" and uses_vllm(choice)
