@@ -80,7 +80,12 @@ class MathrlGRPOTrainer(TimedGRPOTrainer):
         self.curriculum = (
             PassRateCurriculum(len(self.train_dataset), self.args.seed, cur.decay, cur.floor) if cur else None
         )
-        self.skip_zero_advantage = loop.skip_zero_advantage and self.skip_is_exact()
+        if loop.skip_zero_advantage and not self.skip_is_exact():  # resolution stores it only where exact
+            raise ValueError(
+                "skip_zero_advantage is on, but this trainer's update has a term a zero-advantage completion "
+                "still feeds (beta > 0, entropy or auxiliary losses, an off-policy mask): it would not skip"
+            )
+        self.skip_zero_advantage = loop.skip_zero_advantage
         self.reuse_logprobs = bool(
             self.use_vllm
             and self.vllm_importance_sampling_correction
