@@ -58,7 +58,7 @@ def direct_trl(spec: Any, config: dict[str, Any], model_path: str, out: Path) ->
     rewards, weights = build_rewards(spec, config)
     import torch
 
-    args = grpo_args(spec, config, out, use_cpu=not torch.cuda.is_available())
+    args = grpo_args(config, out, use_cpu=not torch.cuda.is_available())
     args.reward_weights = weights
     timer = StepTimer()
     trainer = GRPOTrainer(
@@ -84,8 +84,8 @@ def main() -> None:
     sys.stdout.reconfigure(line_buffering=True)  # type: ignore[attr-defined]
 
     from mathrl.client import Client
-    from mathrl.specs.presets import resolve_grpo
     from mathrl.specs import GRPOSpec
+    from mathrl.specs.presets import resolve_grpo
     from service.embedded import demo_key, embedded_service, prepare_model
 
     work = Path(tempfile.mkdtemp(prefix="mathrl-bench-train-"))

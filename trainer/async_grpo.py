@@ -137,16 +137,16 @@ def with_response_template(tokenizer: Any) -> Any:
         return tokenizer
 
 
-def async_args(spec: GRPOSpec, config: ResolvedGRPO, output_dir: Path, use_cpu: bool, server_url: str) -> Any:
+def async_args(config: ResolvedGRPO, output_dir: Path, use_cpu: bool, server_url: str) -> Any:
     from trl.experimental.async_grpo import AsyncGRPOConfig
 
     kwargs: dict[str, Any] = {}
-    if spec.max_staleness is not None:
-        kwargs["max_staleness"] = spec.max_staleness
+    if config.max_staleness is not None:
+        kwargs["max_staleness"] = config.max_staleness
     from trainer.grpo_config import common_args
 
     return AsyncGRPOConfig(
-        **common_args(spec, config, output_dir, use_cpu, server_url),
+        **common_args(config, output_dir, use_cpu, server_url),
         dtype="float32" if use_cpu else "bfloat16",
         **kwargs,
     )
@@ -171,7 +171,7 @@ def build_async_trainer(
     from trl.experimental.async_grpo import AsyncGRPOTrainer
 
     use_cpu = not torch.cuda.is_available()
-    args = async_args(spec, config, out_dir, use_cpu, server_url)
+    args = async_args(config, out_dir, use_cpu, server_url)
     args.reward_weights = weights
     t0 = time.monotonic()
     _stop_without_hanging()

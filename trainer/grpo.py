@@ -52,7 +52,7 @@ def vllm_engine_options(spec: GRPOSpec, config: ResolvedGRPO, settings: EngineSe
     operator's `settings`)."""
     from evaluator.backends.vllm import engine_options
 
-    gen = spec.generation
+    gen = config.generation
     # colocated with training: TRL's 0.3 of the GPU unless the spec says otherwise
     return engine_options(
         gen.dtype,
@@ -99,7 +99,7 @@ def run_grpo(
     rewards, weights = build_rewards(spec, config, resolve_model, sandbox)
     use_cpu = not torch.cuda.is_available()
     backend = generation_backend(config, sink)
-    if uses_vllm(backend) and spec.generation.mode == "server" and not vllm_server_url:
+    if uses_vllm(backend) and config.generation.mode == "server" and not vllm_server_url:
         raise RuntimeError("generation.mode is 'server' but the worker started no vLLM server for this job")
     callback = SinkCallback(
         sink, sample_every=spec.sample_every, total_steps=spec.max_steps, checkpoint_dir=str(out_dir)
@@ -125,10 +125,10 @@ def run_grpo(
             out_dir=work,
             server_url=vllm_server_url,
             callbacks=callbacks,
-            peft_config=lora_config(spec.lora),
+            peft_config=lora_config(config.lora),
         )
     else:
-        args = grpo_args(spec, config, work, use_cpu, backend, vllm_server_url)
+        args = grpo_args(config, work, use_cpu, backend, vllm_server_url)
         args.reward_weights = weights
         engine = vllm_engine_options(spec, config, engine_settings) if uses_vllm(backend) else None
         trainer = MathrlGRPOTrainer(
@@ -138,16 +138,16 @@ def run_grpo(
             args=args,
             train_dataset=dataset,
             processing_class=tokenizer,
-            peft_config=lora_config(spec.lora),
+            peft_config=lora_config(config.lora),
             callbacks=callbacks,
             engine_options=engine,
         )
         sink.event(
             "generation",
-            _describe_generation(backend, spec, engine, time.monotonic() - t0),
+            _describe_generation(backend, config, engine, time.monotonic() - t0),
             data={
                 "backend": backend,
-                "mode": spec.generation.mode if uses_vllm(backend) else None,
+                "mode": config.generation.mode if uses_vllm(backend) else None,
                 "version": _backend_version(backend),
                 "engine_options": engine,
             },
@@ -178,13 +178,13 @@ def _backend_version(name: str) -> str:
     return backend(name).version()
 
 
-def _describe_generation(backend: str, spec: GRPOSpec, engine: dict[str, Any] | None, seconds: float) -> str:
+def _describe_generation(backend: str, config: ResolvedGRPO, engine: dict[str, Any] | None, seconds: float) -> str:
     if not uses_vllm(backend):
         return f"generating with {backend} ({_backend_version(backend)})"
-    where = "the job's vLLM server" if spec.generation.mode == "server" else "a colocated engine"
+    where = "the job's vLLM server" if config.generation.mode == "server" else "a colocated engine"
     sync = (
-        ("LoRA adapter" if spec.lora and spec.lora.enabled else "full weights")
-        if spec.generation.mode == "server"
+        ("LoRA adapter" if config.lora and config.lora.enabled else "full weights")
+        if config.generation.mode == "server"
         else "full weights"
     )
     return (

@@ -1,8 +1,9 @@
 """The arguments of a GRPO run: TRL's config (sync GRPOConfig; the async trainer's shares
-`common_args`) built from a spec and its resolved config (mathrl/specs/presets.py resolves the loss
-and sampling settings: beta, epsilon, loss_type, ...), and peft's LoRA config. Kept apart from
-trainer/grpo.py (the run) so that the sync and async trainers both build on it. What every training
-job shares (output, seed, logging, saving, bf16 or fp32) comes from trainer/training_args.py."""
+`common_args`) built from a job's resolved config alone (mathrl/specs/presets.py resolves the loss
+and sampling settings: beta, epsilon, loss_type, ...; the spec's other fields it reads are typed
+there too), and peft's LoRA config. Kept apart from trainer/grpo.py (the run) so that the sync and
+async trainers both build on it. What every training job shares (output, seed, logging, saving,
+bf16 or fp32) comes from trainer/training_args.py."""
 
 from __future__ import annotations
 
@@ -10,24 +11,22 @@ from pathlib import Path
 from typing import Any
 
 from mathrl.backends import uses_vllm
-from mathrl.specs import GRPOSpec, LoRA
+from mathrl.specs import LoRA
 from mathrl.specs.resolved import ResolvedGRPO
 from trainer.training_args import training_args
 
 
-def common_args(
-    spec: GRPOSpec, config: ResolvedGRPO, output_dir: Path, use_cpu: bool, server_url: str | None
-) -> dict[str, Any]:
+def common_args(config: ResolvedGRPO, output_dir: Path, use_cpu: bool, server_url: str | None) -> dict[str, Any]:
     """The arguments TRL's sync (GRPOConfig) and async (AsyncGRPOConfig) trainers share."""
     return dict(
         **training_args(
             output_dir,
             use_cpu=use_cpu,
-            seed=spec.seed,
+            seed=config.seed,
             learning_rate=config.learning_rate,
             per_device_train_batch_size=config.per_device_train_batch_size,
-            logging_steps=spec.logging_steps,
-            save_steps=spec.save_steps,
+            logging_steps=config.logging_steps,
+            save_steps=config.save_steps,
             # resolved by mathrl.specs.presets (TRL's default, on, when the spec leaves it unset; a
             # config stored before the field existed ran with that default too)
             gradient_checkpointing=config.gradient_checkpointing,
@@ -41,13 +40,12 @@ def common_args(
         top_p=config.top_p,
         vllm_server_base_url=server_url,
         vllm_server_timeout=900.0,  # a CPU server compiles for minutes before it answers /health
-        max_steps=spec.max_steps,
-        warmup_steps=int(config.warmup_ratio * spec.max_steps),
+        max_steps=config.max_steps,
+        warmup_steps=int(config.warmup_ratio * config.max_steps),
     )
 
 
 def grpo_args(
-    spec: GRPOSpec,
     config: ResolvedGRPO,
     output_dir: Path,
     use_cpu: bool,
@@ -57,11 +55,11 @@ def grpo_args(
     from trl import GRPOConfig
 
     return GRPOConfig(
-        **common_args(spec, config, output_dir, use_cpu, server_url),
+        **common_args(config, output_dir, use_cpu, server_url),
         **config.sync_loss().model_dump(),
         use_vllm=uses_vllm(backend),
-        vllm_mode=spec.generation.mode,
-        vllm_tensor_parallel_size=spec.generation.tensor_parallel_size,
+        vllm_mode=config.generation.mode,
+        vllm_tensor_parallel_size=config.generation.tensor_parallel_size,
         # prompt + completion: the engine's KV cache is sized for this, not the model's 8k context
         vllm_max_model_length=config.max_prompt_length + config.max_completion_length,
     )

@@ -51,6 +51,12 @@ def _knob(name: str, default: Any = ..., async_none: bool = False) -> Any:
     return Field(default, description=knob_help(GRPOSpec, name) + note)
 
 
+def _field(name: str) -> Any:
+    """A field of GRPOSpec the trainer reads, typed here with the spec's default and help."""
+    declared = GRPOSpec.model_fields[name]
+    return Field(declared.default, description=declared.description)
+
+
 class ResolvedGRPO(ResolvedConfig):
     """A GRPO job's knobs as the run uses them: TRL's defaults, then the preset, then the spec."""
 
@@ -92,7 +98,12 @@ class ResolvedGRPO(ResolvedConfig):
         description="Whether the run skips completions with zero advantage: only where the update stays exact "
         "(beta 0); None: async.",
     )
-    # the spec's fields the memory plan and the trainers read
+    # the spec's fields the memory plan and the trainers read (declared on GRPOSpec: its help here too)
+    max_steps: int = _field("max_steps")
+    seed: int = _field("seed")
+    logging_steps: int = _field("logging_steps")
+    save_steps: int = _field("save_steps")
+    max_staleness: int | None = _field("max_staleness")
     generation: Generation = Field(default_factory=Generation, description="The spec's generation settings.")
     lora: LoRA | None = Field(None, description="The spec's LoRA settings (None: every weight trains).")
     deepspeed_zero3: bool = Field(False, description="The spec's ZeRO-3 sharding.")

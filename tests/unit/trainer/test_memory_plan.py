@@ -186,10 +186,9 @@ def test_gradient_checkpointing_is_resolved_and_reaches_trl() -> None:
 
     on, off = grpo_config(), grpo_config(gradient_checkpointing=False)
     assert on.gradient_checkpointing is True and off.gradient_checkpointing is False
-    spec = parse_spec({"kind": "grpo", "model": "/m", "dataset": {"name": "math-train"}})
-    assert common_args(spec, off, Path("/tmp/x"), True, None)["gradient_checkpointing"] is False
+    assert common_args(off, Path("/tmp/x"), True, None)["gradient_checkpointing"] is False
     old = resolved({k: v for k, v in on.record().items() if k != "gradient_checkpointing"})  # stored before it
-    assert common_args(spec, old.of(ResolvedGRPO), Path("/tmp/x"), True, None)["gradient_checkpointing"] is True
+    assert common_args(old.of(ResolvedGRPO), Path("/tmp/x"), True, None)["gradient_checkpointing"] is True
     sft = parse_spec({"kind": "sft", "model": "/m", "dataset": {"name": "math-train"}})
     assert resolve_config(sft).of(ResolvedSFT).gradient_checkpointing is True
     sft_off = parse_spec({**sft.model_dump(), "gradient_checkpointing": False})

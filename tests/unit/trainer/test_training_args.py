@@ -81,12 +81,12 @@ def test_grpo_configs_get_the_shared_block_from_spec_and_resolved_config(tmp_pat
     if algorithm == "sync":
         from trainer.grpo_config import grpo_args
 
-        args = grpo_args(spec, config, tmp_path, use_cpu=True)
+        args = grpo_args(config, tmp_path, use_cpu=True)
         assert args.use_vllm is False
     else:
         from trainer.async_grpo import async_args
 
-        args = async_args(spec, config, tmp_path, True, "http://127.0.0.1:8000")
+        args = async_args(config, tmp_path, True, "http://127.0.0.1:8000")
         assert args.dtype == "float32" and args.vllm_server_base_url == "http://127.0.0.1:8000"
     assert_shared(
         args,
