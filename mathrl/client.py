@@ -42,6 +42,7 @@ from mathrl._transport import (
     collect,
     iterator,
 )
+from mathrl.errors import MathRLError as MathRLError  # the client raises it; imported from here too
 from mathrl.schemas import (
     TERMINAL_STATUSES,
     CheckpointResponse,
@@ -65,20 +66,6 @@ _STREAM_QUIET_SECONDS = 20.0
 
 M = TypeVar("M", bound=BaseModel)
 Ended = TypeVar("Ended", JobResponse, PipelineResponse)
-
-
-class MathRLError(Exception):
-    """An error answer from the service, carrying its RFC 9457 problem details."""
-
-    def __init__(self, status: int, problem: dict[str, Any]):
-        self.status = status
-        self.problem = problem
-        self.title = problem.get("title", "error")
-        self.detail = problem.get("detail", "")
-        self.errors: list[dict[str, Any]] = problem.get("errors", [])
-        lines = [f"{status} {self.title}: {self.detail}"]
-        lines += [f"  {e.get('pointer', '')}: {e.get('detail', '')}" for e in self.errors]
-        super().__init__("\n".join(lines))
 
 
 # The request layer: what every call sends and how it reads the answer, once for both clients.

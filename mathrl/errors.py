@@ -28,6 +28,8 @@ module can import it.
     │   └── MemoryRefused             its memory plan needs more than the GPUs have (worker.child)
     ├── CheckpointWriteError (RuntimeError)  a checkpoint that could not be written (trainer.checkpoints)
     ├── RayUnavailable (RuntimeError) the Ray cluster does not answer or refused (worker.ray_submit)
+    ├── MathRLError                   an error answer from the service, with its problem details (the
+    │                                 SDK client raises it: mathrl.client)
     ├── StopRequested                 this job must stop now: a loop saw its sink's should_stop()
     │   ├── Cancelled                 the job was cancelled (exit EXIT_STOPPED)
     │   ├── Drained                   its worker is shutting down, or it was paused: a checkpoint
@@ -40,8 +42,6 @@ module can import it.
     │   └── api.admission.QuotaProblem  a 429 with the pipeline step that crossed the quota
     └── evaluator.grading._TooBig     private: a sympy answer too large to evaluate, caught
                                       where it is raised
-
-The SDK client's HTTP error, mathrl.client.MathRLError, is not yet under this base.
 """
 
 from __future__ import annotations
@@ -207,3 +207,17 @@ class Drained(StopRequested):
 class LeaseLost(StopRequested):
     """This attempt no longer owns its job (its lease lapsed and the job was re-queued or
     taken by another worker): its writes are refused and the process must stop."""
+
+
+class MathRLError(MathRLException):
+    """An error answer from the service, carrying its RFC 9457 problem details (mathrl.client)."""
+
+    def __init__(self, status: int, problem: dict[str, Any]):
+        self.status = status
+        self.problem = problem
+        self.title = problem.get("title", "error")
+        self.detail = problem.get("detail", "")
+        self.errors: list[dict[str, Any]] = problem.get("errors", [])
+        lines = [f"{status} {self.title}: {self.detail}"]
+        lines += [f"  {e.get('pointer', '')}: {e.get('detail', '')}" for e in self.errors]
+        super().__init__("\n".join(lines))

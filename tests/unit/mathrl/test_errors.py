@@ -22,9 +22,7 @@ NOT_IMPORTED = {
     "evaluator.sandbox_harness": "the sandbox's own interpreter: it reads its cases from stdin on import",
 }
 # exceptions not (yet) under the base, with why
-OUTSIDE = {
-    "mathrl.client.MathRLError": "the SDK client's HTTP error: re-based on MathRLException with the client's rework",
-}
+OUTSIDE: dict[str, str] = {}
 
 
 def _modules() -> list[str]:
