@@ -24,14 +24,14 @@ from sqlalchemy.orm import Session
 from api.problems import Problem
 from kinds import home, resolve_config
 from mathrl.errors import Refused
-from mathrl.specs import model_refs, split_job_ref
+from mathrl.specs import AnySpec, model_refs, split_job_ref
 from mathrl.specs.resolved import ResolvedConfig
 from service.settings import Settings
 from service.sources import url_refusal
 from store.models import Project
 
 
-def admit_spec(spec: Any, settings: Settings) -> ResolvedConfig:
+def admit_spec(spec: AnySpec, settings: Settings) -> ResolvedConfig:
     """Refuse the job unless its sources are allowed and it is within the per-job limits;
     return its resolved config (every hyperparameter as the run will use it)."""
     check_sources(spec, settings)
@@ -48,7 +48,7 @@ def admit_spec(spec: Any, settings: Settings) -> ResolvedConfig:
     return config
 
 
-def check_placement(spec: Any, settings: Settings) -> None:
+def check_placement(spec: AnySpec, settings: Settings) -> None:
     """A job for the Ray cluster needs one configured, and no more GPUs per node than its nodes
     have. Configuration only: Ray is not asked on a submit (a dead address fails the job)."""
     ray = settings.ray
@@ -278,7 +278,7 @@ def _over(pointer: str, value: int, limit: int, what: str) -> Problem:
     return Problem.at(pointer, detail, "Over a limit")
 
 
-def check_job_limits(spec: Any, config: ResolvedConfig, settings: Settings) -> None:
+def check_job_limits(spec: AnySpec, config: ResolvedConfig, settings: Settings) -> None:
     """The job's values its kind holds to this server's per-job limits (kinds/<kind>.py `limits`)."""
     for limit in home(spec).limits(spec, config):
         cap: int = getattr(settings.limits, limit.limit)

@@ -21,6 +21,7 @@ from kinds.grpo import GRPOKind
 from kinds.reward_model import RewardModelKind
 from kinds.sft import SFTKind
 from mathrl.registry import Registry
+from mathrl.specs import AnySpec
 from mathrl.specs.resolved import ResolvedConfig, resolved
 
 if TYPE_CHECKING:
@@ -31,12 +32,12 @@ for _home in (EvalKind(), GRPOKind(), RewardModelKind(), SFTKind(), GradeKind(),
     HOMES.add(_home.name, _home)
 
 
-def home(spec: Any) -> Kind[Any, Any]:
+def home(spec: AnySpec) -> Kind[Any, Any]:
     """The home of a spec's kind."""
     return HOMES[spec.kind]
 
 
-def resolve_config(spec: Any) -> ResolvedConfig:
+def resolve_config(spec: AnySpec) -> ResolvedConfig:
     """The concrete configuration a job runs with, stored on the job row at submit time."""
     config: ResolvedConfig = home(spec).resolve(spec)
     return config

@@ -14,23 +14,23 @@ import importlib.util
 import os
 import sys
 from pathlib import Path
-from typing import Any
 
 from mathrl.processes import die_with_parent as die_with_parent  # the job and its ranks import these from here
 from mathrl.processes import is_main as is_main
 from mathrl.processes import rank as rank
 from mathrl.processes import world_size as world_size
+from mathrl.specs import AnySpec
 from worker.attempt import AttemptDir
 
 
-def num_processes(spec: Any) -> int:
+def num_processes(spec: AnySpec) -> int:
     """How many processes the job runs as on one node (its kind's needs: kinds/<kind>.py)."""
     from kinds import home
 
     return home(spec).needs(spec).processes
 
 
-def uses_deepspeed(spec: Any) -> bool:
+def uses_deepspeed(spec: AnySpec) -> bool:
     from kinds import home
 
     return home(spec).needs(spec).deepspeed
@@ -42,7 +42,12 @@ def child_args(job_id: str, owner: str, attempt: int) -> list[str]:
 
 
 def job_command(
-    spec: Any, job_id: str, owner: str, attempt: int, cpu_count: int | None = None, have_deepspeed: bool | None = None
+    spec: AnySpec,
+    job_id: str,
+    owner: str,
+    attempt: int,
+    cpu_count: int | None = None,
+    have_deepspeed: bool | None = None,
 ) -> list[str]:
     """The job process's command line (cpu_count, have_deepspeed: this machine's, by default)."""
     if have_deepspeed is None:

@@ -29,6 +29,7 @@ from typing import Any
 
 from kinds import home
 from mathrl.errors import RayUnavailable as RayUnavailable  # raised here; its callers import it from here
+from mathrl.specs import AnySpec
 from service.settings import Settings
 from worker.attempt import AttemptDir
 from worker.child import EXIT_DRAINED, EXIT_ERROR, EXIT_OK, EXIT_STOPPED
@@ -59,13 +60,13 @@ def forwarded_env(environ: dict[str, str] | None = None) -> dict[str, str]:
     return {k: v for k, v in keep.items() if not k.startswith(SECRET_ENV)}
 
 
-def ray_workers(spec: Any) -> int:
+def ray_workers(spec: AnySpec) -> int:
     """Ray Train workers of a training job (processes per node x nodes, less a GRPO job's vLLM
     server GPUs in server mode); 1 for other kinds."""
     return home(spec).needs(spec).world
 
 
-def entrypoint(settings: Settings, spec: Any, job_id: str, owner: str, attempt: int) -> tuple[str, int, int]:
+def entrypoint(settings: Settings, spec: AnySpec, job_id: str, owner: str, attempt: int) -> tuple[str, int, int]:
     """The Ray job's command line, and how many GPUs and CPUs its driver itself takes: training jobs
     run as Ray Train workers (processes per node x nodes) under worker.ray_train, whose driver takes
     none; other kinds (an eval in a Ray pool) run the plain job process as the driver, on the GPUs

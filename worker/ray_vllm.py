@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from mathrl.specs import GRPOSpec
 from mathrl.specs.resolved import ResolvedGRPO
 
 PLACEMENT_SECONDS = 600.0  # how long the driver waits for Ray to place and start the server
@@ -36,7 +37,7 @@ class GenerationServer:
     def __init__(self) -> None:
         self.server: Any = None
 
-    def start(self, spec: Any, config: ResolvedGRPO, model_path: str, log_path: str) -> dict[str, Any]:
+    def start(self, spec: GRPOSpec, config: ResolvedGRPO, model_path: str, log_path: str) -> dict[str, Any]:
         """Start the server; its URL and where it runs."""
         import os
         import socket
@@ -73,7 +74,7 @@ class GenerationServer:
             self.server.stop()
 
 
-def server_actor(spec: Any, server_cpus: float) -> Any:
+def server_actor(spec: GRPOSpec, server_cpus: float) -> Any:
     """The actor class with the server's resources: its GPUs (GPU jobs), and `server_cpus` CPUs."""
     import ray
 
@@ -82,7 +83,7 @@ def server_actor(spec: Any, server_cpus: float) -> Any:
 
 
 def start(
-    spec: Any, config: ResolvedGRPO, model_path: str, log_path: Path, server_cpus: float
+    spec: GRPOSpec, config: ResolvedGRPO, model_path: str, log_path: Path, server_cpus: float
 ) -> tuple[Any, dict[str, Any]]:
     """Place the actor and start the server in it. Returns the actor and the server's info; raises
     RuntimeError saying what to change when Ray cannot place it in time or the start fails."""

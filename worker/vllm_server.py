@@ -32,6 +32,7 @@ from typing import Any
 
 from evaluator.backends.base import EngineSettings
 from mathrl.processes import free_port as free_port  # the warm engines and Ray import it from here
+from mathrl.specs import AnySpec, GRPOSpec
 from mathrl.specs.resolved import ResolvedGRPO
 
 # max_lora_rank values vLLM accepts (a capacity bound: an r=4 adapter is served under 8)
@@ -39,7 +40,7 @@ VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 URL_ENV = "MATHRL_VLLM_SERVER_URL"
 
 
-def needs_server(spec: Any) -> bool:
+def needs_server(spec: AnySpec) -> bool:
     """The job wants a vLLM server of its own beside it (its kind's needs: kinds/<kind>.py)."""
     from kinds import home
 
@@ -50,7 +51,7 @@ def lora_rank(r: int) -> int:
     return next(x for x in VLLM_LORA_RANKS if x >= r)
 
 
-def split_gpus(spec: Any, visible: list[str]) -> tuple[list[str], list[str]]:
+def split_gpus(spec: GRPOSpec, visible: list[str]) -> tuple[list[str], list[str]]:
     """(training GPUs, server GPUs): the server takes the job's last `server_gpus`."""
     gpus = visible[: spec.resources.gpus]
     n = spec.generation.resolved_server_gpus(spec.resources.gpus)
@@ -58,7 +59,7 @@ def split_gpus(spec: Any, visible: list[str]) -> tuple[list[str], list[str]]:
 
 
 def server_command(
-    spec: Any, config: ResolvedGRPO, model_path: str, port: int, on_gpu: bool, host: str = "127.0.0.1",
+    spec: GRPOSpec, config: ResolvedGRPO, model_path: str, port: int, on_gpu: bool, host: str = "127.0.0.1",
     engine: EngineSettings | None = None,
 ) -> list[str]:  # fmt: skip
     """The server's command line, listening on host:port (loopback on the worker; the node's address
@@ -175,7 +176,7 @@ class VLLMServer:
 
 
 def start_server(
-    spec: Any, config: ResolvedGRPO, model_path: str, log_path: Path, preexec: Any, visible_gpus: list[str],
+    spec: GRPOSpec, config: ResolvedGRPO, model_path: str, log_path: Path, preexec: Any, visible_gpus: list[str],
     engine: EngineSettings | None = None,
 ) -> tuple[VLLMServer, dict[str, str]]:  # fmt: skip
     """Start the job's vLLM server. Returns it and the environment the job's process needs

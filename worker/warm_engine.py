@@ -33,6 +33,11 @@ engine and starts a new one.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from service.settings import Settings
+
 import logging
 import sys
 import threading
@@ -42,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from evaluator.backends.base import EngineSettings, WarmEngineAddress
+from mathrl.specs import AnySpec
 from worker.vllm_server import VLLMServer, free_port, launch, server_env
 
 # what the supervisor sets in the process of a job it gave a warm engine
@@ -96,7 +102,7 @@ _lock = threading.Lock()
 _engines: dict[tuple[str, str, str], WarmEngine] = {}
 
 
-def engine_model(spec: Any) -> str | None:
+def engine_model(spec: AnySpec) -> str | None:
     """The model a job's warm engine would serve (its kind's needs, kinds/<kind>.py), or None: it
     wants none (another backend, a kind that generates nothing, a grader with several models)."""
     from kinds import home
@@ -104,7 +110,7 @@ def engine_model(spec: Any) -> str | None:
     return home(spec).needs(spec).engine_model
 
 
-def wants_warm_engine(spec: Any, settings: Any) -> bool:
+def wants_warm_engine(spec: AnySpec, settings: Settings) -> bool:
     """A job that wants a warm engine, warm engines on, and vLLM installed here (else the job
     process says it is missing)."""
     import importlib.util
