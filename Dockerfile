@@ -60,6 +60,7 @@ COPY worker ./worker
 COPY kinds ./kinds
 COPY trainer ./trainer
 COPY evaluator ./evaluator
+COPY runtime ./runtime
 COPY store ./store
 COPY service ./service
 COPY migrations ./migrations

@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 from transformers import TrainerCallback  # noqa: E402
 
 from mathrl.errors import StopRequested  # noqa: E402
-from mathrl.sink import PrintSink  # noqa: E402
+from runtime.sink import PrintSink  # noqa: E402
 
 
 class SeriesSink(PrintSink):

@@ -24,7 +24,7 @@ from typing import Any
 
 from evaluator import graders, grading
 from evaluator.bounded import PID
-from mathrl.processes import die_with_parent
+from runtime.processes import die_with_parent
 
 
 def _child(data: socket.socket) -> None:

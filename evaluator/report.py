@@ -12,7 +12,7 @@ from evaluator.benchmarks import Benchmark
 from evaluator.data import Problem
 from evaluator.metrics import accuracy_breakdown, wilson_interval
 from evaluator.scoring import Scored
-from mathrl.sink import Sink
+from runtime.sink import Sink
 
 
 def write_items(sink: Sink, items: list[dict[str, Any]], results_dir: Path | None, work_dir: Path | None) -> None:

@@ -17,8 +17,8 @@ from evaluator.recipes import ResolvedRecipe, resolve_recipe
 from evaluator.report import report_scores, write_items
 from evaluator.sandbox import SandboxLimits
 from evaluator.scoring import score
-from mathrl.sink import Sink
 from mathrl.specs import EvalSpec
+from runtime.sink import Sink
 
 
 def run_eval(

@@ -16,7 +16,7 @@ from mathrl.specs.resolved import ResolvedConfig
 
 if TYPE_CHECKING:
     from evaluator.backends.base import WarmEngineAddress
-    from mathrl.sink import Sink
+    from runtime.sink import Sink
     from service.settings import Settings
     from trainer.memory_plan import Training
 

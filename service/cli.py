@@ -177,8 +177,8 @@ def eval_local(
     from pydantic import ValidationError
     from rich.table import Table
 
-    from mathrl.sink import PrintSink
     from mathrl.specs import EvalSpec
+    from runtime.sink import PrintSink
 
     if not Path(model).is_absolute() and Path(model).exists():
         model = str(Path(model).resolve())  # a local path, relative to where the command runs (the API refuses these)

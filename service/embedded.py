@@ -19,7 +19,7 @@ from pathlib import Path
 
 import httpx
 
-from mathrl.processes import die_with_parent_gently, free_port
+from runtime.processes import die_with_parent_gently, free_port
 
 
 def embedded_env(home: Path, model_roots: list[str] | None = None) -> dict[str, str]:

@@ -30,8 +30,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from mathrl.processes import is_main
-from mathrl.sink import PrintSink
+from runtime.processes import is_main
+from runtime.sink import PrintSink
 from trainer.throughput import gpu_peak_tflops
 
 if TYPE_CHECKING:
@@ -43,7 +43,7 @@ EXAMPLE = ROOT / "examples" / "smollm2-arith.yaml"
 
 
 class RecordSink(PrintSink):
-    """The local sink (mathrl.sink.PrintSink) that also keeps events and metrics by step, for
+    """The local sink (runtime.sink.PrintSink) that also keeps events and metrics by step, for
     the report; progress lines and metric lines are not printed (the table says it once)."""
 
     def __init__(self, echo: bool = True) -> None:

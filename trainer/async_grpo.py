@@ -19,9 +19,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mathrl.sink import Sink
 from mathrl.specs import GRPOSpec
 from mathrl.specs.resolved import ResolvedGRPO
+from runtime.sink import Sink
 
 
 def varlen_causal_attention(

@@ -10,7 +10,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from mathrl.sink import Sink
+from runtime.sink import Sink
 
 
 class SinkCallback(TrainerCallback):

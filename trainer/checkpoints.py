@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from mathrl.errors import CheckpointWriteError as CheckpointWriteError  # raised here; its callers import it from here
-from mathrl.sink import Sink
+from runtime.sink import Sink
 
 
 def _fsync(path: Path) -> None:

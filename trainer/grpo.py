@@ -11,9 +11,9 @@ from evaluator.backends.base import EngineSettings
 from evaluator.models import load_tokenizer
 from mathrl.backends import uses_vllm
 from mathrl.errors import StopRequested
-from mathrl.sink import Sink
 from mathrl.specs import GRPOSpec
 from mathrl.specs.resolved import ResolvedGRPO
+from runtime.sink import Sink
 from trainer.callbacks import SinkCallback
 from trainer.checkpoints import latest_checkpoint, save_checkpoints_atomically, save_final
 from trainer.data import load_problems, prompt_dataset

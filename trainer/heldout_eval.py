@@ -28,8 +28,8 @@ from evaluator.data import load_benchmark, load_custom_set
 from evaluator.grading import grade
 from evaluator.metrics import wilson_interval
 from evaluator.recipes import RECIPES
-from mathrl.sink import Sink
 from mathrl.specs import DatasetRef, HeldoutEval
+from runtime.sink import Sink
 from trainer.data import item_column, render_prompt
 
 

@@ -23,9 +23,9 @@ from evaluator.grading import grade
 from evaluator.metrics import maj_at_k, wilson_interval
 from evaluator.models import load_tokenizer
 from mathrl.errors import StopRequested
-from mathrl.processes import is_main
-from mathrl.sink import Sink
 from mathrl.specs import RewardModelSpec
+from runtime.processes import is_main
+from runtime.sink import Sink
 from trainer.data import load_problems
 from trainer.training_args import TrainingArgs, training_args
 

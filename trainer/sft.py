@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING, Any
 from evaluator import prompts
 from evaluator.models import load_tokenizer
 from mathrl.errors import StopRequested
-from mathrl.sink import Sink
 from mathrl.specs import SFTSpec
 from mathrl.specs.resolved import ResolvedSFT
+from runtime.sink import Sink
 from trainer.callbacks import SinkCallback
 from trainer.checkpoints import latest_checkpoint, save_checkpoints_atomically, save_final
 from trainer.data import load_problems, render_prompt

@@ -32,9 +32,9 @@ from typing import Any
 from kinds import JobRun, home
 from mathrl.errors import Cancelled, Drained, NotAvailable, StopRequested
 from mathrl.errors import MemoryRefused as MemoryRefused  # raised here; its callers import it from here
-from mathrl.processes import rank as rank_of_process
 from mathrl.specs import parse_spec
 from mathrl.specs.resolved import ResolvedConfig, resolved
+from runtime.processes import rank as rank_of_process
 from service.settings import get_settings
 from store.db import retry_transient, session_scope
 from store.models import Job

@@ -25,7 +25,7 @@ import socket
 import sys
 from typing import Any
 
-from mathrl.processes import die_with_parent
+from runtime.processes import die_with_parent
 
 # imported once here; what a CUDA build leaves out is `CUDA_UNSAFE` (see above)
 PRELOAD = (

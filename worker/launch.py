@@ -15,11 +15,11 @@ import os
 import sys
 from pathlib import Path
 
-from mathrl.processes import die_with_parent as die_with_parent  # the job and its ranks import these from here
-from mathrl.processes import is_main as is_main
-from mathrl.processes import rank as rank
-from mathrl.processes import world_size as world_size
 from mathrl.specs import AnySpec
+from runtime.processes import die_with_parent as die_with_parent  # the job and its ranks import these from here
+from runtime.processes import is_main as is_main
+from runtime.processes import rank as rank
+from runtime.processes import world_size as world_size
 from worker.attempt import AttemptDir
 
 

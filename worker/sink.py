@@ -26,7 +26,7 @@ from sqlalchemy import select
 from sqlalchemy.dialects import postgresql, sqlite
 
 from mathrl.errors import LeaseLost as LeaseLost  # raised here; the worker and tests import it from here
-from mathrl.sink import promote
+from runtime.sink import promote
 from store.db import retry_transient, session_scope
 from store.ids import uuid7
 from store.jobs import add_event, holds_lease

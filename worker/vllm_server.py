@@ -31,9 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from evaluator.backends.base import EngineSettings
-from mathrl.processes import free_port as free_port  # the warm engines and Ray import it from here
 from mathrl.specs import AnySpec, GRPOSpec
 from mathrl.specs.resolved import ResolvedGRPO
+from runtime.processes import free_port as free_port  # the warm engines and Ray import it from here
 
 # max_lora_rank values vLLM accepts (a capacity bound: an r=4 adapter is served under 8)
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from mathrl.sink import Sink
+from runtime.sink import Sink
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from typing import Any
 
 from evaluator.backends.base import Backend, EngineSettings, Generation, WarmEngineAddress
 from mathrl.errors import StopRequested
-from mathrl.sink import Sink
+from runtime.sink import Sink
 
 
 def backend_version() -> str:

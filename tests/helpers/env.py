@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from mathrl.processes import die_with_parent_gently as die_with_parent
-from mathrl.processes import free_port
+from runtime.processes import die_with_parent_gently as die_with_parent
+from runtime.processes import free_port
 
 __all__ = [
     "ADMIN_TOKEN",

@@ -20,7 +20,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from mathrl.sink import PrintSink  # noqa: E402
+from runtime.sink import PrintSink  # noqa: E402
 
 STEPS, SAVE_EVERY = 8, 3
 

@@ -786,7 +786,18 @@ def test_project_wheel_carries_the_migrations(tmp_path: Path) -> None:
     src.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, src / name)
-    for pkg in ("mathrl", "api", "worker", "kinds", "trainer", "evaluator", "store", "service", "migrations"):
+    for pkg in (
+        "mathrl",
+        "api",
+        "worker",
+        "kinds",
+        "trainer",
+        "evaluator",
+        "runtime",
+        "store",
+        "service",
+        "migrations",
+    ):
         shutil.copytree(ROOT / pkg, src / pkg, ignore=shutil.ignore_patterns("__pycache__"))
     subprocess.run(
         [

@@ -16,7 +16,7 @@ from mathrl.errors import MathRLException, UnknownName
 
 pytestmark = pytest.mark.quick
 
-PACKAGES = ("mathrl", "store", "evaluator", "trainer", "kinds", "service", "worker", "api")
+PACKAGES = ("mathrl", "store", "runtime", "evaluator", "trainer", "kinds", "service", "worker", "api")
 # modules that cannot be imported in a test, with why (their classes are still read from the source)
 NOT_IMPORTED = {
     "evaluator.sandbox_harness": "the sandbox's own interpreter: it reads its cases from stdin on import",
