@@ -20,7 +20,7 @@ STEPS = 6
 HELDOUT = 50  # one eval batch (the example's batch_size): a second, short batch cost as much as the first
 # Points of held-out accuracy the shortened run must gain: 18 points under what 6 steps gave here,
 # for other CPUs' arithmetic; a run that learns nothing (or generates with stale weights) fails it.
-# The full example's figures are in the README.
+# The full example's figures are in docs/benchmarks.md ("A real model learns through the service").
 FLOOR = 20.0
 
 
