@@ -1,5 +1,6 @@
-"""Multi-process training jobs: the command a job is launched with, and 2-process CPU jobs
-(accelerate launch, torchrun, gloo DDP) through the real service."""
+"""Multi-process training jobs: the command a job is launched with (accelerate launch, DeepSpeed,
+one process per GPU); the 2-process CPU jobs through the real service are
+tests/system/test_multiprocess_jobs.py."""
 
 from __future__ import annotations
 
