@@ -92,7 +92,7 @@ def run_grpo(
     problems, template = load_problems(spec.dataset, data_dir)
     # TRL's async trainer applies the chat template itself (it re-renders multi-turn rollouts)
     dataset, dropped = prompt_dataset(
-        problems, template, tokenizer, config.max_prompt_length, conversational=spec.algorithm == "async"
+        problems, template, tokenizer, config.max_prompt_length, conversational=config.algorithm == "async"
     )
     if dropped:
         sink.event("data", f"dropped {dropped} prompts longer than {config.max_prompt_length} tokens", "warning")
@@ -102,14 +102,14 @@ def run_grpo(
     if uses_vllm(backend) and config.generation.mode == "server" and not vllm_server_url:
         raise RuntimeError("generation.mode is 'server' but the worker started no vLLM server for this job")
     callback = SinkCallback(
-        sink, sample_every=spec.sample_every, total_steps=spec.max_steps, checkpoint_dir=str(out_dir)
+        sink, sample_every=config.sample_every, total_steps=config.max_steps, checkpoint_dir=str(out_dir)
     )
     callback.rewards = rewards  # samples whose check overran its time (trainer/rewards.py) are logged
     heldout = HeldoutEvalCallback(spec.eval, sink, tokenizer, data_dir, (rewards, weights)) if spec.eval else None
     # held-out scoring first: its time is in the step SinkCallback measures, and taken out again
     callbacks = ([heldout] if heldout else []) + [callback]
     work = work_dir or out_dir
-    if spec.algorithm == "async":
+    if config.algorithm == "async":
         from trainer.async_grpo import build_async_trainer
 
         assert vllm_server_url is not None  # async needs server mode (checked at submit)
@@ -159,7 +159,7 @@ def run_grpo(
     resume = latest_checkpoint(out_dir)
     sink.event(
         "training",
-        f"GRPO on {len(dataset)} questions, {spec.max_steps} steps, G={config.num_generations}, "
+        f"GRPO on {len(dataset)} questions, {config.max_steps} steps, G={config.num_generations}, "
         f"batch {config.global_batch_size} completions, rewards {[r.__name__ for r in rewards]}"
         + (f"; resuming from {resume.name}" if resume else ""),
         data={"setup_seconds": time.monotonic() - t0},

@@ -63,25 +63,26 @@ def sft_dataset(spec: SFTSpec, tokenizer: Any, data_dir: str | None) -> Any:
     return Dataset.from_list(rows)
 
 
-def sft_args(spec: SFTSpec, config: ResolvedSFT, output_dir: Path, use_cpu: bool) -> SFTConfig:
-    """TRL's SFTConfig for a spec: the arguments every training job shares, and SFT's own."""
+def sft_args(config: ResolvedSFT, output_dir: Path, use_cpu: bool) -> SFTConfig:
+    """TRL's SFTConfig from a job's resolved config alone: the arguments every training job shares,
+    and SFT's own."""
     from trl import SFTConfig
 
     return SFTConfig(
         **training_args(
             output_dir,
             use_cpu=use_cpu,
-            seed=spec.seed,
-            learning_rate=spec.learning_rate,
-            per_device_train_batch_size=spec.per_device_train_batch_size,
-            logging_steps=spec.logging_steps,
-            save_steps=spec.save_steps,
+            seed=config.seed,
+            learning_rate=config.learning_rate,
+            per_device_train_batch_size=config.per_device_train_batch_size,
+            logging_steps=config.logging_steps,
+            save_steps=config.save_steps,
             gradient_checkpointing=config.gradient_checkpointing,  # unset in the spec: TRL's default, on
         ),
-        max_steps=spec.max_steps,
-        gradient_accumulation_steps=spec.gradient_accumulation_steps,
-        max_length=spec.max_length,
-        warmup_steps=int(spec.warmup_ratio * spec.max_steps),
+        max_steps=config.max_steps,
+        gradient_accumulation_steps=config.gradient_accumulation_steps,
+        max_length=config.max_length,
+        warmup_steps=int(config.warmup_ratio * config.max_steps),
         completion_only_loss=True,
         max_grad_norm=1.0,
     )
@@ -104,9 +105,9 @@ def run_sft(
     tokenizer = load_tokenizer(model_path)
     dataset = sft_dataset(spec, tokenizer, data_dir)
     use_cpu = not torch.cuda.is_available()
-    args = sft_args(spec, config, work_dir or out_dir, use_cpu)
-    peft_config = lora_config(spec.lora)
-    callback = SinkCallback(sink, sample_every=10**9, total_steps=spec.max_steps, checkpoint_dir=str(out_dir))
+    args = sft_args(config, work_dir or out_dir, use_cpu)
+    peft_config = lora_config(config.lora)
+    callback = SinkCallback(sink, sample_every=10**9, total_steps=config.max_steps, checkpoint_dir=str(out_dir))
     heldout = HeldoutEvalCallback(spec.eval, sink, tokenizer, data_dir) if spec.eval else None
     trainer = SFTTrainer(
         model=model_path,
@@ -123,7 +124,7 @@ def run_sft(
     resume = latest_checkpoint(out_dir)
     sink.event(
         "training",
-        f"SFT on {len(dataset)} examples, {spec.max_steps} steps"
+        f"SFT on {len(dataset)} examples, {config.max_steps} steps"
         + (f"; resuming from {resume.name}" if resume else ""),
     )
     t0 = time.monotonic()

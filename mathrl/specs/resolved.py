@@ -17,6 +17,8 @@ from mathrl.specs.grpo import Generation, GRPOSpec, LossType
 from mathrl.specs.inputs import Sampling
 from mathrl.specs.loop import Curriculum, DynamicSampling
 from mathrl.specs.lora import LoRA
+from mathrl.specs.reward_model import RewardModelSpec
+from mathrl.specs.sft import SFTSpec
 
 R = TypeVar("R", bound="ResolvedConfig")
 
@@ -51,10 +53,18 @@ def _knob(name: str, default: Any = ..., async_none: bool = False) -> Any:
     return Field(default, description=knob_help(GRPOSpec, name) + note)
 
 
-def _field(name: str) -> Any:
-    """A field of GRPOSpec the trainer reads, typed here with the spec's default and help."""
-    declared = GRPOSpec.model_fields[name]
+def _from(spec: type[BaseModel], name: str) -> Any:
+    """A spec field the trainer reads, typed in the resolved config with the spec's own default
+    and help (declared once, on the spec)."""
+    declared = spec.model_fields[name]
+    if declared.default_factory is not None:
+        return Field(default_factory=declared.default_factory, description=declared.description)
     return Field(declared.default, description=declared.description)
+
+
+def _field(name: str) -> Any:
+    """A field of GRPOSpec the GRPO trainer reads."""
+    return _from(GRPOSpec, name)
 
 
 class ResolvedGRPO(ResolvedConfig):
@@ -103,6 +113,7 @@ class ResolvedGRPO(ResolvedConfig):
     seed: int = _field("seed")
     logging_steps: int = _field("logging_steps")
     save_steps: int = _field("save_steps")
+    sample_every: int = _field("sample_every")
     max_staleness: int | None = _field("max_staleness")
     generation: Generation = Field(default_factory=Generation, description="The spec's generation settings.")
     lora: LoRA | None = Field(None, description="The spec's LoRA settings (None: every weight trains).")
@@ -126,18 +137,28 @@ class SyncLoss(BaseModel):
 
 
 class ResolvedSFT(ResolvedConfig):
+    """An SFT job's settings as its trainer reads them: the spec's, with its knobs left unset filled
+    (gradient_checkpointing: TRL's default)."""
+
     kind: Literal["sft"] = "sft"
-    max_length: int = Field(description="Tokens per training sequence.")
-    per_device_train_batch_size: int = Field(description="Sequences per process per micro-batch.")
-    gradient_checkpointing: bool = Field(True, description="Recompute activations in the backward pass.")
-    lora: LoRA | None = Field(None, description="The spec's LoRA settings (None: every weight trains).")
+    max_steps: int = _from(SFTSpec, "max_steps")
+    learning_rate: float = _from(SFTSpec, "learning_rate")
+    per_device_train_batch_size: int = _from(SFTSpec, "per_device_train_batch_size")
+    gradient_accumulation_steps: int = _from(SFTSpec, "gradient_accumulation_steps")
+    max_length: int = _from(SFTSpec, "max_length")
+    warmup_ratio: float = _from(SFTSpec, "warmup_ratio")
+    logging_steps: int = _from(SFTSpec, "logging_steps")
+    save_steps: int = _from(SFTSpec, "save_steps")
+    seed: int = _from(SFTSpec, "seed")
+    gradient_checkpointing: bool = Field(True, description=knob_help(SFTSpec, "gradient_checkpointing"))
+    lora: LoRA | None = _from(SFTSpec, "lora")
 
 
 class ResolvedRewardModel(ResolvedConfig):
     kind: Literal["reward_model"] = "reward_model"
-    samples_per_question: int = Field(description="Solutions sampled from the policy per question.")
-    max_length: int = Field(description="Tokens per scored sequence.")
-    sampling: Sampling = Field(description="How the policy's solutions are sampled.")
+    samples_per_question: int = _from(RewardModelSpec, "samples_per_question")
+    max_length: int = _from(RewardModelSpec, "max_length")
+    sampling: Sampling = _from(RewardModelSpec, "sampling")
 
 
 class ResolvedEval(ResolvedConfig):

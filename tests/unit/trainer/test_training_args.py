@@ -123,7 +123,7 @@ def test_sft_config_gets_the_shared_block_and_its_own(tmp_path: Path) -> None:
         }
     )
     config = resolve_config(spec).of(ResolvedSFT)
-    args = sft_args(spec, config, tmp_path, use_cpu=True)
+    args = sft_args(config, tmp_path, use_cpu=True)
     assert_shared(
         args,
         tmp_path,
