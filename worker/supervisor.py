@@ -95,6 +95,7 @@ def _run_attempt(
     if spec is not None and settings.ray.runs(spec):
         return _run_on_ray(settings, spec, job_id, owner, attempt, out, log_path)
     server = engine = None
+    held: list[warm_engine.WarmEngine] = []  # idle engines kept through a CPU job (worker/warm_engine.py)
     if spec is not None and wants_warm_engine(spec, settings):
         try:
             acquired = _warm_engine(settings, spec, project_id, out / "vllm-engine.log", job_id)
@@ -109,8 +110,10 @@ def _run_attempt(
                 env[ENGINE_ADAPTER_ENV] = adapter
         else:
             warm_engine.stop_idle()
+    elif spec is not None and spec.resources.gpus == 0:
+        held = warm_engine.hold_idle()  # idle engines take memory, not cores: kept for the model it trains
     elif spec is not None:
-        warm_engine.stop_idle()  # training and HF evals need the GPUs and cores
+        warm_engine.stop_idle()  # a GPU job needs the GPUs' memory
     if spec is not None and needs_server(spec):
         try:
             server, server_env = _start_vllm_server(settings, spec, config, project_id, out / "vllm-server.log", job_id)
@@ -132,6 +135,8 @@ def _run_attempt(
         log.info("job %s attempt %d: process %d %s, %s, log %s", job_id, attempt, job.pid, how, describe(cmd), log_path)
         return watch(settings, job_id, owner, job, out, attempt, server)
     finally:
+        for kept in held:
+            warm_engine.release(kept, settings)
         if engine is not None:
             warm_engine.release(engine, settings)
         elif server is not None:

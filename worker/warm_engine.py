@@ -9,8 +9,8 @@ MATHRL_EVAL_ENGINE_URL (evaluator/backends/vllm.py `generate_remote`); the score
 same as the offline engine's: the same engine, requests and sampling settings.
 
 A warm engine is stopped when it has been idle `worker.warm_engine_idle_seconds`, when another
-model's eval needs the slot (`worker.warm_engines` servers at most), when a job of another kind
-starts on this worker (training needs the GPUs and cores), and with the worker (the server runs
+model's eval needs the slot (`worker.warm_engines` servers at most), when a GPU job of another kind
+starts on this worker (training needs the GPUs' memory), and with the worker (the server runs
 under worker.vllm_server's guard). `worker.warm_engines: 0` turns this off: each eval job then
 loads an offline engine in its own process.
 
@@ -19,6 +19,10 @@ A LoRA checkpoint (an adapter directory) is served by an engine of its base mode
 (evaluator/backends/vllm.py `connect`, /v1/load_lora_adapter) and names it in its requests, so the
 adapters of one base share an engine. An idle engine of that base without LoRA (or with a lower
 rank bound) is replaced by one with it.
+
+A CPU job of another kind (training, an HF eval) does not stop it: an idle engine holds memory,
+not cores, and is kept through the job (`hold_idle`), so that a chat with the model a training job
+just made is a reload of that model's weights into it (below), seconds, not a new engine.
 
 A checkpoint of the model a warm engine serves (the same architecture, generation config and
 tokenizer: `model_family`, e.g. the steps of one training run) does not restart it: an idle
@@ -321,6 +325,18 @@ def reap(settings: Any) -> None:
     """Stop the engines idle longer than the setting, or whose server has exited."""
     with _lock:
         _stop(lambda e: e.users == 0 and (e.server.exited() is not None or _expired(e, settings)))
+
+
+def hold_idle() -> list[WarmEngine]:
+    """Keep every idle engine through a job that does not use it (a CPU job: an idle engine takes
+    memory, not cores): each is counted in use until `release`, so it neither expires nor is
+    stopped meanwhile. After a training job, a chat or eval with the model it trained then reloads
+    its weights into the engine of that family in seconds, instead of starting one (minutes on a CPU)."""
+    with _lock:
+        held = [e for e in _engines.values() if e.users == 0 and e.server.exited() is None]
+        for e in held:
+            e.users += 1
+        return held
 
 
 def stop_idle() -> int:

@@ -74,8 +74,26 @@ def test_idle_engines_stop_after_the_idle_time_and_for_other_jobs(settings: Sett
     settings.worker.warm_engine_idle_seconds = 600
     f, _ = _acquire(settings, "/models/a", tmp_path)
     warm_engine.release(f, settings)
-    assert warm_engine.stop_idle() == 1  # what the supervisor does before a training job
+    assert warm_engine.stop_idle() == 1  # what the supervisor does before a GPU job of another kind
     assert f.server.exited() is not None
+
+
+def test_a_cpu_job_of_another_kind_keeps_the_idle_engines_until_it_ends(settings: Settings, tmp_path: Path) -> None:
+    """Issue 46.4: a training job used to stop the warm engine, and the first chat with the model it
+    trained waited minutes for a new one. A CPU job holds the idle engines instead (they take memory,
+    not cores): none expires or is stopped under it, and after it a checkpoint of that family reloads
+    into the engine (the reload on a real server: tests/system/test_vllm.py)."""
+    settings.worker.warm_engine_idle_seconds = 0.5
+    e, _ = _acquire(settings, "/models/a", tmp_path)
+    warm_engine.release(e, settings)
+    held = warm_engine.hold_idle()  # what the supervisor does before a CPU job of another kind
+    assert held == [e] and e.users == 1
+    time.sleep(1.0)
+    warm_engine.reap(settings)
+    assert warm_engine.stop_idle() == 0 and warm_engine.running() == [e] and e.server.exited() is None
+    for kept in held:  # the job ended
+        warm_engine.release(kept, settings)
+    assert e.users == 0 and warm_engine.running() == [e]  # idle again: its clock starts now
 
 
 def test_an_engine_that_died_is_replaced(settings: Settings, tmp_path: Path) -> None:
