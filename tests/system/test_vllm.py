@@ -189,18 +189,51 @@ def test_eval_job_on_a_worker_with_vllm(vllm_ready: Path, service: Service, mode
         assert reasons == [s.data["reason"] for s in c.jobs.samples(graded_on_hf.id)], reasons
         print(f"label_model on the warm engine: {reasons}")
 
-        # a job of another kind on this worker stops the idle engine first (it needs the cores)
-        other = c.jobs.create(
-            {"kind": "eval", **greedy, "limit": 1, "backend": "hf", "resources": {"pool": "vllm-test"}}
-        )
-        assert c.jobs.wait(other.id, timeout=600).status == "succeeded"
-        wait_for(lambda: not _group_alive(started.data["pid"]), 30, what="the idle warm engine to stop")
+        # a CPU job of another kind keeps the idle engine (it takes memory, not cores; issue 46.4: a
+        # training job used to stop it, and the first chat with the model it trained waited for a new
+        # engine): with the engine serving one fine-tuned model, the model the next fine-tuning job
+        # makes on this worker is reloaded into it, in seconds
+        def finetune(seed: int) -> str:
+            sft = c.jobs.create(
+                {
+                    "kind": "sft",
+                    "model": other,
+                    "dataset": {"name": "arith-train", "limit": 64},
+                    "max_steps": 2,
+                    "per_device_train_batch_size": 8,
+                    "max_length": 128,
+                    "save_steps": 2,
+                    "seed": seed,
+                    "resources": {"pool": "vllm-test"},
+                }
+            )
+            assert c.jobs.wait(sft.id, timeout=600).status == "succeeded", c.jobs.retrieve(sft.id).error
+            return f"job:{sft.id}"
+
+        def engine_of(model: str) -> Any:
+            job = c.jobs.create({"kind": "eval", "model": model, **arith, **on_vllm})
+            assert c.jobs.wait(job.id, timeout=600).status == "succeeded", c.jobs.retrieve(job.id).error
+            return next(e for e in c.jobs.events(job.id) if e.type == "vllm_engine")
+
+        serving = engine_of(finetune(1))  # a fine-tuned model (another family than the built one: a new engine)
+        second = finetune(2)
+        assert _group_alive(serving.data["pid"])  # kept through the training job
+        after = engine_of(second)
+        assert after.data["how"] == "reloaded" and after.data["pid"] == serving.data["pid"], after
+        print(f"the model an SFT job just trained loaded into the kept engine in {after.data['reload_seconds']:.2f}s")
+        started = serving  # the engine that must stop with its worker
+
+        # the engine stops with its worker
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=60)
+        wait_for(lambda: not _group_alive(started.data["pid"]), 30, what="the warm engine to stop with its worker")
         wait_for(
             lambda: _port_free(started.data["url"]), 10, 0.2, "nothing to listen on the server's port"
         )  # an exiting process lets go at once; an orphan never
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=60)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=60)
 
 
 @pytest.mark.parametrize("mode", ["colocate", "server"])
