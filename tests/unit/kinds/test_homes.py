@@ -9,7 +9,6 @@ from typing import Any
 import pytest
 
 from kinds import HOMES, Kind, Needs, home, resolve_config, training_of
-from kinds.eval import EvalKind
 from mathrl.specs import JOB_KINDS, KINDS, parse_spec
 from mathrl.specs.resolved import RESOLVED, ResolvedConfig
 
@@ -29,13 +28,6 @@ def test_every_kind_has_one_home_with_every_hook() -> None:
 
 
 def test_a_home_that_misses_a_hook_cannot_be_made() -> None:
-    class NoRun(EvalKind):
-        run = Kind.run  # the protocol's abstract hook: this home does not say how its jobs run
-
-    NoRun.__abstractmethods__ = frozenset({"run"})
-    with pytest.raises(TypeError, match="abstract method.*run"):
-        NoRun()
-
     class Toy(Kind[Any, Any]):  # every hook but `needs`
         def resolve(self, spec: Any) -> Any: ...
         def admit(self, spec: Any, config: Any, settings: Any) -> None: ...
