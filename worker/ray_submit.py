@@ -167,7 +167,13 @@ class RayJob:
         for earlier in range(1, self.attempt):
             sid = submission_id(self.job_id, earlier)
             try:
-                if self.client.get_job_status(sid).is_terminal():
+                status = self.client.get_job_status(sid)
+                if status.is_terminal():  # it ended by itself (a fenced write stops a process that lost its lease)
+                    self.event(
+                        "ray_stopped_earlier",
+                        f"Ray job {sid} of attempt {earlier} had already ended ({status.value})",
+                        {"submission_id": sid, "status": status.value, "stopped": False},
+                    )
                     continue
                 self.client.stop_job(sid)
             except RuntimeError:  # no such Ray job (that attempt never reached Ray)
@@ -177,10 +183,11 @@ class RayJob:
                 if self.client.get_job_status(sid) in (JobStatus.STOPPED, JobStatus.SUCCEEDED, JobStatus.FAILED):
                     break
                 time.sleep(0.5)
+            status = self.client.get_job_status(sid)
             self.event(
                 "ray_stopped_earlier",
-                f"stopped Ray job {sid} of attempt {earlier} before this attempt",
-                {"submission_id": sid},
+                f"stopped Ray job {sid} of attempt {earlier} before this attempt ({status.value})",
+                {"submission_id": sid, "status": status.value, "stopped": True},
             )
 
     # ---- watching ---------------------------------------------------------------------------
