@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from mathrl.schemas import TERMINAL_STATUSES
 from tests.helpers.env import ROOT, data_dir
 from tests.helpers.processes import wait_for
 from tests.helpers.service import Service
@@ -438,7 +439,7 @@ def test_grpo_job_in_server_mode_syncs_lora_to_the_workers_vllm_server(
     prompt = {"kind": "generate", "model": str(loud), "prompt": "12 + 30 =", "max_tokens": 8, "temperature": 0}
     on_engine = c.jobs.create({**prompt, "backend": "vllm"})
     base = c.jobs.create({**prompt, "model": model_for_vllm, "backend": "vllm"})
-    on_hf = c.jobs.create({**prompt, "backend": "hf"})  # last: a job off the engine stops the idle engine
+    on_hf = c.jobs.create({**prompt, "backend": "hf"})  # a CPU job off the engine: the idle engine is held through it
     for j in (on_engine, base, on_hf):
         assert c.jobs.wait(j.id, timeout=600).status == "succeeded", c.jobs.retrieve(j.id).error
     served = next(e for e in c.jobs.events(on_engine.id) if e.type == "vllm_engine")
@@ -467,7 +468,13 @@ def test_worker_killed_mid_job_takes_its_vllm_server_with_it(service: Service, m
             120,
             what="the vLLM server to start",
         )
-        wait_for(lambda: c.jobs.metrics(job.id), 600, 1.0, "a training step (server up, adapter synced)")
+
+        def first_step() -> Any:
+            job_now = c.jobs.retrieve(job.id)  # a job that ended fails here with its error, not after the wait
+            assert job_now.status not in TERMINAL_STATUSES, (job_now.status, job_now.error)
+            return c.jobs.metrics(job.id)
+
+        wait_for(first_step, 600, 1.0, "a training step (server up, adapter synced)")
         assert _group_alive(started.data["pid"])
         os.killpg(worker.pid, signal.SIGKILL)
         worker.wait()
