@@ -23,6 +23,7 @@ Two kinds of server, by how the trainer syncs weights:
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -34,6 +35,22 @@ from evaluator.backends.base import EngineSettings
 from mathrl.specs import AnySpec, GRPOSpec
 from mathrl.specs.resolved import ResolvedGRPO
 from runtime.processes import free_port as free_port  # the warm engines and Ray import it from here
+
+# what triton's bindings print at interpreter exit (hundreds of lines), which buried the error
+_EXIT_NOISE = re.compile(r"^(nanobind: |See https://nanobind|\s+- leaked |\s+- \.\.\. skipped remainder)")
+_ERROR_LINE = re.compile(r"^(\(\w+ pid=\d+\) )?[\w.]*(Error|Exception): ")
+
+
+def error_tail(log: str, chars: int) -> str:
+    """The end of a server's log for a job's error: the last `chars` characters without the lines
+    triton prints at exit, and the last Python exception line in front when the tail lacks it."""
+    lines = [line for line in log.splitlines() if not _EXIT_NOISE.match(line)]
+    tail = "\n".join(lines)[-chars:]
+    errors = [line for line in lines if _ERROR_LINE.match(line)]
+    if errors and errors[-1] not in tail:
+        tail = f"{errors[-1][:300]}\n...{tail[-(chars - min(len(errors[-1]), 300)) :]}"
+    return tail
+
 
 # max_lora_rank values vLLM accepts (a capacity bound: an r=4 adapter is served under 8)
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -153,7 +170,7 @@ class VLLMServer:
 
     def log_tail(self, chars: int = 3000) -> str:
         try:
-            return self.log_path.read_text(errors="replace")[-chars:]
+            return error_tail(self.log_path.read_text(errors="replace"), chars)
         except OSError:
             return ""
 

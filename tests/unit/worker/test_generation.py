@@ -221,3 +221,29 @@ def test_engine_settings_reach_every_engine_as_arguments(monkeypatch: pytest.Mon
     assert given_engine(settings, {}) is None
     warm = given_engine(settings, {ENGINE_URL_ENV: "http://127.0.0.1:5", ENGINE_ADAPTER_ENV: "/a"})
     assert warm is not None and (warm.url, warm.adapter, warm.start_seconds) == ("http://127.0.0.1:5", "/a", 30.0)
+
+
+def test_a_dead_servers_error_names_its_exception_not_the_noise_printed_at_exit() -> None:
+    """A vLLM server that died of an unsupported model printed its RuntimeError, then its shutdown
+    and hundreds of triton 'leaked function' lines: the job's error showed only those."""
+    from worker.vllm_server import error_tail
+
+    log = "\n".join(
+        [
+            "INFO starting",
+            "Traceback (most recent call last):",
+            '  File "cpu_attn.py", line 257, in build',
+            "RuntimeError: Unsupported CPU attention configuration: head_dim=16 isa=2 kv_cache_idx=0",
+            *[f"(APIServer pid=7) INFO [shutdown] step {i}" for i in range(20)],
+            "nanobind: leaked 514 functions!",
+            *[f' - leaked function "create_{i}"' for i in range(300)],
+            " - ... skipped remainder",
+            "nanobind: this is likely caused by a reference counting issue in the binding code.",
+            "See https://nanobind.readthedocs.io/en/latest/refleaks.html",
+        ]
+    )
+    tail = error_tail(log, 600)
+    assert tail.startswith("RuntimeError: Unsupported CPU attention configuration: head_dim=16"), tail
+    assert "leaked" not in tail and "nanobind" not in tail and "step 19" in tail
+    assert len(tail) <= 600 + 10
+    assert error_tail("INFO one\nINFO two", 600) == "INFO one\nINFO two"  # nothing to add where no error
