@@ -14,7 +14,17 @@ it is parsed (mathrl/graders.py)."""
 from __future__ import annotations
 
 import functools
+import importlib.util
 from typing import Any
+
+# what the metrics import; the API image leaves them out (its 300 MB budget, docs/images.md), and an
+# API without them sends text_similarity graders to a worker as a 'grade' job (api/routers/graders.py)
+LIBRARIES = ("rapidfuzz", "sacrebleu", "nltk", "rouge_score")
+
+
+def available() -> bool:
+    """Whether this process can score text_similarity graders (every metric's library is installed)."""
+    return all(importlib.util.find_spec(name) is not None for name in LIBRARIES)
 
 
 def similarity(metric: str, text: str, reference: str) -> float:

@@ -319,6 +319,11 @@ def needs_model(grader: BaseModel) -> bool:
     return any(isinstance(g, MODEL_GRADERS) for _, g in parts(grader))
 
 
+def uses_similarity(grader: BaseModel) -> bool:
+    """Whether a text_similarity grader is anywhere inside it (its metrics' libraries are the workers')."""
+    return any(isinstance(g, TextSimilarityGrader) for _, g in parts(grader))
+
+
 def runs_code(grader: BaseModel) -> bool:
     """Whether the grader runs a user's source (a python grader, anywhere inside it)."""
     return any(isinstance(g, PythonGrader) for _, g in parts(grader))

@@ -16,7 +16,9 @@ A grader that loads a model (reward_model, score_model, label_model) needs it lo
 API image has no torch: the call becomes a short 'grade' job (mathrl.specs.GradeSpec; quotas
 and pools as for any job) that a worker runs, and the route waits for it up to `wait` seconds:
 200 with the scores, or 202 with the job's id, whose results GET /v1/graders/runs/{job_id}
-gives when it has finished."""
+gives when it has finished. So does a text_similarity grader where this API lacks its metrics'
+libraries (the API image leaves their 100 MB out: docs/images.md); where it has them (an
+embedded install), it is scored here."""
 
 from __future__ import annotations
 
@@ -38,9 +40,10 @@ from sqlalchemy import select
 from api.deps import CallerDep, SettingsDep, owned
 from api.problems import Problem
 from api.submit import admit, check_job_refs, commit_and_dispatch, job_row
+from evaluator import similarity
 from evaluator.bounded import CPU, DEADLINE, TIMED_OUT, run_bounded, warm
 from evaluator.graders import grade_item
-from mathrl.graders import needs_model, runs_code
+from mathrl.graders import needs_model, runs_code, uses_similarity
 from mathrl.schemas import GraderRunPending, GraderRunRequest, GraderRunResponse
 from mathrl.specs import GradeSpec, Resources, model_refs
 from store.db import get_sessionmaker
@@ -150,7 +153,7 @@ async def run(
 ) -> Any:
     """Each item's score and the reason for it, and their mean. Nothing is stored, except for a
     grader that loads a model, which runs as a 'grade' job on a worker (see the module's text)."""
-    if needs_model(body.grader):
+    if grades_on_worker(body.grader):
         job_id, answer = await grade_on_worker(
             caller.project_id, settings, body.grader, body.items, body.resources, wait
         )
@@ -158,7 +161,7 @@ async def run(
             return answer
         return await run_in_threadpool(_pending, settings, caller.project_id, job_id)
     if body.resources is not None:
-        detail = "resources is for graders with a model (they run on a worker); this one runs here: remove it"
+        detail = "resources is for graders that run on a worker (with a model); this one runs here: remove it"
         raise Problem.at("/resources", detail, "Invalid field")
     limits = settings.graders
     require_sandbox(body.grader, limits)
@@ -181,6 +184,12 @@ async def run(
             results.append((0.0, f"not scored: {o.error}"))
     data = [{"score": s, "reason": r} for s, r in results]
     return {"data": data, "mean": sum(s for s, _ in results) / len(results)}
+
+
+def grades_on_worker(grader: Any) -> bool:
+    """Whether a call with this grader becomes a 'grade' job: it loads a model, or it measures text
+    similarity and this API has not the libraries for it."""
+    return needs_model(grader) or (uses_similarity(grader) and not similarity.available())
 
 
 def require_sandbox(grader: Any, limits: Any) -> None:
@@ -214,8 +223,8 @@ async def grade_on_worker(
     wait: float,
     route: str = "graders:run",
 ) -> tuple[str, dict[str, Any] | None]:
-    """A grader that loads a model, run as a 'grade' job on a worker: its id, and the scores when
-    it finished within `wait` seconds (None if not yet)."""
+    """A grader that runs on a worker (grades_on_worker), as a 'grade' job: its id, and the scores
+    when it finished within `wait` seconds (None if not yet)."""
     try:
         spec = GradeSpec(
             grader=grader,

@@ -4,8 +4,9 @@
 OpenAI's JSON: string_check, text_similarity, python, score_model, label_model, multi), graded in
 the call's own processes within the `graders` limits as POST /v1/graders:run grades
 (api/routers/graders.py), with python graders in their sandbox (evaluator/sandbox.py). A grader
-with a model in it (score_model, label_model) is a short 'grade' job on a worker, as there,
-awaited up to MODEL_WAIT seconds. Responses are shaped as OpenAI's: the reward, each named grader's
+with a model in it (score_model, label_model), or a text_similarity grader where the API lacks its
+libraries (the API image), is a short 'grade' job on a worker, as there, awaited up to MODEL_WAIT
+seconds. Responses are shaped as OpenAI's: the reward, each named grader's
 reward, and metadata with its error kinds."""
 
 from __future__ import annotations
@@ -19,10 +20,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from api.deps import CallerDep, SettingsDep
 from api.problems import Problem
-from api.routers.graders import grade_on_worker, require_sandbox, run_isolated
+from api.routers.graders import grade_on_worker, grades_on_worker, require_sandbox, run_isolated
 from evaluator.bounded import TIMED_OUT
 from evaluator.graders import grade_openai
-from mathrl.graders import Grader, GraderItem, needs_model
+from mathrl.graders import Grader, GraderItem
 
 router = APIRouter(prefix="/v1/fine_tuning/alpha/graders", tags=["openai: graders"])
 ROUTE = "fine_tuning/alpha/graders/run"
@@ -78,7 +79,7 @@ async def run(body: GraderRunParams, caller: CallerDep, settings: SettingsDep) -
     its error kind set, as OpenAI answers it."""
     limits = settings.graders
     start = time.monotonic()
-    if needs_model(body.grader):
+    if grades_on_worker(body.grader):
         result = await _on_worker(body, caller.project_id, settings)
     else:
         require_sandbox(body.grader, limits)

@@ -299,7 +299,7 @@ def test_images_serve_jobs_and_a_worker_sigterm_drains_to_a_new_worker(deploymen
 
 # Ubuntu's Python and glibc in the CUDA base image (nvidia/cuda:*-ubuntu24.04): Python 3.12, glibc 2.39
 CUDA_BASE_PYTHON = {"ubuntu24.04": ("3.12", 39)}
-SDIST_ONLY = ("rouge-score>=0.1.2,<0.2",)  # the text_similarity grader's ROUGE (pyproject.toml's server extra)
+SDIST_ONLY = ("rouge-score>=0.1.2,<0.2",)  # the text_similarity grader's ROUGE (pyproject.toml's worker extra)
 
 
 @pytest.mark.skipif(os.environ.get("MATHRL_TEST_IMAGES") != "1", reason="part of scripts/test-images")

@@ -245,3 +245,23 @@ def test_process_rm(sft_job: tuple[Any, str]) -> None:
     done = c.jobs.wait(rm.id, timeout=600)
     assert done.status == "succeeded", done.error
     assert any(e.type == "labelled" and "steps labelled" in e.message for e in c.jobs.events(rm.id))
+
+
+def test_a_text_similarity_grader_is_scored_on_a_worker_as_the_api_image_sends_it(service: Service) -> None:
+    """The API image leaves text_similarity's libraries out (docs/images.md), so an API without them
+    sends the grader to a worker as a 'grade' job (api/routers/graders.py): the worker scores it with
+    the libraries, as the API of an embedded install does."""
+    from pydantic import TypeAdapter
+
+    from evaluator.graders import grade_items
+    from mathrl.graders import Grader
+
+    grader = {"type": "text_similarity", "name": "close", "reference": "the answer is 42", "evaluation_metric": "bleu"}
+    completions = ["the answer is 42", "no idea"]
+    c = service.client()
+    job = c.jobs.create({"kind": "grade", "grader": grader, "items": [{"completion": t} for t in completions]})
+    done = c.jobs.wait(job.id, timeout=300)
+    assert done.status == "succeeded", done.error
+    on_worker = [s.data["score"] for s in c.jobs.samples(job.id)]
+    here = grade_items(TypeAdapter(Grader).validate_python(grader), completions, [None, None])
+    assert on_worker == [r.score for r in here] and on_worker[0] == 1.0 and on_worker[1] < 0.5, on_worker

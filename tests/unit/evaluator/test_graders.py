@@ -199,3 +199,28 @@ def test_a_reward_model_grader_on_several_processes_or_nodes_is_a_422(
     assert r.headers["content-type"].startswith("application/problem+json")
     error = r.json()["errors"][0]
     assert error["pointer"] == "/resources" and "one process on one node" in error["detail"], error
+
+
+def test_text_similarity_is_scored_here_where_the_api_has_its_libraries_else_on_a_worker(
+    app_client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The API image has not text_similarity's libraries (its size budget): there the call becomes
+    a 'grade' job, as a grader with a model does; an API that has them scores it at once."""
+    from evaluator import similarity
+
+    headers = admin_key(app_client)
+    body = {
+        "grader": {"type": "text_similarity", "reference": "the answer is 42", "evaluation_metric": "fuzzy_match"},
+        "items": [{"completion": "the answer is 42"}],
+        "resources": {"pool": "graders-parked"},  # a pool no worker serves here
+    }
+    assert similarity.available()  # this venv has them: scored in the call
+    here = app_client.post("/v1/graders:run", json={k: body[k] for k in ("grader", "items")}, headers=headers)
+    assert here.status_code == 200 and here.json()["data"][0]["score"] == 1.0, here.text
+    monkeypatch.setattr(similarity, "LIBRARIES", (*similarity.LIBRARIES, "no_such_library_here"))
+    assert not similarity.available()
+    r = app_client.post("/v1/graders:run?wait=0", json=body, headers=headers)
+    assert r.status_code == 202, r.text
+    job = app_client.get(f"/v1/jobs/{r.json()['job_id']}", headers=headers).json()
+    assert job["kind"] == "grade" and job["spec"]["grader"]["type"] == "text_similarity", job
+    app_client.post(f"/v1/jobs/{job['id']}/cancel", headers=headers)
