@@ -190,40 +190,6 @@ def test_eval_job_on_a_worker_with_vllm(vllm_ready: Path, service: Service, mode
         assert reasons == [s.data["reason"] for s in c.jobs.samples(graded_on_hf.id)], reasons
         print(f"label_model on the warm engine: {reasons}")
 
-        # a CPU job of another kind keeps the idle engine (it takes memory, not cores; issue 46.4: a
-        # training job used to stop it, and the first chat with the model it trained waited for a new
-        # engine): with the engine serving one fine-tuned model, the model the next fine-tuning job
-        # makes on this worker is reloaded into it, in seconds
-        def finetune(seed: int) -> str:
-            sft = c.jobs.create(
-                {
-                    "kind": "sft",
-                    "model": other,
-                    "dataset": {"name": "arith-train", "limit": 64},
-                    "max_steps": 2,
-                    "per_device_train_batch_size": 8,
-                    "max_length": 128,
-                    "save_steps": 2,
-                    "seed": seed,
-                    "resources": {"pool": "vllm-test"},
-                }
-            )
-            assert c.jobs.wait(sft.id, timeout=600).status == "succeeded", c.jobs.retrieve(sft.id).error
-            return f"job:{sft.id}"
-
-        def engine_of(model: str) -> Any:
-            job = c.jobs.create({"kind": "eval", "model": model, **arith, **on_vllm})
-            assert c.jobs.wait(job.id, timeout=600).status == "succeeded", c.jobs.retrieve(job.id).error
-            return next(e for e in c.jobs.events(job.id) if e.type == "vllm_engine")
-
-        serving = engine_of(finetune(1))  # a fine-tuned model (another family than the built one: a new engine)
-        second = finetune(2)
-        assert _group_alive(serving.data["pid"])  # kept through the training job
-        after = engine_of(second)
-        assert after.data["how"] == "reloaded" and after.data["pid"] == serving.data["pid"], after
-        print(f"the model an SFT job just trained loaded into the kept engine in {after.data['reload_seconds']:.2f}s")
-        started = serving  # the engine that must stop with its worker
-
         # the engine stops with its worker
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=60)
@@ -235,6 +201,74 @@ def test_eval_job_on_a_worker_with_vllm(vllm_ready: Path, service: Service, mode
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)
             proc.wait(timeout=60)
+
+
+def test_the_first_chat_after_a_fine_tuning_job_loads_its_model_into_the_kept_engine(
+    service: Service, model_for_vllm: str
+) -> None:
+    """Issue 46.4 through the real `openai` package, as a script moving from OpenAI meets it: a
+    fine-tuning job, a chat with its model (the worker starts a warm vLLM engine: inference_backend
+    'auto' on a worker with vLLM), a second fine-tuning job on the same worker, and the first chat
+    with its model. A training job used to stop the idle engine, so that chat waited for a new one;
+    the engine is now held through the CPU job, and the new model's weights are loaded into it."""
+    import io
+    import time
+    import uuid
+
+    import httpx
+    from openai import OpenAI
+
+    from tests.helpers.env import ADMIN_TOKEN
+
+    r = httpx.post(
+        f"{service.url}/v1/keys",
+        json={"project": f"chat-{time.monotonic_ns()}"},
+        headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+    )
+    assert r.status_code == 201, r.text
+    key = r.json()["key"]
+    client = OpenAI(base_url=f"{service.url}/v1", api_key=key, max_retries=0, timeout=600)
+    rows = [
+        {"messages": [{"role": "user", "content": f"{a} + {b} ="}, {"role": "assistant", "content": str(a + b)}]}
+        for a, b in ((12, 30), (7, 8), (21, 21), (40, 2))
+    ]
+    train = client.files.create(
+        file=("t.jsonl", io.BytesIO("".join(json.dumps(x) + "\n" for x in rows).encode())), purpose="fine-tune"
+    )
+
+    def fine_tune(seed: int) -> str:
+        job = client.fine_tuning.jobs.create(model=model_for_vllm, training_file=train.id, seed=seed, suffix=f"s{seed}")
+        deadline = time.monotonic() + 600
+        while job.status not in ("succeeded", "failed", "cancelled") and time.monotonic() < deadline:
+            time.sleep(0.5)
+            job = client.fine_tuning.jobs.retrieve(job.id)
+        assert job.status == "succeeded" and job.fine_tuned_model, job.error
+        return job.fine_tuned_model
+
+    def chat(model: str) -> tuple[float, Any]:
+        t0 = time.monotonic()
+        out = client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "12 + 30 ="}], max_tokens=4
+        )
+        took = time.monotonic() - t0
+        job_id = str(uuid.UUID(out.id.removeprefix("chatcmpl-")))
+        events = httpx.get(f"{service.url}/v1/jobs/{job_id}/events", headers={"Authorization": f"Bearer {key}"})
+        engine = next(e for e in events.json()["data"] if e["type"] == "vllm_engine")
+        return took, engine
+
+    first = fine_tune(1)
+    started_in, engine = chat(first)
+    assert engine["data"]["how"] in ("started", "reloaded", "reused"), engine
+    warm_in, _ = chat(first)
+    second = fine_tune(2)
+    after_in, after = chat(second)
+    assert after["data"]["how"] == "reloaded" and after["data"]["pid"] == engine["data"]["pid"], after
+    assert after_in < warm_in + 15, (after_in, warm_in)  # seconds more than a warm chat, not an engine start
+    print(
+        f"chat with a fine-tuned model: first {started_in:.1f} s ({engine['data']['how']}), warm {warm_in:.1f} s; "
+        f"the first chat after the next fine-tuning job {after_in:.1f} s (weights loaded in "
+        f"{after['data']['reload_seconds']:.1f} s)"
+    )
 
 
 @pytest.mark.parametrize("mode", ["colocate", "server"])
