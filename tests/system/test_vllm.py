@@ -207,10 +207,29 @@ def test_the_first_chat_after_a_fine_tuning_job_loads_its_model_into_the_kept_en
     service: Service, model_for_vllm: str
 ) -> None:
     """Issue 46.4 through the real `openai` package, as a script moving from OpenAI meets it: a
-    fine-tuning job, a chat with its model (the worker starts a warm vLLM engine: inference_backend
-    'auto' on a worker with vLLM), a second fine-tuning job on the same worker, and the first chat
+    fine-tuning job, a chat with its model (on the worker's warm vLLM engine: inference_backend
+    'vllm'), a second fine-tuning job on the same worker, and the first chat
     with its model. A training job used to stop the idle engine, so that chat waited for a new one;
     the engine is now held through the CPU job, and the new model's weights are loaded into it."""
+    from runtime.processes import free_port
+    from tests.helpers.env import ADMIN_TOKEN
+
+    # an API that answers chats on warm engines (the session's answers them with transformers), on the
+    # same database and broker: the session's worker runs the jobs
+    api = Service(
+        env={**service.env, "MATHRL_FINE_TUNING__INFERENCE_BACKEND": "vllm"},
+        logs=service.logs / "chat-after-training",
+        port=free_port(),
+    )
+    api.logs.mkdir(exist_ok=True)
+    api.start_api()
+    try:
+        _first_chat_after_training(api, model_for_vllm, ADMIN_TOKEN)
+    finally:
+        api.stop_api()
+
+
+def _first_chat_after_training(service: Service, model_for_vllm: str, admin_token: str) -> None:
     import io
     import time
     import uuid
@@ -218,12 +237,10 @@ def test_the_first_chat_after_a_fine_tuning_job_loads_its_model_into_the_kept_en
     import httpx
     from openai import OpenAI
 
-    from tests.helpers.env import ADMIN_TOKEN
-
     r = httpx.post(
         f"{service.url}/v1/keys",
         json={"project": f"chat-{time.monotonic_ns()}"},
-        headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+        headers={"Authorization": f"Bearer {admin_token}"},
     )
     assert r.status_code == 201, r.text
     key = r.json()["key"]
