@@ -681,6 +681,36 @@ def test_every_module_the_images_import_exists() -> None:
 
 
 @pytest.mark.quick
+def test_a_change_to_what_the_images_are_made_from_makes_the_suite_build_them(tmp_path: Path) -> None:
+    """Issue 48: the images rotted because CI never built them. scripts/test runs scripts/test-images
+    when scripts/image-inputs' digest differs from the one its last pass recorded (.ci/images-passed):
+    a change to the Dockerfile, scripts/images, pyproject.toml or the chart changes the digest; a
+    change elsewhere does not."""
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", "--no-hardlinks", str(ROOT), str(clone)], check=True)
+
+    def digest() -> str:
+        return subprocess.run(
+            [str(clone / "scripts" / "image-inputs")], capture_output=True, text=True, check=True
+        ).stdout.strip()
+
+    first = digest()
+    assert re.fullmatch(r"[0-9a-f]{64}", first)
+    (clone / "README.md").write_text((clone / "README.md").read_text() + "\nmore\n")
+    assert digest() == first  # not an image input
+    for changed in ("Dockerfile", "scripts/images", "pyproject.toml", "helm/mathrl/values.yaml"):
+        path = clone / changed
+        before = path.read_text()
+        path.write_text(before + "\n# changed\n")
+        assert digest() != first, changed
+        path.write_text(before)
+    assert digest() == first
+    test = (ROOT / "scripts" / "test").read_text()
+    assert 'scripts/image-inputs)" != "$(cat .ci/images-passed' in test and "scripts/test-images" in test
+    assert "scripts/image-inputs" in (ROOT / "scripts" / "test-images").read_text()
+
+
+@pytest.mark.quick
 def test_worker_image_pins_match_the_test_environment() -> None:
     args = build_args(dockerfile())
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
