@@ -508,7 +508,11 @@ def test_worker_killed_mid_job_takes_its_vllm_server_with_it(service: Service, m
     import os
     import signal
 
-    worker = service.start_worker(queues="vllm-drill", name="vllm-drill")
+    # what this drill tests is the process group, not the lease: a lease of its own, longer than the
+    # tests' 4 s, which a worker starved of CPU by a starting server and a trainer on 2 cores could let
+    # lapse (the job, max_attempts 1, would then fail before its first step)
+    lease = {"MATHRL_WORKER__LEASE_SECONDS": "30", "MATHRL_WORKER__HEARTBEAT_SECONDS": "2"}
+    worker = service.start_worker(queues="vllm-drill", name="vllm-drill", env=lease)
     c = service.client()
     job = c.jobs.create(
         _server_spec(model_for_vllm, max_steps=100000, resources={"pool": "vllm-drill"}, max_attempts=1)
