@@ -161,33 +161,26 @@ class RayJob:
 
     def _stop_earlier_attempts(self) -> None:
         """A retry never runs beside the attempt it replaces: stop the earlier attempts' Ray jobs
-        (a no-op for ones that ended or never started) and wait until they have ended."""
-        from ray.job_submission import JobStatus
-
+        (a no-op for ones that ended or never started) and wait until they have ended. One that
+        ended by itself (its next write after the new claim is fenced: LeaseLost) is recorded too."""
         for earlier in range(1, self.attempt):
             sid = submission_id(self.job_id, earlier)
             try:
                 status = self.client.get_job_status(sid)
-                if status.is_terminal():  # it ended by itself (a fenced write stops a process that lost its lease)
-                    self.event(
-                        "ray_stopped_earlier",
-                        f"Ray job {sid} of attempt {earlier} had already ended ({status.value})",
-                        {"submission_id": sid, "status": status.value, "stopped": False},
-                    )
-                    continue
-                self.client.stop_job(sid)
+                running = not status.is_terminal()
+                if running:
+                    self.client.stop_job(sid)
             except RuntimeError:  # no such Ray job (that attempt never reached Ray)
                 continue
             deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
-                if self.client.get_job_status(sid) in (JobStatus.STOPPED, JobStatus.SUCCEEDED, JobStatus.FAILED):
-                    break
+            while running and not status.is_terminal() and time.monotonic() < deadline:
                 time.sleep(0.5)
-            status = self.client.get_job_status(sid)
+                status = self.client.get_job_status(sid)
+            what = "stopped" if running else "found already ended"
             self.event(
                 "ray_stopped_earlier",
-                f"stopped Ray job {sid} of attempt {earlier} before this attempt ({status.value})",
-                {"submission_id": sid, "status": status.value, "stopped": True},
+                f"{what} Ray job {sid} of attempt {earlier} before this attempt ({status.value})",
+                {"submission_id": sid, "status": status.value, "stopped": running},
             )
 
     # ---- watching ---------------------------------------------------------------------------
