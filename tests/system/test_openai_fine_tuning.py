@@ -15,22 +15,10 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.helpers.env import ADMIN_TOKEN
+from tests.helpers.openai_sdk import openai_client, wait_fine_tuning
 from tests.helpers.service import Service
 
 pytestmark = pytest.mark.slow
-
-
-def _client(service: Service) -> Any:
-    from openai import OpenAI
-
-    r = httpx.post(
-        f"{service.url}/v1/keys",
-        json={"project": f"oa-{time.monotonic_ns()}"},
-        headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
-    )
-    assert r.status_code == 201, r.text
-    return OpenAI(base_url=f"{service.url}/v1", api_key=r.json()["key"], max_retries=0, timeout=60)
 
 
 def _jsonl(rows: list[dict[str, Any]]) -> io.BytesIO:
@@ -76,20 +64,10 @@ def _last_step(service: Service, client: Any, ftjob: str) -> int:
     return max((p["step"] for s in series for p in s["points"]), default=0)
 
 
-def _wait(client: Any, job_id: str, timeout: float = 300) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        job = client.fine_tuning.jobs.retrieve(job_id)
-        if job.status in ("succeeded", "failed", "cancelled"):
-            return job
-        time.sleep(0.5)
-    raise TimeoutError(f"{job_id} still {job.status}")
-
-
 def test_reinforcement_and_supervised_jobs_with_the_openai_sdk(service: Service, tiny_model: str) -> None:
     import openai
 
-    client = _client(service)
+    client = openai_client(service)
     train = client.files.create(file=("train.jsonl", _jsonl(RFT_ROWS)), purpose="fine-tune")
     valid = client.files.create(file=("valid.jsonl", _jsonl(RFT_ROWS[:3])), purpose="fine-tune")
     job = client.fine_tuning.jobs.create(
@@ -117,7 +95,7 @@ def test_reinforcement_and_supervised_jobs_with_the_openai_sdk(service: Service,
     assert job.training_file == train.id and job.metadata == {"team": "math"} and job.seed == 7
     assert job.method.type == "reinforcement" and job.method.reinforcement.grader.type == "multi"
     assert job.hyperparameters.batch_size == 2 and job.hyperparameters.n_epochs == 1
-    done = _wait(client, job.id)
+    done = wait_fine_tuning(client, job.id)
     assert done.status == "succeeded", done.error
     assert done.fine_tuned_model == f"ft:{tiny_model.rsplit('/', 1)[-1]}:adder:{job.id}"
     assert done.trained_tokens and done.trained_tokens > 0 and done.finished_at
@@ -158,16 +136,16 @@ def test_reinforcement_and_supervised_jobs_with_the_openai_sdk(service: Service,
         training_file=sft_file.id,
         method={"type": "supervised", "supervised": {"hyperparameters": {"batch_size": 4, "n_epochs": 2}}},
     )
-    sft_done = _wait(client, sft.id)
+    sft_done = wait_fine_tuning(client, sft.id)
     assert sft_done.status == "succeeded", sft_done.error
     assert [c.step_number for c in client.fine_tuning.jobs.checkpoints.list(sft.id).data] == [2, 1]
     # list (newest first) and cancel
     assert [j.id for j in client.fine_tuning.jobs.list().data][:2] == [sft.id, job.id]
     third = client.fine_tuning.jobs.create(model=tiny_model, training_file=sft_file.id)
     client.fine_tuning.jobs.cancel(third.id)
-    assert _wait(client, third.id, 120).status == "cancelled"
+    assert wait_fine_tuning(client, third.id, 120).status == "cancelled"
     # another project sees none of it
-    other = _client(service)
+    other = openai_client(service)
     with pytest.raises(openai.NotFoundError):
         other.fine_tuning.jobs.retrieve(job.id)
     assert other.fine_tuning.jobs.list().data == []
@@ -263,7 +241,7 @@ def _sample_the_fine_tuned_model(service: Service, client: Any, model: str, chec
             errors.model_grader_server_error_details or ""
         )
     # another project sees none of it
-    other = _client(service)
+    other = openai_client(service)
     assert other.models.list().data == []
     with pytest.raises(openai.NotFoundError, match="does not exist or you do not have access"):
         other.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}])
@@ -274,7 +252,7 @@ def _sample_the_fine_tuned_model(service: Service, client: Any, model: str, chec
 def test_pause_drains_to_a_checkpoint_and_resume_goes_on_from_it(service: Service, tiny_model: str) -> None:
     import openai
 
-    client = _client(service)
+    client = openai_client(service)
     train = client.files.create(file=("train.jsonl", _jsonl(RFT_ROWS)), purpose="fine-tune")
     hp = {"n_epochs": 10, "batch_size": 2, "compute_multiplier": 0.25, "reasoning_effort": "low", "eval_interval": 5}
     job = client.fine_tuning.jobs.create(
@@ -304,7 +282,7 @@ def test_pause_drains_to_a_checkpoint_and_resume_goes_on_from_it(service: Servic
     # supervisor did (then a drain_requested event too)
     assert kinds[0] == "paused" and "pause_requested" in kinds, kinds
     assert client.fine_tuning.jobs.resume(job.id).status == "queued"
-    done = _wait(client, job.id)
+    done = wait_fine_tuning(client, job.id)
     assert done.status == "succeeded", done.error
     events = client.fine_tuning.jobs.list_events(job.id, limit=200).data
     resumed = [e for e in events if (e.data or {}).get("type") == "resumed"]

@@ -211,8 +211,12 @@ def test_the_first_chat_after_a_fine_tuning_job_loads_its_model_into_the_kept_en
     'vllm'), a second fine-tuning job on the same worker, and the first chat
     with its model. A training job used to stop the idle engine, so that chat waited for a new one;
     the engine is now held through the CPU job, and the new model's weights are loaded into it."""
+    import io
+    import time
+    import uuid
+
     from runtime.processes import free_port
-    from tests.helpers.env import ADMIN_TOKEN
+    from tests.helpers.openai_sdk import openai_client, wait_fine_tuning
 
     # an API that answers chats on warm engines (the session's answers them with transformers), on the
     # same database and broker: the session's worker runs the jobs
@@ -224,68 +228,47 @@ def test_the_first_chat_after_a_fine_tuning_job_loads_its_model_into_the_kept_en
     api.logs.mkdir(exist_ok=True)
     api.start_api()
     try:
-        _first_chat_after_training(api, model_for_vllm, ADMIN_TOKEN)
+        key = api.key()
+        client, jobs = openai_client(api, key, timeout=600), api.client(key).jobs
+        rows = [
+            {"messages": [{"role": "user", "content": f"{a} + {b} ="}, {"role": "assistant", "content": str(a + b)}]}
+            for a, b in ((12, 30), (7, 8), (21, 21), (40, 2))
+        ]
+        lines = "".join(json.dumps(x) + "\n" for x in rows).encode()
+        train = client.files.create(file=("t.jsonl", io.BytesIO(lines)), purpose="fine-tune")
+
+        def fine_tune(seed: int) -> str:
+            job = client.fine_tuning.jobs.create(
+                model=model_for_vllm, training_file=train.id, seed=seed, suffix=f"s{seed}"
+            )
+            done = wait_fine_tuning(client, job.id, 600)
+            assert done.status == "succeeded" and done.fine_tuned_model, done.error
+            return str(done.fine_tuned_model)
+
+        def chat(model: str) -> tuple[float, Any]:
+            t0 = time.monotonic()
+            out = client.chat.completions.create(
+                model=model, messages=[{"role": "user", "content": "12 + 30 ="}], max_tokens=4
+            )
+            took = time.monotonic() - t0
+            job_id = str(uuid.UUID(out.id.removeprefix("chatcmpl-")))  # the generate job that answered it
+            return took, next(e for e in jobs.events(job_id) if e.type == "vllm_engine")
+
+        first = fine_tune(1)
+        started_in, engine = chat(first)
+        assert engine.data["how"] in ("started", "reloaded", "reused"), engine
+        warm_in, _ = chat(first)
+        second = fine_tune(2)
+        after_in, after = chat(second)
+        assert after.data["how"] == "reloaded" and after.data["pid"] == engine.data["pid"], after
+        assert after_in < warm_in + 15, (after_in, warm_in)  # seconds more than a warm chat, not an engine start
+        print(
+            f"chat with a fine-tuned model: first {started_in:.1f} s ({engine.data['how']}), warm {warm_in:.1f} s; "
+            f"the first chat after the next fine-tuning job {after_in:.1f} s (weights loaded in "
+            f"{after.data['reload_seconds']:.1f} s)"
+        )
     finally:
         api.stop_api()
-
-
-def _first_chat_after_training(service: Service, model_for_vllm: str, admin_token: str) -> None:
-    import io
-    import time
-    import uuid
-
-    import httpx
-    from openai import OpenAI
-
-    r = httpx.post(
-        f"{service.url}/v1/keys",
-        json={"project": f"chat-{time.monotonic_ns()}"},
-        headers={"Authorization": f"Bearer {admin_token}"},
-    )
-    assert r.status_code == 201, r.text
-    key = r.json()["key"]
-    client = OpenAI(base_url=f"{service.url}/v1", api_key=key, max_retries=0, timeout=600)
-    rows = [
-        {"messages": [{"role": "user", "content": f"{a} + {b} ="}, {"role": "assistant", "content": str(a + b)}]}
-        for a, b in ((12, 30), (7, 8), (21, 21), (40, 2))
-    ]
-    train = client.files.create(
-        file=("t.jsonl", io.BytesIO("".join(json.dumps(x) + "\n" for x in rows).encode())), purpose="fine-tune"
-    )
-
-    def fine_tune(seed: int) -> str:
-        job = client.fine_tuning.jobs.create(model=model_for_vllm, training_file=train.id, seed=seed, suffix=f"s{seed}")
-        deadline = time.monotonic() + 600
-        while job.status not in ("succeeded", "failed", "cancelled") and time.monotonic() < deadline:
-            time.sleep(0.5)
-            job = client.fine_tuning.jobs.retrieve(job.id)
-        assert job.status == "succeeded" and job.fine_tuned_model, job.error
-        return job.fine_tuned_model
-
-    def chat(model: str) -> tuple[float, Any]:
-        t0 = time.monotonic()
-        out = client.chat.completions.create(
-            model=model, messages=[{"role": "user", "content": "12 + 30 ="}], max_tokens=4
-        )
-        took = time.monotonic() - t0
-        job_id = str(uuid.UUID(out.id.removeprefix("chatcmpl-")))
-        events = httpx.get(f"{service.url}/v1/jobs/{job_id}/events", headers={"Authorization": f"Bearer {key}"})
-        engine = next(e for e in events.json()["data"] if e["type"] == "vllm_engine")
-        return took, engine
-
-    first = fine_tune(1)
-    started_in, engine = chat(first)
-    assert engine["data"]["how"] in ("started", "reloaded", "reused"), engine
-    warm_in, _ = chat(first)
-    second = fine_tune(2)
-    after_in, after = chat(second)
-    assert after["data"]["how"] == "reloaded" and after["data"]["pid"] == engine["data"]["pid"], after
-    assert after_in < warm_in + 15, (after_in, warm_in)  # seconds more than a warm chat, not an engine start
-    print(
-        f"chat with a fine-tuned model: first {started_in:.1f} s ({engine['data']['how']}), warm {warm_in:.1f} s; "
-        f"the first chat after the next fine-tuning job {after_in:.1f} s (weights loaded in "
-        f"{after['data']['reload_seconds']:.1f} s)"
-    )
 
 
 @pytest.mark.parametrize("mode", ["colocate", "server"])
