@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session
 from api.problems import Problem
 from kinds import home, resolve_config
 from mathrl.errors import Refused
-from mathrl.specs import AnySpec, model_refs, split_job_ref
+from mathrl.specs import AnySpec, DatasetRef, model_refs, split_job_ref
 from mathrl.specs.resolved import ResolvedConfig
 from service.settings import Settings
 from service.sources import url_refusal
@@ -69,7 +69,7 @@ def check_placement(spec: AnySpec, settings: Settings) -> None:
         raise Problem.at("/resources/gpus", detail, "Too many GPUs per node")
 
 
-def check_memory(spec: Any, config: ResolvedConfig, settings: Settings) -> None:
+def check_memory(spec: AnySpec, config: ResolvedConfig, settings: Settings) -> None:
     """The memory plan of a job on GPUs whose kind has one (trainer/memory_plan.py), when the model's
     config.json can be read now: a local path, or another job's model already saved on the artifact
     volume. It is stored in the config (`memory_plan`); one over the GPU memory of the job's pool
@@ -77,10 +77,10 @@ def check_memory(spec: Any, config: ResolvedConfig, settings: Settings) -> None:
     pipeline's earlier step), is checked by the worker before the model loads (worker.child)."""
     from trainer.memory_plan import check_job
 
-    training = home(spec).memory(config)
-    if training is None or spec.resources.gpus == 0:
+    training, model = home(spec).memory(config), home(spec).needs(spec).model
+    if training is None or model is None or spec.resources.gpus == 0:
         return
-    model_config = known_model_config(spec.model, settings)
+    model_config = known_model_config(model, settings)
     if model_config is None:
         return
     try:
@@ -187,16 +187,16 @@ def check_data_source(value: str | None, settings: Settings, pointer: str) -> No
     _under_roots(value, _roots(settings, settings.sources.data_roots), pointer, "data", settings)
 
 
-def check_sources(spec: Any, settings: Settings) -> None:
+def check_sources(spec: AnySpec, settings: Settings) -> None:
     for path, ref in model_refs(spec).items():  # the model, the policy, reward models, graders' models
         check_model_source(ref, settings, f"/{path}")
-    dataset = getattr(spec, "dataset", None)
+    dataset = home(spec).data(spec).dataset
     if dataset is not None:
         check_data_source(dataset.path, settings, "/dataset/path")
         check_dataset_fields(dataset)
 
 
-def check_dataset_fields(dataset: Any) -> None:
+def check_dataset_fields(dataset: DatasetRef) -> None:
     """A local file must hold the fields the spec names: a JSON-lines file's first row is read
     now, a parquet file's schema (its footer). The API reads no URL and no hub dataset (the
     worker checks those before any work); a file the API cannot see (on the workers' volume
@@ -241,22 +241,22 @@ def _parquet_fields(raw: Path, path: str) -> list[str]:
 # --- registered benchmarks -------------------------------------------------------------------
 
 
-def check_benchmarks(spec: Any) -> None:
+def check_benchmarks(spec: AnySpec) -> None:
     """Registered names must exist now: an unknown one was accepted (201) and failed the job later."""
     from evaluator.benchmarks import UnknownBenchmark, find_benchmark, get_benchmark
 
     def refuse(pointer: str, title: str, detail: str) -> Problem:
         return Problem.at(pointer, detail, title)
 
-    dataset = getattr(spec, "dataset", None)
+    data = home(spec).data(spec)
+    dataset, heldout = data.dataset, data.heldout
     try:
         if dataset is not None and dataset.name is not None:
             pointer = "/dataset/name"
             find_benchmark(dataset.name, dataset.split)
-        elif spec.kind == "eval" and dataset is None:
+        elif data.benchmark is not None:
             pointer = "/benchmark"
-            get_benchmark(spec.benchmark)
-        heldout = getattr(spec, "eval", None)
+            get_benchmark(data.benchmark)
         if heldout is not None and heldout.benchmark is not None:
             pointer = "/eval/benchmark"
             get_benchmark(heldout.benchmark)

@@ -12,7 +12,8 @@ from sqlalchemy.orm import Session
 from api.admission import QuotaProblem, admit_spec, check_project_quota
 from api.dispatch import dispatch, new_task_id
 from api.problems import Problem
-from mathrl.specs import ID_PATTERN, split_job_ref
+from kinds import home
+from mathrl.specs import ID_PATTERN, AnySpec, split_job_ref
 from mathrl.specs.resolved import ResolvedConfig
 from service.settings import Settings
 from store.ids import uuid7
@@ -37,13 +38,14 @@ def check_job_refs(session: Session, project_id: str, refs: dict[str, str], pref
             raise Problem.at(pointer, msg, "Invalid request")
 
 
-def check_file_refs(session: Session, project_id: str, spec: Any, prefix: str = "") -> None:
+def check_file_refs(session: Session, project_id: str, spec: AnySpec, prefix: str = "") -> None:
     """A spec's uploaded files (`dataset.file`, `eval.file`) are the project's, or the submission is a
     422 at that field (the same answer for another project's file: it tells nothing)."""
     from store.models import File
 
-    for field in ("dataset", "eval"):
-        file_id = getattr(getattr(spec, field, None), "file", None)
+    data = home(spec).data(spec)
+    for field, ref in (("dataset", data.dataset), ("eval", data.heldout)):
+        file_id = ref.file if ref is not None else None
         if file_id is None:
             continue
         row = session.get(File, file_id)
@@ -71,7 +73,7 @@ def admit(specs: dict[str, Any], settings: Settings) -> dict[str, ResolvedConfig
     return configs
 
 
-def job_row(project_id: str, spec: Any, config: ResolvedConfig, start: bool = True, **fields: Any) -> Job:
+def job_row(project_id: str, spec: AnySpec, config: ResolvedConfig, start: bool = True, **fields: Any) -> Job:
     """A job's row from its admitted spec and resolved config. `start`: queued and given a
     task id now (else waiting, for a pipeline step with dependencies); `fields` add to or
     override what comes from the spec (name, tags, ids of a pipeline step)."""

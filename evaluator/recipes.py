@@ -17,7 +17,7 @@ from mathrl.errors import FieldError
 from mathrl.errors import UnknownRecipe as UnknownRecipe  # raised here; its callers import it from here
 from mathrl.recipe import Recipe, Shot
 from mathrl.registry import Registry
-from mathrl.specs import DEFAULT_MAX_NEW_TOKENS
+from mathrl.specs import DEFAULT_MAX_NEW_TOKENS, EvalSpec
 from mathrl.specs.resolved import ResolvedEval
 
 # the lm-eval-* entries reproduce lm-evaluation-harness 0.4.13 (docs/benchmarks.md: item for item)
@@ -121,7 +121,7 @@ def stored_recipe(config: ResolvedEval) -> ResolvedRecipe | None:
     return ResolvedRecipe(str(record["name"]), recipe, int(length or recipe.max_new_tokens or DEFAULT_MAX_NEW_TOKENS))
 
 
-def resolve_recipe(spec: Any) -> ResolvedRecipe:
+def resolve_recipe(spec: EvalSpec) -> ResolvedRecipe:
     """The recipe an eval spec runs with: `spec.recipe` (a name or inline), else its benchmark's
     default ('math-chat' for a user's file); the spec's `few_shot`, `system_prompt` and
     `sampling.max_new_tokens`, when given, override the recipe's. Raises UnknownRecipe, or

@@ -1,15 +1,16 @@
 """Each job kind's home on the server: one module per kind (kinds/<kind>.py), each a `Kind`
 (kinds/base.py) with every hook the rest of the server calls: `resolve` (its stored config),
 `admit` and `limits` (the API at submit), `memory` (its GPU memory plan), `needs` (what the worker
-gives it: its model, processes, GPUs, a vLLM server or warm engine) and `run` (in the job's
-process). A new kind is its spec in the SDK (mathrl/specs/<kind>.py, named in `AnySpec`), its home
-here, and one line in `HOMES`; tests/unit/kinds/test_homes.py fails when the two disagree or a home
-misses a hook."""
+gives it: its model, processes, GPUs, a vLLM server or warm engine), `data` (the dataset and
+held-out set it reads) and `run` (in the job's process). A new kind is its spec in the SDK
+(mathrl/specs/<kind>.py, named in `AnySpec`), its home here, and one line in `HOMES`;
+tests/unit/kinds/test_homes.py fails when the two disagree or a home misses a hook."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from kinds.base import Data as Data
 from kinds.base import JobRun as JobRun
 from kinds.base import Kind as Kind
 from kinds.base import Limit as Limit

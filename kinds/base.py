@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, TypeVar
 
-from mathrl.specs import JobBase
+from mathrl.specs import DatasetRef, HeldoutEval, JobBase
 from mathrl.specs.resolved import ResolvedConfig
 
 if TYPE_CHECKING:
@@ -46,7 +46,7 @@ class JobRun(Generic[S, C]):
 class Needs:
     """What a job needs from the worker that runs it."""
 
-    loads_model: bool = True  # its `model` is resolved to a local path before the runner starts
+    model: str | None  # the model resolved to a local path before the runner starts (None: it loads none)
     training: bool = False  # launched as training: accelerate (processes > 1), Ray Train past one node
     processes: int = 1  # processes on one node (accelerate launch; 1: the plain job process)
     world: int = 1  # training processes in all (Ray Train workers), less a vLLM server's GPUs
@@ -54,6 +54,18 @@ class Needs:
     vllm_server: bool = False  # the worker starts a vLLM server beside it (worker/vllm_server.py)
     engine_model: str | None = None  # the model a warm vLLM engine would serve it (None: it wants none)
     vllm_field: str | None = None  # the field that asks for vLLM by name: a worker without vLLM fails it at once
+
+
+@dataclass(frozen=True)
+class Data:
+    """The data a job reads, by the spec's field that names each: its questions (`dataset`, or a
+    registered `benchmark`) and its held-out set (`eval`). The API checks their sources, files and
+    benchmarks at submit, and the worker fetches or finds them, through this hook, not by asking
+    the spec which fields it has."""
+
+    dataset: DatasetRef | None = None
+    heldout: HeldoutEval | None = None  # the spec's `eval` field
+    benchmark: str | None = None  # a registered benchmark it reads instead of a dataset (`benchmark`)
 
 
 # the server's per-job limits (service.settings.LimitsSettings) a kind's values are held to
@@ -102,6 +114,10 @@ class Kind(ABC, Generic[S, C]):
     @abstractmethod
     def needs(self, spec: S) -> Needs:
         """What it needs from the worker: its model loaded, processes, GPUs, engines."""
+
+    @abstractmethod
+    def data(self, spec: S) -> Data:
+        """The data it reads (its `dataset` and held-out `eval`), or `Data()`: none."""
 
     @abstractmethod
     def run(self, run: JobRun[S, C]) -> None:

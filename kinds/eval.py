@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from kinds.base import JobRun, Kind, Limit, Needs
+from kinds.base import Data, JobRun, Kind, Limit, Needs
 from mathrl.backends import uses_vllm
 from mathrl.errors import FieldError, Refused
 from mathrl.specs import EvalSpec
@@ -51,7 +51,10 @@ class EvalKind(Kind[EvalSpec, ResolvedEval]):
 
     def needs(self, spec: EvalSpec) -> Needs:
         vllm = uses_vllm(spec.backend)
-        return Needs(engine_model=spec.model if vllm else None, vllm_field="backend" if vllm else None)
+        return Needs(spec.model, engine_model=spec.model if vllm else None, vllm_field="backend" if vllm else None)
+
+    def data(self, spec: EvalSpec) -> Data:
+        return Data(dataset=spec.dataset, benchmark=spec.benchmark if spec.dataset is None else None)
 
     def run(self, run: JobRun[EvalSpec, ResolvedEval]) -> None:
         from evaluator.backends.base import BackendOptions

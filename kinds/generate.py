@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from kinds.base import JobRun, Kind, Limit, Needs
+from kinds.base import Data, JobRun, Kind, Limit, Needs
 from mathrl.backends import names_vllm
 from mathrl.errors import NotAvailable
 from mathrl.specs import GenerateSpec
@@ -35,7 +35,10 @@ class GenerateKind(Kind[GenerateSpec, ResolvedConfig]):
     def needs(self, spec: GenerateSpec) -> Needs:
         vllm = names_vllm(spec.backend)
         engine = spec.model if vllm or spec.backend == "auto" else None
-        return Needs(engine_model=engine, vllm_field="backend" if vllm else None)
+        return Needs(spec.model, engine_model=engine, vllm_field="backend" if vllm else None)
+
+    def data(self, spec: GenerateSpec) -> Data:
+        return Data()
 
     def run(self, run: JobRun[GenerateSpec, ResolvedConfig]) -> None:
         from evaluator.chat import run_generate

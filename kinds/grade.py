@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from kinds.base import JobRun, Kind, Limit, Needs
+from kinds.base import Data, JobRun, Kind, Limit, Needs
 from mathrl.backends import names_vllm
 from mathrl.graders import LabelModelGrader, RewardModelGrader, ScoreModelGrader, parts
 from mathrl.specs import GradeSpec
@@ -42,7 +42,10 @@ class GradeKind(Kind[GradeSpec, ResolvedConfig]):
         vllm = names_vllm(spec.backend)
         wants = (vllm or spec.backend == "auto") and one
         engine = models.pop() if wants else None
-        return Needs(loads_model=False, engine_model=engine, vllm_field="backend" if vllm else None)
+        return Needs(None, engine_model=engine, vllm_field="backend" if vllm else None)
+
+    def data(self, spec: GradeSpec) -> Data:
+        return Data()
 
     def run(self, run: JobRun[GradeSpec, ResolvedConfig]) -> None:
         """Each item's score and reason as the job's samples."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from kinds.base import JobRun, Kind, Limit, LimitName, Needs
+from kinds.base import Data, JobRun, Kind, Limit, LimitName, Needs
 from mathrl.backends import names_vllm, uses_vllm
 from mathrl.specs import GRPOSpec
 from mathrl.specs.presets import resolve_grpo
@@ -61,6 +61,7 @@ class GRPOKind(Kind[GRPOSpec, ResolvedGRPO]):
     def needs(self, spec: GRPOSpec) -> Needs:
         processes = spec.training_processes  # in server mode: the GPUs its vLLM server does not take
         return Needs(
+            spec.model,
             training=True,
             processes=processes,
             world=spec.training_world,
@@ -68,6 +69,9 @@ class GRPOKind(Kind[GRPOSpec, ResolvedGRPO]):
             vllm_server=spec.generation.mode == "server",
             vllm_field="generation.backend" if names_vllm(spec.generation.backend) else None,
         )
+
+    def data(self, spec: GRPOSpec) -> Data:
+        return Data(dataset=spec.dataset, heldout=spec.eval)
 
     def run(self, run: JobRun[GRPOSpec, ResolvedGRPO]) -> None:
         from trainer.grpo import run_grpo

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from kinds.base import JobRun, Kind, Limit, LimitName, Needs
+from kinds.base import Data, JobRun, Kind, Limit, LimitName, Needs
 from mathrl.backends import uses_vllm
 from mathrl.specs import RewardModelSpec
 from mathrl.specs.resolved import ResolvedRewardModel
@@ -40,7 +40,11 @@ class RewardModelKind(Kind[RewardModelSpec, ResolvedRewardModel]):
     def needs(self, spec: RewardModelSpec) -> Needs:
         r = spec.resources
         vllm = "backend" if uses_vllm(spec.backend) else None
-        return Needs(training=True, processes=r.num_processes, world=r.num_processes * r.nodes, vllm_field=vllm)
+        world = r.num_processes * r.nodes
+        return Needs(spec.model, training=True, processes=r.num_processes, world=world, vllm_field=vllm)
+
+    def data(self, spec: RewardModelSpec) -> Data:
+        return Data(dataset=spec.dataset)
 
     def run(self, run: JobRun[RewardModelSpec, ResolvedRewardModel]) -> None:
         from evaluator.backends.base import BackendOptions

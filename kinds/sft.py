@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from kinds.base import JobRun, Kind, Limit, Needs
+from kinds.base import Data, JobRun, Kind, Limit, Needs
 from mathrl.specs import SFTSpec
 from mathrl.specs.base import knob_defaults
 from mathrl.specs.resolved import ResolvedSFT
@@ -48,7 +48,10 @@ class SFTKind(Kind[SFTSpec, ResolvedSFT]):
 
     def needs(self, spec: SFTSpec) -> Needs:
         r = spec.resources
-        return Needs(training=True, processes=r.num_processes, world=r.num_processes * r.nodes)
+        return Needs(spec.model, training=True, processes=r.num_processes, world=r.num_processes * r.nodes)
+
+    def data(self, spec: SFTSpec) -> Data:
+        return Data(dataset=spec.dataset, heldout=spec.eval)
 
     def run(self, run: JobRun[SFTSpec, ResolvedSFT]) -> None:
         from trainer.sft import run_sft

@@ -32,10 +32,10 @@ from typing import Any
 from kinds import JobRun, home
 from mathrl.errors import Cancelled, Drained, NotAvailable, StopRequested
 from mathrl.errors import MemoryRefused as MemoryRefused  # raised here; its callers import it from here
-from mathrl.specs import parse_spec
+from mathrl.specs import AnySpec, parse_spec
 from mathrl.specs.resolved import ResolvedConfig, resolved
 from runtime.processes import rank as rank_of_process
-from service.settings import get_settings
+from service.settings import Settings, get_settings
 from store.db import retry_transient, session_scope
 from store.models import Job
 from worker.attempt import AttemptDir, attempt_dir, job_dir
@@ -46,10 +46,10 @@ from worker.sink import DatabaseSink, Fence, LeaseLost, ReadOnlySink
 EXIT_OK, EXIT_ERROR, EXIT_STOPPED, EXIT_UNAVAILABLE, EXIT_LOST, EXIT_DRAINED = 0, 1, 2, 3, 4, 5
 
 
-def load_job(settings: Any, job_id: str) -> tuple[Any, str, ResolvedConfig]:
+def load_job(settings: Settings, job_id: str) -> tuple[AnySpec, str, ResolvedConfig]:
     """The job's spec, project and resolved config, read from the store."""
 
-    def load() -> tuple[Any, str, ResolvedConfig]:
+    def load() -> tuple[AnySpec, str, ResolvedConfig]:
         with session_scope(settings.database.url) as s:
             job = s.get(Job, job_id)
             if job is None:
@@ -59,7 +59,7 @@ def load_job(settings: Any, job_id: str) -> tuple[Any, str, ResolvedConfig]:
     return retry_transient(load, f"job {job_id}: loading")
 
 
-def model_resolver(settings: Any, job_id: str, project_id: str) -> Callable[[str], tuple[str, str | None]]:
+def model_resolver(settings: Settings, job_id: str, project_id: str) -> Callable[[str], tuple[str, str | None]]:
     """Model ref -> (path or hub id, checkpoint label): 'job:' refs through the store, 'tiny:' built."""
 
     def resolve(ref: str) -> tuple[str, str | None]:
@@ -86,7 +86,8 @@ def run(job_id: str, owner: str, attempt: int) -> int:
     _check_available(spec)
     work = attempt_dir(settings.artifact_dir, job_id, attempt)
     spec = _fetch_dataset(spec, settings, work, project_id)
-    model_path, checkpoint = resolve(spec.model) if home(spec).needs(spec).loads_model else ("", None)
+    model = home(spec).needs(spec).model
+    model_path, checkpoint = resolve(model) if model is not None else ("", None)
     sink_class = DatabaseSink if is_main() else ReadOnlySink
     sink = sink_class(
         url,
@@ -130,7 +131,7 @@ def _run_kind(run: JobRun[Any, Any]) -> int:
     return EXIT_OK
 
 
-def _file_path(settings: Any, project_id: str, field: str, file_id: str) -> str:
+def _file_path(settings: Settings, project_id: str, field: str, file_id: str) -> str:
     """Where an uploaded file of the job's project is (its row's path), or a ValueError naming the field."""
     from store.models import File
 
@@ -142,29 +143,30 @@ def _file_path(settings: Any, project_id: str, field: str, file_id: str) -> str:
     return str(path)
 
 
-def _fetch_dataset(spec: Any, settings: Any, work: Path, project_id: str) -> Any:
+def _fetch_dataset(spec: AnySpec, settings: Settings, work: Path, project_id: str) -> AnySpec:
     """A dataset URL is fetched here, checked again now (service.sources.fetch_url: the prefix,
     the host's addresses as DNS answers now, and every redirect), and the job reads the copy.
     An uploaded file ('file-...') is read where the API stored it, if the job's project owns it."""
-    heldout = getattr(spec, "eval", None)
+    data = home(spec).data(spec)
+    heldout, dataset = data.heldout, data.dataset
     if heldout is not None and heldout.file is not None:  # read by the job where the API stored it
-        resolved = heldout.model_copy()
-        resolved._path = _file_path(settings, project_id, "eval", heldout.file)
-        spec = spec.model_copy(update={"eval": resolved})
-    dataset = getattr(spec, "dataset", None)
+        copy = heldout.model_copy()
+        copy._path = _file_path(settings, project_id, "eval", heldout.file)
+        spec = spec.model_copy(update={"eval": copy})
     if dataset is not None and dataset.file is not None:
         path = _file_path(settings, project_id, "dataset", dataset.file)
         return spec.model_copy(update={"dataset": dataset.model_copy(update={"path": path})})
-    if dataset is None or not (dataset.path or "").lower().startswith(("http://", "https://")):
+    url = dataset.path or "" if dataset is not None else ""
+    if dataset is None or not url.lower().startswith(("http://", "https://")):
         return spec
     from service.sources import fetch_url
 
     rank = rank_of_process()
-    local = fetch_url(dataset.path, settings.sources.allowed_url_prefixes, work / "data" / f"rank-{rank}")
+    local = fetch_url(url, settings.sources.allowed_url_prefixes, work / "data" / f"rank-{rank}")
     return spec.model_copy(update={"dataset": dataset.model_copy(update={"path": str(local)})})
 
 
-def _check_available(spec: Any) -> None:
+def _check_available(spec: AnySpec) -> None:
     """Fail fast, with the reason, when this worker lacks what the job needs."""
     import importlib.util
 
@@ -190,7 +192,7 @@ def _check_available(spec: Any) -> None:
             raise NotAvailable(f"the job asks for {spec.resources.gpus} GPU(s); this worker has {have}")
 
 
-def _check_memory(spec: Any, config: ResolvedConfig, model_path: str, settings: Any, sink: Any) -> None:
+def _check_memory(spec: AnySpec, config: ResolvedConfig, model_path: str, settings: Settings, sink: Any) -> None:
     """The memory plan of a job on GPUs whose kind has one (trainer/memory_plan.py), the same check the API
     makes at submit, for what only the worker can see: a hub id's config.json (fetched alone, into
     the cache the model loads from next) or another job's model once it is saved. The GPU's memory
@@ -208,7 +210,8 @@ def _check_memory(spec: Any, config: ResolvedConfig, model_path: str, settings: 
     gpu_gib = settings.memory.for_queue(spec.resources.queue) or _visible_gpu_gib()
     model_config = _model_config(model_path)
     if model_config is None:
-        sink.event("memory_plan", f"memory plan not checked: no config.json for {spec.model}", "warning")
+        model = home(spec).needs(spec).model
+        sink.event("memory_plan", f"memory plan not checked: no config.json for {model}", "warning")
         return
     try:
         plan, refusal = check_job(training, model_config, gpu_gib)
@@ -292,7 +295,7 @@ def run_rank(job_id: str, owner: str, attempt: int) -> int:
     return code
 
 
-def _main(job_id: str, owner: str, attempt: int, settings: Any, err_file: Path) -> int:
+def _main(job_id: str, owner: str, attempt: int, settings: Settings, err_file: Path) -> int:
     err_file.unlink(missing_ok=True)
     try:
         return run(job_id, owner, attempt)

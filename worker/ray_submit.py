@@ -88,7 +88,7 @@ class RayJob:
     def __init__(
         self,
         settings: Settings,
-        spec: Any,
+        spec: AnySpec,
         job_id: str,
         owner: str,
         attempt: int,

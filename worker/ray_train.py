@@ -40,6 +40,7 @@ import threading
 import time
 from typing import Any
 
+from mathrl.specs import GRPOSpec
 from mathrl.specs.resolved import ResolvedGRPO
 from worker.attempt import AttemptDir
 
@@ -211,6 +212,8 @@ def _start_server(settings: Any, job_id: str, out: Any) -> tuple[Any, dict[str, 
     if DATABASE_ENV not in os.environ:  # the driver reads the job's spec and model from the store
         raise RuntimeError(no_database(socket.gethostname()))
     spec, project_id, config = load_job(settings, job_id)
+    if not isinstance(spec, GRPOSpec):  # only GRPO's server mode starts one (its home's `needs`)
+        raise RuntimeError(f"job {job_id} is a {spec.kind} job: only GRPO jobs get a vLLM server")
     model_path, _ = model_resolver(settings, job_id, project_id)(spec.model)
     actor, info = ray_vllm.start(
         spec, config.of(ResolvedGRPO), model_path, out / "vllm-server.log", settings.ray.server_cpus

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from kinds import HOMES, Kind, Needs, home, resolve_config, training_of
+from kinds import HOMES, Data, Kind, Needs, home, resolve_config, training_of
 from mathrl.specs import JOB_KINDS, KINDS, parse_spec
 from mathrl.specs.resolved import RESOLVED, ResolvedConfig
 
@@ -44,22 +44,40 @@ def test_what_each_kind_needs_from_the_worker() -> None:
         parsed = parse_spec(spec)
         return home(parsed).needs(parsed)
 
-    assert needs({**GRPO, "resources": {"gpus": 4}}) == Needs(training=True, processes=4, world=4)
+    assert needs({**GRPO, "resources": {"gpus": 4}}) == Needs(GRPO["model"], training=True, processes=4, world=4)
     server = needs(
         {**GRPO, "resources": {"gpus": 4}, "generation": {"backend": "vllm", "mode": "server"}, "deepspeed_zero3": True}
     )
     assert (server.processes, server.world, server.vllm_server, server.deepspeed) == (3, 3, True, True)
     assert server.vllm_field == "generation.backend"
-    assert needs({"kind": "eval", "model": "org/m"}) == Needs()
+    assert needs({"kind": "eval", "model": "org/m"}) == Needs("org/m")
     assert needs({"kind": "eval", "model": "org/m", "backend": "vllm"}) == Needs(
-        engine_model="org/m", vllm_field="backend"
+        "org/m", engine_model="org/m", vllm_field="backend"
     )
     assert needs({"kind": "generate", "model": "org/m", "prompt": "2+2=", "backend": "auto"}).engine_model == "org/m"
     sft = needs({"kind": "sft", "model": "/m", "dataset": {"name": "math-train"}, "resources": {"processes": 2}})
-    assert sft == Needs(training=True, processes=2, world=2)
+    assert sft == Needs("/m", training=True, processes=2, world=2)
     judge = {"type": "score_model", "name": "j", "model": "org/judge", "input": [{"role": "user", "content": "x"}]}
     grade = {"kind": "grade", "grader": judge, "items": [{"completion": "4", "answer": "4"}], "backend": "auto"}
-    assert needs(grade) == Needs(loads_model=False, engine_model="org/judge")
+    assert needs(grade) == Needs(None, engine_model="org/judge")
+
+
+def test_the_data_each_kind_reads() -> None:
+    def data(spec: dict[str, Any]) -> Data:
+        parsed = parse_spec(spec)
+        return home(parsed).data(parsed)
+
+    heldout = {"benchmark": "gsm8k", "every": 2}
+    grpo = data({**GRPO, "eval": heldout})
+    assert (grpo.dataset.name if grpo.dataset else None, grpo.heldout is not None, grpo.benchmark) == (
+        "math-train",
+        True,
+        None,
+    )
+    assert data({"kind": "eval", "model": "org/m", "benchmark": "math500"}) == Data(benchmark="math500")
+    user_set = data({"kind": "eval", "model": "org/m", "dataset": {"path": "/d/q.jsonl"}})
+    assert user_set.benchmark is None and user_set.dataset is not None and user_set.dataset.path == "/d/q.jsonl"
+    assert data({"kind": "generate", "model": "org/m", "prompt": "2+2="}) == Data()
 
 
 def test_only_kinds_that_train_on_gpus_have_a_memory_plan() -> None:
