@@ -1,0 +1,133 @@
+"""A training session's primitives (trainer/session.py) on the tiny model: the loss goes down over
+forward_backward + optim_step calls, the losses are Tinker's formulas, gradients accumulate until
+the step, and a saved state resumes to the same next loss, bit for bit."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from mathrl.errors import UnknownName
+from trainer.session import AdamParams, Datum, LoraOptions, TrainingSession
+from trainer.session_losses import LOSSES
+
+pytestmark = pytest.mark.slow  # the tiny model, trained
+
+LORA = LoraOptions(rank=8, seed=0)
+ADAM = AdamParams(learning_rate=1e-2)
+
+
+def sft_datum(session: TrainingSession, prompt: str, answer: str) -> Datum:
+    """Tinker's supervised datum: the sequence shifted by one, weight 1 on the answer's tokens."""
+    tok = session.tokenizer
+    p, a = tok.encode(prompt, add_special_tokens=False), tok.encode(answer, add_special_tokens=False)
+    tokens = p + a + [tok.eos_token_id]
+    weights = [0.0] * (len(p) - 1) + [1.0] * (len(a) + 1)
+    return Datum(tokens[:-1], {"target_tokens": tokens[1:], "weights": weights})
+
+
+@pytest.fixture(scope="module")
+def session(tiny_model: str) -> TrainingSession:
+    return TrainingSession(tiny_model, LORA)
+
+
+def test_the_loss_goes_down_over_twenty_steps(tiny_model: str) -> None:
+    s = TrainingSession(tiny_model, LORA)
+    data = [sft_datum(s, f"{a}+{b}=", str(a + b)) for a, b in [(1, 2), (3, 4), (5, 1), (2, 2)]]
+    losses = []
+    for _ in range(20):
+        out = s.forward_backward(data, "cross_entropy")
+        losses.append(out.metrics["loss:sum"])
+        s.optim_step(ADAM)
+    assert losses[-1] < 0.5 * losses[0], losses
+    assert [len(lp) for lp in out.logprobs] == [len(d.tokens) for d in data]
+    # the loss is the weighted sum of the returned log-probabilities
+    pairs = [zip(lps, d.inputs["weights"], strict=True) for d, lps in zip(data, out.logprobs, strict=True)]
+    manual = -sum(lp * w for pair in pairs for lp, w in pair)
+    assert math.isclose(out.metrics["loss:sum"], manual, rel_tol=1e-5)
+
+
+def test_forward_only_leaves_no_gradient_and_forward_backward_accumulates(session: TrainingSession) -> None:
+    datum = sft_datum(session, "2+2=", "4")
+    before = session.forward_backward([datum], "cross_entropy", forward_only=True)
+    assert all(p.grad is None for p in session.params)
+    once = session.forward_backward([datum], "cross_entropy")
+    assert once.metrics == before.metrics and once.logprobs == before.logprobs
+    first = [p.grad.clone() for p in session.params]  # type: ignore[union-attr]
+    session.forward_backward([datum], "cross_entropy")
+    for g, p in zip(first, session.params, strict=True):
+        assert torch.allclose(p.grad, 2 * g, atol=1e-6)  # type: ignore[arg-type]
+    session.optimizer.zero_grad(set_to_none=True)
+
+
+def test_the_rl_losses_are_tinkers_formulas(session: TrainingSession) -> None:
+    lp = torch.tensor([-1.0, -2.0, -0.5])
+    sampled = torch.tensor([-1.2, -1.0, -0.5])
+    adv = torch.tensor([1.0, -1.0, 2.0])
+    inputs = {"logprobs": sampled, "advantages": adv}
+    ratio = torch.exp(lp - sampled)
+    assert torch.isclose(LOSSES["importance_sampling"](lp, inputs, {}), -(ratio * adv).sum())
+    clipped = -torch.minimum(ratio * adv, ratio.clamp(0.8, 1.2) * adv).sum()
+    assert torch.isclose(LOSSES["ppo"](lp, inputs, {}), clipped)
+    wide = -(ratio * adv).sum()  # a clip range wide enough to clip nothing
+    assert torch.isclose(LOSSES["ppo"](lp, inputs, {"clip_low_threshold": 0.0, "clip_high_threshold": 10.0}), wide)
+    assert torch.isclose(LOSSES["dro"](lp, inputs, {"beta": 0.5}), -(lp * adv - 0.25 * (lp - sampled) ** 2).sum())
+    with pytest.raises(ValueError, match="beta"):
+        LOSSES["dro"](lp, inputs, {})
+    with pytest.raises(UnknownName, match="Did you mean 'ppo'"):
+        LOSSES["ppp"]
+
+
+def test_importance_sampling_raises_the_likelihood_of_an_advantaged_completion(tiny_model: str) -> None:
+    s = TrainingSession(tiny_model, LORA)
+    datum = sft_datum(s, "7+1=", "8")
+    weights = datum.inputs["weights"]
+    sampled = s.forward_backward([datum], "cross_entropy", forward_only=True).logprobs[0]
+    targets = datum.inputs["target_tokens"]
+    rl = Datum(datum.tokens, {"target_tokens": targets, "logprobs": sampled, "advantages": weights})
+    before = -s.forward_backward([datum], "cross_entropy", forward_only=True).metrics["loss:sum"]
+    s.forward_backward([rl], "importance_sampling")
+    s.optim_step(ADAM)
+    after = -s.forward_backward([datum], "cross_entropy", forward_only=True).metrics["loss:sum"]
+    assert after > before
+
+
+def test_a_saved_state_resumes_to_the_same_next_loss_bit_for_bit(tiny_model: str, tmp_path: Path) -> None:
+    def steps(s: TrainingSession, n: int, data: list[Datum]) -> list[float]:
+        out = []
+        for _ in range(n):
+            out.append(s.forward_backward(data, "cross_entropy").metrics["loss:sum"])
+            s.optim_step(ADAM)
+        return out
+
+    a = TrainingSession(tiny_model, LORA)
+    data = [sft_datum(a, "3+5=", "8"), sft_datum(a, "6+1=", "7")]
+    steps(a, 3, data)
+    a.save(tmp_path / "state")
+    a.save(tmp_path / "weights-only", optimizer=False)
+    straight = steps(a, 2, data)
+
+    b = TrainingSession(tiny_model, LoraOptions(rank=8, seed=1))  # another start: the load replaces it
+    b.load(tmp_path / "state", optimizer=True)
+    assert steps(b, 2, data) == straight  # the same floats, not close ones
+    c = TrainingSession(tiny_model, LoraOptions(rank=8, seed=1))
+    c.load(tmp_path / "weights-only", optimizer=False)
+    first = c.forward_backward(data, "cross_entropy", forward_only=True).metrics["loss:sum"]
+    assert first == straight[0]  # the same weights; a fresh optimizer steps differently after
+    with pytest.raises(ValueError, match="without its optimizer state"):
+        c.load(tmp_path / "weights-only", optimizer=True)
+    with pytest.raises(ValueError, match="rank 8"):
+        TrainingSession(tiny_model, LoraOptions(rank=4)).load(tmp_path / "state", optimizer=False)
+
+
+def test_bad_data_names_the_field(session: TrainingSession) -> None:
+    needs = r"data\[0\].loss_fn_inputs: importance_sampling needs \['logprobs', 'advantages'\]"
+    with pytest.raises(ValueError, match=needs):
+        session.forward_backward([Datum([1, 2], {"target_tokens": [2, 3]})], "importance_sampling")
+    with pytest.raises(ValueError, match=r"data\[0\].loss_fn_inputs.weights: 1 values for 2 tokens"):
+        session.forward_backward([Datum([1, 2], {"target_tokens": [2, 3], "weights": [1.0]})], "cross_entropy")
+    with pytest.raises(ValueError, match="no linear module"):
+        TrainingSession(session.model_path, LoraOptions(train_attn=False, train_mlp=False, train_unembed=False))

@@ -1,0 +1,231 @@
+"""A training session's model, held in memory between a client's calls (Tinker's primitives): a
+base model with a LoRA adapter and an AdamW optimizer.
+
+- `forward_backward(data, loss_fn)` adds the gradients of one of trainer/session_losses.py's losses
+  to what earlier calls left (gradients accumulate until the next `optim_step`) and returns each
+  datum's log-probabilities of its target tokens and the summed loss (`loss:sum`);
+  `forward_backward(..., forward_only=True)` computes the same without gradients (Tinker's `forward`).
+- `optim_step(adam)` applies the accumulated gradients with the call's Adam parameters
+  (`torch.optim.AdamW`: decoupled weight decay; `grad_clip_norm` 0 clips nothing) and clears them.
+- `save(dir, optimizer=True)` writes the adapter (peft's adapter directory: what vLLM and
+  transformers load for sampling) and, for a state to resume from, the optimizer's state;
+  `load(dir, optimizer=...)` reads them back, so a session that stops and resumes takes the same
+  next step, bit for bit on a CPU.
+
+A datum is a token sequence and its loss inputs, each aligned with the tokens: position i of
+`tokens` predicts `target_tokens[i]` (the next token), as in Tinker's `Datum`."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trainer.session_losses import LOSSES, NEEDS
+
+ADAPTER_CONFIG = "adapter_config.json"
+OPTIMIZER_FILE = "optimizer.pt"
+SESSION_FILE = "session.json"
+LORA_ALPHA = 32  # fixed, as Tinker's: a rank change does not rescale the adapter's output
+# module names by what Tinker's flags train (train_attn, train_mlp, train_unembed)
+ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj", "c_attn", "c_proj", "query", "key", "value", "dense")
+MLP = ("gate_proj", "up_proj", "down_proj", "gate_up_proj", "fc1", "fc2", "c_fc", "w1", "w2", "w3")
+UNEMBED = ("lm_head",)
+
+
+@dataclass(frozen=True)
+class LoraOptions:
+    """The adapter a session trains (Tinker's `create_lora_training_client` arguments)."""
+
+    rank: int = 32
+    seed: int | None = None
+    train_attn: bool = True
+    train_mlp: bool = True
+    train_unembed: bool = True
+
+
+@dataclass(frozen=True)
+class AdamParams:
+    """One `optim_step`'s parameters (Tinker's `AdamParams`)."""
+
+    learning_rate: float = 1e-4
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-12
+    weight_decay: float = 0.0
+    grad_clip_norm: float = 0.0
+
+
+@dataclass(frozen=True)
+class Datum:
+    """Tokens and their loss inputs (`target_tokens`, `weights`, `logprobs`, `advantages`, ...),
+    each a list (or nested list) aligned with `tokens`."""
+
+    tokens: Sequence[int]
+    inputs: Mapping[str, Any]
+
+
+@dataclass
+class ForwardResult:
+    logprobs: list[list[float]]  # per datum, the model's log-probability of each target token
+    metrics: dict[str, float] = field(default_factory=dict)  # Tinker's 'name:reduction' keys
+
+
+def target_modules(model: Any, lora: LoraOptions) -> list[str]:
+    """The linear modules' names the flags select, as the model names them; ValueError when none."""
+    import torch
+
+    wanted = {
+        *(ATTENTION if lora.train_attn else ()),
+        *(MLP if lora.train_mlp else ()),
+        *(UNEMBED if lora.train_unembed else ()),
+    }
+    names = {name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    chosen = sorted(names & wanted)
+    if not chosen:
+        flags = "train_attn/train_mlp/train_unembed"
+        raise ValueError(f"no linear module of this model matches {flags} (its linear modules: {sorted(names)})")
+    return chosen
+
+
+class TrainingSession:
+    """A LoRA adapter on a base model, its optimizer and its accumulated gradients."""
+
+    def __init__(self, model_path: str, lora: LoraOptions, dtype: str = "auto", device: str | None = None) -> None:
+        import torch
+        from peft import LoraConfig, get_peft_model
+
+        from evaluator.models import load_model, load_tokenizer
+
+        self.model_path, self.lora = model_path, lora
+        base = load_model(model_path, dtype, device)
+        self.tokenizer = load_tokenizer(model_path)
+        if lora.seed is not None:
+            torch.manual_seed(lora.seed)
+        config = LoraConfig(
+            r=lora.rank,
+            lora_alpha=LORA_ALPHA,
+            lora_dropout=0.0,  # no randomness in a step: a resumed session takes the same step
+            target_modules=target_modules(base, lora),
+            task_type="CAUSAL_LM",
+        )
+        self.model: Any = get_peft_model(base, config)
+        self.model.train()
+        self.device = next(self.model.parameters()).device
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.params, lr=AdamParams().learning_rate, fused=False, foreach=False)
+        self.steps = 0  # optim_steps taken
+
+    # --- the primitives -------------------------------------------------------------------
+
+    def forward_backward(
+        self,
+        data: Sequence[Datum],
+        loss_fn: str,
+        config: Mapping[str, float] | None = None,
+        forward_only: bool = False,
+    ) -> ForwardResult:
+        """Each datum's target log-probabilities and the summed loss; with `forward_only` false,
+        the loss's gradients are added to the accumulated ones."""
+        import torch
+
+        loss_of = LOSSES[loss_fn]
+        config = dict(config or {})
+        if not data:
+            raise ValueError("data: give at least one datum")
+        inputs = [self._inputs(i, d, loss_fn) for i, d in enumerate(data)]
+        width = max(len(d.tokens) for d in data)
+        ids = torch.zeros((len(data), width), dtype=torch.long, device=self.device)
+        mask = torch.zeros((len(data), width), dtype=torch.long, device=self.device)
+        for i, d in enumerate(data):
+            ids[i, : len(d.tokens)] = torch.tensor(list(d.tokens), dtype=torch.long)
+            mask[i, : len(d.tokens)] = 1
+        with torch.set_grad_enabled(not forward_only):
+            logits = self.model(input_ids=ids, attention_mask=mask).logits.float()
+            logp = torch.log_softmax(logits, dim=-1)
+            total = torch.zeros((), device=self.device)
+            per_datum: list[list[float]] = []
+            for i, (d, given) in enumerate(zip(data, inputs, strict=True)):
+                n = len(d.tokens)
+                targets = given.pop("target_tokens")
+                lp = logp[i, :n].gather(-1, targets.view(n, -1)).view(targets.shape)
+                total = total + loss_of(lp, given, config)
+                per_datum.append(lp.detach().cpu().tolist())
+            if not forward_only:
+                total.backward()  # type: ignore[no-untyped-call]
+        return ForwardResult(per_datum, {"loss:sum": float(total.detach())})
+
+    def optim_step(self, adam: AdamParams) -> dict[str, float]:
+        """Apply the accumulated gradients with these Adam parameters, then clear them."""
+        import torch
+
+        for group in self.optimizer.param_groups:
+            group.update(
+                lr=adam.learning_rate, betas=(adam.beta1, adam.beta2), eps=adam.eps, weight_decay=adam.weight_decay
+            )
+        clip = adam.grad_clip_norm if adam.grad_clip_norm > 0 else math.inf  # inf: the norm, nothing clipped
+        norm = float(torch.nn.utils.clip_grad_norm_(self.params, clip))
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.steps += 1
+        return {"grad_norm:mean": norm, "learning_rate:mean": adam.learning_rate}
+
+    def save(self, directory: Path, optimizer: bool = True) -> Path:
+        """The adapter (and, for a state to resume from, the optimizer) in `directory`."""
+        import torch
+
+        directory.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(str(directory))
+        self.tokenizer.save_pretrained(str(directory))
+        record = {"base_model": self.model_path, "lora": asdict(self.lora), "steps": self.steps, "optimizer": optimizer}
+        (directory / SESSION_FILE).write_text(json.dumps(record, indent=2))
+        if optimizer:
+            torch.save(self.optimizer.state_dict(), directory / OPTIMIZER_FILE)
+        return directory
+
+    def load(self, directory: Path, optimizer: bool) -> None:
+        """The adapter saved in `directory` (and its optimizer state, when asked); ValueError
+        when it is not a saved state of this base model and rank, or has no optimizer state."""
+        import torch
+        from peft.utils import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        record = json.loads((directory / SESSION_FILE).read_text()) if (directory / SESSION_FILE).exists() else None
+        if record is None:
+            raise ValueError(f"{directory.name}: not a saved session state (no {SESSION_FILE})")
+        if record["lora"]["rank"] != self.lora.rank:
+            saved = record["lora"]["rank"]
+            raise ValueError(f"{directory.name}: saved with LoRA rank {saved}, this session's is {self.lora.rank}")
+        weights = load_file(str(directory / "adapter_model.safetensors"), device=str(self.device))
+        set_peft_model_state_dict(self.model, weights)
+        if optimizer:
+            if not (directory / OPTIMIZER_FILE).exists():
+                raise ValueError(f"{directory.name}: saved without its optimizer state: load it without the optimizer")
+            self.optimizer.load_state_dict(torch.load(directory / OPTIMIZER_FILE, weights_only=True))
+            self.steps = int(record["steps"])
+        self.optimizer.zero_grad(set_to_none=True)
+
+    # --- inputs ----------------------------------------------------------------------------
+
+    def _inputs(self, index: int, datum: Datum, loss_fn: str) -> dict[str, Any]:
+        import torch
+
+        n = len(datum.tokens)
+        if n == 0:
+            raise ValueError(f"data[{index}].model_input: no tokens")
+        missing = [k for k in ("target_tokens", *NEEDS.get(loss_fn, ())) if k not in datum.inputs]
+        if missing:
+            raise ValueError(f"data[{index}].loss_fn_inputs: {loss_fn} needs {missing}")
+        out: dict[str, Any] = {}
+        for key, value in datum.inputs.items():
+            dtype = torch.long if key == "target_tokens" else torch.float32
+            tensor = torch.as_tensor(value, dtype=dtype, device=self.device)
+            if tensor.shape[0] != n:
+                raise ValueError(
+                    f"data[{index}].loss_fn_inputs.{key}: {tensor.shape[0]} values for {n} tokens (one per token)"
+                )
+            out[key] = tensor
+        return out

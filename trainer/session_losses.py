@@ -1,0 +1,89 @@
+"""The losses a training session's `forward_backward` computes, by the names Tinker's SDK gives
+them (`loss_fn`). Each takes one datum's learner log-probabilities of its target tokens and that
+datum's inputs (`loss_fn_inputs`, aligned with the tokens) and returns the datum's loss, summed
+over its tokens (Tinker's convention: token losses are summed, never averaged; a user who wants a
+mean scales `weights` or `advantages`).
+
+- `cross_entropy`: `-(logprobs * weights).sum()`
+- `importance_sampling`: `r = exp(logprobs - sampling_logprobs)`, `-(r * advantages).sum()`
+- `ppo`: `-min(r * A, clip(r, low, high) * A).sum()`, `low`/`high` per token from the datum's
+  inputs or the config (`clip_low_threshold`, `clip_high_threshold`: 0.8 and 1.2 when unset)
+- `cispo`: `-(clip(r, low, high).detach() * logprobs * A).sum()`
+- `dro`: `-(logprobs * A - beta / 2 * (logprobs - sampling_logprobs) ** 2).sum()` (`beta` from the config)
+
+`sampling_logprobs` is the datum's `logprobs` input: what the sampler gave each token."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
+
+from mathrl.registry import Registry
+
+if TYPE_CHECKING:
+    import torch
+
+Inputs = Mapping[str, "torch.Tensor"]  # a datum's loss inputs, one value per token
+Config = Mapping[str, float]  # the call's loss_fn_config
+LossFn = Callable[["torch.Tensor", Inputs, Config], "torch.Tensor"]
+LOSSES: Registry[LossFn] = Registry("loss function")
+# what each loss reads from a datum's inputs besides `target_tokens`
+NEEDS: dict[str, tuple[str, ...]] = {
+    "cross_entropy": ("weights",),
+    "importance_sampling": ("logprobs", "advantages"),
+    "ppo": ("logprobs", "advantages"),
+    "cispo": ("logprobs", "advantages"),
+    "dro": ("logprobs", "advantages"),
+}
+CLIP_LOW, CLIP_HIGH = 0.8, 1.2  # Tinker's ppo and cispo defaults
+
+
+def _ratio(logprobs: torch.Tensor, inputs: Inputs) -> torch.Tensor:
+    import torch
+
+    return torch.exp(logprobs - inputs["logprobs"])
+
+
+def _clip(inputs: Inputs, config: Config) -> tuple[torch.Tensor, torch.Tensor]:
+    """The clip range per token: the datum's own `clip_*_threshold` inputs, else the config's, else Tinker's."""
+    import torch
+
+    def bound(name: str, default: float) -> torch.Tensor:
+        given = inputs.get(name)
+        return given if given is not None else torch.tensor(float(config.get(name, default)))
+
+    return bound("clip_low_threshold", CLIP_LOW), bound("clip_high_threshold", CLIP_HIGH)
+
+
+@LOSSES.register("cross_entropy")
+def cross_entropy(logprobs: torch.Tensor, inputs: Inputs, config: Config) -> torch.Tensor:
+    return -(logprobs * inputs["weights"]).sum()
+
+
+@LOSSES.register("importance_sampling")
+def importance_sampling(logprobs: torch.Tensor, inputs: Inputs, config: Config) -> torch.Tensor:
+    return -(_ratio(logprobs, inputs) * inputs["advantages"]).sum()
+
+
+@LOSSES.register("ppo")
+def ppo(logprobs: torch.Tensor, inputs: Inputs, config: Config) -> torch.Tensor:
+    import torch
+
+    ratio, advantages = _ratio(logprobs, inputs), inputs["advantages"]
+    low, high = _clip(inputs, config)
+    return -torch.minimum(ratio * advantages, ratio.clamp(low, high) * advantages).sum()
+
+
+@LOSSES.register("cispo")
+def cispo(logprobs: torch.Tensor, inputs: Inputs, config: Config) -> torch.Tensor:
+    low, high = _clip(inputs, config)
+    return -(_ratio(logprobs, inputs).clamp(low, high).detach() * logprobs * inputs["advantages"]).sum()
+
+
+@LOSSES.register("dro")
+def dro(logprobs: torch.Tensor, inputs: Inputs, config: Config) -> torch.Tensor:
+    if "beta" not in config:
+        raise ValueError("loss_fn_config.beta: the dro loss needs beta (the weight of its quadratic penalty)")
+    beta = float(config["beta"])
+    advantages, sampled = inputs["advantages"], inputs["logprobs"]
+    return -(logprobs * advantages - 0.5 * beta * (logprobs - sampled) ** 2).sum()
