@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from kinds import home
 from mathrl.specs import parse_spec
 from mathrl.specs.resolved import ResolvedConfig, ResolvedGRPO, resolved
 from service.settings import Settings
@@ -33,7 +34,7 @@ from worker.launch import (
 from worker.record import event, record_end
 from worker.tracking import start_mirror
 from worker.vllm_server import lora_rank, needs_server, start_server
-from worker.warm_engine import ENGINE_ADAPTER_ENV, ENGINE_URL_ENV, engine_model, wants_warm_engine
+from worker.warm_engine import ENGINE_ADAPTER_ENV, ENGINE_URL_ENV, wants_warm_engine
 from worker.watch import shutting_down, watch
 
 log = logging.getLogger("mathrl.worker")
@@ -200,7 +201,7 @@ def _warm_engine(
     """This worker's warm vLLM engine for the job's model, started if there is none, and the LoRA
     adapter to load into it: a LoRA checkpoint's engine is its base model's, with LoRA on, and the
     job process loads the adapter (ENGINE_ADAPTER_ENV). None: the base's engine is busy without LoRA."""
-    model = engine_model(spec)
+    model = home(spec).needs(spec).engine_model
     assert model is not None  # wants_warm_engine checked that it has one
     model_path, _ = model_resolver(settings, job_id, project_id)(model)  # as the job's process does
     adapter = warm_engine.adapter_of(model_path)

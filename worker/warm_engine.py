@@ -106,20 +106,14 @@ _lock = threading.Lock()
 _engines: dict[tuple[str, str, str], WarmEngine] = {}
 
 
-def engine_model(spec: AnySpec) -> str | None:
-    """The model a job's warm engine would serve (its kind's needs, kinds/<kind>.py), or None: it
-    wants none (another backend, a kind that generates nothing, a grader with several models)."""
-    from kinds import home
-
-    return home(spec).needs(spec).engine_model
-
-
 def wants_warm_engine(spec: AnySpec, settings: Settings) -> bool:
-    """A job that wants a warm engine, warm engines on, and vLLM installed here (else the job
-    process says it is missing)."""
+    """A job that wants a warm engine (its kind's needs, kinds/<kind>.py: the model the engine
+    would serve), warm engines on, and vLLM installed here (else the job process says it is missing)."""
     import importlib.util
 
-    if engine_model(spec) is None:
+    from kinds import home
+
+    if home(spec).needs(spec).engine_model is None:
         return False
     if settings.worker.warm_engines <= 0:
         return False
