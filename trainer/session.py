@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainer.session_losses import LOSSES, NEEDS
+from trainer.session_losses import LOSSES
 
 ADAPTER_CONFIG = "adapter_config.json"
 OPTIMIZER_FILE = "optimizer.pt"
@@ -188,14 +188,15 @@ class TrainingSession:
 
     def load(self, directory: Path, optimizer: bool) -> None:
         """The adapter saved in `directory` (and its optimizer state, when asked); ValueError
-        when it is not a saved state of this base model and rank, or has no optimizer state."""
+        when it is not a saved session state, has another LoRA rank, or has no optimizer state
+        when one is asked for."""
         import torch
         from peft.utils import set_peft_model_state_dict
         from safetensors.torch import load_file
 
-        record = json.loads((directory / SESSION_FILE).read_text()) if (directory / SESSION_FILE).exists() else None
-        if record is None:
+        if not (directory / SESSION_FILE).exists():
             raise ValueError(f"{directory.name}: not a saved session state (no {SESSION_FILE})")
+        record = json.loads((directory / SESSION_FILE).read_text())
         if record["lora"]["rank"] != self.lora.rank:
             saved = record["lora"]["rank"]
             raise ValueError(f"{directory.name}: saved with LoRA rank {saved}, this session's is {self.lora.rank}")
@@ -216,7 +217,7 @@ class TrainingSession:
         n = len(datum.tokens)
         if n == 0:
             raise ValueError(f"data[{index}].model_input: no tokens")
-        missing = [k for k in ("target_tokens", *NEEDS.get(loss_fn, ())) if k not in datum.inputs]
+        missing = [k for k in ("target_tokens", *LOSSES[loss_fn].reads) if k not in datum.inputs]
         if missing:
             raise ValueError(f"data[{index}].loss_fn_inputs: {loss_fn} needs {missing}")
         out: dict[str, Any] = {}

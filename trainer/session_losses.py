@@ -16,6 +16,7 @@ mean scales `weights` or `advantages`).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from mathrl.registry import Registry
@@ -26,15 +27,33 @@ if TYPE_CHECKING:
 Inputs = Mapping[str, "torch.Tensor"]  # a datum's loss inputs, one value per token
 Config = Mapping[str, float]  # the call's loss_fn_config
 LossFn = Callable[["torch.Tensor", Inputs, Config], "torch.Tensor"]
-LOSSES: Registry[LossFn] = Registry("loss function")
-# what each loss reads from a datum's inputs besides `target_tokens`
-NEEDS: dict[str, tuple[str, ...]] = {
-    "cross_entropy": ("weights",),
-    "importance_sampling": ("logprobs", "advantages"),
-    "ppo": ("logprobs", "advantages"),
-    "cispo": ("logprobs", "advantages"),
-    "dro": ("logprobs", "advantages"),
-}
+
+
+@dataclass(frozen=True)
+class Loss:
+    """A loss and the datum inputs it reads besides `target_tokens` (checked before it runs)."""
+
+    fn: LossFn
+    reads: tuple[str, ...]
+
+    def __call__(self, logprobs: torch.Tensor, inputs: Inputs, config: Config) -> torch.Tensor:
+        return self.fn(logprobs, inputs, config)
+
+
+LOSSES: Registry[Loss] = Registry("loss function")
+RL_INPUTS = ("logprobs", "advantages")  # the sampler's log-probabilities and each token's advantage
+
+
+def loss(name: str, *reads: str) -> Callable[[LossFn], LossFn]:
+    """Register a loss under Tinker's name, with the inputs it reads."""
+
+    def add(fn: LossFn) -> LossFn:
+        LOSSES.add(name, Loss(fn, reads))
+        return fn
+
+    return add
+
+
 CLIP_LOW, CLIP_HIGH = 0.8, 1.2  # Tinker's ppo and cispo defaults
 
 
@@ -55,17 +74,17 @@ def _clip(inputs: Inputs, config: Config) -> tuple[torch.Tensor, torch.Tensor]:
     return bound("clip_low_threshold", CLIP_LOW), bound("clip_high_threshold", CLIP_HIGH)
 
 
-@LOSSES.register("cross_entropy")
+@loss("cross_entropy", "weights")
 def cross_entropy(logprobs: torch.Tensor, inputs: Inputs, config: Config) -> torch.Tensor:
     return -(logprobs * inputs["weights"]).sum()
 
 
-@LOSSES.register("importance_sampling")
+@loss("importance_sampling", *RL_INPUTS)
 def importance_sampling(logprobs: torch.Tensor, inputs: Inputs, config: Config) -> torch.Tensor:
     return -(_ratio(logprobs, inputs) * inputs["advantages"]).sum()
 
 
-@LOSSES.register("ppo")
+@loss("ppo", *RL_INPUTS)
 def ppo(logprobs: torch.Tensor, inputs: Inputs, config: Config) -> torch.Tensor:
     import torch
 
@@ -74,13 +93,13 @@ def ppo(logprobs: torch.Tensor, inputs: Inputs, config: Config) -> torch.Tensor:
     return -torch.minimum(ratio * advantages, ratio.clamp(low, high) * advantages).sum()
 
 
-@LOSSES.register("cispo")
+@loss("cispo", *RL_INPUTS)
 def cispo(logprobs: torch.Tensor, inputs: Inputs, config: Config) -> torch.Tensor:
     low, high = _clip(inputs, config)
     return -(_ratio(logprobs, inputs).clamp(low, high).detach() * logprobs * inputs["advantages"]).sum()
 
 
-@LOSSES.register("dro")
+@loss("dro", *RL_INPUTS)
 def dro(logprobs: torch.Tensor, inputs: Inputs, config: Config) -> torch.Tensor:
     if "beta" not in config:
         raise ValueError("loss_fn_config.beta: the dro loss needs beta (the weight of its quadratic penalty)")
