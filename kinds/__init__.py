@@ -20,6 +20,7 @@ from kinds.generate import GenerateKind
 from kinds.grade import GradeKind
 from kinds.grpo import GRPOKind
 from kinds.reward_model import RewardModelKind
+from kinds.session import SessionKind
 from kinds.sft import SFTKind
 from mathrl.registry import Registry
 from mathrl.specs import AnySpec
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
     from trainer.memory_plan import Training
 
 HOMES: Registry[Kind[Any, Any]] = Registry("job kind")
-for _home in (EvalKind(), GRPOKind(), RewardModelKind(), SFTKind(), GradeKind(), GenerateKind()):
+for _home in (EvalKind(), GRPOKind(), RewardModelKind(), SFTKind(), GradeKind(), GenerateKind(), SessionKind()):
     HOMES.add(_home.name, _home)
 
 

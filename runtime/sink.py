@@ -45,6 +45,9 @@ class Sink(Protocol):
         (at a step's end, so that no step starts after a cancel or pause was accepted), not only
         every so often (the generation loops call it far more often)."""
 
+    def endpoint(self, url: str | None, token: str = "") -> None:
+        """Where this job serves its client's calls (a session job), or None: it serves no more."""
+
     def draining(self) -> bool:
         """True when the stop is a drain (the worker is shutting down): a trainer saves a
         checkpoint at this step before it stops, and the job resumes from it elsewhere."""
@@ -109,6 +112,9 @@ class PrintSink:
 
     def score(self, record: dict[str, Any]) -> None:
         self.scores.append(record)
+
+    def endpoint(self, url: str | None, token: str = "") -> None:
+        self.console.print(f"[dim]endpoint[/dim] {url or 'closed'}")
 
     def should_stop(self, fresh: bool = False) -> bool:
         return False

@@ -28,6 +28,11 @@ class WorkerSettings(BaseModel):
     lease_seconds: float = Field(30.0, description="A claimed job's lease; renewed by the heartbeat.")
     heartbeat_seconds: float = Field(5.0, description="How often the supervisor renews the lease and checks cancel.")
     cancel_grace_seconds: float = Field(20.0, description="SIGTERM, then SIGKILL after this many seconds.")
+    session_host: str = Field(
+        "127.0.0.1",
+        description="The address a session job (the Tinker API's clients) listens on, and the API reaches it "
+        "at: 127.0.0.1 where the API and the worker share a machine; the pod's IP on a cluster (the chart sets it).",
+    )
     drain_seconds: float = Field(
         120.0,
         ge=0,
@@ -230,6 +235,18 @@ class FineTuningSettings(BaseModel):
     )
 
 
+class SessionsSettings(BaseModel):
+    """The Tinker API's training and sampling clients (api/routers/tinker.py; kind `session`)."""
+
+    heartbeat_timeout_seconds: int = Field(
+        120,
+        ge=20,
+        le=86_400,
+        description="A session job ends itself (and frees its worker and GPU) when its client sent no call and no "
+        "heartbeat for this long. The SDK sends a heartbeat every 10 s while the client lives.",
+    )
+
+
 class GradersSettings(BaseModel):
     """POST /v1/graders:run for the graders the API runs itself (all but reward models): each call
     grades in its own short-lived process (evaluator/bounded.py), killed at these limits, so one
@@ -396,6 +413,7 @@ class Settings(BaseSettings):
     graders: GradersSettings = Field(default_factory=GradersSettings)
     files: FilesSettings = Field(default_factory=FilesSettings)
     fine_tuning: FineTuningSettings = Field(default_factory=FineTuningSettings)
+    sessions: SessionsSettings = Field(default_factory=SessionsSettings)
     memory: MemorySettings = Field(default_factory=MemorySettings)
     sources: SourcesSettings = Field(default_factory=SourcesSettings)
     ray: RaySettings = Field(default_factory=RaySettings)

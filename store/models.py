@@ -188,6 +188,18 @@ class Checkpoint(Base):
     data: Mapped[dict[str, Any] | None] = mapped_column()
 
 
+class Endpoint(Base):
+    """Where a running session job (kind `session`) serves its client's calls: the API's Tinker
+    routes (api/routers/tinker.py) forward each call there with the token. The job writes it once
+    its server is up and removes it when it ends; the token never leaves the server side."""
+
+    __tablename__ = "endpoints"
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    url: Mapped[str] = mapped_column(String(300))
+    token: Mapped[str] = mapped_column(String(100))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
 class BenchmarkScore(Base):
     __tablename__ = "benchmark_scores"
     __table_args__ = (

@@ -30,7 +30,7 @@ from runtime.sink import promote
 from store.db import retry_transient, session_scope
 from store.ids import uuid7
 from store.jobs import add_event, holds_lease
-from store.models import BenchmarkScore, Checkpoint, Job, Metric, Sample, utcnow
+from store.models import BenchmarkScore, Checkpoint, Endpoint, Job, Metric, Sample, utcnow
 
 SCORE_KEY = ("job_id", "model_ref", "benchmark", "metric")  # store.models' uq_scores_natural_key
 
@@ -240,6 +240,19 @@ class DatabaseSink:
 
         self._write(write, "score")
 
+    def endpoint(self, url: str | None, token: str = "") -> None:
+        def write(s: Any) -> None:
+            row = s.get(Endpoint, self.job_id)
+            if url is None:
+                if row is not None:
+                    s.delete(row)
+            elif row is None:
+                s.add(Endpoint(job_id=self.job_id, url=url, token=token))
+            else:
+                row.url, row.token = url, token
+
+        self._write(write, "endpoint")
+
     def draining(self) -> bool:
         """The worker is shutting down: save a checkpoint now, stop, and the job is handed back
         to the queue (a file in the attempt's directory, so every rank of a multi-process job
@@ -298,4 +311,7 @@ class ReadOnlySink(DatabaseSink):
         pass
 
     def score(self, record: dict[str, Any]) -> None:
+        pass
+
+    def endpoint(self, url: str | None, token: str = "") -> None:
         pass

@@ -5,7 +5,7 @@ OpenAPI documentation) and every impossible setting fails with a message that sa
 to fix it. GRPO knobs left unset are filled by a preset (see ``mathrl.specs.presets``); the
 run stores the fully resolved values, never the preset name alone.
 
-One module per job kind (eval, grpo, reward_model, sft, grade, generate), what they share (base:
+One module per job kind (eval, grpo, reward_model, sft, grade, generate, session), what they share (base:
 the strict model, resources and queues, the common job fields; inputs: datasets and sampling;
 rewards; lora), the union of kinds (job: `AnySpec`, `KINDS`, `parse_spec`) and pipelines. Import
 from `mathrl.specs`: every name is here.
@@ -139,6 +139,9 @@ from mathrl.specs.rewards import (
 )
 from mathrl.specs.rewards import (
     RewardRef as RewardRef,
+)
+from mathrl.specs.session import (
+    SessionSpec as SessionSpec,
 )
 from mathrl.specs.sft import (
     SFTSpec as SFTSpec,

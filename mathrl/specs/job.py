@@ -12,11 +12,12 @@ from mathrl.specs.generate import GenerateSpec
 from mathrl.specs.grade import GradeSpec
 from mathrl.specs.grpo import GRPOSpec
 from mathrl.specs.reward_model import RewardModelSpec
+from mathrl.specs.session import SessionSpec
 from mathrl.specs.sft import SFTSpec
 
 # The job kinds. A new kind is its spec class (a module of mathrl/specs/) and its name here; its home on the server,
 # everything the server does with it, is kinds/<kind>.py (registered in kinds.HOMES).
-AnySpec = EvalSpec | GRPOSpec | RewardModelSpec | SFTSpec | GradeSpec | GenerateSpec
+AnySpec = EvalSpec | GRPOSpec | RewardModelSpec | SFTSpec | GradeSpec | GenerateSpec | SessionSpec
 JobSpec = Annotated[AnySpec, Field(discriminator="kind")]
 KINDS: Registry[type[AnySpec]] = Registry("job kind")
 for _cls in AnySpec.__args__:

@@ -43,6 +43,8 @@ def service_env(db_url: str, broker_url: str, artifacts: Path) -> dict[str, str]
         # vLLM engines start without torch.compile here (a cold start 30 s shorter on this CPU:
         # 59 s against 90 s); tests/system/test_vllm.py's colocated weight-sync check runs compiled
         "MATHRL_VLLM__ENFORCE_EAGER": "1",
+        # a Tinker client killed mid-session frees its worker this soon (tests/system/test_tinker.py)
+        "MATHRL_SESSIONS__HEARTBEAT_TIMEOUT_SECONDS": "20",
     }
 
 

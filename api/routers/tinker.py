@@ -1,0 +1,446 @@
+"""The Tinker API (`/api/v1/...`), as the `tinker` SDK calls it (docs/tinker.md; the wire protocol:
+docs/tinker-protocol.md): a view over mathrl's jobs, not a second system.
+
+- A training client (`create_model`, or `load_weights` from a saved state) is a job of kind
+  `session` named `<session id>:train:<n>`, the model id the SDK derives; a sampling client on a
+  base model, or on a save whose job has ended, is a `session` job named `<session id>:sample:<n>`.
+  Keys, projects, quotas, cancel and the job pages apply as to any job.
+- Every call on a model or sampler is forwarded to its job's process (its address and token in the
+  store's `endpoints` table), which queues it and answers with a request id `<job id>:<n>`;
+  `retrieve_future` is forwarded there too. Sampler ids are `<job id>:sample:<n>`.
+- Saves are the job's checkpoints (`job:<id>@step-N` models); their `tinker://` paths are looked up
+  in the checkpoint rows of the job the path names, in the caller's project only.
+
+The SDK sends its key as `X-API-Key`, and refuses one that does not start with `tml-`: give it
+`tml-` + a mathrl key (the prefix is dropped here)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from typing import Annotated, Any
+
+import httpx
+from fastapi import APIRouter, Depends, Request, Response
+from fastapi.concurrency import run_in_threadpool
+from pydantic import ValidationError
+from sqlalchemy import select
+
+from api.deps import Caller, SettingsDep, caller_for, required_scope
+from api.problems import Problem
+from api.submit import admit, commit_and_dispatch, job_row
+from mathrl.specs import SessionSpec
+from mathrl.status import TERMINAL
+from service.settings import Settings
+from store.db import get_sessionmaker
+from store.jobs import request_cancel
+from store.models import Checkpoint, Endpoint, Job
+
+router = APIRouter(prefix="/api/v1", tags=["tinker"])
+TOKEN_HEADER = "X-Mathrl-Session-Token"  # trainer/session_server.py checks it
+KEY_PREFIX = "tml-"  # what the SDK insists a key starts with
+CREATE_WAIT_SECONDS = 20.0  # a create_model future's long poll (the SDK's read timeout is 45 s)
+FORWARD_TIMEOUT = httpx.Timeout(40.0, connect=5.0)
+TAG = "tinker"
+_client: httpx.AsyncClient | None = None
+
+
+def _http() -> httpx.AsyncClient:
+    global _client
+    if _client is None:
+        _client = httpx.AsyncClient(timeout=FORWARD_TIMEOUT, trust_env=False)
+    return _client
+
+
+async def tinker_caller(request: Request, settings: SettingsDep) -> Caller:
+    """The caller the SDK's `X-API-Key: tml-<mathrl key>` (or a Bearer header) names."""
+    key = request.headers.get("x-api-key", "")
+    authorization = f"Bearer {key.removeprefix(KEY_PREFIX)}" if key else request.headers.get("authorization", "")
+    client = request.client.host if request.client is not None else ""
+    caller = await caller_for(authorization, settings, client)
+    need = required_scope(request.method, request.url.path)
+    if caller.key is not None and need not in (caller.key.scopes or []):
+        raise Problem(403, "Forbidden", f"this key lacks the '{need}' scope")
+    if caller.project is None:
+        raise Problem(403, "Forbidden", "sessions belong to a project: use a project's key, not the admin token")
+    return caller
+
+
+TinkerCaller = Annotated[Caller, Depends(tinker_caller)]
+
+
+# --- finding jobs, in the caller's project only ----------------------------------------------
+
+
+def _job_named(settings: Settings, project_id: str, name: str) -> Job | None:
+    with get_sessionmaker(settings.database.url)() as s:
+        q = select(Job).where(Job.project_id == project_id, Job.name == name, Job.kind == "session")
+        return s.scalar(q.order_by(Job.created_at.desc()).limit(1))
+
+
+def _job(settings: Settings, project_id: str, job_id: str) -> Job | None:
+    with get_sessionmaker(settings.database.url)() as s:
+        job = s.get(Job, job_id)
+        return job if job is not None and job.project_id == project_id and job.kind == "session" else None
+
+
+def _endpoint(settings: Settings, job_id: str) -> tuple[str, str] | None:
+    with get_sessionmaker(settings.database.url)() as s:
+        row = s.get(Endpoint, job_id)
+        return (row.url, row.token) if row is not None else None
+
+
+def _session_jobs(settings: Settings, project_id: str, session_id: str) -> list[Job]:
+    with get_sessionmaker(settings.database.url)() as s:
+        q = select(Job).where(Job.project_id == project_id, Job.kind == "session", Job.name.like(f"{session_id}:%"))
+        return [j for j in s.scalars(q) if (j.spec or {}).get("session") == session_id]
+
+
+async def _model_job(settings: Settings, caller: Caller, model_id: str) -> Job:
+    job = await run_in_threadpool(_job_named, settings, caller.project_id, str(model_id))
+    if job is None:
+        raise Problem(404, "Not found", f"model_id: no training client {model_id!r} in this project")
+    return job
+
+
+def _job_of_id(value: str) -> str:
+    """The job id a request or sampler id starts with ('<job id>:...')."""
+    return value.split(":", 1)[0]
+
+
+async def _id_job(settings: Settings, caller: Caller, value: str, what: str) -> Job:
+    job = await run_in_threadpool(_job, settings, caller.project_id, _job_of_id(value))
+    if job is None:
+        raise Problem(404, "Not found", f"{what}: no {value!r} in this project")
+    return job
+
+
+def _save(settings: Settings, project_id: str, path: str) -> tuple[Job, Checkpoint]:
+    """The session job and checkpoint row a `tinker://<model id>/<weights|sampler_weights>/<name>` path names."""
+    parts = path.removeprefix("tinker://").split("/")
+    if not path.startswith("tinker://") or len(parts) != 3 or parts[1] not in ("weights", "sampler_weights"):
+        raise Problem.at("/path", f"{path!r} is not a save's path: tinker://<model id>/weights/<name>", status=400)
+    model_id, kind, name = parts
+    what = "state" if kind == "weights" else "sampler"
+    with get_sessionmaker(settings.database.url)() as s:
+        q = select(Job).where(Job.project_id == project_id, Job.name == model_id, Job.kind == "session")
+        for job in s.scalars(q.order_by(Job.created_at.desc())):
+            rows = s.scalars(select(Checkpoint).where(Checkpoint.job_id == job.id).order_by(Checkpoint.step.desc()))
+            for row in rows:
+                if (row.data or {}).get("name") == name and (row.data or {}).get("what") == what:
+                    return job, row
+    raise Problem(404, "Not found", f"path: no save {path!r} in this project")
+
+
+# --- forwarding to a session job's process -------------------------------------------------
+
+
+async def _forward(settings: Settings, job: Job, op: str, body: bytes, content_type: str) -> Response:
+    """`op` on the job's process; a 404 once the job has ended, a 429 (the SDK retries) before it serves."""
+    where = await run_in_threadpool(_endpoint, settings, job.id)
+    if where is None:
+        fresh = await run_in_threadpool(_job, settings, job.project_id, job.id)
+        if fresh is None or fresh.status in TERMINAL:
+            status = fresh.status if fresh is not None else "gone"
+            raise Problem(404, "Session ended", f"the session job {job.id} is {status}: start a new client")
+        raise Problem(429, "Session starting", f"the session job {job.id} is {fresh.status}: retry shortly")
+    url, token = where
+    try:
+        r = await _http().post(f"{url}/{op}", content=body, headers={"Content-Type": content_type, TOKEN_HEADER: token})
+    except httpx.HTTPError as exc:
+        raise Problem(503, "Session unreachable", f"the session job {job.id} did not answer: {exc}") from None
+    return Response(r.content, r.status_code, media_type=r.headers.get("content-type", "application/json"))
+
+
+def _json_body(body: bytes) -> dict[str, Any]:
+    try:
+        data = json.loads(body or b"{}")
+    except ValueError:
+        raise Problem(400, "Invalid request", "the body is not JSON") from None
+    if not isinstance(data, dict):
+        raise Problem(400, "Invalid request", "the body is not a JSON object")
+    return data
+
+
+def _proto_model_id(body: bytes) -> str:
+    """Field 1 (model_id) of a ForwardBackwardRequest, read without decoding the rest."""
+    at = 0
+    while at < len(body):
+        key, at = _varint(body, at)
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            _, at = _varint(body, at)
+        elif wire == 1:
+            at += 8
+        elif wire == 5:
+            at += 4
+        elif wire == 2:
+            size, at = _varint(body, at)
+            if number == 1:
+                return body[at : at + size].decode()
+            at += size
+        else:
+            break
+    raise Problem(400, "Invalid request", "forward_backward: the protobuf body carries no model_id")
+
+
+def _varint(buf: bytes, at: int) -> tuple[int, int]:
+    value = shift = 0
+    while at < len(buf):
+        byte = buf[at]
+        at += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, at
+        shift += 7
+    raise Problem(400, "Invalid request", "forward_backward: the protobuf body is cut short")
+
+
+# --- submitting session jobs ------------------------------------------------------------------
+
+
+def _submit(settings: Settings, project_id: str, fields: dict[str, Any], what: str) -> str:
+    fields.setdefault("heartbeat_timeout_seconds", settings.sessions.heartbeat_timeout_seconds)
+    try:
+        spec = SessionSpec(tags=[TAG], **fields)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise Problem.at("/" + "/".join(str(p) for p in err["loc"]), err["msg"], status=400) from None
+    config = admit({"": spec}, settings)[""]
+    with get_sessionmaker(settings.database.url)() as session:
+        job = job_row(project_id, spec, config)
+        session.add(job)
+        commit_and_dispatch(session, settings, project_id, [(job, f"queued on '{job.queue}' by POST /api/v1/{what}")])
+        return str(job.id)
+
+
+def _lora_fields(spec: dict[str, Any]) -> dict[str, Any]:
+    keys = ("lora_rank", "train_attn", "train_mlp", "train_unembed", "heartbeat_timeout_seconds", "dtype", "resources")
+    return {k: spec[k] for k in keys if k in spec}
+
+
+def _create_status(settings: Settings, project_id: str, job_id: str) -> dict[str, Any] | None:
+    """A create future's result: the model id once its job serves, an error once it ended, else None."""
+    with get_sessionmaker(settings.database.url)() as s:
+        job = s.get(Job, job_id)
+        if job is None or job.project_id != project_id:
+            return {"error": f"no request {job_id}:create in this project", "category": "user"}
+        if s.get(Endpoint, job_id) is not None:
+            return {"model_id": job.name}
+        if job.status in TERMINAL:
+            return {
+                "error": f"the session job {job_id} {job.status}: {job.error or 'no error recorded'}",
+                "category": "server",
+            }
+        return None
+
+
+# --- the routes -------------------------------------------------------------------------------
+
+
+@router.post("/client/config")
+async def client_config(caller: TinkerCaller) -> dict[str, Any]:
+    # calls one at a time in seq order, on plain httpx, with uncompressed bodies, and the key as sent
+    return {
+        "pjwt_auth_enabled": False,
+        "use_pyqwest_transport": False,
+        "proto_compress_fwdbwd": False,
+        "parallel_fwdbwd_chunks": False,
+    }
+
+
+@router.post("/telemetry")
+async def telemetry(caller: TinkerCaller) -> dict[str, str]:
+    return {"status": "accepted"}  # not kept: the job's own events and metrics are the record
+
+
+@router.get("/healthz")
+async def healthz() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@router.get("/get_server_capabilities")
+async def capabilities(caller: TinkerCaller, settings: SettingsDep) -> dict[str, Any]:
+    # the names an operator set up (fine_tuning.model_aliases) and what they stand for; any model a
+    # job may name (a hub id, a path under a model root, 'tiny:...') can be trained too
+    aliases = settings.fine_tuning.model_aliases
+    return {"supported_models": [{"model_name": m} for m in sorted({*aliases, *aliases.values()})]}
+
+
+@router.post("/create_session")
+async def create_session(caller: TinkerCaller, request: Request) -> dict[str, str]:
+    _json_body(await request.body())
+    return {"session_id": str(uuid.uuid4())}  # nothing to store until a client: its jobs carry the id
+
+
+@router.post("/session_heartbeat")
+async def heartbeat(caller: TinkerCaller, settings: SettingsDep, request: Request) -> Response:
+    session_id = str(_json_body(await request.body()).get("session_id") or "")
+    jobs = await run_in_threadpool(_session_jobs, settings, caller.project_id, session_id)
+    live = [j for j in jobs if j.status not in TERMINAL]
+    if jobs and not live:
+        return Response('{"detail": "session finished"}', 410, media_type="application/json")
+    await asyncio.gather(*(_forward_quietly(settings, j, "session_heartbeat") for j in live))
+    return Response("{}", 200, media_type="application/json")
+
+
+async def _forward_quietly(settings: Settings, job: Job, op: str) -> None:
+    try:
+        await _forward(settings, job, op, b"{}", "application/json")
+    except Problem:
+        pass  # not serving yet, or ended
+
+
+@router.post("/sessions/{session_id}/finish")
+async def finish(session_id: str, caller: TinkerCaller, settings: SettingsDep, request: Request) -> dict[str, Any]:
+    reason = _json_body(await request.body()).get("reason") or {}
+    body = json.dumps({"reason": str(reason.get("type", "success"))[:40]}).encode()
+    jobs = await run_in_threadpool(_session_jobs, settings, caller.project_id, session_id)
+    for job in jobs:
+        if job.status in TERMINAL:
+            continue
+        try:
+            await _forward(settings, job, "finish", body, "application/json")
+        except Problem:  # not serving yet: cancelled instead
+            await run_in_threadpool(_cancel, settings, job.id)
+    return {}
+
+
+def _cancel(settings: Settings, job_id: str) -> None:
+    with get_sessionmaker(settings.database.url)() as s:
+        job = s.get(Job, job_id)
+        if job is not None and job.status not in TERMINAL:
+            request_cancel(s, job)
+
+
+@router.post("/create_model")
+async def create_model(caller: TinkerCaller, settings: SettingsDep, request: Request) -> dict[str, Any]:
+    data = _json_body(await request.body())
+    lora = data.get("lora_config") or {}
+    if (data.get("optimizer_config") or {}).get("type", "adamw") != "adamw":
+        raise Problem.at("/optimizer_config/type", "only adamw is served", status=400)
+    base = data.get("base_model")
+    fields = {
+        "model": settings.fine_tuning.model_aliases.get(str(base), base),
+        "session": data.get("session_id"),
+        "name": f"{data.get('session_id')}:train:{int(data.get('model_seq_id') or 0)}",
+        "lora_rank": lora.get("rank", 32),
+        "train_attn": lora.get("train_attn", True),
+        "train_mlp": lora.get("train_mlp", True),
+        "train_unembed": lora.get("train_unembed", True),
+        "seed": lora.get("seed"),
+    }
+    job_id = await run_in_threadpool(_submit, settings, caller.project_id, fields, "create_model")
+    return {"request_id": f"{job_id}:create", "model_id": fields["name"]}
+
+
+@router.post("/load_weights")
+async def load_weights(caller: TinkerCaller, settings: SettingsDep, request: Request) -> Any:
+    data = _json_body(await request.body())
+    src, save = await run_in_threadpool(_save, settings, caller.project_id, str(data.get("path") or ""))
+    if data.get("model_id"):  # TrainingClient.load_state: into a live model
+        job = await _model_job(settings, caller, str(data["model_id"]))
+        body = {**data, "directory": save.uri}
+        return await _forward(settings, job, "load_weights", json.dumps(body).encode(), "application/json")
+    session_id = str(data.get("session_id") or "")
+    fields = {
+        **_lora_fields(src.spec or {}),
+        "model": (src.spec or {}).get("model"),
+        "session": session_id,
+        "name": f"{session_id}:train:{int(data.get('model_seq_id') or 0)}",
+        "load": f"job:{src.id}@step-{save.step}",
+        "load_optimizer": bool(data.get("optimizer")),
+    }
+    job_id = await run_in_threadpool(_submit, settings, caller.project_id, fields, "load_weights")
+    return {"request_id": f"{job_id}:create", "model_id": fields["name"]}
+
+
+@router.post("/get_info")
+async def get_info(caller: TinkerCaller, settings: SettingsDep, request: Request) -> Response:
+    body = await request.body()
+    job = await _model_job(settings, caller, str(_json_body(body).get("model_id") or ""))
+    return await _forward(settings, job, "get_info", body, "application/json")
+
+
+@router.post("/forward_backward")
+async def forward_backward(caller: TinkerCaller, settings: SettingsDep, request: Request) -> Response:
+    body = await request.body()
+    job = await _model_job(settings, caller, _proto_model_id(body))
+    return await _forward(settings, job, "forward_backward", body, "application/x-protobuf")
+
+
+async def _model_call(op: str, caller: Caller, settings: Settings, request: Request) -> Response:
+    body = await request.body()
+    job = await _model_job(settings, caller, str(_json_body(body).get("model_id") or ""))
+    return await _forward(settings, job, op, body, "application/json")
+
+
+@router.post("/optim_step")
+async def optim_step(caller: TinkerCaller, settings: SettingsDep, request: Request) -> Response:
+    return await _model_call("optim_step", caller, settings, request)
+
+
+@router.post("/save_weights")
+async def save_weights(caller: TinkerCaller, settings: SettingsDep, request: Request) -> Response:
+    return await _model_call("save_weights", caller, settings, request)
+
+
+@router.post("/save_weights_for_sampler")
+async def save_weights_for_sampler(caller: TinkerCaller, settings: SettingsDep, request: Request) -> Response:
+    return await _model_call("save_weights_for_sampler", caller, settings, request)
+
+
+@router.post("/create_sampling_session")
+async def create_sampling_session(caller: TinkerCaller, settings: SettingsDep, request: Request) -> Any:
+    data = _json_body(await request.body())
+    session_id = str(data.get("session_id") or "")
+    fields: dict[str, Any] = {
+        "session": session_id,
+        "name": f"{session_id}:sample:{int(data.get('sampling_session_seq_id') or 0)}",
+        "train": False,
+    }
+    if data.get("model_path"):
+        src, save = await run_in_threadpool(_save, settings, caller.project_id, str(data["model_path"]))
+        if await run_in_threadpool(_endpoint, settings, src.id) is not None:  # its job serves: a sampler there
+            body = json.dumps({"directory": save.uri}).encode()
+            return await _forward(settings, src, "create_sampling_session", body, "application/json")
+        fields.update(_lora_fields(src.spec or {}), model=(src.spec or {}).get("model"))
+        fields["load"] = f"job:{src.id}@step-{save.step}"
+    elif data.get("base_model"):
+        fields.update(model=data["base_model"], lora_rank=1)  # a new adapter changes nothing: the base model
+    else:
+        raise Problem.at("/base_model", "give base_model or model_path", status=400)
+    job_id = await run_in_threadpool(_submit, settings, caller.project_id, fields, "create_sampling_session")
+    return {"sampling_session_id": f"{job_id}:sample:0"}
+
+
+@router.get("/samplers/{sampler_id}")
+async def sampler(sampler_id: str, caller: TinkerCaller, settings: SettingsDep) -> dict[str, Any]:
+    job = await _id_job(settings, caller, sampler_id, "sampler_id")
+    return {"sampler_id": sampler_id, "base_model": (job.spec or {}).get("model")}
+
+
+@router.post("/asample")
+async def asample(caller: TinkerCaller, settings: SettingsDep, request: Request) -> Response:
+    body = await request.body()
+    sampler_id = str(_json_body(body).get("sampling_session_id") or "")
+    job = await _id_job(settings, caller, sampler_id, "sampling_session_id")
+    return await _forward(settings, job, "asample", body, "application/json")
+
+
+@router.post("/retrieve_future")
+async def retrieve_future(caller: TinkerCaller, settings: SettingsDep, request: Request) -> Response:
+    body = await request.body()
+    request_id = str(_json_body(body).get("request_id") or "")
+    job = await _id_job(settings, caller, request_id, "request_id")
+    if request_id.endswith(":create"):  # the job's process is not up yet: ask the store
+        deadline = time.monotonic() + CREATE_WAIT_SECONDS
+        while (result := await run_in_threadpool(_create_status, settings, caller.project_id, job.id)) is None:
+            if time.monotonic() > deadline:
+                result = {"type": "try_again", "request_id": request_id, "queue_state": "active"}
+                break
+            await asyncio.sleep(0.2)
+        return Response(json.dumps(result), 200, media_type="application/json")
+    return await _forward(settings, job, "retrieve_future", body, "application/json")

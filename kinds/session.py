@@ -1,0 +1,86 @@
+"""A client-driven training session (`kind: session`, spec: mathrl/specs/session.py): the Tinker
+API's training and sampling clients. The job holds its model, LoRA adapter and optimizer in its
+process and serves the client's calls (trainer/session_server.py) until the client finishes it,
+sends nothing for `heartbeat_timeout_seconds`, or the job is cancelled."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from kinds.base import Data, JobRun, Kind, Limit, Needs
+from mathrl.errors import Refused, StopRequested
+from mathrl.specs import SessionSpec
+from mathrl.specs.resolved import ResolvedConfig
+
+if TYPE_CHECKING:
+    from service.settings import Settings
+    from trainer.memory_plan import Training
+
+POLL_SECONDS = 0.5  # how often the job looks at its heartbeat, the finish call and a cancel
+
+
+class SessionKind(Kind[SessionSpec, ResolvedConfig]):
+    spec = SessionSpec
+    config = ResolvedConfig
+
+    def resolve(self, spec: SessionSpec) -> ResolvedConfig:
+        return self.resolved(spec, {})
+
+    def admit(self, spec: SessionSpec, config: ResolvedConfig, settings: Settings) -> None:
+        if spec.resources.nodes > 1 or (spec.resources.processes or 1) > 1:
+            raise Refused("resources", "a session runs as one process on one node: drop resources.nodes/processes")
+
+    def limits(self, spec: SessionSpec, config: ResolvedConfig) -> list[Limit]:
+        return []  # its steps are the client's calls; the heartbeat timeout ends an abandoned one
+
+    def memory(self, config: ResolvedConfig) -> Training | None:
+        return None
+
+    def needs(self, spec: SessionSpec) -> Needs:
+        return Needs(spec.model)
+
+    def data(self, spec: SessionSpec) -> Data:
+        return Data()
+
+    def run(self, run: JobRun[SessionSpec, ResolvedConfig]) -> None:
+        from trainer.session import LoraOptions, TrainingSession
+        from trainer.session_server import SessionService, serve
+
+        spec, sink = run.spec, run.sink
+        lora = LoraOptions(spec.lora_rank, spec.seed, spec.train_attn, spec.train_mlp, spec.train_unembed)
+        session = TrainingSession(run.model_path, lora, spec.dtype)
+        if spec.load is not None:
+            directory, label = run.resolve(spec.load)
+            session.load(Path(directory), optimizer=spec.load_optimizer and spec.train)
+            sink.event("loaded", f"started from {label or spec.load}", data={"from": spec.load})
+        model_id = run.spec.name or run.job_id
+        service = SessionService(session, sink, run.job_id, model_id, run.work, run.out, spec.train)
+        token = secrets.token_urlsafe(24)
+        server = serve(service, run.settings.worker.session_host, token)
+        host, port = server.server_address[:2]
+        url = f"http://{host!s}:{port}"
+        sink.endpoint(url, token)
+        sink.event("serving", f"serving {'training' if spec.train else 'sampling'} calls at {url}", data={"url": url})
+        why, stopped = "", False
+        try:
+            while not why:
+                time.sleep(POLL_SECONDS)
+                idle = time.monotonic() - service.last_seen
+                if service.finished is not None:
+                    why = f"the client finished the session ({service.finished})"
+                elif idle > spec.heartbeat_timeout_seconds:
+                    limit = spec.heartbeat_timeout_seconds
+                    why = f"no call or heartbeat for {idle:.0f} s (heartbeat_timeout_seconds {limit})"
+                elif sink.should_stop():
+                    stopped = True  # cancelled, drained or lost: the worker reports which
+                    break
+        finally:
+            server.shutdown()
+            service.close()
+            sink.endpoint(None)
+        if stopped:
+            raise StopRequested("stop requested")
+        sink.event("session_ended", why)

