@@ -236,7 +236,7 @@ def document_problems(schema: dict[str, Any]) -> dict[str, Any]:
     for path, item in schema.get("paths", {}).items():
         for op in item.values():
             responses = op.setdefault("responses", {})
-            if path.startswith("/v1/"):
+            if path.startswith(("/v1/", "/api/v1/")):  # the Tinker API's too
                 for code, description in _COMMON.items():
                     responses.setdefault(code, {"description": description})
                 if "requestBody" in op:

@@ -103,7 +103,8 @@ def prompt_logprobs(session: TrainingSession, tokens: Sequence[int], last_n: int
     values: list[float | None] = [None, *logp.gather(-1, ids[0, 1:, None])[:, 0].tolist()]
     if last_n is not None:
         keep = max(len(values) - int(last_n), 0)
-        values = [None] * keep + values[keep:]
+        blank: list[float | None] = [None] * keep
+        values = blank + values[keep:]
     return values
 
 
@@ -125,12 +126,11 @@ def sample(session: TrainingSession, call: SampleCall) -> tuple[list[Sampled], l
     max_new = call.max_tokens if call.max_tokens is not None else max(room - len(call.prompt), 1)
     if call.seed is not None:
         torch.manual_seed(int(call.seed))
-    ids = torch.tensor([call.prompt], device=session.device)
+    ids = torch.tensor([call.prompt] * call.num_samples, device=session.device)  # greedy too: n rows
     greedy = call.temperature <= 0
     kwargs: dict[str, Any] = {
         "max_new_tokens": int(max_new),
         "do_sample": not greedy,
-        "num_return_sequences": call.num_samples,
         "return_dict_in_generate": True,
         "output_logits": True,
         # -1: no token ends a sequence, unless asked (stop_ids); pad with it past the end

@@ -38,7 +38,12 @@ from store.db import get_sessionmaker
 from store.jobs import request_cancel
 from store.models import Checkpoint, Endpoint, Job
 
-router = APIRouter(prefix="/api/v1", tags=["tinker"])
+RESPONSES: dict[int | str, dict[str, Any]] = {
+    400: {"description": "The request is invalid (the detail names the field)."},
+    404: {"description": "No such session, model, sampler, request or save in your project, or its session ended."},
+    413: {"description": "The request body is larger than this server accepts."},
+}
+router = APIRouter(prefix="/api/v1", tags=["tinker"], responses=RESPONSES)
 TOKEN_HEADER = "X-Mathrl-Session-Token"  # trainer/session_server.py checks it
 KEY_PREFIX = "tml-"  # what the SDK insists a key starts with
 CREATE_WAIT_SECONDS = 20.0  # a create_model future's long poll (the SDK's read timeout is 45 s)
@@ -275,7 +280,7 @@ async def create_session(caller: TinkerCaller, request: Request) -> dict[str, st
     return {"session_id": str(uuid.uuid4())}  # nothing to store until a client: its jobs carry the id
 
 
-@router.post("/session_heartbeat")
+@router.post("/session_heartbeat", responses={410: {"description": "The session has ended."}})
 async def heartbeat(caller: TinkerCaller, settings: SettingsDep, request: Request) -> Response:
     session_id = str(_json_body(await request.body()).get("session_id") or "")
     jobs = await run_in_threadpool(_session_jobs, settings, caller.project_id, session_id)
@@ -298,6 +303,8 @@ async def finish(session_id: str, caller: TinkerCaller, settings: SettingsDep, r
     reason = _json_body(await request.body()).get("reason") or {}
     body = json.dumps({"reason": str(reason.get("type", "success"))[:40]}).encode()
     jobs = await run_in_threadpool(_session_jobs, settings, caller.project_id, session_id)
+    if not jobs:
+        raise Problem(404, "Not found", f"session_id: no session {session_id!r} in this project")
     for job in jobs:
         if job.status in TERMINAL:
             continue

@@ -50,6 +50,12 @@ def make_objects(app_client: Any, owner: dict[str, str]) -> dict[str, str]:
     with session_scope(get_settings().database.url) as s:
         s.add(Checkpoint(job_id=job_uuid, step=1, kind="checkpoint", uri="/nowhere/checkpoint-1"))
     ids["model"] = f"ft:model:mathrl:{ids['fine_tuning_job_id']}:ckpt-step-1"
+    # a Tinker training client: a session job (its session's and its sampler's ids)
+    session = f"s-{uuid.uuid4().hex[:8]}"
+    spec = {"kind": "session", "model": "org/model", "session": session, "name": f"{session}:train:0"}
+    client = app_client.post("/v1/jobs", json={**spec, "resources": {"pool": "objects-parked"}}, headers=owner)
+    assert client.status_code == 201, client.text
+    ids["session_id"], ids["sampler_id"] = session, f"{client.json()['id']}:sample:0"
     return ids
 
 

@@ -53,7 +53,16 @@ def _loss(training: Any, data: list[Any]) -> float:
 def _job_of_model(service: Service, key: str, model_id: str) -> dict[str, Any]:
     r = httpx.get(f"{service.url}/v1/jobs", params={"kind": "session"}, headers={"Authorization": f"Bearer {key}"})
     assert r.status_code == 200, r.text
-    return next(j for j in r.json()["items"] if j["name"] == model_id)
+    return next(j for j in r.json()["data"] if j["name"] == model_id)
+
+
+def _ended(service: Service, key: str, model_id: str) -> str:
+    """The status of the session's job once it has ended (finished by the client's `with` exit)."""
+    deadline = time.monotonic() + 60
+    while (status := _job_of_model(service, key, model_id)["status"]) not in ("succeeded", "failed", "cancelled"):
+        assert time.monotonic() < deadline, f"the finished session's job is still {status}"
+        time.sleep(0.5)
+    return str(status)
 
 
 def test_a_training_client_learns_saves_resumes_and_samples(
@@ -62,11 +71,14 @@ def test_a_training_client_learns_saves_resumes_and_samples(
     from tinker import types
 
     key = service.key()
+    adam = types.AdamParams(learning_rate=3e-3)
+    greedy = types.SamplingParams(max_tokens=6, temperature=0.0)
     with _client(service, key) as client:
         training = client.create_lora_training_client(base_model=tiny_model, rank=8, seed=0).result()
         tokenizer = training.get_tokenizer()  # offline: the model's own directory
         data = [_datum(tokenizer, TEXT)]
-        adam = types.AdamParams(learning_rate=3e-3)
+        prompt = types.ModelInput.from_ints(tokenizer.encode("12 + 30 ="))
+        before = training.save_weights_and_get_sampling_client().sample(prompt, 1, greedy).result()
         losses = []
         for _ in range(20):
             losses.append(_loss(training, data))
@@ -74,51 +86,51 @@ def test_a_training_client_learns_saves_resumes_and_samples(
         print("losses:", [round(x, 3) for x in losses])
         assert losses[-1] < 0.5 * losses[0], losses
 
-        # the state with its optimizer, and the same next step from it as without stopping
+        # saves: the state with its optimizer, and the adapter for sampling
         state = training.save_state("after-20").result().path
         assert state == f"tinker://{training.model_id}/weights/after-20"
-        first = (_loss(training, data), training.optim_step(adam).result(), _loss(training, data))
-        resumed = client.create_training_client_from_state_with_optimizer(state).result()
-        again = (_loss(resumed, data), resumed.optim_step(adam).result(), _loss(resumed, data))
-        assert (first[0], first[2]) == (again[0], again[2])  # bit for bit on the CPU
-
-        # sampling from the sampler save gives the trained model's text (greedy)
         sampler_path = training.save_weights_for_sampler("trained").result().path
-        prompt = types.ModelInput.from_ints(tokenizer.encode("12 + 30 ="))
-        greedy = types.SamplingParams(max_tokens=6, temperature=0.0)
-        on_path = client.create_sampling_client(model_path=sampler_path).sample(prompt, 2, greedy).result()
         here = training.save_weights_and_get_sampling_client().sample(prompt, 1, greedy).result()
-        base = client.create_sampling_client(base_model=tiny_model).sample(prompt, 1, greedy).result()
-        texts = {tokenizer.decode(s.tokens) for s in on_path.sequences}
-        assert texts == {tokenizer.decode(here.sequences[0].tokens)}, (texts, here)
-        assert texts != {tokenizer.decode(base.sequences[0].tokens)}  # it is the trained model's, not the base's
+        trained = tokenizer.decode(here.sequences[0].tokens)
+        assert trained != tokenizer.decode(before.sequences[0].tokens)  # training changed what it says
+        on_path = client.create_sampling_client(model_path=sampler_path).sample(prompt, 2, greedy).result()
+        assert {tokenizer.decode(s.tokens) for s in on_path.sequences} == {trained}
         assert all(len(s.logprobs) == len(s.tokens) for s in on_path.sequences)
+        # the next step, to compare with the resumed client's
+        first = (_loss(training, data), training.optim_step(adam).result(), _loss(training, data))
 
         # the job records what it did: its losses per step, its saves as checkpoints
         job = _job_of_model(service, key, training.model_id)
-        r = httpx.get(f"{service.url}/v1/jobs/{job['id']}/metrics", headers={"Authorization": f"Bearer {key}"})
+        auth = {"Authorization": f"Bearer {key}"}
+        r = httpx.get(f"{service.url}/v1/jobs/{job['id']}/metrics", headers=auth)
         assert r.status_code == 200, r.text
         print("metrics:", str(r.json())[:300])
+        r = httpx.get(f"{service.url}/v1/jobs/{job['id']}/checkpoints", headers=auth)
+        assert r.status_code == 200, r.text
+        print("checkpoints:", str(r.json())[:300])
 
         # another project's key: 404 on the model, its futures and its saves
-        other = service.key()
-        headers = {"X-API-Key": f"tml-{other}"}
+        headers = {"X-API-Key": f"tml-{service.key()}"}
         r = httpx.post(f"{service.url}/api/v1/get_info", json={"model_id": training.model_id}, headers=headers)
         assert r.status_code == 404, r.text
         r = httpx.post(f"{service.url}/api/v1/retrieve_future", json={"request_id": f"{job['id']}:1"}, headers=headers)
         assert r.status_code == 404, r.text
-        r = httpx.post(
-            f"{service.url}/api/v1/create_sampling_session",
-            json={"session_id": "x", "sampling_session_seq_id": 0, "model_path": sampler_path},
-            headers=headers,
-        )
+        body = {"session_id": "x", "sampling_session_seq_id": 0, "model_path": sampler_path}
+        r = httpx.post(f"{service.url}/api/v1/create_sampling_session", json=body, headers=headers)
         assert r.status_code == 404, r.text
-    # leaving the `with` finished the session: its jobs end
-    deadline = time.monotonic() + 60
-    while _job_of_model(service, key, training.model_id)["status"] not in ("succeeded", "failed", "cancelled"):
-        assert time.monotonic() < deadline, "the finished session's job did not end"
-        time.sleep(0.5)
-    assert _job_of_model(service, key, training.model_id)["status"] == "succeeded"
+    assert _ended(service, key, training.model_id) == "succeeded"  # the `with` exit finished the session
+
+    # a new client resumes from the state, optimizer included: the same next step, bit for bit
+    with _client(service, key) as client:
+        resumed = client.create_training_client_from_state_with_optimizer(state).result()
+        again = (_loss(resumed, data), resumed.optim_step(adam).result(), _loss(resumed, data))
+        assert (first[0], first[2]) == (again[0], again[2])
+    _ended(service, key, resumed.model_id)
+
+    # sampling from the sampler save once its job has ended: a sampling job of its own, the trained text
+    with _client(service, key) as client:
+        later = client.create_sampling_client(model_path=sampler_path).sample(prompt, 1, greedy).result()
+        assert tokenizer.decode(later.sequences[0].tokens) == trained
 
 
 KILLED_CLIENT = """
