@@ -309,6 +309,7 @@ def serve(service: SessionService, host: str, token: str) -> ThreadingHTTPServer
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        disable_nagle_algorithm = True  # headers and body go out at once: no 40 ms delayed-ACK wait
 
         def log_message(self, format: str, *args: Any) -> None:  # the API logs its requests
             pass

@@ -163,3 +163,60 @@ def test_a_killed_client_frees_the_worker_after_the_heartbeat_timeout(
     took = time.monotonic() - killed
     print(f"freed {took:.1f} s after the client was killed (heartbeat timeout 20 s)")
     assert job["status"] == "succeeded" and took >= 15
+
+
+DIGIT = {"type": "regex", "pattern": "\\d"}  # dense on a random model: ~1 in 4 samples
+
+
+def _rewards(service: Service, key: str, texts: list[str]) -> list[float]:
+    """mathrl's grader on the completions, through POST /v1/graders:run."""
+    r = httpx.post(
+        f"{service.url}/v1/graders:run",
+        json={"grader": DIGIT, "items": [{"completion": t} for t in texts]},
+        headers={"Authorization": f"Bearer {key}"},
+        timeout=60,
+    )
+    assert r.status_code == 200, r.text
+    return [float(d["score"]) for d in r.json()["data"]]
+
+
+def test_an_rl_loop_samples_grades_and_raises_its_reward(service: Service, tiny_model: str, tinker_env: None) -> None:
+    """Tinker's RL loop as a user writes it: sample a group per prompt from the current weights, grade
+    with mathrl's grader, advantages centred per group, `importance_sampling` with the sampler's
+    log-probabilities, `optim_step`."""
+    from tinker import types
+
+    key = service.key()
+    params = types.SamplingParams(max_tokens=3, temperature=1.0, seed=0)
+    with _client(service, key) as client:
+        training = client.create_lora_training_client(base_model=tiny_model, rank=8, seed=0).result()
+        tokenizer = training.get_tokenizer()
+        prompts = [tokenizer.encode(f"{a} + {b} =") for a, b in ((2, 3), (4, 1), (3, 3), (1, 5))]
+        means = []
+        for step in range(12):
+            sampler = training.save_weights_and_get_sampling_client()
+            futures = [sampler.sample(types.ModelInput.from_ints(p), 8, params) for p in prompts]
+            data, rewards = [], []
+            for prompt, future in zip(prompts, futures, strict=True):
+                group = future.result().sequences
+                scores = _rewards(service, key, [tokenizer.decode(s.tokens) for s in group])
+                rewards += scores
+                mean = sum(scores) / len(scores)
+                for seq, score in zip(group, scores, strict=True):
+                    tokens = prompt + list(seq.tokens)
+                    pad = [0.0] * (len(prompt) - 1)
+                    data.append(
+                        types.Datum(
+                            model_input=types.ModelInput.from_ints(tokens[:-1]),
+                            loss_fn_inputs={
+                                "target_tokens": tokens[1:],
+                                "logprobs": pad + list(seq.logprobs),
+                                "advantages": pad + [score - mean] * len(seq.tokens),
+                            },
+                        )
+                    )
+            means.append(sum(rewards) / len(rewards))
+            training.forward_backward(data, "importance_sampling").result()
+            training.optim_step(types.AdamParams(learning_rate=2e-2)).result()
+        print("mean reward per step:", [round(m, 2) for m in means])
+        assert sum(means[-3:]) / 3 > sum(means[:3]) / 3 + 0.2, means
