@@ -81,6 +81,11 @@ class SessionKind(Kind[SessionSpec, ResolvedConfig]):
             server.shutdown()
             service.close()
             sink.endpoint(None)
+        if stopped and sink.draining():  # its state is this process's memory: it cannot move to another worker
+            raise RuntimeError(
+                "the worker shut down (drained) while this session was open: a session's model lives in its "
+                "job's memory and cannot move; start a new client from your last save_state"
+            )
         if stopped:
             raise StopRequested("stop requested")
         sink.event("session_ended", why)
