@@ -169,6 +169,20 @@ def _json_body(body: bytes) -> dict[str, Any]:
     return data
 
 
+def _int(data: dict[str, Any], field: str) -> int:
+    value = data.get(field) or 0
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**31:
+        raise Problem.at(f"/{field}", f"{value!r} is not a counter: give a whole number from 0", status=400)
+    return value
+
+
+def _object(data: dict[str, Any], field: str) -> dict[str, Any]:
+    value = data.get(field) or {}
+    if not isinstance(value, dict):
+        raise Problem.at(f"/{field}", "give an object", status=400)
+    return value
+
+
 def _proto_model_id(body: bytes) -> str:
     """Field 1 (model_id) of a ForwardBackwardRequest, read without decoding the rest."""
     at = 0
@@ -300,7 +314,7 @@ async def _forward_quietly(settings: Settings, job: Job, op: str) -> None:
 
 @router.post("/sessions/{session_id}/finish")
 async def finish(session_id: str, caller: TinkerCaller, settings: SettingsDep, request: Request) -> dict[str, Any]:
-    reason = _json_body(await request.body()).get("reason") or {}
+    reason = _object(_json_body(await request.body()), "reason")
     body = json.dumps({"reason": str(reason.get("type", "success"))[:40]}).encode()
     jobs = await run_in_threadpool(_session_jobs, settings, caller.project_id, session_id)
     if not jobs:
@@ -325,14 +339,14 @@ def _cancel(settings: Settings, job_id: str) -> None:
 @router.post("/create_model")
 async def create_model(caller: TinkerCaller, settings: SettingsDep, request: Request) -> dict[str, Any]:
     data = _json_body(await request.body())
-    lora = data.get("lora_config") or {}
-    if (data.get("optimizer_config") or {}).get("type", "adamw") != "adamw":
+    lora = _object(data, "lora_config")
+    if _object(data, "optimizer_config").get("type", "adamw") != "adamw":
         raise Problem.at("/optimizer_config/type", "only adamw is served", status=400)
     base = data.get("base_model")
     fields = {
         "model": settings.fine_tuning.model_aliases.get(str(base), base),
         "session": data.get("session_id"),
-        "name": f"{data.get('session_id')}:train:{int(data.get('model_seq_id') or 0)}",
+        "name": f"{data.get('session_id')}:train:{_int(data, 'model_seq_id')}",
         "lora_rank": lora.get("rank", 32),
         "train_attn": lora.get("train_attn", True),
         "train_mlp": lora.get("train_mlp", True),
@@ -356,7 +370,7 @@ async def load_weights(caller: TinkerCaller, settings: SettingsDep, request: Req
         **_lora_fields(src.spec or {}),
         "model": (src.spec or {}).get("model"),
         "session": session_id,
-        "name": f"{session_id}:train:{int(data.get('model_seq_id') or 0)}",
+        "name": f"{session_id}:train:{_int(data, 'model_seq_id')}",
         "load": f"job:{src.id}@step-{save.step}",
         "load_optimizer": bool(data.get("optimizer")),
     }
@@ -405,7 +419,7 @@ async def create_sampling_session(caller: TinkerCaller, settings: SettingsDep, r
     session_id = str(data.get("session_id") or "")
     fields: dict[str, Any] = {
         "session": session_id,
-        "name": f"{session_id}:sample:{int(data.get('sampling_session_seq_id') or 0)}",
+        "name": f"{session_id}:sample:{_int(data, 'sampling_session_seq_id')}",
         "train": False,
     }
     if data.get("model_path"):

@@ -1,0 +1,77 @@
+"""The Tinker API's routes (api/routers/tinker.py) on bad input, in-process: the SDK's key header,
+and a clear 4xx problem naming the field for what cannot be served, before any job is made. (The
+SDK against a running service: tests/system/test_tinker.py.)"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.helpers.api import admin_key
+from tests.helpers.env import ADMIN_TOKEN
+
+pytestmark = pytest.mark.quick
+
+
+def _tinker(headers: dict[str, str]) -> dict[str, str]:
+    """The SDK's header for a mathrl key: X-API-Key: tml-<key>."""
+    return {"X-API-Key": "tml-" + headers["Authorization"].removeprefix("Bearer ")}
+
+
+def test_the_sdk_key_header_is_a_mathrl_key(app_client: Any) -> None:
+    key = _tinker(admin_key(app_client))
+    assert app_client.post("/api/v1/client/config", json={"sdk_version": "0.38.0"}, headers=key).status_code == 200
+    bare = {"X-API-Key": key["X-API-Key"].removeprefix("tml-")}
+    assert app_client.post("/api/v1/client/config", json={}, headers=bare).status_code == 200
+    r = app_client.post("/api/v1/client/config", json={})
+    assert r.status_code == 401 and r.headers["content-type"].startswith("application/problem+json"), r.text
+    r = app_client.post("/api/v1/create_session", json={}, headers={"X-API-Key": f"tml-{ADMIN_TOKEN}"})
+    assert r.status_code == 403 and "project" in r.json()["detail"], r.text
+    r = app_client.post("/api/v1/create_session", json={"tags": []}, headers=key)
+    assert r.status_code == 200 and r.json()["session_id"], r.text
+
+
+@pytest.mark.parametrize(
+    ("route", "body", "pointer"),
+    [
+        ("create_model", {"session_id": "s", "model_seq_id": "one", "base_model": "org/m"}, "/model_seq_id"),
+        ("create_model", {"session_id": "s", "base_model": "org/m", "lora_config": [8]}, "/lora_config"),
+        ("create_model", {"session_id": "s", "optimizer_config": {"type": "dimuon"}}, "/optimizer_config/type"),
+        ("create_model", {"session_id": "s", "model_seq_id": 0}, "/model"),
+        ("create_model", {"session_id": "s", "base_model": "org/m", "lora_config": {"rank": 0}}, "/lora_rank"),
+        ("load_weights", {"session_id": "s", "path": "/etc/passwd"}, "/path"),
+        ("create_sampling_session", {"session_id": "s", "sampling_session_seq_id": 0}, "/base_model"),
+    ],
+)
+def test_a_call_that_cannot_be_served_is_a_400_naming_the_field(
+    app_client: Any, route: str, body: dict[str, Any], pointer: str
+) -> None:
+    r = app_client.post(f"/api/v1/{route}", json=body, headers=_tinker(admin_key(app_client)))
+    assert r.status_code == 400, r.text
+    assert r.json()["errors"][0]["pointer"] == pointer, r.json()
+
+
+def test_what_is_not_in_the_project_is_a_404(app_client: Any) -> None:
+    key = _tinker(admin_key(app_client))
+    missing = "01a00000-0000-7000-8000-000000000000"
+    for route, body in [
+        ("get_info", {"model_id": "s:train:0"}),
+        ("optim_step", {"model_id": "s:train:0", "seq_id": 1, "adam_params": {}}),
+        ("retrieve_future", {"request_id": f"{missing}:1"}),
+        ("asample", {"sampling_session_id": f"{missing}:sample:0", "num_samples": 1}),
+        ("load_weights", {"session_id": "s", "path": "tinker://s:train:0/weights/final"}),
+        ("sessions/s/finish", {"reason": {"type": "success"}}),
+    ]:
+        r = app_client.post(f"/api/v1/{route}", json=body, headers=key)
+        assert r.status_code == 404, (route, r.text)
+    r = app_client.post("/api/v1/session_heartbeat", json={"session_id": "s"}, headers=key)
+    assert r.status_code == 200, r.text  # a session with no client yet: nothing to keep alive
+
+
+def test_a_body_that_is_not_json_is_a_400(app_client: Any) -> None:
+    key = _tinker(admin_key(app_client))
+    r = app_client.post("/api/v1/create_model", content=b"\xff{", headers={**key, "Content-Type": "application/json"})
+    assert r.status_code == 400 and "JSON" in r.json()["detail"], r.text
+    r = app_client.post("/api/v1/forward_backward", content=b"\x0a\xff", headers=key)
+    assert r.status_code == 400 and "forward_backward" in r.json()["detail"], r.text
