@@ -193,7 +193,7 @@ def test_an_rl_loop_samples_grades_and_raises_its_reward(service: Service, tiny_
         tokenizer = training.get_tokenizer()
         prompts = [tokenizer.encode(f"{a} + {b} =") for a, b in ((2, 3), (4, 1), (3, 3), (1, 5))]
         means = []
-        for step in range(12):
+        for _ in range(12):
             sampler = training.save_weights_and_get_sampling_client()
             futures = [sampler.sample(types.ModelInput.from_ints(p), 8, params) for p in prompts]
             data, rewards = [], []
