@@ -243,6 +243,26 @@ def test_bundled_database_and_broker(default: Rendered) -> None:
 
 
 @pytest.mark.quick
+def test_workers_take_connections_from_the_api_only(default: Rendered) -> None:
+    """A session job (the Tinker API) serves the calls the API forwards on its worker's pod IP:
+    the workers' policy admits the API's pods and nothing else; the migration Job admits nothing."""
+    policy = default.get("NetworkPolicy", "mathrl-workers")["spec"]
+    assert {"key": "app.kubernetes.io/component", "operator": "In", "values": ["worker"]} in policy["podSelector"][
+        "matchExpressions"
+    ]
+    (rule,) = policy["ingress"]
+    (peer,) = rule["from"]
+    assert peer["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "api", peer
+    deny = default.get("NetworkPolicy", "mathrl-deny-ingress")["spec"]
+    assert (
+        "ingress" not in deny and {"values": ["migrate"]}.items() <= deny["podSelector"]["matchExpressions"][1].items()
+    )
+    for w in workers(default).values():
+        host = env_of(container(w))["MATHRL_WORKER__SESSION_HOST"]
+        assert host["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+
+
+@pytest.mark.quick
 def test_external_database_and_broker_come_from_the_named_secrets(gpu: Rendered) -> None:
     kinds = {(d["kind"], d["metadata"]["name"]) for d in gpu.docs}
     assert not gpu.of("StatefulSet") and not gpu.of("Secret"), (
