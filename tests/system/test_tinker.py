@@ -1,7 +1,8 @@
 """The Tinker-compatible API (api/routers/tinker.py, kind `session`) through the real `tinker` SDK
 (0.38.0) against the running service (an API and a worker process), on the tests' tiny model:
 supervised steps lower the loss; a saved state resumed with its optimizer takes the same next step,
-bit for bit; sampling from a sampler save gives the trained model's text; an RL loop (sample, grade
+bit for bit; sampling from a sampler save gives the trained model's text, and from the base model the
+untrained one's; an RL loop (sample, grade
 with mathrl's grader, importance_sampling) raises the reward; another project's key gets 404s; and a
 client killed mid-session frees the worker after the heartbeat timeout."""
 
@@ -90,7 +91,10 @@ def test_a_training_client_learns_saves_resumes_and_samples(
         state = training.save_state("after-20").result().path
         assert state == f"tinker://{training.model_id}/weights/after-20"
         sampler_path = training.save_weights_for_sampler("trained").result().path
-        here = training.save_weights_and_get_sampling_client().sample(prompt, 1, greedy).result()
+        now = training.save_weights_and_get_sampling_client()
+        here = now.sample(prompt, 1, greedy).result()
+        prompt_lp = now.compute_logprobs(prompt).result()  # each prompt token's, given those before it
+        assert len(prompt_lp) == prompt.length and prompt_lp[0] is None and all(v < 0 for v in prompt_lp[1:])
         trained = tokenizer.decode(here.sequences[0].tokens)
         assert trained != tokenizer.decode(before.sequences[0].tokens)  # training changed what it says
         on_path = client.create_sampling_client(model_path=sampler_path).sample(prompt, 2, greedy).result()
@@ -131,6 +135,10 @@ def test_a_training_client_learns_saves_resumes_and_samples(
     with _client(service, key) as client:
         later = client.create_sampling_client(model_path=sampler_path).sample(prompt, 1, greedy).result()
         assert tokenizer.decode(later.sequences[0].tokens) == trained
+    # and from the base model: the untrained text (a new adapter starts as a no-op)
+    with _client(service, key) as client:
+        base = client.create_sampling_client(base_model=tiny_model).sample(prompt, 1, greedy).result()
+        assert base.sequences[0].tokens == before.sequences[0].tokens
 
 
 KILLED_CLIENT = """
