@@ -5,6 +5,7 @@ sends nothing for `heartbeat_timeout_seconds`, or the job is cancelled."""
 
 from __future__ import annotations
 
+import gc
 import secrets
 import time
 from pathlib import Path
@@ -56,6 +57,8 @@ class SessionKind(Kind[SessionSpec, ResolvedConfig]):
             directory, label = run.resolve(spec.load)
             session.load(Path(directory), optimizer=spec.load_optimizer and spec.train)
             sink.event("loaded", f"started from {label or spec.load}", data={"from": spec.load})
+        gc.collect()  # the model's objects never become garbage: out of the collector's way (as the API's)
+        gc.freeze()
         model_id = run.spec.name or run.job_id
         service = SessionService(session, sink, run.job_id, model_id, run.work, run.out, spec.train)
         token = secrets.token_urlsafe(24)
