@@ -23,6 +23,7 @@ module can import it.
     ├── RefusedURL (ValueError)       a dataset URL the server will not fetch (service.sources)
     ├── RefError (ValueError)         a job or checkpoint reference that names nothing (worker.refs)
     ├── ParquetError (ValueError)     not a parquet file, or its footer cannot be read (api.parquet_footer)
+    ├── SessionCallError (ValueError) a Tinker call a session cannot serve (trainer.session_server)
     ├── NotAvailable (RuntimeError)   this worker cannot run the job (exit EXIT_UNAVAILABLE)
     │   ├── SandboxUnavailable        no python grader sandbox on this machine (evaluator.sandbox)
     │   └── MemoryRefused             its memory plan needs more than the GPUs have (worker.child)
@@ -152,6 +153,12 @@ class Unstorable(MathRLException, ValueError):
 
 class NotPausable(MathRLException, ValueError):
     """The job is not in a status a pause or a resume applies to (the message says which)."""
+
+
+class SessionCallError(MathRLException, ValueError):
+    """A Tinker call a session job cannot serve as sent (a sampling client asked to train, a save
+    name it cannot take, a sampler it does not hold): the call's future fails with the message,
+    category 'user' (trainer/session_server.py)."""
 
 
 # --- a worker, a job's run -------------------------------------------------------------------

@@ -25,10 +25,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from mathrl.errors import SessionCallError as SessionCallError  # raised here
 from runtime.sink import Sink
 from trainer.session import AdamParams, TrainingSession
 from trainer.session_sampling import lora_weights, sample, sample_call, use_weights
-from trainer.session_wire import decode_forward_backward, encode_forward_backward, encode_sample
+from trainer.session_wire import ForwardBackwardCall, decode_forward_backward, encode_forward_backward, encode_sample
 
 log = logging.getLogger(__name__)
 
@@ -37,10 +38,6 @@ PROTOBUF = "application/x-protobuf"
 LONG_POLL_SECONDS = 20.0  # under the SDK's 45 s read timeout on retrieve_future
 NAME = re.compile(r"^[A-Za-z0-9._-]{1,100}$")
 ADAM_FIELDS = {"learning_rate", "beta1", "beta2", "eps", "weight_decay", "grad_clip_norm"}
-
-
-class UserError(ValueError):
-    """A call the client got wrong: its future fails with category 'user'."""
 
 
 @dataclass
@@ -90,7 +87,13 @@ class SessionService:
         """Queue a call; its future's ids."""
         self.last_seen = time.monotonic()
         if op == "forward_backward":
-            return self._queued(op, None, lambda: self._forward_backward(body))
+            try:
+                call = decode_forward_backward(body)
+            except ValueError as exc:  # its future says why
+                failed = _json({"error": str(exc), "category": "user"})
+                return self._queued(op, None, lambda: failed)
+            # a resent call (the same seq_id, which the SDK counts from 1) runs once; 0 is proto3's "unset"
+            return self._queued(op, call.seq_id or None, lambda: self._forward_backward(call))
         data = json.loads(body or b"{}")
         seq = data.get("seq_id")
         if op == "optim_step":
@@ -105,7 +108,7 @@ class SessionService:
             n = max(int(data.get("num_samples") or 1), 1)
             ids = self._queued(op, None, lambda: self._sample(data))
             return {**ids, "sample_sequence_ids": [f"{ids['request_id']}:{i}" for i in range(n)]}
-        raise UserError(f"{op}: not a call this session serves")
+        raise SessionCallError(f"{op}: not a call this session serves")
 
     def create_sampler(self, data: dict[str, Any]) -> dict[str, Any]:
         """A sampling client on a save of this job (`directory`, as the API resolved its path) or on
@@ -128,7 +131,7 @@ class SessionService:
         self._queue.put(("", load))
         done.wait()
         if "error" in answer:
-            raise UserError(answer["error"])
+            raise SessionCallError(answer["error"])
         return {"sampling_session_id": answer["id"]}
 
     def info(self) -> dict[str, Any]:
@@ -183,7 +186,7 @@ class SessionService:
             request_id, call = item
             try:
                 result = call()
-            except UserError as exc:
+            except SessionCallError as exc:
                 result = _json({"error": str(exc), "category": "user"})
             except (ValueError, KeyError) as exc:  # a loss or input the call named wrong
                 result = _json({"error": f"{type(exc).__name__}: {exc}", "category": "user"})
@@ -199,10 +202,9 @@ class SessionService:
 
     def _training(self, what: str) -> None:
         if not self.train:
-            raise UserError(f"{what}: this is a sampling client; create a training client to train")
+            raise SessionCallError(f"{what}: this is a sampling client; create a training client to train")
 
-    def _forward_backward(self, body: bytes) -> Result:
-        call = decode_forward_backward(body)
+    def _forward_backward(self, call: ForwardBackwardCall) -> Result:
         if not call.forward_only:
             self._training("forward_backward")
         numbers = {k: float(v) for k, v in call.config.items() if not isinstance(v, str)}
@@ -217,7 +219,7 @@ class SessionService:
     def _optim_step(self, data: dict[str, Any]) -> Result:
         self._training("optim_step")
         if data.get("optimizer_params") and (data["optimizer_params"] or {}).get("type", "adamw") != "adamw":
-            raise UserError("optimizer_params.type: only adamw is served")
+            raise SessionCallError("optimizer_params.type: only adamw is served")
         given = data.get("adam_params") or {}
         adam = AdamParams(**{k: float(v) for k, v in given.items() if k in ADAM_FIELDS})
         metrics = self.session.optim_step(adam)
@@ -230,7 +232,7 @@ class SessionService:
 
     def _save(self, kind: str, name: str) -> Save:
         if not NAME.match(name):
-            raise UserError(f"path: {name!r} is not a save name; use letters, digits, '.', '_' and '-' (1-100)")
+            raise SessionCallError(f"path: {name!r} is not a save name; use letters, digits, '.', '_' and '-' (1-100)")
         self._saves += 1
         return Save(self._saves, self.work / kind / name, self.out / kind / name)
 
@@ -262,7 +264,7 @@ class SessionService:
         self._training("load_weights")
         directory = data.get("directory")  # the API resolved `path` to the save's directory
         if not directory:
-            raise UserError(f"path: {data.get('path')!r} is not a save this project can read")
+            raise SessionCallError(f"path: {data.get('path')!r} is not a save this project can read")
         self.session.load(Path(directory), optimizer=bool(data.get("optimizer")))
         return _json({})
 
@@ -288,16 +290,16 @@ class SessionService:
 
         weights = directory / "adapter_model.safetensors"
         if not weights.exists():
-            raise UserError(f"model_path: {directory.name} holds no adapter weights")
+            raise SessionCallError(f"model_path: {directory.name} holds no adapter weights")
         try:
             set_peft_model_state_dict(self.session.model, load_file(str(weights), device=str(self.session.device)))
         except RuntimeError as exc:  # another rank or base model
-            raise UserError(f"model_path: {directory.name} does not fit this session's model: {exc}") from None
+            raise SessionCallError(f"model_path: {directory.name} does not fit this session's model: {exc}") from None
 
     def _sample(self, data: dict[str, Any]) -> Result:
         sampler = str(data.get("sampling_session_id") or f"{self.job_id}:sample:0")
         if sampler not in self._samplers:
-            raise UserError(f"sampling_session_id: no sampler {sampler} in this session")
+            raise SessionCallError(f"sampling_session_id: no sampler {sampler} in this session")
         call = sample_call(data)
         with use_weights(self.session, self._samplers[sampler]):
             sequences, prompt_lp = sample(self.session, call)
@@ -342,7 +344,7 @@ def serve(service: SessionService, host: str, token: str) -> ThreadingHTTPServer
                     self._send(200, _json({}))
                 else:
                     self._send(200, _json(service.submit(op, body)))
-            except (UserError, ValueError, KeyError) as exc:
+            except (SessionCallError, ValueError, KeyError) as exc:
                 self._send(400, _json({"error": str(exc), "category": "user"}))
 
     server = ThreadingHTTPServer((host, 0), Handler)

@@ -144,6 +144,8 @@ def _save(settings: Settings, project_id: str, path: str) -> tuple[Job, Checkpoi
 
 async def _forward(settings: Settings, job: Job, op: str, body: bytes, content_type: str) -> Response:
     """`op` on the job's process; a 404 once the job has ended, a 429 (the SDK retries) before it serves."""
+    if job.status in TERMINAL:  # its endpoint row may outlive a process that crashed
+        raise Problem(404, "Session ended", f"the session job {job.id} is {job.status}: start a new client")
     where = await run_in_threadpool(_endpoint, settings, job.id)
     if where is None:
         fresh = await run_in_threadpool(_job, settings, job.project_id, job.id)
@@ -155,6 +157,10 @@ async def _forward(settings: Settings, job: Job, op: str, body: bytes, content_t
     try:
         r = await _http().post(f"{url}/{op}", content=body, headers={"Content-Type": content_type, TOKEN_HEADER: token})
     except httpx.HTTPError as exc:
+        fresh = await run_in_threadpool(_job, settings, job.project_id, job.id)
+        if fresh is None or fresh.status in TERMINAL:
+            status = fresh.status if fresh is not None else "gone"
+            raise Problem(404, "Session ended", f"the session job {job.id} is {status}: start a new client") from None
         raise Problem(503, "Session unreachable", f"the session job {job.id} did not answer: {exc}") from None
     return Response(r.content, r.status_code, media_type=r.headers.get("content-type", "application/json"))
 

@@ -281,7 +281,7 @@ def test_every_kind_and_grader_type_is_registered_in_one_place() -> None:
     from mathrl.graders import GRADER_TYPES
     from mathrl.specs import JOB_KINDS, KINDS
 
-    assert JOB_KINDS == ("eval", "grpo", "reward_model", "sft", "grade", "generate")
+    assert JOB_KINDS == ("eval", "grpo", "reward_model", "sft", "grade", "generate", "session")
     assert sorted(SCORERS) == sorted(GRADER_TYPES)
     with pytest.raises(ValueError, match="unknown job kind 'gpro'. Did you mean 'grpo'"):
         KINDS["gpro"]
