@@ -117,22 +117,15 @@ class SessionService:
         directory = data.get("directory")
         if not directory:
             return {"sampling_session_id": f"{self.job_id}:sample:0"}
-        done = threading.Event()
-        answer: dict[str, Any] = {}
-
-        def load() -> Result:
-            try:
-                answer["id"] = self._sampler_from(Path(directory))
-            except Exception as exc:  # the client's call returns the reason
-                answer["error"] = str(exc)
-            done.set()
-            return _json({})
-
-        self._queue.put(("", load))
-        done.wait()
+        # on the calls' thread, as every call that touches the model, through the same futures
+        load = self._queued(
+            "create_sampling_session", None, lambda: _json({"sampling_session_id": self._sampler_from(Path(directory))})
+        )
+        while (answer := json.loads(self.retrieve(load["request_id"]).body)).get("type") == "try_again":
+            pass
         if "error" in answer:
             raise SessionCallError(answer["error"])
-        return {"sampling_session_id": answer["id"]}
+        return dict(answer)
 
     def info(self) -> dict[str, Any]:
         self.last_seen = time.monotonic()
