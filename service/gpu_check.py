@@ -140,15 +140,16 @@ def measured_matmul_tflops(n: int = 2048, repeats: int = 5) -> float:
 
 
 def example_jobs(
-    model: str, steps: int, heldout: int, eval_tokens: int | None
+    model: str, steps: int, heldout: int, eval_tokens: int | None, hf_mode: str | None = None
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The example's GRPO and eval jobs on `model` (examples/smollm2-arith.yaml, the add2 task),
-    GRPO on the hf backend (vLLM is a second run when it is importable), `steps` steps."""
+    GRPO on the hf backend (vLLM is a second run when it is importable), `steps` steps; `hf_mode`:
+    how hf decodes (None: the spec's default)."""
     import yaml
 
     jobs = yaml.safe_load(EXAMPLE.read_text())["jobs"]
     grpo = {**jobs["grpo-add2"], "model": model, "max_steps": steps, "save_steps": 10**6}
-    grpo["generation"] = {"backend": "hf"}
+    grpo["generation"] = {"backend": "hf", **({"hf_mode": hf_mode} if hf_mode else {})}
     ev = {**jobs["eval-base-add2"], "model": model, "limit": heldout, "backend": "hf"}
     if eval_tokens:
         ev["sampling"] = {**ev.get("sampling", {}), "max_new_tokens": eval_tokens}
@@ -187,7 +188,14 @@ def grpo_run(
     resources = {"gpus": 1} if env["device"] == "cuda" else {}
     spec = cast(
         "GRPOSpec",
-        parse_spec({**grpo, "model": model_path, "generation": {"backend": backend}, "resources": resources}),
+        parse_spec(
+            {
+                **grpo,
+                "model": model_path,
+                "generation": {**grpo.get("generation", {}), "backend": backend},
+                "resources": resources,
+            }
+        ),
     )
     config = resolve_config(spec)
     cuda = env["device"] == "cuda"
@@ -204,6 +212,10 @@ def grpo_run(
         "train_seconds": round(result["train_seconds"], 1),
         "wall_seconds": round(wall, 1),
         "final": result["final"],
+        # how the hf backend decoded, as the run's 'generation' event says (trainer/grpo.py)
+        "hf_mode": next(
+            ((e["data"] or {}).get("hf_mode") for e in sink.events if e["type"] == "generation" and e["data"]), None
+        ),
         **step_figures(sink, steps=result["steps"], world=1),
     }
     run["mfu"] = mfu(run, model_flops_params(model_path), env.get("peak_tflops"), devices=1)
@@ -229,8 +241,9 @@ def step_figures(sink: RecordSink, steps: int, world: int) -> dict[str, Any]:
 
     step, gen = med("step_time"), med("generation_seconds")
     gen_tps = med("generation_tokens_per_second")
-    tokens = [v["num_tokens"] for _, v in by_step if "num_tokens" in v]
-    trained_per_step = (tokens[-1] - tokens[0]) / (len(tokens) - 1) if len(tokens) > 1 else None
+    # what the training pass took (prompt + completion tokens of the rows it trained: the loop
+    # leaves zero-advantage completions out), not TRL's num_tokens, which counts every row generated
+    trained_per_step = med("forward_tokens_per_step")
     generated_per_step = gen * gen_tps if gen and gen_tps else None
     out: dict[str, Any] = {
         "step_seconds": _r(step),
@@ -374,7 +387,13 @@ def ranks_run(kind: str, job: dict[str, Any], ranks: int, work: Path) -> dict[st
         json.dumps(job),
         str(log),
     ]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = subprocess.run(
+        cmd,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))},
+    )
     if proc.returncode != 0 or not log.exists():
         raise RuntimeError(f"{kind} on {ranks} ranks failed ({proc.returncode}): {proc.stderr[-3000:]}")
     data = json.loads(log.read_text())
@@ -467,7 +486,7 @@ def run_check(args: argparse.Namespace) -> dict[str, Any]:
     model = prepare_model(model_name, device, work)
     report["model"] = {"name": model_name, "path": model, "params": model_flops_params(model)}
     data_dir = _data_dir()
-    grpo, ev = example_jobs(model, args.steps, args.heldout, args.eval_tokens)
+    grpo, ev = example_jobs(model, args.steps, args.heldout, args.eval_tokens, args.hf_mode)
     report["jobs"] = {"grpo": grpo, "eval": ev}
     print(f"gpu-check: held-out eval of the base model ({args.heldout} problems)", file=sys.stderr)
     before = evaluate(ev, model, data_dir)
@@ -477,8 +496,9 @@ def run_check(args: argparse.Namespace) -> dict[str, Any]:
     failures: list[str] = []
     for backend in backends:
         print(f"gpu-check: GRPO, {args.steps} steps, {backend} generation", file=sys.stderr)
+        job = grpo if backend == "hf" else {**grpo, "generation": {}}  # hf_mode is the hf backend's alone
         try:
-            run = grpo_run(grpo, model, data_dir, work / f"grpo-{backend}", env, backend)
+            run = grpo_run(job, model, data_dir, work / f"grpo-{backend}", env, backend)
         except Exception as e:  # reported, and the check fails
             report["runs"].append({"backend": backend, "error": f"{type(e).__name__}: {e}"})
             failures.append(f"GRPO with {backend} generation failed: {type(e).__name__}: {e}")
@@ -539,7 +559,8 @@ def table(report: dict[str, Any]) -> str:
             continue
         plan = run.get("memory_plan") or {}
         lines.append(
-            f"{run['backend']:<11} after {run['after']['accuracy']:.1%} ({run['gain_points']:+.1f} points); "
+            f"{run['backend']:<11} ({run.get('hf_mode') or 'engine'}) after {run['after']['accuracy']:.1%} "
+            f"({run['gain_points']:+.1f} points); "
             f"step {run['step_seconds']}s (generation {run['generation_share']}), "
             f"tokens/s/device trained {run.get('trained_tokens_per_second_per_device')} "
             f"generated {run.get('generated_tokens_per_second_per_device')}; MFU {run['mfu']} "
@@ -579,6 +600,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--ranks", type=int, help="data-parallel ranks for the second run (default: every GPU)")
     p.add_argument("--loss-tolerance", type=float, default=2e-2, help="SFT loss, ranks vs one, relative")
     p.add_argument("--hf-only", action="store_true", help="skip the vLLM run even where vLLM is importable")
+    p.add_argument(
+        "--hf-mode",
+        choices=["dynamic", "static", "continuous"],
+        help="how the hf run decodes (generation.hf_mode; default: the spec's 'auto')",
+    )
     p.add_argument("--work", help="working directory (default: a new temporary one)")
     p.add_argument("--out", default="gpu-check.json", help="where the JSON report goes")
     p.add_argument("--rank-job", nargs=3, metavar=("KIND", "JOB", "LOG"), help=argparse.SUPPRESS)

@@ -115,6 +115,8 @@ class SinkCallback(TrainerCallback):
         out.update({k: v for k, v in t.items() if k.startswith("reward/")})
         out["eval_seconds"] = held
         train = wall - gen - sync
+        if t.get("forward_tokens"):  # prompt + completion tokens of the rows the training pass took
+            out["forward_tokens_per_step"] = t["forward_tokens"] / n
         if t.get("forward_tokens") and train > 0:
             out["trained_tokens_per_second"] = t["trained_tokens"] / train
             out.update(self._mfu(t, train))

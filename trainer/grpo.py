@@ -128,7 +128,8 @@ def run_grpo(
             peft_config=lora_config(config.lora),
         )
     else:
-        args = grpo_args(config, work, use_cpu, backend, vllm_server_url)
+        hf_mode = None if uses_vllm(backend) else config.generation.resolved_hf_mode(gpu=not use_cpu)
+        args = grpo_args(config, work, use_cpu, backend, vllm_server_url, hf_mode or "dynamic")
         args.reward_weights = weights
         engine = vllm_engine_options(spec, config, engine_settings) if uses_vllm(backend) else None
         trainer = MathrlGRPOTrainer(
@@ -141,12 +142,14 @@ def run_grpo(
             peft_config=lora_config(config.lora),
             callbacks=callbacks,
             engine_options=engine,
+            hf_mode=hf_mode,
         )
         sink.event(
             "generation",
-            _describe_generation(backend, config, engine, time.monotonic() - t0),
+            _describe_generation(backend, config, engine, time.monotonic() - t0, hf_mode),
             data={
                 "backend": backend,
+                "hf_mode": hf_mode,
                 "mode": config.generation.mode if uses_vllm(backend) else None,
                 "version": _backend_version(backend),
                 "engine_options": engine,
@@ -178,9 +181,11 @@ def _backend_version(name: str) -> str:
     return backend(name).version()
 
 
-def _describe_generation(backend: str, config: ResolvedGRPO, engine: dict[str, Any] | None, seconds: float) -> str:
+def _describe_generation(
+    backend: str, config: ResolvedGRPO, engine: dict[str, Any] | None, seconds: float, hf_mode: str | None = None
+) -> str:
     if not uses_vllm(backend):
-        return f"generating with {backend} ({_backend_version(backend)})"
+        return f"generating with {backend} ({_backend_version(backend)}), decoding '{hf_mode}'"
     where = "the job's vLLM server" if config.generation.mode == "server" else "a colocated engine"
     sync = (
         ("LoRA adapter" if config.lora and config.lora.enabled else "full weights")

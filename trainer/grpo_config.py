@@ -51,8 +51,12 @@ def grpo_args(
     use_cpu: bool,
     backend: str = "hf",
     server_url: str | None = None,
+    hf_mode: str = "dynamic",
 ) -> Any:
+    """TRL's GRPOConfig for a sync job; `hf_mode`, how the hf backend decodes (trainer/hf_generation.py)."""
     from trl import GRPOConfig
+
+    from trainer.hf_generation import trl_args
 
     return GRPOConfig(
         **common_args(config, output_dir, use_cpu, server_url),
@@ -62,6 +66,7 @@ def grpo_args(
         vllm_tensor_parallel_size=config.generation.tensor_parallel_size,
         # prompt + completion: the engine's KV cache is sized for this, not the model's 8k context
         vllm_max_model_length=config.max_prompt_length + config.max_completion_length,
+        **({} if uses_vllm(backend) else trl_args(hf_mode)),
     )
 
 

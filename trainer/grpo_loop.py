@@ -31,6 +31,7 @@ import torch
 
 from trainer.curriculum import PassRateCurriculum
 from trainer.dynamic_sampling import COMPLETION_SIDE, informative, join_rows
+from trainer.hf_generation import DecodeCopy, decode
 from trainer.vllm_generation import TimedGRPOTrainer
 
 if TYPE_CHECKING:
@@ -73,8 +74,10 @@ class MathrlGRPOTrainer(TimedGRPOTrainer):
     train_dataset: Any  # a datasets.Dataset (map-style: len and indexing)
     num_generations: int
 
-    def __init__(self, *, loop: LoopOptions, **kwargs: Any) -> None:
+    def __init__(self, *, loop: LoopOptions, hf_mode: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.hf_mode = None if self.use_vllm else hf_mode  # how the hf backend decodes (trainer/hf_generation.py)
+        self._decode_copy: DecodeCopy | None = None  # `static` decodes on it (made at the first generation)
         self.loop = loop
         cur = loop.curriculum
         self.curriculum = (
@@ -94,6 +97,37 @@ class MathrlGRPOTrainer(TimedGRPOTrainer):
         )
         self._gathered_rewards: torch.Tensor | None = None
         self._reward_seconds: list[float] = []
+
+    def _generate_single_turn(self, prompt_ids: Any, *args: Any, **kwargs: Any) -> Any:
+        if self.hf_mode != "static":
+            return super()._generate_single_turn(prompt_ids, *args, **kwargs)
+        return self._timed_generation(self._decode_static, prompt_ids, *args, **kwargs)
+
+    def _decode_static(self, prompt_ids: list[list[int]], *_: Any, **__: Any) -> tuple[list[list[int]], None]:
+        """`static` decoding (trainer/hf_generation.py) on a copy of the policy in the run's compute
+        dtype, synced first (its time is weight-sync time, as a vLLM engine's sync is)."""
+        t0 = time.perf_counter()
+        policy = self.accelerator.unwrap_model(self.model)
+        if self._decode_copy is None:
+            self._decode_copy = DecodeCopy(policy, torch.bfloat16 if self.args.bf16 else torch.float32)
+        else:
+            self._decode_copy.sync(policy)
+        self.timings["weight_sync_seconds"] += time.perf_counter() - t0
+        completions = decode(
+            self._decode_copy.model,
+            prompt_ids,
+            mode="static",
+            max_new_tokens=int(self.max_completion_length or 0),
+            pad_token_id=self._tokenizer.pad_token_id,
+            eos_token_id=self.eos_token_ids,
+            do_sample=True,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            min_p=self.min_p,
+            repetition_penalty=self.repetition_penalty,
+        )
+        return completions, None
 
     def skip_is_exact(self) -> bool:
         """Whether a zero-advantage completion adds exactly nothing to this run's update."""

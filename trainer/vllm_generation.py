@@ -240,9 +240,13 @@ class TimedGRPOTrainer(GRPOTrainer):
             super().__init__(args=args, **kwargs)
 
     def _generate_single_turn(self, prompt_ids: Any, *args: Any, **kwargs: Any) -> Any:
+        return self._timed_generation(super()._generate_single_turn, prompt_ids, *args, **kwargs)
+
+    def _timed_generation(self, generate: Any, prompt_ids: Any, *args: Any, **kwargs: Any) -> Any:
+        """`generate(prompt_ids, ...)`, its time (less any weight sync it did) and output counted."""
         t0 = time.perf_counter()
         synced_before = self.timings["weight_sync_seconds"]
-        out = super()._generate_single_turn(prompt_ids, *args, **kwargs)
+        out = generate(prompt_ids, *args, **kwargs)
         elapsed = time.perf_counter() - t0
         self.timings["generation_seconds"] += elapsed - (self.timings["weight_sync_seconds"] - synced_before)
         completion_ids, _logprobs = out  # this process's completions, as token ids

@@ -67,6 +67,9 @@ HeldoutEvalField = Annotated[
 ]
 
 
+HFMode = Literal["dynamic", "static", "continuous"]
+
+
 class Generation(StrictModel):
     """How a GRPO job samples its completions. The backend that ran is stored with the job
     (resolved config `generation_backend`, and a 'generation' event from the worker)."""
@@ -114,6 +117,22 @@ class Generation(StrictModel):
         None,
         description="vLLM's prefix caching (the G completions of one question share its prompt); default: vLLM's own.",
     )
+    hf_mode: Literal["auto"] | HFMode = Field(
+        "auto",
+        description="How the 'hf' backend decodes (trainer/hf_generation.py): 'dynamic', transformers' generate "
+        "with a growing cache (TRL's default); 'static', a fixed-size cache and a compiled decode step (CUDA "
+        "graphs on a GPU, on a bf16 copy of the policy); 'continuous', transformers' continuous batching (paged "
+        "attention); 'auto': 'dynamic' for now, on a GPU too, where 'static' generated 2.1-4.6x faster in "
+        "bench/hf_generation.py but is not yet proven inside a training run there (docs/gpu.md).",
+    )
+
+    def resolved_hf_mode(self, gpu: bool) -> HFMode:
+        """The way the hf backend decodes on a GPU (`gpu`) or a CPU: the spec's, or auto's pick
+        (`dynamic` on both: on a CPU it measured fastest, and on a GPU `static` has not yet run
+        inside a training run; docs/gpu.md)."""
+        if self.hf_mode != "auto":
+            return self.hf_mode
+        return "dynamic"
 
     def resolved_server_gpus(self, gpus: int) -> int:
         """GPUs the vLLM server gets (0: it runs on the CPU, for a CPU job)."""
@@ -276,6 +295,12 @@ class GRPOSpec(JobBase):
             raise FieldError(
                 "generation/tensor_parallel_size",
                 "tensor_parallel_size is a vLLM setting: set generation.backend='vllm' or drop it",
+            )
+        if gen.hf_mode != "auto" and uses_vllm(backend):
+            raise FieldError(
+                "generation/hf_mode",
+                f"hf_mode is how the 'hf' backend decodes, and this job generates with {backend}: set "
+                "generation.backend='hf' or drop hf_mode",
             )
         if self.deepspeed_zero3 and self.resources.gpus < 2:
             raise FieldError(

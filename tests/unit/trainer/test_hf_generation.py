@@ -1,0 +1,117 @@
+"""The hf backend's decoding modes (trainer/hf_generation.py) on the tiny model: 'static' decodes
+what 'dynamic' (TRL's default) decodes, greedy, token for token; the policy's copy that 'static'
+decodes on follows the policy's weights (a full model, and a peft model whose adapter is merged
+for the copy and unmerged again); a GRPO job with hf_mode 'static' trains through it; and the spec
+refuses hf_mode on a vLLM job, naming the field."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from mathrl.specs import parse_spec
+from trainer.hf_generation import DecodeCopy, decode
+
+pytestmark = pytest.mark.slow  # the tiny model, loaded and trained
+
+
+def _model(path: str) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
+def _prompts(path: str) -> tuple[list[list[int]], Any]:
+    from evaluator.models import load_tokenizer
+
+    tok = load_tokenizer(path)
+    texts = ["1+2=", "what is 3 plus 4?", "5+1", "a much longer prompt about 2 + 2 and more words"]
+    return [tok(t, add_special_tokens=False).input_ids for t in texts for _ in range(2)], tok
+
+
+def test_static_decodes_what_dynamic_decodes(tiny_model: str) -> None:
+    model = _model(tiny_model)
+    prompts, tok = _prompts(tiny_model)
+    kw = dict(max_new_tokens=12, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, do_sample=False)
+    dynamic = decode(model, prompts, mode="dynamic", **kw)
+    static = decode(model, prompts, mode="static", **kw)
+    assert static == dynamic
+    assert all(0 < len(c) <= 12 for c in dynamic)
+
+
+def test_the_copy_follows_the_policy(tiny_model: str) -> None:
+    policy = _model(tiny_model)
+    copy = DecodeCopy(policy, torch.bfloat16)
+    for name, value in policy.state_dict().items():
+        assert torch.equal(copy.params[name], value.to(torch.bfloat16)), name
+    with torch.no_grad():  # an optimizer step, as far as the copy can tell
+        for p in policy.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    assert not torch.equal(
+        copy.params["model.layers.0.mlp.up_proj.weight"], policy.model.layers[0].mlp.up_proj.weight.to(torch.bfloat16)
+    )
+    copy.sync(policy)
+    for name, value in policy.state_dict().items():
+        assert torch.equal(copy.params[name], value.to(torch.bfloat16)), name
+
+
+def test_the_copy_of_a_peft_policy_holds_the_merged_weights(tiny_model: str) -> None:
+    from peft import LoraConfig, get_peft_model
+
+    policy = get_peft_model(_model(tiny_model), LoraConfig(r=4, target_modules=["q_proj", "up_proj"], lora_alpha=8))
+    with torch.no_grad():  # a trained adapter: B is zero at initialisation
+        for name, p in policy.named_parameters():
+            if "lora_B" in name:
+                p.add_(0.05 * torch.randn_like(p))
+    base = policy.base_model.model.model.layers[0].self_attn.q_proj.base_layer.weight.detach().clone()
+    copy = DecodeCopy(policy, torch.float32)
+    merged = policy.merge_and_unload()
+    for name, value in merged.state_dict().items():
+        assert torch.allclose(copy.params[name], value, atol=1e-6), name
+    assert not torch.equal(copy.params["model.layers.0.self_attn.q_proj.weight"], base)  # the adapter is in it
+
+
+def test_a_grpo_job_trains_with_static_decoding(tiny_model: str, tmp_path: Path) -> None:
+    from kinds import resolve_config
+    from mathrl.specs.resolved import ResolvedGRPO
+    from service.gpu_check import RecordSink, _data_dir
+    from trainer.grpo import run_grpo
+
+    spec = parse_spec(
+        {
+            "kind": "grpo",
+            "model": tiny_model,
+            "dataset": {"name": "add2-words-train", "limit": 40},
+            "max_steps": 2,
+            "num_generations": 4,
+            "per_device_train_batch_size": 8,
+            "max_completion_length": 8,
+            "rewards": [{"name": "accuracy"}],
+            "save_steps": 10**6,
+            "generation": {"backend": "hf", "hf_mode": "static"},
+        }
+    )
+    sink = RecordSink(echo=False)
+    result = run_grpo(
+        spec, resolve_config(spec).of(ResolvedGRPO), sink, model_path=tiny_model, data_dir=_data_dir(), out_dir=tmp_path
+    )
+    assert result["steps"] == 2
+    event = next(e for e in sink.events if e["type"] == "generation")
+    assert event["data"]["hf_mode"] == "static" and "decoding 'static'" in event["message"]
+    steps = [v for _, v in sorted(sink.metrics_by_step.items()) if "generation_tokens_per_second" in v]
+    assert steps and all(v["generation_tokens_per_second"] > 0 for v in steps)
+    # the copy synced before each generation: weight-sync time, which TRL's own hf path never has
+    assert all(v["weight_sync_seconds"] > 0 for v in steps)
+    assert json.loads((tmp_path / "final" / "config.json").read_text())["model_type"]
+
+
+def test_hf_mode_is_the_hf_backends_setting(tiny_model: str) -> None:
+    job = {"kind": "grpo", "model": tiny_model, "dataset": {"name": "add2-words-train"}}
+    assert parse_spec(job).generation.resolved_hf_mode(gpu=True) == "dynamic"
+    assert parse_spec({**job, "generation": {"hf_mode": "static"}}).generation.resolved_hf_mode(gpu=False) == "static"
+    with pytest.raises(ValueError, match="hf_mode is how the 'hf' backend decodes.*set generation.backend='hf'"):
+        parse_spec({**job, "generation": {"backend": "vllm", "hf_mode": "static"}})

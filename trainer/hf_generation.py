@@ -1,0 +1,150 @@
+"""How the `hf` generation backend decodes GRPO's rollouts (the spec's `generation.hf_mode`), as
+TRL's GRPOTrainer runs each way:
+
+- `dynamic`: transformers' `generate` on a left-padded batch with a cache that grows a token at a
+  time, compilation off: TRL's default.
+- `static`: the same `generate` with a fixed-size cache and the decode step compiled
+  (`torch.compile`, CUDA graphs on a GPU), on a copy of the policy (below). On a CPU transformers
+  does not compile, so this is only the fixed-size cache there.
+- `continuous`: transformers' continuous batching (`generate_batch`: paged attention, finished
+  sequences leave the batch): TRL's `use_transformers_continuous_batching`.
+
+`static` in a trainer decodes on a `DecodeCopy` of the policy: its weights in the run's
+compute dtype (bf16 on a GPU), synced in place before each generation. The policy itself trains
+in float32 under bf16 autocast, and a fixed-size cache cannot decode on it: the cache takes the
+dtype of the first keys written, and the keys of the policy's autocast forward do not all share
+one dtype, so the cache refuses some (seen on an H200 in the prefill: `index_copy_(): self and source expected
+to have the same dtype, but got (self) Float and (source) BFloat16`). The copy is what vLLM does
+too: generation on its own weights, synced each step.
+
+`decode` runs one batch: the trainer's `static` path and bench/hf_generation.py (each mode, with
+the generation config TRL builds) call it; `trl_args` is what the trainer sets for `continuous`,
+which TRL runs itself.
+"""
+
+from __future__ import annotations
+
+from typing import Any, get_args
+
+from mathrl.specs.grpo import HFMode
+
+HF_MODES: tuple[str, ...] = get_args(HFMode)
+# the share of free GPU memory continuous batching's paged cache may take: TRL's training-aware
+# default (transformers' own 0.9 leaves nothing for the backward pass)
+CONTINUOUS_MEMORY = 0.5
+
+
+def trl_args(mode: str) -> dict[str, Any]:
+    """GRPOConfig's arguments for a mode TRL runs itself (`static` the trainer runs: `decode`)."""
+    if mode == "continuous":
+        return {
+            "use_transformers_continuous_batching": True,
+            "transformers_continuous_batching_config": {"max_memory_percent": CONTINUOUS_MEMORY},
+        }
+    return {}
+
+
+def generation_config(mode: str, **kwargs: Any) -> Any:
+    """The GenerationConfig TRL's GRPOTrainer builds for the hf path (compilation off), for `mode`:
+    `static` asks for the fixed-size cache and turns compilation back on, so transformers compiles
+    the decode step (on a GPU; on a CPU it compiles nothing)."""
+    from transformers import GenerationConfig
+
+    if mode == "static":
+        return GenerationConfig(**kwargs, cache_implementation="static", disable_compile=False)
+    return GenerationConfig(**kwargs, disable_compile=True)
+
+
+def decode(
+    model: Any,
+    prompts: list[list[int]],
+    *,
+    mode: str,
+    max_new_tokens: int,
+    pad_token_id: int,
+    eos_token_id: int | list[int] | None,
+    do_sample: bool,
+    **sampling: Any,
+) -> list[list[int]]:
+    """Completions of `prompts` (token ids), up to and including the first end-of-sequence, as
+    TRL's `_generate_single_turn` produces them on the hf path; `sampling`: temperature, top_p,
+    top_k, min_p, repetition_penalty (with `do_sample`)."""
+    import torch
+
+    if not do_sample:
+        sampling = {}
+    config = generation_config(
+        mode,
+        max_new_tokens=max_new_tokens,
+        do_sample=do_sample,
+        pad_token_id=pad_token_id,
+        eos_token_id=eos_token_id,
+        **sampling,
+    )
+    with torch.no_grad():
+        if mode == "continuous":
+            from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+            outputs = model.generate_batch(
+                prompts,
+                generation_config=config,
+                continuous_batching_config=ContinuousBatchingConfig(max_memory_percent=CONTINUOUS_MEMORY),
+                progress_bar=False,
+            )
+            return [list(o.generated_tokens) for o in outputs.values()]
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            ids[i, width - len(p) :] = torch.tensor(p)
+            mask[i, width - len(p) :] = 1
+        out = model.generate(
+            input_ids=ids.to(model.device), attention_mask=mask.to(model.device), generation_config=config
+        )
+    eos = set([eos_token_id] if isinstance(eos_token_id, int) else eos_token_id or [])
+    completions = []
+    for row in out[:, width:].tolist():
+        cut = next((i + 1 for i, t in enumerate(row) if t in eos), len(row))
+        completions.append(row[:cut])
+    return completions
+
+
+class DecodeCopy:
+    """The policy's weights in `dtype` on its device, in a model of its own for `static` decoding,
+    synced in place (the compiled decode step's CUDA graphs keep reading the same memory). A peft
+    policy's adapter is merged into its base weights for the copy and unmerged again, as TRL does
+    to sync vLLM."""
+
+    def __init__(self, policy: Any, dtype: Any) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        base = policy.get_base_model() if hasattr(policy, "get_base_model") else policy
+        with torch.device(base.device):
+            self.model = AutoModelForCausalLM.from_config(base.config, dtype=dtype).eval()
+        self.model.requires_grad_(False)
+        self.params = dict(self.model.state_dict())
+        self.sync(policy)
+
+    def sync(self, policy: Any) -> None:
+        import torch
+
+        peft = hasattr(policy, "merge_adapter")
+        if peft:
+            policy.merge_adapter()
+        try:
+            with torch.no_grad():
+                for name, value in policy.state_dict().items():
+                    if "lora_" in name:
+                        continue
+                    target = self.params.get(_plain_name(name) if peft else name)
+                    if target is not None:
+                        target.copy_(value)
+        finally:
+            if peft:
+                policy.unmerge_adapter()
+
+
+def _plain_name(name: str) -> str:
+    """A peft model's parameter name as the plain model names it."""
+    return name.removeprefix("base_model.model.").replace(".base_layer.", ".")
