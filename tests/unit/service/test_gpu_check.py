@@ -39,3 +39,25 @@ def test_a_relative_model_directory_becomes_an_absolute_path(tmp_path: Path, mon
     (tmp_path / "models" / "m" / "config.json").write_text("{}")
     monkeypatch.chdir(tmp_path)
     assert prepare_model("models/m", "cpu", tmp_path) == str(tmp_path / "models" / "m")
+
+
+@pytest.mark.quick
+def test_its_own_temporary_directory_is_removed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """gpu-check's working directory (models, checkpoints) goes when it made it, unless --keep."""
+    import tempfile
+
+    import service.gpu_check as gpu_check
+
+    made: list[Path] = []
+
+    def fake_run(args: object, device: str, work: Path) -> dict[str, object]:
+        (work / "model").mkdir()
+        made.append(work)
+        return {"passed": True}
+
+    monkeypatch.setattr(gpu_check, "_run_check", fake_run)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    for keep in (False, True):
+        args = gpu_check.parser().parse_args(["--device=cpu"] + (["--keep"] if keep else []))
+        assert gpu_check.run_check(args) == {"passed": True}
+        assert made[-1].parent == tmp_path and made[-1].exists() is keep
