@@ -64,6 +64,7 @@ COPY runtime ./runtime
 COPY store ./store
 COPY service ./service
 COPY migrations ./migrations
+COPY examples ./examples
 RUN /opt/build/bin/python -m build --wheel --outdir /wheels .
 
 # ---- api: FastAPI control plane, also runs `mathrl-server migrate` ----------------------------
@@ -168,6 +169,7 @@ COPY --from=worker-build /opt/venv /opt/venv
 COPY --from=worker-build /opt/pins.txt /opt/pins.txt
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
+    MATHRL_REVISION=${REVISION} \
     PYTHONDONTWRITEBYTECODE=1 \
     HOME=/home/mathrl \
     HF_HOME=/var/cache/mathrl/huggingface \
@@ -255,6 +257,7 @@ COPY --from=worker-cpu-build /opt/venv /opt/venv
 COPY --from=worker-cpu-build /opt/pins.txt /opt/pins.txt
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
+    MATHRL_REVISION=${REVISION} \
     PYTHONDONTWRITEBYTECODE=1 \
     HOME=/home/mathrl \
     HF_HOME=/var/cache/mathrl/huggingface \

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 
@@ -15,3 +16,14 @@ def default_data_dir() -> str:
         if candidate.is_dir():
             return str(candidate)
     return str(here / "data")
+
+
+def example_file(name: str) -> Path:
+    """A file of the project's examples/: the checkout's, else the installed copy (a wheel installs
+    examples/*.yaml under <prefix>/share/mathrl/examples: pyproject.toml's data-files), so
+    `mathrl-server demo` and `python -m service.gpu_check` find theirs inside an image too."""
+    here = Path(__file__).resolve().parent.parent / "examples" / name
+    if here.exists():
+        return here
+    installed = Path(sys.prefix) / "share" / "mathrl" / "examples" / name
+    return installed if installed.exists() else here

@@ -20,10 +20,11 @@ from typing import Any
 
 import yaml
 
+from mathrl.paths import example_file
 from mathrl.status import NOT_STARTED, STATUSES, TERMINAL
 from service.embedded import demo_key, embedded_service, prepare_model
 
-PIPELINE_FILE = Path(__file__).resolve().parent.parent / "examples" / "arith-pipeline.yaml"
+PIPELINE_FILE = example_file("arith-pipeline.yaml")
 SMOLLM2_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 

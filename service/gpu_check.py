@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+from mathrl.paths import example_file
 from runtime.processes import is_main
 from runtime.sink import PrintSink
 from trainer.throughput import gpu_peak_tflops
@@ -40,7 +41,7 @@ if TYPE_CHECKING:
     from mathrl.specs.resolved import ResolvedConfig
 
 ROOT = Path(__file__).resolve().parent.parent
-EXAMPLE = ROOT / "examples" / "smollm2-arith.yaml"
+EXAMPLE = example_file("smollm2-arith.yaml")
 
 
 class RecordSink(PrintSink):

@@ -225,6 +225,14 @@ def test_images_serve_jobs_and_a_worker_sigterm_drains_to_a_new_worker(deploymen
     w1 = start_worker(f"mathrl-worker-cpu-a-{suffix}")
     print(f"worker: readinessProbe answers {time.monotonic() - t0:.1f}s after start")
     assert podman("exec", w1.name, "id", "-u").stdout.strip() == str(w1.c["securityContext"]["runAsUser"])
+    # the GPU acceptance run finds its example inside the image (a wheel installs examples/*.yaml)
+    # and records the commit the image was built from
+    found, commit = podman(
+        "exec", w1.name, "python", "-c",
+        "from service.gpu_check import EXAMPLE, mathrl_commit; print(EXAMPLE.is_file(), mathrl_commit())",
+    ).stdout.split()  # fmt: skip
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    assert found == "True" and commit.split("-")[0] == head, (found, commit, head)
 
     # 4. a key, then the demo's eval on a tiny model, over HTTP from the host
     key = httpx.post(

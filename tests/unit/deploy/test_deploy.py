@@ -93,6 +93,9 @@ def test_gpus_and_tolerations_on_gpu_worker_pods_only(which: str, request: pytes
         else:
             assert not any("gpu" in k for k in limits), limits
             assert gpu_toleration not in tolerations
+            assert "runtimeClassName" not in spec  # a GPU runtime class: CPU nodes have none
+        if which == "gpu" and p["gpus"]:
+            assert spec["runtimeClassName"] == "nvidia"
         for k, v in p.get("nodeSelector", {}).items():
             assert spec["nodeSelector"][k] == v
         if p.get("gpuType"):
@@ -1168,3 +1171,20 @@ def test_ray_off_by_default_and_an_existing_cluster_needs_no_raycluster(default:
     assert env_of(container(workers(r)["ray"]))["MATHRL_RAY__ADDRESS"]["value"] == "http://ray.example:8265"
     with pytest.raises(helm.HelmValuesError, match="ray"):
         render(ray_values(cluster={"workerGroups": [{"name": "g", "gpus": 8}]}))  # replicas missing
+
+
+@pytest.mark.quick
+def test_the_wheel_carries_the_examples_the_demo_and_the_gpu_check_run(tmp_path: Path) -> None:
+    """An installed mathrl (an image's) has no checkout: examples/*.yaml travel in the wheel as
+    data files, where mathrl.paths.example_file looks for them (the GPU check in the worker image
+    failed with FileNotFoundError on its example before)."""
+    import zipfile
+
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(tmp_path), "."],
+        cwd=ROOT, check=True, capture_output=True, timeout=300,
+    )  # fmt: skip
+    (wheel,) = tmp_path.glob("mathrl-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    for example in ("smollm2-arith.yaml", "arith-pipeline.yaml"):
+        assert any(n.endswith(f".data/data/share/mathrl/examples/{example}") for n in names), names[:20]
