@@ -95,6 +95,7 @@ class Job(Base):
     __tablename__ = "jobs"
     __table_args__ = (
         Index("ix_jobs_project_id_id", "project_id", "id"),
+        Index("ix_jobs_project_id_name", "project_id", "name"),  # the Tinker API's model ids (migration 0014)
         Index("ix_jobs_status_lease", "status", "lease_expires_at"),
         UniqueConstraint("project_id", "idempotency_key", name="uq_jobs_project_idempotency"),
     )

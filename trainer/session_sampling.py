@@ -147,16 +147,32 @@ def sample(session: TrainingSession, call: SampleCall) -> tuple[list[Sampled], l
     chosen = logp.gather(-1, new[:, :, None])[:, :, 0]
     sequences = []
     for row, lps in zip(new.tolist(), chosen.tolist(), strict=True):
-        end, reason = len(row), "length"
-        for i, t in enumerate(row):
-            if t in stop_ids:
-                end, reason = i + 1, "stop"
-                break
-            if stop_strings:
-                text = tok.decode(row[: i + 1])
-                if any(text.endswith(s) for s in stop_strings):
-                    end, reason = i + 1, "stop"
-                    break
+        at = next((i for i, t in enumerate(row) if t in stop_ids), None)  # a stop token ends it there
+        if stop_strings:  # a stop string before it ends it sooner
+            text_at = first_stop(row[: len(row) if at is None else at + 1], tok.decode, stop_strings)
+            at = text_at if text_at is not None else at
+        end, reason = (len(row), "length") if at is None else (at + 1, "stop")
         sequences.append(Sampled(row[:end], [v if math.isfinite(v) else -1e9 for v in lps[:end]], reason))
     prompt_lp = prompt_logprobs(session, call.prompt, call.prompt_logprobs_last_n) if call.prompt_logprobs else None
     return sequences, prompt_lp
+
+
+def first_stop(row: list[int], decode: Any, stops: list[str]) -> int | None:
+    """The first token of `row` whose prefix decodes to text holding one of `stops`, or None. A
+    longer prefix's text holds a shorter one's, so this is a binary search: O(log n) decodes of
+    the prefixes, where checking each prefix in turn was O(n) decodes of O(n) tokens each."""
+
+    def holds(n: int) -> bool:
+        text = decode(row[:n])
+        return any(s in text for s in stops)
+
+    if not row or not holds(len(row)):
+        return None
+    lo, hi = 1, len(row)  # the shortest prefix length that holds a stop string
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if holds(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo - 1

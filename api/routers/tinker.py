@@ -20,7 +20,7 @@ import asyncio
 import json
 import time
 import uuid
-from typing import Annotated, Any
+from typing import Annotated, Any, NamedTuple
 
 import httpx
 from fastapi import APIRouter, Depends, Request, Response
@@ -79,31 +79,41 @@ TinkerCaller = Annotated[Caller, Depends(tinker_caller)]
 # --- finding jobs, in the caller's project only ----------------------------------------------
 
 
-def _job_named(settings: Settings, project_id: str, name: str) -> Job | None:
+class Located(NamedTuple):
+    """A session job and, while its process serves, that process's address and token: read in one
+    query (the job joined to its `endpoints` row), so a forwarded call costs one round trip."""
+
+    job: Job
+    where: tuple[str, str] | None
+
+
+def _located(s: Any, q: Any) -> list[Located]:
+    q = q.outerjoin(Endpoint, Endpoint.job_id == Job.id).add_columns(Endpoint.url, Endpoint.token)
+    return [Located(job, (url, token) if url is not None else None) for job, url, token in s.execute(q)]
+
+
+def _sessions_of(project_id: str) -> Any:
+    return select(Job).where(Job.project_id == project_id, Job.kind == "session")
+
+
+def _job_named(settings: Settings, project_id: str, name: str) -> Located | None:
     with get_sessionmaker(settings.database.url)() as s:
-        q = select(Job).where(Job.project_id == project_id, Job.name == name, Job.kind == "session")
-        return s.scalar(q.order_by(Job.created_at.desc()).limit(1))
+        q = _sessions_of(project_id).where(Job.name == name).order_by(Job.created_at.desc()).limit(1)
+        return next(iter(_located(s, q)), None)
 
 
-def _job(settings: Settings, project_id: str, job_id: str) -> Job | None:
+def _job(settings: Settings, project_id: str, job_id: str) -> Located | None:
     with get_sessionmaker(settings.database.url)() as s:
-        job = s.get(Job, job_id)
-        return job if job is not None and job.project_id == project_id and job.kind == "session" else None
+        return next(iter(_located(s, _sessions_of(project_id).where(Job.id == job_id))), None)
 
 
-def _endpoint(settings: Settings, job_id: str) -> tuple[str, str] | None:
+def _session_jobs(settings: Settings, project_id: str, session_id: str) -> list[Located]:
     with get_sessionmaker(settings.database.url)() as s:
-        row = s.get(Endpoint, job_id)
-        return (row.url, row.token) if row is not None else None
+        q = _sessions_of(project_id).where(Job.name.like(f"{session_id}:%"))
+        return [at for at in _located(s, q) if (at.job.spec or {}).get("session") == session_id]
 
 
-def _session_jobs(settings: Settings, project_id: str, session_id: str) -> list[Job]:
-    with get_sessionmaker(settings.database.url)() as s:
-        q = select(Job).where(Job.project_id == project_id, Job.kind == "session", Job.name.like(f"{session_id}:%"))
-        return [j for j in s.scalars(q) if (j.spec or {}).get("session") == session_id]
-
-
-async def _model_job(settings: Settings, caller: Caller, model_id: str) -> Job:
+async def _model_job(settings: Settings, caller: Caller, model_id: str) -> Located:
     job = await run_in_threadpool(_job_named, settings, caller.project_id, str(model_id))
     if job is None:
         raise Problem(404, "Not found", f"model_id: no training client {model_id!r} in this project")
@@ -115,14 +125,14 @@ def _job_of_id(value: str) -> str:
     return value.split(":", 1)[0]
 
 
-async def _id_job(settings: Settings, caller: Caller, value: str, what: str) -> Job:
+async def _id_job(settings: Settings, caller: Caller, value: str, what: str) -> Located:
     job = await run_in_threadpool(_job, settings, caller.project_id, _job_of_id(value))
     if job is None:
         raise Problem(404, "Not found", f"{what}: no {value!r} in this project")
     return job
 
 
-def _save(settings: Settings, project_id: str, path: str) -> tuple[Job, Checkpoint]:
+def _save(settings: Settings, project_id: str, path: str) -> tuple[Located, Checkpoint]:
     """The session job and checkpoint row a `tinker://<model id>/<weights|sampler_weights>/<name>` path names."""
     parts = path.removeprefix("tinker://").split("/")
     if not path.startswith("tinker://") or len(parts) != 3 or parts[1] not in ("weights", "sampler_weights"):
@@ -130,36 +140,31 @@ def _save(settings: Settings, project_id: str, path: str) -> tuple[Job, Checkpoi
     model_id, kind, name = parts
     what = "state" if kind == "weights" else "sampler"
     with get_sessionmaker(settings.database.url)() as s:
-        q = select(Job).where(Job.project_id == project_id, Job.name == model_id, Job.kind == "session")
-        for job in s.scalars(q.order_by(Job.created_at.desc())):
-            rows = s.scalars(select(Checkpoint).where(Checkpoint.job_id == job.id).order_by(Checkpoint.step.desc()))
+        for at in _located(s, _sessions_of(project_id).where(Job.name == model_id).order_by(Job.created_at.desc())):
+            rows = s.scalars(select(Checkpoint).where(Checkpoint.job_id == at.job.id).order_by(Checkpoint.step.desc()))
             for row in rows:
                 if (row.data or {}).get("name") == name and (row.data or {}).get("what") == what:
-                    return job, row
+                    return at, row
     raise Problem(404, "Not found", f"path: no save {path!r} in this project")
 
 
 # --- forwarding to a session job's process -------------------------------------------------
 
 
-async def _forward(settings: Settings, job: Job, op: str, body: bytes, content_type: str) -> Response:
+async def _forward(settings: Settings, at: Located, op: str, body: bytes, content_type: str) -> Response:
     """`op` on the job's process; a 404 once the job has ended, a 429 (the SDK retries) before it serves."""
+    job, where = at
     if job.status in TERMINAL:  # its endpoint row may outlive a process that crashed
         raise Problem(404, "Session ended", f"the session job {job.id} is {job.status}: start a new client")
-    where = await run_in_threadpool(_endpoint, settings, job.id)
     if where is None:
-        fresh = await run_in_threadpool(_job, settings, job.project_id, job.id)
-        if fresh is None or fresh.status in TERMINAL:
-            status = fresh.status if fresh is not None else "gone"
-            raise Problem(404, "Session ended", f"the session job {job.id} is {status}: start a new client")
-        raise Problem(429, "Session starting", f"the session job {job.id} is {fresh.status}: retry shortly")
+        raise Problem(429, "Session starting", f"the session job {job.id} is {job.status}: retry shortly")
     url, token = where
     try:
         r = await _http().post(f"{url}/{op}", content=body, headers={"Content-Type": content_type, TOKEN_HEADER: token})
     except httpx.HTTPError as exc:
         fresh = await run_in_threadpool(_job, settings, job.project_id, job.id)
-        if fresh is None or fresh.status in TERMINAL:
-            status = fresh.status if fresh is not None else "gone"
+        if fresh is None or fresh.job.status in TERMINAL:
+            status = fresh.job.status if fresh is not None else "gone"
             raise Problem(404, "Session ended", f"the session job {job.id} is {status}: start a new client") from None
         raise Problem(503, "Session unreachable", f"the session job {job.id} did not answer: {exc}") from None
     return Response(r.content, r.status_code, media_type=r.headers.get("content-type", "application/json"))
@@ -304,16 +309,16 @@ async def create_session(caller: TinkerCaller, request: Request) -> dict[str, st
 async def heartbeat(caller: TinkerCaller, settings: SettingsDep, request: Request) -> Response:
     session_id = str(_json_body(await request.body()).get("session_id") or "")
     jobs = await run_in_threadpool(_session_jobs, settings, caller.project_id, session_id)
-    live = [j for j in jobs if j.status not in TERMINAL]
+    live = [at for at in jobs if at.job.status not in TERMINAL]
     if jobs and not live:
         return Response('{"detail": "session finished"}', 410, media_type="application/json")
-    await asyncio.gather(*(_forward_quietly(settings, j, "session_heartbeat") for j in live))
+    await asyncio.gather(*(_forward_quietly(settings, at, "session_heartbeat") for at in live))
     return Response("{}", 200, media_type="application/json")
 
 
-async def _forward_quietly(settings: Settings, job: Job, op: str) -> None:
+async def _forward_quietly(settings: Settings, at: Located, op: str) -> None:
     try:
-        await _forward(settings, job, op, b"{}", "application/json")
+        await _forward(settings, at, op, b"{}", "application/json")
     except Problem:
         pass  # not serving yet, or ended
 
@@ -325,13 +330,13 @@ async def finish(session_id: str, caller: TinkerCaller, settings: SettingsDep, r
     jobs = await run_in_threadpool(_session_jobs, settings, caller.project_id, session_id)
     if not jobs:
         raise Problem(404, "Not found", f"session_id: no session {session_id!r} in this project")
-    for job in jobs:
-        if job.status in TERMINAL:
+    for at in jobs:
+        if at.job.status in TERMINAL:
             continue
         try:
-            await _forward(settings, job, "finish", body, "application/json")
+            await _forward(settings, at, "finish", body, "application/json")
         except Problem:  # not serving yet: cancelled instead
-            await run_in_threadpool(_cancel, settings, job.id)
+            await run_in_threadpool(_cancel, settings, at.job.id)
     return {}
 
 
@@ -366,11 +371,11 @@ async def create_model(caller: TinkerCaller, settings: SettingsDep, request: Req
 @router.post("/load_weights")
 async def load_weights(caller: TinkerCaller, settings: SettingsDep, request: Request) -> Any:
     data = _json_body(await request.body())
-    src, save = await run_in_threadpool(_save, settings, caller.project_id, str(data.get("path") or ""))
+    (src, _), save = await run_in_threadpool(_save, settings, caller.project_id, str(data.get("path") or ""))
     if data.get("model_id"):  # TrainingClient.load_state: into a live model
-        job = await _model_job(settings, caller, str(data["model_id"]))
+        at = await _model_job(settings, caller, str(data["model_id"]))
         body = {**data, "directory": save.uri}
-        return await _forward(settings, job, "load_weights", json.dumps(body).encode(), "application/json")
+        return await _forward(settings, at, "load_weights", json.dumps(body).encode(), "application/json")
     session_id = str(data.get("session_id") or "")
     fields = {
         **_lora_fields(src.spec or {}),
@@ -387,21 +392,21 @@ async def load_weights(caller: TinkerCaller, settings: SettingsDep, request: Req
 @router.post("/get_info")
 async def get_info(caller: TinkerCaller, settings: SettingsDep, request: Request) -> Response:
     body = await request.body()
-    job = await _model_job(settings, caller, str(_json_body(body).get("model_id") or ""))
-    return await _forward(settings, job, "get_info", body, "application/json")
+    at = await _model_job(settings, caller, str(_json_body(body).get("model_id") or ""))
+    return await _forward(settings, at, "get_info", body, "application/json")
 
 
 @router.post("/forward_backward")
 async def forward_backward(caller: TinkerCaller, settings: SettingsDep, request: Request) -> Response:
     body = await request.body()
-    job = await _model_job(settings, caller, _proto_model_id(body))
-    return await _forward(settings, job, "forward_backward", body, "application/x-protobuf")
+    at = await _model_job(settings, caller, _proto_model_id(body))
+    return await _forward(settings, at, "forward_backward", body, "application/x-protobuf")
 
 
 async def _model_call(op: str, caller: Caller, settings: Settings, request: Request) -> Response:
     body = await request.body()
-    job = await _model_job(settings, caller, str(_json_body(body).get("model_id") or ""))
-    return await _forward(settings, job, op, body, "application/json")
+    at = await _model_job(settings, caller, str(_json_body(body).get("model_id") or ""))
+    return await _forward(settings, at, op, body, "application/json")
 
 
 @router.post("/optim_step")
@@ -429,10 +434,11 @@ async def create_sampling_session(caller: TinkerCaller, settings: SettingsDep, r
         "train": False,
     }
     if data.get("model_path"):
-        src, save = await run_in_threadpool(_save, settings, caller.project_id, str(data["model_path"]))
-        if await run_in_threadpool(_endpoint, settings, src.id) is not None:  # its job serves: a sampler there
+        at, save = await run_in_threadpool(_save, settings, caller.project_id, str(data["model_path"]))
+        src = at.job
+        if at.where is not None and src.status not in TERMINAL:  # its job serves: a sampler there
             body = json.dumps({"directory": save.uri}).encode()
-            return await _forward(settings, src, "create_sampling_session", body, "application/json")
+            return await _forward(settings, at, "create_sampling_session", body, "application/json")
         fields.update(_lora_fields(src.spec or {}), model=(src.spec or {}).get("model"))
         fields["load"] = f"job:{src.id}@step-{save.step}"
     elif data.get("base_model"):
@@ -445,29 +451,29 @@ async def create_sampling_session(caller: TinkerCaller, settings: SettingsDep, r
 
 @router.get("/samplers/{sampler_id}")
 async def sampler(sampler_id: str, caller: TinkerCaller, settings: SettingsDep) -> dict[str, Any]:
-    job = await _id_job(settings, caller, sampler_id, "sampler_id")
-    return {"sampler_id": sampler_id, "base_model": (job.spec or {}).get("model")}
+    at = await _id_job(settings, caller, sampler_id, "sampler_id")
+    return {"sampler_id": sampler_id, "base_model": (at.job.spec or {}).get("model")}
 
 
 @router.post("/asample")
 async def asample(caller: TinkerCaller, settings: SettingsDep, request: Request) -> Response:
     body = await request.body()
     sampler_id = str(_json_body(body).get("sampling_session_id") or "")
-    job = await _id_job(settings, caller, sampler_id, "sampling_session_id")
-    return await _forward(settings, job, "asample", body, "application/json")
+    at = await _id_job(settings, caller, sampler_id, "sampling_session_id")
+    return await _forward(settings, at, "asample", body, "application/json")
 
 
 @router.post("/retrieve_future")
 async def retrieve_future(caller: TinkerCaller, settings: SettingsDep, request: Request) -> Response:
     body = await request.body()
     request_id = str(_json_body(body).get("request_id") or "")
-    job = await _id_job(settings, caller, request_id, "request_id")
+    at = await _id_job(settings, caller, request_id, "request_id")
     if request_id.endswith(":create"):  # the job's process is not up yet: ask the store
         deadline = time.monotonic() + CREATE_WAIT_SECONDS
-        while (result := await run_in_threadpool(_create_status, settings, caller.project_id, job.id)) is None:
+        while (result := await run_in_threadpool(_create_status, settings, caller.project_id, at.job.id)) is None:
             if time.monotonic() > deadline:
                 result = {"type": "try_again", "request_id": request_id, "queue_state": "active"}
                 break
             await asyncio.sleep(0.2)
         return Response(json.dumps(result), 200, media_type="application/json")
-    return await _forward(settings, job, "retrieve_future", body, "application/json")
+    return await _forward(settings, at, "retrieve_future", body, "application/json")
