@@ -50,6 +50,7 @@ def worker(
     hostname: str = typer.Option("", help="Celery node name"),
 ) -> None:
     """Run a Celery worker that executes jobs from the given queues."""
+    os.environ.setdefault("MATHRL_WORKER__JOB_SLOTS", str(concurrency))  # its job processes' CPU threads
     cmd = [
         sys.executable,
         "-m",

@@ -49,6 +49,20 @@ class WorkerSettings(BaseModel):
         "imports are not known here to leave the driver untouched, which a fork needs; jobs on GPUs are long "
         "enough not to notice); false: a fresh interpreter per job.",
     )
+    job_slots: int = Field(
+        1,
+        ge=1,
+        le=1024,
+        description="Jobs this worker runs at once (`mathrl-server worker --concurrency` sets it): a job process "
+        "computes with the worker's cores divided by it (runtime/cpu_threads.py).",
+    )
+    job_threads: int | None = Field(
+        None,
+        ge=1,
+        le=4096,
+        description="CPU threads of each job process (OMP_NUM_THREADS); default: the cores the worker may use "
+        "(affinity and the cgroup's CPU quota) divided by job_slots. Idle threads sleep (OMP_WAIT_POLICY=PASSIVE).",
+    )
     reconcile_seconds: float = Field(15.0, description="How often the reconciler re-delivers lost jobs.")
     redeliver_after_seconds: float = Field(60.0, description="A queued job unclaimed this long is sent again.")
     warm_engines: int = Field(

@@ -34,6 +34,7 @@ from mathrl.errors import Cancelled, Drained, NotAvailable, StopRequested
 from mathrl.errors import MemoryRefused as MemoryRefused  # raised here; its callers import it from here
 from mathrl.specs import AnySpec, parse_spec
 from mathrl.specs.resolved import ResolvedConfig, resolved
+from runtime.cpu_threads import apply_thread_count
 from runtime.processes import rank as rank_of_process
 from service.settings import Settings, get_settings
 from store.db import retry_transient, session_scope
@@ -297,6 +298,7 @@ def run_rank(job_id: str, owner: str, attempt: int) -> int:
 
 def _main(job_id: str, owner: str, attempt: int, settings: Settings, err_file: Path) -> int:
     err_file.unlink(missing_ok=True)
+    apply_thread_count()  # the worker's share of the cores for this job (runtime/cpu_threads.py)
     try:
         return run(job_id, owner, attempt)
     except Drained:

@@ -17,6 +17,7 @@ import threading
 from pathlib import Path
 from typing import Any, Protocol
 
+from runtime.cpu_threads import job_thread_env
 from worker.launch import describe, die_with_parent, job_groups
 
 log = logging.getLogger("mathrl.worker")
@@ -263,6 +264,8 @@ def fork_server(settings: Any) -> ForkServer | None:
     logs = Path(settings.artifact_dir) / "workers"
     logs.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
+    # its OpenMP pool is made once, at its imports: the jobs' thread count and wait policy from the start
+    env.update(job_thread_env(env, settings.worker.job_slots, settings.worker.job_threads))
     return ForkServer.ready(env, logs / f"{socket.gethostname()}-{os.getpid()}-forkserver.log")
 
 

@@ -16,6 +16,7 @@ from typing import Any
 from kinds import home
 from mathrl.specs import parse_spec
 from mathrl.specs.resolved import ResolvedConfig, ResolvedGRPO, resolved
+from runtime.cpu_threads import job_thread_env
 from service.settings import Settings
 from store.db import session_scope
 from store.jobs import claim, renew_lease
@@ -93,6 +94,7 @@ def _run_attempt(
     url = settings.database.url
     log_path = AttemptDir(out).log
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.update(job_thread_env(env, settings.worker.job_slots, settings.worker.job_threads))
     if spec is not None and settings.ray.runs(spec):
         return _run_on_ray(settings, spec, job_id, owner, attempt, out, log_path)
     server = engine = None
