@@ -31,6 +31,7 @@ import logging
 import math
 import os
 import re
+import sys
 import threading
 import time
 from datetime import UTC, datetime
@@ -203,7 +204,7 @@ class Mirror:
                 )
             return None
 
-    def _open(self) -> bool:
+    def _connect(self) -> bool:
         if self.client is None:
             try:
                 from mlflow import MlflowClient
@@ -213,6 +214,27 @@ class Mirror:
                 return False
             _configure_client(self.tracking)
             self.client = MlflowClient(tracking_uri=self.tracking.mlflow_uri)
+        return True
+
+    def complete(self, status: str, last_metric: int | None) -> bool:
+        """Whether this ended job's run already holds it all: the run its events name (or tagged
+        with its id) is ended as the job did, and its cursor is at the job's last metric row.
+        A backfill leaves such a run alone (no second 'tracking' event, no re-opened run)."""
+        if not self._connect():
+            return False
+        with session_scope(self.url) as s:
+            recorded = s.scalars(select(Event.data).where(Event.job_id == self.job_id, Event.type == EVENT)).all()
+        known = next((d["run_id"] for d in recorded if d and d.get("run_id")), None)
+        if known is None:
+            return False
+        run = self._call("run", lambda: self.client.get_run(known))
+        if run is None or run.info.status != RUN_STATUS.get(status):
+            return False
+        return int(run.data.tags.get(CURSOR_TAG, "0") or 0) >= (last_metric or 0)
+
+    def _open(self) -> bool:
+        if not self._connect():
+            return False
         with session_scope(self.url) as s:
             job = s.get(Job, self.job_id)
             if job is None:
@@ -384,3 +406,75 @@ def start_mirror(settings: Settings, job_id: str) -> Mirror | None:
     mirror = Mirror(settings, job_id)
     mirror.start()
     return mirror
+
+
+def backfill(
+    settings: Settings,
+    *,
+    project: str | None = None,
+    job_ids: list[str] | None = None,
+    since: datetime | None = None,
+) -> dict[str, list[str]]:
+    """Mirror the ended jobs MLflow is missing (they ran while it was down, or before tracking was
+    configured), as each job's supervisor would have at its end: the run made or found, its
+    params, every metric from its cursor on, the scores, and the run ended as the job did.
+    Idempotent: a job whose run is complete (`Mirror.complete`) is left alone, and a run already
+    made is continued, never doubled. Returns the job ids by outcome: 'mirrored', 'complete' (left
+    alone), 'failed' (MLflow refused a call: run it again)."""
+    if not settings.tracking.mlflow_uri:
+        raise ValueError("tracking.mlflow_uri is not set: set MATHRL_TRACKING__MLFLOW_URI to the MLflow server")
+    with session_scope(settings.database.url) as s:
+        last = select(Metric.job_id, func.max(Metric.id).label("last")).group_by(Metric.job_id).subquery()
+        q = (
+            select(Job.id, Job.status, last.c.last)
+            .outerjoin(last, last.c.job_id == Job.id)
+            .where(Job.status.in_(list(RUN_STATUS)))
+            .order_by(Job.created_at)
+        )
+        if project is not None:
+            q = q.join(Project, Project.id == Job.project_id).where(Project.name == project)
+        if job_ids:
+            q = q.where(Job.id.in_(job_ids))
+        if since is not None:
+            q = q.where(Job.finished_at >= since)
+        rows = s.execute(q).all()
+    out: dict[str, list[str]] = {"mirrored": [], "complete": [], "failed": []}
+    for job_id, status, last_metric in rows:
+        mirror = Mirror(settings, job_id)
+        if mirror.complete(status, last_metric):
+            out["complete"].append(job_id)
+            continue
+        mirror.close(status)
+        out["mirrored" if mirror.errors == 0 and mirror.run_id else "failed"].append(job_id)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m worker.tracking backfill [--project P] [--job ID ...] [--since ISO]` (a worker
+    image has it): mirror the ended jobs MLflow is missing. Exit status 1 when MLflow refused a
+    call for some job (run it again: it goes on where it stopped), 2 when no tracking server is set."""
+    import argparse
+
+    from service.settings import get_settings
+
+    p = argparse.ArgumentParser(prog="python -m worker.tracking", description="Runs mirrored to MLflow.")
+    sub = p.add_subparsers(dest="command", required=True)
+    b = sub.add_parser("backfill", help="mirror the ended jobs MLflow is missing, idempotently")
+    b.add_argument("--project", help="only this project's jobs (its name)")
+    b.add_argument("--job", action="append", help="only these job ids (repeat the option)")
+    b.add_argument("--since", help="only jobs that ended since (ISO date or time, UTC)")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    since = datetime.fromisoformat(args.since).replace(tzinfo=UTC) if args.since else None
+    try:
+        out = backfill(get_settings(), project=args.project, job_ids=args.job, since=since)
+    except ValueError as exc:
+        print(f"backfill: {exc}", file=sys.stderr)
+        return 2
+    for outcome, ids in out.items():
+        print(f"{outcome}: {len(ids)}" + (f" ({', '.join(ids)})" if ids else ""))
+    return 1 if out["failed"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

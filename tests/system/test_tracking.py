@@ -218,6 +218,63 @@ def test_a_resumed_job_goes_on_in_the_same_run_and_the_run_ends_as_the_job(mlflo
     assert len(client.search_runs([run.info.experiment_id])) == 1
 
 
+def test_a_backfill_mirrors_the_ended_jobs_mlflow_missed_once(mlflow_server: str, tmp_path: Path) -> None:
+    """Jobs that ended while MLflow was down (or before it was set): `python -m worker.tracking
+    backfill` mirrors them, and a second run leaves them alone (issue 45)."""
+    import sys
+
+    from store.models import Event
+    from worker.tracking import backfill
+
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    upgrade(url)
+    project = f"backfill-{uuid.uuid4().hex[:6]}"
+    ids: dict[str, str] = {}
+    with session_scope(url) as s:
+        proj = Project(name=project)
+        s.add(proj)
+        s.flush()
+        for status in ("succeeded", "failed", "running"):
+            job = Job(project_id=proj.id, kind="sft", name=status, spec={}, resolved_config={"kind": "sft"},
+                      status=status, queue="parked")  # fmt: skip
+            s.add(job)
+            s.flush()
+            ids[status] = job.id
+            s.add_all(Metric(job_id=job.id, name="loss", step=i, value=1.0 / (i + 1)) for i in range(6))
+    settings = Settings(
+        database={"url": url},  # type: ignore[arg-type]
+        tracking={"mlflow_uri": mlflow_server, "request_timeout_seconds": 30},  # type: ignore[arg-type]
+    )
+    out = backfill(settings, project=project)
+    assert sorted(out["mirrored"]) == sorted([ids["succeeded"], ids["failed"]]) and not out["failed"]
+    client = mlflow_client(mlflow_server)
+    for status, run_status in (("succeeded", "FINISHED"), ("failed", "FAILED")):
+        run = run_of(client, f"mathrl/{project}", ids[status])
+        assert run.info.status == run_status
+        assert history(client, run.info.run_id, "loss") == store_metrics(url, ids[status])["loss"]
+    experiment = client.get_experiment_by_name(f"mathrl/{project}").experiment_id
+    assert len(client.search_runs([experiment])) == 2  # the running job is its worker's to mirror
+
+    # again, as an operator runs it: nothing to do
+    env = {**os.environ, "MATHRL_DATABASE__URL": url, "MATHRL_TRACKING__MLFLOW_URI": mlflow_server,
+           "MATHRL_TRACKING__REQUEST_TIMEOUT_SECONDS": "30", "PYTHONPATH": str(ROOT)}  # fmt: skip
+    proc = subprocess.run([sys.executable, "-m", "worker.tracking", "backfill", "--project", project],
+                          env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "mirrored: 0" in proc.stdout and "complete: 2" in proc.stdout, proc.stdout
+    # a metric the store got later (a lost worker's last flush): only that job is copied again
+    with session_scope(url) as s:
+        s.add(Metric(job_id=ids["failed"], name="loss", step=6, value=0.1))
+    out = backfill(settings, project=project)
+    assert out == {"mirrored": [ids["failed"]], "complete": [ids["succeeded"]], "failed": []}
+    assert len(history(client, run_of(client, f"mathrl/{project}", ids["failed"]).info.run_id, "loss")) == 7
+    assert len(client.search_runs([experiment])) == 2
+    with session_scope(url) as s:
+        for status in ("succeeded", "failed"):
+            links = s.query(Event).filter(Event.job_id == ids[status], Event.type == "tracking").count()
+            assert links == 1  # one link each, however often it ran
+
+
 # ---- real jobs through the service --------------------------------------------------------
 
 
