@@ -1188,3 +1188,22 @@ def test_the_wheel_carries_the_examples_the_demo_and_the_gpu_check_run(tmp_path:
     names = zipfile.ZipFile(wheel).namelist()
     for example in ("smollm2-arith.yaml", "arith-pipeline.yaml"):
         assert any(n.endswith(f".data/data/share/mathrl/examples/{example}") for n in names), names[:20]
+
+
+@pytest.mark.quick
+def test_the_gpu_check_job_fits_the_gpu_pool_it_names() -> None:
+    """docs/gpu.md's Job for the acceptance run on a cluster: valid for each Kubernetes version, on
+    ci/gpu-values.yaml's gpu-8 pool (its node selector, tolerations and runtime class), with shared
+    memory and a report that outlives the pod (no `kubectl run --rm`)."""
+    job = yaml.safe_load((ROOT / "examples" / "k8s" / "gpu-check-job.yaml").read_text())
+    for version in K8S_VERSIONS:
+        kubernetes_validate.validate(job, version, strict=True)
+    spec = job["spec"]["template"]["spec"]
+    (pool,) = [p for p in gpu_values()["workerPools"] if p["name"] == "gpu-8"]
+    assert spec["nodeSelector"] == pool["nodeSelector"] and spec["runtimeClassName"] == pool["runtimeClassName"]
+    for t in pool["tolerations"] + [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]:
+        assert t in spec["tolerations"]
+    (c,) = spec["containers"]
+    assert "/dev/shm" in [m["mountPath"] for m in c["volumeMounts"]]
+    assert "service.gpu_check" in c["command"][-1] and "cat /report/gpu-check.json" in c["command"][-1]
+    assert job["spec"]["ttlSecondsAfterFinished"] >= 3600
