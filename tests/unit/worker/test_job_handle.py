@@ -26,10 +26,19 @@ def _torch_at(tmp_path: Path, cuda: str, monkeypatch: pytest.MonkeyPatch) -> Non
 
 def test_auto_forks_jobs_only_on_a_cpu_build_of_torch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     started: list[object] = []
-    monkeypatch.setattr(job_handle.ForkServer, "ready", classmethod(lambda cls, env, log: started.append(log)))
+    envs: list[dict[str, str]] = []
+
+    def ready(cls: object, env: dict[str, str], log: object) -> None:
+        started.append(log)
+        envs.append(env)
+
+    monkeypatch.setattr(job_handle.ForkServer, "ready", classmethod(ready))
+    for name in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY"):
+        monkeypatch.delenv(name, raising=False)
 
     def settings(mode: str) -> SimpleNamespace:
-        return SimpleNamespace(worker=SimpleNamespace(fork_jobs=mode), artifact_dir=str(tmp_path / "artifacts"))
+        worker = SimpleNamespace(fork_jobs=mode, job_slots=1, job_threads=3)
+        return SimpleNamespace(worker=worker, artifact_dir=str(tmp_path / "artifacts"))
 
     _torch_at(tmp_path, "'12.8'", monkeypatch)
     assert not job_handle.torch_is_cpu_build()
@@ -37,6 +46,8 @@ def test_auto_forks_jobs_only_on_a_cpu_build_of_torch(tmp_path: Path, monkeypatc
     assert started == []  # a CUDA build: no fork server
     job_handle.fork_server(settings("true"))
     assert len(started) == 1  # unless the operator says so
+    # its OpenMP pool is made at its imports: the jobs' threads and wait policy from the start
+    assert envs[0]["OMP_NUM_THREADS"] == "3" and envs[0]["OMP_WAIT_POLICY"] == "PASSIVE"
     _torch_at(tmp_path, "None", monkeypatch)
     assert job_handle.torch_is_cpu_build()
     job_handle.fork_server(settings("auto"))
