@@ -302,6 +302,12 @@ class GRPOSpec(JobBase):
                 f"hf_mode is how the 'hf' backend decodes, and this job generates with {backend}: set "
                 "generation.backend='hf' or drop hf_mode",
             )
+        if gen.hf_mode == "static" and self.deepspeed_zero3:
+            raise FieldError(
+                "generation/hf_mode",
+                "hf_mode 'static' decodes on a full copy of the policy, which ZeRO-3 shards across GPUs: use "
+                "hf_mode 'dynamic' or drop deepspeed_zero3",
+            )
         if self.deepspeed_zero3 and self.resources.gpus < 2:
             raise FieldError(
                 "deepspeed_zero3", "deepspeed_zero3 shards over several GPUs: set resources.gpus >= 2 or drop it"

@@ -115,3 +115,7 @@ def test_hf_mode_is_the_hf_backends_setting(tiny_model: str) -> None:
     assert parse_spec({**job, "generation": {"hf_mode": "static"}}).generation.resolved_hf_mode(gpu=False) == "static"
     with pytest.raises(ValueError, match="hf_mode is how the 'hf' backend decodes.*set generation.backend='hf'"):
         parse_spec({**job, "generation": {"backend": "vllm", "hf_mode": "static"}})
+    zero3 = {**job, "deepspeed_zero3": True, "resources": {"gpus": 2}}
+    with pytest.raises(ValueError, match="hf_mode 'static' decodes on a full copy of the policy"):
+        parse_spec({**zero3, "generation": {"backend": "hf", "hf_mode": "static"}})
+    assert parse_spec({**zero3, "generation": {"backend": "hf"}}).deepspeed_zero3
