@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import string
 import subprocess
@@ -134,6 +133,8 @@ def main() -> None:
     if args.one:
         print("RESULT " + json.dumps(one(args.one, args), default=str), flush=True)
         return
+    from service.gpu_check import child_env
+
     results = []
     for run in args.runs.split(","):
         cmd = [sys.executable, __file__, "--one", run, *sys.argv[1:]]
@@ -143,7 +144,7 @@ def main() -> None:
             cwd=ROOT,
             capture_output=True,
             text=True,
-            env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))},
+            env=child_env(),
         )
         lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
         if proc.returncode or not lines:

@@ -397,6 +397,12 @@ def rank_main(kind: str, job: str, log: str) -> None:
         )
 
 
+def child_env() -> dict[str, str]:
+    """This process's environment for a child that imports the checkout: ROOT first on PYTHONPATH,
+    the rest kept (an offline bundle's site directory, docs/gpu.md)."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+
+
 def ranks_run(kind: str, job: dict[str, Any], ranks: int, work: Path) -> dict[str, Any]:
     """The job on `ranks` data-parallel processes (torchrun; one per GPU, or gloo on the CPU)."""
     log = work / f"{kind}-{ranks}.json"
@@ -418,7 +424,7 @@ def ranks_run(kind: str, job: dict[str, Any], ranks: int, work: Path) -> dict[st
         cwd=ROOT,
         capture_output=True,
         text=True,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))},
+        env=child_env(),
     )
     if proc.returncode != 0 or not log.exists():
         raise RuntimeError(f"{kind} on {ranks} ranks failed ({proc.returncode}): {proc.stderr[-3000:]}")

@@ -128,7 +128,7 @@ def run_grpo(
             peft_config=lora_config(config.lora),
         )
     else:
-        hf_mode = None if uses_vllm(backend) else config.generation.resolved_hf_mode(gpu=not use_cpu)
+        hf_mode = None if uses_vllm(backend) else config.generation.resolved_hf_mode()
         args = grpo_args(config, work, use_cpu, backend, vllm_server_url, hf_mode or "dynamic")
         args.reward_weights = weights
         engine = vllm_engine_options(spec, config, engine_settings) if uses_vllm(backend) else None

@@ -126,10 +126,10 @@ class Generation(StrictModel):
         "bench/hf_generation.py but is not yet proven inside a training run there (docs/gpu.md).",
     )
 
-    def resolved_hf_mode(self, gpu: bool) -> HFMode:
-        """The way the hf backend decodes on a GPU (`gpu`) or a CPU: the spec's, or auto's pick
-        (`dynamic` on both: on a CPU it measured fastest, and on a GPU `static` has not yet run
-        inside a training run; docs/gpu.md)."""
+    def resolved_hf_mode(self) -> HFMode:
+        """The way the hf backend decodes: the spec's, or auto's pick (`dynamic` on CPUs and GPUs:
+        on a CPU it measured fastest, and on a GPU `static` has not yet run inside a training run;
+        docs/gpu.md)."""
         if self.hf_mode != "auto":
             return self.hf_mode
         return "dynamic"

@@ -111,8 +111,8 @@ def test_a_grpo_job_trains_with_static_decoding(tiny_model: str, tmp_path: Path)
 
 def test_hf_mode_is_the_hf_backends_setting(tiny_model: str) -> None:
     job = {"kind": "grpo", "model": tiny_model, "dataset": {"name": "add2-words-train"}}
-    assert parse_spec(job).generation.resolved_hf_mode(gpu=True) == "dynamic"
-    assert parse_spec({**job, "generation": {"hf_mode": "static"}}).generation.resolved_hf_mode(gpu=False) == "static"
+    assert parse_spec(job).generation.resolved_hf_mode() == "dynamic"
+    assert parse_spec({**job, "generation": {"hf_mode": "static"}}).generation.resolved_hf_mode() == "static"
     with pytest.raises(ValueError, match="hf_mode is how the 'hf' backend decodes.*set generation.backend='hf'"):
         parse_spec({**job, "generation": {"backend": "vllm", "hf_mode": "static"}})
     zero3 = {**job, "deepspeed_zero3": True, "resources": {"gpus": 2}}
