@@ -247,13 +247,14 @@ def test_worker_killed_mid_grpo_resumes_from_its_latest_checkpoint(drills: Servi
     svc = drills
     set_workers(svc, 2)
     c = svc.client()
-    # 40 steps: still running when the second job has started (12 were done by then, once two
-    # workers' job processes stopped fighting over the cores: runtime/cpu_threads.py)
-    job = c.jobs.create(grpo_spec(tiny_model, max_steps=40))
-    pids = [child_pid(c, job.id)]
+    # The 200-step job starts first, so that nothing is left to wait for between the 40-step
+    # job's first checkpoint and the kill: waiting for a second job to start after that
+    # checkpoint let the 40 steps finish first on a busy CI machine.
+    once = c.jobs.create({**grpo_spec(tiny_model, max_steps=200), "max_attempts": 1})
+    pids = [child_pid(c, once.id)]
+    job = c.jobs.create(grpo_spec(tiny_model, max_steps=40))  # on the other worker
+    pids.append(child_pid(c, job.id))
     wait_for(lambda: c.jobs.checkpoints(job.id), 180, 0.1, "a checkpoint")
-    once = c.jobs.create({**grpo_spec(tiny_model, max_steps=200), "max_attempts": 1})  # on the other worker
-    pids.append(child_pid(c, once.id))
     saved = max(cp.step for cp in c.jobs.checkpoints(job.id) if cp.kind == "checkpoint")
     kill_workers(svc, pids)
     assert c.jobs.retrieve(job.id).status == "running"  # nobody knows yet
