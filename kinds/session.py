@@ -60,7 +60,7 @@ class SessionKind(Kind[SessionSpec, ResolvedConfig]):
         gc.collect()  # the model's objects never become garbage: out of the collector's way (as the API's)
         gc.freeze()
         model_id = run.spec.name or run.job_id
-        service = SessionService(session, sink, run.job_id, model_id, run.work, run.out, spec.train)
+        service = SessionService(session, sink, run.job_id, model_id, run.work, run.out, spec.train, spec.model)
         token = secrets.token_urlsafe(24)
         server = serve(service, run.settings.worker.session_host, token)
         host, port = server.server_address[:2]

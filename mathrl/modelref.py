@@ -42,6 +42,9 @@ def job_uuid(ft_id: str) -> str | None:
     return str(uuid.UUID(m.group(1)))
 
 
+SESSION_SUFFIX = "tinker"  # a Tinker session's saves: ft:<base>:tinker:ftjob-<id>:ckpt-step-<save number>
+
+
 def ft_model_name(base: str, suffix: str, job_id: str, step: int | None = None) -> str:
     """The `ft:` name of a fine-tuning job's model (or of its checkpoint at `step`)."""
     name = f"ft:{base.rstrip('/').rsplit('/', 1)[-1]}:{suffix}:{ftjob_id(job_id)}"

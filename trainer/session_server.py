@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from mathrl.errors import SessionCallError as SessionCallError  # raised here
+from mathrl.modelref import SESSION_SUFFIX, ft_model_name
 from runtime.sink import Sink
 from trainer.session import AdamParams, TrainingSession
 from trainer.session_sampling import lora_weights, sample, sample_call, use_weights
@@ -64,10 +65,19 @@ class SessionService:
     loads) and its sampling clients'."""
 
     def __init__(
-        self, session: TrainingSession, sink: Sink, job_id: str, model_id: str, work: Path, out: Path, train: bool
+        self,
+        session: TrainingSession,
+        sink: Sink,
+        job_id: str,
+        model_id: str,
+        work: Path,
+        out: Path,
+        train: bool,
+        base_model: str = "",
     ) -> None:
         self.session, self.sink, self.job_id, self.model_id = session, sink, job_id, model_id
         self.work, self.out, self.train = work, out, train
+        self.base_model = base_model or session.model_path  # the spec's `model`: a save's `ft:` name starts with it
         self.last_seen = time.monotonic()
         self.finished: str | None = None  # why the client ended it ('finish')
         self._results: dict[str, Result] = {}
@@ -230,7 +240,8 @@ class SessionService:
         return Save(self._saves, self.work / kind / name, self.out / kind / name)
 
     def _record(self, save: Save, what: str, name: str, path: str) -> None:
-        data = {"name": name, "what": what, "tinker_path": path, "optim_steps": self.session.steps}
+        model = ft_model_name(self.base_model, SESSION_SUFFIX, self.job_id, save.step)  # the OpenAI surface's name
+        data = {"name": name, "what": what, "tinker_path": path, "model": model, "optim_steps": self.session.steps}
         self.sink.checkpoint(save.step, str(save.out), "checkpoint", data, source=str(save.work))
 
     def _save_weights(self, data: dict[str, Any]) -> Result:

@@ -25,7 +25,7 @@ from api.problems import Problem
 from api.routers.openai_files import own_file
 from api.submit import admit, check_job_refs, commit_and_dispatch, job_row
 from mathrl.graders import Grader
-from mathrl.modelref import ft_model_name, ftjob_id, job_uuid
+from mathrl.modelref import SESSION_SUFFIX, ft_model_name, ftjob_id, job_uuid
 from mathrl.specs import model_refs, parse_spec
 from mathrl.specs.resolved import ResolvedConfig
 from store.jobs import has_tag, request_cancel
@@ -211,8 +211,10 @@ def trainable_model(name: str, aliases: dict[str, str]) -> str:
 
 
 def fine_tuned_model(job: Job, step: int | None = None) -> str:
-    """The `ft:` name of the job's model (or of its checkpoint at `step`): ft:<base>:<suffix>:<ftjob id>."""
-    return ft_model_name(str(job.spec.get("model", "model")), job.name or "mathrl", job.id, step)
+    """The `ft:` name of the job's model (or of its checkpoint at `step`): ft:<base>:<suffix>:<ftjob id>.
+    A Tinker session's saves are its checkpoints, suffixed 'tinker' (its name holds colons)."""
+    suffix = SESSION_SUFFIX if job.kind == "session" else job.name or "mathrl"
+    return ft_model_name(str(job.spec.get("model", "model")), suffix, job.id, step)
 
 
 def trained_tokens(session: Any, jobs: list[Job]) -> dict[str, float]:

@@ -1,6 +1,7 @@
 """Sampling fine-tuned models the way the `openai` SDK does: GET /v1/models, POST
 /v1/chat/completions and POST /v1/completions, for the `ft:` models of this project's fine-tuning
-jobs (a job's final model, or any checkpoint: `...:ckpt-step-N`).
+jobs (a job's final model, or any checkpoint: `...:ckpt-step-N`) and of its Tinker sessions (each save:
+`ft:<base>:tinker:ftjob-<id>:ckpt-step-<save number>`).
 
 Each call is a short 'generate' job (mathrl.specs.GenerateSpec) in the one job store, under the
 project's quotas, tagged 'openai:inference': a worker answers it on its warm vLLM engine or with
@@ -107,10 +108,10 @@ def _model_ref(session: Any, project_id: str, name: str) -> str:
         raise _not_found(name)
     job_id, at = split_job_ref(ref)
     job = session.get(Job, job_id)
-    if job is None or job.project_id != project_id or FINE_TUNING not in (job.tags or []):
+    if job is None or job.project_id != project_id or not _names_ft_models(job):
         raise _not_found(name)
     if at == "@final":
-        if job.status != "succeeded":
+        if job.status != "succeeded" or job.kind == "session":  # a session's models are its saves
             raise _not_found(name)
     else:
         step = int(at.removeprefix("@step-"))
@@ -118,6 +119,11 @@ def _model_ref(session: Any, project_id: str, name: str) -> str:
         if session.scalar(q.where(Checkpoint.kind.in_(("checkpoint", "final")))) is None:
             raise _not_found(name)
     return ref
+
+
+def _names_ft_models(job: Job) -> bool:
+    """A fine-tuning job's model and checkpoints, and a Tinker session's saves, have `ft:` names."""
+    return job.kind == "session" or FINE_TUNING in (job.tags or [])
 
 
 def _model_object(name: str, created: Any, owner: str) -> dict[str, Any]:
@@ -128,7 +134,8 @@ def _model_object(name: str, created: Any, owner: str) -> dict[str, Any]:
 def list_models(caller: CallerDep, settings: SettingsDep) -> dict[str, Any]:
     """The project's fine-tuned models, as OpenAI lists them: each succeeded fine-tuning job's model
     and its checkpoints, newest first (a running, failed or cancelled job's checkpoints are not
-    listed; a checkpoint's own name still answers while its job runs)."""
+    listed; a checkpoint's own name still answers while its job runs), then the Tinker sessions' saves
+    (`save_state`, `save_weights_for_sampler`), newest first, whatever their session's status."""
     with get_sessionmaker(settings.database.url)() as session:
         q = select(Job).where(
             Job.project_id == caller.project_id, has_tag(session, FINE_TUNING), Job.status == "succeeded"
@@ -148,6 +155,15 @@ def list_models(caller: CallerDep, settings: SettingsDep) -> dict[str, Any]:
             data.append(_model_object(fine_tuned_model(job), job.finished_at or job.created_at, caller.project_id))
             for step, created in by_job.get(job.id, []):
                 data.append(_model_object(fine_tuned_model(job, step), created, caller.project_id))
+        saves = session.execute(  # Tinker sessions' saves, whatever the session's status: each is stored
+            select(Job, Checkpoint.step, Checkpoint.created_at)
+            .join(Checkpoint, Checkpoint.job_id == Job.id)
+            .where(Job.project_id == caller.project_id, Job.kind == "session", Checkpoint.kind == "checkpoint")
+            .order_by(Checkpoint.created_at.desc())
+            .limit(MAX_MODELS)
+        ).all()
+        for job, step, created in saves:
+            data.append(_model_object(fine_tuned_model(job, step), created, caller.project_id))
     return {"object": "list", "data": data[:MAX_MODELS]}
 
 

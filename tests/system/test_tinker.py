@@ -2,13 +2,15 @@
 (0.38.0) against the running service (an API and a worker process), on the tests' tiny model:
 supervised steps lower the loss; a saved state resumed with its optimizer takes the same next step,
 bit for bit; sampling from a sampler save gives the trained model's text, and from the base model the
-untrained one's; an RL loop (sample, grade
+untrained one's; a save answers as an `ft:` model on the OpenAI surface; an RL loop (sample, grade
 with mathrl's grader, importance_sampling) raises the reward; another project's key gets 404s; and a
-client killed mid-session frees the worker after the heartbeat timeout."""
+client killed mid-session frees the worker after the heartbeat timeout; a cancelled session ends, and a
+drained one fails with the reason."""
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -55,6 +57,13 @@ def _job_of_model(service: Service, key: str, model_id: str) -> dict[str, Any]:
     r = httpx.get(f"{service.url}/v1/jobs", params={"kind": "session"}, headers={"Authorization": f"Bearer {key}"})
     assert r.status_code == 200, r.text
     return next(j for j in r.json()["data"] if j["name"] == model_id)
+
+
+def _checkpoints(service: Service, key: str, job_id: str) -> list[dict[str, Any]]:
+    r = httpx.get(f"{service.url}/v1/jobs/{job_id}/checkpoints", headers={"Authorization": f"Bearer {key}"})
+    assert r.status_code == 200, r.text
+    data: list[dict[str, Any]] = r.json()["data"]
+    return data
 
 
 def _ended(service: Service, key: str, model_id: str) -> str:
@@ -109,9 +118,7 @@ def test_a_training_client_learns_saves_resumes_and_samples(
         r = httpx.get(f"{service.url}/v1/jobs/{job['id']}/metrics", headers=auth)
         assert r.status_code == 200, r.text
         print("metrics:", str(r.json())[:300])
-        r = httpx.get(f"{service.url}/v1/jobs/{job['id']}/checkpoints", headers=auth)
-        assert r.status_code == 200, r.text
-        print("checkpoints:", str(r.json())[:300])
+        print("checkpoints:", str(_checkpoints(service, key, job["id"]))[:300])
 
         # another project's key: 404 on the model, its futures and its saves
         headers = {"X-API-Key": f"tml-{service.key()}"}
@@ -135,6 +142,20 @@ def test_a_training_client_learns_saves_resumes_and_samples(
     with _client(service, key) as client:
         later = client.create_sampling_client(model_path=sampler_path).sample(prompt, 1, greedy).result()
         assert tokenizer.decode(later.sequences[0].tokens) == trained
+    # the same save is an `ft:` model of the project: listed, and answered by the OpenAI surface's path
+    saves = {c["data"]["tinker_path"]: c["data"]["model"] for c in _checkpoints(service, key, job["id"])}
+    ft_name = saves[sampler_path]
+    assert ft_name.startswith("ft:") and ":tinker:ftjob-" in ft_name and saves[state] != ft_name, saves
+    listed = httpx.get(f"{service.url}/v1/models", headers=auth)
+    assert ft_name in {m["id"] for m in listed.json()["data"]}, listed.text
+    body = {"model": ft_name, "prompt": "12 + 30 =", "max_tokens": 6, "temperature": 0}
+    r = httpx.post(f"{service.url}/v1/completions", json=body, headers=auth, timeout=120)
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["text"] == trained, (r.json(), trained)
+    final = body | {"model": ft_name.rsplit(":ckpt-step-", 1)[0]}  # a session has no final model: its saves are
+    assert httpx.post(f"{service.url}/v1/completions", json=final, headers=auth).status_code == 404
+    other = {"Authorization": f"Bearer {service.key()}"}
+    assert httpx.post(f"{service.url}/v1/completions", json=body, headers=other).status_code == 404
     # and from the base model: the untrained text (a new adapter starts as a no-op)
     with _client(service, key) as client:
         base = client.create_sampling_client(base_model=tiny_model).sample(prompt, 1, greedy).result()
@@ -171,6 +192,45 @@ def test_a_killed_client_frees_the_worker_after_the_heartbeat_timeout(
     took = time.monotonic() - killed
     print(f"freed {took:.1f} s after the client was killed (heartbeat timeout 20 s)")
     assert job["status"] == "succeeded" and took >= 15
+
+
+def test_a_cancelled_session_ends_and_a_drained_one_fails_with_the_reason(
+    service: Service, tiny_model: str, tinker_env: None
+) -> None:
+    """Cancel and drain work on a session as on any job. A cancel (POST /v1/jobs/{id}/cancel) ends
+    it `cancelled`, and the client's next call is told the session ended. A drain (SIGTERM to the
+    worker, Kubernetes stopping its pod) cannot move a model that lives in the job's memory: the
+    job fails, saying so and what to do, and the worker exits cleanly."""
+    import tinker
+
+    key = service.key()
+    auth = {"Authorization": f"Bearer {key}"}
+    with _client(service, key) as client:
+        training = client.create_lora_training_client(base_model=tiny_model, rank=4).result()
+        data = [_datum(training.get_tokenizer(), TEXT)]
+        _loss(training, data)
+        job = _job_of_model(service, key, training.model_id)
+        r = httpx.post(f"{service.url}/v1/jobs/{job['id']}/cancel", headers=auth)
+        assert r.status_code == 200, r.text
+        assert _ended(service, key, training.model_id) == "cancelled"
+        t0 = time.monotonic()
+        with pytest.raises(tinker.NotFoundError, match="is cancelled: start a new client"):
+            training.forward_backward(data, "cross_entropy").result()
+        assert time.monotonic() - t0 < 10  # told at once, not retried
+
+    worker = service.workers[0]
+    try:
+        with _client(service, key) as client:
+            training = client.create_lora_training_client(base_model=tiny_model, rank=4).result()
+            _loss(training, data)
+            os.killpg(worker.pid, signal.SIGTERM)
+            assert worker.wait(timeout=60) == 0  # a warm shutdown, after the drain
+            job = _job_of_model(service, key, training.model_id)
+            assert job["status"] == "failed", job
+            assert "drained" in job["error"] and "save_state" in job["error"], job["error"]
+    finally:
+        service.stop_worker(worker)
+        service.start_worker()
 
 
 DIGIT = {"type": "regex", "pattern": "\\d"}  # dense on a random model: ~1 in 4 samples
