@@ -53,6 +53,8 @@ class Needs:
     deepspeed: bool = False  # ZeRO-3 across its processes
     vllm_server: bool = False  # the worker starts a vLLM server beside it (worker/vllm_server.py)
     engine_model: str | None = None  # the model a warm vLLM engine would serve it (None: it wants none)
+    engine_if_warm: bool = False  # only an engine the worker has warm already: never start one for it
+    engine_lora_rank: int = 0  # the job loads LoRA adapters of this rank into the engine itself
     vllm_field: str | None = None  # the field that asks for vLLM by name: a worker without vLLM fails it at once
 
 

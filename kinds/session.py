@@ -41,7 +41,12 @@ class SessionKind(Kind[SessionSpec, ResolvedConfig]):
         return None
 
     def needs(self, spec: SessionSpec) -> Needs:
-        return Needs(spec.model)
+        # Sampling goes to the worker's warm vLLM engine of the base model where there is one idle
+        # (never started for a session), its samplers loaded as LoRA adapters. Not with an adapter
+        # on lm_head (train_unembed): vLLM refuses it. On a GPU an idle engine is stopped instead,
+        # as for any GPU training job: both would not fit its memory.
+        warm = spec.model if spec.resources.gpus == 0 and not spec.train_unembed else None
+        return Needs(spec.model, engine_model=warm, engine_if_warm=True, engine_lora_rank=spec.lora_rank)
 
     def data(self, spec: SessionSpec) -> Data:
         return Data()
@@ -60,7 +65,18 @@ class SessionKind(Kind[SessionSpec, ResolvedConfig]):
         gc.collect()  # the model's objects never become garbage: out of the collector's way (as the API's)
         gc.freeze()
         model_id = run.spec.name or run.job_id
-        service = SessionService(session, sink, run.job_id, model_id, run.work, run.out, spec.train, spec.model)
+        engine = None
+        if run.warm is not None:  # the supervisor gave it the worker's idle engine of its base model
+            from trainer.session_engine import EngineSampler
+
+            engine = EngineSampler(run.warm.url, run.warm.start_seconds)
+        where = f"the worker's warm vLLM engine at {run.warm.url}" if run.warm else "transformers in this process"
+        if run.warm is None and spec.train_unembed:
+            where += " (vLLM's LoRA cannot adapt lm_head: train_unembed=False samples on a warm engine)"
+        sink.event("sampling", f"samplers run on {where}", data={"backend": "vllm" if engine else "hf"})
+        service = SessionService(
+            session, sink, run.job_id, model_id, run.work, run.out, spec.train, spec.model, engine
+        )  # fmt: skip
         token = secrets.token_urlsafe(24)
         server = serve(service, run.settings.worker.session_host, token)
         host, port = server.server_address[:2]

@@ -29,6 +29,7 @@ from mathrl.errors import SessionCallError as SessionCallError  # raised here
 from mathrl.modelref import SESSION_SUFFIX, ft_model_name
 from runtime.sink import Sink
 from trainer.session import AdamParams, TrainingSession
+from trainer.session_engine import EngineError, EngineSampler
 from trainer.session_sampling import lora_weights, sample, sample_call, use_weights
 from trainer.session_wire import ForwardBackwardCall, decode_forward_backward, encode_forward_backward, encode_sample
 
@@ -74,10 +75,13 @@ class SessionService:
         out: Path,
         train: bool,
         base_model: str = "",
+        engine: EngineSampler | None = None,
     ) -> None:
         self.session, self.sink, self.job_id, self.model_id = session, sink, job_id, model_id
         self.work, self.out, self.train = work, out, train
         self.base_model = base_model or session.model_path  # the spec's `model`: a save's `ft:` name starts with it
+        self.engine = engine  # the worker's warm vLLM engine, where it has one: samplers run there
+        self._engine_dirs: dict[str, Path] = {}  # sampler -> its adapter directory (a save's own, or written)
         self.last_seen = time.monotonic()
         self.finished: str | None = None  # why the client ended it ('finish')
         self._results: dict[str, Result] = {}
@@ -164,6 +168,8 @@ class SessionService:
     def close(self) -> None:
         self._queue.put(None)
         self._thread.join(timeout=60)
+        if self.engine is not None:
+            self.engine.close()
 
     # --- the queue -------------------------------------------------------------------------
 
@@ -284,6 +290,7 @@ class SessionService:
                         p.copy_(now[name])
         sampler = f"{self.job_id}:sample:{len(self._samplers)}"
         self._samplers[sampler] = weights
+        self._engine_dirs[sampler] = directory  # the save's adapter, as the engine loads it
         return sampler
 
     def _adapter_into_model(self, directory: Path) -> None:
@@ -305,9 +312,33 @@ class SessionService:
         if sampler not in self._samplers:
             raise SessionCallError(f"sampling_session_id: no sampler {sampler} in this session")
         call = sample_call(data)
+        if self.engine is not None:
+            try:
+                sequences, prompt_lp = self.engine.sample(self._on_engine(sampler), call)
+                return Result(encode_sample(sequences, prompt_lp), PROTOBUF)
+            except EngineError as exc:
+                self.sink.event(
+                    "sampling", f"the warm vLLM engine failed ({exc}): sampling with transformers from now on",
+                    data={"backend": "hf", "reason": str(exc)[:500]},
+                )  # fmt: skip
+                self.engine.close()
+                self.engine = None
         with use_weights(self.session, self._samplers[sampler]):
             sequences, prompt_lp = sample(self.session, call)
         return Result(encode_sample(sequences, prompt_lp), PROTOBUF)
+
+    def _on_engine(self, sampler: str) -> str:
+        """The sampler's adapter loaded into the engine (written first for a snapshot of weights);
+        its name there."""
+        assert self.engine is not None
+        directory = self._engine_dirs.get(sampler)
+        if directory is None:
+            directory = self.work / "engine_adapters" / sampler.replace(":", "_")
+            with use_weights(self.session, self._samplers[sampler]):
+                self.session.model.save_pretrained(str(directory))
+            self._engine_dirs[sampler] = directory
+        self.engine.load(sampler, directory)
+        return sampler
 
 
 def serve(service: SessionService, host: str, token: str) -> ThreadingHTTPServer:

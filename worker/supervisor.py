@@ -111,6 +111,8 @@ def _run_attempt(
             env[ENGINE_URL_ENV] = server.url
             if adapter is not None:
                 env[ENGINE_ADAPTER_ENV] = adapter
+        elif home(spec).needs(spec).engine_if_warm:
+            held = warm_engine.hold_idle()  # none to use (a session on the CPU): the others kept, as for a CPU job
         else:
             warm_engine.stop_idle()
     elif spec is not None and spec.resources.gpus == 0:
@@ -203,13 +205,28 @@ def _warm_engine(
     """This worker's warm vLLM engine for the job's model, started if there is none, and the LoRA
     adapter to load into it: a LoRA checkpoint's engine is its base model's, with LoRA on, and the
     job process loads the adapter (ENGINE_ADAPTER_ENV). None: the base's engine is busy without LoRA."""
-    model = home(spec).needs(spec).engine_model
+    needs = home(spec).needs(spec)
+    model = needs.engine_model
     assert model is not None  # wants_warm_engine checked that it has one
     model_path, _ = model_resolver(settings, job_id, project_id)(model)  # as the job's process does
     adapter = warm_engine.adapter_of(model_path)
     served, rank = (adapter.base, lora_rank(adapter.rank)) if adapter else (model_path, 0)
+    if needs.engine_lora_rank:  # the job loads adapters of its own (a session's samplers)
+        rank = max(rank, lora_rank(needs.engine_lora_rank))
     gpus = _visible_gpus()[: spec.resources.gpus] if spec.resources.gpus else []
-    acquired = warm_engine.acquire(settings, served, spec.dtype, gpus, log_path, prepare_child, lora_rank=rank)
+    acquired = warm_engine.acquire(
+        settings, served, spec.dtype, gpus, log_path, prepare_child, lora_rank=rank, start=not needs.engine_if_warm
+    )
+    if acquired is None and needs.engine_if_warm:
+        event(
+            settings.database.url,
+            job_id,
+            "vllm_engine",
+            f"this worker has no idle warm vLLM engine of {model} with LoRA up to rank {rank}: sampling with "
+            "transformers",
+            {"how": "none"},
+        )
+        return None
     if acquired is None:
         event(
             settings.database.url,
@@ -230,7 +247,7 @@ def _warm_engine(
         job_id,
         "vllm_engine",
         f"{how} at {engine.server.url} (process {engine.server.proc.pid})"
-        + (f", serving LoRA adapters of {served} up to rank {rank}" if adapter else "")
+        + (f", serving LoRA adapters of {served} up to rank {rank}" if rank else "")
         + f"; it stays warm for the next eval of this model for {settings.worker.warm_engine_idle_seconds:.0f} s",
         {
             "url": engine.server.url,

@@ -225,18 +225,21 @@ def server_command(
 
 
 def acquire(
-    settings: Any, model_path: str, dtype: str, gpus: list[str], log_path: Path, preexec: Any, lora_rank: int = 0
-) -> tuple[WarmEngine, str] | None:
+    settings: Any, model_path: str, dtype: str, gpus: list[str], log_path: Path, preexec: Any, lora_rank: int = 0,
+    start: bool = True,
+) -> tuple[WarmEngine, str] | None:  # fmt: skip
     """The warm engine for this model, and how it came: 'reused' (it served this model already),
     'reloaded' (an idle engine of the same family now holds this model's weights) or 'started'.
     `lora_rank`: the job's model is a LoRA adapter of `model_path` of that rank bound. None: the
-    model's engine is busy and cannot serve the adapter. Release it with `release` when the job ends."""
+    model's engine is busy and cannot serve the adapter, or there is no warm engine for it and
+    `start` is false (a session samples on one only where there is one). Release it with
+    `release` when the job ends."""
     key = (model_path, dtype, ",".join(gpus))
     with _lock:
         _stop(lambda e: e.users == 0 and (e.server.exited() is not None or _expired(e, settings)))
         engine = _engines.get(key)
         if engine is not None and engine.server.exited() is None and engine.lora_rank < lora_rank:
-            if engine.users:
+            if engine.users or not start:
                 return None
             _stop(lambda e: e is engine)  # restarted below with LoRA enabled
             engine = None
@@ -249,6 +252,8 @@ def acquire(
         engine = _reload_idle(key, family, log_path, lora_rank) if family is not None else None
         if engine is not None:
             return engine, "reloaded"
+        if not start:
+            return None
         idle = sorted((e for e in _engines.values() if e.users == 0), key=lambda e: e.idle_since)
         for e in idle[: max(0, len(_engines) - settings.worker.warm_engines + 1)]:
             _stop(lambda x, e=e: x is e)

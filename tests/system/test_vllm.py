@@ -483,6 +483,58 @@ def test_grpo_job_in_server_mode_syncs_lora_to_the_workers_vllm_server(
     text = {j.id: c.jobs.samples(j.id)[0].completion for j in (on_engine, on_hf, base)}
     assert text[on_engine.id] == text[on_hf.id] != text[base.id], text
     print(f"LoRA adapter on the warm engine: {text[on_engine.id]!r}; its base: {text[base.id]!r}")
+    _tinker_session_samples_on_the_warm_engine(service, model_for_vllm, text[base.id])
+
+
+def _tinker_session_samples_on_the_warm_engine(service: Service, model: str, base_text: str) -> None:
+    """Issue 47: a Tinker session of that base model on this worker (the engine idle, LoRA on)
+    samples on the warm engine, each sampler loaded as an adapter: a new adapter gives the base's
+    text, and a trained sampler's greedy text is what transformers + peft give for the same save."""
+    import os
+
+    import tinker
+    from tinker import types
+
+    os.environ.setdefault("TINKER_TELEMETRY", "0")
+    os.environ["NO_PROXY"] = "127.0.0.1,localhost"
+    key = service.key()
+    c = service.client(key)
+    with tinker.ServiceClient(base_url=service.url, api_key=f"tml-{key}") as client:
+        training = client.create_lora_training_client(base_model=model, rank=8, seed=0, train_unembed=False).result()
+        tok = training.get_tokenizer()
+        prompt = types.ModelInput.from_ints(tok.encode("12 + 30 ="))
+        greedy = types.SamplingParams(max_tokens=8, temperature=0.0)
+        fresh = training.save_weights_and_get_sampling_client().result()
+        first = fresh.sample(prompt, 2, greedy).result()
+        assert {tok.decode(s.tokens, skip_special_tokens=True) for s in first.sequences} == {base_text}, first
+        assert all(len(s.logprobs) == len(s.tokens) and max(s.logprobs) <= 0 for s in first.sequences)
+        prompt_lp = fresh.compute_logprobs(prompt).result()
+        assert len(prompt_lp) == prompt.length and prompt_lp[0] is None and all(v < 0 for v in prompt_lp[1:])
+
+        tokens = tok.encode("12 + 30 = 42 42 42 42 42 42 42")
+        datum = types.Datum(
+            model_input=types.ModelInput.from_ints(tokens[:-1]),
+            loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * (len(tokens) - 1)},
+        )
+        for _ in range(8):
+            training.forward_backward([datum], "cross_entropy").result()
+            training.optim_step(types.AdamParams(learning_rate=3e-2)).result()
+        path = training.save_weights_for_sampler("warm").result().path
+        trained = client.create_sampling_client(model_path=path).sample(prompt, 1, greedy).result()
+        on_engine = tok.decode(trained.sequences[0].tokens, skip_special_tokens=True)
+        job = next(j for j in c.jobs.list(kind="session") if j.name == training.model_id)
+    events = c.jobs.events(job.id)
+    came = next(e for e in events if e.type == "vllm_engine")
+    assert came.data["how"] in ("reused", "reloaded") and "up to rank 8" in came.message, came
+    sampling = [e for e in events if e.type == "sampling"]
+    assert [e.data["backend"] for e in sampling] == ["vllm"], sampling  # and it never fell back
+    step = max(cp.step for cp in c.jobs.checkpoints(job.id))
+    hf = c.jobs.create({"kind": "generate", "model": f"job:{job.id}@step-{step}", "prompt": "12 + 30 =",
+                        "max_tokens": 8, "temperature": 0, "backend": "hf"})  # fmt: skip
+    assert c.jobs.wait(hf.id, timeout=300).status == "succeeded", c.jobs.retrieve(hf.id).error
+    on_hf = c.jobs.samples(hf.id)[0].completion
+    print(f"Tinker sampler on the warm engine: {on_engine!r}; transformers on its save: {on_hf!r}; base {base_text!r}")
+    assert on_engine == on_hf != base_text
 
 
 def test_worker_killed_mid_job_takes_its_vllm_server_with_it(service: Service, model_for_vllm: str) -> None:

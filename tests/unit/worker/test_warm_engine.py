@@ -45,6 +45,24 @@ def test_the_next_job_of_the_same_model_reuses_the_engine(settings: Settings, tm
     warm_engine.release(second, settings)
 
 
+def test_a_job_that_takes_only_a_warm_engine_never_starts_or_restarts_one(settings: Settings, tmp_path: Path) -> None:
+    """A Tinker session samples on an engine of its base only where the worker has one warm, with
+    LoRA up to its rank: `start=False` gives that engine, and None otherwise, leaving the others be."""
+    log = tmp_path / "engine.log"
+    assert warm_engine.acquire(settings, "/models/a", "auto", [], log, None, lora_rank=8, start=False) is None
+    assert warm_engine.running() == []
+    plain, _ = _acquire(settings, "/models/a", tmp_path)  # an eval's engine, without LoRA
+    warm_engine.release(plain, settings)
+    assert warm_engine.acquire(settings, "/models/a", "auto", [], log, None, lora_rank=8, start=False) is None
+    assert warm_engine.running() == [plain] and plain.server.exited() is None  # not restarted with LoRA for it
+    warm_engine.stop_idle()
+    lora, _ = warm_engine.acquire(settings, "/models/a", "auto", [], log, None, lora_rank=16)
+    warm_engine.release(lora, settings)
+    got = warm_engine.acquire(settings, "/models/a", "auto", [], log, None, lora_rank=8, start=False)
+    assert got is not None and got[0] is lora and got[1] == "reused"
+    warm_engine.release(lora, settings)
+
+
 def test_another_model_takes_the_slot_of_an_idle_engine_but_not_of_a_busy_one(
     settings: Settings, tmp_path: Path
 ) -> None:
