@@ -164,6 +164,11 @@ class SessionCallError(MathRLException, ValueError):
 # --- a worker, a job's run -------------------------------------------------------------------
 
 
+class EngineError(MathRLException, RuntimeError):
+    """A warm vLLM engine refused or failed a Tinker sampler's request (trainer.session_engine): the
+    session then samples with transformers."""
+
+
 class NotAvailable(MathRLException, RuntimeError):
     """This worker cannot run the job (a package it lacks, too few GPUs, a backend it keeps
     none of); `event` is the job's event that records it, with `data`."""

