@@ -41,11 +41,11 @@ class SessionKind(Kind[SessionSpec, ResolvedConfig]):
         return None
 
     def needs(self, spec: SessionSpec) -> Needs:
-        # Sampling goes to the worker's warm vLLM engine of the base model where there is one idle
-        # (never started for a session), its samplers loaded as LoRA adapters. Not with an adapter
-        # on lm_head (train_unembed): vLLM refuses it. On a GPU an idle engine is stopped instead,
-        # as for any GPU training job: both would not fit its memory.
-        warm = spec.model if spec.resources.gpus == 0 and not spec.train_unembed else None
+        # With `warm_engine`, sampling goes to the worker's warm vLLM engine of the base model where
+        # there is one idle (never started for a session), its samplers loaded as LoRA adapters. Not
+        # with an adapter on lm_head (train_unembed): vLLM refuses it. On a GPU an idle engine is
+        # stopped instead, as for any GPU training job: both would not fit its memory.
+        warm = spec.model if spec.warm_engine and spec.resources.gpus == 0 and not spec.train_unembed else None
         return Needs(spec.model, engine_model=warm, engine_if_warm=True, engine_lora_rank=spec.lora_rank)
 
     def data(self, spec: SessionSpec) -> Data:
@@ -71,7 +71,7 @@ class SessionKind(Kind[SessionSpec, ResolvedConfig]):
 
             engine = EngineSampler(run.warm.url, run.warm.start_seconds)
         where = f"the worker's warm vLLM engine at {run.warm.url}" if run.warm else "transformers in this process"
-        if run.warm is None and spec.train_unembed:
+        if run.warm is None and spec.warm_engine and spec.train_unembed:
             where += " (vLLM's LoRA cannot adapt lm_head: train_unembed=False samples on a warm engine)"
         sink.event("sampling", f"samplers run on {where}", data={"backend": "vllm" if engine else "hf"})
         service = SessionService(

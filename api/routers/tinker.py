@@ -233,6 +233,7 @@ def _varint(buf: bytes, at: int) -> tuple[int, int]:
 
 def _submit(settings: Settings, project_id: str, fields: dict[str, Any], what: str) -> str:
     fields.setdefault("heartbeat_timeout_seconds", settings.sessions.heartbeat_timeout_seconds)
+    fields.setdefault("warm_engine", settings.sessions.warm_engine)
     try:
         spec = SessionSpec(tags=[TAG], **fields)
     except ValidationError as exc:

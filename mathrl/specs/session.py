@@ -38,6 +38,11 @@ class SessionSpec(JobBase):
         le=86_400,
         description="The session ends itself (succeeded) when no call or heartbeat came for this long.",
     )
+    warm_engine: bool = Field(
+        False,
+        description="Sample on the worker's warm vLLM engine of the base model where it has one idle (CPU sessions "
+        "without an lm_head adapter), else with transformers. The API sets it from sessions.warm_engine.",
+    )
     dtype: Dtype = Field("auto", description="Model weights dtype.")
     max_attempts: int = Field(
         1, ge=1, le=1, description="One: a session's state is in its process's memory; a retry would lose it."

@@ -45,6 +45,7 @@ def service_env(db_url: str, broker_url: str, artifacts: Path) -> dict[str, str]
         "MATHRL_VLLM__ENFORCE_EAGER": "1",
         # a Tinker client killed mid-session frees its worker this soon (tests/system/test_tinker.py)
         "MATHRL_SESSIONS__HEARTBEAT_TIMEOUT_SECONDS": "20",
+        "MATHRL_SESSIONS__WARM_ENGINE": "true",  # sessions on a warm engine's base sample there (test_vllm.py)
     }
 
 

@@ -63,6 +63,8 @@ def test_what_each_kind_needs_from_the_worker() -> None:
     # a Tinker session samples on a warm engine of its base only where one is idle, its adapters loaded
     # there; not with an lm_head adapter (vLLM refuses it), and not on a GPU (the engine is stopped)
     session = {"kind": "session", "model": "org/m", "session": "s", "lora_rank": 8, "train_unembed": False}
+    assert needs(session).engine_model is None  # sessions.warm_engine is off by default
+    session["warm_engine"] = True
     assert needs(session) == Needs("org/m", engine_model="org/m", engine_if_warm=True, engine_lora_rank=8)
     assert needs({**session, "train_unembed": True}).engine_model is None
     assert needs({**session, "resources": {"gpus": 1}}).engine_model is None
