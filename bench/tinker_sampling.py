@@ -80,11 +80,11 @@ def main() -> int:
         adapter = home / "adapter"
         session.model.save_pretrained(str(adapter))
         t0 = time.perf_counter()
-        engine.load("bench", adapter)
+        name = engine.load(adapter)
         loaded = time.perf_counter() - t0
 
         def on_engine(seed: int) -> None:
-            rows, _ = engine.sample("bench", call(seed))
+            rows, _ = engine.sample(name, call(seed))
             assert all(len(r.tokens) == args.max_tokens for r in rows), [len(r.tokens) for r in rows]
 
         vllm = _timed(on_engine, args.calls)

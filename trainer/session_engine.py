@@ -1,6 +1,7 @@
 """Sampling a Tinker session's samplers on the worker's warm vLLM engine (worker/warm_engine.py):
-each sampler's adapter is written once as a peft directory, loaded into the engine as a LoRA
-adapter of its own name (/v1/load_lora_adapter, as an eval of a LoRA checkpoint does), and
+each sampler's adapter is written once as a peft directory (a save's own directory is used as it is),
+loaded into the engine as a LoRA adapter as an eval of a LoRA checkpoint is (evaluator.backends.vllm
+`connect` and `load_adapter`), and
 sampled through the engine's /v1/completions on the prompt's token ids. The session's own
 transformers path (trainer/session_sampling.py) is used where the worker has no such engine.
 
@@ -22,31 +23,20 @@ TIMEOUT = 600.0  # one call's tokens; a CPU engine is slow on long completions
 
 
 class EngineSampler:
-    """The warm engine at `url`, and the adapters this session loaded into it (by name)."""
+    """The warm engine at `url`, and the adapters this session loaded into it (their served names)."""
 
     def __init__(self, url: str, start_seconds: float) -> None:
         import httpx
 
-        self.url = url.rstrip("/")
+        from evaluator.backends.base import WarmEngineAddress
+        from evaluator.backends.vllm import connect
+
+        try:
+            self.url = connect(WarmEngineAddress(url, None, start_seconds)).url  # waits for /health, as an eval's
+        except TimeoutError as exc:
+            raise EngineError(str(exc)) from None
         self._http = httpx.Client(timeout=TIMEOUT)
-        self._loaded: set[str] = set()
-        self._wait_ready(start_seconds)
-
-    def _wait_ready(self, seconds: float) -> None:
-        import time
-
-        import httpx
-
-        deadline = time.monotonic() + seconds
-        while True:
-            try:
-                if self._http.get(f"{self.url}/health", timeout=10).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise EngineError(f"the warm engine at {self.url} did not answer /health in {seconds:.0f} s")
-            time.sleep(1)
+        self._loaded: set[str] = set()  # loaded by this session: unloaded when it ends
 
     def _post(self, path: str, body: dict[str, Any]) -> Any:
         import httpx
@@ -59,11 +49,25 @@ class EngineSampler:
             raise EngineError(f"{path} answered {r.status_code}: {r.text[:300]}")
         return r.json() if r.headers.get("content-type", "").startswith("application/json") else r.text
 
-    def load(self, name: str, adapter_dir: Path) -> None:
-        """The adapter at `adapter_dir` into the engine as `name` (once)."""
-        if name not in self._loaded:
-            self._post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(adapter_dir)})
+    def load(self, adapter_dir: Path) -> str:
+        """The adapter at `adapter_dir` in the engine (loaded unless it is there already, under the
+        name an eval of that directory gets: evaluator.backends.vllm.load_adapter); its name."""
+        import httpx
+
+        from evaluator.backends.vllm import adapter_name, load_adapter
+
+        name = adapter_name(str(adapter_dir))
+        if name in self._loaded:
+            return name
+        try:
+            cards = self._http.get(f"{self.url}/v1/models").json()["data"]
+            there = any(card["id"] == name for card in cards)
+            load_adapter(self.url, str(adapter_dir), cards)
+        except (httpx.HTTPError, RuntimeError) as exc:
+            raise EngineError(f"loading the adapter {adapter_dir.name}: {exc}") from None
+        if not there:  # another job's (an eval of the same save) stays
             self._loaded.add(name)
+        return name
 
     def sample(self, name: str, call: SampleCall) -> tuple[list[Sampled], list[float | None] | None]:
         """`call` on the adapter loaded as `name`."""

@@ -329,7 +329,7 @@ class SessionService:
 
     def _on_engine(self, sampler: str) -> str:
         """The sampler's adapter loaded into the engine (written first for a snapshot of weights);
-        its name there."""
+        its served name."""
         assert self.engine is not None
         directory = self._engine_dirs.get(sampler)
         if directory is None:
@@ -337,8 +337,7 @@ class SessionService:
             with use_weights(self.session, self._samplers[sampler]):
                 self.session.model.save_pretrained(str(directory))
             self._engine_dirs[sampler] = directory
-        self.engine.load(sampler, directory)
-        return sampler
+        return self.engine.load(directory)
 
 
 def serve(service: SessionService, host: str, token: str) -> ThreadingHTTPServer:
