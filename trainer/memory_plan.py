@@ -42,6 +42,12 @@ What it assumes is what mathrl's trainers do with TRL 1.16 (trainer/grpo.py, tra
 - vLLM colocated (generation.backend vllm, mode colocate) holds generation.gpu_memory_utilization
   (default 0.3, as trainer/grpo.py passes it) of the GPU's memory for the whole run. In server mode
   the server has GPUs of its own, not counted here.
+- `generation.hf_mode: static` (trainer/hf_generation.py) decodes on a bfloat16 copy of the whole
+  policy (2 bytes per parameter, base and merged adapter alike) with a fixed-size cache: keys and
+  values in bfloat16 for every layer, sized for the generation batch (the global batch over the
+  training processes: TRL's steps_per_generation is the accumulation) at prompt + completion
+  tokens. transformers keeps that cache on the copy between generations, so both are held for the
+  whole run. (ZeRO-3 is refused with `static`: the copy would be whole on every process.)
 - DeepSpeed ZeRO-3 shards weights, gradients and optimizer state over the training processes
   (roughly: divided by their number).
 - CUDA context, cuBLAS/NCCL workspaces: a fixed CUDA_OVERHEAD; the caching allocator's
@@ -152,6 +158,10 @@ class ModelShape:
             "down_proj": (i, h),
         }
 
+    def kv_cache_bytes_per_token(self, bytes_per_value: int) -> int:
+        """A decode cache's bytes for one token of one sequence: keys and values of every layer."""
+        return self.num_hidden_layers * 2 * self.num_key_value_heads * self.dim_per_head * bytes_per_value
+
     def layer_parameters(self) -> int:
         shapes = self.linear_shapes()
         n = sum(a * b for a, b in shapes.values()) + 2 * self.hidden_size  # + the two RMSNorms
@@ -188,6 +198,7 @@ class Training:
     reference_model: bool = False  # GRPO, beta > 0, no LoRA
     vllm_fraction: float = 0.0  # colocated vLLM's share of the GPU
     zero3_world: int = 1  # DeepSpeed ZeRO-3: processes the states are sharded over
+    static_decode_batch: int = 0  # `static` hf decoding: sequences its fixed-size cache holds (0: not static)
 
 
 @dataclass
@@ -252,6 +263,8 @@ def estimate(shape: ModelShape, training: Training, gpu_memory: int | None = Non
         "gradients": GRAD_BYTES * trainable // shard,
         "optimizer": ADAM_BYTES * trainable // shard,
         "reference_model": WEIGHT_BYTES * params // shard if t.reference_model else 0,
+        "decode_copy": CAST_BYTES * params if t.static_decode_batch else 0,
+        "decode_cache": t.static_decode_batch * t.seq_len * shape.kv_cache_bytes_per_token(CAST_BYTES),
         "weight_casts": casts,
         "activations": activations,
         "logits": logits,
@@ -261,7 +274,8 @@ def estimate(shape: ModelShape, training: Training, gpu_memory: int | None = Non
     # checkpoints too)
     forward_end = casts + activations + logits
     backward_end = terms["gradients"] + layer_casts + (activations if t.gradient_checkpointing else one_layer)
-    torch_peak = terms["weights"] + terms["optimizer"] + terms["reference_model"] + max(forward_end, backward_end)
+    held = sum(terms[k] for k in ("weights", "optimizer", "reference_model", "decode_copy", "decode_cache"))
+    torch_peak = held + max(forward_end, backward_end)
     terms["allocator_slack"] = int(ALLOCATOR_SLACK * torch_peak)
     terms["cuda_overhead"] = CUDA_OVERHEAD
     terms["vllm"] = int(t.vllm_fraction * gpu_memory) if gpu_memory is not None else 0
@@ -351,6 +365,15 @@ def check_job(
                     if fitting
                     else " (still too much alone)"
                 ),
+            )
+        )
+    if training.static_decode_batch:
+        p = with_(static_decode_batch=0)
+        options.append(
+            (
+                "/generation/hf_mode",
+                f"generation.hf_mode='dynamic' (no bfloat16 copy of the policy, no fixed-size cache: "
+                f"{_gib(plan.terms['decode_copy'] + plan.terms['decode_cache'])} now) would need ~{_gib(p.peak)}",
             )
         )
     if training.vllm_fraction > 0:

@@ -179,6 +179,33 @@ def test_resolved_configs_map_onto_the_plan() -> None:
         ModelShape.from_config({**QWEN25_15B, "num_experts": 60})
 
 
+def test_static_decoding_holds_a_bf16_copy_and_a_fixed_size_cache_for_the_generation_batch() -> None:
+    shape = ModelShape.from_config(QWEN25_15B)
+    plain = estimate(shape, Training(micro_batch=16, seq_len=1536), 80 * GIB)
+    static = estimate(shape, Training(micro_batch=16, seq_len=1536, static_decode_batch=128), 80 * GIB)
+    assert plain.terms["decode_copy"] == plain.terms["decode_cache"] == 0
+    assert static.terms["decode_copy"] == 2 * shape.parameter_count()
+    # 28 layers x keys and values x 2 KV heads x 128 per head x 2 bytes, per token of 128 x 1,536
+    assert static.terms["decode_cache"] == 128 * 1536 * 28 * 2 * 2 * 128 * 2
+    held = static.terms["decode_copy"] + static.terms["decode_cache"]
+    assert static.peak - plain.peak == pytest.approx(held * 1.1, rel=1e-6)  # and the allocator's slack
+    # from a spec: the generation batch over the training processes, only on the hf path's `static`
+    hf = {"backend": "hf", "hf_mode": "static"}
+    config = grpo_config(generation=hf, global_batch_size=128)
+    seq = config.max_prompt_length + config.max_completion_length
+    one = plan_job(training_of(config), QWEN25_15B, 80)
+    assert one.terms["decode_cache"] == 128 * seq * shape.kv_cache_bytes_per_token(2)
+    two = grpo_config(generation=hf, global_batch_size=128, resources={"gpus": 2})
+    assert training_of(two).static_decode_batch == 64
+    assert training_of(grpo_config(generation={"backend": "hf"})).static_decode_batch == 0  # auto: dynamic
+    assert training_of(grpo_config(generation={"backend": "vllm"})).static_decode_batch == 0
+    # a static run that does not fit is told what `dynamic` would need
+    big = grpo_config(generation=hf, global_batch_size=512, per_device_train_batch_size=4)
+    _, refusal = check_job(training_of(big), QWEN25_7B, 80)
+    assert refusal is not None and "/generation/hf_mode" in dict(refusal.errors)
+    assert "generation.hf_mode='dynamic'" in refusal.detail
+
+
 def test_gradient_checkpointing_is_resolved_and_reaches_trl() -> None:
     """TRL 1.16's GRPOConfig and SFTConfig turn gradient checkpointing on by default: unset, the
     job stores (and runs with) that; the spec can turn it off."""
