@@ -12,6 +12,10 @@ every group has signal.
 
     python bench/grpo_shapes.py                                   # 1.5B full, then 7B LoRA (needs a GPU)
     python bench/grpo_shapes.py --runs qwen2.5-1.5b:full --completion 256 --steps 2 --hf-mode dynamic
+    python bench/grpo_shapes.py --runs qwen2.5-1.5b:full --profile 2   # + where step 2's time goes
+
+`--profile N` records step N with torch.profiler (bench/step_profile.py) and prints, for its
+generation and its training pass, the device time and the top CUDA kernels (on a CPU: operators).
 
 Each run is its own process, `--steps` steps (the first warms up kernels and is left out of the
 medians). Prints a line per run and writes the figures as JSON (`--json`).
@@ -20,6 +24,7 @@ medians). Prints a line per run and writes the figures as JSON (`--json`).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shutil
 import string
@@ -32,6 +37,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 SHAPES = ROOT / "bench" / "shapes"
+sys.path.insert(0, str(ROOT))
+
+from bench.step_profile import print_summary, profiled  # noqa: E402
 
 
 def char_tokenizer(vocab: int) -> Any:
@@ -111,8 +119,13 @@ def one(run: str, args: argparse.Namespace) -> dict[str, Any]:
         model = build_model(shape, work)
         built = time.monotonic() - t0
         env = environment(device)
-        figures = grpo_run(job(model, kind == "lora", args), str(model), _data_dir(), work / "out", env, "hf")
-        return {"run": run, "build_seconds": round(built, 1), "gpu": (env.get("gpus") or [{}])[0], **figures}
+        with contextlib.ExitStack() as stack:
+            prof = stack.enter_context(profiled(args.profile)) if args.profile else None
+            figures = grpo_run(job(model, kind == "lora", args), str(model), _data_dir(), work / "out", env, "hf")
+        row = {"run": run, "build_seconds": round(built, 1), "gpu": (env.get("gpus") or [{}])[0], **figures}
+        if prof is not None and prof.done:
+            row["profile"] = prof.summary()
+        return row
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -127,6 +140,7 @@ def main() -> None:
     p.add_argument("--prompt", type=int, default=512)
     p.add_argument("--completion", type=int, default=1024)
     p.add_argument("--hf-mode", help="generation.hf_mode (default: the spec's 'auto')")
+    p.add_argument("--profile", type=int, default=0, metavar="STEP", help="profile this step (0: none)")
     p.add_argument("--json", default="grpo-shapes.json")
     p.add_argument("--one", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -161,6 +175,8 @@ def main() -> None:
                 f"{plan.get('estimate_gib')} GiB",
                 flush=True,
             )
+            if row.get("profile"):
+                print_summary(row["profile"])
         row["process_seconds"] = round(time.monotonic() - t0, 1)
         results.append(row)
         Path(args.json).write_text(json.dumps(results, indent=2, default=str))
