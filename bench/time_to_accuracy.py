@@ -14,7 +14,9 @@ the wall time to reach each target, and the ratio mathrl / TRL.
 
 `--backend` is the generation backend of both arms' rollouts: hf (default; the same for both, so
 the ratio is the loop's alone) or vllm (mathrl's colocated engine; TRL's own colocated weight sync
-cannot load into vLLM's CPU build, so its arm generates with hf either way).
+cannot load into vLLM's CPU build, so its arm generates with hf either way). The arms
+`mathrl-vllm` and `mathrl-vllm-dynamic-sampling` generate with vllm whatever `--backend` says, so
+hf and vllm arms run in one invocation (docs/grpo-loop.md has both seeds' figures).
 Issue 29's target on this 2-core CPU: time to 70% on add2-words at most 0.5x TRL direct's.
 """
 
@@ -98,11 +100,17 @@ def heldout(args: argparse.Namespace) -> dict[str, Any]:
 
 
 # mathrl arms: the job's defaults, and each with one part of the loop turned off
+# (an arm's own `generation` block replaces --backend's: the vllm arms generate with mathrl's
+# colocated engine whatever --backend says, so hf and vllm arms run side by side in one run)
+VLLM = {"generation": {"backend": "vllm"}}
 MATHRL_ARMS: dict[str, dict[str, Any]] = {
     "mathrl": {},
     "mathrl-no-dynamic-sampling": {"dynamic_sampling": False},
+    "mathrl-dynamic-sampling": {"dynamic_sampling": True},
     "mathrl-no-skip": {"skip_zero_advantage": False},
     "mathrl-curriculum": {"curriculum": True},
+    "mathrl-vllm": VLLM,
+    "mathrl-vllm-dynamic-sampling": {**VLLM, "dynamic_sampling": True},
 }
 
 
