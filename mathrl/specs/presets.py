@@ -48,7 +48,9 @@ PRESETS: dict[str, dict[str, Any]] = {
 # skip (bench/time_to_accuracy.py: the same held-out curve as TRL's, 70% in 0.59x the time).
 # Dynamic sampling is off by default: on the same bench it reached 70% in 1.29x TRL's time (its
 # extra generation rounds cost more than its extra signal gave); a spec turns it on where signal
-# is scarce. `deepseekmath` stays the paper's loop.
+# is scarce. The curriculum, and dynamic sampling with vLLM generation, were measured on two seeds
+# (docs/grpo-loop.md, 2026-11-28): neither won on both, so both stay off. `deepseekmath` stays
+# the paper's loop.
 LOOP_DEFAULTS: dict[str, dict[str, bool]] = {
     "trl-default": {"dynamic_sampling": False, "curriculum": False, "skip_zero_advantage": True},
     "deepseekmath": {"dynamic_sampling": False, "curriculum": False, "skip_zero_advantage": False},
