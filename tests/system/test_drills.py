@@ -247,15 +247,17 @@ def test_worker_killed_mid_grpo_resumes_from_its_latest_checkpoint(drills: Servi
     svc = drills
     set_workers(svc, 2)
     c = svc.client()
-    # The 200-step job starts first, so that nothing is left to wait for between the 40-step
-    # job's first checkpoint and the kill: waiting for a second job to start after that
-    # checkpoint let the 40 steps finish first on a busy CI machine.
-    once = c.jobs.create({**grpo_spec(tiny_model, max_steps=200), "max_attempts": 1})
+    # The long job starts first, so that nothing is left to wait for between the 40-step job's
+    # first checkpoint and the kill: waiting for a second job to start after that checkpoint let
+    # the 40 steps finish first on a busy CI machine. It is 5,000 steps (and saves rarely): 200
+    # steps once ran out in 25 s, before the 40-step job had even started its steps.
+    once = c.jobs.create({**grpo_spec(tiny_model, max_steps=5000, save_steps=1000), "max_attempts": 1})
     pids = [child_pid(c, once.id)]
     job = c.jobs.create(grpo_spec(tiny_model, max_steps=40))  # on the other worker
     pids.append(child_pid(c, job.id))
     wait_for(lambda: c.jobs.checkpoints(job.id), 180, 0.1, "a checkpoint")
     saved = max(cp.step for cp in c.jobs.checkpoints(job.id) if cp.kind == "checkpoint")
+    assert c.jobs.retrieve(once.id).status == "running", "the long job ended before the kill"
     kill_workers(svc, pids)
     assert c.jobs.retrieve(job.id).status == "running"  # nobody knows yet
     svc.start_worker(name=f"after-kill-{uuid.uuid4().hex[:6]}")
