@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 from collections import defaultdict
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 GENERATION = "mathrl.generation"
@@ -24,8 +23,8 @@ GENERATION = "mathrl.generation"
 class StepProfile:
     """The profiler of one step and what it recorded."""
 
-    def __init__(self, step: int, trace: Path | None = None) -> None:
-        self.step, self.trace = step, trace
+    def __init__(self, step: int) -> None:
+        self.step = step
         self.prof: Any = None
         self.done = False
 
@@ -44,8 +43,6 @@ class StepProfile:
             torch.cuda.synchronize()
         self.prof.__exit__(None, None, None)
         self.done = True
-        if self.trace is not None:
-            self.prof.export_chrome_trace(str(self.trace))
 
     def summary(self, top: int = 15) -> dict[str, Any]:
         """{'device': 'cuda'|'cpu', 'parts': {part: {'seconds', 'top': [[name, seconds, share], ...]}}}."""
@@ -80,13 +77,13 @@ class StepProfile:
 
 
 @contextlib.contextmanager
-def profiled(step: int, trace: Path | None = None) -> Iterator[StepProfile]:
+def profiled(step: int) -> Iterator[StepProfile]:
     """Profile optimizer step `step` (1-based) of every MathrlGRPOTrainer made inside the block."""
     from transformers import TrainerCallback
 
     from trainer.grpo_loop import MathrlGRPOTrainer
 
-    prof = StepProfile(step, trace)
+    prof = StepProfile(step)
 
     class Window(TrainerCallback):  # type: ignore[misc]
         def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
