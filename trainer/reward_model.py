@@ -219,7 +219,7 @@ def _train_outcome(
     trainer.train()
     if callback.stopped:  # cancelled or drained: no half-trained reward model is reported
         raise StopRequested("stop requested")
-    return trainer.model, tok
+    return trainer.model, tok, callback.trained_steps
 
 
 def _train_process(
@@ -265,7 +265,7 @@ def _train_process(
     ).train()
     if callback.stopped:
         raise StopRequested("stop requested")
-    return model, tok
+    return model, tok, callback.trained_steps
 
 
 def rm_text(tok: Any, prompt: str, completion: str) -> str:
@@ -388,7 +388,7 @@ def run_reward_model(
                 "use more questions, more samples_per_question, or a policy that is sometimes right"
             )
         sink.event("labelled", f"{len(pairs)} (correct, incorrect) pairs", data={"pairs": len(pairs)})
-        model, tok = _train_outcome(spec, pairs, model_path, work, sink)
+        model, tok, steps = _train_outcome(spec, pairs, model_path, work, sink)
         score_fn = outcome_scores
     else:
         rows = process_labels(spec, sink, policy[1], policy_tok, s_train, policy[0])
@@ -396,7 +396,7 @@ def run_reward_model(
         total = sum(len(r["labels"]) for r in rows)
         sink.event("labelled", f"{total} steps labelled, {good} good", data={"steps": total, "good": good})
         del policy
-        model, tok = _train_process(spec, rows, model_path, work, sink)
+        model, tok, steps = _train_process(spec, rows, model_path, work, sink)
         score_fn = process_scores
 
     model.eval()
@@ -404,7 +404,7 @@ def run_reward_model(
     if is_main():  # several data-parallel ranks: the main one saves
         model.save_pretrained(str(final))
         tok.save_pretrained(str(final))
-    sink.checkpoint(0, str(out_dir / "final"), kind="final", data={"type": spec.type}, source=str(final))
+    sink.checkpoint(steps, str(out_dir / "final"), kind="final", data={"type": spec.type}, source=str(final))
 
     values, counts = heldout_scores(s_held, score_fn, model, tok, spec.samples_per_question, spec.seed)
     n = len(s_held)

@@ -162,6 +162,11 @@ def test_outcome_rm_then_grpo_with_the_rm_reward(sft_job: tuple[Any, str]) -> No
     scores = {s.metric: s.value for s in c.scores.list(job_id=rm.id)}
     assert {"best_of_8_accuracy", "maj_at_8_accuracy"} <= scores.keys()
     print(f"\noutcome RM held-out: {scores}")
+    # its training phase reports progress (epochs asked for: the trainer's step count), and the
+    # trained model is recorded at the step it reached
+    trained = [e.data for e in c.jobs.events(rm.id) if e.type == "progress" and e.message.endswith(" training")]
+    final_step = next(cp.step for cp in c.jobs.checkpoints(rm.id) if cp.kind == "final")
+    assert trained and trained[-1]["done"] == trained[-1]["total"] == final_step > 0, (trained[-1:], final_step)
     graded_by_rm = {
         "type": "weighted",
         "graders": [
