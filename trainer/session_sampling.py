@@ -140,7 +140,10 @@ def sample(session: TrainingSession, call: SampleCall) -> tuple[list[Sampled], l
     if not greedy:
         kwargs.update(temperature=call.temperature, top_p=call.top_p, top_k=call.top_k if call.top_k > 0 else 0)
     if stop_strings:
-        kwargs.update(stop_strings=stop_strings, tokenizer=tok)
+        from transformers import StoppingCriteriaList
+
+        stops = stop_criteria(tok, tuple(stop_strings), len(call.prompt))
+        kwargs.update(stopping_criteria=StoppingCriteriaList([stops]))
     out = session.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **kwargs)
     new = out.sequences[:, ids.shape[1] :]
     logp = torch.log_softmax(torch.stack(out.logits, dim=1).float(), dim=-1)  # [n, steps, vocab]
@@ -155,6 +158,26 @@ def sample(session: TrainingSession, call: SampleCall) -> tuple[list[Sampled], l
         sequences.append(Sampled(row[:end], [v if math.isfinite(v) else -1e9 for v in lps[:end]], reason))
     prompt_lp = prompt_logprobs(session, call.prompt, call.prompt_logprobs_last_n) if call.prompt_logprobs else None
     return sequences, prompt_lp
+
+
+def stop_criteria(tok: Any, stops: tuple[str, ...], prompt_len: int) -> Any:
+    """A row ends once the text it generated holds a stop string (the prompt's text does not count,
+    as in vLLM and Tinker: transformers' `stop_strings` also matched a string that began in the
+    prompt, and cut such a sample after one token). Each step decodes only the tail of each row
+    that a stop string can span, so a step costs the same at any length; building transformers'
+    StopStringCriteria instead took 0.58 s of a 1.1 s `sample` of SmolLM2 (4 samples of 5 tokens),
+    on every call. `sample` then cuts each row at its first stop (`first_stop`)."""
+    import torch
+    from transformers import StoppingCriteria
+
+    window = 4 * max(len(s) for s in stops) + 4  # tokens: even byte-level pieces of a character
+
+    class NewTextStop(StoppingCriteria):
+        def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+            tails = tok.batch_decode(input_ids[:, prompt_len:][:, -window:])
+            return torch.tensor([any(s in t for s in stops) for t in tails], device=input_ids.device)
+
+    return NewTextStop()
 
 
 def first_stop(row: list[int], decode: Any, stops: list[str]) -> int | None:

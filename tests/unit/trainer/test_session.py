@@ -131,3 +131,25 @@ def test_bad_data_names_the_field(session: TrainingSession) -> None:
         session.forward_backward([Datum([1, 2], {"target_tokens": [2, 3], "weights": [1.0]})], "cross_entropy")
     with pytest.raises(ValueError, match="no linear module"):
         TrainingSession(session.model_path, LoraOptions(train_attn=False, train_mlp=False, train_unembed=False))
+
+
+def test_a_stop_string_ends_a_sample_at_its_first_stop_in_the_generated_text(session: TrainingSession) -> None:
+    """A stop string ends a sample once the sampled text holds it, and not before: one that begins
+    in the prompt does not count (transformers' `stop_strings`, which `sample` used before, matched
+    across the prompt and cut this sample after one token). The untrained tiny model answers
+    "=========" to "12+34=": with the stop "==", the sample is its first two tokens."""
+    from trainer.session_sampling import SampleCall, first_stop, sample, use_weights
+
+    tok = session.tokenizer
+    prompt = tok.encode("12+34=", add_special_tokens=False)
+    with use_weights(session, None):  # eval mode, no gradients
+        (free,), _ = sample(session, SampleCall(prompt=prompt, max_tokens=8, temperature=0.0, stop=[]))
+        text = tok.decode(free.tokens)
+        assert len(free.tokens) == 8 and text.startswith("=="), text
+        (ended,), _ = sample(session, SampleCall(prompt=prompt, max_tokens=8, temperature=0.0, stop=["=="]))
+        at = first_stop(list(free.tokens), tok.decode, ["=="])
+        assert at is not None and at >= 1
+        assert ended.stop_reason == "stop" and list(ended.tokens) == list(free.tokens[: at + 1]), (ended, free)
+        # a stop string the reply never holds: it runs to max_tokens
+        (long,), _ = sample(session, SampleCall(prompt=prompt, max_tokens=8, temperature=0.0, stop=["zz"]))
+        assert long.stop_reason == "length" and list(long.tokens) == list(free.tokens)
