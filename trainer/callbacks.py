@@ -36,14 +36,12 @@ class SinkCallback(TrainerCallback):
         self._tokens_at_log: float | None = None
         self._t_log = time.monotonic()
         self.stopped = False
-        self.trained_steps = 0  # the trainer's global step when it last ended one
         self._peak: tuple[float | None, str] | None = None  # the device's peak FLOP/s, and how it was taken
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         self._t_step = self._t_log = time.monotonic()
         if self.total_steps is None and state.max_steps > 0:  # epochs asked for: the trainer has counted the steps
             self.total_steps = state.max_steps
-        self.trained_steps = state.global_step
         if state.global_step:
             self.sink.event("resumed", f"resumed from step {state.global_step}", data={"step": state.global_step})
 
@@ -51,7 +49,7 @@ class SinkCallback(TrainerCallback):
         now = time.monotonic()
         self._step_times.append(now - self._t_step)
         self._t_step = now
-        step = self.trained_steps = state.global_step
+        step = state.global_step
         if self.trainer is not None and step % self.sample_every == 0:
             self._record_samples(step)
         if self.total_steps:

@@ -219,7 +219,7 @@ def _train_outcome(
     trainer.train()
     if callback.stopped:  # cancelled or drained: no half-trained reward model is reported
         raise StopRequested("stop requested")
-    return trainer.model, tok, callback.trained_steps
+    return trainer.model, tok, trainer.state.global_step
 
 
 def _train_process(
@@ -256,16 +256,17 @@ def _train_process(
         return {"input_ids": torch.tensor(ids), "labels": torch.tensor(labels), "attention_mask": torch.tensor(mask)}
 
     args = process_args(spec, out_dir, use_cpu=not torch.cuda.is_available())
-    Trainer(
+    trainer = Trainer(
         model=model,
         args=args,
         train_dataset=data,
         data_collator=collate,
         callbacks=[callback := SinkCallback(sink, sample_every=10**9)],
-    ).train()
+    )
+    trainer.train()
     if callback.stopped:
         raise StopRequested("stop requested")
-    return model, tok, callback.trained_steps
+    return model, tok, trainer.state.global_step
 
 
 def rm_text(tok: Any, prompt: str, completion: str) -> str:
