@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainer.session_losses import LOSSES
+from trainer.session_losses import LOSSES, loss_named
 
 ADAPTER_CONFIG = "adapter_config.json"
 OPTIMIZER_FILE = "optimizer.pt"
@@ -132,7 +132,7 @@ class TrainingSession:
         the loss's gradients are added to the accumulated ones."""
         import torch
 
-        loss_of = LOSSES[loss_fn]
+        loss_of = loss_named(loss_fn)
         config = dict(config or {})
         if not data:
             raise ValueError("data: give at least one datum")

@@ -10,6 +10,14 @@ mean scales `weights` or `advantages`).
   inputs or the config (`clip_low_threshold`, `clip_high_threshold`: 0.8 and 1.2 when unset)
 - `cispo`: `-(clip(r, low, high).detach() * logprobs * A).sum()`
 - `dro`: `-(logprobs * A - beta / 2 * (logprobs - sampling_logprobs) ** 2).sum()` (`beta` from the config)
+- `gspo` (GSPO-token, Zheng et al. 2025): the sequence ratio `s = exp(mean(logprobs - sampling_logprobs))` over
+  the tokens `sequence_ratio_mask` marks; each token's ratio has `s`'s value and its own log-probability's
+  gradient, `s_t = sg(s) * exp(logprobs - sg(logprobs))`, then `-min(s_t * A, clip(s_t, low, high) * A).sum()`
+  (the clip range as ppo's). A datum whose mask marks no token has `s = 1`.
+
+Not served: `stable_reinforce`. Tinker's page for it (alpha) does not publish its objective, only that it
+reads information recorded at sampling time, so there is nothing here to implement faithfully;
+`forward_backward` refuses it and names the losses that are served.
 
 `sampling_logprobs` is the datum's `logprobs` input: what the sampler gave each token."""
 
@@ -52,6 +60,22 @@ def loss(name: str, *reads: str) -> Callable[[LossFn], LossFn]:
         return fn
 
     return add
+
+
+NOT_SERVED = {
+    "stable_reinforce": "its objective is not published (Tinker's page for it is an alpha that names only the"
+    " sampling-time information it reads)",
+    "custom": "the SDK's forward_backward_custom computes a custom loss on the client and sends the gradient"
+    " as a cross_entropy call; a custom loss_fn itself does not reach a server",
+}
+
+
+def loss_named(name: str) -> Loss:
+    """The loss `forward_backward` asked for; one that is not served raises why, with the ones that are."""
+    if name in NOT_SERVED:
+        served = ", ".join(sorted(LOSSES))
+        raise ValueError(f"loss_fn {name!r} is not served: {NOT_SERVED[name]}. Use one of: {served}")
+    return LOSSES[name]
 
 
 CLIP_LOW, CLIP_HIGH = 0.8, 1.2  # Tinker's ppo and cispo defaults
@@ -97,6 +121,19 @@ def ppo(logprobs: torch.Tensor, inputs: Inputs, config: Config) -> torch.Tensor:
 def cispo(logprobs: torch.Tensor, inputs: Inputs, config: Config) -> torch.Tensor:
     low, high = _clip(inputs, config)
     return -(_ratio(logprobs, inputs).clamp(low, high).detach() * logprobs * inputs["advantages"]).sum()
+
+
+@loss("gspo", *RL_INPUTS, "sequence_ratio_mask")
+def gspo(logprobs: torch.Tensor, inputs: Inputs, config: Config) -> torch.Tensor:
+    import torch
+
+    marked = inputs["sequence_ratio_mask"] != 0
+    log_ratio = (logprobs.detach() - inputs["logprobs"])[marked]
+    sequence = log_ratio.mean() if log_ratio.numel() else torch.zeros((), device=logprobs.device)
+    ratio = torch.exp(sequence + logprobs - logprobs.detach())  # the sequence's value, each token's own gradient
+    advantages = inputs["advantages"]
+    low, high = _clip(inputs, config)
+    return -torch.minimum(ratio * advantages, ratio.clamp(low, high) * advantages).sum()
 
 
 @loss("dro", *RL_INPUTS)

@@ -260,9 +260,9 @@ def test_an_rl_loop_samples_grades_and_raises_its_reward(service: Service, tiny_
         training = client.create_lora_training_client(base_model=tiny_model, rank=8, seed=0).result()
         tokenizer = training.get_tokenizer()
         prompts = [tokenizer.encode(f"{a} + {b} =") for a, b in ((2, 3), (4, 1), (3, 3), (1, 5))]
-        means = []
+        means, mixed = [], []  # mixed: the last batch whose group rewards differed
         for _ in range(12):
-            sampler = training.save_weights_and_get_sampling_client()
+            sampler = training.save_weights_and_get_sampling_client().result()
             futures = [sampler.sample(types.ModelInput.from_ints(p), 8, params) for p in prompts]
             data, rewards = [], []
             for prompt, future in zip(prompts, futures, strict=True):
@@ -284,7 +284,39 @@ def test_an_rl_loop_samples_grades_and_raises_its_reward(service: Service, tiny_
                         )
                     )
             means.append(sum(rewards) / len(rewards))
+            mixed = data if any(any(d.loss_fn_inputs["advantages"].tolist()) for d in data) else mixed
             training.forward_backward(data, "importance_sampling").result()
             training.optim_step(types.AdamParams(learning_rate=2e-2)).result()
         print("mean reward per step:", [round(m, 2) for m in means])
         assert sum(means[-3:]) / 3 > sum(means[:3]) / 3 + 0.2, means
+
+        # that batch is off-policy now: gspo's loss over the wire is its formula on the
+        # learner's log-probabilities, the sequence ratio over the sampled tokens only
+        import torch
+
+        gspo_data = [
+            types.Datum(
+                model_input=d.model_input,
+                loss_fn_inputs={
+                    **d.loss_fn_inputs,
+                    "sequence_ratio_mask": [float(a != 0) for a in d.loss_fn_inputs["advantages"].tolist()],
+                },
+            )
+            for d in mixed
+            if any(d.loss_fn_inputs["advantages"].tolist())
+        ]
+        out = training.forward(gspo_data, "gspo").result()
+        expected = 0.0
+        for d, o in zip(gspo_data, out.loss_fn_outputs, strict=True):
+            lp = torch.tensor(o["logprobs"].tolist())
+            sampled, adv = (torch.tensor(d.loss_fn_inputs[k].tolist()) for k in ("logprobs", "advantages"))
+            marked = torch.tensor(d.loss_fn_inputs["sequence_ratio_mask"].tolist()) != 0
+            ratio = torch.exp((lp - sampled)[marked].mean())
+            expected += float(-torch.minimum(ratio * adv, ratio.clamp(0.8, 1.2) * adv).sum())
+        assert out.metrics["loss:sum"] == pytest.approx(expected, rel=1e-4, abs=1e-4), (out.metrics, expected)
+
+        # the SDK's forward_backward_custom: the loss on the client, its gradient sent back as weights
+        custom = training.forward_backward_custom(data[:2], lambda _, lps: ((sum(x.sum() for x in lps)), {}))
+        plain = training.forward(data[:2], "importance_sampling").result()  # any loss: its logprobs
+        summed = sum(sum(o["logprobs"].tolist()) for o in plain.loss_fn_outputs)
+        assert custom.result().metrics["loss:sum"] == pytest.approx(summed, rel=1e-4)

@@ -81,6 +81,47 @@ def test_the_rl_losses_are_tinkers_formulas(session: TrainingSession) -> None:
         LOSSES["ppp"]
 
 
+def test_gspo_clips_the_sequence_ratio_and_keeps_each_tokens_gradient() -> None:
+    sampled = torch.tensor([-1.2, -1.0, -0.5, -3.0])
+    adv = torch.tensor([1.0, 1.0, 1.0, 0.0])
+    mask = torch.tensor([1.0, 1.0, 1.0, 0.0])  # the last token (a prompt token, say) is not in the ratio
+    inputs = {"logprobs": sampled, "advantages": adv, "sequence_ratio_mask": mask}
+
+    def run(values: list[float], config: dict[str, float]) -> tuple[torch.Tensor, torch.Tensor]:
+        lp = torch.tensor(values, requires_grad=True)
+        loss = LOSSES["gspo"](lp, inputs, config)
+        loss.backward()  # type: ignore[no-untyped-call]
+        assert lp.grad is not None
+        return loss.detach(), lp.grad
+
+    # inside the clip range: every token carries s = exp(mean log-ratio over the mask), gradient -A * s
+    near = [-1.1, -1.05, -0.5, 99.0]  # the masked-out token's log-probability does not enter s
+    s = torch.exp(torch.tensor([0.1, -0.05, 0.0]).mean())
+    loss, grad = run(near, {})
+    assert torch.isclose(loss, -(s * adv).sum())
+    assert torch.allclose(grad, -s * adv)
+    # a sequence ratio above 1 + eps_high with positive advantages is clipped: no gradient at all
+    far = [-0.2, -0.1, 0.0, 0.0]  # mean log-ratio 0.8: s = 2.23
+    loss, grad = run(far, {})
+    assert torch.isclose(loss, -1.2 * adv.sum())
+    assert torch.count_nonzero(grad) == 0
+    _, grad = run(far, {"clip_high_threshold": 10.0})  # a wider range lets it through
+    assert torch.count_nonzero(grad) == 3
+    # a datum whose mask marks nothing has ratio 1: plain REINFORCE
+    none = {**inputs, "sequence_ratio_mask": torch.zeros(4)}
+    lp = torch.tensor(near)
+    assert torch.isclose(LOSSES["gspo"](lp, none, {}), -adv.sum())
+
+
+def test_stable_reinforce_is_refused_with_the_reason_and_the_losses_served(session: TrainingSession) -> None:
+    datum = sft_datum(session, "1+1=", "2")
+    with pytest.raises(ValueError, match="not published") as refused:
+        session.forward_backward([datum], "stable_reinforce")
+    assert "gspo" in str(refused.value) and "ppo" in str(refused.value)
+    with pytest.raises(ValueError, match=r"needs \['logprobs', 'advantages', 'sequence_ratio_mask'\]"):
+        session.forward_backward([datum], "gspo")
+
+
 def test_importance_sampling_raises_the_likelihood_of_an_advantaged_completion(tiny_model: str) -> None:
     s = TrainingSession(tiny_model, LORA)
     datum = sft_datum(s, "7+1=", "8")

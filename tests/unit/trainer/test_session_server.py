@@ -61,9 +61,9 @@ def test_a_resent_call_runs_once_and_its_result_waits_for_it(service: SessionSer
 
 def test_a_failed_call_fails_its_future_with_the_reason(service: SessionService) -> None:
     tokens = service.session.tokenizer.encode("1 + 1 = 2")
-    ids = service.submit("forward_backward", forward_backward(tokens, seq=1, loss="gspo"))
+    ids = service.submit("forward_backward", forward_backward(tokens, seq=1, loss="stable_reinforce"))
     answer = json.loads(service.retrieve(ids["request_id"]).body)
-    assert answer["category"] == "user" and "gspo" in answer["error"] and "cispo" in answer["error"], answer
+    assert answer["category"] == "user" and "stable_reinforce" in answer["error"] and "gspo" in answer["error"], answer
     bad = service.submit("forward_backward", b"\x0a\xff")
     assert "error" in json.loads(service.retrieve(bad["request_id"]).body)
     unknown = json.loads(service.retrieve(f"{JOB}:99", wait=0.1).body)
