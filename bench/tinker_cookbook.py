@@ -41,6 +41,7 @@ def main() -> int:
     ap.add_argument("--batch-size", type=int, default=8, help="chat_sl: chats a step; math_rl: groups a step")
     ap.add_argument("--group-size", type=int, default=4, help="math_rl: samples a question (the recipe's default)")
     ap.add_argument("--learning-rate", type=float, default=5e-4)
+    ap.add_argument("--loss-fn", help="math_rl: the recipe's loss_fn option (its own default when not given)")
     args = ap.parse_args()
 
     from service.embedded import demo_key, embedded_service, prepare_model
@@ -70,6 +71,7 @@ def main() -> int:
             own = [f"dataset={dataset}", f"batch_size={args.batch_size}", "max_length=512", "infrequent_eval_every=0"]
         else:
             own = ["env=arithmetic", f"groups_per_batch={args.batch_size}", f"group_size={args.group_size}"]
+            own += [f"loss_fn={args.loss_fn}"] if args.loss_fn else []
         command = [args.python, "-m", f"tinker_cookbook.recipes.{args.recipe}.train", *common, *own]
         print("$", " ".join(command))
         t0 = time.monotonic()

@@ -11,6 +11,11 @@ temperature 1, each call with its own seed. The engine's start is timed apart: a
 pays it (it samples on an engine only where the worker has one warm).
 
     .venv/bin/python bench/tinker_sampling.py [--model smollm2|tiny|PATH] [--samples 8] [--max-tokens 64] [--calls 5]
+
+`--prefill` times transformers alone, two ways in turn on each call: the call's rows sharing one
+prefill of the prompt (`shared_prefill`, what `sample` does) and each row computing the prompt
+itself (transformers' `generate` given n copies of it, what `sample` did before). `--prompt-repeat K`
+makes the prompt K copies of its sentence, as long as a few-shot recipe's.
 """
 
 from __future__ import annotations
@@ -43,6 +48,8 @@ def main() -> int:
     ap.add_argument("--samples", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--calls", type=int, default=5)
+    ap.add_argument("--prefill", action="store_true", help="transformers with and without the shared prefill")
+    ap.add_argument("--prompt-repeat", type=int, default=1)
     args = ap.parse_args()
 
     from service.embedded import prepare_model
@@ -56,7 +63,8 @@ def main() -> int:
     home = Path(tempfile.mkdtemp(prefix="mathrl-tinker-sampling-"))
     model = prepare_model(args.model, home)
     session = TrainingSession(model, LoraOptions(rank=8, seed=0, train_unembed=False))
-    prompt = session.tokenizer.encode("Natalia sold clips to 48 of her friends in April. How many clips")
+    sentence = "Natalia sold clips to 48 of her friends in April. How many clips"
+    prompt = session.tokenizer.encode(" ".join([sentence] * args.prompt_repeat))
 
     def call(seed: int) -> SampleCall:
         return SampleCall(prompt, args.samples, args.max_tokens, temperature=1.0, stop=[], seed=seed + 1)
@@ -66,6 +74,8 @@ def main() -> int:
             rows, _ = sample(session, call(seed))
         assert all(len(r.tokens) == args.max_tokens for r in rows)
 
+    if args.prefill:
+        return _prefill_side_by_side(on_hf, args, len(prompt))
     hf = _timed(on_hf, args.calls)
 
     settings = Settings()
@@ -99,6 +109,30 @@ def main() -> int:
         med = statistics.median(times)
         print(f"{name}: median {med:.3f} s a call ({tokens / med:.0f} tok/s), n={len(times)}")
     print(f"engine / transformers speed: {statistics.median(hf) / statistics.median(vllm):.2f}x")
+    return 0
+
+
+def _prefill_side_by_side(on_hf: Any, args: argparse.Namespace, prompt_len: int) -> int:
+    """Each call timed with the shared prefill, then without it (the module's `shared_prefill`
+    swapped for one that gives `generate` no cache), in turn, so both see the same machine."""
+    import trainer.session_sampling as sampling
+
+    shared = sampling.shared_prefill
+    times: dict[bool, list[float]] = {True: [], False: []}
+    for i in range(-1, args.calls):  # -1: a warm call each way, not counted
+        for share in (True, False):
+            sampling.shared_prefill = shared if share else (lambda *_: None)
+            t = time.perf_counter()
+            on_hf(i)
+            if i >= 0:
+                times[share].append(time.perf_counter() - t)
+    sampling.shared_prefill = shared
+    shape = f"{args.samples} samples x {args.max_tokens} tokens per call"
+    print(f"{prompt_len} prompt tokens, {shape}, {args.calls} calls each way")
+    for share, label in ((True, "one shared prefill"), (False, "a prefill per row ")):
+        each = [round(t, 3) for t in times[share]]
+        print(f"{label}: median {statistics.median(times[share]):.3f} s a call, all {each}")
+    print(f"speedup: {statistics.median(times[False]) / statistics.median(times[True]):.2f}x")
     return 0
 
 

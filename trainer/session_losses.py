@@ -13,7 +13,10 @@ mean scales `weights` or `advantages`).
 - `gspo` (GSPO-token, Zheng et al. 2025): the sequence ratio `s = exp(mean(logprobs - sampling_logprobs))` over
   the tokens `sequence_ratio_mask` marks; each token's ratio has `s`'s value and its own log-probability's
   gradient, `s_t = sg(s) * exp(logprobs - sg(logprobs))`, then `-min(s_t * A, clip(s_t, low, high) * A).sum()`
-  (the clip range as ppo's). A datum whose mask marks no token has `s = 1`.
+  (the clip range as ppo's). A datum whose mask marks no token has `s = 1`. Without a `sequence_ratio_mask`
+  the ratio runs over the tokens with a nonzero advantage: the sampled tokens, in the SDK's and the cookbook's
+  datums, whose prompt positions carry advantage 0 (Tinker does not publish its own default; the cookbook's
+  `rl.train` sends gspo datums without a mask).
 
 Not served: `stable_reinforce`. Tinker's page for it (alpha) does not publish its objective, only that it
 reads information recorded at sampling time, so there is nothing here to implement faithfully;
@@ -123,11 +126,12 @@ def cispo(logprobs: torch.Tensor, inputs: Inputs, config: Config) -> torch.Tenso
     return -(_ratio(logprobs, inputs).clamp(low, high).detach() * logprobs * inputs["advantages"]).sum()
 
 
-@loss("gspo", *RL_INPUTS, "sequence_ratio_mask")
+@loss("gspo", *RL_INPUTS)
 def gspo(logprobs: torch.Tensor, inputs: Inputs, config: Config) -> torch.Tensor:
     import torch
 
-    marked = inputs["sequence_ratio_mask"] != 0
+    mask = inputs.get("sequence_ratio_mask")
+    marked = (mask if mask is not None else inputs["advantages"]) != 0
     log_ratio = (logprobs.detach() - inputs["logprobs"])[marked]
     sequence = log_ratio.mean() if log_ratio.numel() else torch.zeros((), device=logprobs.device)
     ratio = torch.exp(sequence + logprobs - logprobs.detach())  # the sequence's value, each token's own gradient

@@ -144,6 +144,8 @@ def sample(session: TrainingSession, call: SampleCall) -> tuple[list[Sampled], l
 
         stops = stop_criteria(tok, tuple(stop_strings), len(call.prompt))
         kwargs.update(stopping_criteria=StoppingCriteriaList([stops]))
+    if call.num_samples > 1 and len(call.prompt) > 1:
+        kwargs.update(past_key_values=shared_prefill(session, call.prompt, call.num_samples))
     out = session.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **kwargs)
     new = out.sequences[:, ids.shape[1] :]
     logp = torch.log_softmax(torch.stack(out.logits, dim=1).float(), dim=-1)  # [n, steps, vocab]
@@ -158,6 +160,20 @@ def sample(session: TrainingSession, call: SampleCall) -> tuple[list[Sampled], l
         sequences.append(Sampled(row[:end], [v if math.isfinite(v) else -1e9 for v in lps[:end]], reason))
     prompt_lp = prompt_logprobs(session, call.prompt, call.prompt_logprobs_last_n) if call.prompt_logprobs else None
     return sequences, prompt_lp
+
+
+def shared_prefill(session: TrainingSession, prompt: list[int], rows: int) -> Any:
+    """The key/value cache of all but the prompt's last token, computed once and repeated for each of
+    the call's rows: `generate` then runs only the last prompt token and the new ones. Given n rows of
+    the same prompt it would compute the prompt n times."""
+    import torch
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=session.model.config)
+    head = torch.tensor([prompt[:-1]], device=session.device)
+    session.model(input_ids=head, attention_mask=torch.ones_like(head), past_key_values=cache, use_cache=True)
+    cache.batch_repeat_interleave(rows)
+    return cache
 
 
 def stop_criteria(tok: Any, stops: tuple[str, ...], prompt_len: int) -> Any:

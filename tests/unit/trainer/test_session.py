@@ -111,6 +111,9 @@ def test_gspo_clips_the_sequence_ratio_and_keeps_each_tokens_gradient() -> None:
     none = {**inputs, "sequence_ratio_mask": torch.zeros(4)}
     lp = torch.tensor(near)
     assert torch.isclose(LOSSES["gspo"](lp, none, {}), -adv.sum())
+    # without a mask, the tokens with an advantage make the ratio (here the same three)
+    unmasked = {k: v for k, v in inputs.items() if k != "sequence_ratio_mask"}
+    assert torch.isclose(LOSSES["gspo"](lp, unmasked, {}), -(s * adv).sum())
 
 
 def test_stable_reinforce_is_refused_with_the_reason_and_the_losses_served(session: TrainingSession) -> None:
@@ -118,7 +121,7 @@ def test_stable_reinforce_is_refused_with_the_reason_and_the_losses_served(sessi
     with pytest.raises(ValueError, match="not published") as refused:
         session.forward_backward([datum], "stable_reinforce")
     assert "gspo" in str(refused.value) and "ppo" in str(refused.value)
-    with pytest.raises(ValueError, match=r"needs \['logprobs', 'advantages', 'sequence_ratio_mask'\]"):
+    with pytest.raises(ValueError, match=r"needs \['logprobs', 'advantages'\]"):
         session.forward_backward([datum], "gspo")
 
 
@@ -194,3 +197,24 @@ def test_a_stop_string_ends_a_sample_at_its_first_stop_in_the_generated_text(ses
         # a stop string the reply never holds: it runs to max_tokens
         (long,), _ = sample(session, SampleCall(prompt=prompt, max_tokens=8, temperature=0.0, stop=["zz"]))
         assert long.stop_reason == "length" and list(long.tokens) == list(free.tokens)
+
+
+def test_a_calls_samples_share_one_prefill_and_their_logprobs_are_the_learners(session: TrainingSession) -> None:
+    """n samples of one prompt run the prompt once (`shared_prefill`), then generate from copies of
+    its cache. A wrong cache would change what the rows see: each sampled token's log-probability
+    must still be the learner's for the same tokens, and a greedy row the one-sample greedy text."""
+    from trainer.session_sampling import SampleCall, sample, use_weights
+
+    tok = session.tokenizer
+    prompt = tok.encode("Q: 12 + 30 = ? A: 42. Q: 7 + 8 = ? A:", add_special_tokens=False)
+    with use_weights(session, None):
+        rows, _ = sample(session, SampleCall(prompt=prompt, num_samples=4, max_tokens=6, stop=[], seed=3))
+        (one,), _ = sample(session, SampleCall(prompt=prompt, max_tokens=6, temperature=0.0, stop=[]))
+        greedy, _ = sample(session, SampleCall(prompt=prompt, num_samples=3, max_tokens=6, temperature=0.0, stop=[]))
+    assert len({tuple(r.tokens) for r in rows}) > 1  # sampled: the rows differ
+    assert all(list(g.tokens) == list(one.tokens) for g in greedy)
+    for row in rows:
+        full = prompt + list(row.tokens)
+        datum = Datum(full[:-1], {"target_tokens": full[1:], "weights": [1.0] * (len(full) - 1)})
+        learner = session.forward_backward([datum], "cross_entropy", forward_only=True).logprobs[0]
+        assert row.logprobs == pytest.approx(learner[len(prompt) - 1 :], abs=1e-4)
