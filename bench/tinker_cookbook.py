@@ -9,9 +9,10 @@ training curve (its metrics.jsonl):
 - `--recipe math_rl`: `tinker_cookbook.recipes.math_rl.train env=arithmetic`, RL with the
   recipe's own loss (`importance_sampling` in 0.5.8): sample, grade "What is x + y?", train.
 
-The cookbook runs in an environment of its own (`--python`): it pins transformers <= 5.5.4, older
-than mathrl's. tinker-cookbook 0.6.1 needs Python >= 3.12 (its tml-renderers >= 0.4.1); on
-Python 3.11 use 0.5.8:
+The cookbook runs in an environment of its own (`--python`): its transformers pins are not
+mathrl's. tinker-cookbook 0.6.1 asks for tml-renderers >= 0.4.1, which PyPI does not have (0.2.1
+is its newest); docs/tinker.md installs 0.6.1 with `--no-deps` beside 0.2.1, and its math_rl
+defaults to `stable_reinforce`, which mathrl refuses (give `--loss-fn gspo`). 0.5.8 installs as is:
 
     python3 -m venv /tmp/cookbook && /tmp/cookbook/bin/pip install torch==2.13.0 tinker==0.38.0 tinker-cookbook==0.5.8
     .venv/bin/python bench/tinker_cookbook.py --python /tmp/cookbook/bin/python [--steps 12]
