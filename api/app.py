@@ -27,6 +27,7 @@ from api.routers import (
     pipelines,
     scores,
     tinker,
+    tinker_runs,
 )
 from api.web.router import router as web_router
 from service.settings import get_settings
@@ -146,7 +147,7 @@ def create_app() -> FastAPI:
         openai_graders.router,
         openai_files.router,
     )
-    routers += (openai_fine_tuning.router, openai_inference.router, keys.router, tinker.router)
+    routers += (openai_fine_tuning.router, openai_inference.router, keys.router, tinker.router, tinker_runs.router)
     for r in (*routers, health.router):
         app.include_router(r)
     app.include_router(web_router)  # /ui: status pages (their data comes from the API above)

@@ -364,6 +364,7 @@ async def create_model(caller: TinkerCaller, settings: SettingsDep, request: Req
         "train_mlp": lora.get("train_mlp", True),
         "train_unembed": lora.get("train_unembed", True),
         "seed": lora.get("seed"),
+        "user_metadata": data.get("user_metadata") or {},
     }
     job_id = await run_in_threadpool(_submit, settings, caller.project_id, fields, "create_model")
     return {"request_id": f"{job_id}:create", "model_id": fields["name"]}

@@ -5,7 +5,7 @@ client's calls until the client finishes it, stops sending heartbeats, or it is 
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
@@ -42,6 +42,11 @@ class SessionSpec(JobBase):
         False,
         description="Sample on the worker's warm vLLM engine of the base model where it has one idle (CPU sessions "
         "without an lm_head adapter), else with transformers. The API sets it from sessions.warm_engine.",
+    )
+    user_metadata: dict[Annotated[str, Field(max_length=128)], Annotated[str, Field(max_length=1024)]] = Field(
+        default_factory=dict,
+        max_length=64,
+        description="The client's own labels for its training run (the SDK's user_metadata), returned with the run.",
     )
     dtype: Dtype = Field("auto", description="Model weights dtype.")
     max_attempts: int = Field(

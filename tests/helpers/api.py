@@ -56,6 +56,7 @@ def make_objects(app_client: Any, owner: dict[str, str]) -> dict[str, str]:
     client = app_client.post("/v1/jobs", json={**spec, "resources": {"pool": "objects-parked"}}, headers=owner)
     assert client.status_code == 201, client.text
     ids["session_id"], ids["sampler_id"] = session, f"{client.json()['id']}:sample:0"
+    ids["training_run_id"], ids["checkpoint_id"] = f"{session}:train:0", "weights/final"  # the RestClient's names
     return ids
 
 

@@ -84,7 +84,10 @@ def test_a_training_client_learns_saves_resumes_and_samples(
     adam = types.AdamParams(learning_rate=3e-3)
     greedy = types.SamplingParams(max_tokens=6, temperature=0.0)
     with _client(service, key) as client:
-        training = client.create_lora_training_client(base_model=tiny_model, rank=8, seed=0).result()
+        labels = {"renderer_name": "role_colon"}  # what the cookbook stores, and reads back on resuming
+        training = client.create_lora_training_client(
+            base_model=tiny_model, rank=8, seed=0, user_metadata=labels
+        ).result()
         tokenizer = training.get_tokenizer()  # offline: the model's own directory
         data = [_datum(tokenizer, TEXT)]
         prompt = types.ModelInput.from_ints(tokenizer.encode("12 + 30 ="))
@@ -112,6 +115,23 @@ def test_a_training_client_learns_saves_resumes_and_samples(
         # the next step, to compare with the resumed client's
         first = (_loss(training, data), training.optim_step(adam).result(), _loss(training, data))
 
+        # the SDK's RestClient reads the run and its saves (api/routers/tinker_runs.py)
+        import tinker
+
+        rest = client.create_rest_client()
+        run = rest.get_training_run_by_tinker_path(sampler_path).result()
+        assert (run.training_run_id, run.base_model, run.lora_rank) == (training.model_id, tiny_model, 8), run
+        assert run.user_metadata == labels and run.last_checkpoint and run.last_checkpoint.tinker_path == state, run
+        assert run.last_sampler_checkpoint and run.last_sampler_checkpoint.tinker_path == sampler_path, run
+        saves = rest.list_checkpoints(training.model_id).result().checkpoints
+        assert {(c.checkpoint_type, c.tinker_path) for c in saves} == {("training", state), ("sampler", sampler_path)}
+        assert training.model_id in {r.training_run_id for r in rest.list_training_runs().result().training_runs}
+        assert {c.tinker_path for c in rest.list_user_checkpoints().result().checkpoints} >= {state, sampler_path}
+        info = rest.get_weights_info_by_tinker_path(state).result()
+        assert (info.base_model, info.lora_rank, info.is_lora) == (tiny_model, 8, True), info
+        with pytest.raises(tinker.BadRequestError, match="not served"):
+            rest.delete_checkpoint_from_tinker_path(state).result()
+
         # the job records what it did: its losses per step, its saves as checkpoints
         job = _job_of_model(service, key, training.model_id)
         auth = {"Authorization": f"Bearer {key}"}
@@ -129,6 +149,10 @@ def test_a_training_client_learns_saves_resumes_and_samples(
         body = {"session_id": "x", "sampling_session_seq_id": 0, "model_path": sampler_path}
         r = httpx.post(f"{service.url}/api/v1/create_sampling_session", json=body, headers=headers)
         assert r.status_code == 404, r.text
+        r = httpx.get(f"{service.url}/api/v1/training_runs/{training.model_id}", headers=headers)
+        assert r.status_code == 404, r.text
+        r = httpx.get(f"{service.url}/api/v1/checkpoints", headers=headers)
+        assert r.status_code == 200 and r.json()["checkpoints"] == [], r.text
     assert _ended(service, key, training.model_id) == "succeeded"  # the `with` exit finished the session
 
     # a new client resumes from the state, optimizer included: the same next step, bit for bit

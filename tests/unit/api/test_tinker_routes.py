@@ -75,3 +75,39 @@ def test_a_body_that_is_not_json_is_a_400(app_client: Any) -> None:
     assert r.status_code == 400 and "JSON" in r.json()["detail"], r.text
     r = app_client.post("/api/v1/forward_backward", content=b"\x0a\xff", headers=key)
     assert r.status_code == 400 and "forward_backward" in r.json()["detail"], r.text
+
+
+def test_the_rest_clients_reads_are_the_projects_runs_and_refuse_what_is_not_served(app_client: Any) -> None:
+    """api/routers/tinker_runs.py: with no session yet, the project has no runs and no saves; a run
+    or save it does not hold is a 404; a weights_info without a path names the field; deleting,
+    publishing a save of its own run or setting its TTL is a 400 that says it is not served."""
+    owner = admin_key(app_client)
+    key = _tinker(owner)
+    r = app_client.get("/api/v1/training_runs", params={"limit": 5}, headers=key)
+    assert r.status_code == 200 and r.json() == {
+        "training_runs": [],
+        "cursor": {"offset": 0, "limit": 5, "total_count": 0},
+    }, r.text
+    assert app_client.get("/api/v1/checkpoints", headers=key).json()["checkpoints"] == []
+    assert app_client.get("/api/v1/training_runs", params={"limit": 0}, headers=key).status_code == 422
+    for path in ("/api/v1/training_runs/s:train:0", "/api/v1/training_runs/s:train:0/checkpoints"):
+        r = app_client.get(path, headers=key)
+        assert r.status_code == 404 and "training_run_id" in r.json()["detail"], r.text
+    r = app_client.post("/api/v1/weights_info", json={}, headers=key)
+    assert r.status_code == 400 and r.json()["errors"][0]["pointer"] == "/tinker_path", r.text
+    r = app_client.post("/api/v1/weights_info", json={"tinker_path": "tinker://s:train:0/weights/w"}, headers=key)
+    assert r.status_code == 404, r.text
+    save = "/api/v1/training_runs/s:train:0/checkpoints/weights/w"
+    assert app_client.delete(save, headers=key).status_code == 404  # no such run in the project
+    spec = {"kind": "session", "model": "org/model", "session": "s", "name": "s:train:0"}
+    made = app_client.post("/v1/jobs", json={**spec, "resources": {"pool": "routes-parked"}}, headers=owner)
+    assert made.status_code == 201, made.text  # a training run of the project's own, parked: no worker serves it
+    for method, path, what in [
+        ("DELETE", save, "deleting"),
+        ("POST", save + "/publish", "publishing"),
+        ("DELETE", save + "/publish", "publishing"),
+        ("PUT", save + "/ttl", "TTL"),
+    ]:
+        r = app_client.request(method, path, headers=key)
+        assert r.status_code == 400 and what in r.json()["detail"] and "not served" in r.json()["detail"], r.text
+    assert app_client.get("/api/v1/training_runs").status_code == 401
