@@ -132,13 +132,16 @@ async def _id_job(settings: Settings, caller: Caller, value: str, what: str) -> 
     return job
 
 
+SAVE_KINDS = {"weights": "state", "sampler_weights": "sampler"}  # a path's segment -> its checkpoint's `what`
+
+
 def _save(settings: Settings, project_id: str, path: str) -> tuple[Located, Checkpoint]:
     """The session job and checkpoint row a `tinker://<model id>/<weights|sampler_weights>/<name>` path names."""
     parts = path.removeprefix("tinker://").split("/")
-    if not path.startswith("tinker://") or len(parts) != 3 or parts[1] not in ("weights", "sampler_weights"):
+    if not path.startswith("tinker://") or len(parts) != 3 or parts[1] not in SAVE_KINDS:
         raise Problem.at("/path", f"{path!r} is not a save's path: tinker://<model id>/weights/<name>", status=400)
     model_id, kind, name = parts
-    what = "state" if kind == "weights" else "sampler"
+    what = SAVE_KINDS[kind]
     with get_sessionmaker(settings.database.url)() as s:
         for at in _located(s, _sessions_of(project_id).where(Job.name == model_id).order_by(Job.created_at.desc())):
             rows = s.scalars(select(Checkpoint).where(Checkpoint.job_id == at.job.id).order_by(Checkpoint.step.desc()))
