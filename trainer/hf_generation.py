@@ -50,9 +50,12 @@ def generation_config(mode: str, **kwargs: Any) -> Any:
     the decode step (on a GPU; on a CPU it compiles nothing)."""
     from transformers import GenerationConfig
 
+    # with a cache whatever the model's config says: a trainer with gradient checkpointing sets the
+    # policy's `use_cache` False, and a copy made from its config would decode without one
+    # (recomputing every earlier token at every step: 6.4x slower for SmolLM2, 16 x 48 new tokens)
     if mode == "static":
-        return GenerationConfig(**kwargs, cache_implementation="static", disable_compile=False)
-    return GenerationConfig(**kwargs, disable_compile=True)
+        return GenerationConfig(**kwargs, use_cache=True, cache_implementation="static", disable_compile=False)
+    return GenerationConfig(**kwargs, use_cache=True, disable_compile=True)
 
 
 def decode(
