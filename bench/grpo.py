@@ -44,6 +44,8 @@ sys.path.insert(0, str(ROOT))
 MODES = {  # mode -> the spec fields that pick it
     "hf": {"generation": {"backend": "hf"}},
     "hf-nockpt": {"generation": {"backend": "hf"}, "gradient_checkpointing": False},
+    # the next step's batch generated while this one trains (trainer/overlap.py)
+    "hf-overlap": {"generation": {"backend": "hf", "overlap": True}},
     "vllm": {"generation": {"backend": "vllm", "mode": "colocate"}},
     "vllm-nockpt": {"generation": {"backend": "vllm", "mode": "colocate"}, "gradient_checkpointing": False},
     "server": {"generation": {"backend": "vllm", "mode": "server"}, "lora": {"r": 8}},
@@ -164,6 +166,7 @@ def summary(result: dict[str, Any]) -> dict[str, float]:
         "sync": sync,
         "rest": step - gen - sync,
         "tokens_per_s": mean("generation_tokens_per_second"),
+        "background": mean("background_generation_seconds"),
         "share": gen / step if step else 0.0,
         "startup": result["total"] - sum(s["step_time"] for s in steps),
         "steps": len(steps),
@@ -204,11 +207,13 @@ def main() -> None:
                 flush=True,
             )
         else:
+            beside = f"; the batch generated beside training in {s['background']:.1f}s" if s["background"] else ""
             print(
-                f"  {mode:<6} step {s['step']:6.1f}s = generation {s['generation']:6.1f}s + weight sync "
+                f"  {mode:<6} step {s['step']:6.1f}s = {'waiting for ' if beside else ''}generation "
+                f"{s['generation']:6.1f}s + weight sync "
                 f"{s['sync']:4.1f}s + rest {s['rest']:5.1f}s; {s['tokens_per_s']:6.1f} generated tokens/s; "
                 f"generation share {100 * s['share']:.0f}%; start-up {s['startup']:.0f}s; "
-                f"trainer's peak memory {s['peak_rss_gib']:.1f} GiB",
+                f"trainer's peak memory {s['peak_rss_gib']:.1f} GiB{beside}",
                 flush=True,
             )
     for mode, s in rows.items():  # gradient checkpointing off against on, the same mode otherwise
@@ -223,7 +228,11 @@ def main() -> None:
         for mode, s in rows.items():
             if mode == "hf":
                 continue
-            gen = f"generation per step {hf['generation'] / s['generation']:.2f}x faster, " if s["generation"] else ""
+            gen = (
+                f"generation per step {hf['generation'] / s['generation']:.2f}x faster, "
+                if s["generation"] and not s["background"]
+                else ""
+            )
             print(f"{mode} vs hf: {gen}whole step {hf['step'] / s['step']:.2f}x faster")
     if "vllm" in rows and hf:
         ratio = hf["generation"] / rows["vllm"]["generation"]

@@ -13,6 +13,7 @@ every group has signal.
     python bench/grpo_shapes.py                                   # 1.5B full, then 7B LoRA (needs a GPU)
     python bench/grpo_shapes.py --runs qwen2.5-1.5b:full --completion 256 --steps 2 --hf-mode dynamic
     python bench/grpo_shapes.py --runs qwen2.5-1.5b:full --profile 2   # + where step 2's time goes
+    python bench/grpo_shapes.py --runs qwen2.5-1.5b:full,qwen2.5-1.5b:full-overlap --steps 3   # overlap's gain
 
 `--profile N` records step N with torch.profiler (bench/step_profile.py) and prints, for its
 generation and its training pass, the device time and the top CUDA kernels (on a CPU: operators).
@@ -81,7 +82,7 @@ def build_model(shape: str, work: Path) -> Path:
     return out
 
 
-def job(model: Path, lora: bool, args: argparse.Namespace) -> dict[str, Any]:
+def job(model: Path, lora: bool, args: argparse.Namespace, overlap: bool = False) -> dict[str, Any]:
     return {
         "kind": "grpo",
         "model": str(model),
@@ -100,7 +101,11 @@ def job(model: Path, lora: bool, args: argparse.Namespace) -> dict[str, Any]:
         "logging_steps": 1,
         "save_steps": 10**6,
         "sample_every": 10**6,
-        "generation": {"backend": "hf", **({"hf_mode": args.hf_mode} if args.hf_mode else {})},
+        "generation": {
+            "backend": "hf",
+            **({"hf_mode": args.hf_mode} if args.hf_mode else {}),
+            **({"overlap": True} if overlap else {}),
+        },
         **({"lora": {"enabled": True, "r": 16, "alpha": 32, "target_modules": "all-linear"}} if lora else {}),
     }
 
@@ -110,6 +115,8 @@ def one(run: str, args: argparse.Namespace) -> dict[str, Any]:
     from service.gpu_check import _data_dir, environment, grpo_run
 
     shape, kind = run.rsplit(":", 1)
+    overlap = kind.endswith("-overlap")  # the next step generated while this one trains (trainer/overlap.py)
+    kind = kind.removesuffix("-overlap")
     import torch
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -121,7 +128,8 @@ def one(run: str, args: argparse.Namespace) -> dict[str, Any]:
         env = environment(device)
         with contextlib.ExitStack() as stack:
             prof = stack.enter_context(profiled(args.profile)) if args.profile else None
-            figures = grpo_run(job(model, kind == "lora", args), str(model), _data_dir(), work / "out", env, "hf")
+            spec = job(model, kind == "lora", args, overlap)
+            figures = grpo_run(spec, str(model), _data_dir(), work / "out", env, "hf")
         row = {"run": run, "build_seconds": round(built, 1), "gpu": (env.get("gpus") or [{}])[0], **figures}
         if prof is not None and prof.done:
             row["profile"] = prof.summary()
@@ -132,7 +140,11 @@ def one(run: str, args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--runs", default="qwen2.5-1.5b:full,qwen2.5-7b:lora", help="shape:full|lora, comma-separated")
+    p.add_argument(
+        "--runs",
+        default="qwen2.5-1.5b:full,qwen2.5-7b:lora",
+        help="shape:full|lora, comma-separated; a '-overlap' suffix (full-overlap) turns generation.overlap on",
+    )
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--g", type=int, default=8)
     p.add_argument("--batch", type=int, default=128, help="completions a step")
@@ -169,7 +181,9 @@ def main() -> None:
             plan = row.get("memory_plan") or {}
             print(
                 f"{run}: step {row['step_seconds']}s (generation {row['generation_seconds']}s, training "
-                f"{row['training_seconds']}s); tokens/s/GPU trained {row.get('trained_tokens_per_second_per_device')} "
+                f"{row['training_seconds']}s; generated beside training "
+                f"{row.get('background_generation_seconds')}s); tokens/s/GPU trained "
+                f"{row.get('trained_tokens_per_second_per_device')} "
                 f"generated {row.get('generated_tokens_per_second_per_device')}; MFU step {row.get('mfu')}, "
                 f"training pass {row.get('training_mfu')}; peak {row.get('peak_memory_gib')} GiB, plan "
                 f"{plan.get('estimate_gib')} GiB",

@@ -111,6 +111,7 @@ MATHRL_ARMS: dict[str, dict[str, Any]] = {
     "mathrl-curriculum": {"curriculum": True},
     "mathrl-vllm": VLLM,
     "mathrl-vllm-dynamic-sampling": {**VLLM, "dynamic_sampling": True},
+    "mathrl-overlap": {"generation": {"backend": "hf", "overlap": True}},
 }
 
 
@@ -137,7 +138,7 @@ def run_mathrl(args: argparse.Namespace, sink: SeriesSink, work: Path) -> None:
     config = resolve_config(spec)
     print(
         f"  mathrl loop: dynamic_sampling={config.dynamic_sampling}, curriculum={config.curriculum}, "
-        f"skip_zero_advantage={config.skip_zero_advantage}",
+        f"skip_zero_advantage={config.skip_zero_advantage}, overlap={config.generation.overlap}",
         flush=True,
     )
     try:

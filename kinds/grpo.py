@@ -45,7 +45,10 @@ class GRPOKind(Kind[GRPOSpec, ResolvedGRPO]):
         from trainer.memory_plan import DEFAULT_VLLM_UTILIZATION, Training
 
         colocated = uses_vllm(config.generation_backend) and config.generation_mode == "colocate"
-        static = not uses_vllm(config.generation_backend) and config.generation.resolved_hf_mode() == "static"
+        hf = not uses_vllm(config.generation_backend)
+        static = hf and config.generation.resolved_hf_mode() == "static"
+        overlap = hf and config.generation.overlap
+        on_copy = "+".join(name for name, on in (("static", static), ("overlap", overlap)) if on)
         utilization = config.generation.gpu_memory_utilization or DEFAULT_VLLM_UTILIZATION
         lora = config.lora if config.lora is not None and config.lora.enabled else None
         return Training(
@@ -57,7 +60,8 @@ class GRPOKind(Kind[GRPOSpec, ResolvedGRPO]):
             reference_model=(config.beta or 0.0) > 0 and lora is None,
             vllm_fraction=float(utilization if colocated else 0.0),
             zero3_world=config.world_size if config.deepspeed_zero3 else 1,
-            static_decode_batch=config.global_batch_size // config.world_size if static else 0,
+            copy_decode_batch=config.global_batch_size // config.world_size if on_copy else 0,
+            copy_decode_why=on_copy or "static",
         )
 
     def needs(self, spec: GRPOSpec) -> Needs:

@@ -267,13 +267,17 @@ def step_figures(sink: RecordSink, steps: int, world: int) -> dict[str, Any]:
 
     step, gen = med("step_time"), med("generation_seconds")
     gen_tps = med("generation_tokens_per_second")
+    # with overlap (trainer/overlap.py) the step waits `gen` for a batch generated beside training in `busy`
+    busy = med("background_generation_seconds")
     # what the training pass took (prompt + completion tokens of the rows it trained: the loop
     # leaves zero-advantage completions out), not TRL's num_tokens, which counts every row generated
     trained_per_step = med("forward_tokens_per_step")
-    generated_per_step = gen * gen_tps if gen and gen_tps else None
+    generating = busy or gen
+    generated_per_step = generating * gen_tps if generating and gen_tps else None
     out: dict[str, Any] = {
         "step_seconds": _r(step),
         "generation_seconds": _r(gen),
+        "background_generation_seconds": _r(busy),
         "training_seconds": _r(med("training_seconds")),
         "generation_share": _r(med("generation_share")),
         "generated_tokens_per_step": _r(generated_per_step),

@@ -97,7 +97,9 @@ class SinkCallback(TrainerCallback):
         """Per step, averaged over the steps since the last log: generation seconds, weight-sync
         seconds, the rest ('training_seconds': scoring, log-probs, backward, optimizer), generated
         tokens per second of generation, generation's share of the step (TimedGRPOTrainer), and
-        the completions generated per step by all ranks together ('completions_per_step')."""
+        the completions generated per step by all ranks together ('completions_per_step'). With
+        overlap, 'generation_seconds' is what the step waited for its batch, and
+        'background_generation_seconds' what generating it took beside the last step's training."""
         pop = getattr(self.trainer, "pop_timings", None)
         if pop is None:
             return {}
@@ -111,8 +113,11 @@ class SinkCallback(TrainerCallback):
             "training_seconds": max(wall - gen - sync, 0.0) / n,
             "generation_share": gen / wall if wall > 0 else 0.0,
         }
-        if gen > 0:
-            out["generation_tokens_per_second"] = t["generated_tokens"] / gen
+        busy = t.get("background_generation_seconds", 0.0)  # overlap: generation ran beside training
+        if busy > 0:
+            out["background_generation_seconds"] = busy / n
+        if busy or gen:
+            out["generation_tokens_per_second"] = t["generated_tokens"] / (busy or gen)
         out["completions_per_step"] = _sum_ranks(t.get("generated_completions", 0.0), args) / n
         out.update({k: v for k, v in t.items() if k.startswith("reward/")})
         out["eval_seconds"] = held

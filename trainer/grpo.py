@@ -150,6 +150,7 @@ def run_grpo(
             data={
                 "backend": backend,
                 "hf_mode": hf_mode,
+                "overlap": bool(hf_mode and config.generation.overlap),
                 "mode": config.generation.mode if uses_vllm(backend) else None,
                 "version": _backend_version(backend),
                 "engine_options": engine,
@@ -185,7 +186,8 @@ def _describe_generation(
     backend: str, config: ResolvedGRPO, engine: dict[str, Any] | None, seconds: float, hf_mode: str | None = None
 ) -> str:
     if not uses_vllm(backend):
-        return f"generating with {backend} ({_backend_version(backend)}), decoding '{hf_mode}'"
+        overlap = ", the next step's batch while this one trains (overlap)" if config.generation.overlap else ""
+        return f"generating with {backend} ({_backend_version(backend)}), decoding '{hf_mode}'{overlap}"
     where = "the job's vLLM server" if config.generation.mode == "server" else "a colocated engine"
     sync = (
         ("LoRA adapter" if config.lora and config.lora.enabled else "full weights")

@@ -7,19 +7,23 @@
   masked) adds nothing to the loss when beta is 0 and no per-token term (entropy bonus, entropy
   mask, auxiliary loss) needs it, so its forward and backward are skipped. The loss is rescaled
   for the loss types that average over rows, so the update equals TRL's (tests/system/test_grpo_loop.py).
+- Overlapped generation (trainer/overlap.py, the spec's `generation.overlap`): on the hf backend
+  the next step's completions are generated on a copy of the policy while this step trains, and
+  train one step later against the sampler's log-probabilities.
 - One forward fewer with vLLM: TRL recomputes every completion's log-probabilities in a no-grad
   pass after generation to weigh the sampler/trainer mismatch. When the policy cannot have moved
   between generation and training (one iteration per round, generation aligned with the optimizer
   step), those are the training forward's own values: the ratio is computed there instead
   (tests/helpers/vllm_sync_check.py compares the two).
 
-Every step logs what it did: `dynamic_sampling/*`, `curriculum/*`, `skip/trained_fraction`, and
-with vLLM the mismatch (`sampling/sampling_logp_difference/*`, `sampling/importance_sampling_ratio/*`).
+Every step logs what it did: `dynamic_sampling/*`, `curriculum/*`, `skip/trained_fraction`,
+`overlap/*`, and with vLLM the mismatch (`sampling/sampling_logp_difference/*`, `sampling/importance_sampling_ratio/*`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
 import time
 from collections.abc import Callable, Iterator
@@ -32,6 +36,7 @@ import torch
 from trainer.curriculum import PassRateCurriculum
 from trainer.dynamic_sampling import COMPLETION_SIDE, informative, join_rows
 from trainer.hf_generation import DecodeCopy, decode
+from trainer.overlap import BackgroundGenerator, Lookahead
 from trainer.vllm_generation import TimedGRPOTrainer
 
 if TYPE_CHECKING:
@@ -55,6 +60,7 @@ class LoopOptions:
     curriculum: Curriculum | None = None
     skip_zero_advantage: bool = False
     signal_reward: int | None = None  # index of the reward whose value > 0 means "correct"
+    overlap: bool = False  # generate the next step while this one trains (hf backend; trainer/overlap.py)
 
     @classmethod
     def from_config(cls, config: ResolvedGRPO, reward_names: list[str]) -> LoopOptions:
@@ -64,6 +70,7 @@ class LoopOptions:
             curriculum=config.curriculum,
             skip_zero_advantage=bool(config.skip_zero_advantage),
             signal_reward=checked[0] if checked else None,
+            overlap=config.generation.overlap,
         )
 
 
@@ -97,11 +104,31 @@ class MathrlGRPOTrainer(TimedGRPOTrainer):
         )
         self._gathered_rewards: torch.Tensor | None = None
         self._reward_seconds: list[float] = []
+        overlap = loop.overlap and not self.use_vllm
+        self._lookahead = Lookahead() if overlap else None  # the next update's batch, read one step early
+        self._background: BackgroundGenerator | None = None  # made at the first generation
+        self._round_was_sampled_on_copy = False
 
     def _generate_single_turn(self, prompt_ids: Any, *args: Any, **kwargs: Any) -> Any:
+        if self._lookahead is not None and self.model.training:
+            return self._timed_generation(self._take_background, prompt_ids, *args, **kwargs)
         if self.hf_mode != "static":
             return super()._generate_single_turn(prompt_ids, *args, **kwargs)
         return self._timed_generation(self._decode_static, prompt_ids, *args, **kwargs)
+
+    def _decoding(self) -> dict[str, Any]:
+        """How the hf path samples, as `decode` takes it (the generation config TRL builds)."""
+        return {
+            "mode": self.hf_mode or "dynamic",
+            "max_new_tokens": int(self.max_completion_length or 0),
+            "eos_token_id": self.eos_token_ids,
+            "do_sample": True,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "min_p": self.min_p,
+            "repetition_penalty": self.repetition_penalty,
+        }
 
     def _decode_static(self, prompt_ids: list[list[int]], *_: Any, **__: Any) -> tuple[list[list[int]], None]:
         """`static` decoding (trainer/hf_generation.py) on a copy of the policy in the run's compute
@@ -114,20 +141,75 @@ class MathrlGRPOTrainer(TimedGRPOTrainer):
             self._decode_copy.sync(policy)
         self.timings["weight_sync_seconds"] += time.perf_counter() - t0
         completions = decode(
-            self._decode_copy.model,
-            prompt_ids,
-            mode="static",
-            max_new_tokens=int(self.max_completion_length or 0),
-            pad_token_id=self._tokenizer.pad_token_id,
-            eos_token_id=self.eos_token_ids,
-            do_sample=True,
-            temperature=self.temperature,
-            top_p=self.top_p,
-            top_k=self.top_k,
-            min_p=self.min_p,
-            repetition_penalty=self.repetition_penalty,
+            self._decode_copy.model, prompt_ids, pad_token_id=self._tokenizer.pad_token_id, **self._decoding()
         )
         return completions, None
+
+    # -- overlapped generation (trainer/overlap.py) ------------------------------------------
+
+    def get_batch_samples(self, epoch_iterator: Any, num_batches: int, device: Any) -> tuple[list[Any], Any]:
+        if self._lookahead is None:
+            return super().get_batch_samples(epoch_iterator, num_batches, device)
+        batches = self._lookahead.take(epoch_iterator, num_batches)
+        return batches, self._get_num_items_in_batch(batches, device)
+
+    def _launch_background(self, prompt_ids: list[list[int]]) -> None:
+        """Start generating `prompt_ids` on a copy of the policy as it is now (before this step's update)."""
+        policy = self.accelerator.unwrap_model(self.model)
+        if self._background is None:
+            self._background = BackgroundGenerator(
+                policy,
+                torch.bfloat16 if self.args.bf16 else torch.float32,
+                temperature=self.temperature,
+                cast_lm_head_to_fp32=bool(self.args.cast_lm_head_to_fp32),
+            )
+        self.timings["weight_sync_seconds"] += self._background.launch(
+            policy,
+            self.state.global_step,
+            prompt_ids,
+            pad_token_id=self._tokenizer.pad_token_id,
+            pad_to_multiple_of=cast("int | None", self.pad_to_multiple_of),
+            score_batch=self.args.per_device_train_batch_size,
+            **self._decoding(),
+        )
+
+    def _take_background(self, prompt_ids: list[list[int]], *_: Any, **__: Any) -> tuple[list[list[int]], Any]:
+        """This round's completions and their sampler log-probabilities: prefetched during the last
+        step's training where its prompts were read ahead, else generated on the copy now. Then the
+        next step's batch starts, so that it generates beside this step's scoring and training."""
+        taken = self._background.take(prompt_ids) if self._background is not None else None
+        if taken is None:
+            self._launch_background(prompt_ids)
+            assert self._background is not None
+            taken = self._background.take(prompt_ids)
+            assert taken is not None
+        t0 = time.perf_counter()
+        completions, logps, seconds = taken.future.result()
+        metrics = self._metrics["train"]
+        metrics["overlap/wait_seconds"].append(time.perf_counter() - t0)
+        metrics["overlap/staleness"].append(float(self.state.global_step - taken.step))
+        self.timings["background_generation_seconds"] += seconds
+        self._round_was_sampled_on_copy = True
+        self._prefetch_next()
+        return completions, logps
+
+    def _prefetch_next(self) -> None:
+        """Start generating the next update's batch, if the dataloader has one and the run goes on."""
+        assert self._lookahead is not None
+        batch = self._lookahead.next_batch
+        self._lookahead.next_batch = None  # one prefetch per update (dynamic sampling's rounds are refused)
+        if batch is None or 0 < self.state.max_steps <= self.state.global_step + 1:
+            return
+        prompt_ids, _, _ = self._tokenize_prompts(copy.deepcopy([x["prompt"] for x in batch]))
+        self._launch_background(prompt_ids)
+
+    def train(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().train(*args, **kwargs)
+        finally:
+            if self._background is not None:
+                self._background.close()
+                self._background = None
 
     def skip_is_exact(self) -> bool:
         """Whether a zero-advantage completion adds exactly nothing to this run's update."""
@@ -167,8 +249,11 @@ class MathrlGRPOTrainer(TimedGRPOTrainer):
     def _one_round(self, batch: list[dict[str, Any]]) -> tuple[dict[str, Any], torch.Tensor, torch.Tensor]:
         """Generate and score one batch: TRL's output, and per local row the verdict (1 correct, 0
         not, NaN unscored) and the weighted reward."""
+        self._round_was_sampled_on_copy = False
         with self._defer_logprob_pass():
             out = super()._generate_and_score_completions(batch)
+        if self._round_was_sampled_on_copy:  # the sampler's log-probabilities are the PPO ratio's old policy
+            out["old_per_token_logps"] = out["sampling_per_token_logps"]
         rewards = self._gathered_rewards
         assert rewards is not None
         n, rank = len(batch), self.accelerator.process_index

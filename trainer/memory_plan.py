@@ -48,6 +48,9 @@ What it assumes is what mathrl's trainers do with TRL 1.16 (trainer/grpo.py, tra
   training processes: TRL's steps_per_generation is the accumulation) at prompt + completion
   tokens. transformers keeps that cache on the copy between generations, so both are held for the
   whole run. (ZeRO-3 is refused with `static`: the copy would be whole on every process.)
+- `generation.overlap` (trainer/overlap.py) decodes on the same kind of copy, in the run's compute
+  dtype, while training runs: the copy, and the generation batch's cache at its full length, are
+  counted the same way (once, with `static` too).
 - DeepSpeed ZeRO-3 shards weights, gradients and optimizer state over the training processes
   (roughly: divided by their number).
 - CUDA context, cuBLAS/NCCL workspaces: a fixed CUDA_OVERHEAD; the caching allocator's
@@ -198,7 +201,9 @@ class Training:
     reference_model: bool = False  # GRPO, beta > 0, no LoRA
     vllm_fraction: float = 0.0  # colocated vLLM's share of the GPU
     zero3_world: int = 1  # DeepSpeed ZeRO-3: processes the states are sharded over
-    static_decode_batch: int = 0  # `static` hf decoding: sequences its fixed-size cache holds (0: not static)
+    # hf decoding on a copy of the policy (`static`, or overlap): sequences its cache holds (0: no copy)
+    copy_decode_batch: int = 0
+    copy_decode_why: str = "static"  # what holds the copy: "static", "overlap" or "static+overlap"
 
 
 @dataclass
@@ -263,8 +268,8 @@ def estimate(shape: ModelShape, training: Training, gpu_memory: int | None = Non
         "gradients": GRAD_BYTES * trainable // shard,
         "optimizer": ADAM_BYTES * trainable // shard,
         "reference_model": WEIGHT_BYTES * params // shard if t.reference_model else 0,
-        "decode_copy": CAST_BYTES * params if t.static_decode_batch else 0,
-        "decode_cache": t.static_decode_batch * t.seq_len * shape.kv_cache_bytes_per_token(CAST_BYTES),
+        "decode_copy": CAST_BYTES * params if t.copy_decode_batch else 0,
+        "decode_cache": t.copy_decode_batch * t.seq_len * shape.kv_cache_bytes_per_token(CAST_BYTES),
         "weight_casts": casts,
         "activations": activations,
         "logits": logits,
@@ -367,12 +372,17 @@ def check_job(
                 ),
             )
         )
-    if training.static_decode_batch:
-        p = with_(static_decode_batch=0)
+    if training.copy_decode_batch:
+        p = with_(copy_decode_batch=0)
+        field, change = {
+            "static": ("/generation/hf_mode", "generation.hf_mode='dynamic'"),
+            "overlap": ("/generation/overlap", "generation.overlap: false"),
+            "static+overlap": ("/generation/overlap", "generation.overlap: false with hf_mode='dynamic'"),
+        }[training.copy_decode_why]
         options.append(
             (
-                "/generation/hf_mode",
-                f"generation.hf_mode='dynamic' (no bfloat16 copy of the policy, no fixed-size cache: "
+                field,
+                f"{change} (no bfloat16 copy of the policy and its generation cache: "
                 f"{_gib(plan.terms['decode_copy'] + plan.terms['decode_cache'])} now) would need ~{_gib(p.peak)}",
             )
         )

@@ -271,4 +271,7 @@ def _zero_timings() -> dict[str, float]:
         "forward_tokens": 0.0,  # tokens through the training forward and backward, prompts included
         "forward_rows": 0.0,
         "eval_seconds": 0.0,  # held-out evaluation at step ends (trainer/heldout_eval.py)
+        # overlap (trainer/overlap.py): what the background thread spent generating; the step itself
+        # counts only its wait in generation_seconds
+        "background_generation_seconds": 0.0,
     }

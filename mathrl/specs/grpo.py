@@ -126,6 +126,15 @@ class Generation(StrictModel):
         "bench/hf_generation.py but is not yet proven inside a training run there (docs/gpu.md).",
     )
 
+    overlap: bool = Field(
+        False,
+        description="'hf' backend: generate the next step's completions on a copy of the policy while this step "
+        "trains (trainer/overlap.py), so a step takes about the longer of the two instead of their sum where the "
+        "device has room for both. They train one step later (one step stale); the PPO ratio is taken against "
+        "the sampler's log-probabilities, as async GRPO does. Not with dynamic_sampling or the curriculum (they "
+        "choose the next questions from this step's grades), num_iterations > 1, hf_mode 'continuous', or ZeRO-3.",
+    )
+
     def resolved_hf_mode(self) -> HFMode:
         """The way the hf backend decodes: the spec's, or auto's pick (`dynamic` on CPUs and GPUs:
         on a CPU it measured fastest, and on a GPU `static` has not yet run inside a training run;
@@ -308,6 +317,8 @@ class GRPOSpec(JobBase):
                 "hf_mode 'static' decodes on a full copy of the policy, which ZeRO-3 shards across GPUs: use "
                 "hf_mode 'dynamic' or drop deepspeed_zero3",
             )
+        if gen.overlap:
+            self._check_overlap(backend)
         if self.deepspeed_zero3 and self.resources.gpus < 2:
             raise FieldError(
                 "deepspeed_zero3", "deepspeed_zero3 shards over several GPUs: set resources.gpus >= 2 or drop it"
@@ -326,6 +337,24 @@ class GRPOSpec(JobBase):
             self._check_async_knobs()
         resolve_grpo(self)  # raises ValueError with a fix-it message
         return self
+
+    def _check_overlap(self, backend: str) -> None:
+        gen = self.generation
+        why = None
+        if uses_vllm(backend):
+            why = (
+                f"overlap generates on the 'hf' backend, and this job generates with {backend}: set "
+                "generation.backend='hf' or drop overlap"
+            )
+        elif gen.hf_mode == "continuous":
+            why = (
+                "continuous batching takes half the GPU's free memory for its paged cache, which training needs "
+                "while they overlap: use hf_mode 'dynamic' or 'static', or drop overlap"
+            )
+        elif self.deepspeed_zero3:
+            why = "overlap decodes on a full copy of the policy, which ZeRO-3 shards across GPUs: drop one of them"
+        if why:
+            raise FieldError("generation/overlap", why)
 
     def _check_server_mode(self, backend: str) -> None:
         gen, gpus = self.generation, self.resources.gpus

@@ -169,7 +169,27 @@ def resolve_loop(spec: GRPOSpec, values: dict[str, Any]) -> dict[str, Any]:
             on = False
         out[part] = block(**settings) if on else None
     out["skip_zero_advantage"] = resolve_skip(spec, values, defaults["skip_zero_advantage"])
+    if spec.generation.overlap:
+        check_overlap(spec, values, out)
     return out
+
+
+def check_overlap(spec: GRPOSpec, values: dict[str, Any], loop: dict[str, Any]) -> None:
+    """generation.overlap prefetches the next step's questions from the dataloader: refused where the
+    loop picks them from this step's grades, or where one generation trains several updates."""
+    for part in ("dynamic_sampling", "curriculum"):
+        if loop[part] is not None:
+            raise _err(
+                "generation/overlap",
+                f"overlap generates the next step's questions while this step trains, and {part} chooses them "
+                f"from this step's grades: set {part}: false, or drop overlap",
+            )
+    if values["num_iterations"] != 1:
+        raise _err(
+            "generation/overlap",
+            f"overlap trains each generation once, one step after it was sampled; num_iterations="
+            f"{values['num_iterations']} would reuse it: set num_iterations: 1, or drop overlap",
+        )
 
 
 def resolve_skip(spec: GRPOSpec, values: dict[str, Any], default: bool) -> bool | None:

@@ -109,3 +109,36 @@ def test_dynamic_sampling_refills_the_step_with_informative_groups(
         # what was kept had more signal than what was generated
         assert m["skip/trained_fraction"] > 1 - m["dynamic_sampling/zero_variance_fraction"], m
         assert 0 < m["dynamic_sampling/kept_fraction"] <= 1, m
+
+
+def test_overlap_trains_each_batch_one_step_later_against_the_samplers_logprobs(
+    tiny_model: str, tmp_path: Path
+) -> None:
+    # 8 questions, 4 a step: an epoch is 2 steps, so the run crosses an epoch's end, where nothing
+    # was read ahead (that step generates on the spot). Temperature 0.7: the sampler's
+    # log-probabilities must be scaled as the trainer's are.
+    common = {"steps": 4, "limit": 8, "temperature": 0.7, "record": True, "loss_type": "grpo"}
+    plain, overlap = _run(tiny_model, tmp_path, [common, {**common, "overlap": True}])
+    gens = overlap["generations"]
+    assert [g["staleness"] for g in gens] == [0, 1, 0, 1], gens
+    # the same questions each step as without overlap: reading ahead leaves the data's order
+    assert [g["prompts"] for g in gens] == [g["prompts"] for g in plain["generations"]]
+    for g in gens:
+        # the old policy of the PPO ratio is the one that sampled: the weights `staleness` steps back
+        assert g["error"] is not None and g["error"] < 1e-4, g
+    for g in gens[1::2]:  # one step stale: the policy has moved since, and the ratio sees it
+        assert g["drift"] > 100 * max(g["error"], 1e-6), g
+    steps = [m for m in overlap["logged"] if "loss" in m]
+    assert len(steps) == 4 and all(m["overlap/wait_seconds"] >= 0 for m in steps), steps
+    assert all("old_per_token_logps" not in str(g) and g["error"] is None for g in plain["generations"])
+
+
+def test_overlap_on_two_processes(tiny_model: str, tmp_path: Path) -> None:
+    # each rank reads its own shard ahead and generates on its own copy; nothing collective runs in
+    # the thread, so the ranks' steps stay in lockstep
+    run = {"steps": 2, "limit": 16, "record": True, "loss_type": "grpo", "per_device": 4, "overlap": True}
+    (result,) = _run(tiny_model, tmp_path, [run], processes=2)
+    gens = result["generations"]
+    assert [g["staleness"] for g in gens] == [0, 1], gens
+    assert all(g["error"] is not None and g["error"] < 1e-4 for g in gens), gens
+    assert gens[1]["drift"] > 100 * max(gens[1]["error"], 1e-6), gens

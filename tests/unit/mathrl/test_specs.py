@@ -143,6 +143,17 @@ def test_trl_defaults_match_installed_trl() -> None:
             "dynamic_sampling",
             "own rollout worker",
         ),
+        ({"generation": {"backend": "vllm", "overlap": True}}, "generation/overlap", "set generation.backend='hf'"),
+        ({"generation": {"overlap": True}, "resources": {"gpus": 1}}, "generation/overlap", "generates with vllm"),
+        ({"generation": {"hf_mode": "continuous", "overlap": True}}, "generation/overlap", "paged cache"),
+        (
+            {"generation": {"backend": "hf", "overlap": True}, "deepspeed_zero3": True, "resources": {"gpus": 2}},
+            "generation/overlap",
+            "ZeRO-3",
+        ),
+        ({"generation": {"overlap": True}, "dynamic_sampling": True}, "generation/overlap", "set dynamic_sampling"),
+        ({"generation": {"overlap": True}, "curriculum": {}}, "generation/overlap", "set curriculum: false"),
+        ({"generation": {"overlap": True}, "num_iterations": 2}, "generation/overlap", "set num_iterations: 1"),
     ],
 )
 def test_impossible_grpo_settings_say_how_to_fix(spec: dict, field: str, words: str) -> None:

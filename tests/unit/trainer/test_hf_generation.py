@@ -1,7 +1,8 @@
 """The hf backend's decoding modes (trainer/hf_generation.py) on the tiny model: 'static' decodes
 what 'dynamic' (TRL's default) decodes, greedy, token for token; the policy's copy that 'static'
 decodes on follows the policy's weights (a full model, and a peft model whose adapter is merged
-for the copy and unmerged again); a GRPO job with hf_mode 'static' trains through it; and the spec
+for the copy and unmerged again); a GRPO job with hf_mode 'static', and one with overlap, trains
+through it; and the spec
 refuses hf_mode on a vLLM job, naming the field."""
 
 from __future__ import annotations
@@ -59,6 +60,27 @@ def test_the_copy_follows_the_policy(tiny_model: str) -> None:
         assert torch.equal(copy.params[name], value.to(torch.bfloat16)), name
 
 
+@pytest.mark.parametrize("mode", ["dynamic", "static"])
+def test_the_copy_decodes_with_a_cache_though_the_training_policy_has_none(mode: str, tiny_model: str) -> None:
+    # a trainer with gradient checkpointing turns the policy's use_cache off, and the copy is made
+    # from its config: each decode step must still feed one new token, not the whole sequence
+    policy = _model(tiny_model)
+    policy.config.use_cache = False
+    copy = DecodeCopy(policy, torch.float32)
+    prompts, tok = _prompts(tiny_model)
+    widths: list[int] = []
+    hook = copy.model.register_forward_pre_hook(
+        lambda _m, _a, kw: widths.append(kw["input_ids"].size(1)), with_kwargs=True
+    )
+    try:
+        torch.manual_seed(0)
+        kw = dict(max_new_tokens=6, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, do_sample=True)
+        decode(copy.model, prompts, mode=mode, min_new_tokens=6, **kw)
+    finally:
+        hook.remove()
+    assert len(widths) == 6 and widths[0] > 1 and widths[1:] == [1] * 5, widths
+
+
 def test_the_copy_of_a_peft_policy_holds_the_merged_weights(tiny_model: str) -> None:
     from peft import LoraConfig, get_peft_model
 
@@ -75,7 +97,12 @@ def test_the_copy_of_a_peft_policy_holds_the_merged_weights(tiny_model: str) -> 
     assert not torch.equal(copy.params["model.layers.0.self_attn.q_proj.weight"], base)  # the adapter is in it
 
 
-def test_a_grpo_job_trains_with_static_decoding(tiny_model: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "generation",
+    [{"hf_mode": "static"}, {"overlap": True}],
+    ids=["static", "overlap"],
+)
+def test_a_grpo_job_trains_with_decoding_on_a_copy(generation: dict[str, Any], tiny_model: str, tmp_path: Path) -> None:
     from kinds import resolve_config
     from mathrl.specs.resolved import ResolvedGRPO
     from service.gpu_check import RecordSink, _data_dir
@@ -92,7 +119,8 @@ def test_a_grpo_job_trains_with_static_decoding(tiny_model: str, tmp_path: Path)
             "max_completion_length": 8,
             "rewards": [{"name": "accuracy"}],
             "save_steps": 10**6,
-            "generation": {"backend": "hf", "hf_mode": "static"},
+            "generation": {"backend": "hf", **generation},
+            "logging_steps": 1,
         }
     )
     sink = RecordSink(echo=False)
@@ -101,11 +129,21 @@ def test_a_grpo_job_trains_with_static_decoding(tiny_model: str, tmp_path: Path)
     )
     assert result["steps"] == 2
     event = next(e for e in sink.events if e["type"] == "generation")
-    assert event["data"]["hf_mode"] == "static" and "decoding 'static'" in event["message"]
+    mode = generation.get("hf_mode", "dynamic")
+    assert event["data"]["hf_mode"] == mode and f"decoding '{mode}'" in event["message"]
     steps = [v for _, v in sorted(sink.metrics_by_step.items()) if "generation_tokens_per_second" in v]
-    assert steps and all(v["generation_tokens_per_second"] > 0 for v in steps)
+    assert len(steps) == 2 and all(v["generation_tokens_per_second"] > 0 for v in steps)
     # the copy synced before each generation: weight-sync time, which TRL's own hf path never has
-    assert all(v["weight_sync_seconds"] > 0 for v in steps)
+    if generation.get("overlap"):
+        assert event["data"]["overlap"] and "(overlap)" in event["message"]
+        # step 1 generated on the spot, then synced again to start step 2's batch while it trained;
+        # step 2, the last, starts none
+        assert [v["overlap/staleness"] for v in steps] == [0.0, 1.0], steps
+        assert steps[0]["weight_sync_seconds"] > 0 and steps[1]["weight_sync_seconds"] == 0
+        assert all(v["background_generation_seconds"] > 0 for v in steps)
+    else:
+        assert all(v["weight_sync_seconds"] > 0 for v in steps)
+        assert not event["data"]["overlap"] and not any("overlap/staleness" in v for v in steps)
     assert json.loads((tmp_path / "final" / "config.json").read_text())["model_type"]
 
 

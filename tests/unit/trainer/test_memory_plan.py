@@ -179,10 +179,10 @@ def test_resolved_configs_map_onto_the_plan() -> None:
         ModelShape.from_config({**QWEN25_15B, "num_experts": 60})
 
 
-def test_static_decoding_holds_a_bf16_copy_and_a_fixed_size_cache_for_the_generation_batch() -> None:
+def test_a_decode_copy_static_or_overlap_holds_bf16_weights_and_a_cache_for_the_generation_batch() -> None:
     shape = ModelShape.from_config(QWEN25_15B)
     plain = estimate(shape, Training(micro_batch=16, seq_len=1536), 80 * GIB)
-    static = estimate(shape, Training(micro_batch=16, seq_len=1536, static_decode_batch=128), 80 * GIB)
+    static = estimate(shape, Training(micro_batch=16, seq_len=1536, copy_decode_batch=128), 80 * GIB)
     assert plain.terms["decode_copy"] == plain.terms["decode_cache"] == 0
     assert static.terms["decode_copy"] == 2 * shape.parameter_count()
     # 28 layers x keys and values x 2 KV heads x 128 per head x 2 bytes, per token of 128 x 1,536
@@ -196,14 +196,25 @@ def test_static_decoding_holds_a_bf16_copy_and_a_fixed_size_cache_for_the_genera
     one = plan_job(training_of(config), QWEN25_15B, 80)
     assert one.terms["decode_cache"] == 128 * seq * shape.kv_cache_bytes_per_token(2)
     two = grpo_config(generation=hf, global_batch_size=128, resources={"gpus": 2})
-    assert training_of(two).static_decode_batch == 64
-    assert training_of(grpo_config(generation={"backend": "hf"})).static_decode_batch == 0  # auto: dynamic
-    assert training_of(grpo_config(generation={"backend": "vllm"})).static_decode_batch == 0
+    assert training_of(two).copy_decode_batch == 64
+    assert training_of(grpo_config(generation={"backend": "hf"})).copy_decode_batch == 0  # auto: dynamic
+    assert training_of(grpo_config(generation={"backend": "vllm"})).copy_decode_batch == 0
     # a static run that does not fit is told what `dynamic` would need
     big = grpo_config(generation=hf, global_batch_size=512, per_device_train_batch_size=4)
     _, refusal = check_job(training_of(big), QWEN25_7B, 80)
     assert refusal is not None and "/generation/hf_mode" in dict(refusal.errors)
     assert "generation.hf_mode='dynamic'" in refusal.detail
+    # overlap decodes on the same copy, with the generation batch's cache live while training runs
+    overlap = training_of(grpo_config(generation={"backend": "hf", "overlap": True}, global_batch_size=128))
+    assert overlap.copy_decode_batch == 128 and overlap.copy_decode_why == "overlap"
+    assert plan_job(overlap, QWEN25_15B, 80).terms == one.terms  # the same terms as static's, counted once
+    both = training_of(grpo_config(generation={**hf, "overlap": True}, global_batch_size=128))
+    assert both.copy_decode_why == "static+overlap" and plan_job(both, QWEN25_15B, 80).terms == one.terms
+    big_overlap = grpo_config(
+        generation={"backend": "hf", "overlap": True}, global_batch_size=512, per_device_train_batch_size=4
+    )
+    _, refusal = check_job(training_of(big_overlap), QWEN25_7B, 80)
+    assert refusal is not None and "generation.overlap: false" in dict(refusal.errors)["/generation/overlap"]
 
 
 def test_gradient_checkpointing_is_resolved_and_reaches_trl() -> None:
