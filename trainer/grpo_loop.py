@@ -175,8 +175,7 @@ class MathrlGRPOTrainer(TimedGRPOTrainer):
 
     def _take_background(self, prompt_ids: list[list[int]], *_: Any, **__: Any) -> tuple[list[list[int]], Any]:
         """This round's completions and their sampler log-probabilities: prefetched during the last
-        step's training where its prompts were read ahead, else generated on the copy now. Then the
-        next step's batch starts, so that it generates beside this step's scoring and training."""
+        step's training where its prompts were read ahead, else generated on the copy now."""
         taken = self._background.take(prompt_ids) if self._background is not None else None
         if taken is None:
             self._launch_background(prompt_ids)
@@ -190,11 +189,18 @@ class MathrlGRPOTrainer(TimedGRPOTrainer):
         metrics["overlap/staleness"].append(float(self.state.global_step - taken.step))
         self.timings["background_generation_seconds"] += seconds
         self._round_was_sampled_on_copy = True
-        self._prefetch_next()
         return completions, logps
 
+    def _prepare_inputs(self, generation_batch: Any) -> Any:
+        inputs = super()._prepare_inputs(generation_batch)
+        if self._lookahead is not None and self.model.training:
+            self._prefetch_next()
+        return inputs
+
     def _prefetch_next(self) -> None:
-        """Start generating the next update's batch, if the dataloader has one and the run goes on."""
+        """Start generating the next update's batch, if the dataloader has one and the run goes on:
+        once an update, after TRL has scored and shuffled this one (its shuffle draws from the
+        global RNG the thread samples from: drawn in this order, a run is the same every time)."""
         assert self._lookahead is not None
         batch = self._lookahead.next_batch
         self._lookahead.next_batch = None  # one prefetch per update (dynamic sampling's rounds are refused)

@@ -118,7 +118,7 @@ def test_overlap_trains_each_batch_one_step_later_against_the_samplers_logprobs(
     # was read ahead (that step generates on the spot). Temperature 0.7: the sampler's
     # log-probabilities must be scaled as the trainer's are.
     common = {"steps": 4, "limit": 8, "temperature": 0.7, "record": True, "loss_type": "grpo"}
-    plain, overlap = _run(tiny_model, tmp_path, [common, {**common, "overlap": True}])
+    plain, overlap, again = _run(tiny_model, tmp_path, [common, *[{**common, "overlap": True}] * 2])
     gens = overlap["generations"]
     assert [g["staleness"] for g in gens] == [0, 1, 0, 1], gens
     # the same questions each step as without overlap: reading ahead leaves the data's order
@@ -131,6 +131,14 @@ def test_overlap_trains_each_batch_one_step_later_against_the_samplers_logprobs(
     steps = [m for m in overlap["logged"] if "loss" in m]
     assert len(steps) == 4 and all(m["overlap/wait_seconds"] >= 0 for m in steps), steps
     assert all("old_per_token_logps" not in str(g) and g["error"] is None for g in plain["generations"])
+    # the same seed gives the same run (the thread starts sampling from the global RNG only after
+    # TRL's shuffle has drawn from it; started before the scoring, the runs here were equal too:
+    # the thread's prefill outlasts the scoring and shuffle, so this does not catch that order)
+    import torch
+
+    first, second = _deltas(tiny_model, tmp_path / "1"), _deltas(tiny_model, tmp_path / "2")
+    assert max(float(v.abs().max()) for v in first.values()) > 1e-3
+    assert all(torch.equal(first[k], second[k]) for k in first)
 
 
 def test_overlap_on_two_processes(tiny_model: str, tmp_path: Path) -> None:
