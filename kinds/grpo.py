@@ -62,6 +62,7 @@ class GRPOKind(Kind[GRPOSpec, ResolvedGRPO]):
             zero3_world=config.world_size if config.deepspeed_zero3 else 1,
             copy_decode_batch=config.global_batch_size // config.world_size if on_copy else 0,
             copy_decode_why=on_copy or "static",
+            prompt_len=config.max_prompt_length,
         )
 
     def needs(self, spec: GRPOSpec) -> Needs:

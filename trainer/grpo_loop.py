@@ -183,11 +183,12 @@ class MathrlGRPOTrainer(TimedGRPOTrainer):
             taken = self._background.take(prompt_ids)
             assert taken is not None
         t0 = time.perf_counter()
-        completions, logps, seconds = taken.future.result()
+        completions, logps, decoding, scoring = taken.future.result()
         metrics = self._metrics["train"]
         metrics["overlap/wait_seconds"].append(time.perf_counter() - t0)
         metrics["overlap/staleness"].append(float(self.state.global_step - taken.step))
-        self.timings["background_generation_seconds"] += seconds
+        metrics["overlap/scoring_seconds"].append(scoring)  # the sampler's log-probabilities, after decoding
+        self.timings["background_generation_seconds"] += decoding
         self._round_was_sampled_on_copy = True
         return completions, logps
 

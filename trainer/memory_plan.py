@@ -50,7 +50,11 @@ What it assumes is what mathrl's trainers do with TRL 1.16 (trainer/grpo.py, tra
   whole run. (ZeRO-3 is refused with `static`: the copy would be whole on every process.)
 - `generation.overlap` (trainer/overlap.py) decodes on the same kind of copy, in the run's compute
   dtype, while training runs: the copy, and the generation batch's cache at its full length, are
-  counted the same way (once, with `static` too).
+  counted the same way (once, with `static` too). Its working memory is live during the training
+  step as well, so `overlap_working` adds the larger of: the prefill of the generation batch's
+  prompts (bfloat16 hidden states and the MLP's two intermediates of one layer, no gradient) with
+  the sampler's fp32 logits over the vocabulary (three copies: the logits and two warpers'), and
+  the scoring forward of a micro-batch at prompt + completion tokens with the LM head's tile.
 - DeepSpeed ZeRO-3 shards weights, gradients and optimizer state over the training processes
   (roughly: divided by their number).
 - CUDA context, cuBLAS/NCCL workspaces: a fixed CUDA_OVERHEAD; the caching allocator's
@@ -204,6 +208,7 @@ class Training:
     # hf decoding on a copy of the policy (`static`, or overlap): sequences its cache holds (0: no copy)
     copy_decode_batch: int = 0
     copy_decode_why: str = "static"  # what holds the copy: "static", "overlap" or "static+overlap"
+    prompt_len: int = 0  # overlap: prompt tokens at most (its prefill runs beside training)
 
 
 @dataclass
@@ -273,6 +278,7 @@ def estimate(shape: ModelShape, training: Training, gpu_memory: int | None = Non
         "weight_casts": casts,
         "activations": activations,
         "logits": logits,
+        "overlap_working": _overlap_working(shape, t) if "overlap" in t.copy_decode_why and t.copy_decode_batch else 0,
     }
     # the step's peak: at the end of the forward pass (every activation and weight copy held), or
     # late in the backward pass (every gradient, one layer's activations; with checkpointing the
@@ -280,7 +286,7 @@ def estimate(shape: ModelShape, training: Training, gpu_memory: int | None = Non
     forward_end = casts + activations + logits
     backward_end = terms["gradients"] + layer_casts + (activations if t.gradient_checkpointing else one_layer)
     held = sum(terms[k] for k in ("weights", "optimizer", "reference_model", "decode_copy", "decode_cache"))
-    torch_peak = held + max(forward_end, backward_end)
+    torch_peak = held + max(forward_end, backward_end) + terms["overlap_working"]
     terms["allocator_slack"] = int(ALLOCATOR_SLACK * torch_peak)
     terms["cuda_overhead"] = CUDA_OVERHEAD
     terms["vllm"] = int(t.vllm_fraction * gpu_memory) if gpu_memory is not None else 0
@@ -291,6 +297,15 @@ def estimate(shape: ModelShape, training: Training, gpu_memory: int | None = Non
             f"the colocated vLLM engine's share ({t.vllm_fraction:g} of the GPU) is not counted: GPU size unknown"
         )
     return MemoryPlan(params=params, trainable=trainable, terms=terms, peak=peak, gpu_memory=gpu_memory, notes=notes)
+
+
+def _overlap_working(shape: ModelShape, t: Training) -> int:
+    """What overlap's thread holds at most while the training step runs (the module's docstring)."""
+    per_token = CAST_BYTES * (2 * shape.hidden_size + 2 * shape.intermediate_size)
+    prefill = t.copy_decode_batch * t.prompt_len * per_token + t.copy_decode_batch * shape.vocab_size * 4 * 3
+    tokens = t.micro_batch * t.seq_len
+    scoring = tokens * per_token + min(tokens, HEAD_TOKENS) * HEAD_VOCAB * 2
+    return max(prefill, scoring)
 
 
 def read_model_config(path: str | os.PathLike[str]) -> dict[str, Any] | None:

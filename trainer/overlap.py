@@ -58,7 +58,7 @@ class Prefetched:
 
     prompt_ids: list[list[int]]
     step: int
-    future: Future[tuple[list[list[int]], list[list[float]], float]]
+    future: Future[tuple[list[list[int]], list[list[float]], float, float]]  # ..., decode and scoring seconds
 
 
 class BackgroundGenerator:
@@ -124,19 +124,22 @@ class BackgroundGenerator:
         pad_to_multiple_of: int | None,
         score_batch: int,
         decoding: dict[str, Any],
-    ) -> tuple[list[list[int]], list[list[float]], float]:
+    ) -> tuple[list[list[int]], list[list[float]], float, float]:
         import torch
 
-        t0 = time.perf_counter()
+        if self.stream is not None:
+            torch.cuda.set_device(self.device)  # a new thread's current device is cuda:0, whatever the rank's
         side = torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
         with side:
+            t0 = time.perf_counter()
             completions = decode(self.copy.model, prompt_ids, pad_token_id=pad_token_id, **decoding)
+            t1 = time.perf_counter()  # decode returns lists: its kernels are done
             logps = sampler_logprobs(
                 self.copy.model, prompt_ids, completions, pad_token_id, pad_to_multiple_of, score_batch
             )
         if self.stream is not None:
             self.stream.synchronize()
-        return completions, logps, time.perf_counter() - t0
+        return completions, logps, t1 - t0, time.perf_counter() - t1
 
 
 def sampler_logprobs(

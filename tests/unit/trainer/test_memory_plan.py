@@ -207,9 +207,21 @@ def test_a_decode_copy_static_or_overlap_holds_bf16_weights_and_a_cache_for_the_
     # overlap decodes on the same copy, with the generation batch's cache live while training runs
     overlap = training_of(grpo_config(generation={"backend": "hf", "overlap": True}, global_batch_size=128))
     assert overlap.copy_decode_batch == 128 and overlap.copy_decode_why == "overlap"
-    assert plan_job(overlap, QWEN25_15B, 80).terms == one.terms  # the same terms as static's, counted once
+    # the same copy and cache as static's (counted once with both on), and the thread's working
+    # memory beside the training step: here the prefill of 128 prompts of 512 tokens (one layer's
+    # hidden states and two MLP intermediates in bf16) and three fp32 copies of the sampler's logits
+    with_overlap = plan_job(overlap, QWEN25_15B, 80)
+    prefill = 128 * 512 * 2 * (2 * 1536 + 2 * 8960) + 128 * 151936 * 4 * 3
+    assert with_overlap.terms.pop("overlap_working") == prefill
+    static_terms = dict(one.terms)
+    assert static_terms.pop("overlap_working") == 0
+    for name in ("allocator_slack",):  # the slack grows with the peak
+        with_overlap.terms.pop(name), static_terms.pop(name)
+    assert with_overlap.terms == static_terms
+    assert with_overlap.peak - one.peak == pytest.approx(prefill * 1.1, rel=1e-6)
     both = training_of(grpo_config(generation={**hf, "overlap": True}, global_batch_size=128))
-    assert both.copy_decode_why == "static+overlap" and plan_job(both, QWEN25_15B, 80).terms == one.terms
+    assert both.copy_decode_why == "static+overlap"
+    assert plan_job(both, QWEN25_15B, 80).terms == plan_job(overlap, QWEN25_15B, 80).terms
     big_overlap = grpo_config(
         generation={"backend": "hf", "overlap": True}, global_batch_size=512, per_device_train_batch_size=4
     )
