@@ -107,7 +107,6 @@ class MathrlGRPOTrainer(TimedGRPOTrainer):
         overlap = loop.overlap and not self.use_vllm
         self._lookahead = Lookahead() if overlap else None  # the next update's batch, read one step early
         self._background: BackgroundGenerator | None = None  # made at the first generation
-        self._round_was_sampled_on_copy = False
 
     def _generate_single_turn(self, prompt_ids: Any, *args: Any, **kwargs: Any) -> Any:
         if self._lookahead is not None and self.model.training:
@@ -189,7 +188,6 @@ class MathrlGRPOTrainer(TimedGRPOTrainer):
         metrics["overlap/staleness"].append(float(self.state.global_step - taken.step))
         metrics["overlap/scoring_seconds"].append(scoring)  # the sampler's log-probabilities, after decoding
         self.timings["background_generation_seconds"] += decoding
-        self._round_was_sampled_on_copy = True
         return completions, logps
 
     def _prepare_inputs(self, generation_batch: Any) -> Any:
@@ -256,10 +254,9 @@ class MathrlGRPOTrainer(TimedGRPOTrainer):
     def _one_round(self, batch: list[dict[str, Any]]) -> tuple[dict[str, Any], torch.Tensor, torch.Tensor]:
         """Generate and score one batch: TRL's output, and per local row the verdict (1 correct, 0
         not, NaN unscored) and the weighted reward."""
-        self._round_was_sampled_on_copy = False
         with self._defer_logprob_pass():
             out = super()._generate_and_score_completions(batch)
-        if self._round_was_sampled_on_copy:  # the sampler's log-probabilities are the PPO ratio's old policy
+        if self._lookahead is not None:  # overlap sampled it on the copy: its log-probs are the ratio's old policy
             out["old_per_token_logps"] = out["sampling_per_token_logps"]
         rewards = self._gathered_rewards
         assert rewards is not None

@@ -154,32 +154,9 @@ def sampler_logprobs(
     computed as GRPOTrainer's training forward computes it: prompts left-padded and completions
     right-padded to the batch's widths, labels only on the completions."""
     import torch
-    from trl.trainer.utils import pad
 
-    prompts = pad(
-        [torch.tensor(p) for p in prompt_ids],
-        padding_value=pad_token_id,
-        padding_side="left",
-        pad_to_multiple_of=pad_to_multiple_of,
-    )
-    prompt_mask = pad(
-        [torch.ones(len(p), dtype=torch.long) for p in prompt_ids],
-        padding_value=0,
-        padding_side="left",
-        pad_to_multiple_of=pad_to_multiple_of,
-    )
-    done = pad(
-        [torch.tensor(c) for c in completions],
-        padding_value=pad_token_id,
-        padding_side="right",
-        pad_to_multiple_of=pad_to_multiple_of,
-    )
-    done_mask = pad(
-        [torch.ones(len(c), dtype=torch.long) for c in completions],
-        padding_value=0,
-        padding_side="right",
-        pad_to_multiple_of=pad_to_multiple_of,
-    )
+    prompts, prompt_mask = _padded(prompt_ids, pad_token_id, "left", pad_to_multiple_of)
+    done, done_mask = _padded(completions, pad_token_id, "right", pad_to_multiple_of)
     ids = torch.cat([prompts, done], dim=1).to(model.device)
     mask = torch.cat([prompt_mask, done_mask], dim=1).to(model.device)
     keep = done.size(1)
@@ -193,3 +170,15 @@ def sampler_logprobs(
             for i, row in enumerate(logps[:, -keep:].float().cpu().tolist()):
                 out.append(row[: len(completions[start + i])])
     return out
+
+
+def _padded(rows: list[list[int]], pad_token_id: int, side: str, multiple: int | None) -> tuple[Any, Any]:
+    """`rows` as one padded tensor and its attention mask, with TRL's `pad` (as the trainer pads)."""
+    import torch
+    from trl.trainer.utils import pad
+
+    ids = pad(
+        [torch.tensor(r) for r in rows], padding_value=pad_token_id, padding_side=side, pad_to_multiple_of=multiple
+    )
+    ones = [torch.ones(len(r), dtype=torch.long) for r in rows]
+    return ids, pad(ones, padding_value=0, padding_side=side, pad_to_multiple_of=multiple)
