@@ -28,8 +28,11 @@ def request_hash(body: Any) -> str:
 
 def earlier(session: Session, model: type[Row], project_id: str, key: str | None, digest: str) -> Row | None:
     """The row this key created before in the project (same request), None if the key is new or
-    absent; 409 if the key was used with another request. `model`: Job, Pipeline or File."""
-    if not key:
+    absent; 409 if the key was used with another request; 422 if it is empty (it would be stored as a
+    key, and a second empty one could never be told from a retry). `model`: Job, Pipeline or File."""
+    if key == "":
+        raise Problem.at("header:/idempotency-key", "is empty: send a unique key (a UUID), or leave the header out")
+    if key is None:
         return None
     table: Any = model
     row: Any = session.scalar(select(table).where(table.project_id == project_id, table.idempotency_key == key))
