@@ -101,8 +101,15 @@ def test_fuzz_openapi(app_client: Any, fuzz_key: dict[str, str]) -> None:
     from schemathesis.checks import not_a_server_error
     from schemathesis.specs.openapi.checks import response_schema_conformance, status_code_conformance
 
+    def no_server_error(ctx: Any, response: Any, case: Any) -> None:
+        """not_a_server_error, but for a grading model's job that did not finish in its (1 s) wait: the
+        documented 504 of a service working as it should, when no worker is there to run the job."""
+        if response.status_code == 504 and "/problems/grader-timed-out" in response.text:
+            return
+        not_a_server_error(ctx, response, case)
+
     schema = schemathesis.openapi.from_asgi("/openapi.json", app_client.app)
-    checks = [not_a_server_error, response_schema_conformance, status_code_conformance]
+    checks = [no_server_error, response_schema_conformance, status_code_conformance]
     failures: list[str] = []
     ran = 0
     for result in schema.get_all_operations():
