@@ -46,6 +46,9 @@ MODES = {  # mode -> the spec fields that pick it
     "hf-nockpt": {"generation": {"backend": "hf"}, "gradient_checkpointing": False},
     # the next step's batch generated while this one trains (trainer/overlap.py)
     "hf-overlap": {"generation": {"backend": "hf", "overlap": True}},
+    # a fixed-size cache and the decode step compiled (CUDA graphs on a GPU), without and with overlap
+    "hf-static": {"generation": {"backend": "hf", "hf_mode": "static"}},
+    "hf-static-overlap": {"generation": {"backend": "hf", "hf_mode": "static", "overlap": True}},
     "vllm": {"generation": {"backend": "vllm", "mode": "colocate"}},
     "vllm-nockpt": {"generation": {"backend": "vllm", "mode": "colocate"}, "gradient_checkpointing": False},
     "server": {"generation": {"backend": "vllm", "mode": "server"}, "lora": {"r": 8}},

@@ -112,6 +112,29 @@ def decode(
     return completions
 
 
+def cuda_graphs_in_this_thread() -> None:
+    """Make this thread able to run a decode step compiled with CUDA graphs (`static` on a GPU),
+    as overlap's background thread must (trainer/overlap.py). torch.compile's CUDA graphs keep
+    their state (cudagraph trees) in thread-local storage, which PyTorch sets up for the main thread
+    and autograd's threads only: there a Python thread's first compiled call fails an assertion
+    (pytorch issue 123177, open from 2024 until pull request 184357 of June 2026; the GPU nodes at
+    hand have PyTorch 2.11.0). The 2.13 installed here sets it up on first use, as this does, on
+    either. One thread per run runs the compiled step: overlap sends every training generation, the
+    first of a run too, to its one thread."""
+    import threading
+    from collections import defaultdict
+
+    import torch
+    from torch._inductor import cudagraph_trees as trees
+
+    if torch._C._is_key_in_tls("tree_manager_containers"):
+        return
+    trees.local.tree_manager_containers = {}  # one tree manager per device, this thread's own
+    trees.local.tree_manager_locks = defaultdict(threading.Lock)
+    torch._C._stash_obj_in_tls("tree_manager_containers", trees.local.tree_manager_containers)
+    torch._C._stash_obj_in_tls("tree_manager_locks", trees.local.tree_manager_locks)
+
+
 class DecodeCopy:
     """The policy's weights in `dtype` on its device, in a model of its own for `static` decoding,
     synced in place (the compiled decode step's CUDA graphs keep reading the same memory). A peft

@@ -26,7 +26,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from trainer.hf_generation import DecodeCopy, decode
+from trainer.hf_generation import DecodeCopy, cuda_graphs_in_this_thread, decode
 
 
 class Lookahead:
@@ -129,6 +129,7 @@ class BackgroundGenerator:
 
         if self.stream is not None:
             torch.cuda.set_device(self.device)  # a new thread's current device is cuda:0, whatever the rank's
+            cuda_graphs_in_this_thread()  # `static` replays its compiled decode step here
         side = torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
         with side:
             t0 = time.perf_counter()

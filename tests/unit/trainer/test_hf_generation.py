@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from mathrl.specs import parse_spec
-from trainer.hf_generation import DecodeCopy, decode
+from trainer.hf_generation import DecodeCopy, cuda_graphs_in_this_thread, decode
 
 pytestmark = pytest.mark.slow  # the tiny model, loaded and trained
 
@@ -97,10 +97,49 @@ def test_the_copy_of_a_peft_policy_holds_the_merged_weights(tiny_model: str) -> 
     assert not torch.equal(copy.params["model.layers.0.self_attn.q_proj.weight"], base)  # the adapter is in it
 
 
+@pytest.mark.quick
+def test_a_python_thread_gets_cuda_graph_state_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """overlap's thread can run `static`'s compiled decode step: torch.compile's CUDA graphs keep
+    their state in thread-local storage, and a PyTorch before pull request 184357 (the GPU nodes'
+    2.11) asserted that it was there on a Python thread's first compiled call. `get_obj` below is
+    that PyTorch's lookup (torch/_inductor/cudagraph_trees.py); the 2.13 here sets it up lazily."""
+    import threading
+
+    from torch._inductor import cudagraph_trees as trees
+
+    def get_obj_before_the_fix(local: Any, attr_name: str) -> Any:
+        if hasattr(local, attr_name):
+            return getattr(local, attr_name)
+        assert torch._C._is_key_in_tls(attr_name)
+        return torch._C._get_obj_in_tls(attr_name)
+
+    monkeypatch.setattr(trees, "get_obj", get_obj_before_the_fix)
+    found: dict[str, Any] = {}
+
+    def in_a_thread(name: str, prepare: bool) -> None:
+        try:
+            if prepare:
+                cuda_graphs_in_this_thread()
+                cuda_graphs_in_this_thread()  # a second call keeps the thread's state
+            found[name] = trees.get_container(0)
+            found[name + " again"] = trees.get_container(0)
+        except AssertionError as exc:
+            found[name] = exc
+
+    for name, prepare in (("bare", False), ("prepared", True)):
+        thread = threading.Thread(target=in_a_thread, args=(name, prepare))
+        thread.start()
+        thread.join()
+    assert isinstance(found["bare"], AssertionError)  # what overlap's thread met before this
+    assert isinstance(found["prepared"], trees.TreeManagerContainer)
+    assert found["prepared"] is found["prepared again"]  # one tree manager per thread and device
+    assert found["prepared"] is not trees.get_container(0)  # not the main thread's
+
+
 @pytest.mark.parametrize(
     "generation",
-    [{"hf_mode": "static"}, {"overlap": True}],
-    ids=["static", "overlap"],
+    [{"hf_mode": "static"}, {"overlap": True}, {"hf_mode": "static", "overlap": True}],
+    ids=["static", "overlap", "static-overlap"],
 )
 def test_a_grpo_job_trains_with_decoding_on_a_copy(generation: dict[str, Any], tiny_model: str, tmp_path: Path) -> None:
     from kinds import resolve_config
