@@ -680,6 +680,7 @@ def main(argv: list[str] | None = None) -> int:
         args.heldout = 100 if gpu else 10
     if args.min_gain is None and gpu:  # a hub id or a mounted copy too: a run that learns nothing fails
         args.min_gain = 20.0
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)  # before the run: a report it cannot write loses it
     report = run_check(args)
     Path(args.out).write_text(json.dumps(report, indent=2, default=str))
     print(table(report))
