@@ -142,30 +142,7 @@ def test_a_python_thread_gets_cuda_graph_state_of_its_own(monkeypatch: pytest.Mo
     ids=["static", "overlap", "static-overlap"],
 )
 def test_a_grpo_job_trains_with_decoding_on_a_copy(generation: dict[str, Any], tiny_model: str, tmp_path: Path) -> None:
-    from kinds import resolve_config
-    from mathrl.specs.resolved import ResolvedGRPO
-    from service.gpu_check import RecordSink, _data_dir
-    from trainer.grpo import run_grpo
-
-    spec = parse_spec(
-        {
-            "kind": "grpo",
-            "model": tiny_model,
-            "dataset": {"name": "add2-words-train", "limit": 40},
-            "max_steps": 2,
-            "num_generations": 4,
-            "per_device_train_batch_size": 8,
-            "max_completion_length": 8,
-            "rewards": [{"name": "accuracy"}],
-            "save_steps": 10**6,
-            "generation": {"backend": "hf", **generation},
-            "logging_steps": 1,
-        }
-    )
-    sink = RecordSink(echo=False)
-    result = run_grpo(
-        spec, resolve_config(spec).of(ResolvedGRPO), sink, model_path=tiny_model, data_dir=_data_dir(), out_dir=tmp_path
-    )
+    result, sink = _grpo_job(generation, tiny_model, tmp_path, steps=2)
     assert result["steps"] == 2
     event = next(e for e in sink.events if e["type"] == "generation")
     mode = generation.get("hf_mode", "dynamic")
@@ -184,6 +161,73 @@ def test_a_grpo_job_trains_with_decoding_on_a_copy(generation: dict[str, Any], t
         assert all(v["weight_sync_seconds"] > 0 for v in steps)
         assert not event["data"]["overlap"] and not any("overlap/staleness" in v for v in steps)
     assert json.loads((tmp_path / "final" / "config.json").read_text())["model_type"]
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["main-thread", "overlap-thread"])
+def test_statics_compiled_decode_step_trains(
+    overlap: bool, tiny_model: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`static` compiles its decode step (torch.compile) on a GPU only; here transformers is told to
+    compile on the CPU too (its `_compile_all_devices`, there for testing), so that a GRPO job runs
+    the compiled step inside a training run: on the main thread, and in overlap's thread. What the
+    GPU adds, CUDA graphs, is not here."""
+    from torch._dynamo.utils import counters
+    from transformers.generation.configuration_utils import CompileConfig
+
+    import trainer.hf_generation as hf_generation
+
+    plain = hf_generation.generation_config
+
+    def compiling_on_any_device(mode: str, **kwargs: Any) -> Any:
+        config = plain(mode, **kwargs)
+        if mode == "static":
+            config.compile_config = CompileConfig()
+            config.compile_config._compile_all_devices = True
+        return config
+
+    monkeypatch.setattr(hf_generation, "generation_config", compiling_on_any_device)
+    torch._dynamo.reset()
+    compiled = counters["stats"]["unique_graphs"]
+    try:
+        result, sink = _grpo_job({"hf_mode": "static", "overlap": overlap}, tiny_model, tmp_path, steps=3)
+        assert counters["stats"]["unique_graphs"] > compiled  # the decode step was compiled
+    finally:
+        torch._dynamo.reset()
+    assert result["steps"] == 3
+    steps = [v for _, v in sorted(sink.metrics_by_step.items()) if "generation_tokens_per_second" in v]
+    assert len(steps) == 3 and all(v["generation_tokens_per_second"] > 0 for v in steps)
+    if overlap:
+        assert [v["overlap/staleness"] for v in steps] == [0.0, 1.0, 1.0], steps
+    assert json.loads((tmp_path / "final" / "config.json").read_text())["model_type"]
+
+
+def _grpo_job(generation: dict[str, Any], tiny_model: str, out: Path, steps: int) -> tuple[dict[str, Any], Any]:
+    """A GRPO job on the tiny model through `run_grpo`, as a worker runs it: its result and what it recorded."""
+    from kinds import resolve_config
+    from mathrl.specs.resolved import ResolvedGRPO
+    from service.gpu_check import RecordSink, _data_dir
+    from trainer.grpo import run_grpo
+
+    spec = parse_spec(
+        {
+            "kind": "grpo",
+            "model": tiny_model,
+            "dataset": {"name": "add2-words-train", "limit": 40},
+            "max_steps": steps,
+            "num_generations": 4,
+            "per_device_train_batch_size": 8,
+            "max_completion_length": 8,
+            "rewards": [{"name": "accuracy"}],
+            "save_steps": 10**6,
+            "generation": {"backend": "hf", **generation},
+            "logging_steps": 1,
+        }
+    )
+    sink = RecordSink(echo=False)
+    result = run_grpo(
+        spec, resolve_config(spec).of(ResolvedGRPO), sink, model_path=tiny_model, data_dir=_data_dir(), out_dir=out
+    )
+    return result, sink
 
 
 def test_hf_mode_is_the_hf_backends_setting(tiny_model: str) -> None:
