@@ -98,7 +98,8 @@ def problem_response(
     if openai:
         # OpenAI's error object beside the problem details, for code written against the openai SDK
         # (it reads error.message, .type, .param and .code): the same detail and the first field's pointer
-        param = errors[0]["pointer"].removeprefix("query:").lstrip("/").replace("/", ".") if errors else None
+        pointer = errors[0]["pointer"] if errors else ""
+        param = pointer.removeprefix("query:").removeprefix("header:").lstrip("/").replace("/", ".")
         kind, code = openai_error_kind(status, title, instance)
         body["error"] = {"message": detail, "type": kind, "param": param or None, "code": code}
     return JSONResponse(body, status_code=status, media_type=PROBLEM_JSON, headers=headers)

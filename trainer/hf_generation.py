@@ -115,8 +115,8 @@ def decode(
 def cuda_graphs_in_this_thread() -> None:
     """Make this thread able to run a decode step compiled with CUDA graphs (`static` on a GPU),
     as overlap's background thread must (trainer/overlap.py). torch.compile's CUDA graphs keep
-    their state (cudagraph trees) in thread-local storage, which PyTorch sets up for the main thread
-    and autograd's threads only: there a Python thread's first compiled call fails an assertion
+    their state (cudagraph trees) in thread-local storage, which PyTorch sets up for the thread that
+    imports it and autograd's threads only: there a Python thread's first compiled call fails an assertion
     (pytorch issue 123177, open from 2024 until pull request 184357 of June 2026; the GPU nodes at
     hand have PyTorch 2.11.0). The 2.13 installed here sets it up on first use, as this does, on
     either. One thread per run runs the compiled step: overlap sends every training generation, the
@@ -128,6 +128,10 @@ def cuda_graphs_in_this_thread() -> None:
     from torch._inductor import cudagraph_trees as trees
 
     if torch._C._is_key_in_tls("tree_manager_containers"):
+        return
+    initialize = getattr(trees, "_initialize_tls", None)  # PyTorch's own, since the fix
+    if initialize is not None:
+        initialize(trees.local)
         return
     trees.local.tree_manager_containers = {}  # one tree manager per device, this thread's own
     trees.local.tree_manager_locks = defaultdict(threading.Lock)

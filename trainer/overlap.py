@@ -129,7 +129,8 @@ class BackgroundGenerator:
 
         if self.stream is not None:
             torch.cuda.set_device(self.device)  # a new thread's current device is cuda:0, whatever the rank's
-            cuda_graphs_in_this_thread()  # `static` replays its compiled decode step here
+            if decoding["mode"] == "static":
+                cuda_graphs_in_this_thread()  # its compiled decode step is replayed here
         side = torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
         with side:
             t0 = time.perf_counter()

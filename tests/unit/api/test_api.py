@@ -145,20 +145,29 @@ def test_idempotent_submit(app_client: Any) -> None:
     assert len(listed) == 1
 
 
-@pytest.mark.parametrize("route", ["/v1/jobs", "/v1/pipelines", "/v1/fine_tuning/jobs"])
+@pytest.mark.parametrize("route", ["/v1/jobs", "/v1/pipelines", "/v1/fine_tuning/jobs", "/v1/files"])
 def test_an_empty_idempotency_key_is_refused_naming_the_header(app_client: Any, route: str) -> None:
     """An empty key was stored as a key: the second create with one hit the unique index, and the
     database error answered 503 'unreachable' (found by test_fuzz_openapi)."""
     h = {**admin_key(app_client), "Idempotency-Key": ""}
-    body = {"jobs": {"e": eval_spec()}} if route == "/v1/pipelines" else eval_spec()
+    body: dict[str, Any] = {"jobs": {"e": eval_spec()}} if route == "/v1/pipelines" else eval_spec()
     if route == "/v1/fine_tuning/jobs":
         body = {"model": "tiny", "training_file": "file-none"}
+    rows = b'{"messages": [{"role": "user", "content": "2 + 2?"}, {"role": "assistant", "content": "4"}]}\n'
     for _ in range(2):
-        r = app_client.post(route, json=body, headers=h)
-        assert r.status_code == (400 if "fine_tuning" in route else 422), r.text  # OpenAI's routes: 400
+        if route == "/v1/files":
+            files = {"file": ("t.jsonl", rows)}
+            r = app_client.post(route, data={"purpose": "fine-tune"}, files=files, headers=h)
+        else:
+            r = app_client.post(route, json=body, headers=h)
+        openai = route.startswith(("/v1/fine_tuning", "/v1/files"))
+        assert r.status_code == (400 if openai else 422), r.text  # OpenAI's routes answer 400
         assert r.json()["errors"][0]["pointer"] == "header:/idempotency-key"
         assert "leave the header out" in r.json()["detail"]
+        if openai:
+            assert r.json()["error"]["param"] == "idempotency-key"
     assert app_client.get("/v1/jobs", headers=h).json()["data"] == []
+    assert app_client.get("/v1/files", headers=h).json()["data"] == []
 
 
 def test_pagination_walks_every_job_once(app_client: Any) -> None:

@@ -98,11 +98,13 @@ def test_the_copy_of_a_peft_policy_holds_the_merged_weights(tiny_model: str) -> 
 
 
 @pytest.mark.quick
-def test_a_python_thread_gets_cuda_graph_state_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("pytorch", ["before-the-fix", "installed"])
+def test_a_python_thread_gets_cuda_graph_state_of_its_own(pytorch: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """overlap's thread can run `static`'s compiled decode step: torch.compile's CUDA graphs keep
     their state in thread-local storage, and a PyTorch before pull request 184357 (the GPU nodes'
-    2.11) asserted that it was there on a Python thread's first compiled call. `get_obj` below is
-    that PyTorch's lookup (torch/_inductor/cudagraph_trees.py); the 2.13 here sets it up lazily."""
+    2.11) asserted that it was there on a Python thread's first compiled call. 'before-the-fix' is
+    that PyTorch's lookup, `get_obj` below, without the fix's `_initialize_tls`
+    (torch/_inductor/cudagraph_trees.py); 'installed' is the 2.13 here, which sets it up lazily."""
     import threading
 
     from torch._inductor import cudagraph_trees as trees
@@ -113,16 +115,20 @@ def test_a_python_thread_gets_cuda_graph_state_of_its_own(monkeypatch: pytest.Mo
         assert torch._C._is_key_in_tls(attr_name)
         return torch._C._get_obj_in_tls(attr_name)
 
-    monkeypatch.setattr(trees, "get_obj", get_obj_before_the_fix)
+    if pytorch == "before-the-fix":
+        monkeypatch.setattr(trees, "get_obj", get_obj_before_the_fix)
+        monkeypatch.delattr(trees, "_initialize_tls", raising=False)
     found: dict[str, Any] = {}
 
     def in_a_thread(name: str, prepare: bool) -> None:
         try:
             if prepare:
                 cuda_graphs_in_this_thread()
-                cuda_graphs_in_this_thread()  # a second call keeps the thread's state
             found[name] = trees.get_container(0)
+            if prepare:
+                cuda_graphs_in_this_thread()  # each generation calls it: it keeps the thread's state
             found[name + " again"] = trees.get_container(0)
+            found[name + " containers"] = trees.get_obj(trees.local, "tree_manager_containers")
         except AssertionError as exc:
             found[name] = exc
 
@@ -130,10 +136,13 @@ def test_a_python_thread_gets_cuda_graph_state_of_its_own(monkeypatch: pytest.Mo
         thread = threading.Thread(target=in_a_thread, args=(name, prepare))
         thread.start()
         thread.join()
-    assert isinstance(found["bare"], AssertionError)  # what overlap's thread met before this
+    if pytorch == "before-the-fix":  # what overlap's thread met before this
+        assert isinstance(found["bare"], AssertionError)
+    else:
+        assert isinstance(found["bare"], trees.TreeManagerContainer)
     assert isinstance(found["prepared"], trees.TreeManagerContainer)
     assert found["prepared"] is found["prepared again"]  # one tree manager per thread and device
-    assert found["prepared"] is not trees.get_container(0)  # not the main thread's
+    assert found["prepared containers"] is not trees.get_obj(trees.local, "tree_manager_containers")  # not main's
 
 
 @pytest.mark.parametrize(
