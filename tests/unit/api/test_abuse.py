@@ -97,9 +97,30 @@ def _park(body: Any) -> None:
 def test_fuzz_openapi(app_client: Any, fuzz_key: dict[str, str]) -> None:
     """Every operation of the OpenAPI document, 25 derandomized examples each, with a valid key:
     no 5xx, and every response matches its documented status codes and schema."""
-    from hypothesis import given
-    from schemathesis.checks import not_a_server_error
     from schemathesis.specs.openapi.checks import response_schema_conformance, status_code_conformance
+
+    ran = _fuzz(
+        app_client,
+        fuzz_key,
+        schemathesis.GenerationMode.POSITIVE,
+        [response_schema_conformance, status_code_conformance],
+    )
+    assert ran >= 10
+
+
+def test_fuzz_openapi_with_input_the_schema_forbids(app_client: Any, fuzz_key: dict[str, str]) -> None:
+    """The same operations with input their schema forbids (schemathesis' negative mode: a wrong
+    type, a missing field, a value out of range), 25 derandomized examples each: never a 5xx."""
+    ran = _fuzz(app_client, fuzz_key, schemathesis.GenerationMode.NEGATIVE, [])
+    assert ran >= 10  # the operations with something to break: the others take no input
+
+
+def _fuzz(app_client: Any, key: dict[str, str], mode: Any, checks: list[Any]) -> int:
+    """Fuzz every operation in `mode` with `checks` and no 5xx: how many operations ran (an operation
+    with no input to make invalid is not counted in the negative mode); every failure reported at once."""
+    from hypothesis import given
+    from hypothesis.errors import Unsatisfiable
+    from schemathesis.checks import not_a_server_error
 
     def no_server_error(ctx: Any, response: Any, case: Any) -> None:
         """not_a_server_error, but for OpenAI's graders/run when a grading model's job did not finish
@@ -112,7 +133,6 @@ def test_fuzz_openapi(app_client: Any, fuzz_key: dict[str, str]) -> None:
         not_a_server_error(ctx, response, case)
 
     schema = schemathesis.openapi.from_asgi("/openapi.json", app_client.app)
-    checks = [no_server_error, response_schema_conformance, status_code_conformance]
     failures: list[str] = []
     ran = 0
     for result in schema.get_all_operations():
@@ -120,7 +140,7 @@ def test_fuzz_openapi(app_client: Any, fuzz_key: dict[str, str]) -> None:
         if operation.path.endswith("/events/stream"):
             continue  # a stream stays open while its job lives; its 404 is checked above
 
-        @given(case=operation.as_strategy())
+        @given(case=operation.as_strategy(mode))
         @hsettings(
             max_examples=25,
             derandomize=True,
@@ -139,7 +159,7 @@ def test_fuzz_openapi(app_client: Any, fuzz_key: dict[str, str]) -> None:
                 wait = query.get("wait", 60)
                 if isinstance(wait, int | float) and not isinstance(wait, bool) and 1 < wait <= 300:
                     case.query = {**query, "wait": 1}
-            case.call_and_validate(headers=fuzz_key, checks=checks)
+            case.call_and_validate(headers=key, checks=[no_server_error, *checks])
 
         try:
             # a grading call may take its whole deadline (a python grader's loop, 1000 items): cut
@@ -151,11 +171,13 @@ def test_fuzz_openapi(app_client: Any, fuzz_key: dict[str, str]) -> None:
             ):
                 patch.setattr(openai_graders, "MODEL_WAIT", 1.0)
                 run()
+        except Unsatisfiable:
+            continue  # negative mode: nothing in this operation's input to make invalid
         except (Exception, BaseExceptionGroup) as exc:  # collect every operation's failure, then report them all
             failures.append(f"{operation.method.upper()} {operation.path}: {exc}")
         ran += 1
-    assert ran >= 10
     assert not failures, "\n\n".join(failures)
+    return ran
 
 
 @pytest.mark.quick
