@@ -129,13 +129,18 @@ class MathrlGRPOTrainer(TimedGRPOTrainer):
             "repetition_penalty": self.repetition_penalty,
         }
 
+    @property
+    def _copy_dtype(self) -> torch.dtype:
+        """The dtype of a decode copy of the policy (`static`, overlap): the run's compute dtype."""
+        return torch.bfloat16 if self.args.bf16 else torch.float32
+
     def _decode_static(self, prompt_ids: list[list[int]], *_: Any, **__: Any) -> tuple[list[list[int]], None]:
         """`static` decoding (trainer/hf_generation.py) on a copy of the policy in the run's compute
         dtype, synced first (its time is weight-sync time, as a vLLM engine's sync is)."""
         t0 = time.perf_counter()
         policy = self.accelerator.unwrap_model(self.model)
         if self._decode_copy is None:
-            self._decode_copy = DecodeCopy(policy, torch.bfloat16 if self.args.bf16 else torch.float32)
+            self._decode_copy = DecodeCopy(policy, self._copy_dtype)
         else:
             self._decode_copy.sync(policy)
         self.timings["weight_sync_seconds"] += time.perf_counter() - t0
@@ -158,7 +163,7 @@ class MathrlGRPOTrainer(TimedGRPOTrainer):
         if self._background is None:
             self._background = BackgroundGenerator(
                 policy,
-                torch.bfloat16 if self.args.bf16 else torch.float32,
+                self._copy_dtype,
                 temperature=self.temperature,
                 cast_lm_head_to_fp32=bool(self.args.cast_lm_head_to_fp32),
             )
