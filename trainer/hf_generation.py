@@ -118,16 +118,21 @@ def cuda_graphs_in_this_thread() -> None:
     their state (cudagraph trees) in thread-local storage, which PyTorch sets up for the thread that
     imports it and autograd's threads only: there a Python thread's first compiled call fails an assertion
     (pytorch issue 123177, open from 2024 until pull request 184357 of June 2026; the GPU nodes at
-    hand have PyTorch 2.11.0). The 2.13 installed here sets it up on first use, as this does, on
-    either. One thread per run runs the compiled step: overlap sends every training generation, the
-    first of a run too, to its one thread."""
+    hand have PyTorch 2.11.0). Where PyTorch has the fix (`_initialize_tls`, the 2.13 here) this
+    calls it. Before it, the thread gets the state in Python's thread-local only, which cudagraph
+    trees' lookup (`get_obj`) reads first: not also stashed in PyTorch's C++ thread-local as the fix
+    does, since on 2.11 an object stashed there by a Python thread corrupted memory (on the CPU, 9 of
+    10 runs of the test below crashed with a segmentation fault after its threads ended, 0 of 10
+    without the stash: docs/gpu.md). The stash only lets autograd's worker threads inherit the state,
+    and the decode thread runs no backward pass. One thread per run runs the compiled step: overlap
+    sends every training generation, the first of a run too, to its one thread."""
     import threading
     from collections import defaultdict
 
     import torch
     from torch._inductor import cudagraph_trees as trees
 
-    if torch._C._is_key_in_tls("tree_manager_containers"):
+    if hasattr(trees.local, "tree_manager_containers") or torch._C._is_key_in_tls("tree_manager_containers"):
         return
     initialize = getattr(trees, "_initialize_tls", None)  # PyTorch's own, since the fix
     if initialize is not None:
@@ -135,8 +140,6 @@ def cuda_graphs_in_this_thread() -> None:
         return
     trees.local.tree_manager_containers = {}  # one tree manager per device, this thread's own
     trees.local.tree_manager_locks = defaultdict(threading.Lock)
-    torch._C._stash_obj_in_tls("tree_manager_containers", trees.local.tree_manager_containers)
-    torch._C._stash_obj_in_tls("tree_manager_locks", trees.local.tree_manager_locks)
 
 
 class DecodeCopy:
