@@ -116,16 +116,17 @@ def cuda_graphs_in_this_thread() -> None:
     """Make this thread able to run a decode step compiled with CUDA graphs (`static` on a GPU),
     as overlap's background thread must (trainer/overlap.py). torch.compile's CUDA graphs keep
     their state (cudagraph trees) in thread-local storage, which PyTorch sets up for the thread that
-    imports it and autograd's threads only: there a Python thread's first compiled call fails an assertion
-    (pytorch issue 123177, open from 2024 until pull request 184357 of June 2026; the GPU nodes at
-    hand have PyTorch 2.11.0). Where PyTorch has the fix (`_initialize_tls`, the 2.13 here) this
-    calls it. Before it, the thread gets the state in Python's thread-local only, which cudagraph
-    trees' lookup (`get_obj`) reads first: not also stashed in PyTorch's C++ thread-local as the fix
-    does, since on 2.11 an object stashed there by a Python thread corrupted memory (on the CPU, 9 of
-    10 runs of the test below crashed with a segmentation fault after its threads ended, 0 of 10
-    without the stash: docs/gpu.md). The stash only lets autograd's worker threads inherit the state,
-    and the decode thread runs no backward pass. One thread per run runs the compiled step: overlap
-    sends every training generation, the first of a run too, to its one thread."""
+    imports it and autograd's threads only: there a Python thread's first compiled call fails an
+    assertion (pytorch issue 123177, open from 2024 until pull request 184357 of June 2026; the GPU
+    nodes at hand have PyTorch 2.11.0). Where PyTorch has the fix (`_initialize_tls`, the 2.13 here)
+    this calls it. Before it, the thread gets the state in Python's thread-local only, which
+    cudagraph trees' lookup (`get_obj`) reads first, and not also in PyTorch's C++ thread-local as
+    the fix does: on 2.11 an object stashed there by a Python thread corrupted memory (on the CPU, 9
+    of 10 runs of its test in tests/unit/trainer/test_hf_generation.py crashed with a segmentation
+    fault after its threads ended, 0 of 10 without the stash: docs/gpu.md). The stash only lets
+    autograd's worker threads inherit the state, and the decode thread runs no backward pass (it
+    decodes and scores under no_grad). One thread per run runs the compiled step: overlap sends
+    every training generation, the first of a run too, to its one thread."""
     import threading
     from collections import defaultdict
 
