@@ -19,9 +19,10 @@ ID_PATTERN = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a
 
 
 def model_refs(spec: AnySpec) -> dict[str, str]:
-    """Every model reference in a spec, by its field path ('model', 'rewards/1/model', ...)."""
+    """Every model reference in a spec, by its field path ('model', 'rewards/1/model', 'load', ...):
+    what admission's path rules and the submit-time project check see."""
     out: dict[str, str] = {}
-    for name in ("model", "policy"):
+    for name in ("model", "policy", "load"):  # load: the saved state a session starts from
         value = getattr(spec, name, None)
         if value:
             out[name] = value

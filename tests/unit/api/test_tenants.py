@@ -29,7 +29,9 @@ def _stored_model(artifacts: Path, job_id: str) -> Path:
 
 def test_a_raw_path_never_reaches_another_projects_models_or_files(app_client: Any) -> None:
     """Before: B evaluated A's model at <artifact_dir>/jobs/<A's job>/train/final and read A's upload
-    at <artifact_dir>/files/<A's project>/<file>.jsonl as a dataset; each refusal listed the server's roots."""
+    at <artifact_dir>/files/<A's project>/<file>.jsonl as a dataset; each refusal listed the server's roots.
+    A session's `load` (the saved state it starts from) took a raw path into storage, and another
+    project's 'job:' reference, until 2026-11-28: no submit-time check saw the field."""
     settings = get_settings()
     artifacts = Path(settings.artifact_dir).resolve()
     a, b = admin_key(app_client), admin_key(app_client)
@@ -39,7 +41,10 @@ def test_a_raw_path_never_reaches_another_projects_models_or_files(app_client: A
     assert uploads, "the upload is stored under the artifact directory"
     link = artifacts.parent / f"link-{ids['job_id']}"
     link.symlink_to(model)  # under a model root (the artifact dir's parent), pointing back into storage
+    saved = artifacts / "jobs" / ids["job_id"] / "weights" / "s1"  # a Tinker session's save_state
     for spec, pointer in (
+        (_parked_session(load=str(saved)), "/load"),
+        (_parked_session(load=f"{artifacts}/jobs/../jobs/{ids['job_id']}/weights/s1"), "/load"),
         (parked_eval(model=str(model)), "/model"),
         (parked_eval(model=f"{artifacts}/jobs/../jobs/{ids['job_id']}/train/final"), "/model"),
         (parked_eval(model=str(link)), "/model"),
@@ -56,6 +61,14 @@ def test_a_raw_path_never_reaches_another_projects_models_or_files(app_client: A
     assert app_client.post("/v1/jobs", json=parked_eval(model=f"job:{ids['job_id']}"), headers=a).status_code == 201
     r = app_client.post("/v1/jobs", json=parked_eval(model=f"job:{ids['job_id']}"), headers=b)
     assert r.status_code == 422, r.text
+    # a session starts from another project's save by reference neither: the same 422 as a missing job
+    r = app_client.post("/v1/jobs", json=_parked_session(load=f"job:{ids['job_id']}@step-1"), headers=b)
+    assert r.status_code == 422 and r.json()["errors"][0]["pointer"] == "/load", r.text
+
+
+def _parked_session(**over: Any) -> dict[str, Any]:
+    """A Tinker training session's job, parked: `load` is the saved state it starts from."""
+    return {"kind": "session", "model": "org/model", "session": "s", "resources": {"pool": "tenants-parked"}, **over}
 
 
 def test_path_refusals_name_no_server_path(app_client: Any, tmp_path: Path) -> None:
@@ -68,6 +81,8 @@ def test_path_refusals_name_no_server_path(app_client: Any, tmp_path: Path) -> N
     for spec in (
         parked_eval(model="/etc"),
         parked_eval(model="./relative"),
+        _parked_session(load="./relative"),
+        _parked_session(load="/etc"),
         parked_eval(dataset={"path": "/etc/passwd"}),
         parked_eval(dataset={"path": "set.jsonl"}),
     ):
