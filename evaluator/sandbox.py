@@ -5,9 +5,13 @@ The boundary is the kernel's (`mode="kernel"`, the default): bubblewrap (`bwrap`
 package bubblewrap) starts the interpreter in new PID, network, IPC, UTS and mount namespaces,
 with a root filesystem of its own that holds only
 - /usr (and the /bin, /lib, /lib64 links), the Python installation and its packages, read-only;
-- a private /tmp of `file_mb * 4` MiB, its working directory;
+- a private /tmp of `file_mb * 4` MiB, its working directory and its one writable place: the root
+  and /dev are remounted read-only (bwrap makes them tmpfs of no size, which without root belong
+  to the caller, whose uid is the grader's inside);
 - a minimal /dev, and no /proc: in its own PID namespace it could see only itself, and it has
   not even that to read.
+What it writes costs its caller bounded memory: its scores up to RESULT_BYTES (+ a little a case),
+else the call fails with `output_limit`; of what it prints, the last STDERR_TAIL bytes.
 Nothing else of the machine is mounted: no artifact or upload directory, no /etc, no /root, no
 other process's /proc/<pid>/environ, no interface but its own loopback. It never runs as root:
 started by root, bwrap keeps only CAP_SETUID/CAP_SETGID and the harness drops to `nobody`
@@ -37,6 +41,7 @@ In both modes, inside the process:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -162,6 +167,9 @@ def _bwrap_prefix(tmp_mb: int) -> list[str]:
     # no /proc at all: nothing of any process to read (and a container's masked /proc cannot be mounted again)
     argv += ["--ro-bind", str(HARNESS), INSIDE_HARNESS, "--dev", "/dev"]
     argv += ["--perms", "1777", "--size", str(tmp_mb * 1024 * 1024), "--tmpfs", WORKDIR, "--chdir", WORKDIR]
+    # the root and /dev are tmpfs without a size that bwrap makes; without root they are the caller's,
+    # and so the grader's (its uid inside): read-only, the sized WORKDIR is its one place to write
+    argv += ["--remount-ro", "/dev", "--remount-ro", "/"]
     return argv
 
 
@@ -279,14 +287,21 @@ def run_python(
             stderr=subprocess.PIPE,
             start_new_session=True,
         )
+        result_cap = RESULT_BYTES + RESULT_BYTES_PER_CASE * len(cases)
         try:
-            out, err = proc.communicate(json.dumps(request).encode(), timeout=limits.wall_seconds)
+            out, err = _communicate(proc, json.dumps(request).encode(), limits.wall_seconds, result_cap)
         except subprocess.TimeoutExpired:
             _kill_group(proc)
-            proc.communicate()
+            proc.wait()
             return [CaseResult(error="server", detail=f"timeout: over {limits.wall_seconds:g} s")] * len(cases)
         finally:
             _kill_group(proc)  # anything it left behind in its session
+            for pipe in (proc.stdout, proc.stderr):  # stdin: its feeder closes it
+                if pipe is not None:
+                    pipe.close()
+        if out is None:
+            detail = f"output_limit: the grader wrote over {result_cap} bytes where its scores go"
+            return [CaseResult(error="server", detail=detail)] * len(cases)
     if proc.returncode != 0:
         return [CaseResult(error="server", detail=_stopped(proc.returncode, err, limits))] * len(cases)
     try:
@@ -323,6 +338,61 @@ def _run_in_pool(
     if r.status_code != 200:
         return [CaseResult(error="server", detail=f"the grading pool answered {r.status_code}")] * len(cases)
     return [CaseResult(x.get("score"), x.get("error"), x.get("detail")) for x in r.json()["results"]]
+
+
+# What a sandboxed grader's output may cost its caller (the API, a job, the grading pool): its scores
+# (the harness writes at most about 2 KB of detail a case) up to this much, else the call fails; of
+# what it prints (stderr), the last STDERR_TAIL bytes, the rest read and dropped. communicate() kept
+# everything: a grader printing in a loop for its wall time left gigabytes in the caller's memory.
+RESULT_BYTES = 64 * 1024
+RESULT_BYTES_PER_CASE = 16 * 1024
+STDERR_TAIL = 64 * 1024
+
+
+def _communicate(
+    proc: subprocess.Popen[bytes], request: bytes, timeout: float, result_cap: int
+) -> tuple[bytes | None, bytes]:
+    """proc.communicate(request, timeout) in bounded memory: stdout is None once over `result_cap`
+    bytes (the process is then killed); of stderr only its last STDERR_TAIL bytes are kept."""
+    import selectors
+    import threading
+    import time
+
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    deadline = time.monotonic() + timeout
+
+    def feed(pipe: Any) -> None:
+        try:
+            pipe.write(request)
+        except OSError:  # it ended (or was killed) before reading it all: its exit status says why
+            pass
+        finally:
+            with contextlib.suppress(OSError):
+                pipe.close()
+
+    threading.Thread(target=feed, args=(proc.stdin,), daemon=True).start()
+    out, err = bytearray(), bytearray()
+    with selectors.DefaultSelector() as selector:
+        selector.register(proc.stdout, selectors.EVENT_READ, out)
+        selector.register(proc.stderr, selectors.EVENT_READ, err)
+        while selector.get_map():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise subprocess.TimeoutExpired(proc.args, timeout)
+            for key, _ in selector.select(left):
+                chunk = os.read(key.fd, 1 << 16)
+                if not chunk:
+                    selector.unregister(key.fileobj)
+                    continue
+                key.data.extend(chunk)
+                if key.data is out and len(out) > result_cap:
+                    _kill_group(proc)
+                    proc.wait()
+                    return None, bytes(err)
+                if key.data is err and len(err) > STDERR_TAIL:
+                    del err[:-STDERR_TAIL]
+    proc.wait(max(deadline - time.monotonic(), 0.0))
+    return bytes(out), bytes(err)
 
 
 def _stopped(code: int, err: bytes, limits: SandboxLimits) -> str:

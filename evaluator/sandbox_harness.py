@@ -156,7 +156,7 @@ def main() -> None:
         if not callable(grade):
             raise TypeError("the source defines no function grade(sample, item)")
     except BaseException as e:
-        detail = "".join(traceback.format_exception_only(type(e), e)).strip()
+        detail = "".join(traceback.format_exception_only(type(e), e)).strip()[-2000:]
         out.write(json.dumps([{"error": "runtime", "detail": detail}] * len(request["cases"])))
         return
     results: list[dict[str, object]] = []

@@ -172,6 +172,50 @@ def test_resource_exhaustion_is_bounded_without_the_audit_hook(boundary: Any) ->
     assert r.error == "server" and "cpu_limit" in (r.detail or ""), r
 
 
+def test_a_graders_output_costs_its_caller_bounded_memory(boundary: Any) -> None:
+    """Before: communicate() kept all a grader wrote. 50 MB printed, or written where its scores
+    go (fd 3, the harness's result channel), stayed in the caller's memory (the API, a job, the
+    grading pool); printing in a loop for the wall time left gigabytes there."""
+    import tracemalloc
+
+    loud = "import os, sys\nfor _ in range(800):\n    sys.stderr.write('x' * 65536)\nsys.stderr.flush()"
+    forged = "import os\nfor _ in range(800):\n    os.write(3, b'x' * 65536)"
+    limits = SandboxLimits(wall_seconds=20, audit_hook=False)
+    tracemalloc.start()
+    try:
+        (printed,) = run_python(grader(loud), [({}, {})], limits)
+        (flooded,) = run_python(grader(forged), [({}, {})], limits)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert printed.score == 1.0, printed  # what it prints is read and dropped past the last 64 KB
+    assert flooded.error == "server" and "output_limit" in (flooded.detail or ""), flooded
+    assert peak < 8 * 1024 * 1024, f"the caller held {peak / 2**20:.0f} MB of a grader's output"
+
+
+def test_without_root_the_graders_one_writable_place_is_its_sized_tmpfs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without root, bwrap makes the sandbox's / and /dev as tmpfs of no size owned by the caller,
+    whose uid is the grader's inside: before, a grader (the audit hook defeated) wrote to /, /dev,
+    /dev/shm and /sandbox without limit, in the machine's memory. Run here as root with the non-root
+    command line (a user namespace, the caller seen as nobody), as a service user's worker runs it."""
+    body = (
+        "import os\nmade = []\nfor p in ('/evil', '/dev/evil', '/dev/shm/evil', '/sandbox/evil', 'mine'):\n"
+        "    try:\n        open(p, 'wb').write(b'x')\n        made.append(p)\n    except OSError:\n        pass\n"
+        "raise RuntimeError(f'made={made} uid={os.getuid()}')"
+    )
+    if os.geteuid() == 0:
+        monkeypatch.setattr(sandbox.os, "geteuid", lambda: 1000)
+    sandbox.isolation.cache_clear()
+    try:
+        iso = isolation("kernel")
+        if iso.refused:
+            pytest.skip(f"no user namespaces for bwrap here: {iso.refused}")
+        (r,) = run_python(grader(body), [({}, {})], SandboxLimits(audit_hook=False))
+    finally:
+        sandbox.isolation.cache_clear()
+    assert r.detail == "RuntimeError: made=['mine'] uid=65534", r
+
+
 LIB_DYNLOAD = next(p for p in sys.path if p.endswith("lib-dynload"))
 HOOK_REFUSES = [
     (
