@@ -206,7 +206,7 @@ def isolation(mode: str = "kernel") -> Isolation:
     if refused:
         return Isolation("none", (), user, refused)
     if shutil.which("unshare"):
-        prefix = ("unshare", "-n") if root else ("unshare", "-rn")
+        prefix = ("unshare", "-n") if root else ("unshare", "-cn")  # -c: itself inside, never root
         if subprocess.run([*prefix, "true"], capture_output=True, timeout=10).returncode == 0:
             return Isolation("unshare-net", prefix, user)
     return Isolation("none", (), user)

@@ -294,6 +294,51 @@ def test_audit_hook_mode_never_runs_as_root(monkeypatch: pytest.MonkeyPatch) -> 
         sandbox.isolation.cache_clear()
 
 
+AS_A_SERVICE_USER = r"""
+import sys
+sys.path[:0] = sys.argv[1:]
+from evaluator.sandbox import SandboxLimits, isolation, run_python
+source = '''
+def grade(s, i):
+    import os, socket
+    try:
+        socket.create_connection(("127.0.0.1", 5432), 2)
+        return -1.0
+    except OSError:
+        return float(os.getuid())
+'''
+limits = SandboxLimits(mode="audit-hook", audit_hook=False)
+print(isolation("audit-hook").prefix, run_python(source, [({}, {})], limits))
+"""
+
+
+def test_audit_hook_mode_grades_for_a_service_user(tmp_path: Path) -> None:
+    """Before: started by a user other than root, audit-hook mode ran the harness under
+    `unshare -rn`, root in a user namespace of its own, where the harness refuses to run: every
+    grader failed "refusing to run a python grader as root". Now `unshare -cn`: the caller's own
+    uid, no network. Run as nobody with a Python nobody may read (the system's, with this
+    environment's packages on its path)."""
+    import shutil
+    import sysconfig
+
+    python = "/usr/bin/python3"
+    if os.geteuid() != 0 or not shutil.which("setpriv") or not os.access(python, os.X_OK):
+        pytest.skip("needs root, setpriv and /usr/bin/python3 to become another user")
+    version = subprocess.run([python, "-c", "import sys; print(sys.version_info[:2])"], capture_output=True, text=True)
+    if version.stdout.strip() != str(sys.version_info[:2]):
+        pytest.skip(f"/usr/bin/python3 is {version.stdout.strip()}, not this environment's {sys.version_info[:2]}")
+    from tests.helpers.env import ROOT
+
+    nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "env", "-i", "PATH=/usr/bin:/bin"]
+    paths = [str(ROOT), sysconfig.get_paths()["purelib"]]
+    proc = subprocess.run(
+        [*nobody, "HOME=/tmp", python, "-c", AS_A_SERVICE_USER, *paths],
+        capture_output=True, text=True, timeout=120, cwd="/tmp",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "('unshare', '-cn') [CaseResult(score=65534.0, error=None, detail=None)]", proc.stdout
+
+
 def test_the_api_answers_503_where_no_boundary_can_be_made(app_client: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     sandbox.isolation.cache_clear()
     monkeypatch.setenv("PATH", "/nonexistent")
