@@ -36,6 +36,7 @@ _BINARY: dict[type, Callable[[float, float], float]] = {
 }
 _STRUCTURE = (ast.Expression, ast.BinOp, ast.UnaryOp, ast.USub, ast.UAdd, ast.Load, *_BINARY)
 MAX_LENGTH = 1000
+MAX_DEPTH = 200  # operators within operators: evaluating walks the tree recursively
 MAX_EXPONENT = 64.0
 
 
@@ -49,6 +50,12 @@ def parse(formula: str, names: Iterable[str]) -> ast.Expression:
         tree = ast.parse(formula.strip().replace("^", "**"), mode="eval")
     except SyntaxError as e:
         raise FormulaError(f"cannot parse {formula!r}: {e.msg}") from None
+    stack: list[tuple[ast.AST, int]] = [(tree, 0)]  # depth first, without recursion
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise FormulaError(f"the formula nests deeper than {MAX_DEPTH} levels: write it flatter")
+        stack.extend((child, depth + 1) for child in ast.iter_child_nodes(node))
     known = set(names)
     for node in ast.walk(tree):
         if isinstance(node, ast.Name):

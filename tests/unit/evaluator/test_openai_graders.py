@@ -88,6 +88,7 @@ def test_multi_grader_formula_is_evaluated_safely() -> None:
         ("exact + nobody", "not one of the graders"),
         ("[exact][0]", "not allowed"),
         ("2 ** 999", None),
+        ("-" * 990 + "exact", "nests deeper than 200"),  # before: RecursionError when computed, deep in a call
     ]:
         bad = {**g, "calculate_output": formula}
         if match is None:  # parses; refused when computed: a 0 with formula_parse_error
