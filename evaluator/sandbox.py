@@ -45,12 +45,15 @@ import contextlib
 import functools
 import json
 import os
+import selectors
 import shutil
 import signal
 import subprocess
 import sys
 import sysconfig
 import tempfile
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -62,6 +65,13 @@ NOBODY = 65534
 MODES = ("kernel", "audit-hook")
 INSIDE_HARNESS = "/sandbox/harness.py"  # where bwrap mounts the harness
 WORKDIR = "/tmp"  # the grader's directory inside bwrap (its own tmpfs)
+# What a sandboxed grader's output may cost its caller (the API, a job, the grading pool): its scores
+# (the harness writes at most about 4 KB of JSON detail a case) up to this much, else the call fails; of
+# what it prints (stderr), the last STDERR_TAIL bytes, the rest read and dropped. communicate() kept
+# everything: a grader printing in a loop for its wall time left gigabytes in the caller's memory.
+RESULT_BYTES = 64 * 1024
+RESULT_BYTES_PER_CASE = 16 * 1024
+STDERR_TAIL = 64 * 1024
 INSTALL_HINT = (
     "install bubblewrap on this machine (Debian: apt-get install bubblewrap; the mathrl images carry it) "
     "and allow it to create namespaces (as root, or unprivileged user namespaces: "
@@ -206,9 +216,12 @@ def isolation(mode: str = "kernel") -> Isolation:
     if refused:
         return Isolation("none", (), user, refused)
     if shutil.which("unshare"):
-        prefix = ("unshare", "-n") if root else ("unshare", "-cn")  # -c: itself inside, never root
-        if subprocess.run([*prefix, "true"], capture_output=True, timeout=10).returncode == 0:
-            return Isolation("unshare-net", prefix, user)
+        # without root a user namespace of its own, never root inside: the caller's uid (-c, util-linux
+        # 2.38), else unmapped (nobody inside, the caller's access outside); not -r, root inside, where
+        # the harness refuses to run
+        for prefix in [("unshare", "-n")] if root else [("unshare", "-cn"), ("unshare", "-Un")]:
+            if subprocess.run([*prefix, "true"], capture_output=True, timeout=10).returncode == 0:
+                return Isolation("unshare-net", prefix, user)
     return Isolation("none", (), user)
 
 
@@ -340,24 +353,11 @@ def _run_in_pool(
     return [CaseResult(x.get("score"), x.get("error"), x.get("detail")) for x in r.json()["results"]]
 
 
-# What a sandboxed grader's output may cost its caller (the API, a job, the grading pool): its scores
-# (the harness writes at most about 2 KB of detail a case) up to this much, else the call fails; of
-# what it prints (stderr), the last STDERR_TAIL bytes, the rest read and dropped. communicate() kept
-# everything: a grader printing in a loop for its wall time left gigabytes in the caller's memory.
-RESULT_BYTES = 64 * 1024
-RESULT_BYTES_PER_CASE = 16 * 1024
-STDERR_TAIL = 64 * 1024
-
-
 def _communicate(
     proc: subprocess.Popen[bytes], request: bytes, timeout: float, result_cap: int
 ) -> tuple[bytes | None, bytes]:
     """proc.communicate(request, timeout) in bounded memory: stdout is None once over `result_cap`
     bytes (the process is then killed); of stderr only its last STDERR_TAIL bytes are kept."""
-    import selectors
-    import threading
-    import time
-
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
     deadline = time.monotonic() + timeout
 

@@ -129,6 +129,15 @@ def _install_hook(home: str, read_roots: list[str]) -> None:
             setattr(module, name, no_threads)
 
 
+def _detail(e: BaseException) -> str:
+    """The end of what `e` says, at most 4,000 bytes as JSON (a character outside ASCII is up to 12):
+    the caller takes a bounded result a case (evaluator/sandbox.py, RESULT_BYTES_PER_CASE)."""
+    detail = "".join(traceback.format_exception_only(type(e), e)).strip()[-2000:]
+    while len(json.dumps(detail)) > 4000:
+        detail = detail[len(detail) // 2 :]
+    return detail
+
+
 def main() -> None:
     request = json.loads(sys.stdin.read())
     limits = request["limits"]
@@ -156,8 +165,7 @@ def main() -> None:
         if not callable(grade):
             raise TypeError("the source defines no function grade(sample, item)")
     except BaseException as e:
-        detail = "".join(traceback.format_exception_only(type(e), e)).strip()[-2000:]
-        out.write(json.dumps([{"error": "runtime", "detail": detail}] * len(request["cases"])))
+        out.write(json.dumps([{"error": "runtime", "detail": _detail(e)}] * len(request["cases"])))
         return
     results: list[dict[str, object]] = []
     for case in request["cases"]:
@@ -169,8 +177,7 @@ def main() -> None:
         except MemoryError:
             results.append({"error": "runtime", "detail": f"MemoryError: over the {limits['memory_mb']} MB limit"})
         except BaseException as e:
-            detail = "".join(traceback.format_exception_only(type(e), e)).strip()
-            results.append({"error": "runtime", "detail": detail[-2000:]})
+            results.append({"error": "runtime", "detail": _detail(e)})
     out.write(json.dumps(results))
 
 

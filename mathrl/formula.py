@@ -55,7 +55,7 @@ def parse(formula: str, names: Iterable[str]) -> ast.Expression:
         node, depth = stack.pop()
         if depth > MAX_DEPTH:
             raise FormulaError(f"the formula nests deeper than {MAX_DEPTH} levels: write it flatter")
-        stack.extend((child, depth + 1) for child in ast.iter_child_nodes(node))
+        stack.extend((child, depth + 1) for child in ast.iter_child_nodes(node) if isinstance(child, ast.expr))
     known = set(names)
     for node in ast.walk(tree):
         if isinstance(node, ast.Name):

@@ -85,6 +85,11 @@ def parked_eval(**over: Any) -> dict[str, Any]:
     return {"kind": "eval", "model": "org/model", "limit": 5, "resources": dict(PARKED), **over}
 
 
+def parked_session(**over: Any) -> dict[str, Any]:
+    """A Tinker training session's job (`load`: the saved state it starts from)."""
+    return {"kind": "session", "model": "org/model", "session": "s", "resources": dict(PARKED), **over}
+
+
 def parked_grpo(**over: Any) -> dict[str, Any]:
     return {"kind": "grpo", "model": "org/m", "dataset": {"name": "gsm8k-train"}, "resources": dict(PARKED), **over}
 

@@ -15,7 +15,7 @@ import pytest
 
 from service.settings import get_settings
 from tests.helpers.api import admin_key, make_objects, project_jobs
-from tests.helpers.jobs import parked_eval
+from tests.helpers.jobs import parked_eval, parked_session
 
 pytestmark = pytest.mark.quick
 
@@ -43,8 +43,8 @@ def test_a_raw_path_never_reaches_another_projects_models_or_files(app_client: A
     link.symlink_to(model)  # under a model root (the artifact dir's parent), pointing back into storage
     saved = artifacts / "jobs" / ids["job_id"] / "weights" / "s1"  # a Tinker session's save_state
     for spec, pointer in (
-        (_parked_session(load=str(saved)), "/load"),
-        (_parked_session(load=f"{artifacts}/jobs/../jobs/{ids['job_id']}/weights/s1"), "/load"),
+        (parked_session(load=str(saved)), "/load"),
+        (parked_session(load=f"{artifacts}/jobs/../jobs/{ids['job_id']}/weights/s1"), "/load"),
         (parked_eval(model=str(model)), "/model"),
         (parked_eval(model=f"{artifacts}/jobs/../jobs/{ids['job_id']}/train/final"), "/model"),
         (parked_eval(model=str(link)), "/model"),
@@ -61,14 +61,12 @@ def test_a_raw_path_never_reaches_another_projects_models_or_files(app_client: A
     assert app_client.post("/v1/jobs", json=parked_eval(model=f"job:{ids['job_id']}"), headers=a).status_code == 201
     r = app_client.post("/v1/jobs", json=parked_eval(model=f"job:{ids['job_id']}"), headers=b)
     assert r.status_code == 422, r.text
-    # a session starts from another project's save by reference neither: the same 422 as a missing job
-    r = app_client.post("/v1/jobs", json=_parked_session(load=f"job:{ids['job_id']}@step-1"), headers=b)
+    # a session starts from its project's save by reference, never from another project's: the same
+    # 422 as a missing job
+    saved_ref = f"job:{ids['job_id']}@step-1"
+    assert app_client.post("/v1/jobs", json=parked_session(load=saved_ref), headers=a).status_code == 201
+    r = app_client.post("/v1/jobs", json=parked_session(load=saved_ref), headers=b)
     assert r.status_code == 422 and r.json()["errors"][0]["pointer"] == "/load", r.text
-
-
-def _parked_session(**over: Any) -> dict[str, Any]:
-    """A Tinker training session's job, parked: `load` is the saved state it starts from."""
-    return {"kind": "session", "model": "org/model", "session": "s", "resources": {"pool": "tenants-parked"}, **over}
 
 
 def test_path_refusals_name_no_server_path(app_client: Any, tmp_path: Path) -> None:
@@ -81,8 +79,8 @@ def test_path_refusals_name_no_server_path(app_client: Any, tmp_path: Path) -> N
     for spec in (
         parked_eval(model="/etc"),
         parked_eval(model="./relative"),
-        _parked_session(load="./relative"),
-        _parked_session(load="/etc"),
+        parked_session(load="./relative"),
+        parked_session(load="/etc"),
         parked_eval(dataset={"path": "/etc/passwd"}),
         parked_eval(dataset={"path": "set.jsonl"}),
     ):

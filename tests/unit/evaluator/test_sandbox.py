@@ -193,6 +193,21 @@ def test_a_graders_output_costs_its_caller_bounded_memory(boundary: Any) -> None
     assert peak < 8 * 1024 * 1024, f"the caller held {peak / 2**20:.0f} MB of a grader's output"
 
 
+def test_what_bounds_the_output_leaves_the_rest_as_it_was(boundary: Any) -> None:
+    """The bounded reader keeps the other outcomes: a grader past its wall time is a timeout; long
+    errors outside ASCII (up to 12 bytes a character as JSON) stay errors of their cases, within
+    the allowance a case; a process that ends without reading its request is its exit status."""
+    (r,) = run_python(grader("import time\ntime.sleep(60)"), [({}, {})], SandboxLimits(wall_seconds=2))
+    assert r.error == "server" and (r.detail or "").startswith("timeout: over 2 s"), r
+    emoji = "raise ValueError('\U0001f600' * 5000)"
+    rows = run_python(grader(emoji), [({}, {})] * 20, LIMITS)
+    assert [r.error for r in rows] == ["runtime"] * 20, rows[0]
+    assert all((r.detail or "").endswith("\U0001f600") and len(json.dumps(r.detail)) <= 4000 for r in rows), rows[0]
+    pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
+    proc = subprocess.Popen(["sh", "-c", "exit 3"], **pipes)  # type: ignore[call-overload]
+    assert sandbox._communicate(proc, b"x" * (1 << 20), 10, 1024) == (b"", b"") and proc.returncode == 3
+
+
 def test_without_root_the_graders_one_writable_place_is_its_sized_tmpfs(monkeypatch: pytest.MonkeyPatch) -> None:
     """Without root, bwrap makes the sandbox's / and /dev as tmpfs of no size owned by the caller,
     whose uid is the grader's inside: before, a grader (the audit hook defeated) wrote to /, /dev,
