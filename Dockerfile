@@ -91,9 +91,10 @@ LABEL org.opencontainers.image.title="mathrl-api" \
       org.opencontainers.image.revision="${REVISION}" \
       org.opencontainers.image.created="${CREATED}" \
       org.opencontainers.image.licenses="Apache-2.0"
-# bubblewrap: the kernel boundary python graders run behind (evaluator/sandbox.py); without it they are refused
-RUN (dpkg -s bubblewrap >/dev/null 2>&1 \
-     || (apt-get update && apt-get install -y --no-install-recommends bubblewrap && rm -rf /var/lib/apt/lists/*)) \
+# bubblewrap and libseccomp: the kernel boundary python graders run behind and their system-call filter
+# (evaluator/sandbox.py, sandbox_seccomp.py); without either they are refused
+RUN (dpkg -s bubblewrap libseccomp2 >/dev/null 2>&1 \
+     || (apt-get update && apt-get install -y --no-install-recommends bubblewrap libseccomp2 && rm -rf /var/lib/apt/lists/*)) \
  && groupadd --gid ${APP_UID} mathrl \
  && useradd --uid ${APP_UID} --gid ${APP_UID} --create-home --home-dir /home/mathrl --shell /usr/sbin/nologin mathrl \
  && mkdir -p /var/lib/mathrl/artifacts /var/lib/mathrl/datasets \
@@ -158,7 +159,7 @@ LABEL org.opencontainers.image.title="mathrl-worker" \
 ENV DEBIAN_FRONTEND=noninteractive
 # gcc and Python headers: Triton (under torch.compile and vLLM) compiles small helpers at run time
 RUN apt-get update \
- && apt-get install -y --no-install-recommends python3 python3-dev gcc libc6-dev libgomp1 ca-certificates tini bubblewrap \
+ && apt-get install -y --no-install-recommends python3 python3-dev gcc libc6-dev libgomp1 ca-certificates tini bubblewrap libseccomp2 \
  && rm -rf /var/lib/apt/lists/* \
  && (userdel --remove ubuntu 2>/dev/null || true) \
  && groupadd --gid ${APP_UID} mathrl \
@@ -246,9 +247,9 @@ LABEL org.opencontainers.image.title="mathrl-worker-cpu" \
       org.opencontainers.image.licenses="Apache-2.0"
 ENV DEBIAN_FRONTEND=noninteractive
 # tini (SIGTERM to the worker: it drains its job), OpenMP and NUMA for torch and vLLM on CPU,
-# bubblewrap (the python graders' kernel boundary: evaluator/sandbox.py)
-RUN dpkg -s tini libgomp1 libnuma1 bubblewrap >/dev/null 2>&1 \
- || (apt-get update && apt-get install -y --no-install-recommends tini libgomp1 libnuma1 bubblewrap && rm -rf /var/lib/apt/lists/*); \
+# bubblewrap and libseccomp (the python graders' kernel boundary and system-call filter: evaluator/sandbox.py)
+RUN dpkg -s tini libgomp1 libnuma1 bubblewrap libseccomp2 >/dev/null 2>&1 \
+ || (apt-get update && apt-get install -y --no-install-recommends tini libgomp1 libnuma1 bubblewrap libseccomp2 && rm -rf /var/lib/apt/lists/*); \
     groupadd --gid ${APP_UID} mathrl \
  && useradd --uid ${APP_UID} --gid ${APP_UID} --create-home --home-dir /home/mathrl --shell /usr/sbin/nologin mathrl \
  && mkdir -p /var/lib/mathrl/artifacts /var/lib/mathrl/datasets /var/cache/mathrl \

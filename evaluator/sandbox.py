@@ -28,6 +28,10 @@ never as root (it refuses where it cannot become nobody), in a network namespace
 `unshare -n` is allowed.
 
 In both modes, inside the process:
+- a system-call filter (seccomp, evaluator/sandbox_seccomp.py), loaded first and for good: no new
+  namespaces (so no user namespace's capabilities), mounts, keyring, eBPF, perf, userfaultfd,
+  io_uring, ptrace or other of the kernel's rarer doors; where libseccomp is missing python graders
+  are refused, as without bubblewrap;
 - resource limits set before the user's code runs: CPU seconds (RLIMIT_CPU), address space
   (RLIMIT_AS), the size of any file it writes (RLIMIT_FSIZE), open files (RLIMIT_NOFILE),
   threads and processes (RLIMIT_NPROC), no core dumps; killed with its group at `wall_seconds`;
@@ -41,6 +45,7 @@ In both modes, inside the process:
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import functools
 import json
@@ -58,6 +63,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from evaluator import sandbox_seccomp
 from mathrl.errors import SandboxUnavailable as SandboxUnavailable  # raised here; its callers import it from here
 
 HARNESS = Path(__file__).with_name("sandbox_harness.py")
@@ -202,6 +208,9 @@ def isolation(mode: str = "kernel") -> Isolation:
     if mode not in MODES:
         raise ValueError(f"python sandbox mode {mode!r}: use one of {', '.join(MODES)}")
     root = os.geteuid() == 0
+    no_filter = sandbox_seccomp.available()
+    if no_filter:
+        return Isolation("none", (), "nobody", no_filter)
     if mode == "kernel":
         if not shutil.which("bwrap"):
             return Isolation("none", (), "nobody", "bubblewrap (bwrap) is not installed: " + INSTALL_HINT)
@@ -229,6 +238,7 @@ def _probe(prefix: list[str], harness: str, uid: int | None) -> str | None:
     """Run a trivial grader through `prefix`: None if it scored, else what went wrong."""
     request: dict[str, Any] = {"source": "def grade(s, i):\n    return 1", "cases": [{"sample": {}, "item": {}}]}
     request |= {"uid": uid, "limits": {"cpu_seconds": 10, "memory_mb": 1024, "file_mb": 1, "processes": 64}}
+    request["seccomp"] = _seccomp()
     try:
         out = subprocess.run(
             [*prefix, sys.executable, "-I", "-B", harness],
@@ -243,6 +253,11 @@ def _probe(prefix: list[str], harness: str, uid: int | None) -> str | None:
         return None
     tail = out.stderr.decode(errors="replace").strip().splitlines()[-1:] or [f"exit code {out.returncode}"]
     return tail[0][:300]
+
+
+def _seccomp() -> str:
+    """The system-call filter the harness loads before the user's code (evaluator/sandbox_seccomp.py)."""
+    return base64.b64encode(sandbox_seccomp.program()).decode()
 
 
 def _env(home: str) -> dict[str, str]:
@@ -280,6 +295,7 @@ def run_python(
         },
         "uid": uid,
         "audit_hook": limits.audit_hook,
+        "seccomp": _seccomp(),
     }
     with tempfile.TemporaryDirectory(prefix="pygrader-") as home:
         if iso.kernel == "bwrap":  # its directory is its own tmpfs, nothing on this machine's disk
@@ -400,6 +416,8 @@ def _stopped(code: int, err: bytes, limits: SandboxLimits) -> str:
         return f"cpu_limit: over {limits.cpu_seconds} CPU seconds"
     if code in (-signal.SIGXFSZ, 128 + signal.SIGXFSZ):
         return f"file_limit: a file over {limits.file_mb} MB"
+    if code in (-signal.SIGSYS, 128 + signal.SIGSYS):
+        return "syscall_refused: killed for a system call of another architecture (evaluator/sandbox_seccomp.py)"
     tail = err.decode(errors="replace").strip().splitlines()[-1:] or [""]
     return f"exit code {code}: {tail[0][:500]}"
 

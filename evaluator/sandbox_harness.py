@@ -1,9 +1,11 @@
 """Runs inside the python grader's sandbox (evaluator/sandbox.py), as its own interpreter
-(`python -I -B`): limits itself, drops to an unprivileged user, installs an audit hook, then runs
-the user's `grade(sample, item)` on each case. Reads {"source", "cases", "limits", "uid"} as JSON
+(`python -I -B`): filters its system calls (seccomp), limits itself, drops to an unprivileged user,
+installs an audit hook, then runs the user's `grade(sample, item)` on each case. Reads {"source",
+"cases", "limits", "uid", "seccomp"} as JSON
 on stdin; writes one JSON list of results on the stdout it was given (the user's prints go to
 stderr). Standard library only: nothing of mathrl is importable here."""
 
+import base64
 import json
 import os
 import resource
@@ -129,6 +131,28 @@ def _install_hook(home: str, read_roots: list[str]) -> None:
             setattr(module, name, no_threads)
 
 
+PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 38, 22, 2
+
+
+def _filter_syscalls(program: bytes) -> None:
+    """Load the caller's seccomp program (evaluator/sandbox_seccomp.py) on this process, for good:
+    no_new_privs first (what lets a process without CAP_SYS_ADMIN filter itself), then the filter."""
+    import ctypes
+    import struct
+
+    if not program or len(program) % 8 or len(program) // 8 > 4096:
+        raise SystemExit(f"refusing to run a python grader: {len(program)} bytes are not a system-call filter")
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    code = ctypes.create_string_buffer(program, len(program))
+    # struct sock_fprog {unsigned short len; struct sock_filter *filter;}, in the C compiler's layout
+    fprog = ctypes.create_string_buffer(struct.pack("@HP", len(program) // 8, ctypes.addressof(code)))
+    if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 or libc.prctl(
+        PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(fprog), 0, 0
+    ):
+        raise SystemExit(f"could not load the system-call filter: {os.strerror(ctypes.get_errno())}")
+
+
 def _detail(e: BaseException) -> str:
     """The end of what `e` says, at most 4,000 bytes as JSON (a character outside ASCII is up to 12):
     the caller takes a bounded result a case (evaluator/sandbox.py, RESULT_BYTES_PER_CASE)."""
@@ -141,6 +165,7 @@ def _detail(e: BaseException) -> str:
 def main() -> None:
     request = json.loads(sys.stdin.read())
     limits = request["limits"]
+    _filter_syscalls(base64.b64decode(request.get("seccomp") or ""))  # before anything of the user's
     out = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # the user's prints go to stderr
     _limit(resource.RLIMIT_CPU, int(limits["cpu_seconds"]))

@@ -463,8 +463,12 @@ def read(p):
     except OSError as e:
         return "refused " + errno.errorcode.get(e.errno, str(e.errno))
 s = socket.socket(); s.settimeout(2)
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+userns = "made" if libc.unshare(0x10000000) == 0 else errno.errorcode.get(ctypes.get_errno())
 seen = {"uid": os.getuid(), "artifact": read("/var/lib/mathrl/artifacts/secret.txt"),
-        "environ": read("/proc/1/environ"), "db": errno.errorcode.get(s.connect_ex(("127.0.0.1", 5432)))}
+        "environ": read("/proc/1/environ"), "db": errno.errorcode.get(s.connect_ex(("127.0.0.1", 5432))),
+        "userns": userns}
 raise RuntimeError("SEEN" + json.dumps(seen))
 '''
 src = "def grade(sample, item):\n" + "\n".join("    " + line for line in probe.strip().splitlines())
@@ -479,7 +483,8 @@ print("RESULT" + json.dumps({"describe": iso.describe(), "raw": raw.detail, "hoo
 def test_the_python_graders_kernel_boundary_holds_inside_the_image(which: str, tmp_path: Path) -> None:
     """As the chart runs the image (its user, a read-only root, the artifact volume, the admin token
     in the environment, host networking beside PostgreSQL): a grader with the audit hook switched
-    off runs as nobody and reaches neither the volume, nor the process's environment, nor the database."""
+    off runs as nobody and reaches neither the volume, nor the process's environment, nor the database,
+    and cannot make a user namespace (the system-call filter loads in the image)."""
     artifacts = tmp_path / "artifacts"
     artifacts.mkdir()
     (artifacts / "secret.txt").write_text("another-projects-model")
@@ -498,4 +503,5 @@ def test_the_python_graders_kernel_boundary_holds_inside_the_image(which: str, t
     seen = json.loads(result["raw"].split("SEEN", 1)[1])
     assert seen["uid"] == 65534 and seen["artifact"].startswith("refused") and seen["environ"].startswith("refused")
     assert seen["db"] in ("ECONNREFUSED", "ENETUNREACH"), seen
+    assert seen["userns"] == "EPERM", seen  # the system-call filter (libseccomp in the image): no namespace of its own
     assert "_posixsubprocess is not allowed" in result["hooked"], result

@@ -157,6 +157,89 @@ def test_the_kernel_boundary_holds_without_the_audit_hook(boundary: Any, targets
     assert not seen["exec_reads_other"] and not seen["spawn_reads_secret"] and not seen["system_reads_secret"]
 
 
+# each call made through libc's syscall(), by number (the native architecture's, from libseccomp),
+# with arguments that would get as far as the kernel's own code: a refusal is the filter's
+KERNEL_DOORS = r"""
+import ctypes, json, os, threading
+libc = ctypes.CDLL(None, use_errno=True)
+seen = {}
+for name, (nr, args) in CALLS.items():
+    ctypes.set_errno(0)
+    r = libc.syscall(nr, *[ctypes.c_long(a) for a in args])
+    seen[name] = "ok" if r >= 0 else os.strerror(ctypes.get_errno())
+t = threading.Thread(target=lambda: seen.update(thread="ran"))  # clone3 refused: the C library falls back to clone
+t.start()
+t.join()
+raise RuntimeError("SEEN" + json.dumps(seen))
+"""
+NEW_USER, NEW_NET, SIGCHLD = 0x10000000, 0x40000000, 17
+DOORS = {  # what each call would reach: (name as libseccomp knows it, arguments)
+    "user namespace": ("unshare", [NEW_USER]),
+    "network namespace": ("unshare", [NEW_NET]),
+    "clone into a user namespace": ("clone", [NEW_USER | SIGCHLD, 0, 0, 0, 0]),
+    "mount": ("mount", [0, 0, 0, 0, 0]),
+    "eBPF": ("bpf", [0, 0, 0]),
+    "io_uring": ("io_uring_setup", [1, 0]),
+    "keyring": ("keyctl", [0, 0]),
+    "perf": ("perf_event_open", [0, 0, -1, -1, 0]),
+    "userfaultfd": ("userfaultfd", [0]),
+    "ptrace": ("ptrace", [0, 0, 0, 0]),
+}
+
+
+def test_the_kernels_rarer_doors_are_shut_without_the_audit_hook(boundary: Any) -> None:
+    """Before the filter a grader past its hook (here: switched off) made a user namespace of its own,
+    root in it with every capability, and a network namespace from there; eBPF, io_uring, the
+    keyring, perf and mount reached their kernel code (EINVAL, EFAULT, ENOKEY: the kernel's own
+    answers). Now each is EPERM, clone3 is ENOSYS (threads still start, by clone), and a call of
+    another architecture (x32's numbering) kills the process."""
+    import pyseccomp
+
+    calls = {
+        what: (pyseccomp.resolve_syscall(pyseccomp.Arch.NATIVE, name), args) for what, (name, args) in DOORS.items()
+    }
+    calls["clone3"] = (pyseccomp.resolve_syscall(pyseccomp.Arch.NATIVE, "clone3"), [0, 0])
+    calls["getpid"] = (pyseccomp.resolve_syscall(pyseccomp.Arch.NATIVE, "getpid"), [])
+    src = grader(f"CALLS = {json.dumps(calls)}\n" + KERNEL_DOORS)
+    (r,) = run_python(src, [({}, {})], SandboxLimits(audit_hook=False))
+    assert r.error == "runtime" and r.detail and "SEEN" in r.detail, r
+    seen = json.loads(r.detail.split("SEEN", 1)[1])
+    print(seen)
+    assert {what: seen[what] for what in DOORS} == dict.fromkeys(DOORS, "Operation not permitted")
+    assert seen["clone3"] == "Function not implemented" and seen["getpid"] == "ok" and seen["thread"] == "ran"
+    if os.uname().machine == "x86_64":
+        x32 = "import ctypes\nctypes.CDLL(None).syscall(0x40000000 + 272, 0x10000000)"
+        (killed,) = run_python(grader(x32), [({}, {})], SandboxLimits(audit_hook=False))
+        assert killed.error == "server" and (killed.detail or "").startswith("syscall_refused"), killed
+
+
+def test_no_system_call_filter_means_no_python_grader(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fails closed: without libseccomp the grader is refused with what to install, and the harness
+    itself runs nothing without a filter to load."""
+    from evaluator import sandbox_seccomp
+
+    def missing() -> bytes:
+        raise SandboxUnavailable(f"no libseccomp.so.2 here: {sandbox_seccomp.INSTALL_HINT}")
+
+    monkeypatch.setattr(sandbox_seccomp, "program", missing)
+    sandbox.isolation.cache_clear()
+    try:
+        for mode in sandbox.MODES:
+            iso = isolation(mode)
+            assert iso.refused and "apt-get install libseccomp2" in iso.refused, (mode, iso)
+        with pytest.raises(SandboxUnavailable, match="libseccomp"):
+            run_python(grader("pass"), [({}, {})], LIMITS)
+    finally:
+        sandbox.isolation.cache_clear()
+    request = {"source": grader("pass"), "cases": [{"sample": {}, "item": {}}], "uid": None}
+    request["limits"] = {"cpu_seconds": 5, "memory_mb": 512, "file_mb": 1, "processes": 8}
+    bare = subprocess.run(
+        [sys.executable, "-I", "-B", str(sandbox.HARNESS)], input=json.dumps(request).encode(), capture_output=True,
+        timeout=60,
+    )  # fmt: skip
+    assert bare.returncode != 0 and b"not a system-call filter" in bare.stderr and not bare.stdout, bare
+
+
 def test_resource_exhaustion_is_bounded_without_the_audit_hook(boundary: Any) -> None:
     fork_bomb = "import os\nfor _ in range(10000):\n    if os.fork() == 0:\n        import time; time.sleep(30)"
     (r,) = run_python(grader(fork_bomb), [({}, {})], SandboxLimits(processes=32, wall_seconds=10, audit_hook=False))
@@ -315,7 +398,10 @@ sys.path[:0] = sys.argv[1:]
 from evaluator.sandbox import SandboxLimits, isolation, run_python
 source = '''
 def grade(s, i):
-    import os, socket
+    import ctypes, os, socket
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.unshare(0x10000000) == 0 or ctypes.get_errno() != 1:  # a user namespace: EPERM, the filter
+        return -2.0
     try:
         socket.create_connection(("127.0.0.1", 5432), 2)
         return -1.0
@@ -331,8 +417,8 @@ def test_audit_hook_mode_grades_for_a_service_user(tmp_path: Path) -> None:
     """Before: started by a user other than root, audit-hook mode ran the harness under
     `unshare -rn`, root in a user namespace of its own, where the harness refuses to run: every
     grader failed "refusing to run a python grader as root". Now `unshare -cn`: the caller's own
-    uid, no network. Run as nobody with a Python nobody may read (the system's, with this
-    environment's packages on its path)."""
+    uid, no network, and the system-call filter (no user namespace of its own). Run as nobody with a
+    Python nobody may read (the system's, with this environment's packages on its path)."""
     import shutil
     import sysconfig
 

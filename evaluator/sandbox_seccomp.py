@@ -1,0 +1,110 @@
+"""The python grader's system-call filter (seccomp), beneath its namespaces and its audit hook.
+
+A grader needs Python: files in its directory, memory, arithmetic. The calls below serve none of
+that; each opens a part of the kernel that sandbox escapes go through. New namespaces above all:
+a user namespace hands its creator every capability inside it, and with them mount, netfilter
+and the other code paths written for root. The filter answers each with EPERM (clone3, whose
+flags it cannot read, with ENOSYS, so the C library falls back to clone, whose it can), kills
+the process on a foreign architecture's calls (32-bit `int 0x80`, x32), and lets the rest through.
+
+Built here with libseccomp (pyseccomp's bindings: the library bubblewrap, Docker and systemd use),
+exported as a classic BPF program, and loaded by the harness (evaluator/sandbox_harness.py) with
+prctl(PR_SET_SECCOMP) before it drops to nobody and reads the user's code, in both sandbox modes.
+A filter cannot be removed, and no_new_privs (set with it) keeps a later exec from gaining rights.
+Modelled on Docker's default profile, which runs most of the world's containers."""
+
+from __future__ import annotations
+
+import errno
+import functools
+import tempfile
+
+from mathrl.errors import SandboxUnavailable
+
+# syscall: why a grader never needs it
+DENIED: dict[str, str] = {
+    **dict.fromkeys(("unshare", "setns"), "new or other namespaces (a user namespace gives every capability in it)"),
+    **dict.fromkeys(
+        (
+            "mount",
+            "umount2",
+            "pivot_root",
+            "chroot",
+            "move_mount",
+            "open_tree",
+            "fsopen",
+            "fsconfig",
+            "fsmount",
+            "fspick",
+        ),
+        "mounts",
+    ),
+    **dict.fromkeys(("keyctl", "add_key", "request_key"), "the kernel keyring, not namespaced"),
+    "bpf": "eBPF programs",
+    "perf_event_open": "performance counters: a side channel, and a long list of kernel bugs",
+    "userfaultfd": "page-fault handling in user space: what turns a kernel race into an exploit",
+    **dict.fromkeys(("io_uring_setup", "io_uring_enter", "io_uring_register"), "io_uring, around seccomp"),
+    **dict.fromkeys(
+        ("ptrace", "process_vm_readv", "process_vm_writev", "kcmp", "pidfd_getfd"), "other processes' memory"
+    ),
+    **dict.fromkeys(("open_by_handle_at", "name_to_handle_at"), "files by handle, past the mount namespace"),
+    **dict.fromkeys(
+        ("kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module", "reboot"), "the kernel itself"
+    ),
+    **dict.fromkeys(
+        ("swapon", "swapoff", "acct", "quotactl", "syslog", "vhangup", "iopl", "ioperm", "uselib", "sysfs", "ustat"),
+        "the machine's administration",
+    ),
+    **dict.fromkeys(
+        ("settimeofday", "clock_settime", "clock_adjtime", "adjtimex", "sethostname", "setdomainname"),
+        "the machine's clock and names",
+    ),
+    "personality": "another execution domain (READ_IMPLIES_EXEC and the like)",
+    "fanotify_init": "watching the filesystem",
+}
+# clone(2) with any of these flags makes a namespace, as unshare does
+CLONE_NAMESPACE_FLAGS = {
+    "CLONE_NEWNS": 0x00020000,
+    "CLONE_NEWCGROUP": 0x02000000,
+    "CLONE_NEWUTS": 0x04000000,
+    "CLONE_NEWIPC": 0x08000000,
+    "CLONE_NEWUSER": 0x10000000,
+    "CLONE_NEWPID": 0x20000000,
+    "CLONE_NEWNET": 0x40000000,
+}
+INSTALL_HINT = "install libseccomp (Debian: apt-get install libseccomp2; the mathrl images carry it)"
+
+
+@functools.lru_cache(maxsize=1)
+def program() -> bytes:
+    """The filter as a classic BPF program (struct sock_filter[]), for prctl(PR_SET_SECCOMP).
+    Raises SandboxUnavailable where libseccomp cannot be loaded: python graders fail closed."""
+    try:
+        import pyseccomp as seccomp
+    except (ImportError, OSError, RuntimeError) as e:  # pyseccomp raises RuntimeError without libseccomp.so
+        raise SandboxUnavailable(
+            f"the python grader's system-call filter needs libseccomp ({e}): {INSTALL_HINT}"
+        ) from e
+    f = seccomp.SyscallFilter(seccomp.ALLOW)
+    f.set_attr(seccomp.Attr.ACT_BADARCH, seccomp.KILL_PROCESS)
+    for name in DENIED:
+        f.add_rule(seccomp.ERRNO(errno.EPERM), name)
+    for flag in CLONE_NAMESPACE_FLAGS.values():  # clone's first argument on x86_64 and aarch64 alike
+        f.add_rule(seccomp.ERRNO(errno.EPERM), "clone", seccomp.Arg(0, seccomp.MASKED_EQ, flag, flag))
+    f.add_rule(seccomp.ERRNO(errno.ENOSYS), "clone3")
+    with tempfile.TemporaryFile() as out:
+        f.export_bpf(out)
+        out.seek(0)
+        bpf = out.read()
+    if not bpf or len(bpf) % 8:
+        raise SandboxUnavailable(f"libseccomp exported {len(bpf)} bytes, not a BPF program: {INSTALL_HINT}")
+    return bpf
+
+
+def available() -> str | None:
+    """None where the filter can be built here, else why not and what to install."""
+    try:
+        program()
+    except SandboxUnavailable as e:
+        return str(e)
+    return None
