@@ -96,6 +96,7 @@ class SandboxLimits:
     wall_seconds: float = 30.0
     mode: str = "kernel"  # MODES: 'kernel' (bubblewrap, else refused) or 'audit-hook' (the hook alone)
     audit_hook: bool = True  # off only in the tests that prove the kernel boundary holds by itself
+    syscall_filter: bool = True  # off only in the test that shows what the filter itself refuses
     pool_url: str | None = None  # a grading pool runs it (service/grading_pool.py), in the pool's own mode
     pool_token: str | None = None
 
@@ -208,7 +209,7 @@ def isolation(mode: str = "kernel") -> Isolation:
     if mode not in MODES:
         raise ValueError(f"python sandbox mode {mode!r}: use one of {', '.join(MODES)}")
     root = os.geteuid() == 0
-    no_filter = sandbox_seccomp.available()
+    no_filter = sandbox_seccomp.why_unavailable()
     if no_filter:
         return Isolation("none", (), "nobody", no_filter)
     if mode == "kernel":
@@ -216,6 +217,8 @@ def isolation(mode: str = "kernel") -> Isolation:
             return Isolation("none", (), "nobody", "bubblewrap (bwrap) is not installed: " + INSTALL_HINT)
         prefix = tuple(_bwrap_prefix(64))
         probe = _probe(list(prefix), INSIDE_HARNESS, NOBODY if root else None)
+        if probe and sandbox_seccomp.REFUSED in probe:
+            return Isolation("none", (), "nobody", f"{probe}: {sandbox_seccomp.LOAD_HINT}")
         if probe:
             return Isolation(
                 "none", (), "nobody", f"bubblewrap could not start a sandbox here ({probe}): {INSTALL_HINT}"
@@ -224,14 +227,20 @@ def isolation(mode: str = "kernel") -> Isolation:
     user, refused = _user(root)
     if refused:
         return Isolation("none", (), user, refused)
+    iso = Isolation("none", (), user)
     if shutil.which("unshare"):
         # without root a user namespace of its own, never root inside: the caller's uid (-c, util-linux
         # 2.38), else unmapped (nobody inside, the caller's access outside); not -r, root inside, where
         # the harness refuses to run
         for prefix in [("unshare", "-n")] if root else [("unshare", "-cn"), ("unshare", "-Un")]:
             if subprocess.run([*prefix, "true"], capture_output=True, timeout=10).returncode == 0:
-                return Isolation("unshare-net", prefix, user)
-    return Isolation("none", (), user)
+                iso = Isolation("unshare-net", prefix, user)
+                break
+    probe = _probe(list(iso.prefix), str(HARNESS), NOBODY if root else None)
+    if probe:  # the filter, most likely: the rest of this mode is the interpreter alone
+        hint = sandbox_seccomp.LOAD_HINT if sandbox_seccomp.REFUSED in probe else "see evaluator/sandbox.py"
+        return Isolation("none", (), user, f"a python grader could not start here ({probe}): {hint}")
+    return iso
 
 
 def _probe(prefix: list[str], harness: str, uid: int | None) -> str | None:
@@ -295,6 +304,7 @@ def run_python(
         },
         "uid": uid,
         "audit_hook": limits.audit_hook,
+        "syscall_filter": limits.syscall_filter,
         "seccomp": _seccomp(),
     }
     with tempfile.TemporaryDirectory(prefix="pygrader-") as home:

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from evaluator import sandbox
+from evaluator import sandbox, sandbox_seccomp
 from evaluator.sandbox import SandboxLimits, SandboxUnavailable, isolation, run_python
 from tests.helpers.api import admin_key
 
@@ -158,7 +158,7 @@ def test_the_kernel_boundary_holds_without_the_audit_hook(boundary: Any, targets
 
 
 # each call made through libc's syscall(), by number (the native architecture's, from libseccomp),
-# with arguments that would get as far as the kernel's own code: a refusal is the filter's
+# with arguments that get as far as the kernel's own code
 KERNEL_DOORS = r"""
 import ctypes, json, os, threading
 libc = ctypes.CDLL(None, use_errno=True)
@@ -172,7 +172,11 @@ t.start()
 t.join()
 raise RuntimeError("SEEN" + json.dumps(seen))
 """
-NEW_USER, NEW_NET, SIGCHLD = 0x10000000, 0x40000000, 17
+NEW_USER, NEW_NET = (
+    sandbox_seccomp.CLONE_NAMESPACE_FLAGS["CLONE_NEWUSER"],
+    sandbox_seccomp.CLONE_NAMESPACE_FLAGS["CLONE_NEWNET"],
+)
+SIGCHLD, AF_INET, AF_NETLINK, AF_VSOCK, SOCK_DGRAM, UFFD_USER_MODE_ONLY = 17, 2, 16, 40, 2, 1
 DOORS = {  # what each call would reach: (name as libseccomp knows it, arguments)
     "user namespace": ("unshare", [NEW_USER]),
     "network namespace": ("unshare", [NEW_NET]),
@@ -182,31 +186,59 @@ DOORS = {  # what each call would reach: (name as libseccomp knows it, arguments
     "io_uring": ("io_uring_setup", [1, 0]),
     "keyring": ("keyctl", [0, 0]),
     "perf": ("perf_event_open", [0, 0, -1, -1, 0]),
-    "userfaultfd": ("userfaultfd", [0]),
+    "userfaultfd": ("userfaultfd", [UFFD_USER_MODE_ONLY]),
     "ptrace": ("ptrace", [0, 0, 0, 0]),
+    "netlink socket": ("socket", [AF_NETLINK, SOCK_DGRAM, 0]),
+    "vsock socket": ("socket", [AF_VSOCK, SOCK_DGRAM, 0]),
 }
+# without the filter these reach past the kernel's permission checks on any Linux: a user namespace
+# is made where the machine allows unprivileged ones, the others fail on their (null) arguments
+REACHED_WITHOUT_THE_FILTER = ("mount", "keyring", "perf", "netlink socket")
+
+
+def _doors(limits: SandboxLimits) -> dict[str, str]:
+    import pyseccomp
+
+    def nr(name: str) -> int:
+        return int(pyseccomp.resolve_syscall(pyseccomp.Arch.NATIVE, name))
+
+    calls = {what: (nr(name), args) for what, (name, args) in DOORS.items()}
+    calls |= {
+        "clone3": (nr("clone3"), [0, 0]),
+        "getpid": (nr("getpid"), []),
+        "inet socket": (nr("socket"), [AF_INET, SOCK_DGRAM, 0]),
+    }
+    src = grader(f"CALLS = {json.dumps(calls)}\n" + KERNEL_DOORS)
+    (r,) = run_python(src, [({}, {})], limits)
+    assert r.error == "runtime" and r.detail and "SEEN" in r.detail, r
+    seen: dict[str, str] = json.loads(r.detail.split("SEEN", 1)[1])
+    print(seen)
+    return seen
 
 
 def test_the_kernels_rarer_doors_are_shut_without_the_audit_hook(boundary: Any) -> None:
     """Before the filter a grader past its hook (here: switched off) made a user namespace of its own,
     root in it with every capability, and a network namespace from there; eBPF, io_uring, the
     keyring, perf and mount reached their kernel code (EINVAL, EFAULT, ENOKEY: the kernel's own
-    answers). Now each is EPERM, clone3 is ENOSYS (threads still start, by clone), and a call of
-    another architecture (x32's numbering) kills the process."""
-    import pyseccomp
-
-    calls = {
-        what: (pyseccomp.resolve_syscall(pyseccomp.Arch.NATIVE, name), args) for what, (name, args) in DOORS.items()
-    }
-    calls["clone3"] = (pyseccomp.resolve_syscall(pyseccomp.Arch.NATIVE, "clone3"), [0, 0])
-    calls["getpid"] = (pyseccomp.resolve_syscall(pyseccomp.Arch.NATIVE, "getpid"), [])
-    src = grader(f"CALLS = {json.dumps(calls)}\n" + KERNEL_DOORS)
-    (r,) = run_python(src, [({}, {})], SandboxLimits(audit_hook=False))
-    assert r.error == "runtime" and r.detail and "SEEN" in r.detail, r
-    seen = json.loads(r.detail.split("SEEN", 1)[1])
-    print(seen)
+    answers). Now each is EPERM, as are sockets of families its network namespace does not bound,
+    clone3 is ENOSYS (threads still start, by clone), and a call of another architecture (x32's
+    numbering) kills the process. The same calls with the filter off show it is the filter that refuses."""
+    seen = _doors(SandboxLimits(audit_hook=False))
     assert {what: seen[what] for what in DOORS} == dict.fromkeys(DOORS, "Operation not permitted")
     assert seen["clone3"] == "Function not implemented" and seen["getpid"] == "ok" and seen["thread"] == "ran"
+    assert seen["inet socket"] == "ok"  # its own network namespace bounds it (the boundary test above)
+    unfiltered = _doors(SandboxLimits(audit_hook=False, syscall_filter=False))
+    assert all(unfiltered[what] != "Operation not permitted" for what in REACHED_WITHOUT_THE_FILTER), unfiltered
+    if int(Path("/proc/sys/user/max_user_namespaces").read_text()) > 0:
+        assert unfiltered["user namespace"] == "ok", unfiltered
+    # the grader's top level ran under the filter too: FIRST is read back through grade()'s error
+    (top,) = run_python(
+        f"import ctypes\nR = ctypes.CDLL(None, use_errno=True).unshare({NEW_USER}), ctypes.get_errno()\n"
+        "def grade(s, i):\n    raise RuntimeError(repr(R))\n",
+        [({}, {})],
+        SandboxLimits(audit_hook=False),
+    )
+    assert top.detail == "RuntimeError: (-1, 1)", top  # EPERM
     if os.uname().machine == "x86_64":
         x32 = "import ctypes\nctypes.CDLL(None).syscall(0x40000000 + 272, 0x10000000)"
         (killed,) = run_python(grader(x32), [({}, {})], SandboxLimits(audit_hook=False))
@@ -214,21 +246,25 @@ def test_the_kernels_rarer_doors_are_shut_without_the_audit_hook(boundary: Any) 
 
 
 def test_no_system_call_filter_means_no_python_grader(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Fails closed: without libseccomp the grader is refused with what to install, and the harness
-    itself runs nothing without a filter to load."""
-    from evaluator import sandbox_seccomp
+    """Fails closed: without libseccomp, or where the kernel refuses the filter, the grader is
+    refused with what to install or allow; the harness itself runs nothing without a filter."""
 
     def missing() -> bytes:
         raise SandboxUnavailable(f"no libseccomp.so.2 here: {sandbox_seccomp.INSTALL_HINT}")
 
-    monkeypatch.setattr(sandbox_seccomp, "program", missing)
     sandbox.isolation.cache_clear()
     try:
+        monkeypatch.setattr(sandbox_seccomp, "program", missing)
         for mode in sandbox.MODES:
             iso = isolation(mode)
             assert iso.refused and "apt-get install libseccomp2" in iso.refused, (mode, iso)
         with pytest.raises(SandboxUnavailable, match="libseccomp"):
             run_python(grader("pass"), [({}, {})], LIMITS)
+        sandbox.isolation.cache_clear()
+        monkeypatch.setattr(sandbox_seccomp, "program", lambda: bytes(8))  # one instruction, no return: EINVAL
+        iso = isolation("kernel")
+        assert iso.refused and "could not load the system-call filter: Invalid argument" in iso.refused, iso
+        assert "CONFIG_SECCOMP_FILTER" in iso.refused and "bubblewrap could not" not in iso.refused, iso
     finally:
         sandbox.isolation.cache_clear()
     request = {"source": grader("pass"), "cases": [{"sample": {}, "item": {}}], "uid": None}
@@ -400,7 +436,7 @@ source = '''
 def grade(s, i):
     import ctypes, os, socket
     libc = ctypes.CDLL(None, use_errno=True)
-    if libc.unshare(0x10000000) == 0 or ctypes.get_errno() != 1:  # a user namespace: EPERM, the filter
+    if libc.unshare(0x10000000) == 0 or ctypes.get_errno() != 1:  # CLONE_NEWUSER: EPERM, the filter
         return -2.0
     try:
         socket.create_connection(("127.0.0.1", 5432), 2)
