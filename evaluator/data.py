@@ -12,6 +12,7 @@ from urllib.parse import unquote, urlsplit
 from evaluator.benchmarks import Benchmark
 from evaluator.grading import gsm8k_gold, last_boxed
 from evaluator.problem import Problem as Problem  # the loaders' result type, where it was
+from mathrl.errors import FieldError
 
 log = logging.getLogger(__name__)
 _LEVEL = re.compile(r"Level\s*(\S+)")
@@ -49,6 +50,55 @@ def _load_rows(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 
     datasets.disable_progress_bars()
     return datasets.load_dataset(*args, **kwargs)
+
+
+FOREIGN = (
+    "names data files outside its repository, or files that do not exist: a hub dataset is read from its own "
+    "files only (its card's data_files and data_dir relative to the repository)"
+)
+_LOCAL_PATH = re.compile(r"(?:^|(?<=[\s'\"(\[=]))(?:/|~|\.\./|file:)")
+
+
+def _foreign(hub: str) -> FieldError:
+    return FieldError("dataset.hub", f"dataset.hub: the hub dataset {hub!r} {FOREIGN}")
+
+
+def _mentions_local_path(text: str) -> bool:
+    """Whether `text` names a path on this machine (past the hub's own hf:// and https:// URLs)."""
+    return bool(_LOCAL_PATH.search(re.sub(r"(?:hf|https?)://\S+", "", text)))
+
+
+def _hub_rows(hub: str, config: str | None, split: str) -> Any:
+    """`datasets.load_dataset(hub, config, split=split)` in its three steps (load_dataset_builder,
+    download_and_prepare, as_dataset), with the files it resolved checked between the first two.
+
+    A hub dataset's card (README.md's `configs`) lists its data files as glob patterns, which
+    `datasets` resolves, an absolute one on the worker's own disk. For a hub repository it then
+    refuses files outside the repository (datasets/builder.py, "Data files don't belong"), but it
+    said so only where the pattern matched, and "No (supported) data files found" where it did
+    not: a card could ask, job after job, whether `/var/lib/mathrl/artifacts/jobs/<prefix>*`
+    exists on the worker. And a hub id that is also a directory under the worker's working
+    directory is read as that directory, with no such check: its files were the caller's rows.
+    So every resolved file must be the repository's own (hf://datasets/<hub>@<commit>/...: the
+    commit the builder fixed, so the download fetches what was checked), and each of those
+    failures says the same thing, naming no path."""
+    import datasets
+    from datasets.exceptions import DataFilesNotFoundError
+
+    datasets.disable_progress_bars()
+    try:
+        builder = datasets.load_dataset_builder(hub, config)
+    except Exception as exc:
+        text = str(exc)
+        if isinstance(exc, DataFilesNotFoundError) or "don't belong" in text or _mentions_local_path(text):
+            raise _foreign(hub) from None
+        raise
+    own = f"hf://datasets/{hub}@".lower()
+    files = [str(f) for fs in (builder.config.data_files or {}).values() for f in fs]
+    if any(not f.lower().startswith(own) for f in files):
+        raise _foreign(hub)
+    builder.download_and_prepare()
+    return builder.as_dataset(split=split)
 
 
 def _meta_value(name: str, value: Any) -> Any:
@@ -113,7 +163,9 @@ def load_custom_set(ref: Any, limit: int | None = None) -> list[Problem]:
     name = custom_source(ref)
     if ref.hub is not None:
         try:
-            rows = _load_rows(*load_args(ref.hub, ref.split, ref.config, None))
+            rows = _hub_rows(ref.hub, ref.config, ref.split)
+        except FieldError:
+            raise
         except Exception as exc:  # offline, no such dataset or config, no such split
             field = "dataset.split" if "split" in str(exc).lower() and "unknown" in str(exc).lower() else "dataset.hub"
             raise ValueError(

@@ -17,7 +17,6 @@ HUB_CHECK = """
 import json, sys
 from mathrl.specs import DatasetRef
 from evaluator.data import load_custom_set
-repo, = sys.argv[1:]
 def run(**ref):
     try:
         return [p.gold for p in load_custom_set(DatasetRef.model_construct(**{"name": None, "path": None,
@@ -25,11 +24,15 @@ def run(**ref):
             "limit": None, **ref}))]
     except ValueError as exc:
         return str(exc)
+fields = {"question_field": "problem", "answer_field": "solution"}
 print(json.dumps({
-    "repo": run(hub=repo, split="test", question_field="problem", answer_field="solution"),
-    "split": run(hub=repo, split="dev", question_field="problem", answer_field="solution"),
-    "field": run(hub=repo, split="test"),
-    "offline": run(hub="openai/gsm8k", config="main", split="test"),
+    "repo": run(hub="org/set", split="test", **fields),
+    "split": run(hub="org/set", split="dev", **fields),
+    "field": run(hub="org/set", split="test"),
+    "missing": run(hub="openai/gsm8k", config="main", split="test"),
+    "leak": run(hub="attacker/leak", **fields),
+    "probe": run(hub="attacker/probe", **fields),
+    "local": run(hub="attacker/local", **fields),
 }))
 """
 
@@ -83,35 +86,64 @@ def test_math500_eval_job_stores_breakdowns_with_provenance(service: Service, ti
     assert sum(s.n for m, s in groups.items() if m.startswith("accuracy/level=")) == 6
 
 
-def test_a_hub_dataset_loads_through_datasets_and_fails_naming_the_field(tmp_path: Path) -> None:
-    """dataset.hub goes to datasets.load_dataset(hub, config, split=...), the call that fetches
-    from the hub (here: a local repository in the hub's layout, given as the id, since no hub is
-    reachable); what cannot be loaded fails naming the spec field, before any work."""
+def card(pattern: str) -> str:
+    """A dataset card (README.md) whose one config's train split is `pattern`."""
+    return f"---\nconfigs:\n- config_name: default\n  data_files:\n  - split: train\n    path: '{pattern}'\n---\n"
+
+
+def test_a_hub_dataset_loads_through_datasets_and_reads_only_its_own_files(tmp_path: Path) -> None:
+    """dataset.hub goes through `datasets`' hub code (a hub on loopback: tests/helpers/fake_hub.py),
+    and what cannot be loaded fails naming the spec field, before any work. A card is the
+    repository owner's to write. Before: a hub id that was also a directory under the worker's
+    working directory was read from there (`attacker/local`: project A's row, ['7']); a card whose
+    data_files globbed the worker's disk (`attacker/leak`: every project's eval results) was
+    refused by `datasets` only where the glob matched, and "No (supported) data files found"
+    where it did not (`attacker/probe`), which told the caller what exists on the worker. Now a
+    hub dataset is read from its own files only, and each of these says the same, naming no path."""
+    import os
     import subprocess
     import sys
 
     from tests.helpers.env import ROOT
+    from tests.helpers.fake_hub import FakeHub
 
-    repo = tmp_path / "org-set"
-    (repo / "data").mkdir(parents=True)
     rows = shared_rows("gsm8k_test.jsonl", 3)
-    (repo / "data" / "test.jsonl").write_text(
+    honest = tmp_path / "hub" / "org-set"
+    (honest / "data").mkdir(parents=True)
+    (honest / "data" / "test.jsonl").write_text(
         "".join(json.dumps({"problem": r["question"], "solution": r["answer"]}) + "\n" for r in rows)
     )
-    out = subprocess.run(
-        [sys.executable, "-c", HUB_CHECK, str(repo)],
-        cwd=ROOT,
-        env={**__import__("os").environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    other = tmp_path / "artifacts" / "jobs" / "job-of-project-a" / "eval" / "items.jsonl"
+    other.parent.mkdir(parents=True)
+    other.write_text(json.dumps({"problem": "project A's question", "solution": "#### 7"}) + "\n")
+    leak, probe = tmp_path / "hub" / "leak", tmp_path / "hub" / "probe"
+    for repo, pattern in ((leak, f"{tmp_path}/artifacts/jobs/*/eval/items.jsonl"), (probe, "/nonexistent/*.jsonl")):
+        repo.mkdir(parents=True)
+        (repo / "README.md").write_text(card(pattern))
+        (repo / "x.jsonl").write_text(json.dumps({"problem": "own", "solution": "#### 1"}) + "\n")
+    cwd = tmp_path / "worker-cwd"
+    (cwd / "attacker" / "local").mkdir(parents=True)  # a directory named like a hub id, where the worker runs
+    (cwd / "attacker" / "local" / "x.jsonl").write_text(other.read_text())
+    repos = {"org/set": honest, "attacker/leak": leak, "attacker/probe": probe}
+    with FakeHub(repos) as hub:
+        env = {**os.environ, "HF_ENDPOINT": hub.endpoint, "HF_HOME": str(tmp_path / "hf"), "PYTHONPATH": str(ROOT)}
+        env |= {"HF_HUB_OFFLINE": "0", "HF_DATASETS_OFFLINE": "0"}
+        out = subprocess.run(
+            [sys.executable, "-c", HUB_CHECK], cwd=cwd, env=env, capture_output=True, text=True, timeout=180
+        )
     assert out.returncode == 0, out.stderr[-2000:]
     got = json.loads(out.stdout.strip().splitlines()[-1])
+    print(got)
     assert got["repo"] == [r["answer"].split("####")[-1].strip() for r in rows]
+    assert any("/resolve/" in c and c.endswith("/data/test.jsonl") for c in hub.calls), hub.calls  # from the hub
     assert got["split"].startswith("dataset.split:") and "'dev'" in got["split"], got["split"]
     assert got["field"].startswith("dataset.question_field:") and "'problem'" in got["field"], got["field"]
-    assert got["offline"].startswith("dataset.hub: the hub dataset 'openai/gsm8k'"), got["offline"]
+    assert got["missing"].startswith("dataset.hub: the hub dataset 'openai/gsm8k'"), got["missing"]
+    refused = "names data files outside its repository"
+    assert isinstance(got["leak"], str) and refused in got["leak"], got["leak"]
+    assert got["probe"] == got["leak"].replace("attacker/leak", "attacker/probe"), got  # no oracle of the disk
+    assert isinstance(got["local"], str) and refused in got["local"], got["local"]  # before: ['7'] too
+    assert str(tmp_path) not in out.stdout
 
 
 def test_greedy_batches_drop_finished_rows_and_keep_generates_text(smollm2: str) -> None:

@@ -1,0 +1,107 @@
+"""A Hugging Face hub on loopback, serving dataset repositories from local folders: the routes
+`datasets` and `huggingface_hub` call to resolve a repository's card, list its files and download
+them (repository info, tree, paths-info, resolve). No hub is reachable from the tests; with
+HF_ENDPOINT pointing here, `datasets.load_dataset("org/name")` runs its real hub code path
+(HubDatasetModuleFactory: hf://datasets/org/name@<commit>/... files), which a local folder given
+as the id does not."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
+
+
+class FakeHub:
+    """`with FakeHub({"org/name": folder, ...}) as hub:` serves them at `hub.endpoint`; `hub.calls`
+    lists the requests, in order."""
+
+    def __init__(self, repos: dict[str, Path]):
+        self.repos = {repo: (Path(folder), hashlib.sha1(repo.encode()).hexdigest()) for repo, folder in repos.items()}
+        self.calls: list[str] = []
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_port}"
+
+    def __enter__(self) -> FakeHub:
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        hub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, format: str, *args: Any) -> None:
+                hub.calls.append(f"{self.command} {self.path}")
+
+            def _send(self, code: int, body: bytes = b"", headers: dict[str, str] | None = None) -> None:
+                self.send_response(code)
+                for k, v in (headers or {}).items():
+                    self.send_header(k, v)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(body)
+
+            def _json(self, obj: Any) -> None:
+                self._send(200, json.dumps(obj).encode(), {"Content-Type": "application/json"})
+
+            def _missing(self, code: str = "EntryNotFound") -> None:
+                self._send(404, b"", {"X-Error-Code": code})
+
+            def _route(self) -> None:
+                url = urlsplit(self.path)
+                parts = [unquote(p) for p in url.path.strip("/").split("/")]
+                api = parts[:2] == ["api", "datasets"]
+                repo = "/".join(parts[2:4] if api else parts[1:3])
+                if (parts[:1] != ["datasets"] and not api) or repo not in hub.repos:
+                    return self._missing("RepoNotFound")
+                folder, sha = hub.repos[repo]
+                rest = parts[4:] if api else parts[3:]
+                if (
+                    rest[1:2]
+                    and rest[0] in ("revision", "tree", "paths-info", "resolve")
+                    and rest[1] not in ("main", sha)
+                ):
+                    return self._missing("RevisionNotFound")
+
+                def entry(path: str) -> dict[str, Any]:
+                    p = folder / path
+                    if p.is_dir():
+                        return {"type": "directory", "oid": sha, "size": 0, "path": path}
+                    oid = hashlib.sha1(p.read_bytes()).hexdigest()
+                    return {"type": "file", "oid": oid, "size": p.stat().st_size, "path": path}
+
+                if api and (not rest or rest[0] == "revision"):
+                    files = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
+                    return self._json({"id": repo, "sha": sha, "private": False, "gated": False, "disabled": False,
+                                       "siblings": [{"rfilename": f} for f in files]})  # fmt: skip
+                if api and rest[0] == "tree":
+                    base = folder / "/".join(rest[2:])
+                    recursive = parse_qs(url.query).get("recursive", ["false"])[0].lower() == "true"
+                    found = base.rglob("*") if recursive else base.iterdir()
+                    return self._json([entry(str(p.relative_to(folder))) for p in sorted(found)])
+                if api and rest[0] == "paths-info":
+                    form = parse_qs(self.rfile.read(int(self.headers.get("Content-Length", 0))).decode())
+                    return self._json([entry(p) for p in form.get("paths", []) if (folder / p).exists()])
+                if not api and rest[:1] == ["resolve"]:
+                    p = folder / "/".join(rest[2:])
+                    if not p.is_file():
+                        return self._missing()
+                    body = p.read_bytes()
+                    return self._send(200, body, {"X-Repo-Commit": sha, "ETag": f'"{hashlib.sha1(body).hexdigest()}"'})
+                return self._missing()
+
+            do_GET = do_HEAD = do_POST = _route
+
+        return Handler
