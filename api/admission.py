@@ -124,11 +124,13 @@ def _roots(settings: Settings, extra: list[str]) -> list[Path]:
 
 def _service_storage(settings: Settings) -> list[Path]:
     """What a raw path may never reach, whatever the roots say: the artifact directory (every
-    project's trained models, checkpoints, results and uploaded files) and the model cache. Those
-    are reached by typed references only ('job:<id>', 'ft:...', 'file-...'), which are checked
-    against the caller's project."""
+    project's trained models, checkpoints, results and uploaded files) and the model caches, this
+    process's and the workers' (settings.sources.cache_dirs: the API's HF_HOME is not theirs, and
+    theirs holds every project's hub downloads and prepared datasets). Those are reached by typed
+    references only ('job:<id>', 'ft:...', 'file-...'), which are checked against the caller's project."""
     cache = os.environ.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface")
-    return [Path(d).expanduser().resolve() for d in (settings.artifact_dir, cache) if d]
+    dirs = (settings.artifact_dir, cache, *settings.sources.cache_dirs)
+    return [Path(d).expanduser().resolve() for d in dirs if d]
 
 
 def _refuse(pointer: str, detail: str) -> Problem:

@@ -14,6 +14,11 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?
 _JOB_REF = re.compile(r"^job:[A-Za-z0-9_-]+(@(step-\d+|latest|final))?$")
 
 
+def is_hub_id(ref: str) -> bool:
+    """'org/name' (or 'name'): what a model reference names on the hub, not a path or a job."""
+    return bool(_HUB_ID.match(ref))
+
+
 def split_job_ref(ref: str) -> tuple[str, str]:
     """The one parser of a 'job:' reference: 'job:grpo@step-200' -> ('grpo', '@step-200');
     ('', '') for anything else."""
@@ -86,7 +91,7 @@ def check_model_ref(value: str) -> str:
         raise ValueError(
             f"{value!r}: URLs are not accepted; use a hub id, a path under a configured root, or 'job:<id>'"
         )
-    if not _HUB_ID.match(value):
+    if not is_hub_id(value):
         raise ValueError(f"{value!r} is not a hub id ('org/name'), an absolute path, or 'job:<id>'")
     return value
 

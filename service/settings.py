@@ -377,6 +377,12 @@ class SourcesSettings(BaseModel):
         "directory (uploaded files included) is never reachable by a path: a project names its own files by "
         "'file-...'.",
     )
+    cache_dirs: list[str] = Field(
+        default_factory=lambda: ["/var/cache/mathrl"],
+        description="The workers' caches (HF_HOME and XDG_CACHE_HOME under /var/cache/mathrl in the images and the "
+        "chart: every project's hub downloads and prepared datasets). Never reachable by a path, like the artifact "
+        "directory; the API's own HF_HOME is never reachable either. Set it where workers keep their caches elsewhere.",
+    )
     allowed_url_prefixes: list[str] = Field(
         default_factory=list,
         description="http(s) URL prefixes a dataset path may start with; the host must also not be a private, "

@@ -30,8 +30,8 @@ from sqlalchemy import select
 
 from api.deps import Caller, SettingsDep, caller_for, required_scope
 from api.problems import Problem
-from api.submit import admit, commit_and_dispatch, job_row
-from mathrl.specs import SessionSpec
+from api.submit import admit, check_job_refs, commit_and_dispatch, job_row
+from mathrl.specs import SessionSpec, model_refs
 from mathrl.status import TERMINAL
 from service.settings import Settings
 from store.db import get_sessionmaker
@@ -242,8 +242,10 @@ def _submit(settings: Settings, project_id: str, fields: dict[str, Any], what: s
     except ValidationError as exc:
         err = exc.errors()[0]
         raise Problem.at("/" + "/".join(str(p) for p in err["loc"]), err["msg"], status=400) from None
-    config = admit({"": spec}, settings)[""]
     with get_sessionmaker(settings.database.url)() as session:
+        # another job's output ('job:', 'ft:' names): one of the project's, before admit reads its config
+        check_job_refs(session, project_id, model_refs(spec))
+        config = admit({"": spec}, settings)[""]
         job = job_row(project_id, spec, config)
         session.add(job)
         commit_and_dispatch(session, settings, project_id, [(job, f"queued on '{job.queue}' by POST /api/v1/{what}")])

@@ -1,9 +1,9 @@
-"""A Hugging Face hub on loopback, serving dataset repositories from local folders: the routes
-`datasets` and `huggingface_hub` call to resolve a repository's card, list its files and download
-them (repository info, tree, paths-info, resolve). No hub is reachable from the tests; with
-HF_ENDPOINT pointing here, `datasets.load_dataset("org/name")` runs its real hub code path
-(HubDatasetModuleFactory: hf://datasets/org/name@<commit>/... files), which a local folder given
-as the id does not."""
+"""A Hugging Face hub on loopback, serving dataset and model repositories from local folders: the
+routes `datasets`, `transformers` and `huggingface_hub` call to resolve a repository, list its
+files and download them (repository info, tree, paths-info, resolve). No hub is reachable from
+the tests; with HF_ENDPOINT pointing here, `datasets.load_dataset("org/name")` and
+`from_pretrained("org/name")` run their real hub code paths (datasets' HubDatasetModuleFactory:
+hf://datasets/org/name@<commit>/... files), which a local folder given as the id does not."""
 
 from __future__ import annotations
 
@@ -17,11 +17,14 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 
 class FakeHub:
-    """`with FakeHub({"org/name": folder, ...}) as hub:` serves them at `hub.endpoint`; `hub.calls`
-    lists the requests, in order."""
+    """`with FakeHub(datasets={"org/name": folder}, models={...}) as hub:` serves them at
+    `hub.endpoint`; `hub.calls` lists the requests, in order."""
 
-    def __init__(self, repos: dict[str, Path]):
-        self.repos = {repo: (Path(folder), hashlib.sha1(repo.encode()).hexdigest()) for repo, folder in repos.items()}
+    def __init__(self, datasets: dict[str, Path] | None = None, models: dict[str, Path] | None = None):
+        named = {f"datasets/{r}": f for r, f in (datasets or {}).items()} | {
+            f"models/{r}": f for r, f in (models or {}).items()
+        }
+        self.repos = {repo: (Path(folder), hashlib.sha1(repo.encode()).hexdigest()) for repo, folder in named.items()}
         self.calls: list[str] = []
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
 
@@ -62,12 +65,16 @@ class FakeHub:
             def _route(self) -> None:
                 url = urlsplit(self.path)
                 parts = [unquote(p) for p in url.path.strip("/").split("/")]
-                api = parts[:2] == ["api", "datasets"]
-                repo = "/".join(parts[2:4] if api else parts[1:3])
-                if (parts[:1] != ["datasets"] and not api) or repo not in hub.repos:
+                api = parts[:1] == ["api"]
+                if api:  # /api/{datasets,models}/org/name/...
+                    repo, rest = "/".join(parts[1:4]), parts[4:]
+                elif parts[:1] == ["datasets"]:  # /datasets/org/name/resolve/...
+                    repo, rest = "/".join(parts[0:3]), parts[3:]
+                else:  # /org/name/resolve/...: a model's
+                    repo, rest = "models/" + "/".join(parts[0:2]), parts[2:]
+                if repo not in hub.repos:
                     return self._missing("RepoNotFound")
                 folder, sha = hub.repos[repo]
-                rest = parts[4:] if api else parts[3:]
                 if (
                     rest[1:2]
                     and rest[0] in ("revision", "tree", "paths-info", "resolve")
@@ -84,8 +91,8 @@ class FakeHub:
 
                 if api and (not rest or rest[0] == "revision"):
                     files = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
-                    return self._json({"id": repo, "sha": sha, "private": False, "gated": False, "disabled": False,
-                                       "siblings": [{"rfilename": f} for f in files]})  # fmt: skip
+                    info = {"id": repo.split("/", 1)[1], "sha": sha, "private": False, "gated": False}
+                    return self._json({**info, "disabled": False, "siblings": [{"rfilename": f} for f in files]})
                 if api and rest[0] == "tree":
                     base = folder / "/".join(rest[2:])
                     recursive = parse_qs(url.query).get("recursive", ["false"])[0].lower() == "true"

@@ -125,7 +125,7 @@ def test_a_hub_dataset_loads_through_datasets_and_reads_only_its_own_files(tmp_p
     (cwd / "attacker" / "local").mkdir(parents=True)  # a directory named like a hub id, where the worker runs
     (cwd / "attacker" / "local" / "x.jsonl").write_text(other.read_text())
     repos = {"org/set": honest, "attacker/leak": leak, "attacker/probe": probe}
-    with FakeHub(repos) as hub:
+    with FakeHub(datasets=repos) as hub:
         env = {**os.environ, "HF_ENDPOINT": hub.endpoint, "HF_HOME": str(tmp_path / "hf"), "PYTHONPATH": str(ROOT)}
         env |= {"HF_HUB_OFFLINE": "0", "HF_DATASETS_OFFLINE": "0"}
         out = subprocess.run(

@@ -69,6 +69,41 @@ def test_a_raw_path_never_reaches_another_projects_models_or_files(app_client: A
     assert r.status_code == 422 and r.json()["errors"][0]["pointer"] == "/load", r.text
 
 
+def test_a_raw_path_never_reaches_the_workers_cache(app_client: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The workers keep their hub downloads and prepared datasets (every project's) under
+    /var/cache/mathrl (HF_HOME in the images and the chart), not under the API's HF_HOME, which
+    was the only cache the API guarded: under a model root, a raw path reached theirs."""
+    settings = get_settings()
+    cache = Path(settings.artifact_dir).resolve().parent / "worker-cache"  # under a model root, as a mount might be
+    snapshot = cache / "huggingface" / "hub" / "models--org--private" / "snapshots" / "0"
+    snapshot.mkdir(parents=True, exist_ok=True)
+    (snapshot / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
+    monkeypatch.setattr(settings.sources, "cache_dirs", [*settings.sources.cache_dirs, str(cache)])
+    r = app_client.post("/v1/jobs", json=parked_eval(model=str(snapshot)), headers=admin_key(app_client))
+    assert r.status_code == 422 and "service's own storage" in r.json()["detail"], r.text  # before: 201
+    assert "/var/cache/mathrl" in type(settings.sources)().cache_dirs  # the images' and the chart's
+
+
+def test_a_tinker_model_on_another_projects_job_is_refused_at_submit(app_client: Any) -> None:
+    """Before: POST /api/v1/create_model took `base_model: job:<another project's job>` (or its ft:
+    name) and made a session job; only the worker refused it, and the API's memory plan read that
+    job's model config first. Now the same 422 as /v1/jobs gives, and no job is made."""
+    a, b = admin_key(app_client), admin_key(app_client)
+    ids = make_objects(app_client, a)
+    _stored_model(Path(get_settings().artifact_dir).resolve(), ids["job_id"])
+    answers = {}
+    for who, name in ((b, "b"), (a, "a")):
+        tinker = {"X-API-Key": "tml-" + who["Authorization"].removeprefix("Bearer ")}
+        session = app_client.post("/api/v1/create_session", json={"tags": []}, headers=tinker).json()["session_id"]
+        body = {"session_id": session, "base_model": f"job:{ids['job_id']}", "model_seq_id": 0}
+        answers[name] = app_client.post("/api/v1/create_model", json=body, headers=tinker)
+    refused, owner = answers["b"], answers["a"]
+    assert refused.status_code == 422, refused.text
+    assert refused.json()["errors"][0]["pointer"] == "/model" and ids["job_id"] in refused.json()["detail"]
+    assert project_jobs(app_client, b) == []
+    assert owner.status_code == 200 and owner.json()["model_id"], owner.text  # a session job on its own model
+
+
 def test_path_refusals_name_no_server_path(app_client: Any, tmp_path: Path) -> None:
     settings = get_settings()
     server_paths = [
