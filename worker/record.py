@@ -130,9 +130,18 @@ def report_stale(url: str, job_id: str, owner: str, attempt: int, out: Path) -> 
     )
 
 
-def report_server_exit(url: str, job_id: str, server: Any, out: Path) -> None:
-    """The server's exit code and the tail of its log, as the job's error and in its events."""
+def report_server_exit(url: str, job_id: str, server: Any, out: Path, shared: bool = False) -> None:
+    """The server's exit code and the tail of its log, as the job's error and in its events. A
+    `shared` one (the worker's warm engine, worker/warm_engine.py) served other jobs, other
+    projects' among them, and its log holds their models' paths: the job gets its exit code only."""
     code = server.exited()
+    if shared:
+        said = (
+            f"the worker's shared vLLM engine exited with code {code} (its log is the operator's: other jobs used it)"
+        )
+        AttemptDir(out).write_error(said)
+        event(url, job_id, "vllm_server", said, {"code": code}, "error")
+        return
     AttemptDir(out).write_error(
         f"the job's vLLM server exited with code {code}; its log ends: ...{server.log_tail(600)}"
     )

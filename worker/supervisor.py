@@ -101,7 +101,8 @@ def _run_attempt(
     held: list[warm_engine.WarmEngine] = []  # idle engines kept through a CPU job (worker/warm_engine.py)
     if spec is not None and wants_warm_engine(spec, settings):
         try:
-            acquired = _warm_engine(settings, spec, project_id, out / "vllm-engine.log", job_id)
+            engine_log = warm_engine.log_path(settings.artifact_dir, job_id)  # the worker's, not this job's
+            acquired = _warm_engine(settings, spec, project_id, engine_log, job_id)
         except Exception as exc:  # a model ref that does not resolve: the job fails with it
             AttemptDir(out).write_error(f"starting the vLLM engine failed: {type(exc).__name__}: {exc}")
             return record_end(settings, job_id, owner, EXIT_ERROR, False, log_path)
@@ -138,7 +139,8 @@ def _run_attempt(
         job = start_job(settings, cmd, env, log_path)
         how = "forked" if isinstance(job, ForkedJob) else "started"
         log.info("job %s attempt %d: process %d %s, %s, log %s", job_id, attempt, job.pid, how, describe(cmd), log_path)
-        return watch(settings, job_id, owner, job, out, attempt, server)
+        shared = engine is not None and server is engine.server
+        return watch(settings, job_id, owner, job, out, attempt, server, shared)
     finally:
         for kept in held:
             warm_engine.release(kept, settings)

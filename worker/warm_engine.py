@@ -224,6 +224,15 @@ def server_command(
     return cmd
 
 
+def log_path(artifact_dir: str | Path, job_id: str) -> Path:
+    """Where an engine started for `job_id` logs: the worker's engines/ folder, not the job's own.
+    The engine outlives the job and serves other projects' jobs, whose models' paths it logs
+    (and reloads name), and a job's folder is its project's to read."""
+    folder = Path(artifact_dir).resolve() / "engines"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / f"vllm-{job_id}.log"
+
+
 def acquire(
     settings: Any, model_path: str, dtype: str, gpus: list[str], log_path: Path, preexec: Any, lora_rank: int = 0,
     start: bool = True,

@@ -30,7 +30,14 @@ POLL_SECONDS = 0.5  # how soon the supervisor sees its job exit or its worker sh
 
 
 def watch(
-    settings: Settings, job_id: str, owner: str, job: JobHandle, out: Path, attempt: int, server: Any = None
+    settings: Settings,
+    job_id: str,
+    owner: str,
+    job: JobHandle,
+    out: Path,
+    attempt: int,
+    server: Any = None,
+    shared_server: bool = False,
 ) -> str:
     """Watch the attempt to its end and record it; the job's final status ('lost': another attempt
     has it, 'drained': back in the queue)."""
@@ -66,7 +73,7 @@ def watch(
             log.warning("heartbeat for %s failed (%s); retrying", job_id, type(exc).__name__)
             continue
         if server is not None and server.exited() is not None:
-            report_server_exit(url, job_id, server, out)
+            report_server_exit(url, job_id, server, out, shared_server)
             server_reported = True
             job.stop(w.cancel_grace_seconds)
             code = EXIT_ERROR
@@ -85,7 +92,7 @@ def watch(
             request_drain(url, job_id, owner, out, w.drain_seconds, paused=True)
     job.end()
     if server is not None and not server_reported and code != EXIT_OK and server.exited() is not None:
-        report_server_exit(url, job_id, server, out)  # the job failed because its server went away
+        report_server_exit(url, job_id, server, out, shared_server)  # the job failed because its server went away
     code = job_exit_code(code, out) if not server_reported else code
     if drain_since is None and code == EXIT_DRAINED and not cancelled:
         drain_since = time.monotonic()  # the job read its pause from the job row before this loop did
