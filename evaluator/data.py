@@ -53,8 +53,8 @@ def _load_rows(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 
 
 FOREIGN = (
-    "names data files outside its repository, or files that do not exist: a hub dataset is read from its own "
-    "files only (its card's data_files and data_dir relative to the repository)"
+    "names data files outside its repository: a hub dataset is read from its own files only (its card's "
+    "data_files and data_dir relative to the repository)"
 )
 _LOCAL_PATH = re.compile(r"(?:^|(?<=[\s'\"(\[=]))(?:/|~|\.\./|file:)")
 
@@ -68,29 +68,86 @@ def _mentions_local_path(text: str) -> bool:
     return bool(_LOCAL_PATH.search(re.sub(r"(?:hf|https?)://\S+", "", text)))
 
 
+def _strings(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for v in value.values() for s in _strings(v)]
+    if isinstance(value, list | tuple):
+        return [s for v in value for s in _strings(v)]
+    return []
+
+
+def _own_path(pattern: str) -> bool:
+    """A pattern `datasets` resolves inside the repository: relative, no '..', no protocol or chain."""
+    p = pattern.strip()
+    return (
+        bool(p)
+        and not p.startswith(("/", "~", "\\"))
+        and "://" not in p
+        and "::" not in p
+        and (".." not in re.split(r"[/\\]", p))
+        and not re.match(r"^[A-Za-z]:", p)
+    )
+
+
+def _checked_revision(hub: str) -> str | None:
+    """The repository's head commit, once its card (README.md's `configs`, and the standalone
+    .huggingface.yaml `datasets` merges into it) names only paths inside the repository, in every
+    config, before `datasets` globs anything. None where the hub cannot be asked (offline: `datasets`
+    then serves only what it prepared before). Raises the FOREIGN refusal otherwise."""
+    import yaml
+    from datasets.utils.metadata import MetadataConfigs
+    from huggingface_hub import DatasetCard, DatasetCardData, HfApi, hf_hub_download
+    from huggingface_hub.errors import EntryNotFoundError, OfflineModeIsEnabled
+
+    try:
+        sha = HfApi().dataset_info(hub).sha
+    except OfflineModeIsEnabled:
+        return None
+    if sha is None:
+        return None
+    card: dict[str, Any] = {}
+    for name in ("README.md", ".huggingface.yaml"):
+        try:
+            path = hf_hub_download(hub, name, repo_type="dataset", revision=sha)
+        except EntryNotFoundError:
+            continue
+        if name == "README.md":
+            card.update(DatasetCard.load(path).data.to_dict())
+        else:
+            with open(path, encoding="utf-8") as f:
+                card.update(yaml.safe_load(f) or {})
+    configs = MetadataConfigs.from_dataset_card_data(DatasetCardData(**card))
+    patterns = [s for params in configs.values() for k in ("data_files", "data_dir") for s in _strings(params.get(k))]
+    if not all(_own_path(p) for p in patterns):
+        raise _foreign(hub)
+    return str(sha)
+
+
 def _hub_rows(hub: str, config: str | None, split: str) -> Any:
     """`datasets.load_dataset(hub, config, split=split)` in its three steps (load_dataset_builder,
-    download_and_prepare, as_dataset), with the files it resolved checked between the first two.
+    download_and_prepare, as_dataset), its card checked before the first, its files between the
+    first two.
 
-    A hub dataset's card (README.md's `configs`) lists its data files as glob patterns, which
-    `datasets` resolves, an absolute one on the worker's own disk. For a hub repository it then
-    refuses files outside the repository (datasets/builder.py, "Data files don't belong"), but it
-    said so only where the pattern matched, and "No (supported) data files found" where it did
-    not: a card could ask, job after job, whether `/var/lib/mathrl/artifacts/jobs/<prefix>*`
-    exists on the worker. And a hub id that is also a directory under the worker's working
-    directory is read as that directory, with no such check: its files were the caller's rows.
-    So every resolved file must be the repository's own (hf://datasets/<hub>@<commit>/...: the
-    commit the builder fixed, so the download fetches what was checked), and each of those
-    failures says the same thing, naming no path."""
+    A hub dataset's card (README.md's `configs`) lists its data files as glob patterns, and
+    `datasets` resolves an absolute one on the worker's own disk. For a hub repository it then
+    refuses files outside the repository (datasets/builder.py, "Data files don't belong"), but only
+    where the glob matched, and only for the config asked for: what the worker's disk holds
+    (`/var/lib/mathrl/artifacts/jobs/<prefix>*`) showed in which answer a job got. So the card is
+    read first, at the repository's head commit, and a pattern that could leave the repository is
+    refused before anything is globbed; the builder then loads that commit. And a hub id that is
+    also a directory under the worker's working directory is read as that directory, with no such
+    check: every resolved file must be the repository's own (hf://datasets/<hub>@<commit>/...)."""
     import datasets
-    from datasets.exceptions import DataFilesNotFoundError
 
     datasets.disable_progress_bars()
+    revision = _checked_revision(hub)
     try:
-        builder = datasets.load_dataset_builder(hub, config)
+        builder = datasets.load_dataset_builder(hub, config, revision=revision)
     except Exception as exc:
         text = str(exc)
-        if isinstance(exc, DataFilesNotFoundError) or "don't belong" in text or _mentions_local_path(text):
+        if "don't belong" in text or (isinstance(exc, FileNotFoundError) and _mentions_local_path(text)):
             raise _foreign(hub) from None
         raise
     own = f"hf://datasets/{hub}@".lower()

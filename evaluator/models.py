@@ -61,6 +61,33 @@ def resolve_dtype(dtype: str, on_gpu: bool) -> str:
     return "bfloat16" if on_gpu else "float32"
 
 
+def check_loaded_from_hub(ref: str, *models: Any) -> None:
+    """Raise RefError where a hub id's load gave a model from anywhere but the hub.
+
+    transformers loads a hub repository holding adapter_config.json by loading the base that file
+    names, `base_model_name_or_path`, which may be any path on the worker: another project's
+    fine-tuned model under the artifact directory. worker/refs.check_hub_adapter refuses such a
+    repository when the job resolves its model; the repository's owner can change it after that
+    check and before a load (a window the job's own data can lengthen). So each load is checked
+    too, by what it loaded (the model's name_or_path, the base it followed), before the model
+    serves a token. Called after every load of a model reference: load_model, the reward scorer,
+    and TRL's trainers (the policy and its reference model)."""
+    from mathrl.errors import RefError
+    from mathrl.modelref import is_hub_id
+
+    if not is_hub_id(ref):
+        return
+    for model in models:
+        if model is None:
+            continue
+        loaded = getattr(model, "name_or_path", None) or getattr(getattr(model, "config", None), "_name_or_path", None)
+        if isinstance(loaded, str) and loaded and not is_hub_id(loaded):
+            raise RefError(
+                f"{ref}: the hub repository loaded a base that is not a hub model (its adapter_config.json names "
+                "a path): a hub model loads from the hub only"
+            )
+
+
 def load_model(ref: str, dtype: str = "auto", device: str | None = None) -> Any:
     import torch
     from transformers import AutoModelForCausalLM
@@ -72,6 +99,7 @@ def load_model(ref: str, dtype: str = "auto", device: str | None = None) -> Any:
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     torch_dtype = getattr(torch, resolve_dtype(dtype, on_gpu=device.startswith("cuda")))
     model: Any = AutoModelForCausalLM.from_pretrained(str(path) if path.exists() else ref, dtype=torch_dtype, **kwargs)
+    check_loaded_from_hub(ref, model)
     model.to(device)
     model.eval()
     return model

@@ -5,7 +5,8 @@ that; each opens a part of the kernel that sandbox escapes go through. New names
 a user namespace hands its creator every capability inside it, and with them mount, netfilter
 and the other code paths written for root. The filter answers each with EPERM (clone3, whose
 flags it cannot read, with ENOSYS, so the C library falls back to clone, whose it can), refuses
-sockets but of the families a grader's own network namespace bounds (unix, IPv4, IPv6), kills
+sockets but unix, IPv4 and IPv6 (the last two bounded by the grader's own network namespace;
+unix ones by its filesystem, which in kernel mode holds no socket of the machine's), kills
 the process on a foreign architecture's calls (32-bit `int 0x80`, x32), and lets the rest through.
 
 A deny list, where Docker's default profile is an allow list: an allow list has to follow every
@@ -97,7 +98,9 @@ CLONE_NAMESPACE_FLAGS = {
 # every architecture but alpha
 NEWER_DENIED = {467: "open_tree_attr: mounts"}
 # socket(2) families a grader may open: its own network namespace (bubblewrap's, or unshare -n)
-# bounds these; the rest (netlink, packet, vsock, tipc, rds, alg, ...) are kernel surface only
+# bounds IPv4 and IPv6 and abstract unix sockets, bubblewrap's filesystem the unix sockets with a path
+# (audit-hook mode has no such filesystem: one reason it is for single-user installs); the rest
+# (netlink, packet, vsock, tipc, rds, alg, ...) are kernel surface only
 SOCKET_FAMILIES = {"AF_UNIX": 1, "AF_INET": 2, "AF_INET6": 10}
 REFUSED = "could not load the system-call filter"  # what the harness says where the kernel refuses it
 LOAD_HINT = (

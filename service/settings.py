@@ -379,9 +379,9 @@ class SourcesSettings(BaseModel):
     )
     cache_dirs: list[str] = Field(
         default_factory=lambda: ["/var/cache/mathrl"],
-        description="The workers' caches (HF_HOME and XDG_CACHE_HOME under /var/cache/mathrl in the images and the "
-        "chart: every project's hub downloads and prepared datasets). Never reachable by a path, like the artifact "
-        "directory; the API's own HF_HOME is never reachable either. Set it where workers keep their caches elsewhere.",
+        description="The workers' caches (HF_HOME, the Triton and vLLM caches under /var/cache/mathrl in the images "
+        "and the chart: every project's hub downloads and prepared datasets). Never reachable by a path, like the "
+        "artifact directory; nor is the API's own HF_HOME. Set it where workers keep theirs elsewhere.",
     )
     allowed_url_prefixes: list[str] = Field(
         default_factory=list,

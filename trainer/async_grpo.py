@@ -170,6 +170,8 @@ def build_async_trainer(
     import torch
     from trl.experimental.async_grpo import AsyncGRPOTrainer
 
+    from evaluator.models import check_loaded_from_hub
+
     use_cpu = not torch.cuda.is_available()
     args = async_args(config, out_dir, use_cpu, server_url)
     args.reward_weights = weights
@@ -186,6 +188,7 @@ def build_async_trainer(
         callbacks=callbacks,
         peft_config=peft_config,
     )
+    check_loaded_from_hub(model_path, trainer.model, getattr(trainer, "ref_model", None))
     sink.event(
         "generation",
         f"async GRPO (experimental) on the job's vLLM server, max_staleness "

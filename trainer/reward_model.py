@@ -21,7 +21,7 @@ from evaluator.backends import HF, Backend, BackendOptions, backend
 from evaluator.data import Problem
 from evaluator.grading import grade
 from evaluator.metrics import maj_at_k, wilson_interval
-from evaluator.models import load_tokenizer
+from evaluator.models import check_loaded_from_hub, load_tokenizer
 from mathrl.errors import StopRequested
 from mathrl.specs import RewardModelSpec
 from runtime.processes import is_main
@@ -214,6 +214,7 @@ def _train_outcome(
         callbacks=[callback := SinkCallback(sink, sample_every=10**9)],
     )
     model: Any = trainer.model  # a PreTrainedModel (TRL types it as any torch module, or None)
+    check_loaded_from_hub(model_path, model)
     if model.config.pad_token_id is None:
         model.config.pad_token_id = tok.pad_token_id
     trainer.train()
@@ -234,6 +235,7 @@ def _train_process(
 
     tok = load_tokenizer(model_path)
     model = AutoModelForTokenClassification.from_pretrained(model_path, num_labels=2, dtype=torch.float32)
+    check_loaded_from_hub(model_path, model)
     if model.config.pad_token_id is None:
         model.config.pad_token_id = tok.pad_token_id
 

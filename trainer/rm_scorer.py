@@ -22,10 +22,13 @@ class RewardModelScorer:
         import torch
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+        from evaluator.models import check_loaded_from_hub
+
         self._tok = AutoTokenizer.from_pretrained(self.model_path)
         if self._tok.pad_token is None:
             self._tok.pad_token = self._tok.eos_token
         self._model = AutoModelForSequenceClassification.from_pretrained(self.model_path, dtype=torch.float32)
+        check_loaded_from_hub(self.model_path, self._model)
         self._model.eval()
 
     def __call__(self, prompts: Sequence[str], completions: Sequence[str]) -> list[float]:

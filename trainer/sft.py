@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from evaluator import prompts
-from evaluator.models import load_tokenizer
+from evaluator.models import check_loaded_from_hub, load_tokenizer
 from mathrl.errors import StopRequested
 from mathrl.specs import SFTSpec
 from mathrl.specs.resolved import ResolvedSFT
@@ -117,6 +117,7 @@ def run_sft(
         peft_config=peft_config,
         callbacks=([heldout] if heldout else []) + [callback],
     )
+    check_loaded_from_hub(model_path, trainer.model)
     if heldout is not None:
         heldout.trainer = trainer
     save_checkpoints_atomically(trainer)

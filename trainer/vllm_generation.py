@@ -26,6 +26,7 @@ from trl import GRPOTrainer
 from trl.generation.vllm_generation import VLLMGeneration
 
 from evaluator.backends.vllm import BATCHED_TOKENS
+from evaluator.models import check_loaded_from_hub
 from evaluator.vllm_reload import retie_lm_head
 
 
@@ -238,6 +239,8 @@ class TimedGRPOTrainer(GRPOTrainer):
         )
         with _generation_class(cls):
             super().__init__(args=args, **kwargs)
+        if isinstance(kwargs.get("model"), str):  # TRL loaded it, and its reference model, from this id
+            check_loaded_from_hub(kwargs["model"], self.model, getattr(self, "ref_model", None))
 
     def _generate_single_turn(self, prompt_ids: Any, *args: Any, **kwargs: Any) -> Any:
         return self._timed_generation(super()._generate_single_turn, prompt_ids, *args, **kwargs)

@@ -16,14 +16,15 @@ from store.models import Checkpoint, Job
 def check_hub_adapter(ref: str) -> None:
     """Refuse a hub repository that is a LoRA adapter on a base that is not a hub model.
 
-    transformers loads an adapter repository (adapter_config.json, no config.json) by loading
-    the base its config names, `base_model_name_or_path`, and that may be any path on the worker:
-    a repository of the caller's own with a zero adapter on
+    transformers loads a hub repository holding adapter_config.json (with or without a
+    config.json) by loading the base that file names, `base_model_name_or_path`, and that may be
+    any path on the worker: a repository of the caller's own with a zero adapter on
     /var/lib/mathrl/artifacts/jobs/<another project's job>/train/final gave the caller that
     project's fine-tuned model to sample, evaluate and train, past every check a path meets at
-    submit. Its base must be a hub id too. Found with transformers' own lookup, when the job
-    resolves the reference: a repository changed between this and the load (seconds later) is
-    loaded as changed, a race its owner would have to win."""
+    submit. Its base must be a hub id too. This is the early answer, when the job resolves its
+    model (a repository that cannot be read now fails here, as its load would); its owner can
+    change it afterwards, so every load checks what it loaded too
+    (evaluator.models.check_loaded_from_hub)."""
     from transformers.utils.peft_utils import find_adapter_config_file
 
     try:

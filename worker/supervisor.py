@@ -239,9 +239,10 @@ def _warm_engine(
         return None
     engine, came = acquired
     how = {
-        "reused": f"reused this worker's warm vLLM engine (job {engine.jobs} on it)",
+        # no count of the jobs before this one on the engine: other projects' among them, theirs to know
+        "reused": "reused this worker's warm vLLM engine",
         "reloaded": f"loaded this model's weights into this worker's warm vLLM engine of the same model family in "
-        f"{engine.reload_seconds or 0:.1f} s instead of starting one (job {engine.jobs} on it)",
+        f"{engine.reload_seconds or 0:.1f} s instead of starting one",
         "started": "started a vLLM engine",
     }[came]
     event(
@@ -257,7 +258,6 @@ def _warm_engine(
             "reused": came != "started",
             "how": came,
             "reload_seconds": engine.reload_seconds if came == "reloaded" else None,
-            "jobs": engine.jobs,
             "adapter": adapter.path if adapter else None,
         },
     )

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import re
 from typing import Literal
 
 from pydantic import Field, model_validator
 
 from mathrl.errors import FieldError
+from mathrl.modelref import is_hub_id
 from mathrl.specs.base import MAX_SEED, StrictModel
 
 DEFAULT_MAX_NEW_TOKENS = 512
@@ -79,11 +79,8 @@ class DatasetRef(StrictModel):
             )
         if self.format == "messages" and self.name is not None:
             raise FieldError("format", "'messages' is for a user's file (path or file), not a registered dataset")
-        if self.hub is not None and (self.hub.startswith(("/", ".", "~")) or not _HUB_DATASET.match(self.hub)):
+        if self.hub is not None and (self.hub.startswith(("/", ".", "~")) or not is_hub_id(self.hub)):
             raise FieldError("hub", f"{self.hub!r} is not a hub dataset id: write 'org/name' (a file goes in 'path')")
         if self.config is not None and self.hub is None:
             raise FieldError("config", "'config' is for a hub dataset: remove it or give 'hub'")
         return self
-
-
-_HUB_DATASET = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")

@@ -16,6 +16,15 @@ from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 
+def commit(repo: str, folder: Path) -> str:
+    """The repository's head commit: a hash of its files, so changing a file makes a new commit."""
+    h = hashlib.sha1(repo.encode())
+    for p in sorted(folder.rglob("*")):
+        if p.is_file():
+            h.update(str(p.relative_to(folder)).encode() + hashlib.sha1(p.read_bytes()).digest())
+    return h.hexdigest()
+
+
 class FakeHub:
     """`with FakeHub(datasets={"org/name": folder}, models={...}) as hub:` serves them at
     `hub.endpoint`; `hub.calls` lists the requests, in order."""
@@ -24,7 +33,7 @@ class FakeHub:
         named = {f"datasets/{r}": f for r, f in (datasets or {}).items()} | {
             f"models/{r}": f for r, f in (models or {}).items()
         }
-        self.repos = {repo: (Path(folder), hashlib.sha1(repo.encode()).hexdigest()) for repo, folder in named.items()}
+        self.repos = {repo: Path(folder) for repo, folder in named.items()}
         self.calls: list[str] = []
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
 
@@ -74,7 +83,8 @@ class FakeHub:
                     repo, rest = "models/" + "/".join(parts[0:2]), parts[2:]
                 if repo not in hub.repos:
                     return self._missing("RepoNotFound")
-                folder, sha = hub.repos[repo]
+                folder = hub.repos[repo]
+                sha = commit(repo, folder)  # a new commit whenever the folder's files change
                 if (
                     rest[1:2]
                     and rest[0] in ("revision", "tree", "paths-info", "resolve")
@@ -95,6 +105,8 @@ class FakeHub:
                     return self._json({**info, "disabled": False, "siblings": [{"rfilename": f} for f in files]})
                 if api and rest[0] == "tree":
                     base = folder / "/".join(rest[2:])
+                    if not base.is_dir():
+                        return self._missing()
                     recursive = parse_qs(url.query).get("recursive", ["false"])[0].lower() == "true"
                     found = base.rglob("*") if recursive else base.iterdir()
                     return self._json([entry(str(p.relative_to(folder))) for p in sorted(found)])

@@ -32,6 +32,8 @@ print(json.dumps({
     "missing": run(hub="openai/gsm8k", config="main", split="test"),
     "leak": run(hub="attacker/leak", **fields),
     "probe": run(hub="attacker/probe", **fields),
+    "beside": run(hub="attacker/beside", **fields),
+    "second": run(hub="attacker/second", **fields),
     "local": run(hub="attacker/local", **fields),
 }))
 """
@@ -86,9 +88,14 @@ def test_math500_eval_job_stores_breakdowns_with_provenance(service: Service, ti
     assert sum(s.n for m, s in groups.items() if m.startswith("accuracy/level=")) == 6
 
 
-def card(pattern: str) -> str:
-    """A dataset card (README.md) whose one config's train split is `pattern`."""
-    return f"---\nconfigs:\n- config_name: default\n  data_files:\n  - split: train\n    path: '{pattern}'\n---\n"
+def card(*patterns: str, second: str | None = None) -> str:
+    """A dataset card (README.md) whose default config's train split is `patterns`, and, with
+    `second`, a second config whose train split is that."""
+    paths = "".join(f"\n    - '{p}'" for p in patterns)
+    text = f"---\nconfigs:\n- config_name: default\n  data_files:\n  - split: train\n    path:{paths}\n"
+    if second is not None:
+        text += f"- config_name: other\n  data_files:\n  - split: train\n    path: '{second}'\n"
+    return text + "---\n"
 
 
 def test_a_hub_dataset_loads_through_datasets_and_reads_only_its_own_files(tmp_path: Path) -> None:
@@ -98,8 +105,11 @@ def test_a_hub_dataset_loads_through_datasets_and_reads_only_its_own_files(tmp_p
     working directory was read from there (`attacker/local`: project A's row, ['7']); a card whose
     data_files globbed the worker's disk (`attacker/leak`: every project's eval results) was
     refused by `datasets` only where the glob matched, and "No (supported) data files found"
-    where it did not (`attacker/probe`), which told the caller what exists on the worker. Now a
-    hub dataset is read from its own files only, and each of these says the same, naming no path."""
+    where it did not (`attacker/probe`); a miss beside the card's own file was dropped and the rows
+    came back (`attacker/beside`), and another config than the one asked for was never globbed
+    (`attacker/second`): which told the caller what exists on the worker. Now the card is read
+    first and a path out of the repository is refused before anything is globbed, the same answer
+    whatever the disk holds, naming no path."""
     import os
     import subprocess
     import sys
@@ -116,16 +126,23 @@ def test_a_hub_dataset_loads_through_datasets_and_reads_only_its_own_files(tmp_p
     other = tmp_path / "artifacts" / "jobs" / "job-of-project-a" / "eval" / "items.jsonl"
     other.parent.mkdir(parents=True)
     other.write_text(json.dumps({"problem": "project A's question", "solution": "#### 7"}) + "\n")
-    leak, probe = tmp_path / "hub" / "leak", tmp_path / "hub" / "probe"
-    for repo, pattern in ((leak, f"{tmp_path}/artifacts/jobs/*/eval/items.jsonl"), (probe, "/nonexistent/*.jsonl")):
+    glob = f"{tmp_path}/artifacts/jobs/*/eval/items.jsonl"
+    cards = {
+        "leak": card(glob),
+        "probe": card("/nonexistent/*.jsonl"),
+        "beside": card("x.jsonl", "/nonexistent/*.jsonl"),  # a miss beside its own file was dropped: rows came back
+        "second": card("x.jsonl", second=glob),  # another config than the one asked for: globbed only when asked
+    }
+    repos = {}
+    for name, text in cards.items():
+        repo = repos[f"attacker/{name}"] = tmp_path / "hub" / name
         repo.mkdir(parents=True)
-        (repo / "README.md").write_text(card(pattern))
+        (repo / "README.md").write_text(text)
         (repo / "x.jsonl").write_text(json.dumps({"problem": "own", "solution": "#### 1"}) + "\n")
     cwd = tmp_path / "worker-cwd"
     (cwd / "attacker" / "local").mkdir(parents=True)  # a directory named like a hub id, where the worker runs
     (cwd / "attacker" / "local" / "x.jsonl").write_text(other.read_text())
-    repos = {"org/set": honest, "attacker/leak": leak, "attacker/probe": probe}
-    with FakeHub(datasets=repos) as hub:
+    with FakeHub(datasets={"org/set": honest, **repos}) as hub:
         env = {**os.environ, "HF_ENDPOINT": hub.endpoint, "HF_HOME": str(tmp_path / "hf"), "PYTHONPATH": str(ROOT)}
         env |= {"HF_HUB_OFFLINE": "0", "HF_DATASETS_OFFLINE": "0"}
         out = subprocess.run(
@@ -133,16 +150,17 @@ def test_a_hub_dataset_loads_through_datasets_and_reads_only_its_own_files(tmp_p
         )
     assert out.returncode == 0, out.stderr[-2000:]
     got = json.loads(out.stdout.strip().splitlines()[-1])
-    print(got)
     assert got["repo"] == [r["answer"].split("####")[-1].strip() for r in rows]
     assert any("/resolve/" in c and c.endswith("/data/test.jsonl") for c in hub.calls), hub.calls  # from the hub
     assert got["split"].startswith("dataset.split:") and "'dev'" in got["split"], got["split"]
     assert got["field"].startswith("dataset.question_field:") and "'problem'" in got["field"], got["field"]
     assert got["missing"].startswith("dataset.hub: the hub dataset 'openai/gsm8k'"), got["missing"]
     refused = "names data files outside its repository"
+    for name in cards:  # refused before anything is globbed: the same answer whatever the worker's disk holds
+        assert got[name] == got["leak"].replace("attacker/leak", f"attacker/{name}"), (name, got[name])
     assert isinstance(got["leak"], str) and refused in got["leak"], got["leak"]
-    assert got["probe"] == got["leak"].replace("attacker/leak", "attacker/probe"), got  # no oracle of the disk
-    assert isinstance(got["local"], str) and refused in got["local"], got["local"]  # before: ['7'] too
+    # a directory of the worker's, named like a hub id: the hub is asked, not the directory (before: ['7'])
+    assert isinstance(got["local"], str) and got["local"].startswith("dataset.hub: the hub dataset 'attacker/local'")
     assert str(tmp_path) not in out.stdout
 
 

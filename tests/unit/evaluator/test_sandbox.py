@@ -245,7 +245,7 @@ def test_the_kernels_rarer_doors_are_shut_without_the_audit_hook(boundary: Any) 
         assert killed.error == "server" and (killed.detail or "").startswith("syscall_refused"), killed
 
 
-def test_no_system_call_filter_means_no_python_grader(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_no_system_call_filter_means_no_python_grader(boundary: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """Fails closed: without libseccomp, or where the kernel refuses the filter, the grader is
     refused with what to install or allow; the harness itself runs nothing without a filter."""
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -20,17 +21,42 @@ pytestmark = pytest.mark.quick
 
 # run with HF_ENDPOINT at the hub on loopback (huggingface_hub reads it when imported)
 RESOLVE = r"""
-import json, sys
+import json, shutil, sys
+from pathlib import Path
+from evaluator.models import load_model
 from worker.refs import RefError, resolve_model_ref
+shim, swap = sys.argv[1:]
 out = {}
-for ref in ("attacker/shim", "org/adapter", "org/full", "org/missing"):
+for ref in ("attacker/shim", "org/adapter", "org/full", "org/missing", "attacker/swap"):
     try:
         out[ref] = list(resolve_model_ref(None, "project-b", ref))
     except RefError as exc:
         out[ref] = str(exc)
-if sys.argv[1:] == ["load"]:  # what the check stands in front of: transformers follows the adapter's base
-    from transformers import AutoModelForCausalLM
-    out["loaded"] = AutoModelForCausalLM.from_pretrained("attacker/shim").name_or_path
+# what the check stands in front of: transformers follows the adapter's base, here project A's model
+from transformers import AutoModelForCausalLM
+out["loaded"] = AutoModelForCausalLM.from_pretrained("attacker/shim").name_or_path
+# the owner of attacker/swap, a full model when the job resolved it, pushes the shim's adapter before the load
+for name in ("adapter_config.json", "adapter_model.safetensors"):
+    shutil.copy(Path(shim) / name, Path(swap) / name)
+try:
+    out["swapped"] = load_model("attacker/swap").name_or_path
+except RefError as exc:
+    out["swapped"] = str(exc)
+out["full"] = load_model("org/full").name_or_path
+# TRL loads a GRPO job's policy and reference model from the id itself: checked after it did
+from datasets import Dataset
+from trl import GRPOConfig
+from evaluator.models import load_tokenizer
+from trainer.vllm_generation import TimedGRPOTrainer
+args = GRPOConfig(output_dir="grpo", beta=0.1, num_generations=2, per_device_train_batch_size=2, max_steps=1,
+                  max_completion_length=4, use_cpu=True, bf16=False, report_to=[], save_strategy="no")
+try:
+    TimedGRPOTrainer(model="attacker/swap", reward_funcs=[lambda completions, **kw: [0.0] * len(completions)],
+                     args=args, train_dataset=Dataset.from_list([{"prompt": "1+1="}] * 2),
+                     processing_class=load_tokenizer("org/full"))
+    out["grpo"] = "constructed"
+except RefError as exc:
+    out["grpo"] = str(exc)
 print(json.dumps(out))
 """
 
@@ -53,18 +79,25 @@ def test_a_hub_adapter_whose_base_is_a_path_is_refused(tmp_path: Path) -> None:
     theirs = build_tiny_model(tmp_path / "artifacts" / "jobs" / "job-of-project-a" / "train" / "final", chat=True)
     shim = _adapter(Path(theirs), tmp_path / "hub" / "shim", str(theirs))
     honest = _adapter(Path(theirs), tmp_path / "hub" / "adapter", "org/base")
-    models = {"attacker/shim": shim, "org/adapter": honest, "org/full": Path(theirs)}
+    swap = tmp_path / "hub" / "swap"
+    shutil.copytree(theirs, swap)  # the caller's "own" full model, when its job resolves it
+    models = {"attacker/shim": shim, "org/adapter": honest, "org/full": Path(theirs), "attacker/swap": swap}
     with FakeHub(models=models) as hub:
         env = {**os.environ, "HF_ENDPOINT": hub.endpoint, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "0"}
         env["PYTHONPATH"] = str(ROOT)
-        before = subprocess.run(
-            [sys.executable, "-c", RESOLVE, "load"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
-        )
-    assert before.returncode == 0, before.stderr[-3000:]
-    got = json.loads(before.stdout.strip().splitlines()[-1])
-    print(got)
+        run = subprocess.run(
+            [sys.executable, "-c", RESOLVE, str(shim), str(swap)],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    got = json.loads(run.stdout.strip().splitlines()[-1])
     assert got["loaded"] == str(theirs)  # the premise: loading the caller's hub id gave project A's model
     assert isinstance(got["attacker/shim"], str), got  # before: ['attacker/shim', None], and the load above
     assert "adapter_config.json names" in got["attacker/shim"] and str(tmp_path) not in got["attacker/shim"]
     assert got["org/adapter"] == ["org/adapter", None] and got["org/full"] == ["org/full", None]
     assert isinstance(got["org/missing"], str) and got["org/missing"].startswith("org/missing: "), got
+    # changed after the check: the load itself refuses what it loaded (before: project A's model)
+    assert got["attacker/swap"] == ["attacker/swap", None], got
+    assert isinstance(got["swapped"], str) and "loads from the hub only" in got["swapped"], got
+    assert str(tmp_path) not in got["swapped"] and got["full"] == "org/full", got
+    assert "loads from the hub only" in got["grpo"], got  # before: constructed, on project A's model
