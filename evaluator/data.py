@@ -56,16 +56,10 @@ FOREIGN = (
     "names data files outside its repository: a hub dataset is read from its own files only (its card's "
     "data_files and data_dir relative to the repository)"
 )
-_LOCAL_PATH = re.compile(r"(?:^|(?<=[\s'\"(\[=]))(?:/|~|\.\./|file:)")
 
 
 def _foreign(hub: str) -> FieldError:
     return FieldError("dataset.hub", f"dataset.hub: the hub dataset {hub!r} {FOREIGN}")
-
-
-def _mentions_local_path(text: str) -> bool:
-    """Whether `text` names a path on this machine (past the hub's own hf:// and https:// URLs)."""
-    return bool(_LOCAL_PATH.search(re.sub(r"(?:hf|https?)://\S+", "", text)))
 
 
 def _strings(value: Any) -> list[str]:
@@ -79,23 +73,18 @@ def _strings(value: Any) -> list[str]:
 
 
 def _own_path(pattern: str) -> bool:
-    """A pattern `datasets` resolves inside the repository: relative, no '..', no protocol or chain."""
+    """A pattern `datasets` resolves inside the repository: relative, no '..', and no colon at all
+    (no scheme: 'file:/x' and 'local:/x' glob the worker's disk through fsspec; no '::' chain, no drive)."""
     p = pattern.strip()
-    return (
-        bool(p)
-        and not p.startswith(("/", "~", "\\"))
-        and "://" not in p
-        and "::" not in p
-        and (".." not in re.split(r"[/\\]", p))
-        and not re.match(r"^[A-Za-z]:", p)
-    )
+    return bool(p) and not p.startswith(("/", "~", "\\")) and ":" not in p and ".." not in re.split(r"[/\\]", p)
 
 
 def _checked_revision(hub: str) -> str | None:
     """The repository's head commit, once its card (README.md's `configs`, and the standalone
     .huggingface.yaml `datasets` merges into it) names only paths inside the repository, in every
-    config, before `datasets` globs anything. None where the hub cannot be asked (offline: `datasets`
-    then serves only what it prepared before). Raises the FOREIGN refusal otherwise."""
+    config, before `datasets` globs anything. None with HF_HUB_OFFLINE (`datasets` then serves only
+    what it prepared before); a hub that cannot be reached otherwise fails the load, as a card that
+    cannot be read is not loaded. Raises the FOREIGN refusal for a path out of the repository."""
     import yaml
     from datasets.utils.metadata import MetadataConfigs
     from huggingface_hub import DatasetCard, DatasetCardData, HfApi, hf_hub_download
@@ -147,7 +136,7 @@ def _hub_rows(hub: str, config: str | None, split: str) -> Any:
         builder = datasets.load_dataset_builder(hub, config, revision=revision)
     except Exception as exc:
         text = str(exc)
-        if "don't belong" in text or (isinstance(exc, FileNotFoundError) and _mentions_local_path(text)):
+        if "don't belong" in text:  # a path out of the repository that the card check let by
             raise _foreign(hub) from None
         raise
     own = f"hf://datasets/{hub}@".lower()

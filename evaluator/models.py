@@ -64,14 +64,16 @@ def resolve_dtype(dtype: str, on_gpu: bool) -> str:
 def check_loaded_from_hub(ref: str, *models: Any) -> None:
     """Raise RefError where a hub id's load gave a model from anywhere but the hub.
 
-    transformers loads a hub repository holding adapter_config.json by loading the base that file
-    names, `base_model_name_or_path`, which may be any path on the worker: another project's
-    fine-tuned model under the artifact directory. worker/refs.check_hub_adapter refuses such a
-    repository when the job resolves its model; the repository's owner can change it after that
-    check and before a load (a window the job's own data can lengthen). So each load is checked
-    too, by what it loaded (the model's name_or_path, the base it followed), before the model
-    serves a token. Called after every load of a model reference: load_model, the reward scorer,
-    and TRL's trainers (the policy and its reference model)."""
+    A hub repository can name another model to load in its place, which may be any path on the
+    worker (another project's fine-tuned model under the artifact directory): transformers loads
+    adapter_config.json's `base_model_name_or_path`, vLLM config.json's speculators verifier.
+    worker/refs.check_hub_model refuses such a repository when the job resolves its model; its
+    owner can change it after that check and before a load (a window the job's own data can
+    lengthen). So each load in a job's process is checked too, by what it loaded (a model's
+    name_or_path, the base it followed; an in-process vLLM engine's model_config.model), before the
+    model serves a token: load_model, the reward scorer, TRL's trainers (the policy and its
+    reference model), and the in-process vLLM engines (eval's, GRPO's colocated one). A vLLM
+    server (the warm engines, GRPO's server) is checked at resolve only."""
     from mathrl.errors import RefError
     from mathrl.modelref import is_hub_id
 
@@ -80,11 +82,17 @@ def check_loaded_from_hub(ref: str, *models: Any) -> None:
     for model in models:
         if model is None:
             continue
-        loaded = getattr(model, "name_or_path", None) or getattr(getattr(model, "config", None), "_name_or_path", None)
+        if isinstance(model, str):  # what a vLLM engine loaded
+            loaded: Any = model
+        else:
+            loaded = getattr(model, "name_or_path", None) or getattr(
+                getattr(model, "config", None), "_name_or_path", None
+            )
         if isinstance(loaded, str) and loaded and not is_hub_id(loaded):
             raise RefError(
-                f"{ref}: the hub repository loaded a base that is not a hub model (its adapter_config.json names "
-                "a path): a hub model loads from the hub only"
+                f"{ref}: the hub repository loaded another model in its place that is not a hub model (its "
+                "adapter_config.json's base, or config.json's speculators verifier): a hub model loads from the hub "
+                "only"
             )
 
 

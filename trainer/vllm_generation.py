@@ -83,6 +83,8 @@ class MathrlVLLMGeneration(VLLMGeneration):
             trust_remote_code=self.trust_remote_code,
             **{"max_num_batched_tokens": BATCHED_TOKENS, **self.engine_options},  # the options may raise it
         )
+        # the policy's id, read again by vLLM: a speculators config.json pushed since swaps the model
+        check_loaded_from_hub(cast(str, self.model.name_or_path), self.llm.llm_engine.model_config.model)
         self._llm_weights_sleeping = False
         acc.wait_for_everyone()
 

@@ -13,35 +13,48 @@ from mathrl.modelref import is_hub_id, split_job_ref
 from store.models import Checkpoint, Job
 
 
-def check_hub_adapter(ref: str) -> None:
-    """Refuse a hub repository that is a LoRA adapter on a base that is not a hub model.
+def check_hub_model(ref: str) -> None:
+    """Refuse a hub repository that sends its load to a base that is not a hub model.
 
-    transformers loads a hub repository holding adapter_config.json (with or without a
-    config.json) by loading the base that file names, `base_model_name_or_path`, and that may be
-    any path on the worker: a repository of the caller's own with a zero adapter on
-    /var/lib/mathrl/artifacts/jobs/<another project's job>/train/final gave the caller that
-    project's fine-tuned model to sample, evaluate and train, past every check a path meets at
-    submit. Its base must be a hub id too. This is the early answer, when the job resolves its
-    model (a repository that cannot be read now fails here, as its load would); its owner can
-    change it afterwards, so every load checks what it loaded too
-    (evaluator.models.check_loaded_from_hub)."""
-    from transformers.utils.peft_utils import find_adapter_config_file
+    Two files of a hub repository name another model that the libraries then load in its place,
+    and that may be any path on the worker (another project's fine-tuned model under
+    /var/lib/mathrl/artifacts/jobs/<job>/train/final, past every check a path meets at submit):
+    - adapter_config.json's `base_model_name_or_path`: transformers loads that base, with or
+      without a config.json beside it, and the repository's zero adapter on top;
+    - config.json's `speculators_config.verifier.name_or_path`: vLLM serves that verifier, with
+      the repository as its draft model (vllm.transformers_utils.config.maybe_override_with_speculators).
+    Each must be a hub id. This is the early answer, when the job resolves its model (a repository
+    that cannot be read now fails here, as its load would); its owner can change it afterwards, so
+    each load in a job's process checks what it loaded too (evaluator.models.check_loaded_from_hub)."""
+    from transformers.utils.hub import cached_file
 
-    try:
-        found = find_adapter_config_file(ref)
-    except OSError as exc:  # no such repository, or no access: what the load would say, sooner
-        raise RefError(f"{ref}: {exc}") from None
-    if found is None:
-        return
-    try:
-        with open(found, encoding="utf-8") as f:
-            base = json.load(f).get("base_model_name_or_path")
-    except (OSError, ValueError, AttributeError):
-        base = None
-    if not isinstance(base, str) or not is_hub_id(base):
+    named: list[object] = []
+    for name, key in (
+        ("adapter_config.json", ("base_model_name_or_path",)),
+        ("config.json", ("speculators_config", "verifier", "name_or_path")),
+    ):
+        try:
+            found = cached_file(
+                ref, name, _raise_exceptions_for_missing_entries=False, _raise_exceptions_for_connection_errors=False
+            )
+        except OSError as exc:  # no such repository, or no access: what the load would say, sooner
+            raise RefError(f"{ref}: {exc}") from None
+        if found is None:
+            continue
+        try:
+            with open(found, encoding="utf-8") as f:
+                value: object = json.load(f)
+        except (OSError, ValueError):
+            continue  # not JSON: the load fails on it
+        for k in key:
+            value = value.get(k) if isinstance(value, dict) else None
+        if name == "adapter_config.json" or value is not None:
+            named.append(value)
+    if any(not isinstance(v, str) or not is_hub_id(v) for v in named):
         raise RefError(
-            f"{ref}: a LoRA adapter on the hub loads with the base its adapter_config.json names, and that base is "
-            "not a hub model: name the base by its hub id there, or give a model under the server's model roots"
+            f"{ref}: the repository names another model to load in its place (adapter_config.json's base, or "
+            "config.json's speculators verifier) that is not a hub model: name it by its hub id there, or give a "
+            "model under the server's model roots"
         )
 
 
@@ -50,7 +63,7 @@ def resolve_model_ref(session: Session, project_id: str, ref: str) -> tuple[str,
     job_id, suffix = split_job_ref(ref)
     if not job_id:
         if is_hub_id(ref):
-            check_hub_adapter(ref)
+            check_hub_model(ref)
         return ref, None
     which = suffix.removeprefix("@")
     job = session.get(Job, job_id)

@@ -116,11 +116,15 @@ def load_engine(
     """An offline engine for eval jobs, with `engine_options`."""
     from vllm import LLM
 
+    from evaluator.models import check_loaded_from_hub
+
     opts = engine_options(dtype, max_model_len=max_model_len, settings=settings)
     kwargs: dict[str, Any] = {"model": model_path, "seed": seed, **opts}
     if max_model_len:
         kwargs["max_model_len"] = max_model_len
-    return LLM(**kwargs)
+    llm = LLM(**kwargs)
+    check_loaded_from_hub(model_path, llm.llm_engine.model_config.model)  # a speculators config.json swaps it
+    return llm
 
 
 class RemoteEngine:

@@ -34,6 +34,7 @@ print(json.dumps({
     "probe": run(hub="attacker/probe", **fields),
     "beside": run(hub="attacker/beside", **fields),
     "second": run(hub="attacker/second", **fields),
+    "scheme": run(hub="attacker/scheme", **fields),
     "local": run(hub="attacker/local", **fields),
 }))
 """
@@ -132,6 +133,7 @@ def test_a_hub_dataset_loads_through_datasets_and_reads_only_its_own_files(tmp_p
         "probe": card("/nonexistent/*.jsonl"),
         "beside": card("x.jsonl", "/nonexistent/*.jsonl"),  # a miss beside its own file was dropped: rows came back
         "second": card("x.jsonl", second=glob),  # another config than the one asked for: globbed only when asked
+        "scheme": card("x.jsonl", "file:/nonexistent/*.jsonl"),  # fsspec's file: and local: glob the disk too
     }
     repos = {}
     for name, text in cards.items():

@@ -27,7 +27,7 @@ from evaluator.models import load_model
 from worker.refs import RefError, resolve_model_ref
 shim, swap = sys.argv[1:]
 out = {}
-for ref in ("attacker/shim", "org/adapter", "org/full", "org/missing", "attacker/swap"):
+for ref in ("attacker/shim", "org/adapter", "org/full", "org/missing", "attacker/swap", "attacker/spec", "org/spec"):
     try:
         out[ref] = list(resolve_model_ref(None, "project-b", ref))
     except RefError as exc:
@@ -82,6 +82,12 @@ def test_a_hub_adapter_whose_base_is_a_path_is_refused(tmp_path: Path) -> None:
     swap = tmp_path / "hub" / "swap"
     shutil.copytree(theirs, swap)  # the caller's "own" full model, when its job resolves it
     models = {"attacker/shim": shim, "org/adapter": honest, "org/full": Path(theirs), "attacker/swap": swap}
+    for name, verifier in (("attacker/spec", str(theirs)), ("org/spec", "org/base")):  # vLLM serves the verifier
+        repo = models[name] = tmp_path / "hub" / name.replace("/", "-")
+        shutil.copytree(theirs, repo)
+        config = json.loads((repo / "config.json").read_text())
+        speculators = {"speculators_model_type": "eagle3", "verifier": {"name_or_path": verifier}}
+        (repo / "config.json").write_text(json.dumps({**config, "speculators_config": speculators}))
     with FakeHub(models=models) as hub:
         env = {**os.environ, "HF_ENDPOINT": hub.endpoint, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "0"}
         env["PYTHONPATH"] = str(ROOT)
@@ -93,7 +99,9 @@ def test_a_hub_adapter_whose_base_is_a_path_is_refused(tmp_path: Path) -> None:
     got = json.loads(run.stdout.strip().splitlines()[-1])
     assert got["loaded"] == str(theirs)  # the premise: loading the caller's hub id gave project A's model
     assert isinstance(got["attacker/shim"], str), got  # before: ['attacker/shim', None], and the load above
-    assert "adapter_config.json names" in got["attacker/shim"] and str(tmp_path) not in got["attacker/shim"]
+    for name in ("attacker/shim", "attacker/spec"):  # spec: before, ['attacker/spec', None], and vLLM served A's
+        assert "names another model to load in its place" in got[name] and str(tmp_path) not in got[name], got
+    assert got["org/spec"] == ["org/spec", None], got
     assert got["org/adapter"] == ["org/adapter", None] and got["org/full"] == ["org/full", None]
     assert isinstance(got["org/missing"], str) and got["org/missing"].startswith("org/missing: "), got
     # changed after the check: the load itself refuses what it loaded (before: project A's model)
