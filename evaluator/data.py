@@ -94,8 +94,8 @@ def _checked_revision(hub: str) -> str | None:
         sha = HfApi().dataset_info(hub).sha
     except OfflineModeIsEnabled:
         return None
-    if sha is None:
-        return None
+    if sha is None:  # nothing to pin the check to: loading its head unchecked would be the hole again
+        raise ValueError(f"the hub named no commit of {hub!r}: its card cannot be checked")
     card: dict[str, Any] = {}
     for name in ("README.md", ".huggingface.yaml"):
         try:

@@ -12,9 +12,9 @@ the process on a foreign architecture's calls (32-bit `int 0x80`, x32), and lets
 A deny list, where Docker's default profile is an allow list: an allow list has to follow every
 call the interpreter, numpy and the C library make, on each architecture and release, and one it
 misses breaks graders that did nothing wrong. The calls denied are mostly those Docker's profile
-refuses a process without capabilities, with ptrace and its kin, which no grader needs. Where the grader's pods have no
-profile of their own (the chart's grading pool runs Unconfined: bubblewrap needs unshare), this
-list is what stands in for the runtime's default.
+refuses a process without capabilities, with ptrace and its kin, which no grader needs. Where the
+grader's pods have no profile of their own (the chart's grading pool runs Unconfined: bubblewrap
+needs unshare), this list is what stands in for the runtime's default.
 
 Built here with libseccomp (pyseccomp's bindings: the library bubblewrap, Docker and systemd use),
 exported as a classic BPF program, and loaded by the harness (evaluator/sandbox_harness.py) with

@@ -243,33 +243,49 @@ def test_only_an_adapter_directory_is_an_adapter(tmp_path: Path) -> None:
     assert warm_engine.adapter_of(str(tmp_path / "b")) is None
 
 
-def test_a_shared_engines_log_stays_the_workers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_shared_engines_log_stays_the_workers(tmp_path: Path) -> None:
     """A warm engine serves one job after another, other projects' among them, and logs their
     models' paths (a reload names the model before it). Before: it logged into the folder of the
     job that started it, and where it exited under a later job, that job's error and events got
-    the log's tail. Now it logs in the worker's engines/ folder, and the job gets the exit code."""
+    the log's tail. Now it logs in the worker's engines/ folder, and the job gets the exit code.
+    A real exited server process and a real store (SQLite)."""
+    import subprocess
+
+    from sqlalchemy import select
+
+    from store.db import session_scope
+    from store.migrate import upgrade
+    from store.models import Event, Job, Project
     from worker import record
     from worker.attempt import AttemptDir, job_dir
+    from worker.vllm_server import VLLMServer
 
     log = warm_engine.log_path(tmp_path, "job-of-project-a")
     assert log.parent == tmp_path.resolve() / "engines" and not log.is_relative_to(
         job_dir(tmp_path, "job-of-project-a")
     )
     log.write_text("mathrl: reloaded /artifacts/jobs/job-of-project-a/train/final into the warm engine of org/m\n")
-
-    class Exited:
-        def exited(self) -> int:
-            return 1
-
-        def log_tail(self, chars: int = 3000) -> str:
-            return log.read_text()[-chars:]
-
-    events: list[tuple[Any, ...]] = []
-    monkeypatch.setattr(record, "event", lambda *a, **k: events.append(a))
+    proc = subprocess.Popen([sys.executable, "-c", "raise SystemExit(1)"])
+    proc.wait()
+    server = VLLMServer(proc, "http://127.0.0.1:1", log)
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    upgrade(url)
+    with session_scope(url) as s:
+        project = Project(name="project-b")
+        s.add(project)
+        s.flush()
+        job = Job(project_id=project.id, kind="eval", spec={}, resolved_config={"kind": "eval"}, queue="parked")
+        s.add(job)
+        s.flush()
+        job_id = job.id
     for shared in (True, False):
         out = tmp_path / ("shared" if shared else "own")
         out.mkdir()
-        record.report_server_exit("sqlite://", "job-of-project-b", Exited(), out, shared=shared)
+        record.report_server_exit(url, job_id, server, out, shared=shared)
         said = AttemptDir(out).read_error() or ""
         assert ("job-of-project-a" in said) is (not shared), said  # the job's own server: its log's tail, as before
-        assert ("job-of-project-a" in json.dumps(events[-1], default=str)) is (not shared), events[-1]
+        with session_scope(url) as s:
+            last = s.scalars(select(Event).where(Event.job_id == job_id).order_by(Event.seq.desc())).first()
+            assert last is not None and last.type == "vllm_server"
+            recorded = last.message + json.dumps(last.data)
+        assert ("job-of-project-a" in recorded) is (not shared), recorded
