@@ -243,6 +243,19 @@ def test_the_kernels_rarer_doors_are_shut_without_the_audit_hook(boundary: Any) 
         x32 = "import ctypes\nctypes.CDLL(None).syscall(0x40000000 + 272, 0x10000000)"
         (killed,) = run_python(grader(x32), [({}, {})], SandboxLimits(audit_hook=False))
         assert killed.error == "server" and (killed.detail or "").startswith("syscall_refused"), killed
+        # the 32-bit entry, `int 0x80` from a page of its own: getpid (20 there) without the filter, where
+        # the kernel has ia32 emulation, and the process killed with it
+        i386 = (
+            "import ctypes, mmap\nm = mmap.mmap(-1, 4096, prot=7)\n"
+            "m.write(bytes([0xB8, 20, 0, 0, 0, 0xCD, 0x80, 0xC3]))\n"
+            "pid = ctypes.CFUNCTYPE(ctypes.c_int)(ctypes.addressof(ctypes.c_char.from_buffer(m)))()\n"
+            "raise RuntimeError(f'pid={pid > 0}')"
+        )
+        (bare,) = run_python(grader(i386), [({}, {})], SandboxLimits(audit_hook=False, syscall_filter=False))
+        if bare.detail != "RuntimeError: pid=True":
+            pytest.skip(f"no 32-bit entry on this kernel (ia32 emulation off): {bare}")
+        (killed,) = run_python(grader(i386), [({}, {})], SandboxLimits(audit_hook=False))
+        assert killed.error == "server" and (killed.detail or "").startswith("syscall_refused"), killed
 
 
 def test_no_system_call_filter_means_no_python_grader(boundary: Any, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -252,7 +265,7 @@ def test_no_system_call_filter_means_no_python_grader(boundary: Any, monkeypatch
     def missing() -> bytes:
         raise SandboxUnavailable(f"no libseccomp.so.2 here: {sandbox_seccomp.INSTALL_HINT}")
 
-    sandbox.isolation.cache_clear()
+    sandbox.forget_isolation()
     try:
         monkeypatch.setattr(sandbox_seccomp, "program", missing)
         for mode in sandbox.MODES:
@@ -260,13 +273,17 @@ def test_no_system_call_filter_means_no_python_grader(boundary: Any, monkeypatch
             assert iso.refused and "apt-get install libseccomp2" in iso.refused, (mode, iso)
         with pytest.raises(SandboxUnavailable, match="libseccomp"):
             run_python(grader("pass"), [({}, {})], LIMITS)
-        sandbox.isolation.cache_clear()
+        sandbox.forget_isolation()
         monkeypatch.setattr(sandbox_seccomp, "program", lambda: bytes(8))  # one instruction, no return: EINVAL
         iso = isolation("kernel")
         assert iso.refused and "could not load the system-call filter: Invalid argument" in iso.refused, iso
         assert "CONFIG_SECCOMP_FILTER" in iso.refused and "bubblewrap could not" not in iso.refused, iso
+        monkeypatch.undo()  # the filter loads again: a refusal is kept a while, then found again
+        assert isolation("kernel").refused, "a refusal is not probed again on every call"
+        monkeypatch.setattr(sandbox, "REPROBE_SECONDS", 0.0)
+        assert isolation("kernel") == boundary, "a refusal is probed again once REPROBE_SECONDS have passed"
     finally:
-        sandbox.isolation.cache_clear()
+        sandbox.forget_isolation()
     request = {"source": grader("pass"), "cases": [{"sample": {}, "item": {}}], "uid": None}
     request["limits"] = {"cpu_seconds": 5, "memory_mb": 512, "file_mb": 1, "processes": 8}
     bare = subprocess.run(
@@ -339,14 +356,14 @@ def test_without_root_the_graders_one_writable_place_is_its_sized_tmpfs(monkeypa
     )
     if os.geteuid() == 0:
         monkeypatch.setattr(sandbox.os, "geteuid", lambda: 1000)
-    sandbox.isolation.cache_clear()
+    sandbox.forget_isolation()
     try:
         iso = isolation("kernel")
         if iso.refused:
             pytest.skip(f"no user namespaces for bwrap here: {iso.refused}")
         (r,) = run_python(grader(body), [({}, {})], SandboxLimits(audit_hook=False))
     finally:
-        sandbox.isolation.cache_clear()
+        sandbox.forget_isolation()
     assert r.detail == "RuntimeError: made=['mine'] uid=65534", r
 
 
@@ -404,7 +421,7 @@ def test_what_a_grader_may_do_it_still_does(boundary: Any) -> None:
 
 def test_no_boundary_means_no_python_grader(monkeypatch: pytest.MonkeyPatch) -> None:
     """Fails closed: without bubblewrap (none on PATH) the grader is refused with what to install."""
-    sandbox.isolation.cache_clear()
+    sandbox.forget_isolation()
     monkeypatch.setenv("PATH", "/nonexistent")
     try:
         iso = isolation("kernel")
@@ -412,7 +429,7 @@ def test_no_boundary_means_no_python_grader(monkeypatch: pytest.MonkeyPatch) -> 
         with pytest.raises(SandboxUnavailable, match="bubblewrap"):
             run_python(grader("pass"), [({}, {})], LIMITS)
     finally:
-        sandbox.isolation.cache_clear()
+        sandbox.forget_isolation()
 
 
 def test_audit_hook_mode_never_runs_as_root(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -420,12 +437,12 @@ def test_audit_hook_mode_never_runs_as_root(monkeypatch: pytest.MonkeyPatch) -> 
     nobody may read), it is refused rather than run as root."""
     monkeypatch.setattr(sandbox, "_readable_by_others", lambda path: False)
     monkeypatch.setattr(sandbox.os, "geteuid", lambda: 0)
-    sandbox.isolation.cache_clear()
+    sandbox.forget_isolation()
     try:
         iso = isolation("audit-hook")
         assert iso.refused and "never runs as root" in iso.refused
     finally:
-        sandbox.isolation.cache_clear()
+        sandbox.forget_isolation()
 
 
 AS_A_SERVICE_USER = r"""
@@ -477,7 +494,7 @@ def test_audit_hook_mode_grades_for_a_service_user(tmp_path: Path) -> None:
 
 
 def test_the_api_answers_503_where_no_boundary_can_be_made(app_client: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    sandbox.isolation.cache_clear()
+    sandbox.forget_isolation()
     monkeypatch.setenv("PATH", "/nonexistent")
     try:
         py = {"type": "python", "name": "p", "source": grader("pass")}
@@ -490,7 +507,7 @@ def test_the_api_answers_503_where_no_boundary_can_be_made(app_client: Any, monk
         )
         assert r.status_code == 503 and "bubblewrap" in r.json()["detail"], r.text
     finally:
-        sandbox.isolation.cache_clear()
+        sandbox.forget_isolation()
 
 
 def test_the_exploit_of_issue_43_through_the_api(boundary: Any, app_client: Any) -> None:
