@@ -49,9 +49,18 @@ def admit_spec(spec: AnySpec, settings: Settings) -> ResolvedConfig:
 
 
 def check_placement(spec: AnySpec, settings: Settings) -> None:
-    """A job for the Ray cluster needs one configured, and no more GPUs per node than its nodes
-    have. Configuration only: Ray is not asked on a submit (a dead address fails the job)."""
-    ray = settings.ray
+    """A named pool is one the operator runs (settings worker.pools, ray.pools): any other name would
+    wait for a worker that never comes, or write to a key the broker keeps itself. A job for the Ray
+    cluster needs one configured, and no more GPUs per node than its nodes have. Configuration only:
+    Ray is not asked on a submit (a dead address fails the job)."""
+    pool, ray = spec.resources.pool, settings.ray
+    if pool is not None and pool not in settings.worker.pools and pool not in ray.pools:
+        names = ", ".join(sorted({*settings.worker.pools, *ray.pools})) or "none"
+        detail = (
+            f"resources.pool {pool!r} is not a pool this server runs (its pools: {names}): name one of those, or "
+            "drop pool to queue by resources.gpus ('cpu' or 'gpu-N')"
+        )
+        raise Problem.at("/resources/pool", detail, "Unknown pool")
     if not ray.runs(spec):
         return
     nodes, gpus = spec.resources.nodes, spec.resources.gpus
@@ -67,6 +76,15 @@ def check_placement(spec: AnySpec, settings: Settings) -> None:
             f"ask for at most {ray.gpus_per_node} and spread the job over more nodes (resources.nodes)"
         )
         raise Problem.at("/resources/gpus", detail, "Too many GPUs per node")
+
+
+def held_gpus(spec: AnySpec, settings: Settings) -> int:
+    """What a job holds against its project's GPU quota while active: its GPUs on each of its nodes,
+    and in a pool of GPU workers at least one job slot's GPUs (settings worker.pools), which no one
+    else can use while it runs, however few of them it asked for."""
+    resources = spec.resources
+    slot = 0 if settings.ray.runs(spec) else settings.worker.pools.get(resources.pool or "", 0)
+    return max(resources.gpus, slot) * resources.nodes
 
 
 def check_memory(spec: AnySpec, config: ResolvedConfig, settings: Settings) -> None:
@@ -320,9 +338,9 @@ def check_project_quota(session: Session, project_id: str, added: list[tuple[str
             raise QuotaProblem(key, detail, "/")
         if gpus + job_gpus > limits.max_active_gpus:
             detail = (
-                f"resources.gpus x nodes = {job_gpus} would bring your project's active jobs to "
-                f"{gpus + job_gpus} GPUs; the quota is {limits.max_active_gpus}: ask for fewer "
-                "or wait for running jobs to finish"
+                f"this job holds {job_gpus} GPUs (resources.gpus x nodes, and in a named pool at least one of its "
+                f"job slots' GPUs), which would bring your project's active jobs to {gpus + job_gpus} GPUs; the "
+                f"quota is {limits.max_active_gpus}: ask for fewer or wait for running jobs to finish"
             )
             raise QuotaProblem(key, detail, "/resources/gpus")
         active, gpus = active + 1, gpus + job_gpus

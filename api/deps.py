@@ -79,7 +79,8 @@ async def get_caller(request: Request, settings: SettingsDep) -> Caller:
     if caller is None:  # requests with a body were checked before the body was read (api/app.py)
         client = request.client.host if request.client is not None else ""
         caller = await caller_for(request.headers.get("authorization", ""), settings, client)
-    need = required_scope(request.method, request.url.path)
+    # the route's own path, not the URL's: behind a root path (a proxy's prefix) the URL's starts with it
+    need = required_scope(request.method, getattr(request.scope.get("route"), "path", None) or request.url.path)
     if caller.key is not None and need not in (caller.key.scopes or []):
         detail = SCOPE_MISSING.format(need=need, has=", ".join(caller.key.scopes or []) or "none")
         raise Problem(403, "Forbidden", detail)
@@ -144,8 +145,13 @@ def _limit_address(client: str, settings: Settings) -> None:
 
 
 def _rate_limit(caller: Caller, settings: Settings) -> None:
+    """The key's bucket, then its project's: keys a project mints share the project's rate."""
+    limits = settings.limits
     if caller.key is not None:
-        ratelimit.enforce(caller.key.id, settings.limits.rate_per_second, settings.limits.burst)
+        ratelimit.enforce(caller.key.id, limits.rate_per_second, limits.burst)
+    if caller.project is not None:
+        rate, burst = limits.rate_per_project_per_second, limits.burst_per_project
+        ratelimit.enforce(f"project:{caller.project.id}", rate, burst, ratelimit.PROJECT_LIMITED)
 
 
 def get_project_caller(caller: Annotated[Caller, Depends(get_caller)]) -> Caller:

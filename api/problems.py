@@ -52,6 +52,7 @@ BAD_CURSOR = "The cursor is not one this API returned: pass next_cursor from the
 DB_UNAVAILABLE = "The database is unreachable right now; nothing was lost. Retry in a few seconds."
 TOO_LARGE = "The request body is larger than this server accepts."
 OUT_OF_RANGE = "A number is out of the range this server stores: use a smaller one."
+TOO_LONG = "A value is longer than this server stores: use a shorter one."
 
 
 class Problem(MathRLException):
@@ -315,7 +316,9 @@ def install(app: FastAPI) -> None:
         bad = [k for k, v in request.query_params.multi_items() if "\x00" in v]
         pointer = f"query:/{bad[0]}" if bad else "/"
         # numbers are bounded where they come in (query parameters, spec fields); say so if one slipped by
-        why = OUT_OF_RANGE if type(exc.orig).__name__ == "NumericValueOutOfRange" else UNSTORABLE
+        why = {"NumericValueOutOfRange": OUT_OF_RANGE, "StringDataRightTruncation": TOO_LONG}.get(
+            type(exc.orig).__name__, UNSTORABLE
+        )
         errors = [{"pointer": pointer, "detail": why}]
         return problem_response(422, "Invalid request", f"{pointer}: {why}", request.url.path, errors)
 

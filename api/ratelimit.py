@@ -1,6 +1,6 @@
-"""Per-key rate limit: a token bucket per API key, in each API process; and one per client
-address for the requests that come without a valid key (missing, unknown, revoked, expired),
-which would otherwise be answered 401 as fast as they came.
+"""Rate limits: a token bucket per API key and one per project (its keys together), in each API
+process; and one per client address for the requests that come without a valid key (missing,
+unknown, revoked, expired), which would otherwise be answered 401 as fast as they came.
 
 With N API processes a key can make up to N x the rate (each process keeps its own buckets);
 that bounds abuse without a shared store on the request path. Routes without a key (health,
@@ -19,6 +19,10 @@ import time
 from api.problems import Problem
 
 RATE_LIMITED = "Too many requests with this API key: slow down and retry after the number of seconds in Retry-After."
+PROJECT_LIMITED = (
+    "Too many requests across your project's API keys (they share one rate): slow down and retry after the "
+    "number of seconds in Retry-After."
+)
 ADDRESS_LIMITED = (
     "Too many requests without a valid API key from this address: send a valid key "
     "('Authorization: Bearer <key>'), or retry after the number of seconds in Retry-After."

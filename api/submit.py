@@ -9,7 +9,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from api.admission import QuotaProblem, admit_spec, check_project_quota
+from api.admission import QuotaProblem, admit_spec, check_project_quota, held_gpus
 from api.dispatch import dispatch, new_task_id
 from api.problems import Problem
 from kinds import home
@@ -73,7 +73,9 @@ def admit(specs: dict[str, Any], settings: Settings) -> dict[str, ResolvedConfig
     return configs
 
 
-def job_row(project_id: str, spec: AnySpec, config: ResolvedConfig, start: bool = True, **fields: Any) -> Job:
+def job_row(
+    project_id: str, spec: AnySpec, config: ResolvedConfig, settings: Settings, start: bool = True, **fields: Any
+) -> Job:
     """A job's row from its admitted spec and resolved config. `start`: queued and given a
     task id now (else waiting, for a pipeline step with dependencies); `fields` add to or
     override what comes from the spec (name, tags, ids of a pipeline step)."""
@@ -85,7 +87,7 @@ def job_row(project_id: str, spec: AnySpec, config: ResolvedConfig, start: bool 
         "spec": spec.model_dump(mode="json"),
         "resolved_config": config.record(),
         "queue": spec.resources.queue,
-        "gpus": spec.resources.total_gpus,  # what it holds against the project's GPU quota while active
+        "gpus": held_gpus(spec, settings),  # what it holds against the project's GPU quota while active
         "max_attempts": spec.max_attempts,
         "status": "queued" if start else "waiting",
         "celery_task_id": new_task_id() if start else None,

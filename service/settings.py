@@ -8,11 +8,15 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from evaluator.backends.base import EngineSettings
 from mathrl.paths import default_data_dir
+from mathrl.specs.base import POOL_NAME, QUEUE_LENGTH
+
+# kombu's own keys in a Redis broker, beside the queues: a queue of this name breaks delivery for every queue
+BROKER_KEYS = frozenset({"unacked"})
 
 
 class DatabaseSettings(BaseModel):
@@ -63,6 +67,15 @@ class WorkerSettings(BaseModel):
         description="CPU threads of each job process (OMP_NUM_THREADS); default: the cores the worker may use "
         "(affinity and the cgroup's CPU quota) divided by job_slots. Idle threads sleep (OMP_WAIT_POLICY=PASSIVE).",
     )
+    pools: dict[str, int] = Field(
+        default_factory=dict,
+        description="The queues this service's workers consume, which a job may name as resources.pool -> GPUs "
+        'of one job slot there (0: CPU), e.g. {"cpu": 0, "gpu-8": 8, "h100-vllm": 8} (MATHRL_WORKER__POOLS as '
+        "JSON; the chart sets it from workerPools: each queue, gpus over concurrency). A job naming another pool "
+        "is refused at submit (it would wait for a worker that never comes); a job in a pool holds at least one "
+        "slot's GPUs against its project's quota, since a slot it takes is unusable by anyone else. Unset: "
+        "resources.pool is refused, but for the Ray cluster's pools (ray.pools).",
+    )
     reconcile_seconds: float = Field(15.0, description="How often the reconciler re-delivers lost jobs.")
     redeliver_after_seconds: float = Field(60.0, description="A queued job unclaimed this long is sent again.")
     warm_engines: int = Field(
@@ -86,6 +99,18 @@ class WorkerSettings(BaseModel):
         description="Context length of a warm engine (the model's own, at most this): an eval whose prompt plus "
         "max_new_tokens is longer loads an engine of its own instead.",
     )
+
+    @field_validator("pools")
+    @classmethod
+    def _pool_names(cls, pools: dict[str, int]) -> dict[str, int]:
+        for name, gpus in pools.items():
+            if not POOL_NAME.fullmatch(name) or len(name) > QUEUE_LENGTH:
+                raise ValueError(f"worker.pools: {name!r} is not a queue name (a-z, 0-9 and '-', {QUEUE_LENGTH} at most)")
+            if name in BROKER_KEYS:
+                raise ValueError(f"worker.pools: {name!r} is a key the broker keeps itself (kombu's): rename it")
+            if gpus < 0:
+                raise ValueError(f"worker.pools: {name!r} has {gpus} GPUs: give 0 (a CPU pool) or more")
+        return pools
 
 
 class VLLMSettings(BaseModel):
@@ -190,6 +215,18 @@ class LimitsSettings(BaseModel):
         50.0, gt=0, description="Requests per second per API key (token bucket, per API process; health routes exempt)."
     )
     burst: int = Field(200, ge=1, description="Requests a key may make at once before the rate applies.")
+    rate_per_project_per_second: float = Field(
+        150.0,
+        gt=0,
+        description="Requests per second all keys of one project may make together (token bucket, per API "
+        "process): more keys do not buy a project more of the service.",
+    )
+    burst_per_project: int = Field(600, ge=1, description="Requests all keys of one project may make at once.")
+    max_keys_per_project: int = Field(
+        100,
+        ge=1,
+        description="Live (neither revoked nor expired) API keys one project may hold; POST /v1/keys past it is 409.",
+    )
     max_streams_per_key: int = Field(
         100, ge=1, description="Event streams (SSE) one API key may hold open at once, per API process."
     )
@@ -265,6 +302,13 @@ class SessionsSettings(BaseModel):
         "(LoRA on; not with an lm_head adapter; CPU sessions only), else with transformers in the session's process. "
         "Off by default: on a CPU the engine's LoRA sampling measured 1.09x transformers' speed at 8 x 64 tokens "
         "and 0.55x at 32 x 32 (bench/tinker_sampling.py, docs/tinker.md).",
+    )
+    max_call_bytes: int = Field(
+        32 * 1024 * 1024,
+        ge=1024,
+        description="The largest body of a Tinker forward_backward call (POST /api/v1/forward_backward), where "
+        "other requests may carry max_request_bytes: the SDK sends a batch in chunks of up to about 5 MB of data, "
+        "which its JSON encoding makes larger, and cannot be told to send smaller ones.",
     )
 
 

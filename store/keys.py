@@ -6,7 +6,7 @@ import hashlib
 import secrets
 from datetime import datetime, timedelta
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from store.models import ApiKey, Project, utcnow
@@ -106,6 +106,15 @@ def revoke(session: Session, project_id: str, key_id: str) -> list[str] | None:
 def is_live(session: Session, key_id: str) -> bool:
     """Whether the key is still unrevoked (read inside the transaction that mints a child)."""
     return session.scalar(select(ApiKey.revoked_at.is_(None)).where(ApiKey.id == key_id)) is True
+
+
+def live_key_count(session: Session, project_id: str) -> int:
+    """The project's keys neither revoked nor expired, read with the project's row locked (PostgreSQL),
+    so that concurrent mints of one project count one after another."""
+    session.execute(select(Project.id).where(Project.id == project_id).with_for_update())
+    live = (ApiKey.project_id == project_id, ApiKey.revoked_at.is_(None))
+    unexpired = ApiKey.expires_at.is_(None) | (ApiKey.expires_at > utcnow())
+    return int(session.scalar(select(func.count()).select_from(ApiKey).where(*live, unexpired)) or 0)
 
 
 def list_keys(session: Session, project_id: str) -> list[ApiKey]:

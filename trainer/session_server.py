@@ -240,8 +240,10 @@ class SessionService:
         return _json({"metrics": metrics})
 
     def _save(self, kind: str, name: str) -> Save:
-        if not NAME.match(name):
-            raise SessionCallError(f"path: {name!r} is not a save name; use letters, digits, '.', '_' and '-' (1-100)")
+        if not NAME.match(name) or name in (".", ".."):  # the dot names are the folder itself and its parent
+            raise SessionCallError(
+                f"path: {name!r} is not a save name; use letters, digits, '.', '_' and '-' (1-100), not '.' or '..'"
+            )
         self._saves += 1
         return Save(self._saves, self.work / kind / name, self.out / kind / name)
 

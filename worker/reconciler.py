@@ -42,12 +42,19 @@ def reconcile_once(settings: Settings, app: Celery, take_lapsed: bool = False) -
         if (waiting := broker_backlog(app, queue)) is not None and waiting >= found.sent.get(queue, 0)
     }
     jobs = [(d.job_id, d.queue) for d in found.due if not (d.sent_before and d.queue in intact)]
+    sent = 0
     for job_id, queue in jobs:
-        task_id = send_job(app, job_id, queue)
+        try:
+            task_id = send_job(app, job_id, queue)
+        except Exception as exc:  # the broker refused this one (down, or a key of its queue's name that is not
+            # a queue): the next round tries again, and the jobs after it in this round are sent regardless
+            log.warning("could not re-deliver job %s to %s: %s", job_id, queue, exc)
+            continue
         with session_scope(settings.database.url) as s:
             mark_dispatched(s, job_id, task_id)
         log.info("re-delivered job %s to %s", job_id, queue)
-    return len(jobs)
+        sent += 1
+    return sent
 
 
 def broker_backlog(app: Celery, queue: str) -> int | None:
@@ -93,7 +100,7 @@ def start(settings: Settings, app: Celery) -> threading.Event:
             try:
                 reconcile_once(settings, app, take_lapsed=db.settled(now))
                 db.succeeded(now)
-            except Exception as exc:  # database or broker down: try again next round
+            except Exception as exc:  # the database down (a broker's refusal is per job, above): next round
                 log.warning("reconcile failed: %s", exc)
                 db.failed()
 

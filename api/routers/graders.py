@@ -247,7 +247,7 @@ def _submit(spec: GradeSpec, project_id: str, settings: Any, route: str) -> str:
     with get_sessionmaker(settings.database.url)() as session:
         check_job_refs(session, project_id, model_refs(spec))  # the grader's models: this project's jobs
         config = admit({"": spec}, settings)[""]
-        job = job_row(project_id, spec, config, name=route)
+        job = job_row(project_id, spec, config, settings, name=route)
         session.add(job)
         commit_and_dispatch(session, settings, project_id, [(job, f"queued on '{job.queue}' by POST /v1/{route}")])
         return job.id

@@ -96,7 +96,7 @@ def create_job(
     check_job_refs(session, caller.project_id, model_refs(spec))  # another job's output: one of the project's
     check_file_refs(session, caller.project_id, spec)
     config = admit({"": spec}, settings)[""]
-    job = job_row(caller.project_id, spec, config, idempotency_key=idempotency_key, request_hash=digest)
+    job = job_row(caller.project_id, spec, config, settings, idempotency_key=idempotency_key, request_hash=digest)
     session.add(job)
     try:
         commit_and_dispatch(session, settings, caller.project_id, [(job, f"queued on '{job.queue}'")])

@@ -11,7 +11,7 @@ from sqlalchemy.exc import IntegrityError
 from api.deps import AnyCallerDep, CallerDep, SessionDep, SettingsDep, forget_key, owned
 from api.problems import ADMIN_REQUIRED, KEY_NOT_FOUND, KEY_OUTLIVES, REVOKE_NOT_HELD, SCOPE_NOT_HELD, Problem
 from mathrl.schemas import KEY_SCOPES, KeyCreated, KeyCreateRequest, KeyResponse, Page
-from store.keys import create_key, get_or_create_project, is_live, list_keys, revoke
+from store.keys import create_key, get_or_create_project, is_live, list_keys, live_key_count, revoke
 from store.models import ApiKey, utcnow
 
 router = APIRouter(prefix="/v1/keys", tags=["keys"])
@@ -43,6 +43,14 @@ def create(body: KeyCreateRequest, session: SessionDep, caller: AnyCallerDep, se
     if extra := [x for x in scopes if x not in held]:
         detail = SCOPE_NOT_HELD.format(extra=", ".join(repr(x) for x in extra))
         raise Problem(403, "Forbidden", detail, [{"pointer": "/scopes", "detail": detail}])
+    cap = settings.limits.max_keys_per_project
+    if live_key_count(session, project.id) >= cap:
+        session.rollback()
+        detail = (
+            f"project {project.name!r} holds {cap} live API keys, the most it may: revoke some "
+            "(DELETE /v1/keys/{id}) before minting another"
+        )
+        raise Problem(409, "Too many keys", detail)
     days = body.expires_in_days if body.expires_in_days is not None else settings.auth.default_key_days
     expires_at = _within_parent(caller.key, days or None, asked=body.expires_in_days is not None)
     parent_id = caller.key.id if caller.key is not None else None

@@ -336,7 +336,7 @@ def create(
     check_job_refs(session, caller.project_id, model_refs(spec))
     config = admit({"": spec}, settings)[""]
     config.openai = {"request": body.model_dump(mode="json", exclude_none=True), "mapping": mapping}
-    job = job_row(caller.project_id, spec, config, idempotency_key=idempotency_key, request_hash=digest)
+    job = job_row(caller.project_id, spec, config, settings, idempotency_key=idempotency_key, request_hash=digest)
     session.add(job)
     try:
         commit_and_dispatch(

@@ -243,7 +243,7 @@ def _submit(project_id: str, settings: Any, model: str, fields: dict[str, Any]) 
             err = exc.errors()[0]
             raise Problem.at("/" + "/".join(str(p) for p in err["loc"]), err["msg"]) from None
         config = admit({"": spec}, settings)[""]
-        job = job_row(project_id, spec, config)
+        job = job_row(project_id, spec, config, settings)
         session.add(job)
         where = f"/v1/{'chat/completions' if spec.messages is not None else 'completions'}"
         commit_and_dispatch(session, settings, project_id, [(job, f"queued on '{job.queue}' by POST {where}")])

@@ -170,6 +170,7 @@ def create_pipeline(
             caller.project_id,
             final,
             configs[step],
+            settings,
             start=not deps[step],
             id=ids[step],
             name=final.name or f"{spec.name or 'pipeline'}/{step}",

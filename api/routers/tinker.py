@@ -246,7 +246,7 @@ def _submit(settings: Settings, project_id: str, fields: dict[str, Any], what: s
         # another job's output ('job:', 'ft:' names): one of the project's, before admit reads its config
         check_job_refs(session, project_id, model_refs(spec))
         config = admit({"": spec}, settings)[""]
-        job = job_row(project_id, spec, config)
+        job = job_row(project_id, spec, config, settings)
         session.add(job)
         commit_and_dispatch(session, settings, project_id, [(job, f"queued on '{job.queue}' by POST /api/v1/{what}")])
         return str(job.id)

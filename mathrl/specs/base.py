@@ -25,6 +25,8 @@ class StrictModel(BaseModel):
 # seeds go to numpy, torch and random: numpy takes 0 .. 2**32 - 1
 MAX_SEED = 2**32 - 1
 
+POOL_NAME = re.compile(r"^[a-z0-9][a-z0-9-]*$")  # a queue name: resources.pool, settings worker.pools
+QUEUE_LENGTH = 32  # the jobs table's queue column: a pool's name, and 'gpu-64-' + gpu_type
 RAY_QUEUE = "ray"  # the queue of jobs with resources.nodes > 1 (workers that submit to a Ray cluster)
 
 
@@ -45,16 +47,17 @@ class Resources(StrictModel):
     )
     gpu_type: str | None = Field(
         None,
-        max_length=32,
+        max_length=QUEUE_LENGTH - len("gpu-64-"),
         pattern=r"^[a-z0-9][a-z0-9-]*$",
         description="The GPU model a one-node GPU job needs, e.g. 'h100': it goes to queue 'gpu-N-<gpu_type>' (a "
         "worker pool of that card) instead of 'gpu-N'. Needs gpus > 0; not with pool or nodes > 1.",
     )
     pool: str | None = Field(
         None,
-        max_length=64,
-        pattern=r"^[a-z0-9][a-z0-9-]*$",
-        description="A named worker pool's queue (e.g. 'h100-vllm'); default: 'cpu' or 'gpu-N' from gpus.",
+        max_length=QUEUE_LENGTH,
+        pattern=POOL_NAME.pattern,
+        description="A worker pool's queue that the operator runs (e.g. 'h100-vllm'; another name is refused, "
+        "with the ones it runs); default: 'cpu' or 'gpu-N' from gpus.",
     )
     processes: int | None = Field(
         None,

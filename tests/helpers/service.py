@@ -34,6 +34,14 @@ def service_env(db_url: str, broker_url: str, artifacts: Path) -> dict[str, str]
         "MATHRL_WORKER__CANCEL_GRACE_SECONDS": "3",
         "MATHRL_WORKER__RECONCILE_SECONDS": "1",
         "MATHRL_WORKER__REDELIVER_AFTER_SECONDS": "8",
+        # the pools tests name: '-parked' ones no test worker serves (their jobs stay queued), the rest
+        # served by the workers of the tests that name them
+        "MATHRL_WORKER__POOLS": json.dumps(
+            dict.fromkeys(
+                ["cpu", "abuse-parked", "objects-parked", "graders-parked", "routes-parked", "results-parked"], 0
+            )
+            | {"vllm-test": 0, "vllm-drill": 0, "nogpu-test": 1}
+        ),
         "PYTHONUNBUFFERED": "1",
         "TOKENIZERS_PARALLELISM": "false",
         "HF_HUB_OFFLINE": "1",

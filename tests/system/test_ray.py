@@ -72,6 +72,7 @@ def ray_service(
     """The API and a worker for the 'ray' queue (and the 'ray-1' pool, which the operator set to
     run on Ray too), both configured with the cluster's address."""
     env = service_env(pg_url, redis_url, tmp_path_factory.mktemp("artifacts-ray"))
+    pools = {**json.loads(env["MATHRL_WORKER__POOLS"]), "ray-dead": 0, "ray-lost": 0}  # workers of a wrong address
     env.update(
         {
             "MATHRL_RAY__ADDRESS": ray_cluster,
@@ -79,6 +80,7 @@ def ray_service(
             "MATHRL_RAY__GPUS_PER_NODE": "0",
             "MATHRL_RAY__PYTHON": sys.executable,
             "MATHRL_RAY__LOST_AFTER_SECONDS": "10",
+            "MATHRL_WORKER__POOLS": json.dumps(pools),
         }
     )
     svc = Service(env=env, logs=tmp_path_factory.mktemp("logs-ray"), port=free_port())

@@ -131,6 +131,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 {{- include "mathrl.rayEnv" . }}
 {{- include "mathrl.memoryEnv" . }}
+{{- include "mathrl.poolsEnv" . }}
 {{- with .Values.extraEnv }}
 {{ toYaml . }}
 {{- end }}
@@ -210,6 +211,19 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
   value: {{ .requestTimeoutSeconds | quote }}
 {{- end }}
 {{- end }}
+{{- end -}}
+
+{{/* The queues the worker pools consume, each with one job slot's GPUs (gpus over concurrency): the API
+refuses a resources.pool that is none of them, and counts a job in one as holding at least a slot's GPUs */}}
+{{- define "mathrl.poolsEnv" -}}
+{{- $pools := dict }}
+{{- range .Values.workerPools }}
+{{- $gpus := int (ternary .gpus $.Values.workerDefaults.gpus (hasKey . "gpus")) }}
+{{- $slots := int (ternary .concurrency $.Values.workerDefaults.concurrency (hasKey . "concurrency")) }}
+{{- range .queues }}{{ $_ := set $pools . (div $gpus (max $slots 1)) }}{{ end }}
+{{- end }}
+- name: MATHRL_WORKER__POOLS
+  value: {{ $pools | toJson | quote }}
 {{- end -}}
 
 {{/* The GPU memory of each GPU pool's queues (workerPools[].gpuMemoryGiB over workerDefaults), for

@@ -265,6 +265,29 @@ def test_quota_of_gpus(app_client: Any) -> None:
 
 
 @pytest.mark.quick
+def test_a_pool_is_one_the_workers_consume_and_a_job_there_holds_a_slots_gpus(app_client: Any) -> None:
+    """A named pool the operator does not run is refused (its job would wait forever; 'unacked', a
+    list in kombu's own hash key, stopped delivery for every project); a job in a GPU pool holds
+    at least a slot's GPUs against the quota, however few it asked for."""
+    h = admin_key(app_client)
+    for name in ("unacked", "gpu-8", "nobody-runs-this"):
+        r = app_client.post("/v1/jobs", json=parked_eval(resources={"pool": name}), headers=h)
+        assert r.status_code == 422 and r.json()["errors"][0]["pointer"] == "/resources/pool", r.text
+        assert f"resources.pool '{name}' is not a pool this server runs" in r.json()["detail"], r.text
+        assert "abuse-parked" in r.json()["detail"], r.text  # the ones it runs
+    pools = {**get_settings().worker.pools, "gpu-8-parked": 8}
+    with overridden(worker={"pools": pools}, limits={"max_active_gpus": 10}):
+        ok = app_client.post("/v1/jobs", json=parked_eval(resources={"pool": "gpu-8-parked"}), headers=h)
+        assert ok.status_code == 201, ok.text
+        r = app_client.post("/v1/jobs", json=parked_eval(resources={"pool": "gpu-8-parked", "gpus": 1}), headers=h)
+        assert r.status_code == 429 and r.json()["errors"][0]["pointer"] == "/resources/gpus", r.text
+        assert "holds 8 GPUs" in r.json()["detail"] and "to 16 GPUs" in r.json()["detail"], r.text
+        app_client.post(f"/v1/jobs/{ok.json()['id']}/cancel", headers=h)
+    with pytest.raises(ValueError, match="a key the broker keeps itself"):
+        type(get_settings().worker)(pools={"unacked": 0})
+
+
+@pytest.mark.quick
 @pytest.mark.parametrize(
     ("limits", "spec", "pointer"),
     [
@@ -309,6 +332,31 @@ def test_rate_limit_per_key(app_client: Any) -> None:
         assert app_client.get("/livez").status_code == 200  # health is exempt
         assert app_client.get("/metrics").status_code == 200
     ratelimit.reset()
+
+
+@pytest.mark.quick
+def test_a_projects_keys_share_one_rate_and_their_number_is_capped(app_client: Any) -> None:
+    """Keys a project mints for itself bought it their number times the rate (and, past 10,000 of
+    them, cleared every tenant's cached keys and buckets): they share one project bucket now, and a
+    project holds at most limits.max_keys_per_project live keys."""
+    from api import ratelimit
+
+    h = admin_key(app_client)
+    made = [app_client.post("/v1/keys", json={}, headers=h).json() for _ in range(3)]
+    keys = [h, *({"Authorization": f"Bearer {m['key']}"} for m in made)]
+    ratelimit.reset()
+    with overridden(limits={"rate_per_project_per_second": 0.5, "burst_per_project": 4}):
+        assert [app_client.get("/v1/jobs", headers=k).status_code for k in keys] == [200] * 4  # one each
+        r = app_client.get("/v1/jobs", headers=keys[1])  # a key with its own bucket full
+        assert r.status_code == 429 and "across your project's API keys" in r.json()["detail"], r.text
+        assert app_client.get("/v1/jobs", headers=admin_key(app_client)).status_code == 200  # per project
+    ratelimit.reset()
+    with overridden(limits={"max_keys_per_project": 5}):
+        assert app_client.post("/v1/keys", json={}, headers=h).status_code == 201  # the fifth live key
+        r = app_client.post("/v1/keys", json={}, headers=h)
+        assert r.status_code == 409 and "holds 5 live API keys" in r.json()["detail"], r.text
+        assert app_client.delete(f"/v1/keys/{made[0]['id']}", headers=h).status_code == 204
+        assert app_client.post("/v1/keys", json={}, headers=h).status_code == 201  # one revoked: room for one
 
 
 # --- 4. sources ----------------------------------------------------------------------------
@@ -531,6 +579,14 @@ def test_key_scopes_limit_what_a_key_may_do(app_client: Any) -> None:
             app_client.delete(f"/v1/keys/{owner['id']}", headers=headers),
         ):
             assert r.status_code == 403 and "'keys' scope" in r.json()["detail"], r.text
+    # behind a proxy's prefix (a root path) the route is the same route: the URL's path began with it,
+    # and a read key listed and minted keys
+    from fastapi.testclient import TestClient
+
+    prefixed = TestClient(app_client.app, root_path="/mathrl")
+    for r in (prefixed.get("/mathrl/v1/keys", headers=hr), prefixed.post("/mathrl/v1/keys", json={}, headers=hs)):
+        assert r.status_code == 403 and "'keys' scope" in r.json()["detail"], r.text
+    assert prefixed.get("/mathrl/v1/keys", headers=h).status_code == 200
     # a key with 'keys' cannot grant more than it holds
     keeper = app_client.post("/v1/keys", json={"scopes": ["read", "keys"]}, headers=h).json()
     r = app_client.post("/v1/keys", json={"scopes": ["submit"]}, headers={"Authorization": f"Bearer {keeper['key']}"})
@@ -652,7 +708,7 @@ def test_concurrent_submits_at_the_last_free_slot_admit_one(pg_url: str) -> None
     from store.keys import get_or_create_project
     from store.models import Job
 
-    settings = Settings(limits={"max_active_jobs": 3})  # type: ignore[arg-type]
+    settings = Settings(limits={"max_active_jobs": 3}, worker={"pools": {"abuse-parked": 0}})  # type: ignore[arg-type]
     with session_scope(pg_url) as s:
         project_id = get_or_create_project(s, f"race-{uuid.uuid4().hex[:8]}").id
         for _ in range(2):  # two of the three slots taken
@@ -666,7 +722,7 @@ def test_concurrent_submits_at_the_last_free_slot_admit_one(pg_url: str) -> None
         try:
             with session_scope(pg_url) as s:
                 config = admit({"": spec}, settings)[""]
-                job = job_row(project_id, spec, config)
+                job = job_row(project_id, spec, config, settings)
                 s.add(job)
                 s.flush()
                 time.sleep(0.2)  # between the insert and the quota read: a racer would slip in now

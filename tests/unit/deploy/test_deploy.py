@@ -376,6 +376,23 @@ def test_ingress_hpa_and_service_monitor(default: Rendered, gpu: Rendered) -> No
 
 
 @pytest.mark.quick
+def test_the_api_and_workers_know_the_queues_the_pools_consume(default: Rendered, gpu: Rendered) -> None:
+    """resources.pool is refused unless a pool consumes it; a job in one holds a job slot's GPUs."""
+    from service.settings import Settings
+
+    def pools(r: Rendered, deployment: str) -> dict[str, int]:
+        return dict(json.loads(env_of(container(r.get("Deployment", deployment)))["MATHRL_WORKER__POOLS"]["value"]))
+
+    assert pools(default, "mathrl-api") == {"cpu": 0, "gpu-1": 1}
+    assert pools(gpu, "mathrl-api") == {"cpu": 0, "gpu-1": 1, "gpu-8": 8, "h100-vllm": 8}
+    assert pools(gpu, "mathrl-worker-gpu-8") == pools(gpu, "mathrl-api")
+    values = gpu_values()
+    values["workerPools"][2]["concurrency"] = 2  # two jobs at once on an 8-GPU pod: 4 GPUs a slot
+    assert pools(render(values), "mathrl-api")["h100-vllm"] == 4
+    assert Settings(worker={"pools": pools(gpu, "mathrl-api")}).worker.pools["gpu-8"] == 8  # type: ignore[arg-type]
+
+
+@pytest.mark.quick
 def test_config_and_settings_names_are_real_settings(default: Rendered) -> None:
     from service.settings import Settings
 
@@ -390,7 +407,7 @@ def test_config_and_settings_names_are_real_settings(default: Rendered) -> None:
         for part in parts:
             assert part in model.model_fields, f"{name}: no setting {part!r}"
             model = model.model_fields[part].annotation
-    as_json = {"MATHRL_TRUSTED_PROXIES": "[]", "MATHRL_FINE_TUNING__MODEL_ALIASES": "{}"}  # list and dict settings
+    as_json = {"MATHRL_TRUSTED_PROXIES": "[]", "MATHRL_FINE_TUNING__MODEL_ALIASES": "{}", "MATHRL_WORKER__POOLS": "{}"}
     os_env = {n: as_json.get(n, "x") for n in names}
     os_env |= {"MATHRL_DATABASE__URL": "postgresql+psycopg://u@h/d"}
     import os

@@ -308,3 +308,14 @@ def test_a_gpu_type_routes_a_gpu_job_to_that_cards_queue() -> None:
             parse_spec({**base, "resources": resources})
     with pytest.raises(ValidationError, match="gpu_type"):
         parse_spec({**base, "resources": {"gpus": 1, "gpu_type": "H100!"}})
+
+
+def test_every_queue_a_spec_can_name_fits_the_queue_column() -> None:
+    """A 32-character gpu_type made 'gpu-64-<type>' 39 characters, which PostgreSQL refused at the
+    commit (a 422 that blamed a NUL byte); a pool could be 64."""
+    base = {"kind": "eval", "model": "org/m", "benchmark": "gsm8k"}
+    longest = parse_spec({**base, "resources": {"gpus": 64, "gpu_type": "a" * 25}}).resources.queue
+    assert len(longest) == 32
+    for resources in ({"gpus": 64, "gpu_type": "a" * 26}, {"pool": "p" * 33}):
+        with pytest.raises(ValidationError, match="at most"):
+            parse_spec({**base, "resources": resources})

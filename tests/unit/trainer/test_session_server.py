@@ -70,6 +70,10 @@ def test_a_failed_call_fails_its_future_with_the_reason(service: SessionService)
     assert unknown["category"] == "user"
     step = service.submit("optim_step", json.dumps({"seq_id": 3, "optimizer_params": {"type": "dimuon"}}).encode())
     assert "adamw" in json.loads(service.retrieve(step["request_id"]).body)["error"]
+    for seq, name in ((4, ".."), (5, ".")):  # '..' made promote rename the session's folder into itself
+        save = service.submit("save_weights", json.dumps({"seq_id": seq, "path": name}).encode())
+        answer = json.loads(service.retrieve(save["request_id"]).body)
+        assert "is not a save name" in answer["error"] and answer["category"] == "user", answer
 
 
 def test_a_sampler_keeps_the_weights_it_was_made_with(service: SessionService) -> None:

@@ -144,3 +144,35 @@ def test_a_waiting_message_is_not_sent_again_a_lost_one_is(
     assert broker_backlog(app, queue) == 0
     assert reconcile_once(settings, app) == 1  # lost: sent again
     assert broker_backlog(app, queue) == 1
+
+
+def test_a_job_the_broker_refuses_does_not_stop_the_others_of_the_round(tmp_path: Path, redis_url: str) -> None:
+    """A queue whose name the broker holds as another type of key (a job in a pool named 'unacked'
+    met kombu's hash, before pools were checked at submit) made LPUSH fail; the round stopped
+    there, and the jobs of other projects after it were never re-sent."""
+    import uuid
+
+    import redis
+
+    from service.settings import Settings
+    from worker.celery_app import make_celery
+    from worker.reconciler import broker_backlog, reconcile_once
+
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    upgrade(url)
+    settings = Settings(database={"url": url}, broker={"url": redis_url}, worker={"redeliver_after_seconds": 0})  # type: ignore[arg-type]
+    app = make_celery(redis_url)
+    bad, good = f"hash-{uuid.uuid4().hex[:8]}", f"parked-{uuid.uuid4().hex[:8]}"
+    r = redis.Redis.from_url(redis_url)
+    r.hset(bad, "k", "v")
+    try:
+        with session_scope(url) as s:
+            proj = Project(name="p")
+            s.add(proj)
+            s.flush()
+            for queue in (bad, good):  # the refused one first
+                s.add(Job(project_id=proj.id, kind="eval", spec={}, tags=[], status="queued", queue=queue))
+        assert reconcile_once(settings, app) == 1
+        assert broker_backlog(app, good) == 1
+    finally:
+        r.delete(bad, good)
