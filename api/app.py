@@ -50,12 +50,15 @@ class LimitsAndMetrics:
     past `max_bytes`, by Content-Length or, for a chunked body, while it is read. Records
     Prometheus metrics."""
 
-    def __init__(self, app: Any, max_bytes: int, upload_bytes: int) -> None:
-        # uploads (POST /v1/files) may be as large as a file may, and its multipart framing
-        self.app, self.max_bytes, self.upload_bytes = app, max_bytes, upload_bytes + 64 * 1024
+    def __init__(self, app: Any, max_bytes: int, upload_bytes: int, call_bytes: int) -> None:
+        self.app, self.max_bytes = app, max_bytes
+        self.larger = {
+            "/v1/files": upload_bytes + 64 * 1024,  # an upload may be as large as a file may, and its multipart framing
+            "/api/v1/forward_backward": call_bytes,  # a Tinker batch's chunk (settings.sessions.max_call_bytes)
+        }
 
     def _limit(self, scope: dict[str, Any]) -> int:
-        return self.upload_bytes if scope["path"].rstrip("/") == "/v1/files" else self.max_bytes
+        return self.larger.get(scope["path"].rstrip("/"), self.max_bytes)
 
     def _too_large(self, limit: int) -> str:
         return f"{problems.TOO_LARGE} Limit: {limit} bytes."
@@ -153,7 +156,10 @@ def create_app() -> FastAPI:
     app.include_router(web_router)  # /ui: status pages (their data comes from the API above)
     problems.install(app)
     app.add_middleware(
-        LimitsAndMetrics, max_bytes=settings.max_request_bytes, upload_bytes=settings.files.max_file_bytes
+        LimitsAndMetrics,
+        max_bytes=settings.max_request_bytes,
+        upload_bytes=settings.files.max_file_bytes,
+        call_bytes=settings.sessions.max_call_bytes,
     )
     return app
 

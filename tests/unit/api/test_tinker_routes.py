@@ -52,6 +52,17 @@ def test_a_call_that_cannot_be_served_is_a_400_naming_the_field(
     assert r.json()["errors"][0]["pointer"] == pointer, r.json()
 
 
+def test_a_forward_backward_chunk_may_be_larger_than_other_requests(app_client: Any) -> None:
+    """The SDK sends a batch's data in chunks of up to about 5 MB, which it cannot be told to make
+    smaller: 1 MB (max_request_bytes) refused an ordinary RL batch with 413 at its first call."""
+    key = _tinker(admin_key(app_client))
+    body = {"forward_backward_input": {"data": [], "pad": "x" * 3_000_000}, "model_id": "s:train:0", "seq_id": 1}
+    r = app_client.post("/api/v1/forward_backward", json=body, headers=key)
+    assert r.status_code == 400 and "model_id" in r.json()["detail"], r.text  # read whole, then answered
+    r = app_client.post("/api/v1/optim_step", json={**body, "adam_params": {}}, headers=key)
+    assert r.status_code == 413, r.text
+
+
 def test_what_is_not_in_the_project_is_a_404(app_client: Any) -> None:
     key = _tinker(admin_key(app_client))
     missing = "01a00000-0000-7000-8000-000000000000"
