@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
+import httpx
 import typer
 import yaml
 from rich.console import Console
@@ -38,6 +39,21 @@ class _Commands(TyperGroup):
             return super().invoke(ctx)
         except MathRLError as exc:
             _fail(exc)
+        except httpx.HTTPError as exc:  # no answer at all: down, a wrong address, a URL without its scheme
+            where = str(exc.request.url) if _has_request(exc) else "the service"
+            err.print(
+                f"[red]cannot reach {where}[/red]: {type(exc).__name__}: {exc or 'no answer'}. Check --url or "
+                "MATHRL_URL (e.g. http://localhost:8000) and that the service is running."
+            )
+            raise typer.Exit(1) from None
+
+
+def _has_request(exc: httpx.HTTPError) -> bool:
+    try:
+        exc.request  # noqa: B018 (unset on errors raised before a request was built)
+    except RuntimeError:
+        return False
+    return True
 
 
 app = typer.Typer(
@@ -89,7 +105,10 @@ def _print_jobs(jobs: list[JobResponse]) -> None:
 
 def load_spec_file(path: Path) -> dict[str, Any]:
     """YAML or JSON; YAML is loaded with the safe loader (no Python objects)."""
-    text = path.read_text()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:  # a UTF-16 file (PowerShell's `>` writes one), a folder, no access
+        raise typer.BadParameter(f"{path} cannot be read as UTF-8 text: {exc}") from exc
     try:
         data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except (ValueError, yaml.YAMLError) as exc:  # a python/object tag is a YAMLError here, never a call
