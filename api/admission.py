@@ -166,6 +166,8 @@ def _under_roots(value: str, roots: list[Path], pointer: str, what: str, setting
         if what == "model"
         else "an uploaded file's id ('file-...') for a file of this project"
     )
+    if "\x00" in raw:  # no file's name holds one (and Path.resolve raises on it)
+        raise _refuse(pointer, f"{value!r} holds a NUL character, which no path can: remove it")
     if not raw.startswith("/"):  # './x', 'x', '~/x': relative to this server's process, not to anything of yours
         raise _refuse(
             pointer,

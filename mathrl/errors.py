@@ -118,7 +118,8 @@ class FileFormatError(MathRLException, ValueError):
         self.errors = errors  # (line, field, what is wrong)
         first = errors[0]
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-        super().__init__(f"line {first[0]}: {first[1]}: {first[2]}{more}")
+        where = f"line {first[0]}: {first[1]}" if first[1] else f"line {first[0]}"  # a line's own error: no field
+        super().__init__(f"{where}: {first[2]}{more}")
 
 
 class RefusedURL(MathRLException, ValueError):

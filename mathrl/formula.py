@@ -57,11 +57,13 @@ def parse(formula: str, names: Iterable[str]) -> ast.Expression:
             raise FormulaError(f"the formula nests deeper than {MAX_DEPTH} levels: write it flatter")
         stack.extend((child, depth + 1) for child in ast.iter_child_nodes(node) if isinstance(child, ast.expr))
     known = set(names)
+    callees = {id(node.func) for node in ast.walk(tree) if isinstance(node, ast.Call)}  # checked as calls below
     for node in ast.walk(tree):
         if isinstance(node, ast.Name):
-            if node.id not in known and node.id not in FUNCTIONS:
+            if id(node) not in callees and node.id not in known:  # a function's bare name is no value
+                hint = f": {node.id} is a function, call it (e.g. {node.id}(a, b))" if node.id in FUNCTIONS else ""
                 raise FormulaVariableError(
-                    f"{node.id!r} is not one of the graders ({', '.join(sorted(known)) or 'none'})"
+                    f"{node.id!r} is not one of the graders ({', '.join(sorted(known)) or 'none'}){hint}"
                 )
         elif isinstance(node, ast.Call):
             if not isinstance(node.func, ast.Name) or node.func.id not in FUNCTIONS or node.keywords:

@@ -82,7 +82,9 @@ def check_jsonl(data: bytes, max_lines: int) -> FileStats:
         raise FileFormatError([(1, "", f"the file is not UTF-8 (byte {e.start})")]) from None
     stats = FileStats()
     errors: list[tuple[int, str, str]] = []
-    for n, line in enumerate(text.splitlines(), start=1):
+    # lines end at '\n' alone: str.splitlines also splits at U+2028, U+2029 and U+0085, which JSON strings
+    # may hold raw (json.dumps(..., ensure_ascii=False) writes them)
+    for n, line in enumerate((line.removesuffix("\r") for line in text.split("\n")), start=1):
         if not line.strip():
             continue
         stats.lines += 1
@@ -92,6 +94,8 @@ def check_jsonl(data: bytes, max_lines: int) -> FileStats:
             obj = json.loads(line)
         except ValueError as e:
             errors.append((n, "", f"not JSON: {e}"))
+        except RecursionError:
+            errors.append((n, "", "not JSON this server reads: it nests too deeply"))
         else:
             bad = check_line(obj)
             errors.extend((n, f, what) for f, what in bad)

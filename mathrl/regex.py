@@ -48,7 +48,7 @@ def _refusal(pattern: str, re2_error: Exception) -> PatternError:
     why = text.decode(errors="replace") if isinstance(text, bytes) else str(text)
     try:
         re.compile(pattern)
-    except re.error as exc:
+    except (re.error, OverflowError, RecursionError) as exc:  # a{99999999999}: OverflowError, not re.error
         return PatternError(f"not a regular expression: {exc}")
     if "too large" in why or "repetition size" in why:
         return PatternError(f"too large for RE2 ({why}): lower its repetition counts (at most 1000)")
@@ -74,7 +74,7 @@ def check(pattern: str) -> int:
         return int(compile_pattern(pattern).groups)
     try:
         return re.compile(pattern).groups
-    except re.error as exc:
+    except (re.error, OverflowError, RecursionError) as exc:
         raise PatternError(f"not a regular expression: {exc}") from None
 
 

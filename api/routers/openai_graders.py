@@ -16,7 +16,8 @@ import time
 from typing import Any
 
 from fastapi import APIRouter
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from api.deps import CallerDep, SettingsDep
 from api.problems import Problem
@@ -123,11 +124,21 @@ async def run(body: GraderRunParams, caller: CallerDep, settings: SettingsDep) -
     }
 
 
+def _item(sample: str, answer: str | None, item: dict[str, Any]) -> GraderItem:
+    """The one sample as a grade job's item; a 422 at the request's own field where it is over a limit."""
+    try:
+        return GraderItem(completion=sample, answer=answer, fields=item)
+    except ValidationError as exc:  # e.g. an answer over 10,000 characters, an item of over 256 fields
+        where = {"completion": ("model_sample",), "answer": ("item", "answer"), "fields": ("item",)}
+        errors = [{**e, "loc": ("body", *where.get(str(e["loc"][0]), ()), *e["loc"][1:])} for e in exc.errors()]
+        raise RequestValidationError(errors) from None
+
+
 async def _on_worker(body: GraderRunParams, project_id: str, settings: Any) -> dict[str, Any]:
     """The grade job's result for the one sample, as grade_openai gives it; 504 past MODEL_WAIT."""
     item = body.item or {}
     answer = item.get("answer") if isinstance(item.get("answer"), str) else None
-    one = GraderItem(completion=body.model_sample, answer=answer, fields=item)
+    one = _item(body.model_sample, answer, item)
     job_id, done = await grade_on_worker(project_id, settings, body.grader, [one], None, MODEL_WAIT, ROUTE)
     if done is None:
         detail = f"the grading job {job_id} did not finish in {MODEL_WAIT:g} s: GET /v1/graders/runs/{job_id} later"

@@ -212,7 +212,10 @@ def _proto_model_id(body: bytes) -> str:
         elif wire == 2:
             size, at = _varint(body, at)
             if number == 1:
-                return body[at : at + size].decode()
+                try:
+                    return body[at : at + size].decode()
+                except UnicodeDecodeError:
+                    break  # not a model id
             at += size
         else:
             break
@@ -449,7 +452,9 @@ async def create_sampling_session(caller: TinkerCaller, settings: SettingsDep, r
         fields.update(_lora_fields(src.spec or {}), model=(src.spec or {}).get("model"))
         fields["load"] = f"job:{src.id}@step-{save.step}"
     elif data.get("base_model"):
-        fields.update(model=data["base_model"], lora_rank=1)  # a new adapter changes nothing: the base model
+        base = data["base_model"]  # an operator's alias, as for create_model (get_server_capabilities lists them)
+        model = settings.fine_tuning.model_aliases.get(str(base), base)
+        fields.update(model=model, lora_rank=1)  # a new adapter changes nothing: the base model
     else:
         raise Problem.at("/base_model", "give base_model or model_path", status=400)
     job_id = await run_in_threadpool(_submit, settings, caller.project_id, fields, "create_sampling_session")

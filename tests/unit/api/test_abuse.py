@@ -189,6 +189,8 @@ def test_nul_characters_are_422_not_503(app_client: Any) -> None:
     r = app_client.get("/v1/jobs", params={"kind": "a\x00b"}, headers=h)
     assert r.status_code == 422 and r.json()["errors"][0]["pointer"] == "query:/kind", r.text
     assert app_client.post("/v1/keys", json={"name": "\x00"}, headers=h).status_code == 422
+    r = app_client.post("/v1/jobs", json=parked_eval(model="/models/m\x00"), headers=h)  # Path.resolve raised: a 500
+    assert r.status_code == 422 and r.json()["errors"][0]["pointer"] == "/model" and "NUL" in r.text, r.text
     assert project_jobs(app_client, h) == []
 
 

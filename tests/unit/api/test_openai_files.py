@@ -74,6 +74,21 @@ def test_a_bad_line_names_the_line_and_field_and_stores_nothing(app_client: Any)
         client.files.create(file=("empty.jsonl", io.BytesIO(b"\n")), purpose="fine-tune")
 
 
+def test_line_and_paragraph_separators_inside_strings_are_text_and_deep_nesting_a_line_error(app_client: Any) -> None:
+    """U+2028, U+2029 and U+0085 may stand raw in a JSON string (json.dumps(ensure_ascii=False)
+    writes them); the check split lines at them and refused valid files. A line of 100,000 '['
+    raised RecursionError: a 500."""
+    import openai
+
+    client = _client(app_client)
+    row = {"messages": [{"role": "user", "content": "a\u2028b\u2029c\u0085d: 1 + 1?"}], "reference_answer": "2"}
+    data = (json.dumps(row, ensure_ascii=False) + "\r\n").encode() * 2
+    f = client.files.create(file=("seps.jsonl", io.BytesIO(data)), purpose="fine-tune")
+    assert f.status == "processed" and client.files.content(f.id).content == data
+    with pytest.raises(openai.BadRequestError, match="line 2: not JSON this server reads: it nests too deeply"):
+        client.files.create(file=("deep.jsonl", io.BytesIO(rft_jsonl(1) + b"[" * 100_000 + b"\n")), purpose="fine-tune")
+
+
 def test_file_limits(app_client: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     import openai
 

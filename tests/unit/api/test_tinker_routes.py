@@ -61,6 +61,9 @@ def test_a_forward_backward_chunk_may_be_larger_than_other_requests(app_client: 
     assert r.status_code == 400 and "model_id" in r.json()["detail"], r.text  # read whole, then answered
     r = app_client.post("/api/v1/optim_step", json={**body, "adam_params": {}}, headers=key)
     assert r.status_code == 413, r.text
+    protobuf = {**key, "content-type": "application/x-protobuf"}
+    r = app_client.post("/api/v1/forward_backward", content=b"\x0a\x01\xff", headers=protobuf)  # a 500 before
+    assert r.status_code == 400 and "carries no model_id" in r.json()["detail"], r.text
 
 
 def test_what_is_not_in_the_project_is_a_404(app_client: Any) -> None:

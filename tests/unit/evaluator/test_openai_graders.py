@@ -70,6 +70,21 @@ def test_text_similarity_metrics_are_the_libraries() -> None:
         GRADER.validate_python({"type": "text_similarity", "reference": REF, "evaluation_metric": "cosine"})
 
 
+def test_a_template_is_read_in_linear_time() -> None:
+    """'{{' and spaces with no '}}' backtracked in cubic time (4,000 characters: 34 s, inside the
+    request's validation, on the API's event loop)."""
+    import time
+
+    from mathrl import templates
+
+    start = time.perf_counter()
+    with pytest.raises(ValidationError, match="a variable is"):  # the one variable, empty
+        GRADER.validate_python({"type": "string_check", "input": "{{" + " " * 3_980 + "x {{ }}", "reference": REF})
+    assert templates.variables("{{" + " " * 20_000) == []
+    assert time.perf_counter() - start < 1.0  # cubic: 34 s for the first, hours for the second
+    assert templates.render("{{ item.a }}-{{item.b}}", {}, {"a": "1", "b": 2}) == "1-2"
+
+
 def test_multi_grader_formula_is_evaluated_safely() -> None:
     g = {
         "type": "multi",
@@ -86,6 +101,7 @@ def test_multi_grader_formula_is_evaluated_safely() -> None:
         ("__import__('os').system('true')", "may be called"),
         ("exact.__class__", "Attribute"),
         ("exact + nobody", "not one of the graders"),
+        ("exact + max", "max is a function, call it"),  # before: a KeyError when computed
         ("[exact][0]", "not allowed"),
         ("2 ** 999", None),
         ("-" * 990 + "exact", "nests deeper than 200"),  # before: RecursionError when computed, deep in a call
@@ -225,6 +241,9 @@ def test_graders_run_and_validate_with_the_openai_sdk(openai_client: Any) -> Non
         openai_client.fine_tuning.alpha.graders.run(grader=stranger, model_sample="x", item=item)
     with pytest.raises(openai.BadRequestError, match="not a fine-tuned model's name"):
         openai_client.fine_tuning.alpha.graders.validate(grader={**score_model, "model": "ft:gpt-4o:x"})
+    # an item over a grade job's limits, for a grader that grades on a worker: a 400 at /item, not a 500
+    with pytest.raises(openai.BadRequestError, match="/item/answer"):
+        openai_client.fine_tuning.alpha.graders.run(grader=score_model, model_sample="x", item={"answer": "1" * 10_001})
 
 
 def test_one_projects_slow_python_graders_do_not_fail_anothers_calls(app_client: Any) -> None:
