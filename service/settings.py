@@ -105,7 +105,7 @@ class WorkerSettings(BaseModel):
     def _pool_names(cls, pools: dict[str, int]) -> dict[str, int]:
         for name, gpus in pools.items():
             if not POOL_NAME.fullmatch(name) or len(name) > QUEUE_LENGTH:
-                raise ValueError(f"worker.pools: {name!r} is not a queue name (a-z, 0-9 and '-', {QUEUE_LENGTH} at most)")
+                raise ValueError(f"worker.pools: {name!r} is not a queue name (a-z, 0-9, '-'; {QUEUE_LENGTH} at most)")
             if name in BROKER_KEYS:
                 raise ValueError(f"worker.pools: {name!r} is a key the broker keeps itself (kombu's): rename it")
             if gpus < 0:

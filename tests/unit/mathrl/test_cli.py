@@ -17,7 +17,8 @@ runner = CliRunner()
 
 @pytest.mark.parametrize("url", ["http://127.0.0.1:{port}", "127.0.0.1:{port}"])  # down; no scheme
 def test_no_service_at_the_url_is_a_message_not_a_traceback(url: str) -> None:
-    result = runner.invoke(app, ["jobs", "list"], env={"MATHRL_URL": url.format(port=free_port()), "MATHRL_API_KEY": "k"})
+    env = {"MATHRL_URL": url.format(port=free_port()), "MATHRL_API_KEY": "k"}
+    result = runner.invoke(app, ["jobs", "list"], env=env)
     assert result.exit_code == 1, result.output
     assert "cannot reach" in result.output and "MATHRL_URL" in result.output, result.output
     assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
