@@ -10,6 +10,8 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Header, Query, Response
+from fastapi.exceptions import RequestValidationError
+from pydantic import ValidationError
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
@@ -143,7 +145,11 @@ def create_pipeline(
                 outside[path] = ref
         check_job_refs(session, caller.project_id, outside, f"/jobs/{step}", " (or name a step of this pipeline)")
         check_file_refs(session, caller.project_id, job_spec, f"/jobs/{step}")
-        finals[step] = parse_spec(body)
+        try:
+            finals[step] = parse_spec(body)
+        except ValidationError as exc:  # a spec that held as sent and not once its references were filled in
+            errors = [{**e, "loc": ("body", "jobs", step, *e["loc"])} for e in exc.errors(include_url=False)]
+            raise RequestValidationError(errors) from None
     configs = admit(finals, settings)
     pipeline = Pipeline(
         id=uuid7(),

@@ -14,11 +14,12 @@ class DynamicSampling(StrictModel):
     """Drop groups with no grading signal and generate more questions in their place (DAPO)."""
 
     enabled: bool = Field(True, description="false: off (true or false may also stand for the whole block).")
-    metric: Literal["correct", "reward"] = Field(
-        "correct",
+    metric: Literal["correct", "reward"] | None = Field(
+        None,
         description="The signal whose variance within a group decides whether it is kept: 'correct', the "
-        "correctness verdict of an accuracy or binary reward (the safe default: a length or format term varies "
-        "among all-wrong answers too), or 'reward', the weighted sum of the rewards.",
+        "correctness verdict of an accuracy or binary reward (a length or format term varies among all-wrong "
+        "answers too), or 'reward', the weighted sum of the rewards. Unset: 'correct' where the rewards hold an "
+        "accuracy or binary reward, else 'reward' (the resolved config says which).",
     )
     max_rounds: int = Field(
         3, ge=1, le=16, description="Generation rounds per step at most; a step still short trains on what it has."

@@ -144,14 +144,17 @@ def resolve_loop(spec: GRPOSpec, values: dict[str, Any]) -> dict[str, Any]:
         explicit = asked is not None
         on = defaults[part] if asked is None else asked.enabled
         settings = (asked or block()).model_dump(exclude={"enabled"})  # the block's own defaults where unset
+        if part == "dynamic_sampling" and settings["metric"] is None:
+            # unset: the verdict where a reward gives one, else the weighted reward (zero variance: zero advantage).
+            # Unset is None, not a default of 'correct' told apart by model_fields_set: the stored spec (every
+            # field dumped) is parsed again by the worker, where a default would read as asked for
+            settings["metric"] = "correct" if checked else "reward"
         if on and part == "dynamic_sampling" and settings["metric"] == "correct" and not checked:
-            if explicit and "metric" in asked.model_fields_set:
-                raise _err(
-                    "dynamic_sampling/metric",
-                    "metric 'correct' needs an accuracy or binary reward to read the verdict from: add one to "
-                    "rewards, or use metric 'reward'",
-                )
-            settings["metric"] = "reward"  # no verdict to read: the weighted reward (zero variance: zero advantage)
+            raise _err(
+                "dynamic_sampling/metric",
+                "metric 'correct' needs an accuracy or binary reward to read the verdict from: add one to "
+                "rewards, or use metric 'reward'",
+            )
         why = None
         if spec.algorithm == "async":
             why = "async GRPO samples in its own rollout worker"

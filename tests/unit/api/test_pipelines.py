@@ -17,7 +17,7 @@ from store.jobs import claim, finish
 from store.migrate import upgrade
 from store.models import Event, Job, Pipeline, Project
 from tests.helpers.api import admin_key
-from tests.helpers.jobs import eval_step, sft_step
+from tests.helpers.jobs import eval_step, parked_grpo, sft_step
 
 ARITH = {"name": "arith-train"}
 
@@ -63,6 +63,22 @@ def test_reference_to_another_projects_job_is_422_and_stores_nothing(app_client:
     assert r.status_code == 422 and r.json()["errors"][0]["pointer"] == "/jobs/e/model", r.text
     assert app_client.get("/v1/pipelines", headers=mine).json()["data"] == []
     assert app_client.get("/v1/jobs", headers=mine).json()["data"] == []
+
+
+@pytest.mark.quick
+def test_a_step_whose_defaults_resolve_by_its_rewards_is_submitted_as_a_job_is(app_client: Any) -> None:
+    """dynamic_sampling with no accuracy reward: the stored spec (every field dumped) parsed again
+    read the default metric 'correct' as asked for; a pipeline answered that with a 500."""
+    grpo = parked_grpo(rewards=[{"name": "format"}], dynamic_sampling=True)
+    h = admin_key(app_client)
+    r = app_client.post("/v1/pipelines", json={"jobs": {"rl": grpo}}, headers=h)
+    assert r.status_code == 201, r.text
+    job = app_client.get(f"/v1/jobs/{r.json()['jobs'][0]['job_id']}", headers=h).json()
+    assert job["resolved_config"]["dynamic_sampling"]["metric"] == "reward"
+    one = app_client.post("/v1/jobs", json=grpo, headers=h).json()
+    assert one["resolved_config"]["dynamic_sampling"]["metric"] == "reward"
+    app_client.post(f"/v1/pipelines/{r.json()['id']}/cancel", headers=h)
+    app_client.post(f"/v1/jobs/{one['id']}/cancel", headers=h)
 
 
 @pytest.mark.quick

@@ -261,6 +261,12 @@ def test_the_loop_resolves_per_preset_and_is_stored() -> None:
         parse_spec({**base, "rewards": [{"name": "reward_model", "model": "org/rm"}], "dynamic_sampling": {}})
     )
     assert shaped.dynamic_sampling is not None and shaped.dynamic_sampling.metric == "reward"
+    # the worker parses the stored spec (every field dumped) again: the unset metric stays unset there; a
+    # default of 'correct' read as asked for and failed the job after its 201
+    for rewards in ([{"name": "format"}], [{"name": "accuracy"}]):
+        spec = parse_spec({**base, "rewards": rewards, "dynamic_sampling": True})
+        stored = parse_spec(spec.model_dump(mode="json"))
+        assert resolve_config(stored).record()["dynamic_sampling"] == resolve_config(spec).record()["dynamic_sampling"]
     asked = resolve_config(
         parse_spec({**base, "curriculum": {"floor": 0.1}, "dynamic_sampling": False, "skip_zero_advantage": False})
     )
