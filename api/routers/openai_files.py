@@ -8,6 +8,7 @@ per project (413, 429)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import tempfile
@@ -24,8 +25,10 @@ from api.deps import CallerDep, SessionDep, SettingsDep
 from api.idempotency import earlier, request_hash
 from api.problems import Problem
 from mathrl.jsonl_files import FileFormatError, check_jsonl
+from mathrl.status import TERMINAL
 from store.ids import uuid7
 from store.models import File as FileRow
+from store.models import Job
 from store.models import Project
 
 router = APIRouter(prefix="/v1/files", tags=["openai: files"])
@@ -190,10 +193,23 @@ def retrieve_file(file_id: str, caller: CallerDep, session: SessionDep) -> dict[
     return file_object(own_file(session, caller.project_id, file_id))
 
 
-@router.delete("/{file_id}", responses={404: {"description": NOT_FOUND}})
+@router.delete("/{file_id}", responses={404: {"description": NOT_FOUND}, 409: {"description": "A job needs it."}})
 def delete_file(file_id: str, caller: CallerDep, session: SessionDep) -> dict[str, Any]:
-    """Delete the file: its row and its bytes. A job that trained on it keeps its own copy."""
+    """Delete the file: its row and its bytes. Refused (409) while a job of the project that reads it has
+    not ended (waiting, queued, running or paused): its worker reads the file when the job starts,
+    and again when it is retried or resumed."""
     row = own_file(session, caller.project_id, file_id)
+    unfinished = session.execute(
+        select(Job.id, Job.spec).where(Job.project_id == caller.project_id, Job.status.not_in(TERMINAL))
+    ).all()
+    # the id anywhere in the spec (dataset.file, eval.file, an OpenAI job's validation file): ids are unique
+    needs = [str(job_id) for job_id, spec in unfinished if file_id in json.dumps(spec)]
+    if needs:
+        detail = (
+            f"{file_id!r} is read by {len(needs)} job(s) of your project that have not ended ({', '.join(needs[:5])}"
+            f"{', ...' if len(needs) > 5 else ''}): cancel them or wait for them to end, then delete it"
+        )
+        raise Problem(409, "File in use", detail)
     path = Path(row.path)
     session.delete(row)
     session.commit()

@@ -89,6 +89,25 @@ def test_line_and_paragraph_separators_inside_strings_are_text_and_deep_nesting_
         client.files.create(file=("deep.jsonl", io.BytesIO(rft_jsonl(1) + b"[" * 100_000 + b"\n")), purpose="fine-tune")
 
 
+def test_a_file_a_job_still_needs_is_not_deleted(app_client: Any) -> None:
+    """Its worker reads it when the job starts, is retried or resumed: deleted under a queued job,
+    the job failed later with 'not a file of this project any more'."""
+    import openai
+
+    from tests.helpers.jobs import parked_grpo
+
+    client = _client(app_client)
+    f = client.files.create(file=("train.jsonl", io.BytesIO(rft_jsonl(4))), purpose="fine-tune")
+    headers = {"Authorization": f"Bearer {client.api_key}"}
+    job = app_client.post("/v1/jobs", json=parked_grpo(dataset={"file": f.id}), headers=headers)
+    assert job.status_code == 201, job.text
+    with pytest.raises(openai.ConflictError, match="read by 1 job"):
+        client.files.delete(f.id)
+    assert client.files.content(f.id).content == rft_jsonl(4)  # nothing lost
+    app_client.post(f"/v1/jobs/{job.json()['id']}/cancel", headers=headers)
+    assert client.files.delete(f.id).deleted
+
+
 def test_file_limits(app_client: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     import openai
 
