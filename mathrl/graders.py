@@ -16,6 +16,7 @@ from mathrl import formula, templates
 from mathrl.errors import FieldError
 from mathrl.modelref import ModelRef
 from mathrl.regex import check_regex
+from mathrl.shallow import JsonObject
 
 
 class _Grader(BaseModel):
@@ -159,10 +160,10 @@ class _ModelGrader(_Grader):
     model: ModelRef = Field(
         ..., description="The grading model: a hub id, a path, 'job:<id>' or an 'ft:' model of this project."
     )
-    input: list[Annotated[dict[str, Any], Field(max_length=8)]] = Field(
+    input: list[Annotated[JsonObject, Field(max_length=8)]] = Field(
         ..., min_length=1, max_length=64, description="The messages, as templates."
     )
-    sampling_params: dict[str, Any] | None = Field(
+    sampling_params: JsonObject | None = Field(
         None, max_length=16, description="The grading model's sampling parameters."
     )
 
@@ -356,6 +357,6 @@ class GraderItem(BaseModel):
     completion: str = Field(..., max_length=100_000, description="A model's completion.")
     answer: str | None = Field(None, max_length=10_000, description="The gold answer ('math' and '{answer}' need it).")
     prompt: str = Field("", max_length=100_000, description="The prompt it answered (reward models read it).")
-    fields: dict[str, Any] | None = Field(
+    fields: JsonObject | None = Field(
         None, max_length=256, description="More fields of the dataset item, for templates ('{{item.<field>}}')."
     )

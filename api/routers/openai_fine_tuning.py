@@ -26,6 +26,7 @@ from api.routers.openai_files import own_file
 from api.submit import admit, check_job_refs, commit_and_dispatch, job_row
 from mathrl.graders import Grader
 from mathrl.modelref import SESSION_SUFFIX, ft_model_name, ftjob_id, job_uuid
+from mathrl.shallow import JsonObject
 from mathrl.specs import model_refs, parse_spec
 from mathrl.specs.resolved import ResolvedConfig
 from store.jobs import has_tag, request_cancel
@@ -68,7 +69,7 @@ class ReinforcementHyperparameters(Hyperparameters):
 class Reinforcement(_Open):
     grader: Grader
     hyperparameters: ReinforcementHyperparameters | None = None
-    response_format: dict[str, Any] | None = None
+    response_format: JsonObject | None = None
 
 
 class Supervised(_Open):
@@ -79,7 +80,7 @@ class Method(_Open):
     type: Literal["supervised", "reinforcement", "dpo"]
     reinforcement: Reinforcement | None = None
     supervised: Supervised | None = None
-    dpo: dict[str, Any] | None = None
+    dpo: JsonObject | None = None
 
 
 class JobCreateParams(_Open):
@@ -93,7 +94,7 @@ class JobCreateParams(_Open):
     )
     hyperparameters: Hyperparameters | None = None  # OpenAI's older top-level form (supervised)
     method: Method | None = None
-    integrations: list[dict[str, Any]] | None = None
+    integrations: list[JsonObject] | None = None
 
 
 def _value(v: Any, auto: Any) -> Any:

@@ -25,6 +25,7 @@ from api.routers.graders import grade_on_worker, grades_on_worker, require_sandb
 from evaluator.bounded import TIMED_OUT
 from evaluator.graders import grade_openai
 from mathrl.graders import Grader, GraderItem
+from mathrl.shallow import JsonObject
 
 router = APIRouter(prefix="/v1/fine_tuning/alpha/graders", tags=["openai: graders"])
 ROUTE = "fine_tuning/alpha/graders/run"
@@ -50,7 +51,7 @@ class GraderRunParams(BaseModel):
 
     grader: Grader
     model_sample: str = Field(..., max_length=100_000, description="The model's output: `sample.output_text`.")
-    item: dict[str, Any] | None = Field(None, description="The dataset item: `item` in templates.")
+    item: JsonObject | None = Field(None, description="The dataset item: `item` in templates.")
 
 
 class GraderValidateParams(BaseModel):

@@ -189,6 +189,13 @@ def test_nul_characters_are_422_not_503(app_client: Any) -> None:
     r = app_client.get("/v1/jobs", params={"kind": "a\x00b"}, headers=h)
     assert r.status_code == 422 and r.json()["errors"][0]["pointer"] == "query:/kind", r.text
     assert app_client.post("/v1/keys", json={"name": "\x00"}, headers=h).status_code == 422
+    deep: Any = 1
+    for _ in range(300):  # free-form JSON past pydantic's serializer's 255 levels: a 500 where it was stored
+        deep = {"a": deep}
+    judge = {"type": "score_model", "model": "org/judge", "input": [{"role": "user", "content": "x"}]}
+    grpo = parked_grpo(rewards=[{"name": "grader", "grader": {**judge, "sampling_params": deep}}])
+    r = app_client.post("/v1/jobs", json=grpo, headers=h)
+    assert r.status_code == 422 and "nests deeper than 32 levels" in r.text, r.text
     r = app_client.post("/v1/jobs", json=parked_eval(model="/models/m\x00"), headers=h)  # Path.resolve raised: a 500
     assert r.status_code == 422 and r.json()["errors"][0]["pointer"] == "/model" and "NUL" in r.text, r.text
     assert project_jobs(app_client, h) == []
