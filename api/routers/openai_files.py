@@ -28,8 +28,7 @@ from mathrl.jsonl_files import FileFormatError, check_jsonl
 from mathrl.status import TERMINAL
 from store.ids import uuid7
 from store.models import File as FileRow
-from store.models import Job
-from store.models import Project
+from store.models import Job, Project
 
 router = APIRouter(prefix="/v1/files", tags=["openai: files"])
 
