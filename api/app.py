@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import gc
+import re
 import time
+import uuid
 from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI
@@ -97,6 +99,7 @@ class LimitsAndMetrics:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        send = _with_request_id(scope, send)
         length = dict(scope.get("headers", [])).get(b"content-length")
         refused = None
         limit = self._limit(scope)
@@ -122,6 +125,23 @@ class LimitsAndMetrics:
             route = getattr(scope.get("route"), "path", "unmatched")
             REQUESTS.labels(scope["method"], route, str(status[0])).inc()
             LATENCY.labels(scope["method"], route).observe(time.perf_counter() - start)
+
+
+REQUEST_ID = re.compile(rb"^[A-Za-z0-9._:-]{1,128}$")
+
+
+def _with_request_id(scope: dict[str, Any], send: Any) -> Any:
+    """`send` that adds x-request-id to the response: the client's (a proxy's) where it sent a sane one,
+    else a new one; the openai SDK reads it into its errors (`e.request_id`) and responses."""
+    given = dict(scope.get("headers", [])).get(b"x-request-id", b"")
+    request_id = given if REQUEST_ID.match(given) else f"req_{uuid.uuid4().hex}".encode()
+
+    async def send_with_id(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", []), (b"x-request-id", request_id)]}
+        await send(message)
+
+    return send_with_id
 
 
 def _tune_gc() -> None:

@@ -1,14 +1,20 @@
 """Idempotency-Key on the routes that create things (POST /v1/jobs, /v1/pipelines,
-/v1/fine_tuning/jobs, /v1/files): the openai SDK, and any careful client, retries a create with
-the same key. The same key and the same request give back the object the first one created (200,
+/v1/fine_tuning/jobs, /v1/files): a careful client retries a create with the same key. The same
+key and the same request give back the object the first one created (200,
 `Idempotent-Replayed: true`); the same key with another request is 409. Keys are per project,
 stored on the created row (a unique (project_id, idempotency_key) per table), so a race between
-two retries leaves one row."""
+two retries leaves one row.
+
+The openai SDK sends no key: it retries a create that timed out or lost its connection (twice by
+default) and says which try it is in `x-stainless-retry-count`. On its routes (files, fine-tuning
+jobs) a retry (count 1 or more) without a key gives back the project's newest row of the same
+request from the last RETRY_WINDOW_SECONDS, where there is one, as a keyed replay would."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+from datetime import timedelta
 from typing import Any, TypeVar
 
 from fastapi import Response
@@ -16,8 +22,10 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from api.problems import IDEMPOTENCY_CONFLICT, Problem
+from store.models import utcnow
 
 Row = TypeVar("Row")
+RETRY_WINDOW_SECONDS = 600.0
 
 
 def request_hash(body: Any) -> str:
@@ -26,15 +34,22 @@ def request_hash(body: Any) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def earlier(session: Session, model: type[Row], project_id: str, key: str | None, digest: str) -> Row | None:
+def earlier(
+    session: Session, model: type[Row], project_id: str, key: str | None, digest: str, retry: str | None = None
+) -> Row | None:
     """The row this key created before in the project (same request), None if the key is new or
     absent; 409 if the key was used with another request; 422 if it is empty (it would be stored as a
-    key, and a second empty one could never be told from a retry). `model`: Job, Pipeline or File."""
+    key, and a second empty one could never be told from a retry). `model`: Job, Pipeline or File.
+    `retry`: the openai SDK's x-stainless-retry-count, for a create without a key (above)."""
     if key == "":
         raise Problem.at("header:/idempotency-key", "is empty: send a unique key (a UUID), or leave the header out")
-    if key is None:
-        return None
     table: Any = model
+    if key is None:
+        if not (retry or "").isdigit() or int(retry or 0) < 1:
+            return None
+        since = utcnow() - timedelta(seconds=RETRY_WINDOW_SECONDS)
+        mine = (table.project_id == project_id, table.request_hash == digest, table.created_at >= since)
+        return session.scalar(select(table).where(*mine).order_by(table.created_at.desc()).limit(1))
     row: Any = session.scalar(select(table).where(table.project_id == project_id, table.idempotency_key == key))
     if row is not None and row.request_hash != digest:
         raise Problem(409, "Conflict", IDEMPOTENCY_CONFLICT)

@@ -96,6 +96,8 @@ def problem_response(
     }
     if errors:
         body["errors"] = errors
+    if final_answer(status, title):
+        headers = {**(headers or {}), "x-should-retry": "false"}
     if openai:
         # OpenAI's error object beside the problem details, for code written against the openai SDK
         # (it reads error.message, .type, .param and .code): the same detail and the first field's pointer
@@ -104,6 +106,14 @@ def problem_response(
         kind, code = openai_error_kind(status, title, instance)
         body["error"] = {"message": detail, "type": kind, "param": param or None, "code": code}
     return JSONResponse(body, status_code=status, media_type=PROBLEM_JSON, headers=headers)
+
+
+def final_answer(status: int, title: str) -> bool:
+    """Whether a retry of the request could only get the same answer, or do the work again: a conflict,
+    a quota (not a rate limit), a completion job that failed or timed out (a retry submits a new one),
+    a server error. The openai SDK retries 409, 429 and every 5xx twice by default, without an
+    Idempotency-Key, unless the answer says x-should-retry: false; 503 (the database away) stays retried."""
+    return status in (409, 500, 502, 504) or (status == 429 and title == "Quota exceeded")
 
 
 # the routes shaped as OpenAI's API (api/routers/openai_*.py)

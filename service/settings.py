@@ -275,7 +275,12 @@ class FineTuningSettings(BaseModel):
         "else transformers), 'vllm', 'hf'.",
     )
     inference_timeout_seconds: float = Field(
-        600.0, gt=0, le=3600, description="How long a completion call waits for its job before a 504 (and a cancel)."
+        570.0,
+        gt=0,
+        le=3600,
+        description="How long a completion call waits for its job before a 504 (and a cancel); under the "
+        "client's read timeout where it sends one (x-stainless-read-timeout, the openai SDK's: 600 s by "
+        "default), so that the client reads the 504 rather than timing out and sending the call again.",
     )
     model_aliases: dict[str, str] = Field(
         default_factory=dict,

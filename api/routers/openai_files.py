@@ -78,9 +78,11 @@ async def create_file(
     file: Annotated[UploadFile, File(description="A JSONL file in OpenAI's fine-tuning format.")],
     purpose: Annotated[str, Form(description="What it is for: 'fine-tune'.")],
     idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
+    x_stainless_retry_count: Annotated[str | None, Header(max_length=8, include_in_schema=False)] = None,
 ) -> dict[str, Any]:
     """Upload a file: checked line by line, then stored in the caller's project. A retry with the
-    same Idempotency-Key (the openai SDK sends one) and the same file returns the first upload."""
+    same Idempotency-Key, or the openai SDK's own retry of this upload (which sends no key), and the
+    same file returns the first upload (api/idempotency.py)."""
     if purpose not in PURPOSES:
         raise _invalid("/purpose", f"{purpose!r} is not a purpose here: use {', '.join(PURPOSES)}")
     limits = settings.files
@@ -93,7 +95,8 @@ async def create_file(
         errors = [{"pointer": f"/file/line/{n}" + (f"/{f}" if f else ""), "detail": what} for n, f, what in e.errors]
         raise Problem(422, "Invalid file", f"/file: {e}", errors) from None
     name = os.path.basename(file.filename or "upload.jsonl")[:255] or "upload.jsonl"
-    key = (idempotency_key, request_hash(purpose.encode() + b"\0" + name.encode() + b"\0" + data))
+    digest = request_hash(purpose.encode() + b"\0" + name.encode() + b"\0" + data)
+    key = (idempotency_key, digest, x_stainless_retry_count)
     return await run_in_threadpool(_store, settings, caller.project_id, name, purpose, data, stats.record(), key)
 
 
@@ -104,8 +107,9 @@ def _store(
     purpose: str,
     data: bytes,
     stats: dict[str, Any],
-    key: tuple[str | None, str] = (None, ""),
+    key: tuple[str | None, str, str | None] = (None, "", None),
 ) -> Any:
+    """`key`: the Idempotency-Key, the request's hash and the SDK's retry count (api/idempotency.py)."""
     from store.db import get_sessionmaker
 
     with get_sessionmaker(settings.database.url)() as session:  # a retry of an upload stored before
@@ -143,7 +147,7 @@ def _store(
                 path=str(path),
                 data=stats,
                 idempotency_key=key[0],
-                request_hash=key[1] if key[0] else None,
+                request_hash=key[1],  # with a key or without: the SDK's keyless retries are matched on it too
             )
             session.add(row)
             session.commit()

@@ -284,11 +284,14 @@ def create(
     settings: SettingsDep,
     response: Response,
     idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
+    x_stainless_retry_count: Annotated[str | None, Header(max_length=8, include_in_schema=False)] = None,
 ) -> dict[str, Any]:
     """Start a fine-tuning job: a GRPO job (reinforcement) or an SFT job (supervised) on the file.
-    A retry with the same Idempotency-Key (the openai SDK sends one) returns the same job."""
+    A retry with the same Idempotency-Key, or the openai SDK's own retry of this request (which
+    sends no key), returns the same job (api/idempotency.py)."""
     digest = request_hash(body.model_dump(mode="json", exclude_none=True))
-    if (existing := earlier(session, Job, caller.project_id, idempotency_key, digest)) is not None:
+    retry = x_stainless_retry_count
+    if (existing := earlier(session, Job, caller.project_id, idempotency_key, digest, retry)) is not None:
         replayed(response)
         return job_object(session, existing)
     if body.integrations:

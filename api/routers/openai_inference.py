@@ -15,20 +15,21 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from sqlalchemy import select
 
 from api.deps import CallerDep, SettingsDep
 from api.problems import Problem
+from api.routers.openai_fine_tuning import REASONING_TOKENS, fine_tuned_model
 from api.routers.openai_fine_tuning import TAG as FINE_TUNING
-from api.routers.openai_fine_tuning import fine_tuned_model
 from api.submit import admit, commit_and_dispatch, job_row
 from mathrl.modelref import ft_model_ref, split_job_ref
 from mathrl.specs import GenerateSpec
@@ -60,8 +61,28 @@ class TextPart(_Open):
 
 class Message(_Open):
     role: Literal["system", "developer", "user", "assistant"]
-    content: Annotated[str, Field(max_length=100_000)] | list[TextPart]
+    content: Annotated[str, Field(max_length=100_000)] | list[TextPart] | None = Field(
+        None, description="The text; an assistant's may be null (read as empty)."
+    )
     name: str | None = Field(None, max_length=64)
+    # what an assistant message the SDK returned carries, sent back as it is by a multi-turn script
+    # (messages.append(response.choices[0].message)): accepted empty, since no tools are served here
+    refusal: str | None = Field(None, max_length=100_000, description="Accepted; not used.")
+    tool_calls: Annotated[list[Any], Field(max_length=0)] | None = Field(None, description="No tools here: null.")
+    function_call: None = Field(None, description="No tools here: null.")
+    audio: None = Field(None, description="No audio here: null.")
+    annotations: Annotated[list[Any], Field(max_length=0)] | None = Field(None, description="Accepted empty.")
+
+    @model_validator(mode="after")
+    def _has_text(self) -> Message:
+        if self.content is None and self.role != "assistant":
+            raise ValueError(f"a {self.role} message needs content")
+        return self
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        return self.content if isinstance(self.content, str) else "\n".join(p.text for p in self.content)
 
 
 class StreamOptions(_Open):
@@ -92,6 +113,11 @@ class ChatCompletionParams(_Sampling):
         None, max_length=16, description="Accepted; not stored."
     )
     store: bool | None = Field(None, description="Accepted; completions are kept as the job's samples either way.")
+    reasoning_effort: Literal["minimal", "low", "medium", "high"] | None = Field(
+        None,
+        description="A completion-length budget where max_completion_tokens is not given, as for fine-tuning "
+        "(the models here have no reasoning-effort control): minimal and low 256, medium 1024, high 4096 tokens.",
+    )
 
 
 class CompletionParams(_Sampling):
@@ -186,29 +212,36 @@ RESPONSES: dict[int | str, dict[str, Any]] = {
 
 
 @router.post("/chat/completions", responses=RESPONSES)
-async def chat_completions(body: ChatCompletionParams, caller: CallerDep, settings: SettingsDep) -> Any:
+async def chat_completions(
+    body: ChatCompletionParams, caller: CallerDep, settings: SettingsDep, request: Request
+) -> Any:
     """The model's answer to the chat (`chat.completion`, or `chat.completion.chunk`s with `stream`)."""
-    messages = [
-        {"role": m.role, "content": m.content if isinstance(m.content, str) else "\n".join(p.text for p in m.content)}
-        for m in body.messages
-    ]
-    max_tokens = body.max_completion_tokens or body.max_tokens
-    return await _answer(body, caller.project_id, settings, {"messages": messages}, max_tokens, chat=True)
+    messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+    effort = body.reasoning_effort
+    budget = REASONING_TOKENS["low" if effort == "minimal" else effort] if effort else None
+    max_tokens = body.max_completion_tokens or body.max_tokens or budget
+    return await _answer(body, caller.project_id, settings, {"messages": messages}, max_tokens, True, request)
 
 
 @router.post("/completions", responses=RESPONSES)
-async def completions(body: CompletionParams, caller: CallerDep, settings: SettingsDep) -> Any:
+async def completions(body: CompletionParams, caller: CallerDep, settings: SettingsDep, request: Request) -> Any:
     """The model's continuation of the prompt (`text_completion`), no chat template."""
     prompt = body.prompt
     if isinstance(prompt, list):
         if len(prompt) != 1:
             raise Problem.at("/prompt", "one prompt per call here: send a string (or a list of one)")
         prompt = prompt[0]
-    return await _answer(body, caller.project_id, settings, {"prompt": prompt}, body.max_tokens or 16, chat=False)
+    return await _answer(body, caller.project_id, settings, {"prompt": prompt}, body.max_tokens or 16, False, request)
 
 
 async def _answer(
-    body: _Sampling, project_id: str, settings: Any, what: dict[str, Any], max_tokens: int | None, chat: bool
+    body: _Sampling,
+    project_id: str,
+    settings: Any,
+    what: dict[str, Any],
+    max_tokens: int | None,
+    chat: bool,
+    request: Request,
 ) -> Any:
     fields: dict[str, Any] = {
         **what,
@@ -229,7 +262,7 @@ async def _answer(
         usage = bool(body.stream_options and body.stream_options.include_usage)
         stream = _stream(settings, job_id, body.model, chat, fields["n"], usage)
         return StreamingResponse(stream, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-    await _wait(settings, job_id)
+    await _wait(settings, job_id, request)
     rows = await run_in_threadpool(_choices, settings, job_id)
     return _completion(job_id, body.model, rows, chat)
 
@@ -264,16 +297,32 @@ def _cancel(settings: Any, job_id: str) -> None:
             request_cancel(session, job)
 
 
-async def _wait(settings: Any, job_id: str) -> None:
-    """Back once the job has succeeded; a 504 (job cancelled) past the timeout, a 502 if it did not succeed."""
-    deadline = time.monotonic() + settings.fine_tuning.inference_timeout_seconds
+def wait_limit(settings: Any, request: Request) -> float:
+    """How long a completion call waits: fine_tuning.inference_timeout_seconds, and under the client's
+    own read timeout where the openai SDK says it (x-stainless-read-timeout), so that the client reads
+    a 504 it does not retry instead of timing out itself and sending the call again as a new job."""
+    limit = float(settings.fine_tuning.inference_timeout_seconds)
+    try:
+        theirs = float(request.headers.get("x-stainless-read-timeout", "inf"))
+    except ValueError:
+        return limit
+    return max(1.0, min(limit, theirs - 5.0)) if math.isfinite(theirs) else limit
+
+
+async def _wait(settings: Any, job_id: str, request: Request) -> None:
+    """Back once the job has succeeded; a 504 (job cancelled) past the wait limit, a 502 if it did not
+    succeed. A client that has gone away cancels the job: no one would read its answer."""
+    limit = wait_limit(settings, request)
+    deadline = time.monotonic() + limit
     while True:
         status, error = await run_in_threadpool(_status, settings, job_id)
         if status in TERMINAL:
             break
+        if await request.is_disconnected():
+            await run_in_threadpool(_cancel, settings, job_id)
+            raise Problem(499, "Client closed request", f"job {job_id} cancelled: the client went away")
         if time.monotonic() >= deadline:
             await run_in_threadpool(_cancel, settings, job_id)
-            limit = settings.fine_tuning.inference_timeout_seconds
             raise Problem(504, "Completion timed out", f"job {job_id} did not answer in {limit:g} s: cancelled")
         await asyncio.sleep(POLL_SECONDS)
     if status != "succeeded":

@@ -144,6 +144,26 @@ def test_a_retried_create_with_the_same_idempotency_key_returns_the_first_object
     )
 
 
+def test_the_sdks_own_retry_of_a_create_returns_the_first_object(app_client: Any) -> None:
+    """The openai SDK sends no Idempotency-Key: a create whose answer it did not get (a timeout, a
+    dropped connection) it sends again, saying x-stainless-retry-count: 1, and that made a second
+    file or a second training job."""
+    h = admin_key(app_client)
+    client = _client(app_client, h)
+    rows = b'{"messages": [{"role": "user", "content": "2 + 2?"}, {"role": "assistant", "content": "4"}]}\n'
+    retry = {"x-stainless-retry-count": "1"}
+    first = client.files.create(file=("t.jsonl", rows), purpose="fine-tune")
+    assert client.files.create(file=("t.jsonl", rows), purpose="fine-tune", extra_headers=retry).id == first.id
+    again = client.files.create(file=("t.jsonl", rows), purpose="fine-tune")  # a new call (count 0): a new file
+    assert again.id != first.id and len(client.files.list().data) == 2
+    job = client.fine_tuning.jobs.create(model="org/model", training_file=first.id)
+    same = client.fine_tuning.jobs.create(model="org/model", training_file=first.id, extra_headers=retry)
+    other = client.fine_tuning.jobs.create(model="org/model", training_file=first.id, seed=3, extra_headers=retry)
+    assert same.id == job.id and other.id != job.id and len(client.fine_tuning.jobs.list().data) == 2
+    for made in (job, other):
+        client.fine_tuning.jobs.cancel(made.id)
+
+
 def test_each_rft_hyperparameter_is_honoured_or_refused_by_name(app_client: Any) -> None:
     """Issue 46.9: each of OpenAI's RFT hyperparameters, as the job runs it (docs/openai-rft.md)."""
     import openai
@@ -188,3 +208,60 @@ def test_each_rft_hyperparameter_is_honoured_or_refused_by_name(app_client: Any)
     with pytest.raises(openai.BadRequestError) as e:
         client.fine_tuning.jobs.create(model="org/model", training_file=train.id, method=bad)
     assert "beta" in str(e.value.param) + e.value.message, e.value.body
+
+
+def test_a_multi_turn_script_sends_back_the_message_the_sdk_returned(app_client: Any) -> None:
+    """`messages.append(response.choices[0].message)`: the SDK sends the assistant message back with
+    refusal: null (and tool fields where a server set them); they were unknown fields, a 400. The
+    request now reaches the model lookup (a 404 for a model that does not exist), with a request id."""
+    import openai
+    from openai.types.chat import ChatCompletionMessage
+
+    client = _client(app_client, admin_key(app_client))
+    said = ChatCompletionMessage.model_validate({"role": "assistant", "content": "4", "refusal": None})
+    nothing = ChatCompletionMessage.model_validate({"role": "assistant", "content": None, "tool_calls": []})
+    model = f"ft:org/m:s:ftjob-{uuid.uuid4().hex}"
+    for message in (said, nothing):
+        with pytest.raises(openai.NotFoundError) as e:
+            client.chat.completions.create(
+                model=model,
+                messages=[{"role": "user", "content": "2 + 2?"}, message, {"role": "user", "content": "and 3 + 3?"}],
+                reasoning_effort="low",
+            )
+        assert e.value.code == "model_not_found" and (e.value.request_id or "").startswith("req_"), e.value.body
+    tool = {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    called = {"role": "assistant", "content": None, "tool_calls": [tool]}
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=model, messages=[called])
+    assert e.value.param == "messages.0.tool_calls", e.value.body
+    with pytest.raises(openai.BadRequestError, match="a user message needs content"):
+        client.chat.completions.create(model=model, messages=[{"role": "user", "content": None}])
+
+
+def test_answers_a_retry_cannot_change_say_so_to_the_sdk(app_client: Any) -> None:
+    """The openai SDK retries 409, 429 and 5xx twice by default with no Idempotency-Key: a conflict or
+    a quota said again, a failed or timed-out completion submitted again as a new job."""
+    h = admin_key(app_client)
+    made = app_client.post("/v1/keys", json={}, headers=h).json()
+    with overridden(limits={"max_keys_per_project": 1}):
+        r = app_client.post("/v1/keys", json={}, headers=h)
+    assert r.status_code == 409 and r.headers["x-should-retry"] == "false", r.text
+    assert "x-should-retry" not in app_client.get("/v1/jobs", headers=h).headers
+    assert app_client.get("/v1/jobs", headers={**h, "X-Request-ID": "trace-1"}).headers["x-request-id"] == "trace-1"
+    assert made["id"]
+
+
+def test_a_completion_call_waits_under_the_clients_read_timeout() -> None:
+    from starlette.requests import Request
+
+    from api.routers.openai_inference import wait_limit
+    from service.settings import Settings
+
+    settings = Settings(fine_tuning={"inference_timeout_seconds": 570})  # type: ignore[arg-type]
+
+    def asked(*headers: tuple[bytes, bytes]) -> float:
+        return wait_limit(settings, Request({"type": "http", "headers": list(headers)}))
+
+    assert asked() == 570.0 and asked((b"x-stainless-read-timeout", b"600")) == 570.0
+    assert asked((b"x-stainless-read-timeout", b"30")) == 25.0  # the SDK's timeout=30: it reads the 504
+    assert asked((b"x-stainless-read-timeout", b"nonsense")) == 570.0
