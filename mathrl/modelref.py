@@ -51,8 +51,11 @@ SESSION_SUFFIX = "tinker"  # a Tinker session's saves: ft:<base>:tinker:ftjob-<i
 
 
 def ft_model_name(base: str, suffix: str, job_id: str, step: int | None = None) -> str:
-    """The `ft:` name of a fine-tuning job's model (or of its checkpoint at `step`)."""
-    name = f"ft:{base.rstrip('/').rsplit('/', 1)[-1]}:{suffix}:{ftjob_id(job_id)}"
+    """The `ft:` name of a fine-tuning job's model (or of its checkpoint at `step`). A base that is
+    no hub id or path ('job:<id>@final', 'tiny:2x64') keeps its text without ':' or '@', which end
+    the name's parts: with them the name was one no route could read back."""
+    shown = base.rstrip("/").rsplit("/", 1)[-1].replace(":", "-").replace("@", "-") or "model"
+    name = f"ft:{shown}:{suffix}:{ftjob_id(job_id)}"
     return name if step is None else f"{name}:ckpt-step-{step}"
 
 

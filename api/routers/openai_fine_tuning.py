@@ -120,6 +120,13 @@ def to_spec(
     if method.type == "reinforcement":
         if method.reinforcement is None:
             raise Problem.at("/method/reinforcement", "a reinforcement job needs method.reinforcement.grader")
+        if method.reinforcement.response_format is not None:  # taken and dropped, every sample scored 0: refused
+            raise Problem.at(
+                "/method/reinforcement/response_format",
+                "structured outputs are not enforced here: the policy generates free text, and a grader's "
+                "{{sample.output_json}} is that text parsed as JSON. Leave response_format out and ask for the JSON "
+                "in the training file's prompts",
+            )
         hp = method.reinforcement.hyperparameters or ReinforcementHyperparameters()
         epochs, batch = _value(hp.n_epochs, AUTO_EPOCHS), _value(hp.batch_size, AUTO_BATCH)
         group = max(2, round(GROUP * _value(hp.compute_multiplier, 1.0)))
@@ -215,7 +222,11 @@ def fine_tuned_model(job: Job, step: int | None = None) -> str:
     """The `ft:` name of the job's model (or of its checkpoint at `step`): ft:<base>:<suffix>:<ftjob id>.
     A Tinker session's saves are its checkpoints, suffixed 'tinker' (its name holds colons)."""
     suffix = SESSION_SUFFIX if job.kind == "session" else job.name or "mathrl"
-    return ft_model_name(str(job.spec.get("model", "model")), suffix, job.id, step)
+    base = str(job.spec.get("model", "model"))
+    asked = ((job.resolved_config or {}).get("openai") or {}).get("request", {}).get("model")
+    if base.startswith("job:") and isinstance(asked, str) and asked.startswith("ft:"):
+        base = asked.split(":")[1]  # trained on from an 'ft:' model: named by that one's base, as OpenAI does
+    return ft_model_name(base, suffix, job.id, step)
 
 
 def trained_tokens(session: Any, jobs: list[Job]) -> dict[str, float]:

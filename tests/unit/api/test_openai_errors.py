@@ -102,6 +102,15 @@ def test_models_list_shows_succeeded_jobs_models_and_their_checkpoints_only(app_
         c.execute(text("UPDATE jobs SET status = 'succeeded' WHERE id = :i"), {"i": job_id})
     listed = [m.id for m in client.models.list().data]
     assert len(listed) == 2 and ids["model"] in listed and ids["fine_tuning_job_id"] in listed[0], listed
+    # fine-tuning on from a fine-tuned model: named after the first one's base (it was
+    # 'ft:job:<id>@final:...', a name that no route could read back)
+    more = client.fine_tuning.jobs.create(model=ids["model"], training_file=ids["file_id"], suffix="more")
+    assert more.fine_tuned_model is None
+    with db(app_client).begin() as c:
+        c.execute(text("UPDATE jobs SET status = 'succeeded' WHERE id = :i"), {"i": str(uuid.UUID(more.id[6:]))})
+    name = client.fine_tuning.jobs.retrieve(more.id).fine_tuned_model
+    assert name == f"ft:model:more:{more.id}", name
+    assert client.models.retrieve(name).id == name
 
 
 def test_a_retried_create_with_the_same_idempotency_key_returns_the_first_object(app_client: Any) -> None:
@@ -208,6 +217,12 @@ def test_each_rft_hyperparameter_is_honoured_or_refused_by_name(app_client: Any)
     with pytest.raises(openai.BadRequestError) as e:
         client.fine_tuning.jobs.create(model="org/model", training_file=train.id, method=bad)
     assert "beta" in str(e.value.param) + e.value.message, e.value.body
+    # structured outputs: taken and dropped before, so every sample failed a JSON grader and scored 0
+    schema = {"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "object"}}}
+    shaped = {**method, "reinforcement": {"grader": grader, "response_format": schema}}
+    with pytest.raises(openai.BadRequestError) as e:
+        client.fine_tuning.jobs.create(model="org/model", training_file=train.id, method=shaped)
+    assert e.value.param == "method.reinforcement.response_format" and "free text" in e.value.message, e.value.body
 
 
 def test_a_multi_turn_script_sends_back_the_message_the_sdk_returned(app_client: Any) -> None:

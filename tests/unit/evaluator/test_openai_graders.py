@@ -349,6 +349,9 @@ def test_ft_model_names_are_job_references() -> None:
     assert ft_model_ref(name) == f"job:{job}@final"
     assert check_model_ref(ft_model_name("m", "s", job, step=4)) == f"job:{job}@step-4"
     assert ft_model_ref("ft:gpt-4o:org") is None and ft_model_ref("gpt-4o") is None
+    # a base that is another job's model or a tiny model: its ':' and '@' made a name no route read back
+    for base in (f"job:{job}@final", "tiny:2x64"):
+        assert ft_model_ref(ft_model_name(base, "more", job)) == f"job:{job}@final", ft_model_name(base, "more", job)
 
 
 def test_completion_requests_are_checked_before_any_job(openai_client: Any) -> None:
