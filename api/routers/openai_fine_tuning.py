@@ -14,7 +14,7 @@ import uuid
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Header, Query, Response
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 
@@ -200,22 +200,40 @@ STATUS = {"waiting": "queued", "queued": "queued", "running": "running"}
 OPENAI_MODEL = re.compile(r"^(gpt-|o\d|chatgpt-|davinci|babbage|text-|ft:gpt-|ft:o\d|computer-use-)", re.IGNORECASE)
 
 
-def trainable_model(name: str, aliases: dict[str, str]) -> str:
-    """The model mathrl trains for a request's `model`: the operator's alias for it, else the name
-    itself (a hub id, a path, 'job:' or an 'ft:' model); an OpenAI model's name with no alias is a
-    400 that says what this server trains, before a job is stored."""
+def trainable_model(name: str, aliases: dict[str, str], pointer: str = "/model", what: str = "train") -> str:
+    """The model mathrl trains (or grades with) for a request's `model`: the operator's alias for
+    it, else the name itself (a hub id, a path, 'job:' or an 'ft:' model); an OpenAI model's name
+    with no alias is a 400 at `pointer` that says what this server runs, before a job is stored."""
     if name in aliases:
         return aliases[name]
     if OPENAI_MODEL.match(name):
         listed = ", ".join(f"{k!r} (-> {v})" for k, v in sorted(aliases.items())) or "none are configured"
         detail = (
-            f"{name!r} is an OpenAI model, which this server cannot train. It trains Hugging Face models: give a "
+            f"{name!r} is an OpenAI model, which this server cannot {what}. It runs Hugging Face models: give a "
             f"hub id ('org/name', e.g. 'Qwen/Qwen2.5-1.5B-Instruct'), a model path under the operator's model roots, "
             f"or an 'ft:' model of your project; or ask the operator to map the name (fine_tuning.model_aliases; "
             f"aliases here: {listed})"
         )
-        raise Problem.at("/model", detail, status=400)
+        raise Problem.at(pointer, detail, status=400)
     return name
+
+
+def grading_models_mapped(grader: Any, aliases: dict[str, str], pointer: str) -> Any:
+    """`grader` with each grading model (score_model, label_model, inside a multi or weighted grader
+    too) named as a job's model is (trainable_model): an OpenAI judge's name ('gpt-4o-2024-08-06')
+    was taken for a hub id and failed on the worker."""
+    data = grader.model_dump(mode="json", exclude_none=True)
+
+    def walk(node: dict[str, Any], at: str) -> None:
+        if node.get("type") in ("score_model", "label_model"):
+            node["model"] = trainable_model(str(node["model"]), aliases, f"{at}/model", "grade with")
+        subs = node.get("graders")
+        for key, sub in subs.items() if isinstance(subs, dict) else enumerate(subs or []):
+            inner = sub.get("grader", sub) if isinstance(subs, list) else sub  # weighted: [{grader, weight}]
+            walk(inner, f"{at}/graders/{key}" + ("/grader" if isinstance(subs, list) else ""))
+
+    walk(data, pointer)
+    return TypeAdapter(Grader).validate_python(data)
 
 
 def fine_tuned_model(job: Job, step: int | None = None) -> str:
@@ -340,7 +358,11 @@ def create(
             f"{lines - stats.get('supervised_lines', 0)} of its {lines} lines have no assistant message to learn",
         )
     spec_dict, mapping = to_spec(body, lines, settings.fine_tuning.generation_backend, validation_lines)
-    spec_dict["model"] = trainable_model(body.model, settings.fine_tuning.model_aliases)
+    aliases = settings.fine_tuning.model_aliases
+    spec_dict["model"] = trainable_model(body.model, aliases)
+    if kind == "reinforcement" and body.method is not None and body.method.reinforcement is not None:
+        judged = grading_models_mapped(body.method.reinforcement.grader, aliases, "/method/reinforcement/grader")
+        spec_dict["rewards"][0]["grader"] = judged.model_dump(mode="json")
     try:
         spec = parse_spec(spec_dict)
     except ValidationError as e:  # e.g. a model reference mathrl cannot load

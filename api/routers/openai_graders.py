@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from api.deps import CallerDep, SettingsDep
 from api.problems import Problem
 from api.routers.graders import grade_on_worker, grades_on_worker, require_sandbox, run_isolated
+from api.routers.openai_fine_tuning import grading_models_mapped
 from evaluator.bounded import TIMED_OUT
 from evaluator.graders import grade_openai
 from mathrl.graders import Grader, GraderItem
@@ -61,9 +62,11 @@ class GraderValidateParams(BaseModel):
 
 
 @router.post("/validate", responses={422: {"description": "The grader is invalid: the detail names the field."}})
-def validate(body: GraderValidateParams, caller: CallerDep) -> dict[str, Any]:
-    """The grader as it will run, when it is valid (else a 422 naming the field)."""
-    return {"grader": body.grader.model_dump(mode="json", exclude_none=True)}
+def validate(body: GraderValidateParams, caller: CallerDep, settings: SettingsDep) -> dict[str, Any]:
+    """The grader as it will run, when it is valid (else a 422 naming the field): its grading models
+    as the operator's aliases map them."""
+    grader = grading_models_mapped(body.grader, settings.fine_tuning.model_aliases, "/grader")
+    return {"grader": grader.model_dump(mode="json", exclude_none=True)}
 
 
 @router.post(
@@ -81,6 +84,7 @@ async def run(body: GraderRunParams, caller: CallerDep, settings: SettingsDep) -
     its error kind set, as OpenAI answers it."""
     limits = settings.graders
     start = time.monotonic()
+    body.grader = grading_models_mapped(body.grader, settings.fine_tuning.model_aliases, "/grader")
     if grades_on_worker(body.grader):
         result = await _on_worker(body, caller.project_id, settings)
     else:

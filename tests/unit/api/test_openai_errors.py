@@ -223,6 +223,12 @@ def test_each_rft_hyperparameter_is_honoured_or_refused_by_name(app_client: Any)
     with pytest.raises(openai.BadRequestError) as e:
         client.fine_tuning.jobs.create(model="org/model", training_file=train.id, method=shaped)
     assert e.value.param == "method.reinforcement.response_format" and "free text" in e.value.message, e.value.body
+    asks = [{"role": "user", "content": "x"}]
+    judge = {"type": "score_model", "name": "j", "model": "gpt-4o-2024-08-06", "input": asks}
+    judged = {**method, "reinforcement": {"grader": judge}}
+    with pytest.raises(openai.BadRequestError, match="cannot grade with") as e:
+        client.fine_tuning.jobs.create(model="org/model", training_file=train.id, method=judged)
+    assert e.value.param == "method.reinforcement.grader.model", e.value.body
 
 
 def test_a_multi_turn_script_sends_back_the_message_the_sdk_returned(app_client: Any) -> None:

@@ -15,7 +15,7 @@ from pydantic import TypeAdapter, ValidationError
 from evaluator.graders import grade_items
 from evaluator.sandbox import SandboxLimits, run_python
 from mathrl.graders import Grader
-from tests.helpers.api import admin_key
+from tests.helpers.api import admin_key, overridden
 
 pytestmark = pytest.mark.quick
 
@@ -241,6 +241,16 @@ def test_graders_run_and_validate_with_the_openai_sdk(openai_client: Any) -> Non
         openai_client.fine_tuning.alpha.graders.run(grader=stranger, model_sample="x", item=item)
     with pytest.raises(openai.BadRequestError, match="not a fine-tuned model's name"):
         openai_client.fine_tuning.alpha.graders.validate(grader={**score_model, "model": "ft:gpt-4o:x"})
+    # an OpenAI judge's name: taken for a hub id before, the job failed on the worker; mapped as a job's model is
+    judge = {**score_model, "model": "gpt-4o-2024-08-06"}
+    multi = {"type": "multi", "graders": {"j": judge}, "calculate_output": "j"}
+    for grader, param in ((judge, "grader.model"), (multi, "grader.graders.j.model")):
+        with pytest.raises(openai.BadRequestError, match="cannot grade with") as e:
+            openai_client.fine_tuning.alpha.graders.validate(grader=grader)
+        assert e.value.param == param, e.value.body
+    with overridden(fine_tuning={"model_aliases": {"gpt-4o-2024-08-06": "HuggingFaceTB/SmolLM2-135M-Instruct"}}):
+        mapped = openai_client.fine_tuning.alpha.graders.validate(grader=multi).grader
+    assert mapped.graders["j"]["model"] == "HuggingFaceTB/SmolLM2-135M-Instruct", mapped
     # an item over a grade job's limits, for a grader that grades on a worker: a 400 at /item, not a 500
     with pytest.raises(openai.BadRequestError, match="/item/answer"):
         openai_client.fine_tuning.alpha.graders.run(grader=score_model, model_sample="x", item={"answer": "1" * 10_001})
