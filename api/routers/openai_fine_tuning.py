@@ -8,12 +8,13 @@ has the mapping table and what differs."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 import uuid
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Header, Query, Response
+from fastapi import APIRouter, Header, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
@@ -393,21 +394,50 @@ def _page(data: list[dict[str, Any]], more: bool) -> dict[str, Any]:
     return {"object": "list", "data": data, "has_more": more}
 
 
+def metadata_filter(request: Request) -> dict[str, str]:
+    """The `metadata[key]=value` query parameters, as a dict (a 400 naming one that is not)."""
+    wanted: dict[str, str] = {}
+    for name, value in request.query_params.multi_items():
+        if name.startswith("metadata"):
+            key = name.removeprefix("metadata[").removesuffix("]")
+            if not name.startswith("metadata[") or not name.endswith("]") or not key or len(key) > 64:
+                raise Problem.at(f"query:/{name}", "filter by metadata as metadata[key]=value", status=400)
+            wanted[key] = value
+    return wanted
+
+
+def _metadata(job: Job) -> dict[str, Any]:
+    request = ((job.resolved_config or {}).get("openai") or {}).get("request") or {}
+    return dict(request.get("metadata") or {})
+
+
 @router.get("", responses={400: {"description": "`after` is not a fine-tuning job id."}})
 def list_jobs(
+    request: Request,
     caller: CallerDep,
     session: SessionDep,
     after: Annotated[str | None, Query(max_length=64)] = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
 ) -> dict[str, Any]:
-    """The project's fine-tuning jobs, newest first; `after` a job id of the previous page."""
+    """The project's fine-tuning jobs, newest first; `after` a job id of the previous page;
+    `metadata[key]=value` (what the SDK's `metadata={...}` sends): only jobs created with those."""
+    wanted = metadata_filter(request)
     q = select(Job).where(Job.project_id == caller.project_id, has_tag(session, TAG))
     if after is not None:
         before = job_uuid(after)
         if before is None:
             raise Problem(400, "Bad cursor", "query:/after: a fine-tuning job id from a previous page")
         q = q.where(Job.id < before)
-    rows = list(session.scalars(q.order_by(Job.id.desc()).limit(limit + 1)))
+    q = q.order_by(Job.id.desc())
+    if wanted:  # the request's metadata is in the stored config: read in batches until the page is full
+        rows, batch = [], 500
+        for offset in itertools.count(0, batch):
+            chunk = list(session.scalars(q.offset(offset).limit(batch)))
+            rows += [j for j in chunk if wanted.items() <= _metadata(j).items()]
+            if len(rows) > limit or len(chunk) < batch:
+                break
+    else:
+        rows = list(session.scalars(q.limit(limit + 1)))
     page = rows[:limit]
     tokens = trained_tokens(session, page)
     return _page([job_object(session, j, tokens) for j in page], len(rows) > limit)

@@ -286,3 +286,20 @@ def test_a_completion_call_waits_under_the_clients_read_timeout() -> None:
     assert asked() == 570.0 and asked((b"x-stainless-read-timeout", b"600")) == 570.0
     assert asked((b"x-stainless-read-timeout", b"30")) == 25.0  # the SDK's timeout=30: it reads the 504
     assert asked((b"x-stainless-read-timeout", b"nonsense")) == 570.0
+
+
+def test_jobs_list_filters_by_metadata_as_the_sdk_sends_it(app_client: Any) -> None:
+    """`jobs.list(metadata={...})` sends metadata[key]=value, which was ignored: every job came back."""
+    h = admin_key(app_client)
+    client = _client(app_client, h)
+    rows = b'{"messages": [{"role": "user", "content": "2 + 2?"}, {"role": "assistant", "content": "4"}]}\n'
+    f = client.files.create(file=("t.jsonl", rows), purpose="fine-tune")
+    a = client.fine_tuning.jobs.create(model="org/model", training_file=f.id, metadata={"team": "a", "run": "1"})
+    b = client.fine_tuning.jobs.create(model="org/model", training_file=f.id, metadata={"team": "b"})
+    assert [j.id for j in client.fine_tuning.jobs.list(metadata={"team": "a"})] == [a.id]
+    assert [j.id for j in client.fine_tuning.jobs.list(metadata={"team": "a", "run": "2"})] == []
+    assert [j.id for j in client.fine_tuning.jobs.list()] == [b.id, a.id]
+    r = app_client.get("/v1/fine_tuning/jobs?metadata=team", headers=h)
+    assert r.status_code == 400 and "metadata[key]=value" in r.text, r.text
+    for job in (a, b):
+        client.fine_tuning.jobs.cancel(job.id)
