@@ -47,6 +47,8 @@ def job_uuid(ft_id: str) -> str | None:
     return str(uuid.UUID(m.group(1)))
 
 
+# on a job whose final model was deleted (DELETE /v1/models/{model}): its name and 'job:<id>@final' are gone
+FINAL_DELETED_TAG = "model:final-deleted"
 SESSION_SUFFIX = "tinker"  # a Tinker session's saves: ft:<base>:tinker:ftjob-<id>:ckpt-step-<save number>
 
 

@@ -9,7 +9,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from mathrl.errors import RefError as RefError  # raised here; its callers import it from here
-from mathrl.modelref import is_hub_id, split_job_ref
+from mathrl.modelref import FINAL_DELETED_TAG, is_hub_id, split_job_ref
 from store.models import Checkpoint, Job
 
 
@@ -77,6 +77,8 @@ def resolve_model_ref(session: Session, project_id: str, ref: str) -> tuple[str,
             raise RefError(f"{ref}: job {job_id} has no checkpoint at step {step}")
     elif which in ("", "final", "latest"):
         if which in ("", "final"):
+            if FINAL_DELETED_TAG in (job.tags or []):
+                raise RefError(f"{ref}: job {job_id}'s final model was deleted (DELETE /v1/models)")
             ckpt = session.scalar(q.where(Checkpoint.kind == "final"))
             if ckpt is None and job.status != "succeeded" and which == "final":
                 raise RefError(f"{ref}: job {job_id} is {job.status} and has no final model yet")

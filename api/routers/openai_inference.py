@@ -16,8 +16,10 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import shutil
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Request
@@ -31,7 +33,7 @@ from api.problems import Problem
 from api.routers.openai_fine_tuning import REASONING_TOKENS, fine_tuned_model
 from api.routers.openai_fine_tuning import TAG as FINE_TUNING
 from api.submit import admit, commit_and_dispatch, job_row
-from mathrl.modelref import ft_model_ref, split_job_ref
+from mathrl.modelref import FINAL_DELETED_TAG, ft_model_ref, split_job_ref
 from mathrl.specs import GenerateSpec
 from mathrl.status import TERMINAL
 from store.db import get_sessionmaker
@@ -137,8 +139,8 @@ def _model_ref(session: Any, project_id: str, name: str) -> str:
     if job is None or job.project_id != project_id or not _names_ft_models(job):
         raise _not_found(name)
     if at == "@final":
-        if job.status != "succeeded" or job.kind == "session":  # a session's models are its saves
-            raise _not_found(name)
+        if job.status != "succeeded" or job.kind == "session" or FINAL_DELETED_TAG in (job.tags or []):
+            raise _not_found(name)  # (a session's models are its saves)
     else:
         step = int(at.removeprefix("@step-"))
         q = select(Checkpoint.id).where(Checkpoint.job_id == job_id, Checkpoint.step == step)
@@ -178,7 +180,8 @@ def list_models(caller: CallerDep, settings: SettingsDep) -> dict[str, Any]:
             by_job.setdefault(job_id, []).append((step, created))
         data = []
         for job in jobs:
-            data.append(_model_object(fine_tuned_model(job), job.finished_at or job.created_at, caller.project_id))
+            if FINAL_DELETED_TAG not in (job.tags or []):
+                data.append(_model_object(fine_tuned_model(job), job.finished_at or job.created_at, caller.project_id))
             for step, created in by_job.get(job.id, []):
                 data.append(_model_object(fine_tuned_model(job, step), created, caller.project_id))
         saves = session.execute(  # Tinker sessions' saves, whatever the session's status: each is stored
@@ -200,6 +203,46 @@ def retrieve_model(model: str, caller: CallerDep, settings: SettingsDep) -> dict
         job = session.get(Job, split_job_ref(ref)[0])
         assert job is not None  # _model_ref found it
         return _model_object(model, job.finished_at or job.created_at, caller.project_id)
+
+
+@router.delete(
+    "/models/{model}",
+    responses={404: {"description": "No such model in your project."}, 409: {"description": "A job uses it."}},
+)
+def delete_model(model: str, caller: CallerDep, settings: SettingsDep) -> dict[str, Any]:
+    """Delete a fine-tuned model (a job's final model, or one of its checkpoints): its weights leave the
+    artifact directory and its name answers 404 from then on. A 409 while a job of the project that has
+    not ended names the job's models ('job:<id>...'), which would then fail to load."""
+    with get_sessionmaker(settings.database.url)() as session:
+        ref = _model_ref(session, caller.project_id, model)
+        job_id, at = split_job_ref(ref)
+        q = select(Job.id, Job.spec).where(Job.project_id == caller.project_id, Job.status.not_in(TERMINAL))
+        users = [str(i) for i, spec in session.execute(q) if f"job:{job_id}" in json.dumps(spec)]
+        if users:
+            detail = (
+                f"{model!r} is read by {len(users)} job(s) of your project that have not ended "
+                f"({', '.join(users[:5])}): cancel them or wait for them to end, then delete it"
+            )
+            raise Problem(409, "Model in use", detail)
+        rows = select(Checkpoint).where(Checkpoint.job_id == job_id)
+        if at == "@final":
+            rows = rows.where(Checkpoint.kind == "final")
+            job = session.get(Job, job_id)
+            assert job is not None  # _model_ref found it
+            job.tags = [*(job.tags or []), FINAL_DELETED_TAG]
+        else:
+            rows = rows.where(Checkpoint.kind == "checkpoint", Checkpoint.step == int(at.removeprefix("@step-")))
+        gone = list(session.scalars(rows))
+        for row in gone:
+            session.delete(row)
+        session.add(Event(job_id=job_id, type="model_deleted", message=f"{model} deleted by DELETE /v1/models"))
+        session.commit()
+    artifacts = Path(settings.artifact_dir).expanduser().resolve()
+    for row in gone:  # after the commit: a failed removal leaves files, never a row without them
+        where = Path(row.uri).expanduser().resolve()
+        if where.is_relative_to(artifacts) and where != artifacts:
+            shutil.rmtree(where, ignore_errors=True)
+    return {"id": model, "object": "model", "deleted": True}
 
 
 RESPONSES: dict[int | str, dict[str, Any]] = {

@@ -106,11 +106,24 @@ def test_models_list_shows_succeeded_jobs_models_and_their_checkpoints_only(app_
     # 'ft:job:<id>@final:...', a name that no route could read back)
     more = client.fine_tuning.jobs.create(model=ids["model"], training_file=ids["file_id"], suffix="more")
     assert more.fine_tuned_model is None
+    import openai
+
+    with pytest.raises(openai.ConflictError, match="read by 1 job"):  # the new job trains from it
+        client.models.delete(ids["model"])
     with db(app_client).begin() as c:
         c.execute(text("UPDATE jobs SET status = 'succeeded' WHERE id = :i"), {"i": str(uuid.UUID(more.id[6:]))})
     name = client.fine_tuning.jobs.retrieve(more.id).fine_tuned_model
     assert name == f"ft:model:more:{more.id}", name
     assert client.models.retrieve(name).id == name
+    # models.delete: a bare 405 before; now the model is gone from every route, its weights too
+    for gone in (ids["model"], name):
+        deleted = client.models.delete(gone)
+        assert deleted.deleted and deleted.id == gone
+        with pytest.raises(openai.NotFoundError):
+            client.models.retrieve(gone)
+        assert gone not in [m.id for m in client.models.list().data]
+    with pytest.raises(openai.NotFoundError):
+        client.models.delete(name)
 
 
 def test_a_retried_create_with_the_same_idempotency_key_returns_the_first_object(app_client: Any) -> None:

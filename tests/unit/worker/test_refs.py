@@ -109,3 +109,31 @@ def test_a_hub_adapter_whose_base_is_a_path_is_refused(tmp_path: Path) -> None:
     assert isinstance(got["swapped"], str) and "loads from the hub only" in got["swapped"], got
     assert str(tmp_path) not in got["swapped"] and got["full"] == "org/full", got
     assert "loads from the hub only" in got["grpo"], got  # before: constructed, on project A's model
+
+
+def test_a_deleted_final_model_is_no_longer_resolved(tmp_path: Path) -> None:
+    """DELETE /v1/models/{model} of a job's final model: 'job:<id>@final' fails with the reason
+    instead of loading the job's newest checkpoint in its place."""
+    from mathrl.modelref import FINAL_DELETED_TAG
+    from store.db import session_scope
+    from store.migrate import upgrade
+    from store.models import Checkpoint, Job, Project
+    from worker.refs import RefError, resolve_model_ref
+
+    url = f"sqlite:///{tmp_path / 'refs.db'}"
+    upgrade(url)
+    with session_scope(url) as s:
+        project = Project(name="p")
+        s.add(project)
+        s.flush()
+        job = Job(project_id=project.id, kind="sft", spec={}, tags=[], status="succeeded")
+        s.add(job)
+        s.flush()
+        s.add(Checkpoint(job_id=job.id, step=10, kind="checkpoint", uri=str(tmp_path / "checkpoint-10")))
+        assert resolve_model_ref(s, project.id, f"job:{job.id}@final")[0].endswith("checkpoint-10")
+        job.tags = [FINAL_DELETED_TAG]
+        s.flush()
+        for ref in (f"job:{job.id}@final", f"job:{job.id}"):
+            with pytest.raises(RefError, match="final model was deleted"):
+                resolve_model_ref(s, project.id, ref)
+        assert resolve_model_ref(s, project.id, f"job:{job.id}@step-10")[0].endswith("checkpoint-10")
