@@ -47,6 +47,16 @@ def job_uuid(ft_id: str) -> str | None:
     return str(uuid.UUID(m.group(1)))
 
 
+FINE_TUNING_TAG = "openai:fine_tuning"  # the jobs POST /v1/fine_tuning/jobs made
+RESULTS_PURPOSE = "fine-tune-results"  # a succeeded fine-tuning job's step metrics file (its result_files)
+
+
+def results_file_id(job_id: str) -> str:
+    """The id of a fine-tuning job's results file: 'file-' and the job's id without dashes (both uuid7s:
+    ordered, and never another file's)."""
+    return "file-" + job_id.replace("-", "")
+
+
 # on a job whose final model was deleted (DELETE /v1/models/{model}): its name and 'job:<id>@final' are gone
 FINAL_DELETED_TAG = "model:final-deleted"
 SESSION_SUFFIX = "tinker"  # a Tinker session's saves: ft:<base>:tinker:ftjob-<id>:ckpt-step-<save number>

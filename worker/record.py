@@ -4,15 +4,21 @@ supervisor adds; and the pipeline jobs an end releases, sent at once."""
 
 from __future__ import annotations
 
+import csv
+import io
 import logging
 import signal
 import time
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import select
+
+from mathrl.modelref import FINE_TUNING_TAG, RESULTS_PURPOSE, results_file_id
 from service.settings import Settings
 from store.db import retry_transient, session_scope
 from store.jobs import add_event, finish, hand_back
+from store.models import File, Job, Metric
 from worker.attempt import AttemptDir
 from worker.child import EXIT_OK, EXIT_STOPPED, EXIT_UNAVAILABLE
 
@@ -52,11 +58,54 @@ def record_end(settings: Settings, job_id: str, owner: str, code: int, cancelled
                 if not finish(s, job_id, owner, status, error, message):
                     add_event(s, job_id, "stale_finish", f"{owner} finished after losing its lease", "warning")
             send_released(settings)
+            if status == "succeeded":
+                write_results_file(settings, job_id)
             return status
         except Exception as exc:
             log.warning("recording the end of %s failed (%s); retry %d", job_id, type(exc).__name__, attempt + 1)
             time.sleep(1.0)
     return status
+
+
+def write_results_file(settings: Settings, job_id: str) -> None:
+    """A succeeded fine-tuning job's step metrics as OpenAI's results file (its `result_files`): a CSV
+    with a row per step and a column per metric the job logged, stored as a file of its project
+    (purpose fine-tune-results) that files.content reads. Written once; a failure is logged, not raised:
+    the job has succeeded either way."""
+    try:
+        with session_scope(settings.database.url) as s:
+            job = s.get(Job, job_id)
+            file_id = results_file_id(job_id)
+            if job is None or FINE_TUNING_TAG not in (job.tags or []) or s.get(File, file_id) is not None:
+                return
+            rows = s.execute(select(Metric.step, Metric.name, Metric.value).where(Metric.job_id == job_id)).all()
+            steps: dict[int, dict[str, float]] = {}
+            for step, name, value in rows:
+                steps.setdefault(step, {})[name] = value
+            names = sorted({name for _, name, _ in rows})
+            out = io.StringIO()
+            writer = csv.writer(out, lineterminator="\n")
+            writer.writerow(["step", *names])
+            for step in sorted(steps):
+                writer.writerow([step, *(steps[step].get(n, "") for n in names)])
+            data = out.getvalue().encode()
+            folder = Path(settings.artifact_dir) / "files" / job.project_id
+            folder.mkdir(parents=True, exist_ok=True)
+            path = folder / f"{file_id}.csv"
+            path.write_bytes(data)
+            s.add(
+                File(
+                    id=file_id,
+                    project_id=job.project_id,
+                    filename="step_metrics.csv",
+                    purpose=RESULTS_PURPOSE,
+                    bytes=len(data),
+                    path=str(path),
+                    data={"lines": len(steps), "columns": ["step", *names]},
+                )
+            )
+    except Exception as exc:  # the job's outcome is recorded; its results file is a view of its metrics
+        log.warning("writing the results file of %s failed (%s: %s)", job_id, type(exc).__name__, exc)
 
 
 def log_name(settings: Settings, log_path: Path) -> str:

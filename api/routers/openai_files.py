@@ -25,6 +25,7 @@ from api.deps import CallerDep, SessionDep, SettingsDep
 from api.idempotency import earlier, request_hash
 from api.problems import Problem
 from mathrl.jsonl_files import FileFormatError, check_jsonl
+from mathrl.modelref import RESULTS_PURPOSE
 from mathrl.status import TERMINAL
 from store.ids import uuid7
 from store.models import File as FileRow
@@ -226,4 +227,5 @@ def file_content(file_id: str, caller: CallerDep, session: SessionDep) -> FileRe
     row = own_file(session, caller.project_id, file_id)
     if not Path(row.path).exists():
         raise Problem(404, "Not found", "the file's bytes are gone from the artifact directory")
-    return FileResponse(row.path, media_type="application/jsonl", filename=row.filename)
+    media = "text/csv" if row.purpose == RESULTS_PURPOSE else "application/jsonl"  # a job's step metrics
+    return FileResponse(row.path, media_type=media, filename=row.filename)

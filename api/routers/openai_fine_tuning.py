@@ -26,16 +26,17 @@ from api.problems import Problem
 from api.routers.openai_files import own_file
 from api.submit import admit, check_job_refs, commit_and_dispatch, job_row
 from mathrl.graders import Grader
-from mathrl.modelref import SESSION_SUFFIX, ft_model_name, ftjob_id, job_uuid
+from mathrl.modelref import FINE_TUNING_TAG, SESSION_SUFFIX, ft_model_name, ftjob_id, job_uuid, results_file_id
 from mathrl.shallow import JsonObject
 from mathrl.specs import model_refs, parse_spec
 from mathrl.specs.resolved import ResolvedConfig
 from store.jobs import has_tag, request_cancel
 from store.models import Checkpoint, Event, Job, Metric
+from store.models import File as FileRow
 
 router = APIRouter(prefix="/v1/fine_tuning/jobs", tags=["openai: fine-tuning"])
 
-TAG = "openai:fine_tuning"
+TAG = FINE_TUNING_TAG
 NOT_FOUND = "no fine-tuning job with this id in your project"
 # OpenAI's hyperparameters -> mathrl's: the values 'auto' takes, and the bases the multipliers scale
 AUTO_EPOCHS = 1
@@ -284,7 +285,8 @@ def job_object(session: Any, job: Job, tokens: dict[str, float] | None = None) -
         "hyperparameters": {k: mapping.get(k) for k in ("batch_size", "learning_rate_multiplier", "n_epochs")},
         "model": request.get("model", job.spec.get("model")),
         "organization_id": job.project_id,
-        "result_files": [],
+        # the step metrics file the worker wrote when the job succeeded (worker/record.py), while it is kept
+        "result_files": [f.id for f in [session.get(FileRow, results_file_id(job.id))] if f is not None],
         "seed": job.spec.get("seed", 42),
         "status": status,
         "trained_tokens": int(trained) if trained is not None and status == "succeeded" else None,

@@ -316,3 +316,31 @@ def test_jobs_list_filters_by_metadata_as_the_sdk_sends_it(app_client: Any) -> N
     assert r.status_code == 400 and "metadata[key]=value" in r.text, r.text
     for job in (a, b):
         client.fine_tuning.jobs.cancel(job.id)
+
+
+def test_a_succeeded_fine_tuning_job_has_its_step_metrics_as_a_results_file(app_client: Any) -> None:
+    """OpenAI's analysis pattern, `client.files.content(job.result_files[0])`: result_files was always
+    empty (an IndexError). The worker writes the file when the job succeeds (worker/record.py)."""
+    from service.settings import get_settings
+    from worker.record import write_results_file
+
+    h = admin_key(app_client)
+    client = _client(app_client, h)
+    rows = b'{"messages": [{"role": "user", "content": "2 + 2?"}, {"role": "assistant", "content": "4"}]}\n'
+    f = client.files.create(file=("t.jsonl", rows), purpose="fine-tune")
+    job = client.fine_tuning.jobs.create(model="org/model", training_file=f.id)
+    job_id = str(uuid.UUID(job.id.removeprefix("ftjob-")))
+    assert job.result_files == []
+    with db(app_client).begin() as c:
+        c.execute(text("UPDATE jobs SET status = 'succeeded' WHERE id = :i"), {"i": job_id})
+        for step, name, value in [(1, "loss", 0.5), (2, "loss", 0.25), (2, "reward", 1.0)]:
+            c.execute(
+                text("INSERT INTO metrics (job_id, name, step, value, time) VALUES (:j, :n, :s, :v, CURRENT_TIMESTAMP)"),
+                {"j": job_id, "n": name, "s": step, "v": value},
+            )
+    write_results_file(get_settings(), job_id)
+    write_results_file(get_settings(), job_id)  # once: a second end (a stale finish) adds nothing
+    (results,) = client.fine_tuning.jobs.retrieve(job.id).result_files
+    assert client.files.retrieve(results).purpose == "fine-tune-results"
+    assert client.files.content(results).text == "step,loss,reward\n1,0.5,\n2,0.25,1.0\n"
+    assert [x.purpose for x in client.files.list().data].count("fine-tune-results") == 1
