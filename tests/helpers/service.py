@@ -18,6 +18,10 @@ import httpx
 from tests.helpers.env import ADMIN_TOKEN, ROOT, data_dir, die_with_parent
 
 
+# pools no test worker serves: their jobs stay queued
+PARKED_POOLS = ["abuse-parked", "objects-parked", "graders-parked", "routes-parked", "results-parked", "fuzz-parked"]
+
+
 def service_env(db_url: str, broker_url: str, artifacts: Path) -> dict[str, str]:
     return {
         **os.environ,
@@ -34,13 +38,12 @@ def service_env(db_url: str, broker_url: str, artifacts: Path) -> dict[str, str]
         "MATHRL_WORKER__CANCEL_GRACE_SECONDS": "3",
         "MATHRL_WORKER__RECONCILE_SECONDS": "1",
         "MATHRL_WORKER__REDELIVER_AFTER_SECONDS": "8",
-        # the pools tests name: '-parked' ones no test worker serves (their jobs stay queued), the rest
-        # served by the workers of the tests that name them
+        # the pools tests name (a pool no worker consumes is refused at submit): the parked ones, and
+        # those the workers of the tests that name them consume
         "MATHRL_WORKER__POOLS": json.dumps(
-            dict.fromkeys(
-                ["cpu", "abuse-parked", "objects-parked", "graders-parked", "routes-parked", "results-parked"], 0
-            )
-            | {"vllm-test": 0, "vllm-drill": 0, "nogpu-test": 1}
+            dict.fromkeys([*PARKED_POOLS, "cpu", "vllm-test", "vllm-drill", "forked", "forked-off"], 0)
+            | dict.fromkeys(["mlflow-up", "mlflow-down"], 0)
+            | {"nogpu-test": 1}
         ),
         "PYTHONUNBUFFERED": "1",
         "TOKENIZERS_PARALLELISM": "false",

@@ -297,7 +297,7 @@ def sft(pool: str, steps: int) -> dict[str, Any]:
 def tracked(service: Service, mlflow_server: str) -> Iterator[tuple[Service, str, str]]:
     """Workers of the test service with runs mirrored: one to the MLflow server (queue returned
     first), one to a port nothing listens on (second)."""
-    up, down = f"mlflow-up-{uuid.uuid4().hex[:6]}", f"mlflow-down-{uuid.uuid4().hex[:6]}"
+    up, down = "mlflow-up", "mlflow-down"  # pools the test service runs (tests/helpers/service.py)
     env = {"MATHRL_TRACKING__MATHRL_URL": service.url, "MATHRL_TRACKING__FLUSH_SECONDS": "1"}
     workers = [
         service.start_worker(up, name=up, env={**env, "MATHRL_TRACKING__MLFLOW_URI": mlflow_server}),
