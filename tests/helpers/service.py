@@ -17,7 +17,6 @@ import httpx
 
 from tests.helpers.env import ADMIN_TOKEN, ROOT, data_dir, die_with_parent
 
-
 # pools no test worker serves: their jobs stay queued
 PARKED_POOLS = ["abuse-parked", "objects-parked", "graders-parked", "routes-parked", "results-parked", "fuzz-parked"]
 

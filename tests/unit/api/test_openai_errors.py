@@ -6,6 +6,7 @@ what OpenAI would (succeeded jobs' models and their checkpoints)."""
 from __future__ import annotations
 
 import uuid
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -335,8 +336,8 @@ def test_a_succeeded_fine_tuning_job_has_its_step_metrics_as_a_results_file(app_
         c.execute(text("UPDATE jobs SET status = 'succeeded' WHERE id = :i"), {"i": job_id})
         for step, name, value in [(1, "loss", 0.5), (2, "loss", 0.25), (2, "reward", 1.0)]:
             c.execute(
-                text("INSERT INTO metrics (job_id, name, step, value, time) VALUES (:j, :n, :s, :v, CURRENT_TIMESTAMP)"),
-                {"j": job_id, "n": name, "s": step, "v": value},
+                text("INSERT INTO metrics (job_id, name, step, value, time) VALUES (:j, :n, :s, :v, :t)"),
+                {"j": job_id, "n": name, "s": step, "v": value, "t": datetime.now(UTC).replace(tzinfo=None)},
             )
     write_results_file(get_settings(), job_id)
     write_results_file(get_settings(), job_id)  # once: a second end (a stale finish) adds nothing
