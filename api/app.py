@@ -60,7 +60,7 @@ class LimitsAndMetrics:
         }
 
     def _limit(self, scope: dict[str, Any]) -> int:
-        return self.larger.get(scope["path"].rstrip("/"), self.max_bytes)
+        return self.larger.get(_route_path(scope).rstrip("/"), self.max_bytes)
 
     def _too_large(self, limit: int) -> str:
         return f"{problems.TOO_LARGE} Limit: {limit} bytes."
@@ -105,7 +105,7 @@ class LimitsAndMetrics:
         limit = self._limit(scope)
         if length is not None and length.isdigit() and int(length) > limit:
             refused = problems.problem_response(413, "Request too large", self._too_large(limit), scope["path"])
-        elif scope["method"] in BODY_METHODS and scope["path"].startswith("/v1/"):
+        elif scope["method"] in BODY_METHODS and _route_path(scope).startswith("/v1/"):
             refused = await self._authenticate(scope)
         if refused is not None:
             await refused(scope, receive, send)
@@ -125,6 +125,13 @@ class LimitsAndMetrics:
             route = getattr(scope.get("route"), "path", "unmatched")
             REQUESTS.labels(scope["method"], route, str(status[0])).inc()
             LATENCY.labels(scope["method"], route).observe(time.perf_counter() - start)
+
+
+def _route_path(scope: dict[str, Any]) -> str:
+    """The request's path as the routes know it: without the root path a proxy's prefix adds."""
+    root = scope.get("root_path", "")
+    path: str = scope["path"]
+    return path[len(root) :] if root and path.startswith(root) else path
 
 
 REQUEST_ID = re.compile(rb"^[A-Za-z0-9._:-]{1,128}$")

@@ -7,8 +7,11 @@ two retries leaves one row.
 
 The openai SDK sends no key: it retries a create that timed out or lost its connection (twice by
 default) and says which try it is in `x-stainless-retry-count`. On its routes (files, fine-tuning
-jobs) a retry (count 1 or more) without a key gives back the project's newest row of the same
-request from the last RETRY_WINDOW_SECONDS, where there is one, as a keyed replay would."""
+jobs) a retry (count 1 or more) without a key gives back the project's newest keyless row of the
+same request from the last RETRY_WINDOW_SECONDS, where there is one, as a keyed replay would. A
+count says the call was tried before, not that the try arrived: where it did not (refused before
+the route, or lost on the way) and the project made the very same request in that window, the
+retry gets that earlier object. A script that means two identical objects sends keys."""
 
 from __future__ import annotations
 
@@ -25,7 +28,7 @@ from api.problems import IDEMPOTENCY_CONFLICT, Problem
 from store.models import utcnow
 
 Row = TypeVar("Row")
-RETRY_WINDOW_SECONDS = 600.0
+RETRY_WINDOW_SECONDS = 660.0  # the SDK's default read timeout (600 s), then its backoff
 
 
 def request_hash(body: Any) -> str:
@@ -45,11 +48,12 @@ def earlier(
         raise Problem.at("header:/idempotency-key", "is empty: send a unique key (a UUID), or leave the header out")
     table: Any = model
     if key is None:
-        if not (retry or "").isdigit() or int(retry or 0) < 1:
+        if not (retry or "").isdecimal() or not (retry or "").isascii() or int(retry or 0) < 1:
             return None
         since = utcnow() - timedelta(seconds=RETRY_WINDOW_SECONDS)
         mine = (table.project_id == project_id, table.request_hash == digest, table.created_at >= since)
-        return session.scalar(select(table).where(*mine).order_by(table.created_at.desc()).limit(1))
+        keyless = table.idempotency_key.is_(None)  # a keyed create is replayed by its key only
+        return session.scalar(select(table).where(*mine, keyless).order_by(table.created_at.desc()).limit(1))
     row: Any = session.scalar(select(table).where(table.project_id == project_id, table.idempotency_key == key))
     if row is not None and row.request_hash != digest:
         raise Problem(409, "Conflict", IDEMPOTENCY_CONFLICT)

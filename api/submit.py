@@ -13,6 +13,7 @@ from api.admission import QuotaProblem, admit_spec, check_project_quota, held_gp
 from api.dispatch import dispatch, new_task_id
 from api.problems import Problem
 from kinds import home
+from mathrl.modelref import FINAL_DELETED_TAG
 from mathrl.specs import ID_PATTERN, AnySpec, split_job_ref
 from mathrl.specs.resolved import ResolvedConfig
 from service.settings import Settings
@@ -28,7 +29,7 @@ def check_job_refs(session: Session, project_id: str, refs: dict[str, str], pref
     exist or is another project's, so it tells nothing about other projects. `prefix` points
     into a pipeline's step ('/jobs/<step>'); `hint` ends the message."""
     for path, ref in refs.items():
-        target, _ = split_job_ref(ref)
+        target, which = split_job_ref(ref)
         if not target:
             continue
         job = session.get(Job, target) if ID_PATTERN.match(target) else None
@@ -36,6 +37,8 @@ def check_job_refs(session: Session, project_id: str, refs: dict[str, str], pref
             pointer = f"{prefix}/{path}"
             msg = JOB_REF_NOT_FOUND.format(ref=ref) + hint
             raise Problem.at(pointer, msg, "Invalid request")
+        if which in ("", "@final") and FINAL_DELETED_TAG in (job.tags or []):  # DELETE /v1/models
+            raise Problem.at(f"{prefix}/{path}", f"{ref!r}: that job's final model was deleted", "Invalid request")
 
 
 def check_file_refs(session: Session, project_id: str, spec: AnySpec, prefix: str = "") -> None:

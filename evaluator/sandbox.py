@@ -204,6 +204,7 @@ def _user(root: bool) -> tuple[str, str | None]:
 
 REPROBE_SECONDS = 30.0
 _found: dict[str, tuple[Isolation, float]] = {}
+_finding = threading.Lock()
 
 
 def isolation(mode: str = "kernel") -> Isolation:
@@ -215,9 +216,13 @@ def isolation(mode: str = "kernel") -> Isolation:
     known = _found.get(mode)
     if known and (not known[0].refused or time.monotonic() - known[1] < REPROBE_SECONDS):
         return known[0]
-    iso = _find_isolation(mode)
-    _found[mode] = (iso, time.monotonic())
-    return iso
+    with _finding:  # one probe at a time: callers past the window wait for it instead of each probing
+        known = _found.get(mode)
+        if known and (not known[0].refused or time.monotonic() - known[1] < REPROBE_SECONDS):
+            return known[0]
+        iso = _find_isolation(mode)
+        _found[mode] = (iso, time.monotonic())
+        return iso
 
 
 def forget_isolation() -> None:

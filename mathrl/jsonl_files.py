@@ -13,6 +13,7 @@ grader reads ('{{item.reference_answer}}'). What a file can train is recorded (`
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,9 +83,10 @@ def check_jsonl(data: bytes, max_lines: int) -> FileStats:
         raise FileFormatError([(1, "", f"the file is not UTF-8 (byte {e.start})")]) from None
     stats = FileStats()
     errors: list[tuple[int, str, str]] = []
-    # lines end at '\n' alone: str.splitlines also splits at U+2028, U+2029 and U+0085, which JSON strings
-    # may hold raw (json.dumps(..., ensure_ascii=False) writes them)
-    for n, line in enumerate((line.removesuffix("\r") for line in text.split("\n")), start=1):
+    # lines end at '\r\n', '\r' or '\n' (as the worker reads the file: Python's text mode), which JSON
+    # strings hold only escaped; not at U+2028, U+2029 or U+0085, where str.splitlines also splits and
+    # which JSON strings may hold raw (json.dumps(..., ensure_ascii=False) writes them)
+    for n, line in enumerate(re.split(r"\r\n|\r|\n", text), start=1):
         if not line.strip():
             continue
         stats.lines += 1

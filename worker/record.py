@@ -76,7 +76,9 @@ def write_results_file(settings: Settings, job_id: str) -> None:
         with session_scope(settings.database.url) as s:
             job = s.get(Job, job_id)
             file_id = results_file_id(job_id)
-            if job is None or FINE_TUNING_TAG not in (job.tags or []) or s.get(File, file_id) is not None:
+            if job is None or job.status != "succeeded" or FINE_TUNING_TAG not in (job.tags or []):
+                return  # (a stale worker's end: its own exit said succeeded, the row says otherwise)
+            if s.get(File, file_id) is not None:
                 return
             rows = s.execute(select(Metric.step, Metric.name, Metric.value).where(Metric.job_id == job_id)).all()
             steps: dict[int, dict[str, float]] = {}

@@ -286,7 +286,9 @@ def job_object(session: Any, job: Job, tokens: dict[str, float] | None = None) -
         "model": request.get("model", job.spec.get("model")),
         "organization_id": job.project_id,
         # the step metrics file the worker wrote when the job succeeded (worker/record.py), while it is kept
-        "result_files": [f.id for f in [session.get(FileRow, results_file_id(job.id))] if f is not None],
+        "result_files": [f.id for f in [session.get(FileRow, results_file_id(job.id))] if f is not None]
+        if job.status == "succeeded"
+        else [],
         "seed": job.spec.get("seed", 42),
         "status": status,
         "trained_tokens": int(trained) if trained is not None and status == "succeeded" else None,

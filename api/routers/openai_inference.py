@@ -227,12 +227,14 @@ def delete_model(model: str, caller: CallerDep, settings: SettingsDep) -> dict[s
         rows = select(Checkpoint).where(Checkpoint.job_id == job_id)
         if at == "@final":
             rows = rows.where(Checkpoint.kind == "final")
+        else:  # the rows _model_ref finds a checkpoint's name by: a final model's step is one of them
+            step = int(at.removeprefix("@step-"))
+            rows = rows.where(Checkpoint.kind.in_(("checkpoint", "final")), Checkpoint.step == step)
+        gone = list(session.scalars(rows))
+        if at == "@final" or any(row.kind == "final" for row in gone):  # the final model's name goes with it
             job = session.get(Job, job_id)
             assert job is not None  # _model_ref found it
             job.tags = [*(job.tags or []), FINAL_DELETED_TAG]
-        else:
-            rows = rows.where(Checkpoint.kind == "checkpoint", Checkpoint.step == int(at.removeprefix("@step-")))
-        gone = list(session.scalars(rows))
         for row in gone:
             session.delete(row)
         session.add(Event(job_id=job_id, type="model_deleted", message=f"{model} deleted by DELETE /v1/models"))

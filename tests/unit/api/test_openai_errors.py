@@ -125,6 +125,9 @@ def test_models_list_shows_succeeded_jobs_models_and_their_checkpoints_only(app_
         assert gone not in [m.id for m in client.models.list().data]
     with pytest.raises(openai.NotFoundError):
         client.models.delete(name)
+    with pytest.raises(openai.BadRequestError, match="final model was deleted") as e:  # not a 201 the worker fails
+        client.fine_tuning.jobs.create(model=name, training_file=ids["file_id"])
+    assert e.value.param == "model", e.value.body
 
 
 def test_a_retried_create_with_the_same_idempotency_key_returns_the_first_object(app_client: Any) -> None:
@@ -175,6 +178,7 @@ def test_the_sdks_own_retry_of_a_create_returns_the_first_object(app_client: Any
     client = _client(app_client, h)
     rows = b'{"messages": [{"role": "user", "content": "2 + 2?"}, {"role": "assistant", "content": "4"}]}\n'
     retry = {"x-stainless-retry-count": "1"}
+    keyed_h = {"Idempotency-Key": f"k-{uuid.uuid4()}"}
     first = client.files.create(file=("t.jsonl", rows), purpose="fine-tune")
     assert client.files.create(file=("t.jsonl", rows), purpose="fine-tune", extra_headers=retry).id == first.id
     again = client.files.create(file=("t.jsonl", rows), purpose="fine-tune")  # a new call (count 0): a new file
@@ -183,7 +187,15 @@ def test_the_sdks_own_retry_of_a_create_returns_the_first_object(app_client: Any
     same = client.fine_tuning.jobs.create(model="org/model", training_file=first.id, extra_headers=retry)
     other = client.fine_tuning.jobs.create(model="org/model", training_file=first.id, seed=3, extra_headers=retry)
     assert same.id == job.id and other.id != job.id and len(client.fine_tuning.jobs.list().data) == 2
-    for made in (job, other):
+    # a keyed create is replayed by its key only; a count that is no ASCII number is no retry (not a 500)
+    keyed = client.fine_tuning.jobs.create(model="org/model", training_file=first.id, seed=4, extra_headers=keyed_h)
+    again = client.fine_tuning.jobs.create(model="org/model", training_file=first.id, seed=4, extra_headers=retry)
+    assert again.id != keyed.id
+    from api.idempotency import earlier
+    from store.models import Job
+
+    assert earlier(None, Job, "p", None, "d", "\u00b2") is None  # type: ignore[arg-type]  # isdigit, not int()
+    for made in (job, other, keyed, again):
         client.fine_tuning.jobs.cancel(made.id)
 
 
@@ -332,6 +344,8 @@ def test_a_succeeded_fine_tuning_job_has_its_step_metrics_as_a_results_file(app_
     job = client.fine_tuning.jobs.create(model="org/model", training_file=f.id)
     job_id = str(uuid.UUID(job.id.removeprefix("ftjob-")))
     assert job.result_files == []
+    write_results_file(get_settings(), job_id)  # a stale worker's end: the job has not succeeded
+    assert client.files.list().data == [f]
     with db(app_client).begin() as c:
         c.execute(text("UPDATE jobs SET status = 'succeeded' WHERE id = :i"), {"i": job_id})
         for step, name, value in [(1, "loss", 0.5), (2, "loss", 0.25), (2, "reward", 1.0)]:

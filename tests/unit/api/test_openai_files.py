@@ -85,6 +85,8 @@ def test_line_and_paragraph_separators_inside_strings_are_text_and_deep_nesting_
     data = (json.dumps(row, ensure_ascii=False) + "\r\n").encode() * 2
     f = client.files.create(file=("seps.jsonl", io.BytesIO(data)), purpose="fine-tune")
     assert f.status == "processed" and client.files.content(f.id).content == data
+    old_mac = (json.dumps(row) + "\r").encode() * 3  # bare '\r' ends a line, as the worker reads the file
+    assert client.files.create(file=("cr.jsonl", io.BytesIO(old_mac)), purpose="fine-tune").bytes == len(old_mac)
     with pytest.raises(openai.BadRequestError, match="line 2: not JSON this server reads: it nests too deeply"):
         client.files.create(file=("deep.jsonl", io.BytesIO(rft_jsonl(1) + b"[" * 100_000 + b"\n")), purpose="fine-tune")
 

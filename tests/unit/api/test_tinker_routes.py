@@ -61,6 +61,10 @@ def test_a_forward_backward_chunk_may_be_larger_than_other_requests(app_client: 
     assert r.status_code == 400 and "model_id" in r.json()["detail"], r.text  # read whole, then answered
     r = app_client.post("/api/v1/optim_step", json={**body, "adam_params": {}}, headers=key)
     assert r.status_code == 413, r.text
+    from fastapi.testclient import TestClient  # behind a proxy's prefix: the same route, the same limit
+
+    prefixed = TestClient(app_client.app, root_path="/mathrl")
+    assert prefixed.post("/mathrl/api/v1/forward_backward", json=body, headers=key).status_code == 400
     protobuf = {**key, "content-type": "application/x-protobuf"}
     r = app_client.post("/api/v1/forward_backward", content=b"\x0a\x01\xff", headers=protobuf)  # a 500 before
     assert r.status_code == 400 and "carries no model_id" in r.json()["detail"], r.text
