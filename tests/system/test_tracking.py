@@ -334,7 +334,12 @@ def test_a_job_is_mirrored_to_mlflow_with_links_both_ways(
     assert c.jobs.wait(ev.id, timeout=240).status == "succeeded"
 
     client = mlflow_client(mlflow_server)
-    run = run_of(client, f"mathrl/{project}", job.id)
+
+    def ended(job_id: str) -> Any:  # the worker ends a run just after it records the job's end, never before
+        found = run_of(client, f"mathrl/{project}", job_id)
+        return found if found.info.status != "RUNNING" else None
+
+    run = wait_for(lambda: ended(job.id), 30, 0.2, "the job's run to end")
     assert run.info.status == "FINISHED"
     params = run.data.params
     assert float(params["learning_rate"]) == 1e-3 and params["max_steps"] == "6" and params["resources.pool"] == up
@@ -353,7 +358,7 @@ def test_a_job_is_mirrored_to_mlflow_with_links_both_ways(
     assert link.data["url"] == f"{mlflow_server}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}"
     assert link.data["url"] in link.message
     # the eval's scores, in its own run of the same experiment
-    ev_run = run_of(client, f"mathrl/{project}", ev.id)
+    ev_run = wait_for(lambda: ended(ev.id), 30, 0.2, "the eval's run to end")
     (score,) = [s for s in c.scores.list(job_id=ev.id) if s.metric == "accuracy"]
     assert ev_run.info.status == "FINISHED" and ev_run.data.metrics["score/arith/accuracy"] == score.value
     assert ev_run.data.params["model"] == f"job:{job.id}"
