@@ -17,6 +17,7 @@ from sqlalchemy import select
 from mathrl.modelref import FINE_TUNING_TAG, RESULTS_PURPOSE, results_file_id
 from service.settings import Settings
 from store.db import retry_transient, session_scope
+from store.files import OverQuota, Quota, store_file
 from store.jobs import add_event, finish, hand_back
 from store.models import File, Job, Metric
 from worker.attempt import AttemptDir
@@ -90,22 +91,28 @@ def write_results_file(settings: Settings, job_id: str) -> None:
             writer.writerow(["step", *names])
             for step in sorted(steps):
                 writer.writerow([step, *(steps[step].get(n, "") for n in names)])
-            data = out.getvalue().encode()
-            folder = Path(settings.artifact_dir) / "files" / job.project_id
-            folder.mkdir(parents=True, exist_ok=True)
-            path = folder / f"{file_id}.csv"
-            path.write_bytes(data)
-            s.add(
-                File(
-                    id=file_id,
-                    project_id=job.project_id,
-                    filename="step_metrics.csv",
-                    purpose=RESULTS_PURPOSE,
-                    bytes=len(data),
-                    path=str(path),
-                    data={"lines": len(steps), "columns": ["step", *names]},
-                )
+            quota = Quota(settings.files.max_project_files, settings.files.max_project_bytes)
+            store_file(
+                s,
+                settings.artifact_dir,
+                quota,
+                file_id=file_id,
+                project_id=job.project_id,
+                suffix=".csv",
+                content=out.getvalue().encode(),
+                filename="step_metrics.csv",
+                purpose=RESULTS_PURPOSE,
+                data={"lines": len(steps), "columns": ["step", *names]},
             )
+    except OverQuota as exc:  # as an upload would be refused: the project's storage is full
+        log.warning("the results file of %s was not stored: %s", job_id, exc)
+        event(
+            settings.database.url,
+            job_id,
+            "results_file",
+            f"no results file: {exc}; delete files first",
+            level="warning",
+        )
     except Exception as exc:  # the job's outcome is recorded; its results file is a view of its metrics
         log.warning("writing the results file of %s failed (%s: %s)", job_id, type(exc).__name__, exc)
 

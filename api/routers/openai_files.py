@@ -11,14 +11,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, File, Form, Header, Query, UploadFile
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
 from api.deps import CallerDep, SessionDep, SettingsDep
@@ -27,9 +26,10 @@ from api.problems import Problem
 from mathrl.jsonl_files import FileFormatError, check_jsonl
 from mathrl.modelref import RESULTS_PURPOSE
 from mathrl.status import TERMINAL
+from store.files import OverQuota, Quota, store_file
 from store.ids import uuid7
 from store.models import File as FileRow
-from store.models import Job, Project
+from store.models import Job
 
 router = APIRouter(prefix="/v1/files", tags=["openai: files"])
 
@@ -117,48 +117,32 @@ def _store(
         if (existing := earlier(session, FileRow, project_id, *key)) is not None:
             return file_object(existing)
     limits = settings.files
-    file_id = "file-" + uuid7().replace("-", "")
-    folder = Path(settings.artifact_dir) / "files" / project_id
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{file_id}.jsonl"
-    with tempfile.NamedTemporaryFile(dir=folder, delete=False, suffix=".part") as tmp:
-        tmp.write(data)
+    quota = Quota(limits.max_project_files, limits.max_project_bytes)
     with get_sessionmaker(settings.database.url)() as session:
         try:
-            # one upload at a time per project: the quota sums below cannot race another upload
-            session.execute(select(Project.id).where(Project.id == project_id).with_for_update())
-            count, used = session.execute(
-                select(func.count(), func.coalesce(func.sum(FileRow.bytes), 0)).where(FileRow.project_id == project_id)
-            ).one()
-            if count >= limits.max_project_files:
-                raise Problem(429, "Too many files", f"your project stores {count} files, the limit: delete some first")
-            if used + len(data) > limits.max_project_bytes:
-                detail = (
-                    f"your project's files would take {used + len(data)} bytes, over its "
-                    f"{limits.max_project_bytes}: delete some first"
-                )
-                raise _invalid("/file", detail, 413, "Over the project's storage")
-            os.replace(tmp.name, path)
-            row = FileRow(
-                id=file_id,
+            row = store_file(
+                session,
+                settings.artifact_dir,
+                quota,
+                file_id="file-" + uuid7().replace("-", ""),
                 project_id=project_id,
+                suffix=".jsonl",
+                content=data,
                 filename=name,
                 purpose=purpose,
-                bytes=len(data),
-                path=str(path),
                 data=stats,
                 idempotency_key=key[0],
                 request_hash=key[1],  # with a key or without: the SDK's keyless retries are matched on it too
             )
-            session.add(row)
-            session.commit()
-        except BaseException as exc:
-            session.rollback()
-            for leftover in (tmp.name, path):
-                Path(leftover).unlink(missing_ok=True)
-            if isinstance(exc, IntegrityError) and key[0]:  # a concurrent retry with the same key stored it
-                if (existing := earlier(session, FileRow, project_id, *key)) is not None:
-                    return file_object(existing)
+        except OverQuota as e:
+            if e.what == "files":
+                detail = f"your project stores {e.count} files, the limit: delete some first"
+                raise Problem(429, "Too many files", detail) from None
+            detail = f"your project's files would take {e.used} bytes, over its {quota.max_bytes}: delete some first"
+            raise _invalid("/file", detail, 413, "Over the project's storage") from None
+        except IntegrityError:
+            if key[0] and (existing := earlier(session, FileRow, project_id, *key)) is not None:
+                return file_object(existing)  # a concurrent retry with the same key stored it
             raise
         return file_object(row)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -331,9 +332,12 @@ def test_jobs_list_filters_by_metadata_as_the_sdk_sends_it(app_client: Any) -> N
         client.fine_tuning.jobs.cancel(job.id)
 
 
-def test_a_succeeded_fine_tuning_job_has_its_step_metrics_as_a_results_file(app_client: Any) -> None:
+def test_a_succeeded_fine_tuning_job_has_its_step_metrics_as_a_results_file(
+    app_client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """OpenAI's analysis pattern, `client.files.content(job.result_files[0])`: result_files was always
-    empty (an IndexError). The worker writes the file when the job succeeds (worker/record.py)."""
+    empty (an IndexError). The worker writes the file when the job succeeds (worker/record.py), within
+    the project's storage quota as an upload is (store/files.py)."""
     from service.settings import get_settings
     from worker.record import write_results_file
 
@@ -353,6 +357,14 @@ def test_a_succeeded_fine_tuning_job_has_its_step_metrics_as_a_results_file(app_
                 text("INSERT INTO metrics (job_id, name, step, value, time) VALUES (:j, :n, :s, :v, :t)"),
                 {"j": job_id, "n": name, "s": step, "v": value, "t": datetime.now(UTC).replace(tzinfo=None)},
             )
+    monkeypatch.setattr(get_settings().files, "max_project_files", 1)  # the upload fills the project's storage
+    write_results_file(get_settings(), job_id)
+    assert client.fine_tuning.jobs.retrieve(job.id).result_files == [] and client.files.list().data == [f]
+    events = client.fine_tuning.jobs.list_events(job.id).data
+    assert any("no results file: the project stores 1 files" in e.message for e in events), events
+    stored = (Path(get_settings().artifact_dir) / "files").glob("*/*")
+    assert not [p for p in stored if p.suffix in (".csv", ".part")]  # no bytes left behind
+    monkeypatch.setattr(get_settings().files, "max_project_files", 10)
     write_results_file(get_settings(), job_id)
     write_results_file(get_settings(), job_id)  # once: a second end (a stale finish) adds nothing
     (results,) = client.fine_tuning.jobs.retrieve(job.id).result_files

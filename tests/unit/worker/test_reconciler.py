@@ -11,8 +11,8 @@ import pytest
 
 from store.db import session_scope
 from store.jobs import claim, hand_back, reconcile
-from store.migrate import upgrade
-from store.models import Job, Project, utcnow
+from store.models import Job, utcnow
+from tests.helpers.store import store_with_jobs
 from worker.reconciler import Reachability
 
 pytestmark = pytest.mark.quick
@@ -20,19 +20,8 @@ pytestmark = pytest.mark.quick
 
 def queued_jobs(tmp_path: Path, n: int, max_attempts: int) -> tuple[str, list[str]]:
     """A migrated SQLite database with n queued jobs of one project: its URL and the job ids."""
-    url = f"sqlite:///{tmp_path / 'r.db'}"
-    upgrade(url)
-    with session_scope(url) as s:
-        proj = Project(name="p")
-        s.add(proj)
-        s.flush()
-        jobs = [
-            Job(project_id=proj.id, kind="sft", spec={}, tags=[], status="queued", max_attempts=max_attempts)
-            for _ in range(n)
-        ]
-        s.add_all(jobs)
-        s.commit()
-        return url, [j.id for j in jobs]
+    url, _, ids = store_with_jobs(tmp_path, *[{"max_attempts": max_attempts}] * n)
+    return url, ids
 
 
 def test_lapsed_leases_are_taken_only_when_asked(tmp_path: Path) -> None:
@@ -118,8 +107,8 @@ def test_a_waiting_message_is_not_sent_again_a_lost_one_is(
     from worker.celery_app import make_celery
     from worker.reconciler import broker_backlog, reconcile_once
 
-    url = f"sqlite:///{tmp_path / 'r.db'}"
-    upgrade(url)
+    queue = f"parked-{uuid.uuid4().hex[:8]}"  # no worker consumes it
+    url, _, _ = store_with_jobs(tmp_path, {"kind": "eval", "queue": queue})
     broker_url = (
         str(request.getfixturevalue("redis_url")) if broker == "redis" else f"sqla+sqlite:///{tmp_path / 'broker.db'}"
     )
@@ -129,12 +118,6 @@ def test_a_waiting_message_is_not_sent_again_a_lost_one_is(
         worker={"redeliver_after_seconds": 0},
     )  # every queued job is due every round
     app = make_celery(broker_url)
-    queue = f"parked-{uuid.uuid4().hex[:8]}"  # no worker consumes it
-    with session_scope(url) as s:
-        proj = Project(name="p")
-        s.add(proj)
-        s.flush()
-        s.add(Job(project_id=proj.id, kind="eval", spec={}, tags=[], status="queued", queue=queue))
     assert reconcile_once(settings, app) == 1  # never sent: sent now
     for _ in range(3):
         assert reconcile_once(settings, app) == 0  # its message waits: nothing sent
@@ -158,20 +141,13 @@ def test_a_job_the_broker_refuses_does_not_stop_the_others_of_the_round(tmp_path
     from worker.celery_app import make_celery
     from worker.reconciler import broker_backlog, reconcile_once
 
-    url = f"sqlite:///{tmp_path / 'r.db'}"
-    upgrade(url)
+    bad, good = f"hash-{uuid.uuid4().hex[:8]}", f"parked-{uuid.uuid4().hex[:8]}"
+    url, _, _ = store_with_jobs(tmp_path, *[{"kind": "eval", "queue": q} for q in (bad, good)])  # the refused one first
     settings = Settings(database={"url": url}, broker={"url": redis_url}, worker={"redeliver_after_seconds": 0})  # type: ignore[arg-type]
     app = make_celery(redis_url)
-    bad, good = f"hash-{uuid.uuid4().hex[:8]}", f"parked-{uuid.uuid4().hex[:8]}"
     r = redis.Redis.from_url(redis_url)
     r.hset(bad, "k", "v")
     try:
-        with session_scope(url) as s:
-            proj = Project(name="p")
-            s.add(proj)
-            s.flush()
-            for queue in (bad, good):  # the refused one first
-                s.add(Job(project_id=proj.id, kind="eval", spec={}, tags=[], status="queued", queue=queue))
         assert reconcile_once(settings, app) == 1
         assert broker_backlog(app, good) == 1
     finally:

@@ -116,24 +116,19 @@ def test_a_deleted_final_model_is_no_longer_resolved(tmp_path: Path) -> None:
     instead of loading the job's newest checkpoint in its place."""
     from mathrl.modelref import FINAL_DELETED_TAG
     from store.db import session_scope
-    from store.migrate import upgrade
-    from store.models import Checkpoint, Job, Project
+    from store.models import Checkpoint, Job
+    from tests.helpers.store import store_with_jobs
     from worker.refs import RefError, resolve_model_ref
 
-    url = f"sqlite:///{tmp_path / 'refs.db'}"
-    upgrade(url)
+    url, project_id, (job_id,) = store_with_jobs(tmp_path, {"status": "succeeded"})
     with session_scope(url) as s:
-        project = Project(name="p")
-        s.add(project)
-        s.flush()
-        job = Job(project_id=project.id, kind="sft", spec={}, tags=[], status="succeeded")
-        s.add(job)
-        s.flush()
+        job = s.get(Job, job_id)
+        assert job is not None
         s.add(Checkpoint(job_id=job.id, step=10, kind="checkpoint", uri=str(tmp_path / "checkpoint-10")))
-        assert resolve_model_ref(s, project.id, f"job:{job.id}@final")[0].endswith("checkpoint-10")
+        assert resolve_model_ref(s, project_id, f"job:{job.id}@final")[0].endswith("checkpoint-10")
         job.tags = [FINAL_DELETED_TAG]
         s.flush()
         for ref in (f"job:{job.id}@final", f"job:{job.id}"):
             with pytest.raises(RefError, match="final model was deleted"):
-                resolve_model_ref(s, project.id, ref)
-        assert resolve_model_ref(s, project.id, f"job:{job.id}@step-10")[0].endswith("checkpoint-10")
+                resolve_model_ref(s, project_id, ref)
+        assert resolve_model_ref(s, project_id, f"job:{job.id}@step-10")[0].endswith("checkpoint-10")

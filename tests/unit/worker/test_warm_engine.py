@@ -254,8 +254,8 @@ def test_a_shared_engines_log_stays_the_workers(tmp_path: Path) -> None:
     from sqlalchemy import select
 
     from store.db import session_scope
-    from store.migrate import upgrade
-    from store.models import Event, Job, Project
+    from store.models import Event
+    from tests.helpers.store import store_with_jobs
     from worker import record
     from worker.attempt import AttemptDir, job_dir
     from worker.vllm_server import VLLMServer
@@ -268,16 +268,9 @@ def test_a_shared_engines_log_stays_the_workers(tmp_path: Path) -> None:
     proc = subprocess.Popen([sys.executable, "-c", "raise SystemExit(1)"])
     proc.wait()
     server = VLLMServer(proc, "http://127.0.0.1:1", log)
-    url = f"sqlite:///{tmp_path / 'store.db'}"
-    upgrade(url)
-    with session_scope(url) as s:
-        project = Project(name="project-b")
-        s.add(project)
-        s.flush()
-        job = Job(project_id=project.id, kind="eval", spec={}, resolved_config={"kind": "eval"}, queue="parked")
-        s.add(job)
-        s.flush()
-        job_id = job.id
+    url, _, (job_id,) = store_with_jobs(
+        tmp_path, {"kind": "eval", "resolved_config": {"kind": "eval"}, "queue": "parked"}, project="project-b"
+    )
     for shared in (True, False):
         out = tmp_path / ("shared" if shared else "own")
         out.mkdir()

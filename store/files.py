@@ -1,0 +1,90 @@
+"""A project's stored files (OpenAI's files API): their bytes under the artifact directory,
+`files/<project>/<id><suffix>`, and a row (store.models.File) each. One writer for every file a
+project gets, an upload (api/routers/openai_files.py) or a job's results file (worker/record.py),
+so both count against the project's storage the same way."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from store.models import File, Project
+
+
+@dataclass(frozen=True)
+class Quota:
+    """What one project may store: files and bytes (the operator's `files` settings)."""
+
+    max_files: int
+    max_bytes: int
+
+
+class OverQuota(Exception):
+    """Storing the file would take the project past its quota: `files` (its number) or `bytes`."""
+
+    def __init__(self, what: str, count: int, used: int, quota: Quota) -> None:
+        self.what, self.count, self.used, self.quota = what, count, used, quota
+        super().__init__(
+            f"the project stores {count} files, the limit"
+            if what == "files"
+            else f"the project's files would take {used} bytes, over its {quota.max_bytes}"
+        )
+
+
+def file_path(artifact_dir: str | Path, project_id: str, file_id: str, suffix: str) -> Path:
+    return Path(artifact_dir) / "files" / project_id / f"{file_id}{suffix}"
+
+
+def store_file(
+    session: Session,
+    artifact_dir: str | Path,
+    quota: Quota,
+    *,
+    file_id: str,
+    project_id: str,
+    suffix: str,
+    content: bytes,
+    **row: Any,
+) -> File:
+    """Write `content` and its row (`row`: the File's other columns), committed. The bytes are written
+    first, beside their final name; then, holding the project's row (one store at a time per
+    project, so the sums cannot race another), the quota is checked and the file takes its name.
+    A row with this id stored already (a results file written by a second end of its job) is
+    returned as it is. On any failure (OverQuota included) nothing of this call is left: no bytes,
+    no row, the session rolled back."""
+    path = file_path(artifact_dir, project_id, file_id, suffix)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=path.parent, delete=False, suffix=".part") as tmp:
+        tmp.write(content)
+    renamed = False
+    try:
+        session.execute(select(Project.id).where(Project.id == project_id).with_for_update())
+        if (earlier := session.get(File, file_id)) is not None:
+            Path(tmp.name).unlink()
+            session.commit()  # (ends the transaction: the project's row is free again)
+            return earlier
+        count, used = session.execute(
+            select(func.count(), func.coalesce(func.sum(File.bytes), 0)).where(File.project_id == project_id)
+        ).one()
+        if count >= quota.max_files:
+            raise OverQuota("files", count, used, quota)
+        if used + len(content) > quota.max_bytes:
+            raise OverQuota("bytes", count, used + len(content), quota)
+        os.replace(tmp.name, path)
+        renamed = True
+        stored = File(id=file_id, project_id=project_id, bytes=len(content), path=str(path), **row)
+        session.add(stored)
+        session.commit()
+    except BaseException:
+        session.rollback()
+        Path(tmp.name).unlink(missing_ok=True)
+        if renamed:  # then the commit failed: the name is this call's
+            path.unlink(missing_ok=True)
+        raise
+    return stored
