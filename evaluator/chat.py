@@ -12,6 +12,7 @@ samples: text, finish_reason and token counts."""
 from __future__ import annotations
 
 import json
+import secrets
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -182,7 +183,8 @@ def run_generate(spec: Any, sink: Any, model_path: str, warm: WarmEngineAddress 
             "temperature": spec.temperature,
             "top_p": spec.top_p,
             "stop": spec.stop,
-            "seed": spec.seed if spec.seed is not None else 0,
+            # no seed: a draw of its own, as OpenAI's repeated calls differ (0 made every call's answer the same)
+            "seed": spec.seed if spec.seed is not None else secrets.randbits(31),
         }
         if spec.stream and spec.n == 1:
             choices = [model.stream(prompt, lambda text: deltas.add(0, text), **options)]

@@ -259,7 +259,9 @@ def _message_rows(ref: Any, name: str, limit: int | None) -> list[Problem]:
             bad = check_line(obj)
             if bad:
                 raise ValueError(f"dataset: {name} line {n}: {bad[0][0]}: {bad[0][1]}")
-            messages = obj["messages"]
+            # OpenAI's newer name for the system message: the chat templates know only `system`
+            # (Qwen's drop a `developer` message), and a chat call maps it so (mathrl/specs/generate.py)
+            messages = [{**m, "role": "system"} if m["role"] == "developer" else m for m in obj["messages"]]
             solution = None
             if messages[-1]["role"] == "assistant":  # a supervised line: the last message is the target
                 solution, messages = text_of(messages[-1]["content"]), messages[:-1]

@@ -49,6 +49,15 @@ def job_uuid(ft_id: str) -> str | None:
 
 FINE_TUNING_TAG = "openai:fine_tuning"  # the jobs POST /v1/fine_tuning/jobs made
 RESULTS_PURPOSE = "fine-tune-results"  # a succeeded fine-tuning job's step metrics file (its result_files)
+# The results file's columns under OpenAI's names (its fine-tuning guide reads `train_loss`,
+# `train_accuracy`; reinforcement jobs' `train_reward_mean`, `valid_reward_mean`), before the
+# job's other metrics under mathrl's names.
+RESULTS_COLUMNS = {
+    "loss": "train_loss",
+    "mean_token_accuracy": "train_accuracy",
+    "reward": "train_reward_mean",
+    "heldout/reward": "valid_reward_mean",
+}
 
 
 def results_file_id(job_id: str) -> str:

@@ -14,7 +14,7 @@ from typing import Any
 
 from sqlalchemy import select
 
-from mathrl.modelref import FINE_TUNING_TAG, RESULTS_PURPOSE, results_file_id
+from mathrl.modelref import FINE_TUNING_TAG, RESULTS_COLUMNS, RESULTS_PURPOSE, results_file_id
 from service.settings import Settings
 from store.db import retry_transient, session_scope
 from store.files import OverQuota, Quota, store_file
@@ -70,9 +70,9 @@ def record_end(settings: Settings, job_id: str, owner: str, code: int, cancelled
 
 def write_results_file(settings: Settings, job_id: str) -> None:
     """A succeeded fine-tuning job's step metrics as OpenAI's results file (its `result_files`): a CSV
-    with a row per step and a column per metric the job logged, stored as a file of its project
-    (purpose fine-tune-results) that files.content reads. Written once; a failure is logged, not raised:
-    the job has succeeded either way."""
+    with a row per step and a column per metric the job logged (OpenAI's names first: RESULTS_COLUMNS),
+    stored as a file of its project (purpose fine-tune-results) that files.content reads. Written once;
+    a failure is logged, not raised: the job has succeeded either way."""
     try:
         with session_scope(settings.database.url) as s:
             job = s.get(Job, job_id)
@@ -85,10 +85,12 @@ def write_results_file(settings: Settings, job_id: str) -> None:
             steps: dict[int, dict[str, float]] = {}
             for step, name, value in rows:
                 steps.setdefault(step, {})[name] = value
-            names = sorted({name for _, name, _ in rows})
+            logged = {name for _, name, _ in rows}
+            names = [n for n in RESULTS_COLUMNS if n in logged] + sorted(logged - RESULTS_COLUMNS.keys())
+            columns = ["step", *(RESULTS_COLUMNS.get(n, n) for n in names)]
             out = io.StringIO()
             writer = csv.writer(out, lineterminator="\n")
-            writer.writerow(["step", *names])
+            writer.writerow(columns)
             for step in sorted(steps):
                 writer.writerow([step, *(steps[step].get(n, "") for n in names)])
             quota = Quota(settings.files.max_project_files, settings.files.max_project_bytes)
@@ -102,7 +104,7 @@ def write_results_file(settings: Settings, job_id: str) -> None:
                 content=out.getvalue().encode(),
                 filename="step_metrics.csv",
                 purpose=RESULTS_PURPOSE,
-                data={"lines": len(steps), "columns": ["step", *names]},
+                data={"lines": len(steps), "columns": columns},
             )
     except OverQuota as exc:  # as an upload would be refused: the project's storage is full
         log.warning("the results file of %s was not stored: %s", job_id, exc)

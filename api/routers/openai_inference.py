@@ -35,6 +35,7 @@ from api.routers.openai_fine_tuning import TAG as FINE_TUNING
 from api.submit import admit, commit_and_dispatch, job_row
 from mathrl.modelref import FINAL_DELETED_TAG, ft_model_ref, split_job_ref
 from mathrl.specs import GenerateSpec
+from mathrl.specs.generate import MAX_TOKENS
 from mathrl.status import TERMINAL
 from store.db import get_sessionmaker
 from store.jobs import has_tag, request_cancel
@@ -96,7 +97,7 @@ StopString = Annotated[str, Field(min_length=1, max_length=200)]
 
 class _Sampling(_Open):
     model: str = Field(..., min_length=1, max_length=512, description="An 'ft:' model of your project.")
-    max_tokens: int | None = Field(None, ge=1, le=32_768)
+    max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS)
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
     n: int | None = Field(None, ge=1, le=16)
@@ -110,7 +111,7 @@ class _Sampling(_Open):
 
 class ChatCompletionParams(_Sampling):
     messages: list[Message] = Field(..., min_length=1, max_length=256)
-    max_completion_tokens: int | None = Field(None, ge=1, le=32_768)
+    max_completion_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS)
     metadata: dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]] | None = Field(
         None, max_length=16, description="Accepted; not stored."
     )
@@ -147,6 +148,15 @@ def _model_ref(session: Any, project_id: str, name: str) -> str:
         if session.scalar(q.where(Checkpoint.kind.in_(("checkpoint", "final")))) is None:
             raise _not_found(name)
     return ref
+
+
+def _default_budget(session: Any, ref: str) -> int | None:
+    """A chat that names no max_tokens: what the model was trained to write, its fine-tuning job's
+    completion budget (a reinforcement job's max_completion_length), else the generate spec's default.
+    OpenAI sets no cap of its own; a fixed 256 cut a trained model's answers short."""
+    job = session.get(Job, split_job_ref(ref)[0])
+    budget = (job.resolved_config or {}).get("max_completion_length") if job is not None else None
+    return budget if isinstance(budget, int) and 0 < budget <= MAX_TOKENS else None
 
 
 def _names_ft_models(job: Job) -> bool:
@@ -290,7 +300,7 @@ async def _answer(
 ) -> Any:
     fields: dict[str, Any] = {
         **what,
-        "max_tokens": max_tokens or 256,
+        "max_tokens": max_tokens,
         "temperature": 1.0 if body.temperature is None else body.temperature,
         "top_p": body.top_p or 1.0,
         "n": body.n or 1,
@@ -315,8 +325,10 @@ async def _answer(
 def _submit(project_id: str, settings: Any, model: str, fields: dict[str, Any]) -> str:
     with get_sessionmaker(settings.database.url)() as session:
         ref = _model_ref(session, project_id, model)
+        if fields["max_tokens"] is None:
+            fields = {**fields, "max_tokens": _default_budget(session, ref)}
         try:
-            spec = GenerateSpec(model=ref, **fields)
+            spec = GenerateSpec(model=ref, **{k: v for k, v in fields.items() if v is not None})
         except ValidationError as exc:
             err = exc.errors()[0]
             raise Problem.at("/" + "/".join(str(p) for p in err["loc"]), err["msg"]) from None

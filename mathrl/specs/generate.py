@@ -10,6 +10,8 @@ from mathrl.errors import FieldError
 from mathrl.modelref import ModelRef
 from mathrl.specs.base import Dtype, GenerationBackend, JobBase, StrictModel
 
+MAX_TOKENS = 32_768  # new tokens one call may ask for
+
 
 class ChatMessage(StrictModel):
     role: Literal["system", "developer", "user", "assistant"] = Field(..., description="Who said it.")
@@ -32,7 +34,7 @@ class GenerateSpec(JobBase):
     model: ModelRef
     messages: list[ChatMessage] | None = Field(None, min_length=1, max_length=256, description="The chat to answer.")
     prompt: str | None = Field(None, max_length=100_000, description="A plain prompt to continue (no chat template).")
-    max_tokens: int = Field(256, ge=1, le=32_768, description="New tokens per choice at most.")
+    max_tokens: int = Field(256, ge=1, le=MAX_TOKENS, description="New tokens per choice at most.")
     temperature: float = Field(1.0, ge=0, le=2, description="0: greedy.")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling.")
     n: int = Field(1, ge=1, le=16, description="Choices.")

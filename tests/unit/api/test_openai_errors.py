@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import text
+from sqlalchemy import select, text
 
 from tests.helpers.api import admin_key, db, make_objects, overridden
 
@@ -352,7 +352,7 @@ def test_a_succeeded_fine_tuning_job_has_its_step_metrics_as_a_results_file(
     assert client.files.list().data == [f]
     with db(app_client).begin() as c:
         c.execute(text("UPDATE jobs SET status = 'succeeded' WHERE id = :i"), {"i": job_id})
-        for step, name, value in [(1, "loss", 0.5), (2, "loss", 0.25), (2, "reward", 1.0)]:
+        for step, name, value in [(1, "loss", 0.5), (2, "loss", 0.25), (2, "reward", 1.0), (2, "kl", 0.125)]:
             c.execute(
                 text("INSERT INTO metrics (job_id, name, step, value, time) VALUES (:j, :n, :s, :v, :t)"),
                 {"j": job_id, "n": name, "s": step, "v": value, "t": datetime.now(UTC).replace(tzinfo=None)},
@@ -369,5 +369,37 @@ def test_a_succeeded_fine_tuning_job_has_its_step_metrics_as_a_results_file(
     write_results_file(get_settings(), job_id)  # once: a second end (a stale finish) adds nothing
     (results,) = client.fine_tuning.jobs.retrieve(job.id).result_files
     assert client.files.retrieve(results).purpose == "fine-tune-results"
-    assert client.files.content(results).text == "step,loss,reward\n1,0.5,\n2,0.25,1.0\n"
+    assert client.files.content(results).text == "step,train_loss,train_reward_mean,kl\n1,0.5,,\n2,0.25,1.0,0.125\n"
     assert [x.purpose for x in client.files.list().data].count("fine-tune-results") == 1
+
+
+def test_a_chat_without_max_tokens_may_write_what_its_model_was_trained_to(app_client: Any) -> None:
+    """OpenAI sets no cap of its own; a fixed 256 cut a fine-tuned model's answers short. A chat that
+    names none gets its job's completion budget (max_completion_length), else the spec's default."""
+    import openai
+    from sqlalchemy.orm import Session
+
+    from store.models import Job
+
+    h = admin_key(app_client)
+    ids = make_objects(app_client, h)  # a supervised fine-tuning job with a checkpoint at step 1
+    job_id = str(uuid.UUID(ids["fine_tuning_job_id"].removeprefix("ftjob-")))
+    client = _client(app_client, h).with_options(timeout=6.0)  # waits 1 s: a 504, the job cancelled
+
+    def asked(budget: int | None, **over: Any) -> Any:
+        with Session(db(app_client)) as s:
+            job = s.get(Job, job_id)
+            assert job is not None
+            job.resolved_config = {**(job.resolved_config or {}), "max_completion_length": budget}
+            s.commit()
+        with pytest.raises(openai.APIStatusError) as e:
+            client.chat.completions.create(model=ids["model"], messages=[{"role": "user", "content": "1 + 1?"}], **over)
+        assert e.value.status_code == 504, e.value.body
+        with Session(db(app_client)) as s:
+            project = select(Job.project_id).where(Job.id == job_id).scalar_subquery()
+            newest = select(Job.spec).where(Job.project_id == project, Job.kind == "generate").order_by(Job.id.desc())
+            return s.scalars(newest).first()["max_tokens"]
+
+    assert asked(1024) == 1024
+    assert asked(None) == 256  # (a supervised job names none: the generate spec's default)
+    assert asked(1024, max_completion_tokens=7) == 7

@@ -289,7 +289,8 @@ def test_one_projects_slow_python_graders_do_not_fail_anothers_calls(app_client:
 
 def test_a_messages_file_reaches_the_grader_as_its_item(tmp_path: Any, tiny_model: str) -> None:
     """OpenAI's JSONL in a GRPO job: the chat is the prompt, the other fields the grader's `item`,
-    as TRL passes a dataset's columns to a reward."""
+    as TRL passes a dataset's columns to a reward. A `developer` message (OpenAI's RFT examples)
+    is the system message, as a chat call reads it: it reached the chat template as written."""
     import json
 
     from evaluator.models import load_tokenizer
@@ -299,7 +300,10 @@ def test_a_messages_file_reaches_the_grader_as_its_item(tmp_path: Any, tiny_mode
 
     path = tmp_path / "rft.jsonl"
     rows = [
-        {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "12 + 30?"}], "ref": 42},
+        {
+            "messages": [{"role": "developer", "content": "Be brief."}, {"role": "user", "content": "12 + 30?"}],
+            "ref": 42,
+        },
         {"messages": [{"role": "user", "content": [{"type": "text", "text": "7 + 8?"}]}], "ref": "15", "x": [1]},
     ]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
