@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from api.admission import check_project_quota
 from api.dispatch import dispatch, new_task_id
 from api.problems import Problem
 from store.jobs import NotPausable, request_pause, resume
@@ -20,9 +21,15 @@ def pause_job(session: Any, job: Job) -> Job:
 
 
 def resume_job(session: Any, settings: Any, job: Job) -> Job:
+    """A resumed job counts against its project's quotas again (a 429 past them), as a new one
+    would: pausing queued jobs and resuming them got past the quotas, any number of times."""
     task_id = new_task_id()
+
+    def admit(session: Any, row: Job) -> None:
+        check_project_quota(session, row.project_id, [("", row.gpus)], settings)
+
     try:
-        row = resume(session, job, task_id)
+        row = resume(session, job, task_id, admit)
     except NotPausable as e:
         raise Problem(409, "Not paused", str(e)) from None
     if row.status == "queued" and row.celery_task_id == task_id:

@@ -6,7 +6,8 @@ Every line is a JSON object with `messages`, a non-empty list of {role, content}
 system, developer, user, assistant, tool; content a string or a list of text parts
 ({type: text, text}). Other fields are kept: a reinforcement file's items carry the fields its
 grader reads ('{{item.reference_answer}}'). What a file can train is recorded (`FileStats`):
-- supervised: every line has an assistant message (the target);
+- supervised: every line ends with an assistant message (the target) answering a user message
+  (as the trainer reads it: evaluator/data.py; only the last assistant message is learned);
 - reinforcement: every line's messages end with a user message (the prompt the policy answers),
   after any system/developer messages."""
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,7 +28,7 @@ MAX_ERRORS = 10  # errors reported per upload
 @dataclass
 class FileStats:
     lines: int = 0
-    supervised: int = 0  # lines with an assistant message
+    supervised: int = 0  # lines whose messages end with a user message and the assistant's answer
     reinforcement: int = 0  # lines whose messages end with a user message
     fields: list[str] = field(default_factory=list)  # item fields besides messages, in the first line
 
@@ -75,6 +77,19 @@ def text_of(content: Any) -> str:
     return "".join(p["text"] for p in content)
 
 
+def _lines(text: str) -> Iterator[str]:
+    """The text's lines, one at a time: a list of them all (re.split) took about 30 times the file's
+    size for a file of short lines, before the line limit was reached."""
+    start = 0
+    for end in _LINE_END.finditer(text):
+        yield text[start : end.start()]
+        start = end.end()
+    yield text[start:]
+
+
+_LINE_END = re.compile(r"\r\n|\r|\n")
+
+
 def check_jsonl(data: bytes, max_lines: int) -> FileStats:
     """The file's stats, or FileFormatError naming each bad line (the first MAX_ERRORS)."""
     try:
@@ -86,7 +101,9 @@ def check_jsonl(data: bytes, max_lines: int) -> FileStats:
     # lines end at '\r\n', '\r' or '\n' (as the worker reads the file: Python's text mode), which JSON
     # strings hold only escaped; not at U+2028, U+2029 or U+0085, where str.splitlines also splits and
     # which JSON strings may hold raw (json.dumps(..., ensure_ascii=False) writes them)
-    for n, line in enumerate(re.split(r"\r\n|\r|\n", text), start=1):
+    for n, line in enumerate(_lines(text), start=1):
+        if n > max_lines:  # blank lines too: a file of newlines is as many lines to read
+            raise FileFormatError([(n, "", f"the file has over {max_lines} lines (the limit per file)")])
         if not line.strip():
             continue
         stats.lines += 1
@@ -103,7 +120,7 @@ def check_jsonl(data: bytes, max_lines: int) -> FileStats:
             errors.extend((n, f, what) for f, what in bad)
             if not bad:
                 roles = [m["role"] for m in obj["messages"]]
-                stats.supervised += "assistant" in roles
+                stats.supervised += roles[-2:] == ["user", "assistant"]
                 stats.reinforcement += roles[-1] == "user"
                 if stats.lines == 1:
                     stats.fields = sorted(k for k in obj if k != "messages")

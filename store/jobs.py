@@ -5,6 +5,7 @@ a move mathrl.status does not allow is refused before it reaches the database.""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -201,16 +202,25 @@ def request_pause(session: Session, job: Job) -> Job:
     return row
 
 
-def resume(session: Session, job: Job, task_id: str) -> Job:
+def resume(session: Session, job: Job, task_id: str, admit: Callable[[Session, Job], None] | None = None) -> Job:
     """Queue a paused job again (with `task_id` for its broker message, sent after the commit);
     it resumes from its newest checkpoint. A job paused only as asked (still running) has its
-    request withdrawn. Another status raises NotPausable."""
+    request withdrawn. Another status raises NotPausable. A paused job holds none of its project's
+    quota (mathrl.status.ACTIVE), so it takes it again here: `admit` runs once the queued row is
+    flushed (the project's counters raised) and before the commit; what it raises rolls back."""
     row = _locked(session, job.id)
     now = utcnow()
     if row.status == "paused":
         row.status, row.pause_requested, row.updated_at = "queued", False, now
         row.celery_task_id, row.dispatched_at = task_id, now
         add_event(session, row.id, "resumed", "resumed: queued, to go on from its newest checkpoint")
+        if admit is not None:
+            session.flush()
+            try:
+                admit(session, row)
+            except BaseException:
+                session.rollback()
+                raise
     elif row.status == "running" and row.pause_requested:
         row.pause_requested, row.updated_at = False, now
         add_event(session, row.id, "resumed", "resumed before it had stopped: the pause request is withdrawn")

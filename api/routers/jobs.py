@@ -164,10 +164,13 @@ def pause(job_id: str, session: SessionDep, caller: CallerDep) -> Job:
 
 
 @router.post(
-    "/{job_id}/resume", response_model=JobResponse, responses={**NOT_FOUND, 409: {"description": "Not paused."}}
+    "/{job_id}/resume",
+    response_model=JobResponse,
+    responses={**NOT_FOUND, 409: {"description": "Not paused."}, 429: {"description": "Over the project's quotas."}},
 )
 def resume_paused(job_id: str, session: SessionDep, caller: CallerDep, settings: SettingsDep) -> Job:
-    """Resume a paused job: queued again, it goes on from its newest checkpoint."""
+    """Resume a paused job: queued again, it goes on from its newest checkpoint. It counts against
+    the project's quotas again, as a new job would (429 past them)."""
     return resume_job(session, settings, _own_job(session, caller.project_id, job_id))
 
 

@@ -360,7 +360,8 @@ def create(
     if kind == "supervised" and stats.get("supervised_lines", 0) != lines:
         raise Problem.at(
             "/training_file",
-            f"{lines - stats.get('supervised_lines', 0)} of its {lines} lines have no assistant message to learn",
+            f"{lines - stats.get('supervised_lines', 0)} of its {lines} lines do not end with a user message and "
+            "the assistant's answer to learn (a supervised line's last message is its target)",
         )
     spec_dict, mapping = to_spec(body, lines, settings.fine_tuning.generation_backend, validation_lines)
     aliases = settings.fine_tuning.model_aliases
@@ -470,7 +471,12 @@ def pause(fine_tuning_job_id: str, caller: CallerDep, session: SessionDep) -> di
 
 
 @router.post(
-    "/{fine_tuning_job_id}/resume", responses={404: {"description": NOT_FOUND}, 409: {"description": "Not paused."}}
+    "/{fine_tuning_job_id}/resume",
+    responses={
+        404: {"description": NOT_FOUND},
+        409: {"description": "Not paused."},
+        429: {"description": "Over the project's quotas."},
+    },
 )
 def resume_paused(fine_tuning_job_id: str, caller: CallerDep, session: SessionDep, settings: SettingsDep) -> Any:
     """Resume it: queued again, it goes on from its newest checkpoint."""

@@ -260,6 +260,34 @@ def test_quota_of_active_jobs(app_client: Any) -> None:
 
 
 @pytest.mark.quick
+def test_a_resumed_job_takes_its_quota_again(app_client: Any) -> None:
+    """A paused job holds no quota. Pausing queued jobs, submitting more and resuming them got past
+    the project's quotas, as often as a tenant liked; a resume is now held to them as a submit is."""
+    h = admin_key(app_client)
+    with overridden(limits={"max_active_jobs": 2}):
+        paused = [app_client.post("/v1/jobs", json=parked_eval(), headers=h).json()["id"] for _ in range(2)]
+        for job_id in paused:
+            r = app_client.post(f"/v1/jobs/{job_id}/pause", headers=h)
+            assert r.status_code == 200 and r.json()["status"] == "paused", r.text
+        fresh = [app_client.post("/v1/jobs", json=parked_eval(), headers=h) for _ in range(2)]
+        assert [r.status_code for r in fresh] == [201, 201], [r.text for r in fresh]
+        r = app_client.post(f"/v1/jobs/{paused[0]}/resume", headers=h)
+        assert r.status_code == 429 and "2 active" in r.json()["detail"], r.text
+        assert app_client.get(f"/v1/jobs/{paused[0]}", headers=h).json()["status"] == "paused"  # as it was
+        assert len(project_jobs(app_client, h)) == 4
+        app_client.post(f"/v1/jobs/{fresh[0].json()['id']}/cancel", headers=h)
+        r = app_client.post(f"/v1/jobs/{paused[0]}/resume", headers=h)
+        assert r.status_code == 200 and r.json()["status"] == "queued", r.text
+    with overridden(limits={"max_active_jobs": 10, "max_active_gpus": 4}):
+        gpu = parked_eval(resources={**PARKED, "gpus": 3})
+        big = app_client.post("/v1/jobs", json=gpu, headers=h).json()["id"]
+        app_client.post(f"/v1/jobs/{big}/pause", headers=h)
+        assert app_client.post("/v1/jobs", json=gpu, headers=h).status_code == 201
+        r = app_client.post(f"/v1/jobs/{big}/resume", headers=h)  # 6 GPUs, over 4
+        assert r.status_code == 429 and r.json()["errors"][0]["pointer"] == "/resources/gpus", r.text
+
+
+@pytest.mark.quick
 def test_quota_of_gpus(app_client: Any) -> None:
     h = admin_key(app_client)
     with overridden(limits={"max_active_gpus": 4}):

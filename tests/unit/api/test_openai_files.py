@@ -91,6 +91,46 @@ def test_line_and_paragraph_separators_inside_strings_are_text_and_deep_nesting_
         client.files.create(file=("deep.jsonl", io.BytesIO(rft_jsonl(1) + b"[" * 100_000 + b"\n")), purpose="fine-tune")
 
 
+def test_checking_a_file_holds_one_line_at_a_time() -> None:
+    """The check split the whole text into a list first: a 64 MB upload of short lines took about
+    30 times its size in the API's memory (over a 1 GiB pod), before the line limit was reached.
+    A file of newlines counts toward the limit too."""
+    import tracemalloc
+
+    from mathrl.jsonl_files import FileFormatError, check_jsonl
+
+    line = json.dumps({"messages": [{"role": "user", "content": "1?"}]}).encode() + b"\n"
+    data = line * (2 * 2**20 // len(line))
+    tracemalloc.start()
+    try:
+        assert check_jsonl(data, 1_000_000).lines == data.count(b"\n")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1.5 * len(data), f"{peak} bytes at the peak for a file of {len(data)}"  # its text, once
+    with pytest.raises(FileFormatError, match="over 1000 lines"):
+        check_jsonl(b"\n" * 5000 + line, 1000)
+
+
+def test_a_supervised_line_is_what_the_trainer_learns_from(app_client: Any) -> None:
+    """A line counted as supervised when any message was the assistant's; the trainer learns the last
+    message, the assistant's answer to a user message, so [user, assistant, user] passed the upload
+    and the create, then failed on the worker."""
+    import openai
+
+    client = _client(app_client)
+    turns = [{"role": "user", "content": "1 + 1?"}, {"role": "assistant", "content": "2"}]
+    good = json.dumps({"messages": turns}) + "\n"
+    for bad in (turns + [{"role": "user", "content": "and 2 + 2?"}], [{"role": "system", "content": "Hi."}, turns[1]]):
+        data = (good + json.dumps({"messages": bad}) + "\n").encode()
+        f = client.files.create(file=("mixed.jsonl", io.BytesIO(data)), purpose="fine-tune")
+        with pytest.raises(openai.BadRequestError, match="1 of its 2 lines do not end with a user message") as e:
+            client.fine_tuning.jobs.create(model="org/model", training_file=f.id)
+        assert e.value.param == "training_file", e.value.body
+    f = client.files.create(file=("multi.jsonl", io.BytesIO((good * 2).encode())), purpose="fine-tune")
+    client.fine_tuning.jobs.cancel(client.fine_tuning.jobs.create(model="org/model", training_file=f.id).id)
+
+
 def test_a_file_a_job_still_needs_is_not_deleted(app_client: Any) -> None:
     """Its worker reads it when the job starts, is retried or resumed: deleted under a queued job,
     the job failed later with 'not a file of this project any more'."""
