@@ -58,6 +58,18 @@ class AdamParams:
     weight_decay: float = 0.0
     grad_clip_norm: float = 0.0
 
+    def __post_init__(self) -> None:
+        """ValueError naming the field: a NaN learning rate (JSON allows NaN) or beta2 1.0 (Adam's bias
+        correction divides by 1 - beta2) wrote NaN into every weight of the session's adapter."""
+        for name in ("learning_rate", "eps", "weight_decay", "grad_clip_norm"):
+            value = getattr(self, name)
+            if not math.isfinite(value) or value < 0 or (name == "eps" and value == 0):
+                floor = "> 0" if name == "eps" else ">= 0"
+                raise ValueError(f"adam_params.{name}: {value} is not a finite number {floor}")
+        for name in ("beta1", "beta2"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ValueError(f"adam_params.{name}: {getattr(self, name)} is out of range; give 0 <= {name} < 1")
+
 
 @dataclass(frozen=True)
 class Datum:
@@ -217,6 +229,7 @@ class TrainingSession:
         n = len(datum.tokens)
         if n == 0:
             raise ValueError(f"data[{index}].model_input: no tokens")
+        self.check_tokens(datum.tokens, f"data[{index}].model_input")
         missing = [k for k in ("target_tokens", *LOSSES[loss_fn].reads) if k not in datum.inputs]
         if missing:
             raise ValueError(f"data[{index}].loss_fn_inputs: {loss_fn} needs {missing}")
@@ -228,5 +241,15 @@ class TrainingSession:
                 raise ValueError(
                     f"data[{index}].loss_fn_inputs.{key}: {tensor.shape[0]} values for {n} tokens (one per token)"
                 )
+            if key == "target_tokens":
+                self.check_tokens(tensor.flatten().tolist(), f"data[{index}].loss_fn_inputs.target_tokens")
             out[key] = tensor
         return out
+
+    def check_tokens(self, tokens: Sequence[int], where: str) -> None:
+        """ValueError naming the field for a token id outside the model's vocabulary (an IndexError on
+        the CPU, and on a GPU a device-side assert that leaves the process's CUDA context unusable)."""
+        vocab = int(self.model.get_input_embeddings().num_embeddings)
+        bad = next((t for t in tokens if not 0 <= int(t) < vocab), None)
+        if bad is not None:
+            raise ValueError(f"{where}: token {bad} is not in the model's vocabulary (0 to {vocab - 1})")

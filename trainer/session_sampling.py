@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from mathrl.specs.generate import MAX_TOKENS
 from trainer.session import TrainingSession
 from trainer.session_wire import Sampled
 
@@ -51,10 +52,13 @@ def sample_call(body: Mapping[str, Any]) -> SampleCall:
     n = int(body.get("num_samples") or 1)
     if not 1 <= n <= 128:
         raise ValueError(f"num_samples: {n} is out of range; give 1 to 128")
+    max_tokens = params.get("max_tokens")
+    if max_tokens is not None and not 1 <= int(max_tokens) <= MAX_TOKENS:
+        raise ValueError(f"sampling_params.max_tokens: {max_tokens} is out of range; give 1 to {MAX_TOKENS}")
     return SampleCall(
         prompt=tokens,
         num_samples=n,
-        max_tokens=params.get("max_tokens"),
+        max_tokens=None if max_tokens is None else int(max_tokens),
         temperature=float(params.get("temperature", 1.0)),
         top_p=float(params.get("top_p", 1.0)),
         top_k=int(params.get("top_k", -1)),

@@ -48,6 +48,15 @@ class Result:
     content_type: str = "application/json"
 
 
+def _number(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise SessionCallError(f"{where}: {value!r} is not a number")
+    try:
+        return float(value)
+    except ValueError:
+        raise SessionCallError(f"{where}: {value!r} is not a number") from None
+
+
 def _json(value: Any) -> Result:
     return Result(json.dumps(value).encode())
 
@@ -119,7 +128,7 @@ class SessionService:
         if op == "load_weights":
             return self._queued(op, seq, lambda: self._load_weights(data))
         if op == "asample":
-            n = max(int(data.get("num_samples") or 1), 1)
+            n = sample_call(data).num_samples  # checked here: a billion ids were built before the call's check
             ids = self._queued(op, None, lambda: self._sample(data))
             return {**ids, "sample_sequence_ids": [f"{ids['request_id']}:{i}" for i in range(n)]}
         raise SessionCallError(f"{op}: not a call this session serves")
@@ -197,7 +206,7 @@ class SessionService:
                 result = call()
             except SessionCallError as exc:
                 result = _json({"error": str(exc), "category": "user"})
-            except (ValueError, KeyError) as exc:  # a loss or input the call named wrong
+            except (ValueError, KeyError, TypeError, OverflowError) as exc:  # a loss or input the call named wrong
                 result = _json({"error": f"{type(exc).__name__}: {exc}", "category": "user"})
             except Exception as exc:
                 log.exception("session call %s failed", request_id)
@@ -230,7 +239,9 @@ class SessionService:
         if data.get("optimizer_params") and (data["optimizer_params"] or {}).get("type", "adamw") != "adamw":
             raise SessionCallError("optimizer_params.type: only adamw is served")
         given = data.get("adam_params") or {}
-        adam = AdamParams(**{k: float(v) for k, v in given.items() if k in ADAM_FIELDS})
+        if not isinstance(given, dict):
+            raise SessionCallError("adam_params: give an object of Adam's parameters")
+        adam = AdamParams(**{k: _number(v, f"adam_params.{k}") for k, v in given.items() if k in ADAM_FIELDS})
         metrics = self.session.optim_step(adam)
         pending, self._pending = self._pending, {}
         self.sink.metrics(
@@ -314,6 +325,7 @@ class SessionService:
         if sampler not in self._samplers:
             raise SessionCallError(f"sampling_session_id: no sampler {sampler} in this session")
         call = sample_call(data)
+        self.session.check_tokens(call.prompt, "prompt")  # before either sampler: the engine's too
         if self.engine is not None:
             try:
                 sequences, prompt_lp = self.engine.sample(self._on_engine(sampler), call)
@@ -380,7 +392,8 @@ def serve(service: SessionService, host: str, token: str) -> ThreadingHTTPServer
                     self._send(200, _json({}))
                 else:
                     self._send(200, _json(service.submit(op, body)))
-            except (SessionCallError, ValueError, KeyError) as exc:
+            # a field of the wrong type ([1] for a number), Infinity where an int goes, JSON too deep
+            except (SessionCallError, ValueError, KeyError, TypeError, OverflowError, RecursionError) as exc:
                 self._send(400, _json({"error": str(exc), "category": "user"}))
 
     server = ThreadingHTTPServer((host, 0), Handler)

@@ -178,6 +178,8 @@ def _json_body(body: bytes) -> dict[str, Any]:
         data = json.loads(body or b"{}")
     except ValueError:
         raise Problem(400, "Invalid request", "the body is not JSON") from None
+    except RecursionError:  # (a RuntimeError: it was a 500)
+        raise Problem(400, "Invalid request", "the body nests too deeply to read") from None
     if not isinstance(data, dict):
         raise Problem(400, "Invalid request", "the body is not a JSON object")
     return data

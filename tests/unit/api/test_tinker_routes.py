@@ -93,6 +93,9 @@ def test_a_body_that_is_not_json_is_a_400(app_client: Any) -> None:
     assert r.status_code == 400 and "JSON" in r.json()["detail"], r.text
     r = app_client.post("/api/v1/forward_backward", content=b"\x0a\xff", headers=key)
     assert r.status_code == 400 and "forward_backward" in r.json()["detail"], r.text
+    for op in ("create_model", "optim_step", "asample", "retrieve_future"):  # 5 KB nested 5,000 deep: a 500
+        r = app_client.post(f"/api/v1/{op}", content=b"[" * 5000, headers={**key, "Content-Type": "application/json"})
+        assert r.status_code == 400 and "nests too deeply" in r.json()["detail"], (op, r.text)
 
 
 def test_the_rest_clients_reads_are_the_projects_runs_and_refuse_what_is_not_served(app_client: Any) -> None:

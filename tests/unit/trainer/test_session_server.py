@@ -110,3 +110,47 @@ def test_the_server_answers_only_its_token(service: SessionService) -> None:
         assert info["model_id"] == "s:train:0" and info["lora_rank"] == 4
     finally:
         server.shutdown()
+
+
+def test_bad_numbers_and_tokens_are_the_callers_error_and_leave_the_session_as_it_was(service: SessionService) -> None:
+    """A NaN learning rate (JSON allows it) or beta2 1.0 wrote NaN into every adapter weight; a token
+    outside the vocabulary was a 'server' IndexError (on a GPU a device-side assert, for every later
+    call); num_samples 10**9 built a billion future ids before its check; a list where a number goes,
+    or Infinity, dropped the connection (the API said 503)."""
+    tok = service.session.tokenizer
+    tokens = tok.encode("12 + 30 = 42")
+    service.retrieve(service.submit("forward_backward", forward_backward(tokens, seq=1))["request_id"])
+    before = {n: p.detach().clone() for n, p in service.session.model.named_parameters() if p.requires_grad}
+    for seq, adam in enumerate(
+        ({"learning_rate": float("nan")}, {"beta2": 1.0}, {"eps": 0}, {"learning_rate": -1}, {"learning_rate": [1]}),
+        start=2,
+    ):
+        step = service.submit("optim_step", json.dumps({"seq_id": seq, "adam_params": adam}).encode())
+        answer = json.loads(service.retrieve(step["request_id"]).body)
+        assert answer["category"] == "user" and f"adam_params.{next(iter(adam))}" in answer["error"], (adam, answer)
+    for name, p in service.session.model.named_parameters():
+        if name in before:
+            assert bool((p == before[name]).all()), name  # no step was taken
+    vocab = service.session.model.get_input_embeddings().num_embeddings
+    ids = service.submit("forward_backward", forward_backward([*tokens, vocab + 5], seq=9))
+    answer = json.loads(service.retrieve(ids["request_id"]).body)
+    assert answer["category"] == "user" and f"token {vocab + 5} is not in the model's vocabulary" in answer["error"]
+    prompt = {"chunks": [{"tokens": [vocab], "type": "encoded_text"}]}
+    ids = service.submit("asample", json.dumps({"prompt": prompt, "sampling_params": {"max_tokens": 2}}).encode())
+    answer = json.loads(service.retrieve(ids["request_id"]).body)
+    assert answer["category"] == "user" and "prompt: token" in answer["error"], answer
+    ok = {"chunks": [{"tokens": tokens, "type": "encoded_text"}]}
+    for body, said in (
+        ({"prompt": ok, "num_samples": 10**9}, "num_samples"),
+        ({"prompt": ok, "sampling_params": {"max_tokens": 10**9}}, "max_tokens"),
+    ):
+        with pytest.raises(ValueError, match=said):
+            service.submit("asample", json.dumps(body).encode())
+    server = serve(service, "127.0.0.1", "right")
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        for body in (b'{"prompt": {"chunks": [{"tokens": [1]}]}, "num_samples": [2]}', b'{"seq_id": Infinity}'):
+            r = httpx.post(f"{url}/asample", content=body, headers={TOKEN_HEADER: "right"})
+            assert r.status_code == 400 and r.json()["category"] == "user", r.text
+    finally:
+        server.shutdown()
