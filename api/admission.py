@@ -235,13 +235,22 @@ def check_dataset_fields(dataset: DatasetRef) -> None:
         try:
             with raw.open(encoding="utf-8") as f:
                 first = next((line for line in f if line.strip()), "")
+            if raw.suffix == ".json" and first.lstrip().startswith("["):
+                return  # a JSON array of rows (datasets reads those too): the worker checks its fields
             row = json.loads(first) if first else {}
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
             detail = f"{path!r}: its first row is not JSON ({exc}): give a JSON-lines file"
             raise _refuse("/dataset/path", detail) from None
         if not isinstance(row, dict):
             raise _refuse("/dataset/path", f"{path!r}: its rows must be JSON objects")
         fields = [str(k) for k in row]
+        if dataset.format == "messages":  # OpenAI's chat lines: no question or answer field to name
+            from mathrl.jsonl_files import check_line
+
+            if bad := check_line(row):
+                detail = f"{path!r}: its first line is not a chat in OpenAI's format: {bad[0][0]}: {bad[0][1]}"
+                raise _refuse("/dataset/path", detail)
+            return
     for field in ("question_field", "answer_field"):
         name = getattr(dataset, field)
         if name not in fields:

@@ -7,18 +7,20 @@ from __future__ import annotations
 
 from typing import Any
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from api.admission import QuotaProblem, admit_spec, check_project_quota, held_gpus
 from api.dispatch import dispatch, new_task_id
 from api.problems import Problem
-from kinds import home
+from kinds import HOMES, home
 from mathrl.modelref import FINAL_DELETED_TAG
 from mathrl.specs import ID_PATTERN, AnySpec, split_job_ref
 from mathrl.specs.resolved import ResolvedConfig
+from mathrl.status import TERMINAL
 from service.settings import Settings
 from store.ids import uuid7
-from store.models import Event, Job, utcnow
+from store.models import Checkpoint, Event, Job, utcnow
 
 JOB_REF_NOT_FOUND = "{ref!r}: no job with this id in your project"
 
@@ -39,6 +41,16 @@ def check_job_refs(session: Session, project_id: str, refs: dict[str, str], pref
             raise Problem.at(pointer, msg, "Invalid request")
         if which in ("", "@final") and FINAL_DELETED_TAG in (job.tags or []):  # DELETE /v1/models
             raise Problem.at(f"{prefix}/{path}", f"{ref!r}: that job's final model was deleted", "Invalid request")
+        if job.kind in HOMES and not HOMES[job.kind].saves_models:  # accepted, then failed on the worker
+            trainers = ", ".join(name for name, kind in HOMES.items() if kind.saves_models)
+            detail = f"{ref!r}: {job.kind} jobs save no model: name a job that trains one ({trainers})"
+            raise Problem.at(f"{prefix}/{path}", detail, "Invalid request")
+        if which.startswith("@step-") and job.status in TERMINAL:  # (a job under way may save it yet)
+            step = int(which.removeprefix("@step-"))
+            saved = select(Checkpoint.id).where(Checkpoint.job_id == job.id, Checkpoint.step == step)
+            if session.scalar(saved.where(Checkpoint.kind.in_(("checkpoint", "final")))) is None:
+                detail = f"{ref!r}: that job ({job.status}) saved no checkpoint at step {step}"
+                raise Problem.at(f"{prefix}/{path}", detail, "Invalid request")
 
 
 def check_file_refs(session: Session, project_id: str, spec: AnySpec, prefix: str = "") -> None:

@@ -91,6 +91,8 @@ class Kind(ABC, Generic[S, C]):
 
     spec: ClassVar[type[JobBase]]
     config: ClassVar[type[ResolvedConfig]]
+    # whether its jobs save models ('job:<id>' names them): a trainer's do, an eval's do not
+    saves_models: ClassVar[bool] = False
 
     @property
     def name(self) -> str:

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
 class GRPOKind(Kind[GRPOSpec, ResolvedGRPO]):
     spec = GRPOSpec
+    saves_models = True
     config = ResolvedGRPO
 
     def resolve(self, spec: GRPOSpec) -> ResolvedGRPO:

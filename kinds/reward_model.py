@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 
 class RewardModelKind(Kind[RewardModelSpec, ResolvedRewardModel]):
     spec = RewardModelSpec
+    saves_models = True
     config = ResolvedRewardModel
 
     def resolve(self, spec: RewardModelSpec) -> ResolvedRewardModel:

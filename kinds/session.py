@@ -25,6 +25,7 @@ POLL_SECONDS = 0.5  # how often the job looks at its heartbeat, the finish call 
 
 class SessionKind(Kind[SessionSpec, ResolvedConfig]):
     spec = SessionSpec
+    saves_models = True
     config = ResolvedConfig
 
     def resolve(self, spec: SessionSpec) -> ResolvedConfig:

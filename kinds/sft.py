@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 
 class SFTKind(Kind[SFTSpec, ResolvedSFT]):
     spec = SFTSpec
+    saves_models = True
     config = ResolvedSFT
 
     def resolve(self, spec: SFTSpec) -> ResolvedSFT:

@@ -90,12 +90,21 @@ def ft_model_ref(name: str) -> str | None:
     return f"job:{job_id}@" + (f"step-{m.group(2)}" if m.group(2) else "final")
 
 
+TINY_LAYERS, TINY_WIDTH = 8, 1024  # 'tiny:<layers>x<width>' at most: a model for tests and demos
+
+
 def check_model_ref(value: str) -> str:
     value = value.strip()
     if not value:
         raise ValueError("must not be empty: give a hub id such as 'Qwen/Qwen2.5-0.5B', a path, or 'job:<id>'")
-    if re.fullmatch(r"tiny:\d{1,2}x\d{2,4}", value):
-        return value  # a fresh tiny model built by the worker (sft jobs)
+    if m := re.fullmatch(r"tiny:(\d{1,2})x(\d{2,4})", value):  # a fresh tiny model built by the worker
+        layers, width = int(m.group(1)), int(m.group(2))
+        if not (1 <= layers <= TINY_LAYERS and 16 <= width <= TINY_WIDTH and width % 8 == 0):
+            raise ValueError(  # (tiny:99x9999 was ~100 billion weights, built on the worker until it ran out of memory)
+                f"{value!r}: a tiny model has 1 to {TINY_LAYERS} layers and a width of 16 to {TINY_WIDTH}, a "
+                "multiple of 8 (its attention heads' size must be even), e.g. 'tiny:2x64'"
+            )
+        return value
     if value.startswith("ft:"):
         ref = ft_model_ref(value)
         if ref is None:

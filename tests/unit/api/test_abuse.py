@@ -497,8 +497,10 @@ def test_model_sources(app_client: Any, tmp_path: Path, tiny_model: str) -> None
     for ok in (tiny_model, "Qwen/Qwen2.5-0.5B"):
         r = app_client.post("/v1/jobs", json=parked_eval(model=ok), headers=h)
         assert r.status_code == 201, (ok, r.text)
-    # a job ref must name a job of the project (tests/unit/api/test_hardening.py checks the refusals)
-    r = app_client.post("/v1/jobs", json=parked_eval(model=f"job:{r.json()['id']}"), headers=h)
+    # a job ref must name a job of the project that trains a model (tests/unit/api/test_hardening.py
+    # checks the refusals)
+    trained = app_client.post("/v1/jobs", json=parked_grpo(), headers=h).json()["id"]
+    r = app_client.post("/v1/jobs", json=parked_eval(model=f"job:{trained}"), headers=h)
     assert r.status_code == 201, r.text
 
 

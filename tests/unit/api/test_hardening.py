@@ -443,7 +443,7 @@ def test_job_references_are_checked_at_submit_and_leak_nothing(app_client: Any) 
     that holds a model reference; a job of the caller's own project is fine."""
     a, b = admin_key(app_client), admin_key(app_client)
     theirs = app_client.post("/v1/jobs", json=parked_eval(), headers=a).json()["id"]
-    mine = app_client.post("/v1/jobs", json=parked_eval(), headers=b).json()["id"]
+    mine = app_client.post("/v1/jobs", json=parked_grpo(), headers=b).json()["id"]
     missing = "0190a0a0-0000-7000-8000-000000000000"
     rm = lambda ref: parked_grpo(rewards=[{"name": "reward_model", "model": ref}])  # noqa: E731
     graded = lambda ref: parked_eval(grader={"type": "reward_model", "model": ref})  # noqa: E731
@@ -471,6 +471,13 @@ def test_job_references_are_checked_at_submit_and_leak_nothing(app_client: Any) 
     r = app_client.post("/v1/jobs", json=parked_eval(model=f"job:{mine}"), headers=b)
     assert r.status_code == 201, r.text
     mine_ref = r.json()["id"]
+    # a job that saves no model (an eval), or a step an ended job never saved: 201, then the worker failed it
+    r = app_client.post("/v1/jobs", json=parked_eval(model=f"job:{mine_ref}"), headers=b)
+    assert r.status_code == 422 and "eval jobs save no model: name a job that trains one" in r.text, r.text
+    assert r.json()["errors"][0]["pointer"] == "/model"
+    app_client.post(f"/v1/jobs/{mine}/cancel", headers=b)
+    r = app_client.post("/v1/jobs", json=parked_eval(model=f"job:{mine}@step-7"), headers=b)
+    assert r.status_code == 422 and "saved no checkpoint at step 7" in r.text, r.text
     # pipelines say the same, pointing into the step
     r = app_client.post("/v1/pipelines", json={"jobs": {"ev": parked_eval(model=f"job:{theirs}")}}, headers=b)
     assert r.status_code == 422 and r.json()["errors"][0]["pointer"] == "/jobs/ev/model", r.text

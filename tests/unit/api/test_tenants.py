@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -58,12 +59,13 @@ def test_a_raw_path_never_reaches_another_projects_models_or_files(app_client: A
             assert "service's own storage" in detail and ("job:" in detail or "file-" in detail), detail
     assert project_jobs(app_client, b) == []
     # the typed reference works for the owner and is refused to the other project
-    assert app_client.post("/v1/jobs", json=parked_eval(model=f"job:{ids['job_id']}"), headers=a).status_code == 201
-    r = app_client.post("/v1/jobs", json=parked_eval(model=f"job:{ids['job_id']}"), headers=b)
+    trained = str(uuid.UUID(ids["fine_tuning_job_id"].removeprefix("ftjob-")))  # an SFT job, saved at step 1
+    assert app_client.post("/v1/jobs", json=parked_eval(model=f"job:{trained}"), headers=a).status_code == 201
+    r = app_client.post("/v1/jobs", json=parked_eval(model=f"job:{trained}"), headers=b)
     assert r.status_code == 422, r.text
     # a session starts from its project's save by reference, never from another project's: the same
     # 422 as a missing job
-    saved_ref = f"job:{ids['job_id']}@step-1"
+    saved_ref = f"job:{trained}@step-1"
     assert app_client.post("/v1/jobs", json=parked_session(load=saved_ref), headers=a).status_code == 201
     r = app_client.post("/v1/jobs", json=parked_session(load=saved_ref), headers=b)
     assert r.status_code == 422 and r.json()["errors"][0]["pointer"] == "/load", r.text
@@ -90,16 +92,17 @@ def test_a_tinker_model_on_another_projects_job_is_refused_at_submit(app_client:
     job's model config first. Now the same 422 as /v1/jobs gives, and no job is made."""
     a, b = admin_key(app_client), admin_key(app_client)
     ids = make_objects(app_client, a)
-    _stored_model(Path(get_settings().artifact_dir).resolve(), ids["job_id"])
+    trained = str(uuid.UUID(ids["fine_tuning_job_id"].removeprefix("ftjob-")))  # an SFT job of A's
+    _stored_model(Path(get_settings().artifact_dir).resolve(), trained)
     answers = {}
     for who, name in ((b, "b"), (a, "a")):
         tinker = {"X-API-Key": "tml-" + who["Authorization"].removeprefix("Bearer ")}
         session = app_client.post("/api/v1/create_session", json={"tags": []}, headers=tinker).json()["session_id"]
-        body = {"session_id": session, "base_model": f"job:{ids['job_id']}", "model_seq_id": 0}
+        body = {"session_id": session, "base_model": f"job:{trained}", "model_seq_id": 0}
         answers[name] = app_client.post("/api/v1/create_model", json=body, headers=tinker)
     refused, owner = answers["b"], answers["a"]
     assert refused.status_code == 422, refused.text
-    assert refused.json()["errors"][0]["pointer"] == "/model" and ids["job_id"] in refused.json()["detail"]
+    assert refused.json()["errors"][0]["pointer"] == "/model" and trained in refused.json()["detail"]
     assert project_jobs(app_client, b) == []
     assert owner.status_code == 200 and owner.json()["model_id"], owner.text  # a session job on its own model
 

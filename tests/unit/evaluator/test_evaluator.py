@@ -216,6 +216,19 @@ def test_a_local_set_without_the_named_fields_is_refused_at_submit(
     spec["dataset"]["path"] = str(broken)
     r = app_client.post("/v1/jobs", json=spec, headers=headers)
     assert r.status_code == 422 and r.json()["errors"][0]["pointer"] == "/dataset/path", r.text
+    # OpenAI's chat lines name no question or answer field: they were refused for lacking 'question'
+    chats = data.with_name("chats.jsonl")
+    chats.write_text('{"messages": [{"role": "user", "content": "1+1?"}], "reference_answer": "2"}\n')
+    spec["dataset"] = {"path": str(chats), "format": "messages", "answer_field": "reference_answer"}
+    assert app_client.post("/v1/jobs", json=spec, headers=headers).status_code == 201
+    chats.write_text('{"messages": [{"role": "robot", "content": "1+1?"}]}\n')
+    r = app_client.post("/v1/jobs", json=spec, headers=headers)
+    assert r.status_code == 422 and r.json()["errors"][0]["pointer"] == "/dataset/path", r.text
+    assert "not a chat in OpenAI's format" in r.json()["detail"], r.text
+    rows = data.with_name("rows.json")  # a JSON array (datasets reads it): 'its first row is not JSON' before
+    rows.write_text('[{"question": "1+1?", "answer": "2"}]')
+    spec["dataset"] = {"path": str(rows)}
+    assert app_client.post("/v1/jobs", json=spec, headers=headers).status_code == 201
 
 
 @pytest.mark.quick

@@ -202,6 +202,13 @@ def test_model_refs() -> None:
     for bad in ("https://evil.example/model", "job:", "job:x@step-", "a b"):
         with pytest.raises(ValidationError):
             parse_spec({"kind": "eval", "model": bad})
+    for tiny in ("tiny:2x64", "tiny:8x1024", "tiny:1x16"):
+        parse_spec({"kind": "sft", "model": tiny, "dataset": DATASET})
+    # tiny:99x9999 was ~100 billion weights, built on the worker until it ran out of memory; an odd
+    # width made attention heads of odd size, which the rotary embedding cannot take
+    for tiny in ("tiny:99x9999", "tiny:9x64", "tiny:0x64", "tiny:2x2048", "tiny:2x11", "tiny:2x12"):
+        with pytest.raises(ValidationError, match="a tiny model has 1 to 8 layers"):
+            parse_spec({"kind": "sft", "model": tiny, "dataset": DATASET})
 
 
 @pytest.mark.parametrize(
