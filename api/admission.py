@@ -61,6 +61,15 @@ def check_placement(spec: AnySpec, settings: Settings) -> None:
             "drop pool to queue by resources.gpus ('cpu' or 'gpu-N')"
         )
         raise Problem.at("/resources/pool", detail, "Unknown pool")
+    queue, pools = spec.resources.queue, settings.worker.pools
+    if spec.resources.gpu_type and pools and queue not in pools and not ray.runs(spec):
+        # the chart lists every queue its workers consume: a card no pool has would wait for ever
+        typed = ", ".join(sorted(q for q in pools if q.startswith("gpu-"))) or "none"
+        detail = (
+            f"no worker pool here takes {queue!r} (resources.gpus={spec.resources.gpus} on gpu_type "
+            f"{spec.resources.gpu_type!r}; its GPU queues: {typed}): ask for a card and a GPU count one of them has"
+        )
+        raise Problem.at("/resources/gpu_type", detail, "Unknown GPU type")
     if not ray.runs(spec):
         return
     nodes, gpus = spec.resources.nodes, spec.resources.gpus

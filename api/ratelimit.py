@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections import OrderedDict
 
 from api.problems import Problem
 
@@ -28,24 +29,28 @@ ADDRESS_LIMITED = (
     "('Authorization: Bearer <key>'), or retry after the number of seconds in Retry-After."
 )
 
-# key id -> (tokens, monotonic time of the last refill)
-_buckets: dict[str, tuple[float, float]] = {}
+# bucket name -> (tokens, monotonic time of the last refill), least recently used first; the
+# address buckets apart, so that requests from many addresses cannot push out the keys' buckets
+_buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()
+_addresses: OrderedDict[str, tuple[float, float]] = OrderedDict()
+MAX_BUCKETS = 100_000  # each; past it, the least recently used goes (it has had the longest to refill)
 _lock = threading.Lock()
 
 
 def take(key_id: str, rate: float, burst: int) -> float:
-    """Spend one token from the key's bucket; return 0, or the seconds until one is available."""
+    """Spend one token from the key's bucket; return 0, or the seconds until one is available.
+    (Every bucket was cleared once 100,000 were held: a run of bad-key requests from as many
+    addresses reset every key's and project's rate.)"""
     now = time.monotonic()
+    buckets = _addresses if key_id.startswith("address:") else _buckets
     with _lock:
-        tokens, last = _buckets.get(key_id, (float(burst), now))
+        tokens, last = buckets.pop(key_id, (float(burst), now))
         tokens = min(float(burst), tokens + (now - last) * rate)
-        if tokens >= 1.0:
-            if len(_buckets) > 100_000:
-                _buckets.clear()
-            _buckets[key_id] = (tokens - 1.0, now)
-            return 0.0
-        _buckets[key_id] = (tokens, now)
-        return (1.0 - tokens) / rate
+        wait = 0.0 if tokens >= 1.0 else (1.0 - tokens) / rate
+        buckets[key_id] = (tokens - 1.0 if wait == 0.0 else tokens, now)
+        while len(buckets) > MAX_BUCKETS:
+            buckets.popitem(last=False)
+        return wait
 
 
 def enforce(key_id: str, rate: float, burst: int, detail: str = RATE_LIMITED) -> None:
@@ -62,3 +67,4 @@ def enforce_address(address: str, rate: float, burst: int) -> None:
 def reset() -> None:
     with _lock:
         _buckets.clear()
+        _addresses.clear()

@@ -71,7 +71,8 @@ class SessionKind(Kind[SessionSpec, ResolvedConfig]):
             from trainer.session_engine import EngineSampler
 
             engine = EngineSampler(run.warm.url, run.warm.start_seconds)
-        where = f"the worker's warm vLLM engine at {run.warm.url}" if run.warm else "transformers in this process"
+        # (no addresses in events: a tenant reads them, and the worker's hosts and ports are the operator's)
+        where = "the worker's warm vLLM engine" if run.warm else "transformers in this process"
         if run.warm is None and spec.warm_engine and spec.train_unembed:
             where += " (vLLM's LoRA cannot adapt lm_head: train_unembed=False samples on a warm engine)"
         sink.event("sampling", f"samplers run on {where}", data={"backend": "vllm" if engine else "hf"})
@@ -83,7 +84,7 @@ class SessionKind(Kind[SessionSpec, ResolvedConfig]):
         host, port = server.server_address[:2]
         url = f"http://{host!s}:{port}"
         sink.endpoint(url, token)
-        sink.event("serving", f"serving {'training' if spec.train else 'sampling'} calls at {url}", data={"url": url})
+        sink.event("serving", f"serving {'training' if spec.train else 'sampling'} calls")  # its address: endpoints
         why, stopped = "", False
         try:
             while not why:

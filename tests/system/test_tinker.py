@@ -9,6 +9,7 @@ drained one fails with the reason."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -138,6 +139,9 @@ def test_a_training_client_learns_saves_resumes_and_samples(
         r = httpx.get(f"{service.url}/v1/jobs/{job['id']}/metrics", headers=auth)
         assert r.status_code == 200, r.text
         print("metrics:", str(r.json())[:300])
+        events = httpx.get(f"{service.url}/v1/jobs/{job['id']}/events", headers=auth).json()["data"]
+        said = json.dumps([(e["message"], e["data"]) for e in events])
+        assert "serving training calls" in said and "http://" not in said, said  # the worker's address is not theirs
         print("checkpoints:", str(_checkpoints(service, key, job["id"]))[:300])
 
         # another project's key: 404 on the model, its futures and its saves

@@ -312,6 +312,10 @@ def test_a_pool_is_one_the_workers_consume_and_a_job_there_holds_a_slots_gpus(ap
         assert r.status_code == 422 and r.json()["errors"][0]["pointer"] == "/resources/pool", r.text
         assert f"resources.pool '{name}' is not a pool this server runs" in r.json()["detail"], r.text
         assert "abuse-parked" in r.json()["detail"], r.text  # the ones it runs
+    # resources.gpu_type makes the queue 'gpu-N-<type>': one no pool takes waited for ever, holding its quota
+    r = app_client.post("/v1/jobs", json=parked_eval(resources={"gpus": 2, "gpu_type": "b200"}), headers=h)
+    assert r.status_code == 422 and r.json()["errors"][0]["pointer"] == "/resources/gpu_type", r.text
+    assert "no worker pool here takes 'gpu-2-b200'" in r.json()["detail"], r.text
     pools = {**get_settings().worker.pools, "gpu-8-parked": 8}
     with overridden(worker={"pools": pools}, limits={"max_active_gpus": 10}):
         ok = app_client.post("/v1/jobs", json=parked_eval(resources={"pool": "gpu-8-parked"}), headers=h)
@@ -368,6 +372,28 @@ def test_rate_limit_per_key(app_client: Any) -> None:
         assert app_client.get("/v1/jobs", headers=other).status_code == 200  # per key
         assert app_client.get("/livez").status_code == 200  # health is exempt
         assert app_client.get("/metrics").status_code == 200
+    ratelimit.reset()
+
+
+@pytest.mark.quick
+def test_requests_from_many_addresses_do_not_reset_the_keys_rates(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every bucket was cleared once 100,000 were held: bad-key requests from that many addresses (easy
+    over IPv6) reset every key's and project's rate. Address buckets are held apart now, and past the
+    cap the least recently used goes."""
+    from api import ratelimit
+
+    ratelimit.reset()
+    for _ in range(3):
+        ratelimit.take("key:spent", 0.001, 3)
+    assert ratelimit.take("key:spent", 0.001, 3) > 0
+    for i in range(100_001):  # more addresses than the table holds
+        ratelimit.enforce_address(f"2001:db8::{i:x}", 10.0, 100)
+    assert ratelimit.take("key:spent", 0.001, 3) > 0, "the key's bucket was emptied and stays so"
+    monkeypatch.setattr(ratelimit, "MAX_BUCKETS", 50, raising=False)
+    for i in range(60):  # keys past the cap: the least recently used goes, the one in use stays
+        ratelimit.take(f"key:{i}", 1.0, 3)
+        ratelimit.take("key:spent", 0.001, 3)
+    assert ratelimit.take("key:spent", 0.001, 3) > 0 and len(ratelimit._buckets) <= 50
     ratelimit.reset()
 
 
