@@ -83,8 +83,10 @@ def problem_response(
     instance: str = "",
     errors: list[dict[str, Any]] | None = None,
     headers: Mapping[str, str] | None = None,
+    openai: bool | None = None,
 ) -> JSONResponse:
-    openai = instance.startswith(OPENAI_PATHS)
+    """`openai`: with OpenAI's error object too (by default, on OpenAI's routes)."""
+    openai = instance.startswith(OPENAI_PATHS) if openai is None else openai
     if openai and status == 422:  # OpenAI answers invalid parameters with 400 (the SDK's BadRequestError)
         status = 400
     body: dict[str, Any] = {
@@ -113,9 +115,16 @@ def final_answer(status: int, title: str) -> bool:
     a quota (not a rate limit), a completion job that failed or timed out (a retry submits a new one),
     a server error. The openai SDK retries 409, 429 and every 5xx twice by default, without an
     Idempotency-Key, unless the answer says x-should-retry: false; 503 (the database away) stays retried."""
-    return status in (409, 500, 502, 504) or (status == 429 and title == "Quota exceeded")
+    return status in (409, 500, 502, 504) or (status == 429 and title in QUOTAS)
 
 
+QUOTAS = ("Quota exceeded", "Too many files")  # 429s that a retry cannot change: not rate limits
+
+
+SERVED = (
+    "files, fine_tuning.jobs (and their events, checkpoints, pause, resume, cancel), fine_tuning.alpha.graders, "
+    "models, chat.completions and completions (docs/openai-rft.md)"
+)
 # the routes shaped as OpenAI's API (api/routers/openai_*.py)
 OPENAI_PATHS = ("/v1/fine_tuning/", "/v1/files", "/v1/models", "/v1/chat/", "/v1/completions")
 MODEL_PATHS = ("/v1/models", "/v1/chat/", "/v1/completions")
@@ -133,7 +142,7 @@ def openai_error_kind(status: int, title: str, instance: str) -> tuple[str, str 
     if status == 404 and instance.startswith(MODEL_PATHS):
         return "invalid_request_error", "model_not_found"
     if status == 429:
-        if title == "Quota exceeded":
+        if title in QUOTAS:
             return "insufficient_quota", "insufficient_quota"
         return "requests", "rate_limit_exceeded"
     if status >= 500:
@@ -302,7 +311,13 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         title = {404: "Not found", 405: "Method not allowed", 413: "Request too large"}.get(exc.status_code, "Error")
-        return problem_response(exc.status_code, title, str(exc.detail), request.url.path, headers=exc.headers)
+        path, detail = request.url.path, str(exc.detail)
+        if exc.status_code in (404, 405) and path.startswith("/v1/") and request.scope.get("route") is None:
+            # an OpenAI route not served here (responses, embeddings, batches...): the openai SDK shows
+            # only 'Error code: 404' without OpenAI's error object; say what is served
+            detail = f"{request.method} {path} is not served here; OpenAI's routes here: {SERVED}"
+            return problem_response(exc.status_code, title, detail, path, headers=exc.headers, openai=True)
+        return problem_response(exc.status_code, title, detail, path, headers=exc.headers)
 
     @app.exception_handler(Unstorable)
     async def _nul(request: Request, exc: Unstorable) -> JSONResponse:

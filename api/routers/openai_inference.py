@@ -28,6 +28,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from sqlalchemy import select
 
+from api.admission import QuotaProblem
 from api.deps import CallerDep, SettingsDep
 from api.problems import Problem
 from api.routers.openai_fine_tuning import REASONING_TOKENS, fine_tuned_model
@@ -90,6 +91,16 @@ class Message(_Open):
 
 class StreamOptions(_Open):
     include_usage: bool | None = None
+    include_obfuscation: bool | None = Field(None, description="Accepted; no obfuscation field is sent.")
+
+
+class TextFormat(_Open):
+    type: Literal["text"] = Field(..., description="Plain text, the only format served here.")
+
+
+# what clients (LangChain, litellm, lm-eval) send at their neutral values: accepted as no-ops; any
+# other value is a 400 naming the field, since nothing here would honour it
+Neutral = Annotated[float, Field(ge=0, le=0)]
 
 
 StopString = Annotated[str, Field(min_length=1, max_length=200)]
@@ -107,6 +118,11 @@ class _Sampling(_Open):
     stream_options: StreamOptions | None = None
     user: str | None = Field(None, max_length=256, description="Accepted; not used.")
     logprobs: Literal[False] | None = Field(None, description="Log probabilities are not returned here.")
+    top_logprobs: Annotated[int, Field(ge=0, le=0)] | None = Field(None, description="Only 0: none are returned.")
+    frequency_penalty: Neutral | None = Field(None, description="Only 0: no penalties here.")
+    presence_penalty: Neutral | None = Field(None, description="Only 0: no penalties here.")
+    logit_bias: Annotated[dict[str, float], Field(max_length=0)] | None = Field(None, description="Only empty.")
+    service_tier: Annotated[str, Field(max_length=32)] | None = Field(None, description="Accepted; not used.")
 
 
 class ChatCompletionParams(_Sampling):
@@ -116,11 +132,16 @@ class ChatCompletionParams(_Sampling):
         None, max_length=16, description="Accepted; not stored."
     )
     store: bool | None = Field(None, description="Accepted; completions are kept as the job's samples either way.")
-    reasoning_effort: Literal["minimal", "low", "medium", "high"] | None = Field(
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = Field(
         None,
         description="A completion-length budget where max_completion_tokens is not given, as for fine-tuning "
-        "(the models here have no reasoning-effort control): minimal and low 256, medium 1024, high 4096 tokens.",
+        "(the models here have no reasoning-effort control): none, minimal and low 256, medium 1024, high and "
+        "xhigh 4096 tokens.",
     )
+    response_format: TextFormat | None = Field(None, description="Only {'type': 'text'}.")
+    parallel_tool_calls: bool | None = Field(None, description="Accepted; no tools here.")
+    prompt_cache_key: Annotated[str, Field(max_length=256)] | None = Field(None, description="Accepted; not used.")
+    safety_identifier: Annotated[str, Field(max_length=256)] | None = Field(None, description="Accepted; not used.")
 
 
 class CompletionParams(_Sampling):
@@ -148,6 +169,9 @@ def _model_ref(session: Any, project_id: str, name: str) -> str:
         if session.scalar(q.where(Checkpoint.kind.in_(("checkpoint", "final")))) is None:
             raise _not_found(name)
     return ref
+
+
+QUOTA_RETRY_SECONDS = 2  # a completion call over its project's active-jobs quota: try again this soon
 
 
 def _default_budget(session: Any, ref: str) -> int | None:
@@ -272,8 +296,9 @@ async def chat_completions(
 ) -> Any:
     """The model's answer to the chat (`chat.completion`, or `chat.completion.chunk`s with `stream`)."""
     messages = [{"role": m.role, "content": m.text()} for m in body.messages]
-    effort = body.reasoning_effort
-    budget = REASONING_TOKENS["low" if effort == "minimal" else effort] if effort else None
+    given = body.reasoning_effort
+    effort = {"none": "low", "minimal": "low", "xhigh": "high"}.get(given or "", given)
+    budget = REASONING_TOKENS[effort] if effort else None
     max_tokens = body.max_completion_tokens or body.max_tokens or budget
     return await _answer(body, caller.project_id, settings, {"messages": messages}, max_tokens, True, request)
 
@@ -336,7 +361,15 @@ def _submit(project_id: str, settings: Any, model: str, fields: dict[str, Any]) 
         job = job_row(project_id, spec, config, settings)
         session.add(job)
         where = f"/v1/{'chat/completions' if spec.messages is not None else 'completions'}"
-        commit_and_dispatch(session, settings, project_id, [(job, f"queued on '{job.queue}' by POST {where}")])
+        try:
+            commit_and_dispatch(session, settings, project_id, [(job, f"queued on '{job.queue}' by POST {where}")])
+        except QuotaProblem as e:
+            # each call is a job: a burst of calls (asyncio.gather) meets the active-jobs quota, and a slot
+            # frees within seconds. A rate limit the SDK retries after Retry-After, not a final quota.
+            raise Problem(
+                429, "Too many requests", f"{e.detail} (each completion call is a job of your project)",
+                e.errors, {"Retry-After": str(QUOTA_RETRY_SECONDS)},
+            ) from None  # fmt: skip
         return str(job.id)
 
 

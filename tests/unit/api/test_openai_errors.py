@@ -403,3 +403,34 @@ def test_a_chat_without_max_tokens_may_write_what_its_model_was_trained_to(app_c
     assert asked(1024) == 1024
     assert asked(None) == 256  # (a supervised job names none: the generate spec's default)
     assert asked(1024, max_completion_tokens=7) == 7
+
+
+def test_what_a_retry_can_change_is_retried_and_what_is_not_served_says_so(app_client: Any) -> None:
+    """A burst of chats meets the active-jobs quota: it was a final 'insufficient_quota' (no retry), though
+    a completion job's slot frees in seconds; a full file quota was retried twice as a rate limit; an
+    OpenAI route not served here was a bare 404 the SDK showed as 'Error code: 404'."""
+    import openai
+
+    h = admin_key(app_client)
+    ids = make_objects(app_client, h)
+    client = _client(app_client, h)
+    with overridden(limits={"max_active_jobs": 1}):  # the fine-tuning job holds the one slot
+        r = app_client.post(
+            "/v1/chat/completions",
+            json={"model": ids["model"], "messages": [{"role": "user", "content": "1?"}]},
+            headers=h,
+        )
+        assert r.status_code == 429 and r.headers["retry-after"] == "2", r.text
+        assert "x-should-retry" not in r.headers and r.json()["error"]["code"] == "rate_limit_exceeded", r.text
+    with overridden(files={"max_project_files": 1}):
+        rows = b'{"messages": [{"role": "user", "content": "2 + 2?"}, {"role": "assistant", "content": "4"}]}\n'
+        with pytest.raises(openai.RateLimitError) as e:
+            client.files.create(file=("t.jsonl", rows), purpose="fine-tune")
+        assert e.value.response.headers["x-should-retry"] == "false" and e.value.code == "insufficient_quota"
+    for call in (
+        lambda: client.responses.create(model=ids["model"], input="1 + 1?"),
+        lambda: client.embeddings.create(model=ids["model"], input="1 + 1?"),
+    ):
+        with pytest.raises(openai.NotFoundError, match="is not served here; OpenAI's routes here: files") as nf:
+            call()
+        assert nf.value.body["message"].startswith("POST /v1/"), nf.value.body  # type: ignore[index]

@@ -381,6 +381,32 @@ def test_completion_requests_are_checked_before_any_job(openai_client: Any) -> N
         openai_client.chat.completions.create(model=name, messages=chat, stop=["1", "2", "3", "4", "5"])
     with pytest.raises(openai.BadRequestError, match="logprobs"):
         openai_client.chat.completions.create(model=name, messages=chat, logprobs=True)
+    # what LangChain, litellm and lm-eval send at neutral values passes (to the model's 404 here); a value
+    # that would mean something is a 400 naming its field
+    neutral = {
+        "frequency_penalty": 0,
+        "presence_penalty": 0,
+        "logit_bias": {},
+        "top_logprobs": None,
+        "response_format": {"type": "text"},
+        "service_tier": "auto",
+        "parallel_tool_calls": False,
+        "prompt_cache_key": "k",
+        "safety_identifier": "u",
+        "reasoning_effort": "none",
+        "stream_options": None,
+    }
+    for field, value in neutral.items():
+        with pytest.raises(openai.NotFoundError, match="does not exist"):
+            openai_client.chat.completions.create(model=name, messages=chat, **{field: value})
+    for field, value in (
+        ("frequency_penalty", 0.5),
+        ("logit_bias", {"42": 5}),
+        ("response_format", {"type": "json_object"}),
+    ):
+        with pytest.raises(openai.BadRequestError) as e:
+            openai_client.chat.completions.create(model=name, messages=chat, **{field: value})
+        assert (e.value.param or "").startswith(field), (field, e.value.body)
     with pytest.raises(openai.NotFoundError):
         openai_client.completions.create(model="gpt-4o", prompt="1 + 1 =")
     assert openai_client.models.list().data == []
