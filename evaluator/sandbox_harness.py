@@ -8,6 +8,7 @@ mathrl is importable here."""
 import base64
 import ctypes
 import json
+import math
 import os
 import resource
 import signal
@@ -198,6 +199,8 @@ def main() -> None:
             value = grade(case["sample"], case["item"])
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise TypeError(f"grade() returned {type(value).__name__} {value!r:.80}, not a number")
+            if not math.isfinite(value):  # a NaN or inf reward reached the advantages; graders/run's mean was null
+                raise ValueError(f"grade() returned {value}, not a finite number")
             results.append({"score": float(value)})
         except MemoryError:
             results.append({"error": "runtime", "detail": f"MemoryError: over the {limits['memory_mb']} MB limit"})

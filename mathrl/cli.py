@@ -14,6 +14,7 @@ The server and key come from --url/--api-key or MATHRL_URL/MATHRL_API_KEY.
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -110,12 +111,41 @@ def load_spec_file(path: Path) -> dict[str, Any]:
     except (OSError, UnicodeDecodeError) as exc:  # a UTF-16 file (PowerShell's `>` writes one), a folder, no access
         raise typer.BadParameter(f"{path} cannot be read as UTF-8 text: {exc}") from exc
     try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (ValueError, yaml.YAMLError) as exc:  # a python/object tag is a YAMLError here, never a call
+        data = json.loads(text) if path.suffix == ".json" else yaml.load(text, Loader=_SpecLoader)
+    except (ValueError, yaml.YAMLError, RecursionError) as exc:  # a python/object tag is a YAMLError here
         raise typer.BadParameter(f"{path} is not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {exc}") from exc
     if not isinstance(data, dict):
         raise typer.BadParameter(f"{path} must hold one mapping (a job spec), not {type(data).__name__}")
+    if (where := _not_json(data)) is not None:  # .nan, .inf, or a binary: the request would not encode
+        raise typer.BadParameter(f"{path}: {where} is not a value JSON can carry (a number, a string, ...)")
     return data
+
+
+class _SpecLoader(yaml.SafeLoader):
+    """YAML's safe loader without its date rule: `name: 2024-06-01` is that text, not a date that the
+    request cannot carry (it was a traceback)."""
+
+
+_SpecLoader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in rules if tag != "tag:yaml.org,2002:timestamp"]
+    for first, rules in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+
+
+def _not_json(value: Any, where: str = "") -> str | None:
+    """The first place in `value` that JSON cannot carry, as 'key.key[0]', else None."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if (bad := _not_json(v, f"{where}.{k}" if where else str(k))) is not None:
+                return bad
+        return None
+    if isinstance(value, list):
+        return next((bad for i, v in enumerate(value) if (bad := _not_json(v, f"{where}[{i}]")) is not None), None)
+    if isinstance(value, float) and not math.isfinite(value):
+        return where or "the spec"
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return None
+    return where or "the spec"
 
 
 _COLORS = {

@@ -28,7 +28,8 @@ from api.submit import admit, check_job_refs, commit_and_dispatch, job_row
 from mathrl.graders import Grader
 from mathrl.modelref import FINE_TUNING_TAG, SESSION_SUFFIX, ft_model_name, ftjob_id, job_uuid, results_file_id
 from mathrl.shallow import JsonObject
-from mathrl.specs import model_refs, parse_spec
+from mathrl.specs import GRPOSpec, SFTSpec, model_refs, parse_spec
+from mathrl.specs.base import knob_defaults
 from mathrl.specs.resolved import ResolvedConfig
 from store.jobs import has_tag, request_cancel
 from store.models import Checkpoint, Event, Job, Metric
@@ -41,9 +42,13 @@ NOT_FOUND = "no fine-tuning job with this id in your project"
 # OpenAI's hyperparameters -> mathrl's: the values 'auto' takes, and the bases the multipliers scale
 AUTO_EPOCHS = 1
 AUTO_BATCH = 4  # prompts (OpenAI's examples) per step
-GROUP = 8  # completions per prompt, times compute_multiplier
-RL_LEARNING_RATE = 1e-6  # GRPO, times learning_rate_multiplier (TRL's default)
-SFT_LEARNING_RATE = 2e-5  # SFT, times learning_rate_multiplier (mathrl's SFT default)
+# OpenAI's multipliers scale the specs' own defaults, declared once there: TRL's knobs (GRPO's group
+# size, learning rate and completion length) and mathrl's SFT learning rate
+_GRPO = knob_defaults(GRPOSpec)
+GROUP = int(_GRPO["num_generations"])  # completions per prompt, times compute_multiplier
+RL_LEARNING_RATE = float(_GRPO["learning_rate"])  # GRPO, times learning_rate_multiplier
+SFT_LEARNING_RATE = float(SFTSpec.model_fields["learning_rate"].default)  # SFT, times learning_rate_multiplier
+COMPLETION_TOKENS = int(_GRPO["max_completion_length"])  # what a GRPO job generates unless reasoning_effort says
 MAX_VALIDATION = 5000  # validation items scored each time (HeldoutEval.limit's cap)
 REASONING_TOKENS = {"low": 256, "medium": 1024, "high": 4096}  # reasoning_effort -> max_completion_length
 
@@ -154,7 +159,8 @@ def to_spec(
                 "file": body.validation_file,
                 "every": spec["save_steps"],
                 "limit": max(1, min(validation_lines, _value(hp.eval_samples, MAX_VALIDATION))),
-                "max_new_tokens": spec.get("max_completion_length", 256),
+                # scored at the length the policy is trained to write (a fixed 256 cut it at half of TRL's 512)
+                "max_new_tokens": spec.get("max_completion_length", COMPLETION_TOKENS),
             }
         mapping = {
             "n_epochs": epochs,

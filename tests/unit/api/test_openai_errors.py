@@ -238,7 +238,15 @@ def test_each_rft_hyperparameter_is_honoured_or_refused_by_name(app_client: Any)
     assert spec["num_generations"] == 4 and spec["global_batch_size"] == 20  # G = round(8 x 0.5), 5 prompts x G
     assert spec["learning_rate"] == pytest.approx(2e-6) and config["max_completion_length"] == 1024
     assert spec["save_steps"] == 2 and spec["eval"]["every"] == 2 and spec["eval"]["limit"] == 7
+    assert spec["eval"]["max_new_tokens"] == 1024  # the validation file is scored at the trained length
     assert config["openai"]["mapping"]["reasoning_effort"] == "medium"
+    client.fine_tuning.jobs.cancel(job.id)
+    plain = {"type": "reinforcement", "reinforcement": {"grader": grader}}
+    job = client.fine_tuning.jobs.create(
+        model="org/model", training_file=train.id, validation_file=valid.id, method=plain
+    )
+    stored = app_client.get(f"/v1/jobs/{uuid.UUID(job.id.removeprefix('ftjob-'))}", headers=h).json()
+    assert stored["spec"]["eval"]["max_new_tokens"] == stored["resolved_config"]["max_completion_length"] == 512
     client.fine_tuning.jobs.cancel(job.id)
     bad = {**method, "reinforcement": {"grader": grader, "hyperparameters": {**hp, "beta": 0.1}}}
     with pytest.raises(openai.BadRequestError) as e:

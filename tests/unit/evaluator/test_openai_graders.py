@@ -123,6 +123,10 @@ def test_python_grader_scores_and_reports_its_errors() -> None:
     assert score(g, " 42 ", {"reference_answer": "42"}).score == 1.0
     raised = score({**g, "source": "def grade(sample, item):\n    return 1 / 0"}, "x", {})
     assert raised.error == "python_grader_runtime_error" and "ZeroDivisionError" in (raised.detail or "")
+    for value in ("float('nan')", "float('-inf')"):  # a NaN reward reached the advantages; graders/run's mean was null
+        odd = score({**g, "source": f"def grade(sample, item):\n    return {value}"}, "x", {})
+        assert odd.score == 0.0 and odd.error == "python_grader_runtime_error", odd
+        assert "not a finite number" in (odd.detail or ""), odd
     with pytest.raises(ValidationError, match="does not compile"):
         GRADER.validate_python({**g, "source": "def grade(:"})
 

@@ -30,3 +30,30 @@ def test_a_spec_file_that_is_not_utf8_is_a_message(tmp_path: Path) -> None:
     result = runner.invoke(app, ["jobs", "submit", str(spec)], env={"MATHRL_URL": "http://127.0.0.1:1"})
     assert result.exit_code == 2 and "cannot be read as UTF-8 text" in result.output, result.output
     assert isinstance(result.exception, SystemExit), result.exception
+
+
+def test_yaml_values_json_cannot_carry_are_a_message_and_dates_are_text(tmp_path: Path) -> None:
+    """`name: 2024-06-01` was a date and `learning_rate: .nan` a NaN: the request could not encode
+    them, and the CLI printed a traceback."""
+    from mathrl.cli import load_spec_file
+
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("kind: eval\nmodel: org/m\nname: 2024-06-01\ntags: [2024-06-02T10:00:00]\n")
+    assert load_spec_file(spec)["name"] == "2024-06-01" and load_spec_file(spec)["tags"] == ["2024-06-02T10:00:00"]
+    env = {"MATHRL_URL": "http://127.0.0.1:1"}
+    for body, where in (
+        ("sampling: {temperature: .nan}", "sampling.temperature"),
+        ("tags: [!!binary aGk=]", "tags[0]"),
+    ):
+        spec.write_text(f"kind: eval\nmodel: org/m\n{body}\n")
+        result = runner.invoke(app, ["jobs", "submit", str(spec)], env=env)
+        assert result.exit_code == 2 and f"{where} is not a value JSON can carry" in _said(result), result.output
+        assert isinstance(result.exception, SystemExit), result.exception
+    spec.write_text("[" * 5000)
+    result = runner.invoke(app, ["jobs", "submit", str(spec)], env=env)
+    assert result.exit_code == 2 and "is not valid YAML" in _said(result), result.output
+
+
+def _said(result: object) -> str:
+    """The output's words, without rich's box drawing and line wrapping."""
+    return " ".join(str(getattr(result, "output", "")).replace("│", " ").split())
