@@ -33,6 +33,7 @@ from typing import Any
 
 from evaluator.backends.base import EngineSettings
 from mathrl.specs import AnySpec, GRPOSpec
+from mathrl.specs.lora import VLLM_LORA_RANKS
 from mathrl.specs.resolved import ResolvedGRPO
 from runtime.processes import free_port as free_port  # the warm engines and Ray import it from here
 
@@ -52,8 +53,6 @@ def error_tail(log: str, chars: int) -> str:
     return tail
 
 
-# max_lora_rank values vLLM accepts (a capacity bound: an r=4 adapter is served under 8)
-VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 URL_ENV = "MATHRL_VLLM_SERVER_URL"
 
 
@@ -65,7 +64,14 @@ def needs_server(spec: AnySpec) -> bool:
 
 
 def lora_rank(r: int) -> int:
-    return next(x for x in VLLM_LORA_RANKS if x >= r)
+    """The max_lora_rank vLLM serves an adapter of rank `r` under; ValueError past its largest."""
+    served = next((x for x in VLLM_LORA_RANKS if x >= r), None)
+    if served is None:  # (a StopIteration that failed the job with an empty message)
+        raise ValueError(
+            f"a LoRA adapter of rank {r}: vLLM serves ranks up to {VLLM_LORA_RANKS[-1]}; use backend 'hf' "
+            f"for this model, or train with lora.r at most {VLLM_LORA_RANKS[-1]}"
+        )
+    return served
 
 
 def split_gpus(spec: GRPOSpec, visible: list[str]) -> tuple[list[str], list[str]]:

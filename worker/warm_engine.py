@@ -200,7 +200,7 @@ def server_command(
 ) -> list[str]:  # fmt: skip
     """`vllm serve` for eval jobs, with the engine arguments every engine of ours gets (and the
     operator's `engine` settings); with `lora_rank`, LoRA adapters up to that rank
-    (worker.vllm_server.VLLM_LORA_RANKS) served too."""
+    (mathrl.specs.lora.VLLM_LORA_RANKS) served too."""
     from evaluator.backends.vllm import engine_options
 
     opts = engine_options(dtype, max_model_len=length, settings=engine)

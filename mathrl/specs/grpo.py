@@ -23,7 +23,7 @@ from mathrl.specs.base import (
 from mathrl.specs.inputs import DatasetRef
 from mathrl.specs.loop import Curriculum as Curriculum
 from mathrl.specs.loop import DynamicSampling as DynamicSampling
-from mathrl.specs.lora import LoRA
+from mathrl.specs.lora import VLLM_LORA_RANKS, LoRA
 from mathrl.specs.presets import ASYNC_UNSUPPORTED, resolve_grpo
 from mathrl.specs.rewards import RewardRef
 
@@ -363,6 +363,12 @@ class GRPOSpec(JobBase):
                 "generation/mode",
                 "mode 'server' is a vLLM mode: set generation.backend='vllm' "
                 "(or 'auto' with GPUs), or use mode 'colocate'",
+            )
+        if self.lora is not None and self.lora.enabled and self.lora.r > VLLM_LORA_RANKS[-1]:
+            raise FieldError(  # (the job's server failed to start with an empty StopIteration)
+                "lora/r",
+                f"lora.r={self.lora.r}: mode 'server' serves the adapters on vLLM, which takes ranks up to "
+                f"{VLLM_LORA_RANKS[-1]}: lower r, or use mode 'colocate' (weights merged) or backend 'hf'",
             )
         nodes = self.resources.nodes
         if gpus > 0 and nodes == 1 and gen.resolved_server_gpus(gpus) >= gpus:

@@ -18,6 +18,11 @@ LoraTargets = Annotated[
 ]
 
 
+# max_lora_rank values vLLM accepts (a capacity bound: an r=4 adapter is served under 8): a job whose
+# adapters vLLM serves (GRPO's server mode, an eval of a LoRA checkpoint on vLLM) has r at most the last
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
 class LoRA(StrictModel):
     enabled: bool = Field(True, description="Train LoRA adapters instead of all weights.")
     r: int = Field(16, ge=1, le=1024, description="LoRA rank.")

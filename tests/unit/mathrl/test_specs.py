@@ -98,6 +98,11 @@ def test_trl_defaults_match_installed_trl() -> None:
         ({"generation": {"backend": "vllm", "mode": "server"}}, "generation/mode", "add a 'lora' block"),
         ({"generation": {"backend": "hf", "mode": "server"}, "lora": {}}, "generation/mode", "backend='vllm'"),
         (
+            {"generation": {"backend": "vllm", "mode": "server"}, "lora": {"r": 1024}, "resources": {"gpus": 2}},
+            "lora/r",
+            "takes ranks up to 512",
+        ),
+        (
             {"generation": {"mode": "server", "server_gpus": 2}, "resources": {"gpus": 2}},
             "generation/server_gpus",
             "leaves no GPU",

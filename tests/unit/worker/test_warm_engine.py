@@ -282,3 +282,12 @@ def test_a_shared_engines_log_stays_the_workers(tmp_path: Path) -> None:
             assert last is not None and last.type == "vllm_server"
             recorded = last.message + json.dumps(last.data)
         assert ("job-of-project-a" in recorded) is (not shared), recorded
+
+
+def test_an_adapter_past_vllms_largest_rank_says_why() -> None:
+    """An eval on vLLM of an r=600 LoRA checkpoint failed with 'StopIteration: ' and nothing more."""
+    from worker.vllm_server import lora_rank
+
+    assert (lora_rank(4), lora_rank(320), lora_rank(512)) == (8, 320, 512)
+    with pytest.raises(ValueError, match="rank 600: vLLM serves ranks up to 512; use backend 'hf'"):
+        lora_rank(600)
