@@ -27,7 +27,8 @@ class GenerateKind(Kind[GenerateSpec, ResolvedConfig]):
         return None
 
     def limits(self, spec: GenerateSpec, config: ResolvedConfig) -> list[Limit]:
-        return []  # its own caps (n <= 16, max_tokens <= 32768: the spec); the API's rate limit covers the rest
+        # the operator's limit on tokens, as for every kind (n <= 16 is the spec's own cap)
+        return [Limit("/max_tokens", spec.max_tokens, "max_tokens", "new tokens per choice")]
 
     def memory(self, config: ResolvedConfig) -> Training | None:
         return None

@@ -345,6 +345,8 @@ def test_a_pool_is_one_the_workers_consume_and_a_job_there_holds_a_slots_gpus(ap
         ({"max_tokens": 1000}, parked_grpo(preset="deepseekmath"), "/max_completion_length"),
         ({"max_tokens": 256}, parked_eval(), "/sampling/max_new_tokens"),
         ({"max_tokens": 256}, {**parked_grpo(), "kind": "sft", "max_steps": 1}, "/max_length"),
+        # a chat's budget: the operator's limit did not reach generate jobs
+        ({"max_tokens": 256}, {"kind": "generate", "model": "org/m", "prompt": "1", "max_tokens": 4096}, "/max_tokens"),
     ],
 )
 def test_per_job_limits(app_client: Any, limits: dict[str, int], spec: dict[str, Any], pointer: str) -> None:
