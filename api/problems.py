@@ -14,6 +14,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import DataError, DBAPIError, OperationalError, StatementError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from mathrl.errors import MathRLException
 from mathrl.graders import GRADER_TYPES
@@ -357,5 +358,8 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        if isinstance(exc, ClientDisconnect):  # the client went away mid-answer: nothing to log as an error
+            log.info("client went away on %s", request.url.path)
+            return problem_response(499, "Client closed request", "the client went away", request.url.path)
         log.exception("unhandled error on %s", request.url.path)
         return problem_response(500, "Internal error", "An unexpected error; it has been logged.", request.url.path)

@@ -7,6 +7,7 @@ import json
 import logging
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Annotated, Any
@@ -291,9 +292,24 @@ def stream_events(
         finally:
             if waiter is not None and wakeups is not None:
                 wakeups.unsubscribe(waiter)
-            close_stream(holder, project_id)
 
-    return StreamingResponse(gen(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    return CountedStream(gen(), partial(close_stream, holder, project_id))
+
+
+class CountedStream(StreamingResponse):
+    """An event stream that gives its count back (api/streams.py) however it ends. In the generator's
+    `finally` it was never given back when the client went away before the stream began (the generator
+    never started): a key's or project's streams then stayed at the limit until the process restarted."""
+
+    def __init__(self, content: Any, release: Callable[[], None]) -> None:
+        super().__init__(content, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        self.release = release
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.release()
 
 
 METRICS_PAGE_POINTS = 5000

@@ -6,6 +6,7 @@ RELIABILITY.md's "Abuse" table lists each guarantee with its test here.
 
 from __future__ import annotations
 
+import logging
 import math
 import socket
 import types
@@ -545,3 +546,53 @@ def test_streams_are_capped_per_project(app_client: Any) -> None:
         app_client.post(f"/v1/jobs/{job_id}/cancel", headers=owner)
         assert app_client.get(f"/v1/jobs/{job_id}/events/stream", headers=owner).status_code == 200
         assert streams.project_open_count(project_id) == 0
+
+
+def test_a_stream_whose_client_went_away_before_it_began_gives_its_count_back(
+    app_client: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The count was given back in the stream's generator, which never ran when the client went away
+    before the stream began: connect, close at once, again and again, and the key's and project's
+    streams stayed at their limit until the API restarted."""
+    import anyio
+    from starlette.requests import ClientDisconnect
+
+    from api import streams
+
+    owner = admin_key(app_client)
+    job_id = app_client.post("/v1/jobs", json=parked_eval(), headers=owner).json()["id"]
+    project_id = app_client.get(f"/v1/jobs/{job_id}", headers=owner).json()["project_id"]
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.4"},
+        "http_version": "1.1",
+        "method": "GET",
+        "scheme": "http",
+        "path": f"/v1/jobs/{job_id}/events/stream",
+        "raw_path": f"/v1/jobs/{job_id}/events/stream".encode(),
+        "root_path": "",
+        "query_string": b"",
+        "headers": [(b"host", b"testserver"), (b"authorization", owner["Authorization"].encode())],
+        "client": ("127.0.0.1", 50000),
+        "server": ("testserver", 80),
+    }
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            raise OSError("the client has gone")  # as a server's send raises on a closed connection
+
+    async def gone() -> None:
+        for _ in range(3):
+            try:
+                await app_client.app(scope, receive, send)
+            except (OSError, ClientDisconnect):  # what the response raises when its first send fails
+                pass
+
+    with caplog.at_level(logging.INFO, logger="mathrl.api"):
+        anyio.run(gone)
+    assert streams.project_open_count(project_id) == 0
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text  # not an 'unhandled error'
+    app_client.post(f"/v1/jobs/{job_id}/cancel", headers=owner)
