@@ -29,7 +29,6 @@ class RewardModelKind(Kind[RewardModelSpec, ResolvedRewardModel]):
     def limits(self, spec: RewardModelSpec, config: ResolvedRewardModel) -> list[Limit]:
         many: LimitName = "max_generations_per_step"
         return [
-            Limit("/sampling/n", config.sampling.n, many, "completions per question"),
             Limit("/sampling/max_new_tokens", config.sampling.max_new_tokens, "max_tokens", "tokens per completion"),
             Limit("/samples_per_question", config.samples_per_question, many, "completions per question"),
             Limit("/max_length", config.max_length, "max_tokens", "tokens per sequence"),

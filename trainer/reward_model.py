@@ -56,7 +56,6 @@ def load_policy(
         longest = max((len(tok(t, add_special_tokens=False).input_ids) for t in prompts_for_length), default=0)
         # process-RM rollouts continue a prefix of a sampled solution: room for two completions
         max_new_tokens = spec.sampling.max_new_tokens
-        assert max_new_tokens is not None  # RewardModelSpec's validator sets it
         max_model_len = longest + max_new_tokens * (2 if spec.type == "process" else 1)
     return engine, engine.load(policy_path, seed=spec.seed, max_model_len=max_model_len)
 
@@ -78,13 +77,12 @@ def sample_solutions(
         data={"backend": spec.backend, "version": sampler.version()},
     )
     s = spec.sampling
-    assert s.max_new_tokens is not None  # RewardModelSpec's validator sets it
     gens = sampler.generate(
         model,
         tok,
         texts,
         max_new_tokens=s.max_new_tokens,
-        temperature=max(s.temperature, 0.3),
+        temperature=s.temperature,
         top_p=s.top_p,
         n=spec.samples_per_question,
         seed=spec.seed,
@@ -127,7 +125,6 @@ def process_labels(
     need not repeat it."""
     sampler = sampler or HF()
     max_new_tokens = spec.sampling.max_new_tokens
-    assert max_new_tokens is not None  # RewardModelSpec's validator sets it
     rows = []
     total = sum(len(s.completions) for s in sampled)
     done = 0
@@ -145,7 +142,7 @@ def process_labels(
                     tok,
                     [s.prompt + solved],
                     max_new_tokens=max_new_tokens,
-                    temperature=max(spec.sampling.temperature, 0.3),
+                    temperature=spec.sampling.temperature,
                     n=spec.completions_per_step,
                     seed=spec.seed + i,
                     batch_size=spec.completions_per_step,

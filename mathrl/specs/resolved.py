@@ -17,7 +17,7 @@ from mathrl.specs.grpo import Generation, GRPOSpec, LossType
 from mathrl.specs.inputs import Sampling
 from mathrl.specs.loop import Curriculum, DynamicSampling
 from mathrl.specs.lora import LoRA
-from mathrl.specs.reward_model import RewardModelSpec
+from mathrl.specs.reward_model import RewardModelSpec, RMSampling
 from mathrl.specs.sft import SFTSpec
 
 R = TypeVar("R", bound="ResolvedConfig")
@@ -158,7 +158,7 @@ class ResolvedRewardModel(ResolvedConfig):
     kind: Literal["reward_model"] = "reward_model"
     samples_per_question: int = _from(RewardModelSpec, "samples_per_question")
     max_length: int = _from(RewardModelSpec, "max_length")
-    sampling: Sampling = _from(RewardModelSpec, "sampling")
+    sampling: RMSampling = _from(RewardModelSpec, "sampling")
 
 
 class ResolvedEval(ResolvedConfig):

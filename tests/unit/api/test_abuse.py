@@ -340,7 +340,7 @@ def test_a_pool_is_one_the_workers_consume_and_a_job_there_holds_a_slots_gpus(ap
         (
             {"max_generations_per_step": 4},
             {"kind": "reward_model", "model": "org/m", "dataset": {"name": "gsm8k"}, "resources": PARKED},
-            "/sampling/n",
+            "/samples_per_question",
         ),
         ({"max_tokens": 1000}, parked_grpo(preset="deepseekmath"), "/max_completion_length"),
         ({"max_tokens": 256}, parked_eval(), "/sampling/max_new_tokens"),

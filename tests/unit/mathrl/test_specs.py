@@ -216,6 +216,26 @@ def test_model_refs() -> None:
             parse_spec({"kind": "sft", "model": tiny, "dataset": DATASET})
 
 
+def test_a_reward_model_jobs_sampling_is_declared_once() -> None:
+    """sampling.n and sampling.seed sat beside samples_per_question and seed and were not read (n 16 sampled
+    8), and a temperature under 0.3 was raised to 0.3 without a word. Each is declared once now; an n
+    equal to the count is taken, and stored specs' old defaults (n 8, seed 0) still parse."""
+    rm = {"kind": "reward_model", "model": "org/m", "dataset": DATASET}
+    assert parse_spec({**rm, "sampling": {"n": 16}}).samples_per_question == 16  # (it was still 8)
+    stored = {"temperature": 0.7, "top_p": 1.0, "max_new_tokens": 512, "n": 8, "seed": 0}
+    spec = parse_spec({**rm, "samples_per_question": 4, "sampling": stored})
+    assert spec.samples_per_question == 4 and "n" not in spec.model_dump()["sampling"]
+    partial = parse_spec({**rm, "sampling": {"max_new_tokens": 64}}).sampling
+    assert (partial.temperature, partial.max_new_tokens) == (0.7, 64)  # (a partial block sampled greedy, then 0.3)
+    for bad, field in (
+        ({"samples_per_question": 4, "sampling": {"n": 16}}, "give the count once"),
+        ({"sampling": {"temperature": 0}}, "greater than or equal to 0.3"),
+        ({"sampling": {"seed": 5}}, "its own `seed`"),
+    ):
+        with pytest.raises(ValidationError, match=field):
+            parse_spec({**rm, **bad})
+
+
 @pytest.mark.parametrize(
     "spec",
     [
