@@ -8,7 +8,6 @@ has the mapping table and what differs."""
 
 from __future__ import annotations
 
-import itertools
 import math
 import re
 import uuid
@@ -49,6 +48,7 @@ GROUP = int(_GRPO["num_generations"])  # completions per prompt, times compute_m
 RL_LEARNING_RATE = float(_GRPO["learning_rate"])  # GRPO, times learning_rate_multiplier
 SFT_LEARNING_RATE = float(SFTSpec.model_fields["learning_rate"].default)  # SFT, times learning_rate_multiplier
 COMPLETION_TOKENS = int(_GRPO["max_completion_length"])  # what a GRPO job generates unless reasoning_effort says
+METADATA_SCAN = 10_000  # jobs one metadata-filtered list request reads at most (the rest: its next page)
 MAX_VALIDATION = 5000  # validation items scored each time (HeldoutEval.limit's cap)
 REASONING_TOKENS = {"low": 256, "medium": 1024, "high": 4096}  # reasoning_effort -> max_completion_length
 
@@ -440,18 +440,24 @@ def list_jobs(
             raise Problem(400, "Bad cursor", "query:/after: a fine-tuning job id from a previous page")
         q = q.where(Job.id < before)
     q = q.order_by(Job.id.desc())
-    if wanted:  # the request's metadata is in the stored config: read in batches until the page is full
-        rows, batch = [], 500
-        for offset in itertools.count(0, batch):
-            chunk = list(session.scalars(q.offset(offset).limit(batch)))
+    capped = False
+    if wanted:  # the request's metadata is in the stored config: read in batches until the page is full,
+        # by the id (OFFSET read every skipped row again) and at most METADATA_SCAN rows a request
+        rows, batch, scanned, last = [], 500, 0, None
+        while True:
+            chunk = list(session.scalars((q if last is None else q.where(Job.id < last)).limit(batch)))
             rows += [j for j in chunk if wanted.items() <= _metadata(j).items()]
+            scanned, last = scanned + len(chunk), chunk[-1].id if chunk else last
             if len(rows) > limit or len(chunk) < batch:
+                break
+            if scanned >= METADATA_SCAN:  # the page so far, and has_more: the next page reads on from it
+                capped = True
                 break
     else:
         rows = list(session.scalars(q.limit(limit + 1)))
     page = rows[:limit]
     tokens = trained_tokens(session, page)
-    return _page([job_object(session, j, tokens) for j in page], len(rows) > limit)
+    return _page([job_object(session, j, tokens) for j in page], len(rows) > limit or capped)
 
 
 @router.get("/{fine_tuning_job_id}", responses={404: {"description": NOT_FOUND}})
