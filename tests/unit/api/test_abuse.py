@@ -241,6 +241,13 @@ def test_body_without_a_valid_key_is_refused_before_it_is_read(app_client: Any) 
         )
         assert r.status_code == 401 and r.headers["content-type"] == "application/problem+json", r.text
         assert read == [], f"{len(read)} chunks of the body were read before the key was refused"
+    # the Tinker SDK's calls too (their key in X-API-Key; its routes read the body after their key's check)
+    for headers in ({}, {"X-API-Key": "tml-mrl_not-a-key"}, {"Authorization": "Bearer mrl_not-a-key"}):
+        for op in ("forward_backward", "create_model"):
+            read = []
+            r = app_client.post(f"/api/v1/{op}", content=_chunks(20 * 2**20, read, b"{"), headers=headers)
+            assert r.status_code == 401, (op, headers, r.text)
+            assert read == [], f"{op}: {len(read)} chunks of the body were read before the key was refused"
 
 
 @pytest.mark.quick

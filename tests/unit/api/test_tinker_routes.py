@@ -132,3 +132,52 @@ def test_the_rest_clients_reads_are_the_projects_runs_and_refuse_what_is_not_ser
         r = app_client.request(method, path, headers=key)
         assert r.status_code == 400 and what in r.json()["detail"] and "not served" in r.json()["detail"], r.text
     assert app_client.get("/api/v1/training_runs").status_code == 401
+
+
+def test_a_project_reads_a_few_forward_backward_bodies_at_once(
+    app_client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """32 concurrent 32 MiB forward_backward calls of one tenant were all read into the API's memory
+    (~1 GiB, the chart's limit for an API pod). A project's calls past LARGE_CALLS_PER_PROJECT wait,
+    their bytes unread; another project's go on."""
+    import anyio
+    import httpx
+    from fastapi import Response
+
+    from api.routers import tinker
+
+    now, most = 0, 0
+
+    async def forward(settings: Any, at: Any, op: str, body: bytes, content_type: str) -> Response:
+        nonlocal now, most
+        now += 1
+        most = max(most, now)
+        await anyio.sleep(0.2)  # the session's compute
+        now -= 1
+        return Response(b"{}", 200, media_type="application/json")
+
+    async def job(settings: Any, caller: Any, model_id: str) -> str:
+        return model_id
+
+    monkeypatch.setattr(tinker, "_forward", forward)
+    monkeypatch.setattr(tinker, "_model_job", job)
+    monkeypatch.setattr(tinker, "_proto_model_id", lambda body: "s:train:0")
+    key = _tinker(admin_key(app_client))
+
+    async def calls() -> list[int]:
+        transport = httpx.ASGITransport(app=app_client.app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
+            codes: list[int] = []
+
+            async def one() -> None:
+                r = await client.post("/api/v1/forward_backward", content=b"\x0a\x01s", headers=key)
+                codes.append(r.status_code)
+
+            async with anyio.create_task_group() as tg:
+                for _ in range(3 * tinker.LARGE_CALLS_PER_PROJECT):
+                    tg.start_soon(one)
+            return codes
+
+    codes = anyio.run(calls)
+    assert codes == [200] * (3 * tinker.LARGE_CALLS_PER_PROJECT), codes
+    assert most == tinker.LARGE_CALLS_PER_PROJECT, most
