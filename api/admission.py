@@ -313,8 +313,9 @@ def check_benchmarks(spec: AnySpec) -> None:
 # --- per-job limits (on the resolved config: presets fill values) ---------------------------
 
 
-def _over(pointer: str, value: int, limit: int, what: str) -> Problem:
-    detail = f"{pointer.lstrip('/')}={value} is over this server's limit of {limit} {what}: lower it"
+def _over(pointer: str, value: int, limit: int, what: str, fix: str = "lower it") -> Problem:
+    said = f"{pointer.lstrip('/')}={value}" if fix == "lower it" else f"{value} {what.split(' per ')[0]}"
+    detail = f"{said} is over this server's limit of {limit} {what}: {fix}"
     return Problem.at(pointer, detail, "Over a limit")
 
 
@@ -323,7 +324,7 @@ def check_job_limits(spec: AnySpec, config: ResolvedConfig, settings: Settings) 
     for limit in home(spec).limits(spec, config):
         cap: int = getattr(settings.limits, limit.limit)
         if limit.value is not None and limit.value > cap:
-            raise _over(limit.pointer, limit.value, cap, limit.what)
+            raise _over(limit.pointer, limit.value, cap, limit.what, limit.fix)
 
 
 # --- project quotas ----------------------------------------------------------------------

@@ -5,6 +5,7 @@ what kind it is."""
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -71,7 +72,7 @@ class Data:
 
 
 # the server's per-job limits (service.settings.LimitsSettings) a kind's values are held to
-LimitName = Literal["max_steps", "max_generations_per_step", "max_tokens"]
+LimitName = Literal["max_steps", "max_generations_per_step", "max_tokens", "max_checkpoints_per_job"]
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,7 @@ class Limit:
     value: int | None
     limit: LimitName
     what: str  # the limit's unit, in the refusal: 'steps per job'
+    fix: str = "lower it"  # what to do, where the value is not the field's own (a count it makes)
 
 
 class Kind(ABC, Generic[S, C]):
@@ -130,3 +132,15 @@ class Kind(ABC, Generic[S, C]):
     def resolved(self, spec: S, values: dict[str, Any]) -> C:
         """The spec's fields and what the kind's resolution adds, as its config model."""
         return self.config.model_validate({**spec.model_dump(mode="json"), **values})  # type: ignore[return-value]
+
+
+def checkpoints(max_steps: int, save_steps: int) -> Limit:
+    """A training job's checkpoints (each a copy of its weights, and of its optimizer's state, on the
+    artifact volume every project shares): max_steps / save_steps of them."""
+    return Limit(
+        "/save_steps",
+        math.ceil(max_steps / save_steps),
+        "max_checkpoints_per_job",
+        "checkpoints per job",
+        f"save less often (save_steps={save_steps} of max_steps={max_steps})",
+    )

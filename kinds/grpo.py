@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from kinds.base import Data, JobRun, Kind, Limit, LimitName, Needs
+from kinds.base import Data, JobRun, Kind, Limit, LimitName, Needs, checkpoints
 from mathrl.backends import names_vllm, uses_vllm
 from mathrl.specs import GRPOSpec
 from mathrl.specs.presets import resolve_grpo
@@ -32,6 +32,7 @@ class GRPOKind(Kind[GRPOSpec, ResolvedGRPO]):
         many: LimitName = "max_generations_per_step"
         return [
             Limit("/max_steps", spec.max_steps, "max_steps", "steps per job"),
+            checkpoints(spec.max_steps, spec.save_steps),
             Limit("/global_batch_size", config.global_batch_size, many, "completions per step"),
             Limit("/num_generations", config.num_generations, many, "completions per step"),
             Limit(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from kinds.base import Data, JobRun, Kind, Limit, Needs
+from kinds.base import Data, JobRun, Kind, Limit, Needs, checkpoints
 from mathrl.specs import SFTSpec
 from mathrl.specs.base import knob_defaults
 from mathrl.specs.resolved import ResolvedSFT
@@ -32,6 +32,7 @@ class SFTKind(Kind[SFTSpec, ResolvedSFT]):
     def limits(self, spec: SFTSpec, config: ResolvedSFT) -> list[Limit]:
         return [
             Limit("/max_steps", spec.max_steps, "max_steps", "steps per job"),
+            checkpoints(spec.max_steps, spec.save_steps),
             Limit("/max_length", config.max_length, "max_tokens", "tokens per sequence"),
         ]
 

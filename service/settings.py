@@ -211,6 +211,12 @@ class LimitsSettings(BaseModel):
         description="Tokens in one sequence: GRPO max_prompt_length + max_completion_length, sampling.max_new_tokens, "
         "max_length of sft and reward-model jobs.",
     )
+    max_checkpoints_per_job: int = Field(
+        1000,
+        ge=1,
+        description="Checkpoints one training job may save (max_steps / save_steps): each is a copy of its weights "
+        "and optimizer state on the artifact volume every project shares (save_steps 1 over 100,000 steps filled it).",
+    )
     rate_per_second: float = Field(
         50.0, gt=0, description="Requests per second per API key (token bucket, per API process; health routes exempt)."
     )

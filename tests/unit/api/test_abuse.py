@@ -352,6 +352,13 @@ def test_a_pool_is_one_the_workers_consume_and_a_job_there_holds_a_slots_gpus(ap
         ({"max_tokens": 1000}, parked_grpo(preset="deepseekmath"), "/max_completion_length"),
         ({"max_tokens": 256}, parked_eval(), "/sampling/max_new_tokens"),
         ({"max_tokens": 256}, {**parked_grpo(), "kind": "sft", "max_steps": 1}, "/max_length"),
+        # a checkpoint every step over 100,000 steps filled the artifact volume every project shares
+        ({"max_checkpoints_per_job": 10}, parked_grpo(max_steps=100, save_steps=5), "/save_steps"),
+        (
+            {"max_checkpoints_per_job": 10},
+            {**parked_grpo(), "kind": "sft", "max_steps": 11, "save_steps": 1},
+            "/save_steps",
+        ),
         # a chat's budget: the operator's limit did not reach generate jobs
         ({"max_tokens": 256}, {"kind": "generate", "model": "org/m", "prompt": "1", "max_tokens": 4096}, "/max_tokens"),
     ],
@@ -361,7 +368,8 @@ def test_per_job_limits(app_client: Any, limits: dict[str, int], spec: dict[str,
     with overridden(limits=limits):
         r = app_client.post("/v1/jobs", json=spec, headers=h)
     assert r.status_code == 422 and r.json()["errors"][0]["pointer"] == pointer, r.text
-    assert "limit" in r.json()["detail"] and "lower it" in r.json()["detail"]
+    fix = "save less often" if pointer == "/save_steps" else "lower it"
+    assert "limit" in r.json()["detail"] and fix in r.json()["detail"], r.text
     assert project_jobs(app_client, h) == []
     assert app_client.post("/v1/jobs", json=spec, headers=h).status_code == 201  # fine under the default limits
 
