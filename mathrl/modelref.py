@@ -49,15 +49,17 @@ def job_uuid(ft_id: str) -> str | None:
 
 FINE_TUNING_TAG = "openai:fine_tuning"  # the jobs POST /v1/fine_tuning/jobs made
 RESULTS_PURPOSE = "fine-tune-results"  # a succeeded fine-tuning job's step metrics file (its result_files)
-# The results file's columns under OpenAI's names (its fine-tuning guide reads `train_loss`,
-# `train_accuracy`; reinforcement jobs' `train_reward_mean`, `valid_reward_mean`), before the
-# job's other metrics under mathrl's names.
-RESULTS_COLUMNS = {
+# A fine-tuning job's metrics under OpenAI's names, as its checkpoints' `metrics` and its `metrics`
+# events carry them (mathrl's name -> OpenAI's)
+OPENAI_METRICS = {
     "loss": "train_loss",
-    "mean_token_accuracy": "train_accuracy",
+    "mean_token_accuracy": "train_mean_token_accuracy",
     "reward": "train_reward_mean",
     "heldout/reward": "valid_reward_mean",
 }
+# The results file's columns: OpenAI's names (its fine-tuning guide reads `train_loss` and
+# `train_accuracy` there), before the job's other metrics under mathrl's names.
+RESULTS_COLUMNS = {**OPENAI_METRICS, "mean_token_accuracy": "train_accuracy"}
 
 
 def results_file_id(job_id: str) -> str:

@@ -10,6 +10,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
+from mathrl.modelref import OPENAI_METRICS
 from runtime.sink import Sink
 
 
@@ -21,8 +22,11 @@ class SinkCallback(TrainerCallback):
         samples_per_step: int = 8,
         total_steps: int | None = None,
         checkpoint_dir: str | None = None,
+        metrics_events: bool = False,
     ):
         self.sink = sink
+        # a 'metrics' event per log, as OpenAI's fine-tuning jobs list them (their loss curve in the events)
+        self.metrics_events = metrics_events
         # where saved checkpoints go (the job's directory) when the trainer writes them elsewhere
         # (the attempt's own args.output_dir): the sink moves each one there as it records it
         self.checkpoint_dir = checkpoint_dir
@@ -92,6 +96,15 @@ class SinkCallback(TrainerCallback):
         self._t_log = now
         if values:
             self.sink.metrics(state.global_step, values)
+            if self.metrics_events:
+                self._metrics_event(state.global_step, values)
+
+    def _metrics_event(self, step: int, values: dict[str, float]) -> None:
+        named = {OPENAI_METRICS[k]: v for k, v in values.items() if k in OPENAI_METRICS}
+        total = self.total_steps or step
+        shown = ", ".join(f"{k} {v:.4g}" for k, v in named.items())
+        self.sink.event("metrics", f"step {step}/{total}" + (f": {shown}" if shown else ""),
+                        data={"step": step, "total_steps": total, **named})  # fmt: skip
 
     def _step_breakdown(self, args: Any) -> dict[str, float]:
         """Per step, averaged over the steps since the last log: generation seconds, weight-sync

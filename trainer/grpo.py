@@ -11,6 +11,7 @@ from evaluator.backends.base import EngineSettings
 from evaluator.models import load_tokenizer
 from mathrl.backends import uses_vllm
 from mathrl.errors import StopRequested
+from mathrl.modelref import FINE_TUNING_TAG
 from mathrl.specs import GRPOSpec
 from mathrl.specs.resolved import ResolvedGRPO
 from runtime.sink import Sink
@@ -102,7 +103,11 @@ def run_grpo(
     if uses_vllm(backend) and config.generation.mode == "server" and not vllm_server_url:
         raise RuntimeError("generation.mode is 'server' but the worker started no vLLM server for this job")
     callback = SinkCallback(
-        sink, sample_every=config.sample_every, total_steps=config.max_steps, checkpoint_dir=str(out_dir)
+        sink,
+        sample_every=config.sample_every,
+        total_steps=config.max_steps,
+        checkpoint_dir=str(out_dir),
+        metrics_events=FINE_TUNING_TAG in spec.tags,
     )
     callback.rewards = rewards  # samples whose check overran its time (trainer/rewards.py) are logged
     heldout = HeldoutEvalCallback(spec.eval, sink, tokenizer, data_dir, (rewards, weights)) if spec.eval else None

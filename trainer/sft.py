@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from evaluator import prompts
 from evaluator.models import check_loaded_from_hub, load_tokenizer
 from mathrl.errors import StopRequested
+from mathrl.modelref import FINE_TUNING_TAG
 from mathrl.specs import SFTSpec
 from mathrl.specs.resolved import ResolvedSFT
 from runtime.sink import Sink
@@ -107,7 +108,13 @@ def run_sft(
     use_cpu = not torch.cuda.is_available()
     args = sft_args(config, work_dir or out_dir, use_cpu)
     peft_config = lora_config(config.lora)
-    callback = SinkCallback(sink, sample_every=10**9, total_steps=config.max_steps, checkpoint_dir=str(out_dir))
+    callback = SinkCallback(
+        sink,
+        sample_every=10**9,
+        total_steps=config.max_steps,
+        checkpoint_dir=str(out_dir),
+        metrics_events=FINE_TUNING_TAG in spec.tags,
+    )
     heldout = HeldoutEvalCallback(spec.eval, sink, tokenizer, data_dir) if spec.eval else None
     trainer = SFTTrainer(
         model=model_path,

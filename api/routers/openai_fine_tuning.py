@@ -25,7 +25,15 @@ from api.problems import Problem
 from api.routers.openai_files import own_file
 from api.submit import admit, check_job_refs, commit_and_dispatch, job_row
 from mathrl.graders import Grader
-from mathrl.modelref import FINE_TUNING_TAG, SESSION_SUFFIX, ft_model_name, ftjob_id, job_uuid, results_file_id
+from mathrl.modelref import (
+    FINE_TUNING_TAG,
+    OPENAI_METRICS,
+    SESSION_SUFFIX,
+    ft_model_name,
+    ftjob_id,
+    job_uuid,
+    results_file_id,
+)
 from mathrl.shallow import JsonObject
 from mathrl.specs import GRPOSpec, SFTSpec, model_refs, parse_spec
 from mathrl.specs.base import knob_defaults
@@ -496,7 +504,6 @@ def resume_paused(fine_tuning_job_id: str, caller: CallerDep, session: SessionDe
     return job_object(session, resume_job(session, settings, job))
 
 
-CHECKPOINT_METRICS = ("loss", "mean_token_accuracy", "reward", "heldout/reward")
 LEVELS = {"info": "info", "warning": "warn", "error": "error"}
 
 
@@ -524,8 +531,9 @@ def events(
             "created_at": int(e.time.timestamp()),
             "level": LEVELS.get(e.level, "info"),
             "message": e.message,
-            "type": "message",
-            "data": {"type": e.type, **(e.data or {})},
+            # a training step's metrics (trainer/callbacks.py), as OpenAI lists them: scripts plot the loss from these
+            "type": "metrics" if e.type == "metrics" else "message",
+            "data": dict(e.data or {}) if e.type == "metrics" else {"type": e.type, **(e.data or {})},
         }
         for e in rows[:limit]
     ]
@@ -556,7 +564,7 @@ def checkpoints(
     values: dict[int, dict[str, float]] = {s: {} for s in steps}
     if steps:
         q_metrics = select(Metric.step, Metric.name, Metric.value).where(
-            Metric.job_id == job.id, Metric.step.in_(steps), Metric.name.in_(CHECKPOINT_METRICS)
+            Metric.job_id == job.id, Metric.step.in_(steps), Metric.name.in_(OPENAI_METRICS)
         )
         for step, name, value in session.execute(q_metrics).all():
             values[step][name] = value
@@ -572,10 +580,7 @@ def checkpoints(
                 "step_number": c.step,
                 "metrics": {
                     "step": float(c.step),
-                    "train_loss": values[c.step].get("loss"),
-                    "train_mean_token_accuracy": values[c.step].get("mean_token_accuracy"),
-                    "train_reward_mean": values[c.step].get("reward"),
-                    "valid_reward_mean": values[c.step].get("heldout/reward"),
+                    **{name: values[c.step].get(raw) for raw, name in OPENAI_METRICS.items()},
                 },
             }
         )

@@ -106,6 +106,10 @@ def test_reinforcement_and_supervised_jobs_with_the_openai_sdk(service: Service,
     page = client.fine_tuning.jobs.list_events(job.id, limit=2)
     older = client.fine_tuning.jobs.list_events(job.id, limit=2, after=page.data[-1].id)
     assert page.has_more and older.data[0].id not in {e.id for e in page.data}
+    # a step's metrics as OpenAI's `metrics` events, from which scripts plot the loss (none came before)
+    steps = [e.data for e in events if e.type == "metrics"]
+    assert [d["step"] for d in steps] == [2, 1] and steps[0]["total_steps"] == 2, steps
+    assert {"train_loss", "train_reward_mean"} <= set(steps[0]), steps
     # the checkpoints (every step: eval_interval 1) with their step's metrics; 4 lines / 2 a step = 2 steps
     ckpts = client.fine_tuning.jobs.checkpoints.list(job.id).data
     assert [c.step_number for c in ckpts] == [2, 1], ckpts
@@ -139,6 +143,8 @@ def test_reinforcement_and_supervised_jobs_with_the_openai_sdk(service: Service,
     sft_done = wait_fine_tuning(client, sft.id)
     assert sft_done.status == "succeeded", sft_done.error
     assert [c.step_number for c in client.fine_tuning.jobs.checkpoints.list(sft.id).data] == [2, 1]
+    sft_steps = [e.data for e in client.fine_tuning.jobs.list_events(sft.id, limit=100).data if e.type == "metrics"]
+    assert sft_steps and {"train_loss", "train_mean_token_accuracy"} <= set(sft_steps[0]), sft_steps
     # list (newest first) and cancel
     assert [j.id for j in client.fine_tuning.jobs.list().data][:2] == [sft.id, job.id]
     third = client.fine_tuning.jobs.create(model=tiny_model, training_file=sft_file.id)
