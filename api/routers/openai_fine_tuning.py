@@ -276,6 +276,17 @@ def trained_tokens(session: Any, jobs: list[Job]) -> dict[str, float]:
     return {job_id: value for job_id, value in session.execute(q).all()}
 
 
+def _method(request: dict[str, Any], mapping: dict[str, Any]) -> dict[str, Any]:
+    """The job's `method` with the hyperparameters it runs with (OpenAI fills in what 'auto' became), and
+    its block even when the request gave only the older top-level `hyperparameters` (job.method.supervised
+    was None, and reading its hyperparameters raised AttributeError)."""
+    method = dict(request.get("method") or {"type": "supervised"})
+    kind = method.get("type", "supervised")
+    block = dict(method.get(kind) or {})
+    block["hyperparameters"] = {**(block.get("hyperparameters") or {}), **mapping}
+    return {**method, "type": kind, kind: block}
+
+
 def job_object(session: Any, job: Job, tokens: dict[str, float] | None = None) -> dict[str, Any]:
     """The job as OpenAI's `fine_tuning.job`; `tokens`: trained_tokens of a page of jobs."""
     openai = ResolvedConfig.model_validate({"kind": job.kind, **(job.resolved_config or {})}).openai or {}
@@ -286,7 +297,6 @@ def job_object(session: Any, job: Job, tokens: dict[str, float] | None = None) -
         status = "cancelled"
     elif job.status == "running" and job.pause_requested:  # accepted: it checkpoints at this step's end
         status = "paused"
-    method = request.get("method") or {"type": "supervised"}
     return {
         "id": ftjob_id(job.id),
         "object": "fine_tuning.job",
@@ -311,7 +321,7 @@ def job_object(session: Any, job: Job, tokens: dict[str, float] | None = None) -
         "estimated_finish": None,
         "integrations": [],
         "metadata": request.get("metadata"),
-        "method": method,
+        "method": _method(request, mapping),
         "user_provided_suffix": request.get("suffix"),
     }
 

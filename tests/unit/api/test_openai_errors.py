@@ -442,3 +442,22 @@ def test_what_a_retry_can_change_is_retried_and_what_is_not_served_says_so(app_c
         with pytest.raises(openai.NotFoundError, match="is not served here; OpenAI's routes here: files") as nf:
             call()
         assert nf.value.body["message"].startswith("POST /v1/"), nf.value.body  # type: ignore[index]
+
+
+def test_a_jobs_method_carries_the_hyperparameters_it_runs_with(app_client: Any) -> None:
+    """job.method echoed the request: with OpenAI's older top-level `hyperparameters`, method.supervised was
+    None (reading its hyperparameters raised AttributeError), and 'auto' stayed 'auto'."""
+    h = admin_key(app_client)
+    client = _client(app_client, h)
+    rows = b'{"messages": [{"role": "user", "content": "2 + 2?"}, {"role": "assistant", "content": "4"}]}\n' * 10
+    f = client.files.create(file=("t.jsonl", rows), purpose="fine-tune")
+    older = client.fine_tuning.jobs.create(model="org/model", training_file=f.id, hyperparameters={"n_epochs": 2})
+    auto = {"type": "supervised", "supervised": {"hyperparameters": {"batch_size": "auto", "n_epochs": "auto"}}}
+    newer = client.fine_tuning.jobs.create(model="org/model", training_file=f.id, method=auto)
+    for job, epochs in ((older, 2), (newer, None)):
+        got = client.fine_tuning.jobs.retrieve(job.id).method
+        assert got.type == "supervised" and got.supervised is not None, got
+        hp = got.supervised.hyperparameters
+        assert isinstance(hp.batch_size, int) and isinstance(hp.n_epochs, int), hp  # what 'auto' became
+        assert epochs is None or hp.n_epochs == epochs, hp
+        client.fine_tuning.jobs.cancel(job.id)
