@@ -171,6 +171,7 @@ def _model_ref(session: Any, project_id: str, name: str) -> str:
     return ref
 
 
+KEEPALIVE_SECONDS = 10.0  # a stream with nothing to send for this long sends a comment line
 QUOTA_RETRY_SECONDS = 2  # a completion call over its project's active-jobs quota: try again this soon
 
 
@@ -492,13 +493,19 @@ async def _stream(settings: Any, job_id: str, model: str, chat: bool, n: int, us
                 yield chunk(i, "", role=True)
         last = 0
         deadline = time.monotonic() + settings.fine_tuning.inference_timeout_seconds
+        sent = time.monotonic()
         while True:
             status, job_error, deltas = await run_in_threadpool(_progress, settings, job_id, last)
             for seq, data in deltas:
-                last = seq
+                last, sent = seq, time.monotonic()
                 yield chunk(int(data.get("index", 0)), str(data.get("text", "")))
             if status in TERMINAL:
                 break
+            if time.monotonic() - sent >= KEEPALIVE_SECONDS:
+                # a comment line (the SDK skips it): a client's read timeout (the SDK's timeout=60) is per
+                # read, and a first token can be minutes away while an engine starts
+                sent = time.monotonic()
+                yield ": keep-alive\n\n"
             if time.monotonic() >= deadline:
                 await run_in_threadpool(_cancel, settings, job_id)
                 finished = True

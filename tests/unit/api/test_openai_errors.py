@@ -461,3 +461,25 @@ def test_a_jobs_method_carries_the_hyperparameters_it_runs_with(app_client: Any)
         assert isinstance(hp.batch_size, int) and isinstance(hp.n_epochs, int), hp  # what 'auto' became
         assert epochs is None or hp.n_epochs == epochs, hp
         client.fine_tuning.jobs.cancel(job.id)
+
+
+def test_a_stream_that_waits_sends_keep_alives_the_sdk_skips(app_client: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A streamed call sent nothing while its job waited for a worker (or an engine start, minutes): a
+    client's read timeout (the SDK's timeout=60 is per read) broke it. Comment lines now; the SDK skips them."""
+    import openai
+
+    from api.routers import openai_inference
+
+    monkeypatch.setattr(openai_inference, "KEEPALIVE_SECONDS", 0.2)
+    h = admin_key(app_client)
+    ids = make_objects(app_client, h)
+    body = {"model": ids["model"], "prompt": "1 + 1 =", "max_tokens": 2, "stream": True}
+    with overridden(fine_tuning={"inference_timeout_seconds": 1.5}):  # no worker here: it times out
+        with app_client.stream("POST", "/v1/completions", json=body, headers=h) as r:
+            lines = [line for line in r.iter_lines() if line]
+        assert ": keep-alive" in lines and '"code": "timeout"' in lines[-1], lines
+        stream = _client(app_client, h).completions.create(
+            model=ids["model"], prompt="1 + 1 =", max_tokens=2, stream=True
+        )
+        with pytest.raises(openai.APIError, match="did not answer in time"):
+            list(stream)
