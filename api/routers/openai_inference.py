@@ -179,7 +179,8 @@ def _default_budget(session: Any, ref: str) -> int | None:
     """A chat that names no max_tokens: what the model was trained to write, its fine-tuning job's
     completion budget (a reinforcement job's max_completion_length), else the generate spec's default.
     OpenAI sets no cap of its own; a fixed 256 cut a trained model's answers short."""
-    job = session.get(Job, split_job_ref(ref)[0])
+    job_id = split_job_ref(ref)[0]
+    job = session.get(Job, job_id) if job_id else None  # (an operator's alias names a base model)
     budget = (job.resolved_config or {}).get("max_completion_length") if job is not None else None
     return budget if isinstance(budget, int) and 0 < budget <= MAX_TOKENS else None
 
@@ -233,6 +234,8 @@ def list_models(caller: CallerDep, settings: SettingsDep) -> dict[str, Any]:
 
 @router.get("/models/{model}", responses={404: {"description": "No such model in your project."}})
 def retrieve_model(model: str, caller: CallerDep, settings: SettingsDep) -> dict[str, Any]:
+    if model in settings.fine_tuning.model_aliases:  # a base model the operator serves under OpenAI's name
+        return {"id": model, "object": "model", "created": 0, "owned_by": "system"}
     with get_sessionmaker(settings.database.url)() as session:
         ref = _model_ref(session, caller.project_id, model)
         job = session.get(Job, split_job_ref(ref)[0])
@@ -350,7 +353,10 @@ async def _answer(
 
 def _submit(project_id: str, settings: Any, model: str, fields: dict[str, Any]) -> str:
     with get_sessionmaker(settings.database.url)() as session:
-        ref = _model_ref(session, project_id, model)
+        aliases = settings.fine_tuning.model_aliases
+        # an operator's alias samples its base model (a script's baseline before fine-tuning, under the same
+        # name it fine-tunes from); any other name is an 'ft:' model of the project
+        ref = aliases[model] if model in aliases else _model_ref(session, project_id, model)
         if fields["max_tokens"] is None:
             fields = {**fields, "max_tokens": _default_budget(session, ref)}
         try:

@@ -483,3 +483,21 @@ def test_a_stream_that_waits_sends_keep_alives_the_sdk_skips(app_client: Any, mo
         )
         with pytest.raises(openai.APIError, match="did not answer in time"):
             list(stream)
+
+
+def test_an_operators_alias_samples_its_base_model(app_client: Any) -> None:
+    """A script's baseline before fine-tuning calls the model it fine-tunes from, by the name the operator
+    maps (fine_tuning.model_aliases): it was a 404, the alias serving only training."""
+    import openai
+
+    h = admin_key(app_client)
+    client = _client(app_client, h).with_options(timeout=6.0)  # waits 1 s: a 504, the job cancelled
+    with overridden(fine_tuning={"model_aliases": {"o4-mini-2025-04-16": "org/base-model"}}):
+        assert client.models.retrieve("o4-mini-2025-04-16").owned_by == "system"
+        with pytest.raises(openai.APIStatusError) as e:
+            client.chat.completions.create(model="o4-mini-2025-04-16", messages=[{"role": "user", "content": "1?"}])
+        assert e.value.status_code == 504, e.value.body
+    with pytest.raises(openai.NotFoundError):  # unmapped, it is not a model here
+        client.chat.completions.create(model="o4-mini-2025-04-16", messages=[{"role": "user", "content": "1?"}])
+    listed = app_client.get("/v1/jobs", params={"kind": "generate"}, headers=h).json()["data"]
+    assert [j["spec"]["model"] for j in listed] == ["org/base-model"], listed
