@@ -17,8 +17,9 @@ from sqlalchemy.exc import IntegrityError
 
 from api.deps import CallerDep, SessionDep, SettingsDep, owned, page_cursor
 from api.idempotency import earlier, replayed, request_hash
-from api.problems import PIPELINE_NOT_FOUND
+from api.problems import PIPELINE_NOT_FOUND, Problem
 from api.submit import admit, check_file_refs, check_job_refs, commit_and_dispatch, job_row
+from kinds import HOMES
 from mathrl.schemas import Page, PipelineResponse
 from mathrl.specs import PipelineSpec, model_refs, parse_spec, split_job_ref
 from mathrl.status import TERMINAL
@@ -140,6 +141,11 @@ def create_pipeline(
         for path, ref in model_refs(job_spec).items():
             target, suffix = split_job_ref(ref)
             if target in ids:
+                made = spec.jobs[target].kind
+                if not HOMES[made].saves_models:  # (accepted, then this step failed on the worker)
+                    trainers = ", ".join(name for name, kind in HOMES.items() if kind.saves_models)
+                    detail = f"{ref!r}: step {target!r} is {made}: that kind saves no model: name one of {trainers}"
+                    raise Problem.at(f"/jobs/{step}/{path}", detail)
                 _set_path(body, path, f"job:{ids[target]}{suffix}")
             elif target:
                 outside[path] = ref

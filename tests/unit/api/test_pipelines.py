@@ -42,6 +42,12 @@ ARITH = {"name": "arith-train"}
             "/jobs/after/limit",
             "greater than",
         ),
+        # an eval step saves no model: the step naming it was accepted, then failed on the worker
+        (
+            {"train": sft_step(), "ev": eval_step("job:train"), "again": eval_step("job:ev")},
+            "/jobs/again/model",
+            "step 'ev' is eval: that kind saves no model",
+        ),
         ({"Bad Name": sft_step()}, "/jobs/Bad Name", "pattern"),
         ({}, "/jobs", "at least 1"),
     ],
