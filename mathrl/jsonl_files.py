@@ -67,6 +67,12 @@ def check_line(obj: Any) -> list[tuple[str, str]]:
             errors.append((f"messages[{i}].role", f"{m.get('role')!r} is not one of {', '.join(ROLES)}"))
         if m.get("role") != "tool" and not _content_ok(m.get("content")):
             errors.append((f"messages[{i}].content", "a string, or a list of {type: text, text} parts"))
+        if "weight" in m and m["weight"] not in (0, 1):
+            errors.append((f"messages[{i}].weight", "0 or 1 (OpenAI's: whether the message is learned)"))
+    last = messages[-1]
+    if isinstance(last, dict) and last.get("role") == "assistant" and last.get("weight") == 0:
+        # the last assistant message is the one a supervised line teaches here: weight 0 would teach nothing
+        errors.append((f"messages[{len(messages) - 1}].weight", "0 on the message this line teaches: drop the line"))
     return errors
 
 
@@ -78,8 +84,8 @@ def text_of(content: Any) -> str:
 
 
 def _lines(text: str) -> Iterator[str]:
-    """The text's lines, one at a time: a list of them all (re.split) took about 30 times the file's
-    size for a file of short lines, before the line limit was reached."""
+    """The text's lines, one at a time: a list of them all (re.split) took 21 times the file's size for
+    a file of '{}' lines (tracemalloc), before the line limit was reached."""
     start = 0
     for end in _LINE_END.finditer(text):
         yield text[start : end.start()]

@@ -129,6 +129,12 @@ def test_a_supervised_line_is_what_the_trainer_learns_from(app_client: Any) -> N
         assert e.value.param == "training_file", e.value.body
     f = client.files.create(file=("multi.jsonl", io.BytesIO((good * 2).encode())), purpose="fine-tune")
     client.fine_tuning.jobs.cancel(client.fine_tuning.jobs.create(model="org/model", training_file=f.id).id)
+    # OpenAI's per-message weight: 0 on the message a line teaches here (its last) taught it anyway
+    unweighted = json.dumps({"messages": [turns[0], {**turns[1], "weight": 0}]}) + "\n"
+    with pytest.raises(openai.BadRequestError, match=r"line 1.*messages\[1\]\.weight.*0 on the message this line"):
+        client.files.create(file=("w.jsonl", io.BytesIO(unweighted.encode())), purpose="fine-tune")
+    weighted = json.dumps({"messages": [turns[0], {**turns[1], "weight": 1}]}) + "\n"
+    assert client.files.create(file=("w.jsonl", io.BytesIO(weighted.encode())), purpose="fine-tune").bytes
 
 
 def test_a_file_a_job_still_needs_is_not_deleted(app_client: Any) -> None:
