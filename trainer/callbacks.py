@@ -101,6 +101,8 @@ class SinkCallback(TrainerCallback):
 
     def _metrics_event(self, step: int, values: dict[str, float]) -> None:
         named = {OPENAI_METRICS[k]: v for k, v in values.items() if k in OPENAI_METRICS}
+        if not named:  # (the trainer's summary at the end: its runtime, no step's metrics)
+            return
         total = self.total_steps or step
         shown = ", ".join(f"{k} {v:.4g}" for k, v in named.items())
         self.sink.event("metrics", f"step {step}/{total}" + (f": {shown}" if shown else ""),
