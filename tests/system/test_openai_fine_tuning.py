@@ -164,7 +164,7 @@ def test_reinforcement_and_supervised_jobs_with_the_openai_sdk(service: Service,
             training_file=sft_file.id,
             method={"type": "reinforcement", "reinforcement": {"grader": GRADER}},
         )
-    with pytest.raises(openai.BadRequestError, match="no assistant message"):
+    with pytest.raises(openai.BadRequestError, match="do not end with a user message and the assistant.s answer"):
         client.fine_tuning.jobs.create(model=tiny_model, training_file=train.id)
     with pytest.raises(openai.BadRequestError, match="'dpo' is not trained here"):
         client.fine_tuning.jobs.create(model=tiny_model, training_file=train.id, method={"type": "dpo"})
