@@ -156,6 +156,19 @@ class NotPausable(MathRLException, ValueError):
     """The job is not in a status a pause or a resume applies to (the message says which)."""
 
 
+class OverQuota(MathRLException, ValueError):
+    """Storing a file would take its project past its storage (store/files.py): `what` is 'files'
+    (their number, `count` stored) or 'bytes' (`used` with the new one, over `max_bytes`)."""
+
+    def __init__(self, what: str, count: int, used: int, max_bytes: int) -> None:
+        self.what, self.count, self.used, self.max_bytes = what, count, used, max_bytes
+        super().__init__(
+            f"the project stores {count} files, the limit"
+            if what == "files"
+            else f"the project's files would take {used} bytes, over its {max_bytes}"
+        )
+
+
 class SessionCallError(MathRLException, ValueError):
     """A Tinker call a session job cannot serve as sent (a sampling client asked to train, a save
     name it cannot take, a sampler it does not hold): the call's future fails with the message,

@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from mathrl.errors import OverQuota as OverQuota  # raised here; its callers import it from here
 from store.models import File, Project
 
 
@@ -23,18 +24,6 @@ class Quota:
 
     max_files: int
     max_bytes: int
-
-
-class OverQuota(Exception):
-    """Storing the file would take the project past its quota: `files` (its number) or `bytes`."""
-
-    def __init__(self, what: str, count: int, used: int, quota: Quota) -> None:
-        self.what, self.count, self.used, self.quota = what, count, used, quota
-        super().__init__(
-            f"the project stores {count} files, the limit"
-            if what == "files"
-            else f"the project's files would take {used} bytes, over its {quota.max_bytes}"
-        )
 
 
 def file_path(artifact_dir: str | Path, project_id: str, file_id: str, suffix: str) -> Path:
@@ -73,9 +62,9 @@ def store_file(
             select(func.count(), func.coalesce(func.sum(File.bytes), 0)).where(File.project_id == project_id)
         ).one()
         if count >= quota.max_files:
-            raise OverQuota("files", count, used, quota)
+            raise OverQuota("files", count, used, quota.max_bytes)
         if used + len(content) > quota.max_bytes:
-            raise OverQuota("bytes", count, used + len(content), quota)
+            raise OverQuota("bytes", count, used + len(content), quota.max_bytes)
         os.replace(tmp.name, path)
         renamed = True
         stored = File(id=file_id, project_id=project_id, bytes=len(content), path=str(path), **row)

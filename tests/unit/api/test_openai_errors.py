@@ -392,7 +392,9 @@ def test_a_chat_without_max_tokens_may_write_what_its_model_was_trained_to(app_c
     h = admin_key(app_client)
     ids = make_objects(app_client, h)  # a supervised fine-tuning job with a checkpoint at step 1
     job_id = str(uuid.UUID(ids["fine_tuning_job_id"].removeprefix("ftjob-")))
-    client = _client(app_client, h).with_options(timeout=6.0)  # waits 1 s: a 504, the job cancelled
+    # waits 1 s: a 504 and the job cancelled, or a 502 where the suite's worker took the job and failed it
+    # (the checkpoint is not on disk); the stored spec is what is asked
+    client = _client(app_client, h).with_options(timeout=6.0)
 
     def asked(budget: int | None, **over: Any) -> Any:
         with Session(db(app_client)) as s:
@@ -402,7 +404,7 @@ def test_a_chat_without_max_tokens_may_write_what_its_model_was_trained_to(app_c
             s.commit()
         with pytest.raises(openai.APIStatusError) as e:
             client.chat.completions.create(model=ids["model"], messages=[{"role": "user", "content": "1 + 1?"}], **over)
-        assert e.value.status_code == 504, e.value.body
+        assert e.value.status_code in (502, 504), e.value.body
         with Session(db(app_client)) as s:
             project = select(Job.project_id).where(Job.id == job_id).scalar_subquery()
             newest = select(Job.spec).where(Job.project_id == project, Job.kind == "generate").order_by(Job.id.desc())
@@ -474,14 +476,16 @@ def test_a_stream_that_waits_sends_keep_alives_the_sdk_skips(app_client: Any, mo
     h = admin_key(app_client)
     ids = make_objects(app_client, h)
     body = {"model": ids["model"], "prompt": "1 + 1 =", "max_tokens": 2, "stream": True}
-    with overridden(fine_tuning={"inference_timeout_seconds": 1.5}):  # no worker here: it times out
+    # no worker: it times out; where the suite's worker takes the job, it fails (the checkpoint is not on
+    # disk) after its process starts, seconds in which the stream has nothing else to send
+    with overridden(fine_tuning={"inference_timeout_seconds": 1.5}):
         with app_client.stream("POST", "/v1/completions", json=body, headers=h) as r:
             lines = [line for line in r.iter_lines() if line]
-        assert ": keep-alive" in lines and '"code": "timeout"' in lines[-1], lines
+        assert ": keep-alive" in lines and '"error"' in lines[-1], lines
         stream = _client(app_client, h).completions.create(
             model=ids["model"], prompt="1 + 1 =", max_tokens=2, stream=True
         )
-        with pytest.raises(openai.APIError, match="did not answer in time"):
+        with pytest.raises(openai.APIError, match="did not answer in time|failed"):
             list(stream)
 
 
@@ -491,12 +495,12 @@ def test_an_operators_alias_samples_its_base_model(app_client: Any) -> None:
     import openai
 
     h = admin_key(app_client)
-    client = _client(app_client, h).with_options(timeout=6.0)  # waits 1 s: a 504, the job cancelled
+    client = _client(app_client, h).with_options(timeout=6.0)  # a 504 (no worker), or a 502 (a worker failed it)
     with overridden(fine_tuning={"model_aliases": {"o4-mini-2025-04-16": "org/base-model"}}):
         assert client.models.retrieve("o4-mini-2025-04-16").owned_by == "system"
         with pytest.raises(openai.APIStatusError) as e:
             client.chat.completions.create(model="o4-mini-2025-04-16", messages=[{"role": "user", "content": "1?"}])
-        assert e.value.status_code == 504, e.value.body
+        assert e.value.status_code in (502, 504), e.value.body
     with pytest.raises(openai.NotFoundError):  # unmapped, it is not a model here
         client.chat.completions.create(model="o4-mini-2025-04-16", messages=[{"role": "user", "content": "1?"}])
     listed = app_client.get("/v1/jobs", params={"kind": "generate"}, headers=h).json()["data"]
