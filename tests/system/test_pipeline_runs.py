@@ -42,8 +42,9 @@ def test_failing_upstream_job_fails_its_dependents_with_the_reason(service: Serv
     p = c.pipelines.create(
         {
             "jobs": {  # a model dir under an allowed root that does not exist: fails in the worker
-                "bad": eval_step(str(tmp_path / "no-such-model")),
-                "after": eval_step("job:bad"),
+                # (training steps: a step that saves no model, an eval, cannot be a later step's model)
+                "bad": {**sft_step(), "model": str(tmp_path / "no-such-model")},
+                "after": {**sft_step(), "model": "job:bad"},
                 "last": eval_step("job:after"),
                 "ok": eval_step("org/none"),
             }
