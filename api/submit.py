@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 from api.admission import QuotaProblem, admit_spec, check_project_quota, held_gpus
 from api.dispatch import dispatch, new_task_id
 from api.problems import Problem
-from kinds import HOMES, home
+from kinds import HOMES, home, model_savers
 from mathrl.modelref import FINAL_DELETED_TAG
 from mathrl.specs import ID_PATTERN, AnySpec, split_job_ref
 from mathrl.specs.resolved import ResolvedConfig
@@ -42,8 +42,7 @@ def check_job_refs(session: Session, project_id: str, refs: dict[str, str], pref
         if which in ("", "@final") and FINAL_DELETED_TAG in (job.tags or []):  # DELETE /v1/models
             raise Problem.at(f"{prefix}/{path}", f"{ref!r}: that job's final model was deleted", "Invalid request")
         if job.kind in HOMES and not HOMES[job.kind].saves_models:  # accepted, then failed on the worker
-            trainers = ", ".join(name for name, kind in HOMES.items() if kind.saves_models)
-            detail = f"{ref!r}: {job.kind} jobs save no model: name a job that trains one ({trainers})"
+            detail = f"{ref!r}: {job.kind} jobs save no model: name a job that trains one ({model_savers()})"
             raise Problem.at(f"{prefix}/{path}", detail, "Invalid request")
         if which.startswith("@step-") and job.status in TERMINAL:  # (a job under way may save it yet)
             step = int(which.removeprefix("@step-"))

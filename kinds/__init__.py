@@ -34,6 +34,11 @@ for _home in (EvalKind(), GRPOKind(), RewardModelKind(), SFTKind(), GradeKind(),
     HOMES.add(_home.name, _home)
 
 
+def model_savers() -> str:
+    """The kinds whose jobs save models ('job:<id>' can name them), for a refusal to list."""
+    return ", ".join(name for name, kind in HOMES.items() if kind.saves_models)
+
+
 def home(spec: AnySpec) -> Kind[Any, Any]:
     """The home of a spec's kind."""
     return HOMES[spec.kind]

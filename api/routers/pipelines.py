@@ -19,7 +19,7 @@ from api.deps import CallerDep, SessionDep, SettingsDep, owned, page_cursor
 from api.idempotency import earlier, replayed, request_hash
 from api.problems import PIPELINE_NOT_FOUND, Problem
 from api.submit import admit, check_file_refs, check_job_refs, commit_and_dispatch, job_row
-from kinds import HOMES
+from kinds import HOMES, model_savers
 from mathrl.schemas import Page, PipelineResponse
 from mathrl.specs import PipelineSpec, model_refs, parse_spec, split_job_ref
 from mathrl.status import TERMINAL
@@ -143,8 +143,8 @@ def create_pipeline(
             if target in ids:
                 made = spec.jobs[target].kind
                 if not HOMES[made].saves_models:  # (accepted, then this step failed on the worker)
-                    trainers = ", ".join(name for name, kind in HOMES.items() if kind.saves_models)
-                    detail = f"{ref!r}: step {target!r} is {made}: that kind saves no model: name one of {trainers}"
+                    savers = model_savers()
+                    detail = f"{ref!r}: step {target!r} is {made}: that kind saves no model: name one of {savers}"
                     raise Problem.at(f"/jobs/{step}/{path}", detail)
                 _set_path(body, path, f"job:{ids[target]}{suffix}")
             elif target:
