@@ -313,18 +313,12 @@ def check_benchmarks(spec: AnySpec) -> None:
 # --- per-job limits (on the resolved config: presets fill values) ---------------------------
 
 
-def _over(pointer: str, value: int, limit: int, what: str, fix: str = "lower it") -> Problem:
-    said = f"{pointer.lstrip('/')}={value}" if fix == "lower it" else f"{value} {what.split(' per ')[0]}"
-    detail = f"{said} is over this server's limit of {limit} {what}: {fix}"
-    return Problem.at(pointer, detail, "Over a limit")
-
-
 def check_job_limits(spec: AnySpec, config: ResolvedConfig, settings: Settings) -> None:
     """The job's values its kind holds to this server's per-job limits (kinds/<kind>.py `limits`)."""
     for limit in home(spec).limits(spec, config):
         cap: int = getattr(settings.limits, limit.limit)
         if limit.value is not None and limit.value > cap:
-            raise _over(limit.pointer, limit.value, cap, limit.what, limit.fix)
+            raise Problem.at(limit.pointer, limit.refusal(cap), "Over a limit")
 
 
 # --- project quotas ----------------------------------------------------------------------

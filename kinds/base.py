@@ -83,7 +83,17 @@ class Limit:
     value: int | None
     limit: LimitName
     what: str  # the limit's unit, in the refusal: 'steps per job'
-    fix: str = "lower it"  # what to do, where the value is not the field's own (a count it makes)
+    fix: str = "lower it"  # what to do
+    counted: bool = False  # the value is a count the job's fields make, not the field's own value
+
+    def refusal(self, cap: int) -> str:
+        """What the 422 says: the field and its value, or the count and its unit where it is counted."""
+        said = (
+            f"{self.value} {self.what.split(' per ')[0]}"
+            if self.counted
+            else f"{self.pointer.lstrip('/')}={self.value}"
+        )
+        return f"{said} is over this server's limit of {cap} {self.what}: {self.fix}"
 
 
 class Kind(ABC, Generic[S, C]):
@@ -143,4 +153,5 @@ def checkpoints(max_steps: int, save_steps: int) -> Limit:
         "max_checkpoints_per_job",
         "checkpoints per job",
         f"save less often (save_steps={save_steps} of max_steps={max_steps})",
+        counted=True,
     )

@@ -40,6 +40,7 @@ class GRPOKind(Kind[GRPOSpec, ResolvedGRPO]):
                 config.max_prompt_length + config.max_completion_length,
                 "max_tokens",
                 "tokens per sequence (max_prompt_length + max_completion_length)",
+                counted=True,
             ),
         ]
 

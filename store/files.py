@@ -25,6 +25,11 @@ class Quota:
     max_files: int
     max_bytes: int
 
+    @classmethod
+    def of(cls, files: Any) -> Quota:
+        """The quota the operator's `files` settings (service.settings.FilesSettings) set."""
+        return cls(files.max_project_files, files.max_project_bytes)
+
 
 def file_path(artifact_dir: str | Path, project_id: str, file_id: str, suffix: str) -> Path:
     return Path(artifact_dir) / "files" / project_id / f"{file_id}{suffix}"

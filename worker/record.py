@@ -93,11 +93,10 @@ def write_results_file(settings: Settings, job_id: str) -> None:
             writer.writerow(columns)
             for step in sorted(steps):
                 writer.writerow([step, *(steps[step].get(n, "") for n in names)])
-            quota = Quota(settings.files.max_project_files, settings.files.max_project_bytes)
             store_file(
                 s,
                 settings.artifact_dir,
-                quota,
+                Quota.of(settings.files),
                 file_id=file_id,
                 project_id=job.project_id,
                 suffix=".csv",

@@ -116,8 +116,7 @@ def _store(
     with get_sessionmaker(settings.database.url)() as session:  # a retry of an upload stored before
         if (existing := earlier(session, FileRow, project_id, *key)) is not None:
             return file_object(existing)
-    limits = settings.files
-    quota = Quota(limits.max_project_files, limits.max_project_bytes)
+    quota = Quota.of(settings.files)
     with get_sessionmaker(settings.database.url)() as session:
         try:
             row = store_file(

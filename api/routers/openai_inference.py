@@ -30,6 +30,7 @@ from sqlalchemy import select
 
 from api.admission import QuotaProblem
 from api.deps import CallerDep, SettingsDep
+from api.job_wakeups import KEEPALIVE_SECONDS  # a quiet stream sends a comment line this often, as event streams do
 from api.problems import Problem
 from api.routers.openai_fine_tuning import REASONING_TOKENS, fine_tuned_model
 from api.routers.openai_fine_tuning import TAG as FINE_TUNING
@@ -171,7 +172,6 @@ def _model_ref(session: Any, project_id: str, name: str) -> str:
     return ref
 
 
-KEEPALIVE_SECONDS = 10.0  # a stream with nothing to send for this long sends a comment line
 QUOTA_RETRY_SECONDS = 2  # a completion call over its project's active-jobs quota: try again this soon
 
 
