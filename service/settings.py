@@ -448,6 +448,12 @@ class SourcesSettings(BaseModel):
         description="Model refs (hub ids or paths) that may run their own modelling code (trust_remote_code); "
         "a job spec cannot ask for it.",
     )
+    hub_token_repos: list[str] = Field(
+        default_factory=list,
+        description="Hub repositories (fnmatch patterns over 'org/name', models and datasets, e.g. 'my-org/*') "
+        "that workers fetch with the operator's hub token (HF_TOKEN). Every other hub id a job names is fetched "
+        "without it, so no project reads the private or gated repositories the token can (worker/hub_access.py).",
+    )
 
 
 class TrackingSettings(BaseModel):

@@ -39,6 +39,7 @@ from runtime.processes import rank as rank_of_process
 from service.settings import Settings, get_settings
 from store.db import retry_transient, session_scope
 from store.models import Job
+from worker import hub_access
 from worker.attempt import AttemptDir, attempt_dir, job_dir
 from worker.launch import die_with_parent, error_file, is_main, world_size
 from worker.refs import resolve_model_ref
@@ -82,6 +83,7 @@ def run(job_id: str, owner: str, attempt: int) -> int:
     settings = get_settings()
     url = settings.database.url
     trust_remote_code_for(settings.sources.trust_remote_code_models)
+    hub_access.install(settings.sources.hub_token_repos)  # before anything reads the hub
     spec, project_id, config = load_job(settings, job_id)
     resolve = model_resolver(settings, job_id, project_id)
     _check_available(spec)
@@ -89,6 +91,7 @@ def run(job_id: str, owner: str, attempt: int) -> int:
     spec = _fetch_dataset(spec, settings, work, project_id)
     model = home(spec).needs(spec).model
     model_path, checkpoint = resolve(model) if model is not None else ("", None)
+    hub_access.env_for(model_path, os.environ)  # the engine processes vLLM starts from here load this model
     sink_class = DatabaseSink if is_main() else ReadOnlySink
     sink = sink_class(
         url,

@@ -108,10 +108,12 @@ def run(job_id: str, owner: str, attempt: int, workers: int, gpus_per_worker: in
     from ray.train.torch import TorchTrainer
 
     from service.settings import get_settings
+    from worker import hub_access
     from worker.attempt import attempt_dir
     from worker.child import EXIT_ERROR
 
     settings = get_settings()
+    hub_access.install(settings.sources.hub_token_repos)  # the driver resolves the server's model
     ray.init()
     out = attempt_dir(settings.artifact_dir, job_id, attempt)
     server: Any = None

@@ -50,9 +50,11 @@ class GenerationServer:
         host = ray.util.get_node_ip_address()
         port = free_port(host)
         on_gpu = spec.resources.gpus > 0
-        cmd = server_command(spec, config, model_path, port, on_gpu, host=host, engine=get_settings().vllm.engine())
+        settings = get_settings()
+        cmd = server_command(spec, config, model_path, port, on_gpu, host=host, engine=settings.vllm.engine())
         Path(log_path).parent.mkdir(parents=True, exist_ok=True)
-        self.server = launch(cmd, port, server_env(), Path(log_path), None, host=host)
+        env = server_env(model_path, settings.sources.hub_token_repos)
+        self.server = launch(cmd, port, env, Path(log_path), None, host=host)
         return {
             "url": self.server.url,
             "pid": self.server.proc.pid,

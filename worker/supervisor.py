@@ -20,7 +20,7 @@ from runtime.cpu_threads import job_thread_env
 from service.settings import Settings
 from store.db import session_scope
 from store.jobs import claim, renew_lease
-from worker import warm_engine
+from worker import hub_access, warm_engine
 from worker.attempt import AttemptDir, attempt_dir
 from worker.child import (
     EXIT_ERROR,
@@ -93,7 +93,7 @@ def _run_attempt(
     """The claimed attempt, on this worker or on Ray, to its recorded end."""
     url = settings.database.url
     log_path = AttemptDir(out).log
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = dict(hub_access.job_env({**os.environ, "PYTHONUNBUFFERED": "1"}))  # it sends the token per repository
     env.update(job_thread_env(env, settings.worker.job_slots, settings.worker.job_threads))
     if spec is not None and settings.ray.runs(spec):
         return _run_on_ray(settings, spec, job_id, owner, attempt, out, log_path)
@@ -279,5 +279,6 @@ def _start_vllm_server(
     model_path, _ = model_resolver(settings, job_id, project_id)(spec.model)  # 'job:' and 'tiny:' refs too
     visible = _visible_gpus() if spec.resources.gpus else []
     return start_server(
-        spec, config.of(ResolvedGRPO), model_path, log_path, prepare_child, visible, settings.vllm.engine()
-    )
+        spec, config.of(ResolvedGRPO), model_path, log_path, prepare_child, visible, settings.vllm.engine(),
+        settings.sources.hub_token_repos,
+    )  # fmt: skip

@@ -8,7 +8,7 @@ from celery import Task
 from celery.signals import worker_ready, worker_shutting_down
 
 from service.settings import get_settings
-from worker import reconciler, warm_engine, watch
+from worker import hub_access, reconciler, warm_engine, watch
 from worker.celery_app import TASK_RUN_JOB, get_celery
 from worker.job_handle import fork_server
 from worker.supervisor import supervise, worker_identity
@@ -17,6 +17,7 @@ log = logging.getLogger("mathrl.worker")
 
 _settings = get_settings()
 app = get_celery(_settings.broker.url, _settings.broker.visibility_timeout)
+hub_access.install(_settings.sources.hub_token_repos)  # it resolves hub models for vLLM servers it starts
 
 
 @app.task(name=TASK_RUN_JOB, bind=True)

@@ -27,6 +27,7 @@ import re
 import signal
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -200,13 +201,13 @@ class VLLMServer:
 
 def start_server(
     spec: GRPOSpec, config: ResolvedGRPO, model_path: str, log_path: Path, preexec: Any, visible_gpus: list[str],
-    engine: EngineSettings | None = None,
+    engine: EngineSettings | None = None, hub_token_repos: Sequence[str] = (),
 ) -> tuple[VLLMServer, dict[str, str]]:  # fmt: skip
     """Start the job's vLLM server. Returns it and the environment the job's process needs
     (the server's URL; on GPUs, the training share of the devices)."""
     port = free_port()
     on_gpu = spec.resources.gpus > 0
-    env = server_env()
+    env = server_env(model_path, hub_token_repos)
     job_env: dict[str, str] = {}
     if on_gpu:
         train, serve = split_gpus(spec, visible_gpus)
@@ -218,13 +219,16 @@ def start_server(
     return server, job_env
 
 
-def server_env() -> dict[str, str]:
+def server_env(model: str = "", hub_token_repos: Sequence[str] = ()) -> dict[str, str]:
     """This process's environment, with the engine's own settings (evaluator.backends.vllm.engine_env:
     on a small CPU machine every core generates) and what our syncs need of the server: adapters
-    loaded at run time, and the development routes (/collective_rpc, /reset_prefix_cache)."""
+    loaded at run time, and the development routes (/collective_rpc, /reset_prefix_cache). The hub
+    token only where `model` is a listed repository (worker/hub_access.py)."""
     from evaluator.backends.vllm import engine_env
+    from worker.hub_access import env_for
 
-    return {**os.environ, **engine_env(), "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1", "VLLM_SERVER_DEV_MODE": "1"}
+    env = {**os.environ, **engine_env(), "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1", "VLLM_SERVER_DEV_MODE": "1"}
+    return dict(env_for(model, env, hub_token_repos))
 
 
 def launch(

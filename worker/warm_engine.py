@@ -268,7 +268,8 @@ def acquire(
             _stop(lambda x, e=e: x is e)
         length = max_model_len(model_path, settings.worker.warm_engine_max_model_len)
         port = free_port()
-        env = server_env()  # all cores on a small CPU machine; /collective_rpc for reloading weights
+        # all cores on a small CPU machine; /collective_rpc for reloading weights; the hub token if listed
+        env = server_env(model_path, settings.sources.hub_token_repos)
         if gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
         cmd = server_command(model_path, dtype, length, port, len(gpus), lora_rank, settings.vllm.engine())

@@ -27,14 +27,20 @@ def commit(repo: str, folder: Path) -> str:
 
 class FakeHub:
     """`with FakeHub(datasets={"org/name": folder}, models={...}) as hub:` serves them at
-    `hub.endpoint`; `hub.calls` lists the requests, in order."""
+    `hub.endpoint`; `hub.calls` lists the requests, in order, and `hub.auth` each one's path and
+    Authorization header. With `token`, its repositories are private to that token: a request
+    without it is answered as the hub answers one for a private repository (401, RepoNotFound)."""
 
-    def __init__(self, datasets: dict[str, Path] | None = None, models: dict[str, Path] | None = None):
+    def __init__(
+        self, datasets: dict[str, Path] | None = None, models: dict[str, Path] | None = None, token: str | None = None
+    ):
         named = {f"datasets/{r}": f for r, f in (datasets or {}).items()} | {
             f"models/{r}": f for r, f in (models or {}).items()
         }
         self.repos = {repo: Path(folder) for repo, folder in named.items()}
+        self.token = token
         self.calls: list[str] = []
+        self.auth: list[tuple[str, str | None]] = []
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
 
     @property
@@ -72,6 +78,7 @@ class FakeHub:
                 self._send(404, b"", {"X-Error-Code": code})
 
             def _route(self) -> None:
+                hub.auth.append((self.path, self.headers.get("authorization")))
                 url = urlsplit(self.path)
                 parts = [unquote(p) for p in url.path.strip("/").split("/")]
                 api = parts[:1] == ["api"]
@@ -83,6 +90,8 @@ class FakeHub:
                     repo, rest = "models/" + "/".join(parts[0:2]), parts[2:]
                 if repo not in hub.repos:
                     return self._missing("RepoNotFound")
+                if hub.token is not None and self.headers.get("authorization") != f"Bearer {hub.token}":
+                    return self._send(401, b"", {"X-Error-Code": "RepoNotFound"})
                 folder = hub.repos[repo]
                 sha = commit(repo, folder)  # a new commit whenever the folder's files change
                 if (
