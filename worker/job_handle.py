@@ -87,7 +87,7 @@ class LocalJob:
             return self.proc.wait()
 
     def launched(self) -> tuple[str, dict[str, Any]] | None:
-        if self.cmd[1:3] == ["-m", "worker.child"]:
+        if self.cmd[1:3] == ["-m", "worker.child"] or "--num_processes" not in self.cmd:
             return None  # one process: its 'started' event says so
         processes = int(self.cmd[self.cmd.index("--num_processes") + 1])
         return f"launched {describe(self.cmd)}", {"processes": processes, "command": self.cmd[1:]}

@@ -120,9 +120,11 @@ class RayJob:
         try:
             return JobSubmissionClient(self.address)
         except Exception as exc:
+            log.warning("Ray cluster at %s does not answer: %s", self.address, exc)
             raise RayUnavailable(
-                f"the Ray cluster at MATHRL_RAY__ADDRESS={self.address!r} does not answer "
-                f"({type(exc).__name__}: {str(exc)[:300]}): check the setting and that the cluster's head is up"
+                f"the workers' Ray cluster (MATHRL_RAY__ADDRESS) does not answer "
+                f"({type(exc).__name__}: {self._unaddressed(exc, 300)}): check the setting and that the cluster's "
+                "head is up"
             ) from None
 
     def start(self) -> None:
@@ -148,16 +150,18 @@ class RayJob:
                     time.sleep(2.0)
                     continue
                 raise RayUnavailable(
-                    f"the Ray cluster at MATHRL_RAY__ADDRESS={self.address!r} refused the job "
-                    f"({type(exc).__name__}: {str(exc)[:500]})"
+                    f"the workers' Ray cluster (MATHRL_RAY__ADDRESS) refused the job "
+                    f"({type(exc).__name__}: {self._unaddressed(exc, 500)})"
                 ) from None
         with open(self.log_path, "a") as f:
             f.write(f"mathrl: submitted Ray job {self.id} to {self.address}: {command}\n")
-        self.event(
-            "ray_submitted",
-            f"submitted to the Ray cluster at {self.address} as Ray job {self.id}",
-            {"submission_id": self.id, "address": self.address, "entrypoint": command},
-        )
+        # no address or command line in the event: a tenant reads it, and the cluster's address is the operator's
+        self.event("ray_submitted", f"submitted to the Ray cluster as Ray job {self.id}", {"submission_id": self.id})
+
+    def _unaddressed(self, exc: Exception, limit: int) -> str:
+        """An error's text for the job's error (a tenant reads it), without the cluster's address."""
+        text = str(exc)
+        return (text.replace(self.address, "<MATHRL_RAY__ADDRESS>") if self.address else text)[:limit]
 
     def _stop_earlier_attempts(self) -> None:
         """A retry never runs beside the attempt it replaces: stop the earlier attempts' Ray jobs
@@ -234,8 +238,8 @@ class RayJob:
         text = str(exc)
         if "does not exist" in text:  # the head forgot it (restarted without its job table)
             self._error(
-                f"the Ray job {self.id} is gone from the Ray cluster at MATHRL_RAY__ADDRESS={self.address!r} "
-                "(its head restarted?): the attempt is lost"
+                f"the Ray job {self.id} is gone from the workers' Ray cluster (its head restarted?): the attempt "
+                "is lost"
             )
             self.code = EXIT_ERROR
             return self.code
@@ -245,9 +249,9 @@ class RayJob:
         limit = self.settings.ray.lost_after_seconds
         if now - self._unreachable_since >= limit:
             self._error(
-                f"the Ray cluster at MATHRL_RAY__ADDRESS={self.address!r} has not answered for {limit:g} s "
-                f"(ray.lost_after_seconds; last error {type(exc).__name__}: {text[:200]}): the job's Ray job "
-                f"{self.id} is lost"
+                f"the workers' Ray cluster (MATHRL_RAY__ADDRESS) has not answered for {limit:g} s "
+                f"(ray.lost_after_seconds; last error {type(exc).__name__}: {self._unaddressed(exc, 200)}): the "
+                f"job's Ray job {self.id} is lost"
             )
             self.code = EXIT_ERROR
         return self.code
@@ -278,12 +282,15 @@ class RayJob:
                 )
             elif line.startswith(SERVER_LINE):
                 server = json.loads(line[len(SERVER_LINE) :])
+                # the node's address and host name stay the operator's (the worker's log has them)
+                log.info("job %s: vLLM server at %s on %s", self.job_id, server.get("url"), server.get("host"))
+                public = {k: v for k, v in server.items() if k not in ("url", "host")}
                 self.event(
                     "vllm_server",
-                    f"started a vLLM server for this job at {server['url']} on Ray node {server['host']} "
+                    f"started a vLLM server for this job on Ray node {server.get('node_id', '?')} "
                     f"(process {server['pid']}; placed and launched {server['placed_seconds']:.0f} s after the "
                     "driver asked)",
-                    server,
+                    public,
                 )
             elif line.strip():
                 lines.append(line)

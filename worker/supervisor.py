@@ -14,18 +14,21 @@ from pathlib import Path
 from typing import Any
 
 from kinds import home
+from mathrl.modelref import is_hub_id
 from mathrl.specs import parse_spec
 from mathrl.specs.resolved import ResolvedConfig, ResolvedGRPO, resolved
 from runtime.cpu_threads import job_thread_env
 from service.settings import Settings
 from store.db import session_scope
-from store.jobs import claim, renew_lease
+from store.jobs import Heartbeat, claim, renew_lease
 from worker import hub_access, warm_engine
 from worker.attempt import AttemptDir, attempt_dir
 from worker.child import (
     EXIT_ERROR,
+    EXIT_STOPPED,
     model_resolver,
 )
+from worker.gpu_slots import SLOTS
 from worker.job_handle import ForkedJob, prepare_child, start_job
 from worker.launch import (
     child_args,
@@ -33,6 +36,7 @@ from worker.launch import (
     job_command,
 )
 from worker.record import event, record_end
+from worker.refs import check_hub_model
 from worker.tracking import start_mirror
 from worker.vllm_server import lora_rank, needs_server, start_server
 from worker.warm_engine import ENGINE_ADAPTER_ENV, ENGINE_URL_ENV, wants_warm_engine
@@ -97,12 +101,52 @@ def _run_attempt(
     env.update(job_thread_env(env, settings.worker.job_slots, settings.worker.job_threads))
     if spec is not None and settings.ray.runs(spec):
         return _run_on_ray(settings, spec, job_id, owner, attempt, out, log_path)
+    gpus: list[str] = []
+    if spec is not None and spec.resources.gpus:
+        beat: list[Heartbeat] = []
+
+        def still_ours() -> bool:  # while it waits for devices another job of this worker holds
+            with session_scope(url) as s:
+                beat[:] = [renew_lease(s, job_id, owner, settings.worker.lease_seconds)]
+            return beat[0].owned and not beat[0].cancel_requested
+
+        wait = settings.worker.heartbeat_seconds
+        taken = SLOTS.take(spec.resources.gpus, _visible_gpus(), still_ours, wait)
+        if taken is None:
+            log.info("job %s attempt %d: lost or cancelled while waiting for this worker's GPUs", job_id, attempt)
+            if beat and beat[0].owned:
+                return record_end(settings, job_id, owner, EXIT_STOPPED, True, log_path)
+            return "lost"
+        gpus = taken
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)  # its own devices, not the pod's first ones
+    try:
+        return _run_local(settings, spec, job_id, owner, attempt, cmd, config, project_id, out, env, gpus)
+    finally:
+        SLOTS.give(gpus)
+
+
+def _run_local(
+    settings: Settings,
+    spec: Any,
+    job_id: str,
+    owner: str,
+    attempt: int,
+    cmd: list[str],
+    config: ResolvedConfig,
+    project_id: str,
+    out: Path,
+    env: dict[str, str],
+    gpus: list[str],
+) -> str:
+    """The attempt's process on this worker, on the GPUs lent to it (`gpus`; none on the CPU)."""
+    url = settings.database.url
+    log_path = AttemptDir(out).log
     server = engine = None
     held: list[warm_engine.WarmEngine] = []  # idle engines kept through a CPU job (worker/warm_engine.py)
     if spec is not None and wants_warm_engine(spec, settings):
         try:
             engine_log = warm_engine.log_path(settings.artifact_dir, job_id)  # the worker's, not this job's
-            acquired = _warm_engine(settings, spec, project_id, engine_log, job_id)
+            acquired = _warm_engine(settings, spec, project_id, engine_log, job_id, gpus)
         except Exception as exc:  # a model ref that does not resolve: the job fails with it
             AttemptDir(out).write_error(f"starting the vLLM engine failed: {type(exc).__name__}: {exc}")
             return record_end(settings, job_id, owner, EXIT_ERROR, False, log_path)
@@ -122,7 +166,8 @@ def _run_attempt(
         warm_engine.stop_idle()  # a GPU job needs the GPUs' memory
     if spec is not None and needs_server(spec):
         try:
-            server, server_env = _start_vllm_server(settings, spec, config, project_id, out / "vllm-server.log", job_id)
+            server_log = out / "vllm-server.log"
+            server, server_env = _start_vllm_server(settings, spec, config, project_id, server_log, job_id, gpus)
         except Exception as exc:  # a model ref that does not resolve, no vLLM here: the job fails with it
             AttemptDir(out).write_error(f"starting the vLLM server failed: {type(exc).__name__}: {exc}")
             return record_end(settings, job_id, owner, EXIT_ERROR, False, log_path)
@@ -202,7 +247,7 @@ def _run_on_ray(settings: Settings, spec: Any, job_id: str, owner: str, attempt:
 
 
 def _warm_engine(
-    settings: Settings, spec: Any, project_id: str, log_path: Path, job_id: str
+    settings: Settings, spec: Any, project_id: str, log_path: Path, job_id: str, gpus: list[str]
 ) -> tuple[warm_engine.WarmEngine, str | None] | None:
     """This worker's warm vLLM engine for the job's model, started if there is none, and the LoRA
     adapter to load into it: a LoRA checkpoint's engine is its base model's, with LoRA on, and the
@@ -212,10 +257,13 @@ def _warm_engine(
     assert model is not None  # wants_warm_engine checked that it has one
     model_path, _ = model_resolver(settings, job_id, project_id)(model)  # as the job's process does
     adapter = warm_engine.adapter_of(model_path)
+    if adapter is not None and is_hub_id(adapter.base):
+        # the engine serves the adapter's base: a hub repository, checked as a model the job names is
+        # (its owner may have made it load another path in its place since the adapter was trained)
+        check_hub_model(adapter.base)
     served, rank = (adapter.base, lora_rank(adapter.rank)) if adapter else (model_path, 0)
     if needs.engine_lora_rank:  # the job loads adapters of its own (a session's samplers)
         rank = max(rank, lora_rank(needs.engine_lora_rank))
-    gpus = _visible_gpus()[: spec.resources.gpus] if spec.resources.gpus else []
     acquired = warm_engine.acquire(
         settings, served, spec.dtype, gpus, log_path, prepare_child, lora_rank=rank, start=not needs.engine_if_warm
     )
@@ -274,11 +322,11 @@ def _visible_gpus() -> list[str]:
 
 
 def _start_vllm_server(
-    settings: Settings, spec: Any, config: ResolvedConfig, project_id: str, log_path: Path, job_id: str
-) -> Any:
+    settings: Settings, spec: Any, config: ResolvedConfig, project_id: str, log_path: Path, job_id: str,
+    gpus: list[str],
+) -> Any:  # fmt: skip
     model_path, _ = model_resolver(settings, job_id, project_id)(spec.model)  # 'job:' and 'tiny:' refs too
-    visible = _visible_gpus() if spec.resources.gpus else []
     return start_server(
-        spec, config.of(ResolvedGRPO), model_path, log_path, prepare_child, visible, settings.vllm.engine(),
+        spec, config.of(ResolvedGRPO), model_path, log_path, prepare_child, gpus, settings.vllm.engine(),
         settings.sources.hub_token_repos,
     )  # fmt: skip

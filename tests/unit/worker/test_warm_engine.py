@@ -5,6 +5,8 @@ through the same guard as `vllm serve` (the real server is run by tests/system/t
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -213,7 +215,7 @@ def test_a_lora_checkpoint_is_served_by_its_bases_engine_with_lora_on(
 
     def generate(model: Path) -> Any:
         spec = parse_spec({"kind": "generate", "model": str(model), "prompt": "1 + 1 =", "backend": "vllm"})
-        return supervisor._warm_engine(settings, spec, "p", tmp_path / "engine.log", "job")
+        return supervisor._warm_engine(settings, spec, "p", tmp_path / "engine.log", "job", [])
 
     plain, _ = _acquire(settings, base, tmp_path)  # the base alone, busy: it cannot take LoRA now
     assert plain.lora_rank == 0 and generate(first) is None
@@ -291,3 +293,48 @@ def test_an_adapter_past_vllms_largest_rank_says_why() -> None:
     assert (lora_rank(4), lora_rank(320), lora_rank(512)) == (8, 320, 512)
     with pytest.raises(ValueError, match="rank 600: vLLM serves ranks up to 512; use backend 'hf'"):
         lora_rank(600)
+
+
+BASE_CHECK = """
+import sys
+from mathrl.errors import RefError
+from mathrl.specs import parse_spec
+from service.settings import Settings
+from worker import supervisor, warm_engine
+warm_engine.server_command = lambda *a, **k: [sys.executable, "-c", "import time; time.sleep(60)"]
+supervisor.event = lambda *a, **k: None
+settings = Settings()
+settings.database.url = "sqlite:///" + sys.argv[2] + "/db.sqlite"
+spec = parse_spec({"kind": "generate", "model": sys.argv[1], "prompt": "1 + 1 =", "backend": "vllm"})
+try:
+    supervisor._warm_engine(settings, spec, "p", __import__("pathlib").Path(sys.argv[2]) / "engine.log", "job", [])
+    print("served")
+except RefError as exc:
+    print("refused:", exc)
+warm_engine.stop_idle()
+"""
+
+
+def test_a_lora_checkpoints_hub_base_is_checked_before_an_engine_serves_it(tmp_path: Path) -> None:
+    """The warm engine serves a LoRA checkpoint's base, named in its adapter_config.json. A hub base
+    whose owner since made it load a path in its place (config.json's speculators verifier: vLLM serves
+    that path, another project's model) was served unchecked: only a hub id the job named was checked."""
+    from tests.helpers.fake_hub import FakeHub
+
+    base = tmp_path / "hub-base"
+    base.mkdir()
+    theirs = str(tmp_path / "artifacts" / "jobs" / "theirs" / "train" / "final")
+    speculators = {"speculators_model_type": "eagle3", "verifier": {"name_or_path": theirs}}
+    (base / "config.json").write_text(json.dumps({"model_type": "llama", "speculators_config": speculators}))
+    adapter = _adapter(tmp_path, "checkpoint-4", "attacker/base", 4)
+    with FakeHub(models={"attacker/base": base}) as hub:
+        env = {**os.environ, "HF_ENDPOINT": hub.endpoint, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "0"}
+        env["PYTHONPATH"] = str(Path(__file__).resolve().parents[3])
+        run = subprocess.run(
+            [sys.executable, "-c", BASE_CHECK, str(adapter), str(tmp_path)],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = run.stdout.strip().splitlines()[-1]
+    assert out.startswith("refused:") and "names another model to load in its place" in out, out
+    assert theirs not in out, out
