@@ -40,6 +40,10 @@ TRANSITIONS: dict[str, frozenset[str]] = {
 TERMINAL: frozenset[str] = frozenset(s for s, nxt in TRANSITIONS.items() if not nxt)
 NOT_STARTED: tuple[str, ...] = ("waiting", "queued")
 ACTIVE: tuple[str, ...] = ("waiting", "queued", "running")  # what counts against a project's quota
+# where a caller that waits on a job's answer (a completion, a grader run, a session's start) stops
+# waiting: the job ended, or it was paused, which frees its quota, so a wait on it would hold the
+# API's threads and database connections outside every quota
+WAIT_ENDS: frozenset[str] = TERMINAL | {"paused"}
 
 assert set(TRANSITIONS) == set(STATUSES), "every status has its row of moves"
 

@@ -277,8 +277,8 @@ def _grade_result(settings: Any, project_id: str, job_id: str) -> dict[str, Any]
         if job.status == "failed":
             detail = f"the grading job {job_id} failed: {job.error}"
             raise Problem.at("/grader", detail, "Grading failed")
-        if job.status == "cancelled":
-            raise Problem(409, "Grading cancelled", f"the grading job {job_id} was cancelled")
+        if job.status in ("cancelled", "paused"):  # a paused one is waited on no longer (mathrl.status.WAIT_ENDS)
+            raise Problem(409, f"Grading {job.status}", f"the grading job {job_id} was {job.status}")
         return None
 
 

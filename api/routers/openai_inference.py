@@ -38,7 +38,7 @@ from api.submit import admit, commit_and_dispatch, job_row
 from mathrl.modelref import FINAL_DELETED_TAG, ft_model_ref, split_job_ref
 from mathrl.specs import GenerateSpec
 from mathrl.specs.generate import MAX_TOKENS
-from mathrl.status import TERMINAL
+from mathrl.status import TERMINAL, WAIT_ENDS
 from store.db import get_sessionmaker
 from store.jobs import has_tag, request_cancel
 from store.models import Checkpoint, Event, Job, Sample
@@ -413,7 +413,7 @@ async def _wait(settings: Any, job_id: str, request: Request) -> None:
     deadline = time.monotonic() + limit
     while True:
         status, error = await run_in_threadpool(_status, settings, job_id)
-        if status in TERMINAL:
+        if status in WAIT_ENDS:
             break
         if await request.is_disconnected():
             await run_in_threadpool(_cancel, settings, job_id)
@@ -422,6 +422,8 @@ async def _wait(settings: Any, job_id: str, request: Request) -> None:
             await run_in_threadpool(_cancel, settings, job_id)
             raise Problem(504, "Completion timed out", f"job {job_id} did not answer in {limit:g} s: cancelled")
         await asyncio.sleep(POLL_SECONDS)
+    if status == "paused":
+        raise Problem(409, "Completion paused", f"job {job_id} was paused before it answered: call again")
     if status != "succeeded":
         raise Problem(502, "Completion failed", f"job {job_id} {status}: {error or 'no error recorded'}")
 
@@ -505,7 +507,7 @@ async def _stream(settings: Any, job_id: str, model: str, chat: bool, n: int, us
             for seq, data in deltas:
                 last, sent = seq, time.monotonic()
                 yield chunk(int(data.get("index", 0)), str(data.get("text", "")))
-            if status in TERMINAL:
+            if status in WAIT_ENDS:
                 break
             if time.monotonic() - sent >= KEEPALIVE_SECONDS:
                 # a comment line (the SDK skips it): a client's read timeout (the SDK's timeout=60) is per
@@ -519,6 +521,9 @@ async def _stream(settings: Any, job_id: str, model: str, chat: bool, n: int, us
                 return
             await asyncio.sleep(POLL_SECONDS)
         finished = True
+        if status == "paused":
+            yield error(f"job {job_id} was paused before it answered: call again", "job_paused")
+            return
         if status != "succeeded":
             yield error(f"job {job_id} {status}: {job_error or 'no error recorded'}", "job_failed")
             return

@@ -32,7 +32,7 @@ from api.deps import Caller, SettingsDep, caller_for, required_scope
 from api.problems import Problem
 from api.submit import admit, check_job_refs, commit_and_dispatch, job_row
 from mathrl.specs import SessionSpec, model_refs
-from mathrl.status import TERMINAL
+from mathrl.status import TERMINAL, WAIT_ENDS
 from service.settings import Settings
 from store.db import get_sessionmaker
 from store.jobs import request_cancel
@@ -270,7 +270,7 @@ def _create_status(settings: Settings, project_id: str, job_id: str) -> dict[str
             return {"error": f"no request {job_id}:create in this project", "category": "user"}
         if s.get(Endpoint, job_id) is not None:
             return {"model_id": job.name}
-        if job.status in TERMINAL:
+        if job.status in WAIT_ENDS:
             return {
                 "error": f"the session job {job_id} {job.status}: {job.error or 'no error recorded'}",
                 "category": "server",

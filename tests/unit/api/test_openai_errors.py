@@ -505,3 +505,55 @@ def test_an_operators_alias_samples_its_base_model(app_client: Any) -> None:
         client.chat.completions.create(model="o4-mini-2025-04-16", messages=[{"role": "user", "content": "1?"}])
     listed = app_client.get("/v1/jobs", params={"kind": "generate"}, headers=h).json()["data"]
     assert [j["spec"]["model"] for j in listed] == ["org/base-model"], listed
+
+
+def test_a_wait_on_a_paused_job_ends_at_once(app_client: Any) -> None:
+    """A completion, a grader run or a session's start waited on its job until it ended. Pausing a queued
+    job frees its quota, so chat -> pause, repeated, held an unbounded number of waits, each polling the
+    database from the API's thread pool for up to 570 s, outside every quota. A paused job ends the wait."""
+    import asyncio
+    import time
+
+    from starlette.requests import Request
+
+    from api.problems import Problem
+    from api.routers import graders, openai_inference, tinker
+    from service.settings import get_settings
+
+    h = admin_key(app_client)
+    spec = {"kind": "eval", "model": "org/model", "limit": 5, "resources": {"pool": "objects-parked"}}
+    job = app_client.post("/v1/jobs", json=spec, headers=h).json()
+    assert app_client.post(f"/v1/jobs/{job['id']}/pause", headers=h).json()["status"] == "paused"
+
+    async def never() -> dict[str, Any]:
+        await asyncio.sleep(3600)
+        return {}
+
+    request = Request({"type": "http", "method": "POST", "path": "/", "headers": []}, never)
+    settings = get_settings()
+    with overridden(fine_tuning={"inference_timeout_seconds": 5.0}):
+        t0 = time.monotonic()
+        with pytest.raises(Problem) as waited:
+            asyncio.run(openai_inference._wait(settings, job["id"], request))
+        assert waited.value.status == 409 and "paused" in waited.value.detail, waited.value.detail
+
+        async def streamed() -> list[str]:
+            return [c async for c in openai_inference._stream(settings, job["id"], "m", True, 1, False)]
+
+        chunks = asyncio.run(streamed())
+        assert '"job_paused"' in chunks[-1], chunks
+        assert time.monotonic() - t0 < 3.0  # before: each waited out its 5 s and answered 504
+    from store.db import session_scope
+    from store.models import Job
+
+    with session_scope(settings.database.url) as s:
+        project = str(s.get(Job, job["id"]).project_id)
+        grading = Job(project_id=project, kind="grade", spec={}, tags=[], status="paused")  # a grader run's job
+        s.add(grading)
+        s.flush()
+        grade_id = grading.id
+    with pytest.raises(Problem) as graded:
+        graders._grade_result(settings, project, grade_id)
+    assert graded.value.status == 409
+    started = tinker._create_status(settings, project, job["id"])
+    assert started is not None and "paused" in started["error"], started
