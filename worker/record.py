@@ -4,6 +4,7 @@ supervisor adds; and the pipeline jobs an end releases, sent at once."""
 
 from __future__ import annotations
 
+import base64
 import csv
 import io
 import logging
@@ -71,6 +72,7 @@ def record_end(settings: Settings, job_id: str, owner: str, code: int, cancelled
 def write_results_file(settings: Settings, job_id: str) -> None:
     """A succeeded fine-tuning job's step metrics as OpenAI's results file (its `result_files`): a CSV
     with a row per step and a column per metric the job logged (OpenAI's names first: RESULTS_COLUMNS),
+    base64-encoded as OpenAI's is (its cookbook's `base64.b64decode(client.files.content(id).read())`),
     stored as a file of its project (purpose fine-tune-results) that files.content reads. Written once;
     a failure is logged, not raised: the job has succeeded either way."""
     try:
@@ -100,7 +102,7 @@ def write_results_file(settings: Settings, job_id: str) -> None:
                 file_id=file_id,
                 project_id=job.project_id,
                 suffix=".csv",
-                content=out.getvalue().encode(),
+                content=base64.b64encode(out.getvalue().encode()),  # as OpenAI serves it: scripts b64decode it
                 filename="step_metrics.csv",
                 purpose=RESULTS_PURPOSE,
                 data={"lines": len(steps), "columns": columns},

@@ -210,5 +210,5 @@ def file_content(file_id: str, caller: CallerDep, session: SessionDep) -> FileRe
     row = own_file(session, caller.project_id, file_id)
     if not Path(row.path).exists():
         raise Problem(404, "Not found", "the file's bytes are gone from the artifact directory")
-    media = "text/csv" if row.purpose == RESULTS_PURPOSE else "application/jsonl"  # a job's step metrics
+    media = "text/plain" if row.purpose == RESULTS_PURPOSE else "application/jsonl"  # step metrics, base64
     return FileResponse(row.path, media_type=media, filename=row.filename)

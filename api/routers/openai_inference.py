@@ -434,10 +434,23 @@ def _choices(settings: Any, job_id: str) -> list[dict[str, Any]]:
         return [{"text": r.completion, **(r.data or {})} for r in rows]
 
 
-def _usage(rows: list[dict[str, Any]]) -> dict[str, int]:
+def _usage(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """OpenAI's usage object, its token details included (zeros: no reasoning split, no prompt cache, no
+    audio): the SDK types them optional, and scripts read `usage.completion_tokens_details.reasoning_tokens`."""
     prompt = int(rows[0].get("prompt_tokens", 0)) if rows else 0
     completion = sum(int(r.get("completion_tokens", 0)) for r in rows)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "completion_tokens_details": {
+            "reasoning_tokens": 0,
+            "audio_tokens": 0,
+            "accepted_prediction_tokens": 0,
+            "rejected_prediction_tokens": 0,
+        },
+        "prompt_tokens_details": {"cached_tokens": 0, "audio_tokens": 0},
+    }
 
 
 def _completion_id(job_id: str, chat: bool) -> str:

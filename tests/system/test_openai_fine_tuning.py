@@ -185,6 +185,8 @@ def _sample_the_fine_tuned_model(service: Service, client: Any, model: str, chec
     assert chat.object == "chat.completion" and [c.index for c in chat.choices] == [0, 1]
     assert all(c.message.role == "assistant" and c.finish_reason in ("stop", "length") for c in chat.choices)
     assert chat.usage.prompt_tokens > 0 and 0 < chat.usage.completion_tokens <= 12
+    assert chat.usage.completion_tokens_details.reasoning_tokens == 0  # before: None, an AttributeError
+    assert chat.usage.prompt_tokens_details.cached_tokens == 0
     # streamed from a checkpoint: the chunks add up to the text the job stored
     chunks = list(
         client.chat.completions.create(
@@ -197,6 +199,7 @@ def _sample_the_fine_tuned_model(service: Service, client: Any, model: str, chec
         )
     )
     assert chunks[0].choices[0].delta.role == "assistant" and chunks[-1].usage.completion_tokens > 0
+    assert chunks[-1].usage.completion_tokens_details.reasoning_tokens == 0
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
     assert finish in (["stop"], ["length"]), finish

@@ -5,6 +5,7 @@ what OpenAI would (succeeded jobs' models and their checkpoints)."""
 
 from __future__ import annotations
 
+import base64
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
@@ -377,7 +378,9 @@ def test_a_succeeded_fine_tuning_job_has_its_step_metrics_as_a_results_file(
     write_results_file(get_settings(), job_id)  # once: a second end (a stale finish) adds nothing
     (results,) = client.fine_tuning.jobs.retrieve(job.id).result_files
     assert client.files.retrieve(results).purpose == "fine-tune-results"
-    assert client.files.content(results).text == "step,train_loss,train_reward_mean,kl\n1,0.5,,\n2,0.25,1.0,0.125\n"
+    # base64, as OpenAI's: its cookbook reads `base64.b64decode(client.files.content(id).read())`
+    csv = base64.b64decode(client.files.content(results).read()).decode()
+    assert csv == "step,train_loss,train_reward_mean,kl\n1,0.5,,\n2,0.25,1.0,0.125\n"
     assert [x.purpose for x in client.files.list().data].count("fine-tune-results") == 1
 
 
