@@ -5,6 +5,7 @@ a move mathrl.status does not allow is refused before it reaches the database.""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -383,3 +384,14 @@ def mark_dispatched(session: Session, job_id: str, task_id: str, when: datetime 
         .execution_options(synchronize_session=False)
     )
     session.commit()
+
+
+def readers_of(session: Session, project_id: str, ref: str) -> list[str]:
+    """The project's jobs that may still read `ref` (a file's id, or 'job:<id>' for a job's models),
+    named anywhere in their specs: not ended, and not on their way out. A job whose cancel was
+    requested is never retried or resumed (OpenAI's cancel answers `cancelled` at once), so it reads
+    nothing again: a script that cancels, then deletes the job's file, is not refused for it."""
+    q = select(Job.id, Job.spec).where(
+        Job.project_id == project_id, Job.status.not_in(TERMINAL), Job.cancel_requested.is_not(True)
+    )
+    return [str(job_id) for job_id, spec in session.execute(q) if ref in json.dumps(spec)]

@@ -8,7 +8,6 @@ per project (413, 429)."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from pathlib import Path
@@ -25,11 +24,10 @@ from api.idempotency import earlier, request_hash
 from api.problems import Problem
 from mathrl.jsonl_files import FileFormatError, check_jsonl
 from mathrl.modelref import RESULTS_PURPOSE
-from mathrl.status import TERMINAL
 from store.files import OverQuota, Quota, store_file
 from store.ids import uuid7
+from store.jobs import readers_of
 from store.models import File as FileRow
-from store.models import Job
 
 router = APIRouter(prefix="/v1/files", tags=["openai: files"])
 
@@ -186,11 +184,8 @@ def delete_file(file_id: str, caller: CallerDep, session: SessionDep) -> dict[st
     not ended (waiting, queued, running or paused): its worker reads the file when the job starts,
     and again when it is retried or resumed."""
     row = own_file(session, caller.project_id, file_id)
-    unfinished = session.execute(
-        select(Job.id, Job.spec).where(Job.project_id == caller.project_id, Job.status.not_in(TERMINAL))
-    ).all()
     # the id anywhere in the spec (dataset.file, eval.file, an OpenAI job's validation file): ids are unique
-    needs = [str(job_id) for job_id, spec in unfinished if file_id in json.dumps(spec)]
+    needs = readers_of(session, caller.project_id, file_id)
     if needs:
         detail = (
             f"{file_id!r} is read by {len(needs)} job(s) of your project that have not ended ({', '.join(needs[:5])}"

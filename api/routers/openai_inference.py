@@ -38,9 +38,9 @@ from api.submit import admit, commit_and_dispatch, job_row
 from mathrl.modelref import FINAL_DELETED_TAG, ft_model_ref, split_job_ref
 from mathrl.specs import GenerateSpec
 from mathrl.specs.generate import MAX_TOKENS
-from mathrl.status import TERMINAL, WAIT_ENDS
+from mathrl.status import WAIT_ENDS
 from store.db import get_sessionmaker
-from store.jobs import has_tag, request_cancel
+from store.jobs import has_tag, readers_of, request_cancel
 from store.models import Checkpoint, Event, Job, Sample
 
 router = APIRouter(prefix="/v1", tags=["openai: models and completions"])
@@ -254,8 +254,7 @@ def delete_model(model: str, caller: CallerDep, settings: SettingsDep) -> dict[s
     with get_sessionmaker(settings.database.url)() as session:
         ref = _model_ref(session, caller.project_id, model)
         job_id, at = split_job_ref(ref)
-        q = select(Job.id, Job.spec).where(Job.project_id == caller.project_id, Job.status.not_in(TERMINAL))
-        users = [str(i) for i, spec in session.execute(q) if f"job:{job_id}" in json.dumps(spec)]
+        users = readers_of(session, caller.project_id, f"job:{job_id}")
         if users:
             detail = (
                 f"{model!r} is read by {len(users)} job(s) of your project that have not ended "

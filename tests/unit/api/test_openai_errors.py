@@ -560,3 +560,29 @@ def test_a_wait_on_a_paused_job_ends_at_once(app_client: Any) -> None:
     assert graded.value.status == 409
     started = tinker._create_status(settings, project, job["id"])
     assert started is not None and "paused" in started["error"], started
+
+
+def test_paging_checkpoints_while_deleting_them_lists_every_one(app_client: Any, tmp_path: Path) -> None:
+    """`for ck in client.fine_tuning.jobs.checkpoints.list(id): client.models.delete(...)`: the next page's
+    cursor is the page's last checkpoint, which the loop deleted; that page came back empty and the SDK's
+    iterator stopped, so every checkpoint past the first page was skipped."""
+    from service.settings import get_settings
+    from store.db import session_scope
+    from store.models import Checkpoint
+
+    h = admin_key(app_client)
+    ids = make_objects(app_client, h)  # a fine-tuning job with a checkpoint at step 1
+    job_uuid = str(uuid.UUID(ids["fine_tuning_job_id"].removeprefix("ftjob-")))
+    with session_scope(get_settings().database.url) as s:
+        for step in range(2, 13):
+            (tmp_path / f"checkpoint-{step}").mkdir()
+            s.add(Checkpoint(job_id=job_uuid, step=step, kind="checkpoint", uri=str(tmp_path / f"checkpoint-{step}")))
+    client = _client(app_client, h)
+    seen = []
+    for ck in client.fine_tuning.jobs.checkpoints.list(ids["fine_tuning_job_id"], limit=5):
+        seen.append(ck.step_number)
+        if ck.step_number in (8, 3):  # each page's last: the next page's cursor
+            client.models.delete(ck.fine_tuned_model_checkpoint)
+    assert seen == list(range(12, 0, -1)), seen
+    left = [ck.step_number for ck in client.fine_tuning.jobs.checkpoints.list(ids["fine_tuning_job_id"], limit=5)]
+    assert left == [12, 11, 10, 9, 7, 6, 5, 4, 2, 1], left

@@ -9,8 +9,9 @@ import json
 from typing import Any
 
 import pytest
+from sqlalchemy import text
 
-from tests.helpers.api import admin_key
+from tests.helpers.api import admin_key, db
 
 pytestmark = pytest.mark.quick
 
@@ -153,6 +154,15 @@ def test_a_file_a_job_still_needs_is_not_deleted(app_client: Any) -> None:
         client.files.delete(f.id)
     assert client.files.content(f.id).content == rft_jsonl(4)  # nothing lost
     app_client.post(f"/v1/jobs/{job.json()['id']}/cancel", headers=headers)
+    # a running job whose cancel was asked is never retried or resumed: it reads the file no more. Before,
+    # a script that cancelled (OpenAI's cancel answers 'cancelled' at once) and then deleted got a 409
+    running = app_client.post("/v1/jobs", json=parked_grpo(dataset={"file": f.id}), headers=headers).json()["id"]
+    with db(app_client).begin() as c:
+        c.execute(text("UPDATE jobs SET status = 'running' WHERE id = :i"), {"i": running})
+    with pytest.raises(openai.ConflictError, match="read by 1 job"):
+        client.files.delete(f.id)
+    cancelled = app_client.post(f"/v1/jobs/{running}/cancel", headers=headers).json()
+    assert cancelled["status"] == "running" and cancelled["cancel_requested"], cancelled
     assert client.files.delete(f.id).deleted
 
 
