@@ -229,13 +229,23 @@ def list_models(caller: CallerDep, settings: SettingsDep) -> dict[str, Any]:
         ).all()
         for job, step, created in saves:
             data.append(_model_object(fine_tuned_model(job, step), created, caller.project_id))
-    return {"object": "list", "data": data[:MAX_MODELS]}
+    # the base models the operator serves under OpenAI's names (fine_tuning.model_aliases): a script checks
+    # `name in [m.id for m in client.models.list()]` before it samples one
+    data = data[: MAX_MODELS - len(settings.fine_tuning.model_aliases)]
+    data += [_alias_object(name) for name in sorted(settings.fine_tuning.model_aliases)]
+    return {"object": "list", "data": data}
 
 
-@router.get("/models/{model}", responses={404: {"description": "No such model in your project."}})
+def _alias_object(name: str) -> dict[str, Any]:
+    return {"id": name, "object": "model", "created": 0, "owned_by": "system"}
+
+
+# `{model:path}`: a name with a slash ('openai/gpt-oss-20b', which the SDK sends as openai%2Fgpt-oss-20b and the
+# server decodes) is one model, not a path below another
+@router.get("/models/{model:path}", responses={404: {"description": "No such model in your project."}})
 def retrieve_model(model: str, caller: CallerDep, settings: SettingsDep) -> dict[str, Any]:
     if model in settings.fine_tuning.model_aliases:  # a base model the operator serves under OpenAI's name
-        return {"id": model, "object": "model", "created": 0, "owned_by": "system"}
+        return _alias_object(model)
     with get_sessionmaker(settings.database.url)() as session:
         ref = _model_ref(session, caller.project_id, model)
         job = session.get(Job, split_job_ref(ref)[0])
@@ -244,7 +254,7 @@ def retrieve_model(model: str, caller: CallerDep, settings: SettingsDep) -> dict
 
 
 @router.delete(
-    "/models/{model}",
+    "/models/{model:path}",
     responses={404: {"description": "No such model in your project."}, 409: {"description": "A job uses it."}},
 )
 def delete_model(model: str, caller: CallerDep, settings: SettingsDep) -> dict[str, Any]:

@@ -499,8 +499,13 @@ def test_an_operators_alias_samples_its_base_model(app_client: Any) -> None:
 
     h = admin_key(app_client)
     client = _client(app_client, h).with_options(timeout=6.0)  # a 504 (no worker), or a 502 (a worker failed it)
-    with overridden(fine_tuning={"model_aliases": {"o4-mini-2025-04-16": "org/base-model"}}):
+    aliases = {"o4-mini-2025-04-16": "org/base-model", "openai/gpt-oss-20b": "org/base-model"}
+    with overridden(fine_tuning={"model_aliases": aliases}):
         assert client.models.retrieve("o4-mini-2025-04-16").owned_by == "system"
+        # a name with a slash: the SDK sends openai%2Fgpt-oss-20b, which the server decodes (a 404 before)
+        assert client.models.retrieve("openai/gpt-oss-20b").id == "openai/gpt-oss-20b"
+        listed_models = {m.id: m.owned_by for m in client.models.list()}  # a script checks names here first
+        assert listed_models["o4-mini-2025-04-16"] == listed_models["openai/gpt-oss-20b"] == "system"
         with pytest.raises(openai.APIStatusError) as e:
             client.chat.completions.create(model="o4-mini-2025-04-16", messages=[{"role": "user", "content": "1?"}])
         assert e.value.status_code in (502, 504), e.value.body
