@@ -17,9 +17,12 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from evaluator.backends.base import WarmEngineAddress
+
+if TYPE_CHECKING:
+    from evaluator.backends.vllm import RemoteEngine
 
 DELTA_SECONDS = 0.2  # the longest a streamed delta waits to be stored
 
@@ -170,8 +173,9 @@ def run_generate(spec: Any, sink: Any, model_path: str, warm: WarmEngineAddress 
     """A generate job: its choices as samples (and 'delta' events while streaming); on `warm`, the
     worker's warm engine it was given, else on transformers in this process."""
     deltas = DeltaWriter(sink)
-    if warm is not None:
-        prompt_tokens, choices = _generate_remote(spec, warm, deltas)
+    engine = _warm_engine_that_holds(spec, sink, warm) if warm is not None else None
+    if engine is not None:
+        prompt_tokens, choices = _generate_remote(spec, engine, deltas)
         prompt = spec.prompt if spec.messages is None else json.dumps([m.model_dump() for m in spec.messages])
     else:
         model = ChatModel(model_path, spec.dtype)
@@ -212,13 +216,38 @@ def run_generate(spec: Any, sink: Any, model_path: str, warm: WarmEngineAddress 
     sink.event("generated", f"{len(choices)} choice(s), {tokens} tokens", data={"completion_tokens": tokens})
 
 
-def _generate_remote(spec: Any, warm: WarmEngineAddress, deltas: DeltaWriter) -> tuple[int, list[Choice]]:
-    """The request sent to the warm engine's own OpenAI server, streamed, its deltas stored."""
+def _warm_engine_that_holds(spec: Any, sink: Any, warm: WarmEngineAddress) -> RemoteEngine | None:
+    """The warm engine, where the call's prompt and max_tokens fit its context
+    (worker.warm_engine_max_model_len, 4096 by default, not the model's own); None: answer with
+    transformers, as an eval that needs more loads an engine of its own. Before, the engine refused
+    such a call (vLLM's 400) and the client got a 502 where OpenAI answers."""
     import httpx
 
     from evaluator.backends.vllm import connect
 
-    engine = connect(warm)
+    engine = connect(warm, sink.should_stop)
+    body: dict[str, Any] = {"model": engine.model}
+    if spec.messages is not None:
+        body["messages"] = [m.model_dump() for m in spec.messages]
+    else:
+        body["prompt"] = spec.prompt
+    r = httpx.post(engine.url + "/tokenize", json=body, timeout=60)  # vLLM's own count, its chat template's
+    r.raise_for_status()
+    needed = int(r.json()["count"]) + int(spec.max_tokens)
+    if needed <= engine.max_model_len:
+        return engine
+    sink.event(
+        "loading",
+        f"this call needs {needed} tokens (its prompt and max_tokens), more than the warm engine's "
+        f"{engine.max_model_len} (worker.warm_engine_max_model_len): answering with transformers",
+    )
+    return None
+
+
+def _generate_remote(spec: Any, engine: RemoteEngine, deltas: DeltaWriter) -> tuple[int, list[Choice]]:
+    """The request sent to the warm engine's own OpenAI server, streamed, its deltas stored."""
+    import httpx
+
     body: dict[str, Any] = {
         "model": engine.model,
         "max_tokens": spec.max_tokens,

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -45,3 +48,67 @@ def test_calls_without_a_seed_differ_and_with_one_repeat(tiny_model: str) -> Non
     assert seeded[0] == seeded[1]
     unseeded = {tuple(_answers(tiny_model)) for _ in range(3)}
     assert len(unseeded) > 1, unseeded
+
+
+class _Engine(BaseHTTPRequestHandler):
+    """A stand-in for a warm vLLM engine's OpenAI server (the routes the job process calls), with a
+    64-token context: the real one runs in tests/system/test_vllm.py."""
+
+    calls: list[str] = []
+
+    def _json(self, obj: Any) -> None:
+        body = json.dumps(obj).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self) -> None:
+        self.calls.append(self.path)
+        self._json({"data": [{"id": "m", "max_model_len": 64}]} if self.path == "/v1/models" else {})
+
+    def do_POST(self) -> None:
+        self.calls.append(self.path)
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        if self.path == "/tokenize":
+            return self._json({"count": 10, "max_model_len": 64, "tokens": list(range(10))})
+        chunks = [
+            {"choices": [{"index": 0, "text": "2", "finish_reason": None}]},
+            {"choices": [{"index": 0, "text": "", "finish_reason": "stop"}]},
+            {"choices": [], "usage": {"prompt_tokens": 10, "completion_tokens": 1}},
+        ]
+        body = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks).encode() + b"data: [DONE]\n\n"
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_a_call_past_the_warm_engines_context_is_answered_with_transformers(tiny_model: str) -> None:
+    """The warm engine's context is the operator's cap (worker.warm_engine_max_model_len, 4096), not the
+    model's: a chat whose prompt and max_tokens exceeded it was refused by vLLM, and the client got a 502."""
+    from evaluator.backends.base import WarmEngineAddress
+
+    _Engine.calls = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Engine)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    warm = WarmEngineAddress(f"http://127.0.0.1:{server.server_port}", None, 10.0)
+    try:
+        spec = parse_spec({"kind": "generate", "model": tiny_model, "prompt": "1 + 1 =", "max_tokens": 8})
+        fits = Recorded()
+        run_generate(spec, fits, tiny_model, warm)
+        assert [r["completion"] for r in fits.rows] == ["2"] and "/v1/completions" in _Engine.calls
+        _Engine.calls = []
+        spec = parse_spec({"kind": "generate", "model": tiny_model, "prompt": "1 + 1 =", "max_tokens": 60})
+        past = Recorded()
+        run_generate(spec, past, tiny_model, warm)
+    finally:
+        server.shutdown()
+    assert "/v1/completions" not in _Engine.calls, _Engine.calls
+    assert any(k == "loading" and "70 tokens" in m and "transformers" in m for k, m in past.events), past.events
+    assert len(past.rows) == 1 and past.rows[0]["data"]["completion_tokens"] > 0
