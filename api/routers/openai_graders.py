@@ -15,7 +15,7 @@ import json
 import time
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -23,6 +23,7 @@ from api.deps import CallerDep, SettingsDep
 from api.problems import Problem
 from api.routers.graders import grade_on_worker, grades_on_worker, require_sandbox, run_isolated
 from api.routers.openai_fine_tuning import grading_models_mapped
+from api.routers.openai_inference import under_client_timeout
 from evaluator.bounded import TIMED_OUT
 from evaluator.graders import grade_openai
 from mathrl.graders import Grader, GraderItem
@@ -78,7 +79,7 @@ def validate(body: GraderValidateParams, caller: CallerDep, settings: SettingsDe
         504: {"description": "The call took over its time or CPU limit, or a grading model's job over MODEL_WAIT."},
     },
 )
-async def run(body: GraderRunParams, caller: CallerDep, settings: SettingsDep) -> dict[str, Any]:
+async def run(body: GraderRunParams, caller: CallerDep, settings: SettingsDep, request: Request) -> dict[str, Any]:
     """The reward of `model_sample` for `item` under the grader, with OpenAI's metadata. A grader
     error (a missing template variable, a python grader that raised) is a 200 with reward 0 and
     its error kind set, as OpenAI answers it."""
@@ -86,7 +87,7 @@ async def run(body: GraderRunParams, caller: CallerDep, settings: SettingsDep) -
     start = time.monotonic()
     body.grader = grading_models_mapped(body.grader, settings.fine_tuning.model_aliases, "/grader")
     if grades_on_worker(body.grader):
-        result = await _on_worker(body, caller.project_id, settings)
+        result = await _on_worker(body, caller.project_id, settings, under_client_timeout(request, MODEL_WAIT))
     else:
         require_sandbox(body.grader, limits)
         grader = json.dumps(body.grader.model_dump(mode="json"))
@@ -139,14 +140,15 @@ def _item(sample: str, answer: str | None, item: dict[str, Any]) -> GraderItem:
         raise RequestValidationError(errors) from None
 
 
-async def _on_worker(body: GraderRunParams, project_id: str, settings: Any) -> dict[str, Any]:
-    """The grade job's result for the one sample, as grade_openai gives it; 504 past MODEL_WAIT."""
+async def _on_worker(body: GraderRunParams, project_id: str, settings: Any, wait: float) -> dict[str, Any]:
+    """The grade job's result for the one sample, as grade_openai gives it; 504 past `wait` (MODEL_WAIT, under
+    the client's own read timeout: a client that timed out first would send the call again as a new job)."""
     item = body.item or {}
     answer = item.get("answer") if isinstance(item.get("answer"), str) else None
     one = _item(body.model_sample, answer, item)
-    job_id, done = await grade_on_worker(project_id, settings, body.grader, [one], None, MODEL_WAIT, ROUTE)
+    job_id, done = await grade_on_worker(project_id, settings, body.grader, [one], None, wait, ROUTE)
     if done is None:
-        detail = f"the grading job {job_id} did not finish in {MODEL_WAIT:g} s: GET /v1/graders/runs/{job_id} later"
+        detail = f"the grading job {job_id} did not finish in {wait:g} s: GET /v1/graders/runs/{job_id} later"
         raise Problem(504, "Grader timed out", detail)
     (row,) = done["rows"]
     return {"reward": row["score"], "error": row.get("error"), "detail": row["reason"], "sub": row.get("sub") or {}}

@@ -404,10 +404,14 @@ def _cancel(settings: Any, job_id: str) -> None:
 
 
 def wait_limit(settings: Any, request: Request) -> float:
-    """How long a completion call waits: fine_tuning.inference_timeout_seconds, and under the client's
-    own read timeout where the openai SDK says it (x-stainless-read-timeout), so that the client reads
-    a 504 it does not retry instead of timing out itself and sending the call again as a new job."""
-    limit = float(settings.fine_tuning.inference_timeout_seconds)
+    """How long a completion call waits: fine_tuning.inference_timeout_seconds, under the client's own."""
+    return under_client_timeout(request, float(settings.fine_tuning.inference_timeout_seconds))
+
+
+def under_client_timeout(request: Request, limit: float) -> float:
+    """`limit`, and under the client's own read timeout where the openai SDK says it
+    (x-stainless-read-timeout), so that the client reads a 504 it does not retry instead of timing out
+    itself and sending the call again as a new job."""
     try:
         theirs = float(request.headers.get("x-stainless-read-timeout", "inf"))
     except ValueError:

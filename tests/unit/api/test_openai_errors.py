@@ -591,3 +591,26 @@ def test_paging_checkpoints_while_deleting_them_lists_every_one(app_client: Any,
     assert seen == list(range(12, 0, -1)), seen
     left = [ck.step_number for ck in client.fine_tuning.jobs.checkpoints.list(ids["fine_tuning_job_id"], limit=5)]
     assert left == [12, 11, 10, 9, 7, 6, 5, 4, 2, 1], left
+
+
+def test_a_model_graders_run_answers_within_the_clients_timeout(app_client: Any) -> None:
+    """graders.run with a model waited a fixed 300 s for its grade job: a client with timeout=8 timed out
+    first, and the SDK's retries each started another job. It now answers (a 504 it does not retry, or the
+    job's failure where a worker took it) under the client's read timeout (x-stainless-read-timeout)."""
+    import time
+
+    import openai
+
+    client = _client(app_client, admin_key(app_client)).with_options(timeout=8.0, max_retries=0)
+    judge = {
+        "type": "score_model",
+        "name": "j",
+        "model": "o4-mini-2025-04-16",
+        "input": [{"role": "user", "content": "x"}],
+    }
+    with overridden(fine_tuning={"model_aliases": {"o4-mini-2025-04-16": "org/judge"}}):
+        t0 = time.monotonic()
+        with pytest.raises(openai.APIStatusError) as e:  # before: openai.APITimeoutError after 8 s
+            client.fine_tuning.alpha.graders.run(grader=judge, model_sample="4", item={"answer": "4"})
+    assert e.value.status_code in (504, 400, 422), e.value.body
+    assert time.monotonic() - t0 < 8.0
