@@ -36,7 +36,9 @@ from urllib.parse import urlsplit
 
 # where huggingface_hub finds a token of itself (huggingface_hub.utils._auth.get_token)
 TOKEN_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_OIDC_RESOURCE")
-NO_TOKEN_FILE = "/dev/null/no-hub-token"  # a path that cannot exist: no token file is read
+# a token file that is not there (its folder is not either: huggingface_hub reads the file and takes
+# FileNotFoundError for "no token"; a path under /dev/null raised NotADirectoryError, which it does not)
+NO_TOKEN_FILE = "/nonexistent/mathrl-no-hub-token"
 _API_KINDS = ("models", "datasets", "spaces")
 
 _state: dict[str, Any] = {"patterns": (), "token": None, "installed": False}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 from celery import Task
-from celery.signals import worker_ready, worker_shutting_down
+from celery.signals import worker_init, worker_ready, worker_shutting_down
 
 from service.settings import get_settings
 from worker import hub_access, reconciler, warm_engine, watch
@@ -17,7 +17,13 @@ log = logging.getLogger("mathrl.worker")
 
 _settings = get_settings()
 app = get_celery(_settings.broker.url, _settings.broker.visibility_timeout)
-hub_access.install(_settings.sources.hub_token_repos)  # it resolves hub models for vLLM servers it starts
+
+
+@worker_init.connect
+def _limit_the_hub_token(**_: object) -> None:
+    """In the worker's process, before it takes a job: it resolves hub models for the vLLM servers it
+    starts (at the worker's start, not at import: a process that imports this module is not a worker)."""
+    hub_access.install(get_settings().sources.hub_token_repos)
 
 
 @app.task(name=TASK_RUN_JOB, bind=True)

@@ -111,7 +111,7 @@ class _Sampling(_Open):
     model: str = Field(..., min_length=1, max_length=512, description="An 'ft:' model of your project.")
     max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS)
     temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, gt=0, le=1)
+    top_p: float | None = Field(None, ge=0, le=1, description="0: only the most likely token (greedy), as OpenAI's.")
     n: int | None = Field(None, ge=1, le=16)
     stop: StopString | Annotated[list[StopString], Field(max_length=4)] | None = None
     seed: int | None = Field(None, ge=0, le=2**32 - 1)
@@ -339,7 +339,8 @@ async def _answer(
     fields: dict[str, Any] = {
         **what,
         "max_tokens": max_tokens,
-        "temperature": 1.0 if body.temperature is None else body.temperature,
+        # top_p 0 keeps the most likely token alone: greedy (the engines take top_p in (0, 1])
+        "temperature": 0.0 if body.top_p == 0 else 1.0 if body.temperature is None else body.temperature,
         "top_p": body.top_p or 1.0,
         "n": body.n or 1,
         "stop": [body.stop] if isinstance(body.stop, str) else body.stop,

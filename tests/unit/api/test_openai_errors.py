@@ -614,3 +614,20 @@ def test_a_model_graders_run_answers_within_the_clients_timeout(app_client: Any)
             client.fine_tuning.alpha.graders.run(grader=judge, model_sample="4", item={"answer": "4"})
     assert e.value.status_code in (504, 400, 422), e.value.body
     assert time.monotonic() - t0 < 8.0
+
+
+def test_top_p_zero_is_greedy(app_client: Any) -> None:
+    """OpenAI takes top_p=0 (the most likely token alone); it was a 400 here, where the engines take
+    top_p in (0, 1]. It samples greedily now."""
+    import openai
+
+    h = admin_key(app_client)
+    client = _client(app_client, h).with_options(timeout=6.0, max_retries=0)
+    with overridden(fine_tuning={"model_aliases": {"o4-mini-2025-04-16": "org/base-model"}}):
+        with pytest.raises(openai.APIStatusError) as e:  # a 504 (no worker), or a 502 (a worker failed it)
+            client.chat.completions.create(
+                model="o4-mini-2025-04-16", messages=[{"role": "user", "content": "1?"}], top_p=0, temperature=0.7
+            )
+    assert e.value.status_code in (502, 504), e.value.body
+    (job,) = app_client.get("/v1/jobs", params={"kind": "generate"}, headers=h).json()["data"]
+    assert (job["spec"]["temperature"], job["spec"]["top_p"]) == (0.0, 1.0), job["spec"]
