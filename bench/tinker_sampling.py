@@ -52,6 +52,7 @@ def main() -> int:
     ap.add_argument("--prompt-repeat", type=int, default=1)
     args = ap.parse_args()
 
+    from evaluator.backends.base import WarmEngineAddress
     from service.embedded import prepare_model
     from service.settings import Settings
     from trainer.session import LoraOptions, TrainingSession
@@ -85,7 +86,7 @@ def main() -> int:
     t0 = time.perf_counter()
     server = launch(cmd, port, server_env(), home / "engine.log", None)
     try:
-        engine = EngineSampler(server.url, settings.worker.warm_engine_start_seconds)
+        engine = EngineSampler(WarmEngineAddress(server.url, None, settings.worker.warm_engine_start_seconds))
         started = time.perf_counter() - t0
         adapter = home / "adapter"
         session.model.save_pretrained(str(adapter))

@@ -174,8 +174,9 @@ def run_generate(spec: Any, sink: Any, model_path: str, warm: WarmEngineAddress 
     worker's warm engine it was given, else on transformers in this process."""
     deltas = DeltaWriter(sink)
     engine = _warm_engine_that_holds(spec, sink, warm) if warm is not None else None
+    cached_tokens = 0  # of the prompt, found in the engine's prefix cache (its project's own: cache_salt)
     if engine is not None:
-        prompt_tokens, choices = _generate_remote(spec, engine, deltas)
+        prompt_tokens, cached_tokens, choices = _generate_remote(spec, engine, deltas)
         prompt = spec.prompt if spec.messages is None else json.dumps([m.model_dump() for m in spec.messages])
     else:
         model = ChatModel(model_path, spec.dtype)
@@ -206,6 +207,7 @@ def run_generate(spec: Any, sink: Any, model_path: str, warm: WarmEngineAddress 
                 "index": i,
                 "finish_reason": c.finish_reason,
                 "prompt_tokens": prompt_tokens,
+                "cached_tokens": cached_tokens,
                 "completion_tokens": c.completion_tokens,
             },
         }
@@ -244,11 +246,12 @@ def _warm_engine_that_holds(spec: Any, sink: Any, warm: WarmEngineAddress) -> Re
     return None
 
 
-def _generate_remote(spec: Any, engine: RemoteEngine, deltas: DeltaWriter) -> tuple[int, list[Choice]]:
-    """The request sent to the warm engine's own OpenAI server, streamed, its deltas stored."""
+def _generate_remote(spec: Any, engine: RemoteEngine, deltas: DeltaWriter) -> tuple[int, int, list[Choice]]:
+    """The request sent to the warm engine's own OpenAI server, streamed, its deltas stored; the
+    prompt's tokens, those of them its prefix cache held, and the choices."""
     import httpx
 
-    body: dict[str, Any] = {
+    body: dict[str, Any] = engine.salted({
         "model": engine.model,
         "max_tokens": spec.max_tokens,
         "temperature": spec.temperature,
@@ -258,14 +261,14 @@ def _generate_remote(spec: Any, engine: RemoteEngine, deltas: DeltaWriter) -> tu
         "seed": spec.seed,
         "stream": True,
         "stream_options": {"include_usage": True},
-    }
+    })  # fmt: skip
     if spec.messages is not None:
         path, body["messages"] = "/v1/chat/completions", [m.model_dump() for m in spec.messages]
     else:
         path, body["prompt"] = "/v1/completions", spec.prompt
     texts: dict[int, str] = {}
     reasons: dict[int, str] = {}
-    usage: dict[str, int] = {}
+    usage: dict[str, Any] = {}
     with httpx.stream("POST", engine.url + path, json=body, timeout=None) as r:
         if r.status_code != 200:
             raise RuntimeError(f"the vLLM engine refused the request ({r.status_code}): {r.read()[:500]!r}")
@@ -283,7 +286,8 @@ def _generate_remote(spec: Any, engine: RemoteEngine, deltas: DeltaWriter) -> tu
                     reasons[c["index"]] = c["finish_reason"]
     per_choice = usage.get("completion_tokens", 0) // max(spec.n, 1)
     choices = [Choice(texts.get(i, ""), reasons.get(i, "stop"), per_choice) for i in range(spec.n)]
-    return int(usage.get("prompt_tokens", 0)), choices
+    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+    return int(usage.get("prompt_tokens", 0)), int(cached), choices
 
 
 JUDGE_DEFAULTS = {"temperature": 0.0, "top_p": 1.0, "max_completions_tokens": 256, "seed": 0}
@@ -343,13 +347,13 @@ def _answer_remote(warm: WarmEngineAddress, chats: Sequence[list[dict[str, str]]
     from evaluator.backends.vllm import connect
 
     engine = connect(warm)
-    body = {
+    body = engine.salted({
         "model": engine.model,
         "max_tokens": int(p["max_completions_tokens"]),
         "temperature": float(p["temperature"]),
         "top_p": float(p["top_p"]),
         "seed": int(p["seed"]),
-    }
+    })  # fmt: skip
     with httpx.Client(base_url=engine.url, timeout=None) as http:
 
         def one(chat: list[dict[str, str]]) -> str:

@@ -70,7 +70,7 @@ class SessionKind(Kind[SessionSpec, ResolvedConfig]):
         if run.warm is not None:  # the supervisor gave it the worker's idle engine of its base model
             from trainer.session_engine import EngineSampler
 
-            engine = EngineSampler(run.warm.url, run.warm.start_seconds)
+            engine = EngineSampler(run.warm)
         # (no addresses in events: a tenant reads them, and the worker's hosts and ports are the operator's)
         where = "the worker's warm vLLM engine" if run.warm else "transformers in this process"
         if run.warm is None and spec.warm_engine and spec.train_unembed:

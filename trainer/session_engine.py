@@ -15,6 +15,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from evaluator.backends.base import WarmEngineAddress
 from mathrl.errors import EngineError as EngineError  # raised here
 from trainer.session_sampling import SampleCall
 from trainer.session_wire import Sampled
@@ -23,18 +24,20 @@ TIMEOUT = 600.0  # one call's tokens; a CPU engine is slow on long completions
 
 
 class EngineSampler:
-    """The warm engine at `url`, and the adapters this session loaded into it (their served names)."""
+    """The warm engine the worker gave the session, and the adapters this session loaded into it
+    (their served names)."""
 
-    def __init__(self, url: str, start_seconds: float) -> None:
+    def __init__(self, warm: WarmEngineAddress) -> None:
         import httpx
 
-        from evaluator.backends.base import WarmEngineAddress
         from evaluator.backends.vllm import connect
 
         try:
-            self.url = connect(WarmEngineAddress(url, None, start_seconds)).url  # waits for /health, as an eval's
+            # waits for /health, as an eval's; the session's adapters are loaded by name, not `warm.adapter`
+            self.engine = connect(WarmEngineAddress(warm.url, None, warm.start_seconds, warm.cache_salt))
         except TimeoutError as exc:
             raise EngineError(str(exc)) from None
+        self.url = self.engine.url
         self._http = httpx.Client(timeout=TIMEOUT)
         self._loaded: set[str] = set()  # loaded by this session: unloaded when it ends
 
@@ -94,7 +97,7 @@ class EngineSampler:
         }
         if call.prompt_logprobs:
             body["prompt_logprobs"] = 0
-        out = self._post("/v1/completions", body)
+        out = self._post("/v1/completions", self.engine.salted(body))
         sequences = []
         for choice in sorted(out["choices"], key=lambda c: c["index"]):  # one prompt's n, or n prompts' one
             tokens = [int(t) for t in choice.get("token_ids") or []]

@@ -41,9 +41,5 @@ class GPUSlots:
             self._lent.difference_update(gpus)
             self._cond.notify_all()
 
-    def lent(self) -> set[str]:
-        with self._cond:
-            return set(self._lent)
-
 
 SLOTS = GPUSlots()  # the worker process's (its jobs run in threads of one process: Celery's thread pool)

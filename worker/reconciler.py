@@ -1,4 +1,5 @@
-"""The reconciler: re-delivers what the broker lost and takes back jobs whose worker died.
+"""The reconciler: re-delivers what the broker lost, takes back jobs whose worker died, and
+deletes uploaded files past their expires_at (store.files.delete_expired).
 
 It runs in every worker process (a daemon thread). Several reconcilers at once are safe:
 a re-sent message for a job someone already claimed is skipped by the claim.
@@ -22,6 +23,7 @@ from celery import Celery
 
 from service.settings import Settings
 from store.db import session_scope
+from store.files import delete_expired
 from store.jobs import mark_dispatched, reconcile
 from worker.celery_app import send_job
 
@@ -100,6 +102,9 @@ def start(settings: Settings, app: Celery) -> threading.Event:
             try:
                 reconcile_once(settings, app, take_lapsed=db.settled(now))
                 db.succeeded(now)
+                with session_scope(settings.database.url) as s:
+                    if gone := delete_expired(s):
+                        log.info("deleted %d expired file(s): %s", len(gone), ", ".join(gone))
             except Exception as exc:  # the database down (a broker's refusal is per job, above): next round
                 log.warning("reconcile failed: %s", exc)
                 db.failed()

@@ -9,7 +9,7 @@ import os
 import socket
 import sys
 import threading
-import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,7 @@ from mathrl.specs.resolved import ResolvedConfig, ResolvedGRPO, resolved
 from runtime.cpu_threads import job_thread_env
 from service.settings import Settings
 from store.db import session_scope
-from store.jobs import Heartbeat, claim, renew_lease
+from store.jobs import claim
 from worker import hub_access, warm_engine
 from worker.attempt import AttemptDir, attempt_dir
 from worker.child import (
@@ -35,11 +35,12 @@ from worker.launch import (
     describe,
     job_command,
 )
+from worker.lease import LeaseKeeper
 from worker.record import event, record_end
 from worker.refs import check_hub_model
 from worker.tracking import start_mirror
 from worker.vllm_server import lora_rank, needs_server, start_server
-from worker.warm_engine import ENGINE_ADAPTER_ENV, ENGINE_URL_ENV, wants_warm_engine
+from worker.warm_engine import ENGINE_ADAPTER_ENV, ENGINE_SALT_ENV, ENGINE_URL_ENV, wants_warm_engine
 from worker.watch import shutting_down, watch
 
 log = logging.getLogger("mathrl.worker")
@@ -73,87 +74,82 @@ def supervise(settings: Settings, job_id: str, owner: str) -> str:
         project_id, config = job.project_id, resolved(job.resolved_config or {"kind": job.kind})
     out = attempt_dir(settings.artifact_dir, job_id, attempt)  # this attempt's own (worker.child)
     out.mkdir(parents=True, exist_ok=True)
+    claimed = Claimed(settings, job_id, owner, attempt, spec, cmd, config, project_id, out)
     mirror = start_mirror(settings, job_id)  # None unless runs are mirrored to MLflow (worker.tracking)
     status: str | None = None
     try:
-        status = _run_attempt(settings, spec, job_id, owner, attempt, cmd, config, project_id, out)
+        status = _run_attempt(claimed)
         return status
     finally:
         if mirror is not None:  # after the job's end is recorded: MLflow never delays it
             mirror.close(status)
 
 
-def _run_attempt(
-    settings: Settings,
-    spec: Any,
-    job_id: str,
-    owner: str,
-    attempt: int,
-    cmd: list[str],
-    config: ResolvedConfig,
-    project_id: str,
-    out: Path,
-) -> str:
-    """The claimed attempt, on this worker or on Ray, to its recorded end."""
-    url = settings.database.url
-    log_path = AttemptDir(out).log
-    env = dict(hub_access.job_env({**os.environ, "PYTHONUNBUFFERED": "1"}))  # it sends the token per repository
-    env.update(job_thread_env(env, settings.worker.job_slots, settings.worker.job_threads))
-    if spec is not None and settings.ray.runs(spec):
-        return _run_on_ray(settings, spec, job_id, owner, attempt, out, log_path)
-    gpus: list[str] = []
-    if spec is not None and spec.resources.gpus:
-        beat: list[Heartbeat] = []
+@dataclass(frozen=True)
+class Claimed:
+    """The attempt this worker claimed, as read from the job's row at the claim."""
 
-        def still_ours() -> bool:  # while it waits for devices another job of this worker holds
-            with session_scope(url) as s:
-                beat[:] = [renew_lease(s, job_id, owner, settings.worker.lease_seconds)]
-            return beat[0].owned and not beat[0].cancel_requested
+    settings: Settings
+    job_id: str
+    owner: str
+    attempt: int
+    spec: Any  # None: a spec this version cannot read (the job's process says why)
+    cmd: list[str]
+    config: ResolvedConfig
+    project_id: str
+    out: Path  # the attempt's directory
 
-        wait = settings.worker.heartbeat_seconds
-        taken = SLOTS.take(spec.resources.gpus, _visible_gpus(), still_ours, wait)
-        if taken is None:
-            log.info("job %s attempt %d: lost or cancelled while waiting for this worker's GPUs", job_id, attempt)
-            if beat and beat[0].owned:
-                return record_end(settings, job_id, owner, EXIT_STOPPED, True, log_path)
-            return "lost"
-        gpus = taken
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)  # its own devices, not the pod's first ones
-    try:
-        return _run_local(settings, spec, job_id, owner, attempt, cmd, config, project_id, out, env, gpus)
-    finally:
-        SLOTS.give(gpus)
+    @property
+    def log_path(self) -> Path:
+        return AttemptDir(self.out).log
+
+    def fail(self, message: str) -> str:
+        """The attempt ends before its process starts: the job fails with `message`."""
+        AttemptDir(self.out).write_error(message)
+        return record_end(self.settings, self.job_id, self.owner, EXIT_ERROR, False, self.log_path)
 
 
-def _run_local(
-    settings: Settings,
-    spec: Any,
-    job_id: str,
-    owner: str,
-    attempt: int,
-    cmd: list[str],
-    config: ResolvedConfig,
-    project_id: str,
-    out: Path,
-    env: dict[str, str],
-    gpus: list[str],
-) -> str:
+def _run_attempt(a: Claimed) -> str:
+    """The claimed attempt, on this worker or on Ray, to its recorded end. The lease is kept alive
+    while it is prepared (worker.lease), and by the watch loop from the job's start."""
+    w = a.settings.worker
+    with LeaseKeeper(a.settings.database.url, a.job_id, a.owner, w.lease_seconds, w.heartbeat_seconds) as lease:
+        if a.spec is not None and a.settings.ray.runs(a.spec):
+            return _run_on_ray(a, lease)
+        env = dict(hub_access.job_env({**os.environ, "PYTHONUNBUFFERED": "1"}))  # it sends the token per repository
+        env.update(job_thread_env(env, w.job_slots, w.job_threads))
+        gpus: list[str] = []
+        if a.spec is not None and a.spec.resources.gpus:
+            taken = SLOTS.take(a.spec.resources.gpus, _visible_gpus(), lease.still_ours, w.heartbeat_seconds)
+            if taken is None:
+                log.info("job %s attempt %d: lost or cancelled waiting for this worker's GPUs", a.job_id, a.attempt)
+                if lease.beat.owned:
+                    return record_end(a.settings, a.job_id, a.owner, EXIT_STOPPED, True, a.log_path)
+                return "lost"
+            gpus = taken
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)  # its own devices, not the pod's first ones
+        try:
+            return _run_local(a, env, gpus, lease)
+        finally:
+            SLOTS.give(gpus)
+
+
+def _run_local(a: Claimed, env: dict[str, str], gpus: list[str], lease: LeaseKeeper) -> str:
     """The attempt's process on this worker, on the GPUs lent to it (`gpus`; none on the CPU)."""
-    url = settings.database.url
-    log_path = AttemptDir(out).log
+    settings, spec, job_id = a.settings, a.spec, a.job_id
     server = engine = None
     held: list[warm_engine.WarmEngine] = []  # idle engines kept through a CPU job (worker/warm_engine.py)
     if spec is not None and wants_warm_engine(spec, settings):
         try:
             engine_log = warm_engine.log_path(settings.artifact_dir, job_id)  # the worker's, not this job's
-            acquired = _warm_engine(settings, spec, project_id, engine_log, job_id, gpus)
+            acquired = _warm_engine(settings, spec, a.project_id, engine_log, job_id, gpus)
         except Exception as exc:  # a model ref that does not resolve: the job fails with it
-            AttemptDir(out).write_error(f"starting the vLLM engine failed: {type(exc).__name__}: {exc}")
-            return record_end(settings, job_id, owner, EXIT_ERROR, False, log_path)
+            return a.fail(f"starting the vLLM engine failed: {type(exc).__name__}: {exc}")
         if acquired is not None:
             engine, adapter = acquired
             server = engine.server
             env[ENGINE_URL_ENV] = server.url
+            env[ENGINE_SALT_ENV] = warm_engine.cache_salt(a.project_id)  # its cached prompts its own
             if adapter is not None:
                 env[ENGINE_ADAPTER_ENV] = adapter
         elif home(spec).needs(spec).engine_if_warm:
@@ -166,14 +162,13 @@ def _run_local(
         warm_engine.stop_idle()  # a GPU job needs the GPUs' memory
     if spec is not None and needs_server(spec):
         try:
-            server_log = out / "vllm-server.log"
-            server, server_env = _start_vllm_server(settings, spec, config, project_id, server_log, job_id, gpus)
+            server_log = a.out / "vllm-server.log"
+            server, server_env = _start_vllm_server(settings, spec, a.config, a.project_id, server_log, job_id, gpus)
         except Exception as exc:  # a model ref that does not resolve, no vLLM here: the job fails with it
-            AttemptDir(out).write_error(f"starting the vLLM server failed: {type(exc).__name__}: {exc}")
-            return record_end(settings, job_id, owner, EXIT_ERROR, False, log_path)
+            return a.fail(f"starting the vLLM server failed: {type(exc).__name__}: {exc}")
         env.update(server_env)
         event(
-            url,
+            settings.database.url,
             job_id,
             "vllm_server",
             f"started a vLLM server for this job at {server.url} (process "
@@ -181,11 +176,14 @@ def _run_local(
             {"url": server.url, "pid": server.proc.pid},
         )
     try:
-        job = start_job(settings, cmd, env, log_path)
+        job = start_job(settings, a.cmd, env, a.log_path)
         how = "forked" if isinstance(job, ForkedJob) else "started"
-        log.info("job %s attempt %d: process %d %s, %s, log %s", job_id, attempt, job.pid, how, describe(cmd), log_path)
+        log.info(
+            "job %s attempt %d: process %d %s, %s, log %s", job_id, a.attempt, job.pid, how, describe(a.cmd), a.log_path
+        )
         shared = engine is not None and server is engine.server
-        return watch(settings, job_id, owner, job, out, attempt, server, shared)
+        lease.stop()  # the watch loop keeps it from here
+        return watch(settings, job_id, a.owner, job, a.out, a.attempt, server, shared)
     finally:
         for kept in held:
             warm_engine.release(kept, settings)
@@ -195,24 +193,23 @@ def _run_local(
             server.stop()
 
 
-def _run_on_ray(settings: Settings, spec: Any, job_id: str, owner: str, attempt: int, out: Path, log_path: Path) -> str:
+def _run_on_ray(a: Claimed, lease: LeaseKeeper) -> str:
     """The job past one node (or in a pool set to run on Ray): a Ray job on the operator's cluster
     (worker.ray_submit), watched by the same loop as a local job process."""
     from worker.ray_submit import RayJob, RayUnavailable
 
-    url = settings.database.url
+    settings, url = a.settings, a.settings.database.url
     if settings.ray.address is None:
-        AttemptDir(out).write_error(
-            f"the job asks for resources.nodes={spec.resources.nodes} and this worker has no Ray cluster "
+        return a.fail(
+            f"the job asks for resources.nodes={a.spec.resources.nodes} and this worker has no Ray cluster "
             "configured: set MATHRL_RAY__ADDRESS on the workers of this queue"
         )
-        return record_end(settings, job_id, owner, EXIT_ERROR, False, log_path)
     warm_engine.stop_idle()
 
     def job_event(kind: str, message: str, data: dict[str, Any] | None = None, level: str = "info") -> None:
-        event(url, job_id, kind, message, data, level)
+        event(url, a.job_id, kind, message, data, level)
 
-    ray_job = RayJob(settings, spec, job_id, owner, attempt, out, log_path, job_event)
+    ray_job = RayJob(settings, a.spec, a.job_id, a.owner, a.attempt, a.out, a.log_path, job_event)
     failed: list[str] = []
 
     def start() -> None:
@@ -223,27 +220,20 @@ def _run_on_ray(settings: Settings, spec: Any, job_id: str, owner: str, attempt:
         except Exception as exc:
             failed.append(f"submitting to the Ray cluster failed: {type(exc).__name__}: {exc}")
 
-    # the Jobs API can take seconds (a busy head; earlier attempts to stop): the lease is kept alive
-    starting = threading.Thread(target=start, name=f"mathrl-ray-submit-{job_id}", daemon=True)
+    # the Jobs API can take seconds (a busy head; earlier attempts to stop), while the lease is kept
+    starting = threading.Thread(target=start, name=f"mathrl-ray-submit-{a.job_id}", daemon=True)
     starting.start()
-    deadline = time.monotonic() + START_SECONDS
-    while starting.is_alive() and time.monotonic() < deadline:
-        starting.join(settings.worker.heartbeat_seconds)
-        try:
-            with session_scope(url) as s:
-                renew_lease(s, job_id, owner, settings.worker.lease_seconds)
-        except Exception as exc:  # database briefly down: retried next beat
-            log.warning("heartbeat for %s failed (%s)", job_id, type(exc).__name__)
+    starting.join(START_SECONDS)
     if starting.is_alive():
         failed.append(
             f"the Ray cluster at MATHRL_RAY__ADDRESS={settings.ray.address!r} did not take the job within "
             f"{START_SECONDS:g} s"
         )
     if failed:
-        AttemptDir(out).write_error(failed[0])
-        return record_end(settings, job_id, owner, EXIT_ERROR, False, log_path)
-    log.info("job %s attempt %d: Ray job %s, log %s", job_id, attempt, ray_job.id, log_path)
-    return watch(settings, job_id, owner, ray_job, out, attempt)
+        return a.fail(failed[0])
+    log.info("job %s attempt %d: Ray job %s, log %s", a.job_id, a.attempt, ray_job.id, a.log_path)
+    lease.stop()  # the watch loop keeps it from here
+    return watch(settings, a.job_id, a.owner, ray_job, a.out, a.attempt)
 
 
 def _warm_engine(

@@ -33,6 +33,9 @@ On the CPU this goes through vLLM's layerwise reload, which packs the new weight
 kernels again, as the colocated GRPO sync does (trainer/vllm_generation.py); a tied LM head is
 packed again from the new embedding (vllm_reload.retie_lm_head). A reload that fails stops that
 engine and starts a new one.
+
+Each job's requests carry its project's `cache_salt` (`cache_salt` below): projects that name the
+same model share its engine, not the prompts it has cached.
 """
 
 from __future__ import annotations
@@ -42,7 +45,10 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from service.settings import Settings
 
+import hashlib
+import hmac
 import logging
+import secrets
 import sys
 import threading
 import time
@@ -57,6 +63,18 @@ from worker.vllm_server import VLLMServer, free_port, launch, server_env
 # what the supervisor sets in the process of a job it gave a warm engine
 ENGINE_URL_ENV = "MATHRL_EVAL_ENGINE_URL"
 ENGINE_ADAPTER_ENV = "MATHRL_EVAL_ENGINE_ADAPTER"  # the LoRA adapter directory that job's requests name
+ENGINE_SALT_ENV = "MATHRL_EVAL_ENGINE_CACHE_SALT"  # its project's prefix-cache salt (cache_salt)
+_SALT_KEY = secrets.token_bytes(32)  # this worker process's: its engines live no longer than it
+
+
+def cache_salt(project_id: str) -> str:
+    """The salt of a project's requests to this worker's warm engines. vLLM caches a prompt's KV
+    blocks across requests (prefix caching), and an engine serves every project that names its
+    model: unsalted, a prompt that begins as another project's recent one is answered sooner, and
+    timing calls tells a project what another asks (a held-out set's questions, a grader's rubric).
+    Salted, cached blocks are reused only by requests of the same project. Keyed with a secret of
+    this process, so that a salt cannot be worked out from a project's id."""
+    return hmac.new(_SALT_KEY, project_id.encode(), hashlib.sha256).hexdigest()
 
 
 def given_engine(settings: Any, environ: dict[str, str] | None = None) -> WarmEngineAddress | None:
@@ -68,7 +86,8 @@ def given_engine(settings: Any, environ: dict[str, str] | None = None) -> WarmEn
     url = env.get(ENGINE_URL_ENV)
     if not url:
         return None
-    return WarmEngineAddress(url, env.get(ENGINE_ADAPTER_ENV), settings.worker.warm_engine_start_seconds)
+    start = settings.worker.warm_engine_start_seconds
+    return WarmEngineAddress(url, env.get(ENGINE_ADAPTER_ENV), start, env.get(ENGINE_SALT_ENV) or None)
 
 
 log = logging.getLogger("mathrl.worker")
@@ -209,6 +228,7 @@ def server_command(
         "--served-model-name", SERVED_NAME, "--host", "127.0.0.1", "--port", str(port), "--dtype", opts["dtype"],
         "--max-model-len", str(length), "--tensor-parallel-size", str(max(1, gpus)), "--disable-log-stats",
         "--disable-uvicorn-access-log", "--worker-extension-cls", "evaluator.vllm_reload.CheckpointReload",
+        "--enable-prompt-tokens-details",  # usage's cached_tokens: a chat's prompt tokens its prefix cache held
     ]  # fmt: skip
     if "gpu_memory_utilization" in opts:
         cmd += ["--gpu-memory-utilization", str(opts["gpu_memory_utilization"])]

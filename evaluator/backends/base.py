@@ -30,6 +30,9 @@ class WarmEngineAddress:
     url: str
     adapter: str | None = None
     start_seconds: float = 900.0
+    # salts the engine's prefix cache with the job's project (worker.warm_engine.cache_salt): an engine
+    # is shared by projects, and a prompt that starts as another project's cached one answers sooner
+    cache_salt: str | None = None
 
 
 @dataclass(frozen=True)

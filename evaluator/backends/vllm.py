@@ -130,8 +130,13 @@ def load_engine(
 class RemoteEngine:
     """A vLLM OpenAI server the worker keeps warm between eval jobs (worker/warm_engine.py)."""
 
-    def __init__(self, url: str, max_model_len: int, model: str):
+    def __init__(self, url: str, max_model_len: int, model: str, cache_salt: str | None = None):
         self.url, self.max_model_len, self.model = url.rstrip("/"), max_model_len, model
+        self.cache_salt = cache_salt  # the job's project's (WarmEngineAddress.cache_salt)
+
+    def salted(self, body: dict[str, Any]) -> dict[str, Any]:
+        """A request's body, its prompt's cached blocks the project's own."""
+        return {**body, "cache_salt": self.cache_salt} if self.cache_salt else body
 
 
 def connect(warm: WarmEngineAddress, should_stop: Callable[[], bool] | None = None) -> RemoteEngine:
@@ -153,9 +158,8 @@ def connect(warm: WarmEngineAddress, should_stop: Callable[[], bool] | None = No
             if httpx.get(f"{url}/health", timeout=5).status_code == 200:
                 cards = httpx.get(f"{url}/v1/models", timeout=30).json()["data"]
                 base = cards[0]
-                if adapter is None:
-                    return RemoteEngine(url, int(base["max_model_len"]), base["id"])
-                return RemoteEngine(url, int(base["max_model_len"]), load_adapter(url, adapter, cards))
+                model = base["id"] if adapter is None else load_adapter(url, adapter, cards)
+                return RemoteEngine(url, int(base["max_model_len"]), model, warm.cache_salt)
         except httpx.HTTPError:
             pass
         if time.monotonic() > deadline:
@@ -206,7 +210,7 @@ def generate_remote(
 
     from evaluator.backends.hf import eos_ids
 
-    body = {
+    body = engine.salted({
         "model": engine.model,
         "max_tokens": max_new_tokens,
         "temperature": temperature,
@@ -217,7 +221,7 @@ def generate_remote(
         "stop_token_ids": eos_ids(None, tokenizer),
         "skip_special_tokens": True,
         "return_token_ids": True,
-    }
+    })  # fmt: skip
     # tokenized here, not in the threads: a tokenizer is not thread-safe
     token_ids = [tokenizer(p, add_special_tokens=False).input_ids for p in prompts]
     results: list[list[Generation] | None] = [None] * len(prompts)

@@ -334,7 +334,7 @@ def test_a_ray_cluster_that_goes_away_fails_the_job(ray_service: Service, pg_url
             sft(max_steps=100_000, logging_steps=1000, save_steps=100_000, resources={"nodes": 2, "pool": "ray-lost"})
         )
         try:
-            wait_for(lambda: any(e.type == "training" for e in c.jobs.events(job.id)), 120, 0.5, "training to start")
+            wait_for(lambda: any(e.type == "training" for e in c.jobs.events(job.id)), 300, 0.5, "training to start")
         except TimeoutError:
             print([(e.type, e.message[:300]) for e in c.jobs.events(job.id)])
             raise

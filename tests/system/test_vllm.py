@@ -190,6 +190,23 @@ def test_eval_job_on_a_worker_with_vllm(vllm_ready: Path, service: Service, mode
         assert reasons == [s.data["reason"] for s in c.jobs.samples(graded_on_hf.id)], reasons
         print(f"label_model on the warm engine: {reasons}")
 
+        # projects share the engine, not the prompts it cached: a prompt another project sent is not
+        # answered from vLLM's prefix cache (sooner: timing calls would tell one project what another
+        # asks), one the same project sent is. The engine's count of them is the job's (OpenAI's
+        # usage.prompt_tokens_details.cached_tokens)
+        long = {**prompt, "prompt": " ".join(f"{i} + {i} = {2 * i}." for i in range(60)), "max_tokens": 1}
+        cached = []
+        for client in (c, c, service.client(service.key())):  # this project twice, then another project
+            j = client.jobs.create({**long, "backend": "vllm", **on_vllm})
+            assert client.jobs.wait(j.id, timeout=600).status == "succeeded", client.jobs.retrieve(j.id).error
+            assert (
+                next(e for e in client.jobs.events(j.id) if e.type == "vllm_engine").data["pid"] == started.data["pid"]
+            )
+            cached.append(client.jobs.samples(j.id)[0].data["cached_tokens"])
+        print(f"prompt tokens from the prefix cache, of each of the three calls: {cached}")
+        assert cached[0] == 0 and cached[1] > 0, cached  # the same project's prompt came from the cache: it is on
+        assert cached[2] == 0, cached  # the other project's did not
+
         # the engine stops with its worker
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=60)

@@ -55,6 +55,7 @@ class _Engine(BaseHTTPRequestHandler):
     64-token context: the real one runs in tests/system/test_vllm.py."""
 
     calls: list[str] = []
+    bodies: list[dict[str, Any]] = []
 
     def _json(self, obj: Any) -> None:
         body = json.dumps(obj).encode()
@@ -70,7 +71,7 @@ class _Engine(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         self.calls.append(self.path)
-        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.bodies.append(json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}"))
         if self.path == "/tokenize":
             return self._json({"count": 10, "max_model_len": 64, "tokens": list(range(10))})
         chunks = [
@@ -94,15 +95,18 @@ def test_a_call_past_the_warm_engines_context_is_answered_with_transformers(tiny
     model's: a chat whose prompt and max_tokens exceeded it was refused by vLLM, and the client got a 502."""
     from evaluator.backends.base import WarmEngineAddress
 
-    _Engine.calls = []
+    _Engine.calls, _Engine.bodies = [], []
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Engine)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    warm = WarmEngineAddress(f"http://127.0.0.1:{server.server_port}", None, 10.0)
+    warm = WarmEngineAddress(f"http://127.0.0.1:{server.server_port}", None, 10.0, cache_salt="project-salt")
     try:
         spec = parse_spec({"kind": "generate", "model": tiny_model, "prompt": "1 + 1 =", "max_tokens": 8})
         fits = Recorded()
         run_generate(spec, fits, tiny_model, warm)
         assert [r["completion"] for r in fits.rows] == ["2"] and "/v1/completions" in _Engine.calls
+        # the project's prefix-cache salt (worker.warm_engine.cache_salt; the real engine's cache in
+        # tests/system/test_vllm.py)
+        assert _Engine.bodies[-1]["cache_salt"] == "project-salt"
         _Engine.calls = []
         spec = parse_spec({"kind": "generate", "model": tiny_model, "prompt": "1 + 1 =", "max_tokens": 60})
         past = Recorded()

@@ -206,7 +206,7 @@ def test_engine_settings_reach_every_engine_as_arguments(monkeypatch: pytest.Mon
     the evaluator and trainer as arguments; a job's warm engine comes from its supervisor's env."""
     from evaluator.backends import vllm
     from service.settings import Settings
-    from worker.warm_engine import ENGINE_ADAPTER_ENV, ENGINE_URL_ENV, given_engine
+    from worker.warm_engine import ENGINE_ADAPTER_ENV, ENGINE_SALT_ENV, ENGINE_URL_ENV, cache_salt, given_engine
 
     monkeypatch.setenv("MATHRL_VLLM__ENFORCE_EAGER", "1")
     monkeypatch.setenv("MATHRL_VLLM__CPU_KV_GIB", "0.5")
@@ -221,6 +221,8 @@ def test_engine_settings_reach_every_engine_as_arguments(monkeypatch: pytest.Mon
     assert given_engine(settings, {}) is None
     warm = given_engine(settings, {ENGINE_URL_ENV: "http://127.0.0.1:5", ENGINE_ADAPTER_ENV: "/a"})
     assert warm is not None and (warm.url, warm.adapter, warm.start_seconds) == ("http://127.0.0.1:5", "/a", 30.0)
+    salted = given_engine(settings, {ENGINE_URL_ENV: "http://127.0.0.1:5", ENGINE_SALT_ENV: cache_salt("p1")})
+    assert salted is not None and salted.cache_salt == cache_salt("p1") != cache_salt("p2") and warm.cache_salt is None
 
 
 def test_a_dead_servers_error_names_its_exception_not_the_noise_printed_at_exit() -> None:

@@ -1,0 +1,57 @@
+"""A claimed job's lease, kept alive on a thread while the worker prepares the attempt: it waits
+for the GPUs another job of this worker holds, starts a warm vLLM engine or loads a model's
+weights into one (up to worker/warm_engine.RELOAD_TIMEOUT), starts the job's own vLLM server,
+or submits the Ray job. From the job's start, the watch loop (worker.watch) keeps it.
+
+Before, the lease was renewed only by the watch loop (and by the Ray submission's wait): a
+preparation longer than `worker.lease_seconds` (a 7B model's weights loaded into an engine, on
+a busy node) let the lease lapse, and the reconciler took the job from a worker still running
+it. A generate job (one attempt) failed with "worker lost"."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from types import TracebackType
+
+from store.db import session_scope
+from store.jobs import Heartbeat, renew_lease
+
+log = logging.getLogger("mathrl.worker")
+
+
+class LeaseKeeper:
+    """Renews the job's lease every `every` seconds until `stop` (or the `with` block's end);
+    `beat` is the last renewal's answer."""
+
+    def __init__(self, url: str, job_id: str, owner: str, lease_seconds: float, every: float) -> None:
+        self.url, self.job_id, self.owner = url, job_id, owner
+        self.lease_seconds, self.every = lease_seconds, every
+        self.beat = Heartbeat(owned=True, cancel_requested=False)  # the claim just took it
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"mathrl-lease-{job_id}", daemon=True)
+
+    def __enter__(self) -> LeaseKeeper:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: type[BaseException] | BaseException | TracebackType | None) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        """No more renewals from here (the watch loop renews it from the job's start)."""
+        self._stopped.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join()
+
+    def still_ours(self) -> bool:
+        """The lease was held at the last renewal and no cancel was asked."""
+        return self.beat.owned and not self.beat.cancel_requested
+
+    def _run(self) -> None:
+        while not self._stopped.wait(self.every):
+            try:
+                with session_scope(self.url) as s:
+                    self.beat = renew_lease(s, self.job_id, self.owner, self.lease_seconds)
+            except Exception as exc:  # the database briefly down: retried at the next beat
+                log.warning("heartbeat for %s failed (%s)", self.job_id, type(exc).__name__)
