@@ -127,19 +127,32 @@ class JobWaker:
 
 
 _inflight: dict[Hashable, asyncio.Future[Any]] = {}  # shared_read's reads, on the API's event loop
+# A project's streams' reads at once in this process. Streams at different cursors cannot share a
+# read: a project's 300 streams (its limit), each given a cursor past every event, made 300 reads of
+# each wake-up of its busy job, which took the API's threads (40) and database connections (30) from
+# every other project. Past this they wait their turn; other projects' reads go on.
+READS_PER_PROJECT = 4
+_project_reads: dict[tuple[int, str], asyncio.Semaphore] = {}  # by event loop (a semaphore is bound to one)
 
 
-async def shared_read(key: Hashable, read: Callable[[], T]) -> T:
-    """`read()` in a worker thread, once for all the streams that ask with the same key while it
-    runs: 200 streams of one job, woken by one notification, make one database read, not 200.
-    The key must say everything the read depends on (job, cursors, the wake-up's generation)."""
+async def project_read(project_id: str, read: Callable[[], T]) -> T:
+    """`read()` in a worker thread, one of at most READS_PER_PROJECT of the project's at once."""
+    where = (id(asyncio.get_running_loop()), project_id)
+    async with _project_reads.setdefault(where, asyncio.Semaphore(READS_PER_PROJECT)):
+        return await anyio.to_thread.run_sync(read)
+
+
+async def shared_read(key: Hashable, read: Callable[[], T], project_id: str) -> T:
+    """`read()` in a worker thread (`project_read`), once for all the streams that ask with the same
+    key while it runs: 200 streams of one job, woken by one notification, make one database read,
+    not 200. The key must say everything the read depends on (job, cursors, the wake-up's generation)."""
     future = _inflight.get(key)
     if future is not None:
         return cast(T, await asyncio.shield(future))
     future = asyncio.get_running_loop().create_future()
     _inflight[key] = future
     try:
-        result = await anyio.to_thread.run_sync(read)
+        result = await project_read(project_id, read)
     except BaseException as exc:
         future.set_exception(exc)
         future.exception()  # retrieved: no "never retrieved" warning when nobody else waited

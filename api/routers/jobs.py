@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import unquote, urlsplit
 
-import anyio
 from fastapi import APIRouter, Body, Header, Query, Request, Response
 from fastapi.responses import FileResponse, StreamingResponse
 from sqlalchemy import select
@@ -22,7 +21,7 @@ from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from api.deps import CallerDep, SessionDep, SettingsDep, owned, page_cursor
 from api.idempotency import earlier, replayed, request_hash
 from api.job_control import pause_job, resume_job
-from api.job_wakeups import KEEPALIVE_SECONDS, POLL_SECONDS, STREAM_READS, shared_read, waker
+from api.job_wakeups import KEEPALIVE_SECONDS, POLL_SECONDS, STREAM_READS, project_read, shared_read, waker
 from api.problems import (
     IDEMPOTENCY_CONFLICT,
     JOB_NOT_FOUND,
@@ -259,9 +258,9 @@ def stream_events(
                         # notification, share one read
                         gen = wakeups.generation(job_id)
                         key = (url, job_id, last, metric_id, metrics, metrics_after_step, gen)
-                        rows, points, ended = await shared_read(key, partial(poll, last, metric_id))
+                        rows, points, ended = await shared_read(key, partial(poll, last, metric_id), project_id)
                     else:
-                        rows, points, ended = await anyio.to_thread.run_sync(poll, last, metric_id)
+                        rows, points, ended = await project_read(project_id, partial(poll, last, metric_id))
                 except SQLAlchemyError as exc:
                     # the 200 is sent: no problem response can follow. End the stream cleanly;
                     # the client reconnects with after=<the last seq it saw>.

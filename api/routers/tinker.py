@@ -20,6 +20,8 @@ import asyncio
 import json
 import time
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Annotated, Any, NamedTuple
 
 import httpx
@@ -49,14 +51,39 @@ KEY_PREFIX = "tml-"  # what the SDK insists a key starts with
 CREATE_WAIT_SECONDS = 20.0  # a create_model future's long poll (the SDK's read timeout is 45 s)
 FORWARD_TIMEOUT = httpx.Timeout(40.0, connect=5.0)
 TAG = "tinker"
+# Calls one project has in flight to its session processes (a retrieve_future long-polls for up to
+# 20 s): past it a call waits up to FORWARD_WAIT_SECONDS for one of them to end, then is a 429 (the
+# SDK retries). Before, every project's calls shared one pool of httpx's default 100 connections, and
+# one tenant holding 100 long polls made every other project's calls wait 40 s and fail with 503.
+FORWARDS_PER_PROJECT = 64
+FORWARD_WAIT_SECONDS = 10.0
+_forwards: dict[tuple[int, str], asyncio.Semaphore] = {}  # by event loop (a semaphore is bound to one)
 _client: httpx.AsyncClient | None = None
 
 
 def _http() -> httpx.AsyncClient:
     global _client
     if _client is None:
-        _client = httpx.AsyncClient(timeout=FORWARD_TIMEOUT, trust_env=False)
+        # no total cap: each project's share is capped (FORWARDS_PER_PROJECT) instead
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=100)
+        _client = httpx.AsyncClient(timeout=FORWARD_TIMEOUT, trust_env=False, limits=limits)
     return _client
+
+
+@asynccontextmanager
+async def _in_flight(project_id: str) -> AsyncIterator[None]:
+    """One of the project's FORWARDS_PER_PROJECT calls in flight, held for the `async with` block."""
+    where = (id(asyncio.get_running_loop()), project_id)
+    gate = _forwards.setdefault(where, asyncio.Semaphore(FORWARDS_PER_PROJECT))
+    try:
+        await asyncio.wait_for(gate.acquire(), FORWARD_WAIT_SECONDS)
+    except TimeoutError:
+        detail = f"your project has {FORWARDS_PER_PROJECT} Tinker calls in flight, the most it may: retry shortly"
+        raise Problem(429, "Too many calls in flight", detail, headers={"Retry-After": "1"}) from None
+    try:
+        yield
+    finally:
+        gate.release()
 
 
 async def tinker_caller(request: Request, settings: SettingsDep) -> Caller:
@@ -163,7 +190,9 @@ async def _forward(settings: Settings, at: Located, op: str, body: bytes, conten
         raise Problem(429, "Session starting", f"the session job {job.id} is {job.status}: retry shortly")
     url, token = where
     try:
-        r = await _http().post(f"{url}/{op}", content=body, headers={"Content-Type": content_type, TOKEN_HEADER: token})
+        async with _in_flight(str(job.project_id)):
+            headers = {"Content-Type": content_type, TOKEN_HEADER: token}
+            r = await _http().post(f"{url}/{op}", content=body, headers=headers)
     except httpx.HTTPError as exc:
         fresh = await run_in_threadpool(_job, settings, job.project_id, job.id)
         if fresh is None or fresh.job.status in TERMINAL:
@@ -493,10 +522,11 @@ async def retrieve_future(caller: TinkerCaller, settings: SettingsDep, request: 
     at = await _id_job(settings, caller, request_id, "request_id")
     if request_id.endswith(":create"):  # the job's process is not up yet: ask the store
         deadline = time.monotonic() + CREATE_WAIT_SECONDS
-        while (result := await run_in_threadpool(_create_status, settings, caller.project_id, at.job.id)) is None:
-            if time.monotonic() > deadline:
-                result = {"type": "try_again", "request_id": request_id, "queue_state": "active"}
-                break
-            await asyncio.sleep(0.2)
+        async with _in_flight(str(caller.project_id)):  # a long poll too: counted with the project's forwards
+            while (result := await run_in_threadpool(_create_status, settings, caller.project_id, at.job.id)) is None:
+                if time.monotonic() > deadline:
+                    result = {"type": "try_again", "request_id": request_id, "queue_state": "active"}
+                    break
+                await asyncio.sleep(0.2)
         return Response(json.dumps(result), 200, media_type="application/json")
     return await _forward(settings, at, "retrieve_future", body, "application/json")

@@ -548,6 +548,46 @@ def test_streams_are_capped_per_project(app_client: Any) -> None:
         assert streams.project_open_count(project_id) == 0
 
 
+def test_one_projects_stream_reads_leave_the_api_threads_to_others() -> None:
+    """Streams at different cursors cannot share a read (api.job_wakeups.shared_read): a project's 300
+    streams (its limit), each at a cursor past every event, made 300 reads of each wake-up of its busy
+    job, and took the API's 40 threads and its database connections from every other project. Here
+    50 reads of one project are held in their threads; another project's read goes through at once."""
+    import threading
+    import time
+
+    import anyio
+
+    from api.job_wakeups import READS_PER_PROJECT, project_read
+
+    held, most, lock, release = 0, 0, threading.Lock(), threading.Event()
+
+    def slow() -> str:  # a read of the busy project's, stuck in the database
+        nonlocal held, most
+        with lock:
+            held += 1
+            most = max(most, held)
+        release.wait(10)
+        with lock:
+            held -= 1
+        return "busy"
+
+    async def main() -> float:
+        async with anyio.create_task_group() as tg:
+            for _ in range(50):
+                tg.start_soon(project_read, "busy", slow)
+            await anyio.sleep(0.5)
+            t0 = time.monotonic()
+            assert await project_read("other", lambda: "other") == "other"
+            took = time.monotonic() - t0
+            release.set()
+        return took
+
+    took = anyio.run(main)
+    assert took < 2, took  # before: it waited for a free thread, until the busy project's reads ended (10 s)
+    assert most == READS_PER_PROJECT, most
+
+
 def test_a_stream_whose_client_went_away_before_it_began_gives_its_count_back(
     app_client: Any, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -181,3 +181,81 @@ def test_a_project_reads_a_few_forward_backward_bodies_at_once(
     codes = anyio.run(calls)
     assert codes == [200] * (3 * tinker.LARGE_CALLS_PER_PROJECT), codes
     assert most == tinker.LARGE_CALLS_PER_PROJECT, most
+
+
+def test_one_projects_long_polls_do_not_hold_the_calls_of_another(
+    app_client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every project's forwarded calls shared one pool of httpx's 100 connections: a tenant holding
+    100 retrieve_future long polls (20 s each, re-sent as they end) made another project's calls wait
+    40 s for a connection, then fail with 503. A project's calls in flight are capped now
+    (FORWARDS_PER_PROJECT); another project's go on. The session process here is a real HTTP server
+    on loopback that holds the first project's calls as a long poll does."""
+    import threading
+    import time
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from types import SimpleNamespace
+
+    import anyio
+    import httpx
+
+    from api.routers import tinker
+
+    class Session(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            if b"slow" in body:
+                time.sleep(4)  # a long poll with no result yet
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    class Server(ThreadingHTTPServer):
+        request_queue_size = 512  # every call's connection at once (socketserver's default backlog is 5)
+        daemon_threads = True
+
+    server = Server(("127.0.0.1", 0), Session)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_port}"
+
+    async def located(settings: Any, caller: Any, value: str, what: str) -> Any:
+        job = SimpleNamespace(id=value.split(":")[0], project_id=caller.project_id, status="running")
+        return tinker.Located(job, (url, "token"))  # type: ignore[arg-type]
+
+    monkeypatch.setattr(tinker, "_id_job", located)
+    monkeypatch.setattr(tinker, "_client", None)  # a client of this test's event loop
+    monkeypatch.setattr(tinker, "FORWARD_WAIT_SECONDS", 1.0)
+    noisy, other = _tinker(admin_key(app_client)), _tinker(admin_key(app_client))
+    many = 100 + 20  # past httpx's default pool
+
+    async def calls() -> tuple[float, list[int]]:
+        transport = httpx.ASGITransport(app=app_client.app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://testserver", timeout=60) as client:
+            codes: list[int] = []
+
+            async def poll() -> None:
+                body = {"request_id": "j:1", "slow": True}
+                codes.append((await client.post("/api/v1/retrieve_future", json=body, headers=noisy)).status_code)
+
+            async with anyio.create_task_group() as tg:
+                for _ in range(many):
+                    tg.start_soon(poll)
+                await anyio.sleep(1.5)  # the polls are in flight
+                t0 = time.monotonic()
+                r = await client.post("/api/v1/retrieve_future", json={"request_id": "k:1"}, headers=other)
+                took = time.monotonic() - t0
+                assert r.status_code == 200, r.text
+            await tinker._http().aclose()
+            return took, codes
+
+    try:
+        took, codes = anyio.run(calls)
+    finally:
+        server.shutdown()
+    assert took < 1.0, took  # before: it waited for the first project's polls to end (4 s)
+    assert sorted(codes) == [200] * tinker.FORWARDS_PER_PROJECT + [429] * (many - tinker.FORWARDS_PER_PROJECT), codes
