@@ -19,6 +19,7 @@ from mathrl.specs import ID_PATTERN, AnySpec, split_job_ref
 from mathrl.specs.resolved import ResolvedConfig
 from mathrl.status import TERMINAL
 from service.settings import Settings
+from store.files import expired
 from store.ids import uuid7
 from store.models import Checkpoint, Event, Job, utcnow
 
@@ -63,7 +64,7 @@ def check_file_refs(session: Session, project_id: str, spec: AnySpec, prefix: st
         if file_id is None:
             continue
         row = session.get(File, file_id)
-        if row is None or row.project_id != project_id:
+        if row is None or row.project_id != project_id or expired(row):
             msg = f"{file_id!r}: no file with this id in your project (POST /v1/files uploads one)"
             raise Problem.at(f"{prefix}/{field}/file", msg)
 

@@ -56,10 +56,18 @@ OPENAI_METRICS = {
     "mean_token_accuracy": "train_mean_token_accuracy",
     "reward": "train_reward_mean",
     "heldout/reward": "valid_reward_mean",
+    # a supervised job's validation file (trainer/sft.py), scored whole (up to eval.limit) at each checkpoint
+    "eval_loss": "full_valid_loss",
+    "eval_mean_token_accuracy": "full_valid_mean_token_accuracy",
 }
 # The results file's columns: OpenAI's names (its fine-tuning guide reads `train_loss` and
 # `train_accuracy` there), before the job's other metrics under mathrl's names.
-RESULTS_COLUMNS = {**OPENAI_METRICS, "mean_token_accuracy": "train_accuracy"}
+RESULTS_COLUMNS = {
+    **OPENAI_METRICS,
+    "mean_token_accuracy": "train_accuracy",
+    "eval_loss": "valid_loss",
+    "eval_mean_token_accuracy": "valid_mean_token_accuracy",
+}
 
 
 def results_file_id(job_id: str) -> str:

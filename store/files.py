@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import tempfile
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,8 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from mathrl.errors import OverQuota as OverQuota  # raised here; its callers import it from here
-from store.models import File, Project
+from store.jobs import readers_of
+from store.models import File, Project, utcnow
 
 
 @dataclass(frozen=True)
@@ -82,3 +84,30 @@ def store_file(
             path.unlink(missing_ok=True)
         raise
     return stored
+
+
+def expired(row: File, now: datetime | None = None) -> bool:
+    """Past its `expires_at` (OpenAI's expires_after): gone to the API from then (not listed, a 404,
+    not a job's dataset), though a job admitted before reads it until it ends."""
+    if row.expires_at is None:
+        return False
+    return row.expires_at.replace(tzinfo=UTC) <= (now or utcnow())
+
+
+def delete_expired(session: Session, now: datetime | None = None, limit: int = 100) -> list[str]:
+    """Delete up to `limit` expired files, their rows and bytes, but those a job of their project that
+    has not ended still reads (store.jobs.readers_of): those go in a later round, after it ends.
+    Returns the ids deleted. (The workers' reconciler calls it each round.)"""
+    now = now or utcnow()
+    rows = session.scalars(select(File).where(File.expires_at <= now).order_by(File.expires_at).limit(limit)).all()
+    deleted = []
+    for row in rows:
+        if readers_of(session, row.project_id, row.id):
+            continue
+        path = Path(row.path)
+        session.delete(row)
+        session.commit()
+        path.unlink(missing_ok=True)
+        deleted.append(row.id)
+    session.commit()
+    return deleted

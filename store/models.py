@@ -238,6 +238,7 @@ class File(Base):
     __table_args__ = (
         Index("ix_files_project_id_id", "project_id", "id"),
         Index("uq_files_project_idempotency", "project_id", "idempotency_key", unique=True),
+        Index("ix_files_expires_at", "expires_at"),
     )
     id: Mapped[str] = mapped_column(String(48), primary_key=True)  # 'file-' + a uuid7's hex: ordered by creation
     project_id: Mapped[str] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"))
@@ -247,5 +248,8 @@ class File(Base):
     path: Mapped[str] = mapped_column(String(2048))
     data: Mapped[dict[str, Any] | None] = mapped_column()
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    # OpenAI's expires_after: from then the file is gone to the API, and the reconciler deletes it once no
+    # job that reads it is left (store.files.delete_expired)
+    expires_at: Mapped[datetime | None] = mapped_column()
     idempotency_key: Mapped[str | None] = mapped_column(String(200))  # api/idempotency.py
     request_hash: Mapped[str | None] = mapped_column(String(64))

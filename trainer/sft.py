@@ -1,5 +1,11 @@
 """SFT jobs on TRL's SFTTrainer: prompt -> completion pairs rendered with the evaluation
-prompts, loss on the completion only."""
+prompts, loss on the completion only.
+
+Held out (`eval`): a benchmark is answered and graded every N steps (trainer/heldout_eval.py); an
+uploaded file (OpenAI's validation file) is the trainer's own evaluation every N steps and after
+the last: the loss and token accuracy on its chats' answers, the series eval_loss and
+eval_mean_token_accuracy (a fine-tuning job's checkpoints show them as OpenAI's full_valid_loss
+and full_valid_mean_token_accuracy)."""
 
 from __future__ import annotations
 
@@ -11,7 +17,7 @@ from evaluator import prompts
 from evaluator.models import check_loaded_from_hub, load_tokenizer
 from mathrl.errors import StopRequested
 from mathrl.modelref import FINE_TUNING_TAG
-from mathrl.specs import SFTSpec
+from mathrl.specs import DatasetRef, SFTSpec
 from mathrl.specs.resolved import ResolvedSFT
 from runtime.sink import Sink
 from trainer.callbacks import SinkCallback
@@ -44,10 +50,11 @@ def carry_token_count(trainer: Any) -> None:
     trainer.add_callback(Carry())
 
 
-def sft_dataset(spec: SFTSpec, tokenizer: Any, data_dir: str | None) -> Any:
+def sft_dataset(spec: SFTSpec, tokenizer: Any, data_dir: str | None, source: DatasetRef | None = None) -> Any:
+    """The rows of `source` (the spec's dataset unless given) as prompt -> completion pairs."""
     from datasets import Dataset
 
-    problems, template = load_problems(spec.dataset, data_dir)
+    problems, template = load_problems(source or spec.dataset, data_dir)
     rows = []
     for p in problems:
         if "messages" in p.meta:  # OpenAI's fine-tuning JSONL: the chat, and its last assistant message
@@ -64,10 +71,18 @@ def sft_dataset(spec: SFTSpec, tokenizer: Any, data_dir: str | None) -> Any:
     return Dataset.from_list(rows)
 
 
-def sft_args(config: ResolvedSFT, output_dir: Path, use_cpu: bool) -> SFTConfig:
-    """TRL's SFTConfig from a job's resolved config alone: the arguments every training job shares,
-    and SFT's own."""
+def sft_args(config: ResolvedSFT, output_dir: Path, use_cpu: bool, eval_every: int | None = None) -> SFTConfig:
+    """TRL's SFTConfig from a job's resolved config: the arguments every training job shares, and
+    SFT's own; `eval_every`: the trainer evaluates its eval dataset every N steps."""
     from trl import SFTConfig
+
+    evaluated: dict[str, Any] = {}
+    if eval_every is not None:
+        evaluated = {
+            "eval_strategy": "steps",
+            "eval_steps": eval_every,
+            "per_device_eval_batch_size": config.per_device_train_batch_size,
+        }
 
     return SFTConfig(
         **training_args(
@@ -86,6 +101,7 @@ def sft_args(config: ResolvedSFT, output_dir: Path, use_cpu: bool) -> SFTConfig:
         warmup_steps=int(config.warmup_ratio * config.max_steps),
         completion_only_loss=True,
         max_grad_norm=1.0,
+        **evaluated,
     )
 
 
@@ -105,8 +121,14 @@ def run_sft(
 
     tokenizer = load_tokenizer(model_path)
     dataset = sft_dataset(spec, tokenizer, data_dir)
+    validation, every = None, None
+    if spec.eval is not None and spec.eval.file is not None:  # OpenAI's validation file: its first `limit` chats
+        where = DatasetRef(path=spec.eval._path or spec.eval.file, format="messages")  # found by worker.child
+        validation = sft_dataset(spec, tokenizer, data_dir, where)
+        validation = validation.select(range(min(spec.eval.limit, len(validation))))
+        every = spec.eval.every
     use_cpu = not torch.cuda.is_available()
-    args = sft_args(config, work_dir or out_dir, use_cpu)
+    args = sft_args(config, work_dir or out_dir, use_cpu, every)
     peft_config = lora_config(config.lora)
     callback = SinkCallback(
         sink,
@@ -115,11 +137,12 @@ def run_sft(
         checkpoint_dir=str(out_dir),
         metrics_events=FINE_TUNING_TAG in spec.tags,
     )
-    heldout = HeldoutEvalCallback(spec.eval, sink, tokenizer, data_dir) if spec.eval else None
+    heldout = HeldoutEvalCallback(spec.eval, sink, tokenizer, data_dir) if spec.eval and validation is None else None
     trainer = SFTTrainer(
         model=model_path,
         args=args,
         train_dataset=dataset,
+        eval_dataset=validation,
         processing_class=tokenizer,
         peft_config=peft_config,
         callbacks=([heldout] if heldout else []) + [callback],
@@ -140,4 +163,6 @@ def run_sft(
     seconds = time.monotonic() - t0
     if callback.stopped:
         raise StopRequested("stop requested")
+    if every is not None and trainer.state.global_step % every:
+        trainer.evaluate()  # after the last step too, as a held-out benchmark is
     return save_final(trainer, tokenizer, out_dir, sink, seconds, work_dir)

@@ -4,19 +4,22 @@ the caller's project, as a job does; its bytes live under the artifact directory
 (`files/<project>/<id>.jsonl`) and a row records it (store.models.File). A 'fine-tune' file is
 checked at upload (mathrl/jsonl_files.py): a bad line is a 422 naming the line and the field,
 and nothing is stored. Limits are the `files` settings: bytes per file (413), bytes and files
-per project (413, 429)."""
+per project (413, 429). OpenAI's `expires_after` ({"anchor": "created_at", "seconds": 3600 to
+2592000}) sets the file's `expires_at`: from then it is gone to every route here and to new jobs,
+and the workers' reconciler deletes it once the jobs that read it have ended (store.files)."""
 
 from __future__ import annotations
 
 import os
 import re
+from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, File, Form, Header, Query, UploadFile
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse
-from sqlalchemy import select
+from sqlalchemy import or_, select
 from sqlalchemy.exc import IntegrityError
 
 from api.deps import CallerDep, SessionDep, SettingsDep
@@ -24,16 +27,18 @@ from api.idempotency import earlier, request_hash
 from api.problems import Problem
 from mathrl.jsonl_files import FileFormatError, check_jsonl
 from mathrl.modelref import RESULTS_PURPOSE
-from store.files import OverQuota, Quota, store_file
+from store.files import OverQuota, Quota, expired, store_file
 from store.ids import uuid7
 from store.jobs import readers_of
 from store.models import File as FileRow
+from store.models import utcnow
 
 router = APIRouter(prefix="/v1/files", tags=["openai: files"])
 
 PURPOSES = ("fine-tune",)
 FILE_ID = re.compile(r"^file-[0-9a-f]{32}$")
 NOT_FOUND = "no file with this id in your project"
+EXPIRES_SECONDS = (3600, 2_592_000)  # OpenAI's bounds on expires_after.seconds: an hour to 30 days
 
 
 def file_object(row: FileRow) -> dict[str, Any]:
@@ -46,14 +51,15 @@ def file_object(row: FileRow) -> dict[str, Any]:
         "purpose": row.purpose,
         "status": "processed",
         "status_details": None,
-        "expires_at": None,
+        "expires_at": int(row.expires_at.timestamp()) if row.expires_at is not None else None,
     }
 
 
 def own_file(session: Any, project_id: str, file_id: str) -> FileRow:
-    """The project's file, else a 404 (the same for another project's file and a malformed id)."""
+    """The project's file, else a 404 (the same for another project's file, a malformed id and an
+    expired file)."""
     row = session.get(FileRow, file_id) if FILE_ID.match(file_id) else None
-    if row is None or row.project_id != project_id:
+    if row is None or row.project_id != project_id or expired(row):
         raise Problem(404, "Not found", NOT_FOUND)
     return row  # type: ignore[no-any-return]
 
@@ -76,6 +82,13 @@ async def create_file(
     settings: SettingsDep,
     file: Annotated[UploadFile, File(description="A JSONL file in OpenAI's fine-tuning format.")],
     purpose: Annotated[str, Form(description="What it is for: 'fine-tune'.")],
+    expires_anchor: Annotated[
+        str | None, Form(alias="expires_after[anchor]", description="OpenAI's expires_after: 'created_at'.")
+    ] = None,
+    expires_seconds: Annotated[
+        int | None,
+        Form(alias="expires_after[seconds]", description="Seconds after the anchor the file expires: 3600 to 2592000."),
+    ] = None,
     idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
     x_stainless_retry_count: Annotated[str | None, Header(max_length=8, include_in_schema=False)] = None,
 ) -> dict[str, Any]:
@@ -84,6 +97,7 @@ async def create_file(
     same file returns the first upload (api/idempotency.py)."""
     if purpose not in PURPOSES:
         raise _invalid("/purpose", f"{purpose!r} is not a purpose here: use {', '.join(PURPOSES)}")
+    expires_after = _expires_after(expires_anchor, expires_seconds)
     limits = settings.files
     data = await file.read(limits.max_file_bytes + 1)
     if len(data) > limits.max_file_bytes:
@@ -95,8 +109,24 @@ async def create_file(
         raise Problem(422, "Invalid file", f"/file: {e}", errors) from None
     name = os.path.basename(file.filename or "upload.jsonl")[:255] or "upload.jsonl"
     digest = request_hash(purpose.encode() + b"\0" + name.encode() + b"\0" + data)
+    if expires_after is not None:
+        digest = request_hash(digest.encode() + b"\0" + str(expires_after).encode())
     key = (idempotency_key, digest, x_stainless_retry_count)
-    return await run_in_threadpool(_store, settings, caller.project_id, name, purpose, data, stats.record(), key)
+    args = (settings, caller.project_id, name, purpose, data, stats.record(), key, expires_after)
+    return await run_in_threadpool(_store, *args)
+
+
+def _expires_after(anchor: str | None, seconds: int | None) -> int | None:
+    """OpenAI's expires_after, checked: its seconds, or None where it was not sent."""
+    if anchor is None and seconds is None:
+        return None
+    if anchor != "created_at":
+        raise _invalid("/expires_after/anchor", f"{anchor!r}: the anchor is 'created_at', the only one")
+    low, high = EXPIRES_SECONDS
+    if seconds is None or not low <= seconds <= high:
+        detail = f"{seconds!r}: seconds after created_at the file expires, from {low} (an hour) to {high} (30 days)"
+        raise _invalid("/expires_after/seconds", detail)
+    return seconds
 
 
 def _store(
@@ -107,8 +137,10 @@ def _store(
     data: bytes,
     stats: dict[str, Any],
     key: tuple[str | None, str, str | None] = (None, "", None),
+    expires_after: int | None = None,
 ) -> Any:
-    """`key`: the Idempotency-Key, the request's hash and the SDK's retry count (api/idempotency.py)."""
+    """`key`: the Idempotency-Key, the request's hash and the SDK's retry count (api/idempotency.py);
+    `expires_after`: the seconds from now the file expires (None: it stays until deleted)."""
     from store.db import get_sessionmaker
 
     with get_sessionmaker(settings.database.url)() as session:  # a retry of an upload stored before
@@ -128,6 +160,7 @@ def _store(
                 filename=name,
                 purpose=purpose,
                 data=stats,
+                expires_at=utcnow() + timedelta(seconds=expires_after) if expires_after is not None else None,
                 idempotency_key=key[0],
                 request_hash=key[1],  # with a key or without: the SDK's keyless retries are matched on it too
             )
@@ -154,7 +187,9 @@ def list_files(
     after: Annotated[str | None, Query(max_length=48)] = None,
 ) -> dict[str, Any]:
     """The project's files, newest first (order=asc: oldest first), `after` a file id."""
-    query = select(FileRow).where(FileRow.project_id == caller.project_id)
+    query = select(FileRow).where(
+        FileRow.project_id == caller.project_id, or_(FileRow.expires_at.is_(None), FileRow.expires_at > utcnow())
+    )
     if purpose is not None:
         query = query.where(FileRow.purpose == purpose)
     if after is not None:

@@ -57,6 +57,9 @@ RL_LEARNING_RATE = float(_GRPO["learning_rate"])  # GRPO, times learning_rate_mu
 SFT_LEARNING_RATE = float(SFTSpec.model_fields["learning_rate"].default)  # SFT, times learning_rate_multiplier
 COMPLETION_TOKENS = int(_GRPO["max_completion_length"])  # what a GRPO job generates unless reasoning_effort says
 METADATA_SCAN = 10_000  # jobs one metadata-filtered list request reads at most (the rest: its next page)
+# metadata keys the database filters by (a JSON path of them binds safely on PostgreSQL and SQLite); a
+# filter on another key reads the jobs here, METADATA_SCAN at most a request
+SQL_METADATA_KEY = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 MAX_VALIDATION = 5000  # validation items scored each time (HeldoutEval.limit's cap)
 REASONING_TOKENS = {"low": 256, "medium": 1024, "high": 4096}  # reasoning_effort -> max_completion_length
 
@@ -193,6 +196,12 @@ def to_spec(
         "logging_steps": 1,
         "save_steps": max(1, steps // 4),
     }
+    if body.validation_file is not None:  # its loss at each checkpoint: OpenAI's full_valid_loss
+        spec["eval"] = {
+            "file": body.validation_file,
+            "every": spec["save_steps"],
+            "limit": max(1, min(validation_lines, MAX_VALIDATION)),
+        }
     mapping = {
         "n_epochs": epochs,
         "batch_size": batch,
@@ -368,8 +377,15 @@ def create(
             ) from None
         validation_lines = int((validation.data or {}).get("lines", 0))
         rl = (validation.data or {}).get("reinforcement_lines", 0)
+        sl = (validation.data or {}).get("supervised_lines", 0)
         if body.method is not None and body.method.type == "reinforcement" and rl != validation_lines:
             detail = f"{validation_lines - rl} of its {validation_lines} lines do not end with a user message"
+            raise Problem.at("/validation_file", detail)
+        if (body.method is None or body.method.type == "supervised") and sl != validation_lines:
+            detail = (
+                f"{validation_lines - sl} of its {validation_lines} lines do not end with a user message and the "
+                "assistant's answer (a supervised line's last message is what its loss is taken on)"
+            )
             raise Problem.at("/validation_file", detail)
     stats = training.data or {}
     lines = int(stats.get("lines", 0))
@@ -458,6 +474,9 @@ def list_jobs(
             raise Problem(400, "Bad cursor", "query:/after: a fine-tuning job id from a previous page")
         q = q.where(Job.id < before)
     q = q.order_by(Job.id.desc())
+    for key in [k for k in wanted if SQL_METADATA_KEY.fullmatch(k)]:  # filtered by the database: no scan
+        stored = Job.resolved_config[("openai", "request", "metadata", key)].as_string()
+        q = q.where(stored == wanted.pop(key))
     capped = False
     if wanted:  # the request's metadata is in the stored config: read in batches until the page is full,
         # by the id (OFFSET read every skipped row again) and at most METADATA_SCAN rows a request
@@ -550,6 +569,18 @@ def events(
     return _page(data, len(rows) > limit)
 
 
+def _checkpoint_metrics(step: int, logged: dict[str, float]) -> dict[str, float | None]:
+    """A checkpoint's `metrics` under OpenAI's names: the training metrics at its step, and the
+    validation file's (the whole file, up to eval.limit) as both valid_* and full_valid_*."""
+    named = {name: logged.get(raw) for raw, name in OPENAI_METRICS.items()}
+    return {
+        "step": float(step),
+        **named,
+        "valid_loss": named["full_valid_loss"],
+        "valid_mean_token_accuracy": named["full_valid_mean_token_accuracy"],
+    }
+
+
 @router.get("/{fine_tuning_job_id}/checkpoints", responses={404: {"description": NOT_FOUND}})
 def checkpoints(
     fine_tuning_job_id: str,
@@ -593,10 +624,7 @@ def checkpoints(
                 "fine_tuned_model_checkpoint": fine_tuned_model(job, c.step),
                 "fine_tuning_job_id": ftjob_id(job.id),
                 "step_number": c.step,
-                "metrics": {
-                    "step": float(c.step),
-                    **{name: values[c.step].get(raw) for raw, name in OPENAI_METRICS.items()},
-                },
+                "metrics": _checkpoint_metrics(c.step, values[c.step]),
             }
         )
     return _page(data, len(rows) > limit)

@@ -37,7 +37,7 @@ from api.routers.openai_fine_tuning import TAG as FINE_TUNING
 from api.submit import admit, commit_and_dispatch, job_row
 from mathrl.modelref import FINAL_DELETED_TAG, ft_model_ref, split_job_ref
 from mathrl.specs import GenerateSpec
-from mathrl.specs.generate import MAX_TOKENS
+from mathrl.specs.generate import MAX_CHOICES, MAX_TOKENS
 from mathrl.status import WAIT_ENDS
 from store.db import get_sessionmaker
 from store.jobs import has_tag, readers_of, request_cancel
@@ -112,7 +112,7 @@ class _Sampling(_Open):
     max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS)
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, ge=0, le=1, description="0: only the most likely token (greedy), as OpenAI's.")
-    n: int | None = Field(None, ge=1, le=16)
+    n: int | None = Field(None, ge=1, le=MAX_CHOICES)
     stop: StopString | Annotated[list[StopString], Field(max_length=4)] | None = None
     seed: int | None = Field(None, ge=0, le=2**32 - 1)
     stream: bool | None = None
@@ -449,9 +449,11 @@ def _choices(settings: Any, job_id: str) -> list[dict[str, Any]]:
 
 
 def _usage(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """OpenAI's usage object, its token details included (zeros: no reasoning split, no prompt cache, no
-    audio): the SDK types them optional, and scripts read `usage.completion_tokens_details.reasoning_tokens`."""
+    """OpenAI's usage object, its token details included (the prompt's tokens a warm engine's prefix cache
+    held, and zeros: no reasoning split, no audio): the SDK types them optional, and scripts read
+    `usage.completion_tokens_details.reasoning_tokens`."""
     prompt = int(rows[0].get("prompt_tokens", 0)) if rows else 0
+    cached = int(rows[0].get("cached_tokens", 0)) if rows else 0
     completion = sum(int(r.get("completion_tokens", 0)) for r in rows)
     return {
         "prompt_tokens": prompt,
@@ -463,7 +465,7 @@ def _usage(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "accepted_prediction_tokens": 0,
             "rejected_prediction_tokens": 0,
         },
-        "prompt_tokens_details": {"cached_tokens": 0, "audio_tokens": 0},
+        "prompt_tokens_details": {"cached_tokens": cached, "audio_tokens": 0},
     }
 
 

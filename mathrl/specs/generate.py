@@ -24,6 +24,9 @@ class ChatMessage(StrictModel):
         return self
 
 
+MAX_CHOICES = 128  # OpenAI's bound on a chat's `n`
+
+
 class GenerateSpec(JobBase):
     """Answer one chat (through the model's chat template) or one plain prompt: what
     POST /v1/chat/completions and /v1/completions submit for an `ft:` model, and relay. The
@@ -37,7 +40,7 @@ class GenerateSpec(JobBase):
     max_tokens: int = Field(256, ge=1, le=MAX_TOKENS, description="New tokens per choice at most.")
     temperature: float = Field(1.0, ge=0, le=2, description="0: greedy.")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling.")
-    n: int = Field(1, ge=1, le=16, description="Choices.")
+    n: int = Field(1, ge=1, le=MAX_CHOICES, description="Choices.")
     stop: list[Annotated[str, Field(min_length=1, max_length=200)]] | None = Field(
         None, max_length=4, description="Strings that end a choice (cut off)."
     )

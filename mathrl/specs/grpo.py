@@ -39,8 +39,9 @@ class HeldoutEval(StrictModel):
     file: str | None = Field(
         None,
         pattern=r"^file-[0-9a-f]{32}$",
-        description="Or an uploaded file (POST /v1/files) in OpenAI's fine-tuning format, scored by the GRPO job's "
-        "own rewards: the series heldout/reward (OpenAI's validation file).",
+        description="Or an uploaded file (POST /v1/files) in OpenAI's fine-tuning format (OpenAI's validation file): "
+        "a GRPO job scores its answers with its own rewards, the series heldout/reward; an SFT job takes its loss "
+        "and token accuracy on the chats' last assistant messages, the series eval_loss and eval_mean_token_accuracy.",
     )
     limit: int = Field(100, ge=1, le=5000, description="Problems scored each time (the set's first N).")
     every: int = Field(10, ge=1, le=10_000_000, description="Score every N optimizer steps, and after the last.")

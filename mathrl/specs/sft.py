@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
-from mathrl.errors import FieldError
 from mathrl.modelref import ModelRef
 from mathrl.specs.base import MAX_SEED, GradientCheckpointing, JobBase
 from mathrl.specs.grpo import HeldoutEvalField
@@ -31,12 +30,6 @@ class SFTSpec(JobBase):
     logging_steps: int = Field(10, ge=1, le=10_000_000, description="Store metrics every N steps.")
     save_steps: int = Field(100, ge=1, le=10_000_000, description="Checkpoint every N steps.")
     seed: int = Field(42, ge=0, le=MAX_SEED, description="Seed of the data order and initialisation (0 to 2**32 - 1).")
+    # a benchmark: accuracy every N steps; a file (OpenAI's validation file): the loss and token accuracy on its
+    # chats every N steps, the series eval_loss and eval_mean_token_accuracy (trainer/sft.py)
     eval: HeldoutEvalField = None
-
-    @model_validator(mode="after")
-    def _heldout_benchmark(self) -> SFTSpec:
-        if self.eval is not None and self.eval.file is not None:
-            raise FieldError(
-                "eval", "eval.file is scored by a GRPO job's rewards; an SFT job has none: give a benchmark"
-            )
-        return self

@@ -138,13 +138,27 @@ def test_reinforcement_and_supervised_jobs_with_the_openai_sdk(service: Service,
     sft = client.fine_tuning.jobs.create(
         model=tiny_model,
         training_file=sft_file.id,
+        validation_file=sft_file.id,
         method={"type": "supervised", "supervised": {"hyperparameters": {"batch_size": 4, "n_epochs": 2}}},
     )
     sft_done = wait_fine_tuning(client, sft.id)
     assert sft_done.status == "succeeded", sft_done.error
-    assert [c.step_number for c in client.fine_tuning.jobs.checkpoints.list(sft.id).data] == [2, 1]
+    sft_ckpts = client.fine_tuning.jobs.checkpoints.list(sft.id).data
+    assert [c.step_number for c in sft_ckpts] == [2, 1]
+    # the validation file's loss at each checkpoint (it was None: a script picking the checkpoint of least
+    # full_valid_loss failed comparing None), as OpenAI's full_valid_loss and valid_loss
+    losses = [c.metrics.full_valid_loss for c in sft_ckpts]
+    assert all(isinstance(x, float) and x > 0 for x in losses), sft_ckpts
+    assert [c.metrics.valid_loss for c in sft_ckpts] == losses
+    accuracies = [c.metrics.full_valid_mean_token_accuracy for c in sft_ckpts]
+    assert all(x is not None and 0 <= x <= 1 for x in accuracies), sft_ckpts
+    import base64
+
+    results = base64.b64decode(client.files.content(sft_done.result_files[0]).read()).decode()
+    assert "valid_loss" in results.splitlines()[0].split(","), results
     sft_steps = [e.data for e in client.fine_tuning.jobs.list_events(sft.id, limit=100).data if e.type == "metrics"]
-    assert sft_steps and {"train_loss", "train_mean_token_accuracy"} <= set(sft_steps[0]), sft_steps
+    assert any({"train_loss", "train_mean_token_accuracy"} <= set(s) for s in sft_steps), sft_steps
+    assert any({"full_valid_loss", "full_valid_mean_token_accuracy"} <= set(s) for s in sft_steps), sft_steps
     # list (newest first) and cancel
     assert [j.id for j in client.fine_tuning.jobs.list().data][:2] == [sft.id, job.id]
     third = client.fine_tuning.jobs.create(model=tiny_model, training_file=sft_file.id)

@@ -341,6 +341,32 @@ def test_jobs_list_filters_by_metadata_as_the_sdk_sends_it(app_client: Any) -> N
         client.fine_tuning.jobs.cancel(job.id)
 
 
+def test_a_metadata_filter_finds_a_job_behind_many_newer_ones(app_client: Any) -> None:
+    """The filter read the stored configs in the API, METADATA_SCAN (10,000) jobs a request: behind that
+    many newer jobs without the metadata, the first page came back empty with has_more, and the SDK's
+    iteration stops at an empty page: the script saw no job. The database filters by it now."""
+    from api.routers.openai_fine_tuning import METADATA_SCAN
+    from mathrl.modelref import job_uuid
+    from service.settings import get_settings
+    from store.db import session_scope
+    from store.models import Job
+
+    client = _client(app_client, admin_key(app_client))
+    rows = b'{"messages": [{"role": "user", "content": "2 + 2?"}, {"role": "assistant", "content": "4"}]}\n'
+    train = client.files.create(file=("t.jsonl", rows), purpose="fine-tune")
+    f = client.fine_tuning.jobs.create
+    a = f(model="org/model", training_file=train.id, metadata={"team": "a"})
+    b = f(model="org/model", training_file=train.id, metadata={"team": "b"})
+    with session_scope(get_settings().database.url) as s:  # METADATA_SCAN more of team b's, newer than a
+        row = s.get(Job, job_uuid(b.id))
+        assert row is not None
+        copied = {c.key: getattr(row, c.key) for c in Job.__table__.columns if c.key not in ("id", "idempotency_key")}
+        s.add_all([Job(**{**copied, "status": "cancelled"}) for _ in range(METADATA_SCAN)])
+    assert [j.id for j in client.fine_tuning.jobs.list(metadata={"team": "a"})] == [a.id]
+    for job in (a, b):
+        client.fine_tuning.jobs.cancel(job.id)
+
+
 def test_a_succeeded_fine_tuning_job_has_its_step_metrics_as_a_results_file(
     app_client: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -447,6 +473,30 @@ def test_what_a_retry_can_change_is_retried_and_what_is_not_served_says_so(app_c
         with pytest.raises(openai.NotFoundError, match="is not served here; OpenAI's routes here: files") as nf:
             call()
         assert nf.value.body["message"].startswith("POST /v1/"), nf.value.body  # type: ignore[index]
+
+
+def test_a_chat_asks_for_up_to_128_choices_as_openais(app_client: Any) -> None:
+    """`n` was capped at 16: a pass@k script asking OpenAI's most (128) got a 400."""
+    import openai
+    from sqlalchemy.orm import Session
+
+    from store.models import Job
+
+    h = admin_key(app_client)
+    ids = make_objects(app_client, h)
+    client = _client(app_client, h).with_options(timeout=6.0)
+    chat = {"model": ids["model"], "messages": [{"role": "user", "content": "1 + 1?"}]}
+    with pytest.raises(openai.APIStatusError) as e:  # stored, then a 504 (or 502 from the suite's worker)
+        client.chat.completions.create(**chat, n=128)
+    assert e.value.status_code in (502, 504), e.value.body
+    with Session(db(app_client)) as s:
+        project = select(Job.project_id).where(
+            Job.id == str(uuid.UUID(ids["fine_tuning_job_id"].removeprefix("ftjob-")))
+        )
+        newest = select(Job.spec).where(Job.project_id == project.scalar_subquery(), Job.kind == "generate")
+        assert s.scalars(newest.order_by(Job.id.desc())).first()["n"] == 128
+    with pytest.raises(openai.BadRequestError, match="/n"):
+        client.chat.completions.create(**chat, n=129)
 
 
 def test_a_jobs_method_carries_the_hyperparameters_it_runs_with(app_client: Any) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -187,3 +188,54 @@ def test_file_limits(app_client: Any, monkeypatch: pytest.MonkeyPatch) -> None:
         client.files.create(file=("d.jsonl", io.BytesIO(rft_jsonl(30))), purpose="fine-tune")
     assert e.value.status_code == 413
     assert len(client.files.list().data) == 1
+
+
+def test_a_file_with_expires_after_goes_then_and_is_deleted_once_no_job_reads_it(app_client: Any) -> None:
+    """OpenAI's `expires_after` was ignored: a script that set it to clean up after itself kept every
+    upload until the project's file quota refused the next one."""
+    import openai
+
+    from service.settings import get_settings
+    from store.db import session_scope
+    from store.files import delete_expired
+    from tests.helpers.jobs import parked_grpo
+
+    client = _client(app_client)
+    hour = {"anchor": "created_at", "seconds": 3600}
+    f = client.files.create(file=("t.jsonl", io.BytesIO(rft_jsonl(3))), purpose="fine-tune", expires_after=hour)
+    assert f.expires_at is not None and 3599 <= f.expires_at - f.created_at <= 3601, f
+    assert client.files.create(file=("k.jsonl", io.BytesIO(rft_jsonl(3))), purpose="fine-tune").expires_at is None
+    for bad, field in (
+        ({"anchor": "created_at", "seconds": 60}, "seconds"),
+        ({"anchor": "now", "seconds": 3600}, "anchor"),
+    ):
+        with pytest.raises(openai.BadRequestError, match=f"/expires_after/{field}"):
+            client.files.create(file=("b.jsonl", io.BytesIO(rft_jsonl(1))), purpose="fine-tune", expires_after=bad)
+    read = client.files.create(file=("r.jsonl", io.BytesIO(rft_jsonl(3))), purpose="fine-tune", expires_after=hour)
+    headers = {"Authorization": f"Bearer {client.api_key}"}
+    job = app_client.post("/v1/jobs", json=parked_grpo(dataset={"file": read.id}), headers=headers)
+    assert job.status_code == 201, job.text
+    with db(app_client).begin() as c:  # an hour on
+        c.execute(text("UPDATE files SET expires_at = created_at WHERE id IN (:a, :b)"), {"a": f.id, "b": read.id})
+    for gone in (f.id, read.id):  # gone to the API at once
+        with pytest.raises(openai.NotFoundError):
+            client.files.retrieve(gone)
+        with pytest.raises(openai.NotFoundError):
+            client.files.content(gone)
+    assert f.id not in [x.id for x in client.files.list()] and read.id not in [x.id for x in client.files.list()]
+    again = app_client.post("/v1/jobs", json=parked_grpo(dataset={"file": f.id}), headers=headers)
+    assert again.status_code == 422 and "/dataset/file" in again.text, again.text
+    url = get_settings().database.url
+    with session_scope(url) as s:  # the reconciler's round: the file a queued job reads stays
+        assert delete_expired(s) == [f.id]
+    rows = (
+        db(app_client)
+        .connect()
+        .execute(text("SELECT id, path FROM files WHERE id IN (:a, :b)"), {"a": f.id, "b": read.id})
+    )
+    kept = dict(rows.all())
+    assert list(kept) == [read.id] and Path(kept[read.id]).exists()
+    app_client.post(f"/v1/jobs/{job.json()['id']}/cancel", headers=headers)
+    with session_scope(url) as s:
+        assert delete_expired(s) == [read.id]
+    assert not Path(kept[read.id]).exists()
