@@ -181,8 +181,12 @@ def _save(settings: Settings, project_id: str, path: str) -> tuple[Located, Chec
 # --- forwarding to a session job's process -------------------------------------------------
 
 
-async def _forward(settings: Settings, at: Located, op: str, body: bytes, content_type: str) -> Response:
-    """`op` on the job's process; a 404 once the job has ended, a 429 (the SDK retries) before it serves."""
+async def _forward(
+    settings: Settings, at: Located, op: str, body: bytes, content_type: str, counted: bool = True
+) -> Response:
+    """`op` on the job's process; a 404 once the job has ended, a 429 (the SDK retries) before it serves.
+    `counted`: one of the project's calls in flight (`_in_flight`); a heartbeat is not, so a project
+    busy with long polls keeps its sessions alive."""
     job, where = at
     if job.status in TERMINAL:  # its endpoint row may outlive a process that crashed
         raise Problem(404, "Session ended", f"the session job {job.id} is {job.status}: start a new client")
@@ -190,8 +194,11 @@ async def _forward(settings: Settings, at: Located, op: str, body: bytes, conten
         raise Problem(429, "Session starting", f"the session job {job.id} is {job.status}: retry shortly")
     url, token = where
     try:
-        async with _in_flight(str(job.project_id)):
-            headers = {"Content-Type": content_type, TOKEN_HEADER: token}
+        headers = {"Content-Type": content_type, TOKEN_HEADER: token}
+        if counted:
+            async with _in_flight(str(job.project_id)):
+                r = await _http().post(f"{url}/{op}", content=body, headers=headers)
+        else:
             r = await _http().post(f"{url}/{op}", content=body, headers=headers)
     except httpx.HTTPError as exc:
         fresh = await run_in_threadpool(_job, settings, job.project_id, job.id)
@@ -358,7 +365,7 @@ async def heartbeat(caller: TinkerCaller, settings: SettingsDep, request: Reques
 
 async def _forward_quietly(settings: Settings, at: Located, op: str) -> None:
     try:
-        await _forward(settings, at, op, b"{}", "application/json")
+        await _forward(settings, at, op, b"{}", "application/json", counted=False)  # a heartbeat: never held up
     except Problem:
         pass  # not serving yet, or ended
 

@@ -201,9 +201,13 @@ def test_one_projects_long_polls_do_not_hold_the_calls_of_another(
 
     from api.routers import tinker
 
+    beats: list[str] = []
+
     class Session(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            if self.path.endswith("/session_heartbeat"):
+                beats.append(self.path)
             if b"slow" in body:
                 time.sleep(4)  # a long poll with no result yet
             self.send_response(200)
@@ -228,6 +232,12 @@ def test_one_projects_long_polls_do_not_hold_the_calls_of_another(
         return tinker.Located(job, (url, "token"))  # type: ignore[arg-type]
 
     monkeypatch.setattr(tinker, "_id_job", located)
+
+    def session_jobs(settings: Any, project_id: str, session_id: str) -> list[Any]:
+        job = SimpleNamespace(id="j", project_id=project_id, status="running", spec={"session": session_id})
+        return [tinker.Located(job, (url, "token"))]  # type: ignore[arg-type]
+
+    monkeypatch.setattr(tinker, "_session_jobs", session_jobs)
     monkeypatch.setattr(tinker, "_client", None)  # a client of this test's event loop
     monkeypatch.setattr(tinker, "FORWARD_WAIT_SECONDS", 1.0)
     noisy, other = _tinker(admin_key(app_client)), _tinker(admin_key(app_client))
@@ -250,6 +260,9 @@ def test_one_projects_long_polls_do_not_hold_the_calls_of_another(
                 r = await client.post("/api/v1/retrieve_future", json={"request_id": "k:1"}, headers=other)
                 took = time.monotonic() - t0
                 assert r.status_code == 200, r.text
+                # the busy project's own heartbeat is not held up behind its polls: its session lives on
+                beat = await client.post("/api/v1/session_heartbeat", json={"session_id": "s"}, headers=noisy)
+                assert beat.status_code == 200 and beats, (beat.text, beats)
             await tinker._http().aclose()
             return took, codes
 
