@@ -127,9 +127,9 @@ async def caller_for(authorization: str, settings: Settings, client: str = "") -
     caller = Caller(project=project, key=key)
     ttl = settings.auth.cache_seconds
     if key.expires_at is not None:
-        from store.models import utcnow
+        from store.models import as_utc, utcnow
 
-        left = (key.expires_at.replace(tzinfo=utcnow().tzinfo) - utcnow()).total_seconds()
+        left = (as_utc(key.expires_at) - utcnow()).total_seconds()
         ttl = min(ttl, max(left, 0.0))
     if ttl > 0:
         if len(_auth_cache) > 10_000:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import tempfile
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 
 from mathrl.errors import OverQuota as OverQuota  # raised here; its callers import it from here
 from store.jobs import readers_of
-from store.models import File, Project, utcnow
+from store.models import File, Project, as_utc, utcnow
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,7 @@ def expired(row: File, now: datetime | None = None) -> bool:
     not a job's dataset), though a job admitted before reads it until it ends."""
     if row.expires_at is None:
         return False
-    return row.expires_at.replace(tzinfo=UTC) <= (now or utcnow())
+    return as_utc(row.expires_at) <= (now or utcnow())
 
 
 def delete_expired(session: Session, now: datetime | None = None, limit: int = 100) -> list[str]:

@@ -9,7 +9,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from store.models import ApiKey, Project, utcnow
+from store.models import ApiKey, Project, as_utc, utcnow
 
 
 def hash_key(secret: str) -> str:
@@ -66,7 +66,7 @@ def authenticate(session: Session, secret: str) -> tuple[ApiKey, Project] | None
     now = utcnow()
     if key.revoked_at is not None:
         return None
-    if key.expires_at is not None and key.expires_at.replace(tzinfo=now.tzinfo) <= now:
+    if key.expires_at is not None and as_utc(key.expires_at) <= now:
         return None
     return key, project
 

@@ -29,6 +29,12 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+def as_utc(when: datetime) -> datetime:
+    """A stored time, aware: SQLite gives it back naive (it was stored in UTC); PostgreSQL gives it
+    aware, in the connection's time zone, which replacing its tzinfo with UTC would shift."""
+    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
+
+
 class Base(DeclarativeBase):
     type_annotation_map = {
         dict[str, Any]: JSON,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from fastapi import APIRouter, Response
@@ -12,7 +12,7 @@ from api.deps import AnyCallerDep, CallerDep, SessionDep, SettingsDep, forget_ke
 from api.problems import ADMIN_REQUIRED, KEY_NOT_FOUND, KEY_OUTLIVES, REVOKE_NOT_HELD, SCOPE_NOT_HELD, Problem
 from mathrl.schemas import KEY_SCOPES, KeyCreated, KeyCreateRequest, KeyResponse, Page
 from store.keys import create_key, get_or_create_project, is_live, list_keys, live_key_count, revoke
-from store.models import ApiKey, utcnow
+from store.models import ApiKey, as_utc, utcnow
 
 router = APIRouter(prefix="/v1/keys", tags=["keys"])
 
@@ -77,7 +77,7 @@ def _within_parent(parent: ApiKey | None, days: int | None, asked: bool) -> date
     end = parent.expires_at if parent is not None else None
     if end is None:
         return None
-    end = end if end.tzinfo is not None else end.replace(tzinfo=UTC)
+    end = as_utc(end)
     now = utcnow()
     if days is not None and now + timedelta(days=days) <= end:
         return None

@@ -432,3 +432,19 @@ def test_the_projects_active_counters_follow_every_move_of_its_jobs(store_url: s
         s.execute(delete(Job).where(Job.project_id == pid))
         assert s.scalar(select(func.count()).select_from(Job).where(Job.project_id == pid)) == 0
     assert check(pid) == (0, 0) and check(oid) == (1, 1)
+
+
+def test_a_stored_time_in_another_zone_is_compared_as_the_instant_it_is() -> None:
+    """PostgreSQL gives a timestamptz back in the connection's time zone: replacing its tzinfo with UTC,
+    as the key and file expiry checks did, shifted it by the zone's offset (a key or file alive for
+    another hour read as expired an hour ago where the zone is UTC-5). SQLite gives it back naive."""
+    from datetime import UTC, timedelta, timezone
+    from types import SimpleNamespace
+
+    from store.files import expired
+    from store.models import as_utc, utcnow
+
+    in_an_hour = (utcnow() + timedelta(hours=1)).astimezone(timezone(timedelta(hours=-5)))
+    assert as_utc(in_an_hour) == in_an_hour and not expired(SimpleNamespace(expires_at=in_an_hour))  # type: ignore[arg-type]
+    an_hour_ago = (utcnow() - timedelta(hours=1)).replace(tzinfo=None)  # SQLite's: naive, in UTC
+    assert as_utc(an_hour_ago).tzinfo is UTC and expired(SimpleNamespace(expires_at=an_hour_ago))  # type: ignore[arg-type]
