@@ -19,11 +19,14 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, TypeVar, cast
 
 import anyio
 from prometheus_client import Counter
 from sqlalchemy.engine import make_url
+
+from api.project_gates import ProjectGates
 
 CHANNEL = "mathrl_job"
 POLL_SECONDS = 0.5  # streams without a listener (SQLite, or while it reconnects)
@@ -132,35 +135,35 @@ _inflight: dict[Hashable, asyncio.Future[Any]] = {}  # shared_read's reads, on t
 # each wake-up of its busy job, which took the API's threads (40) and database connections (30) from
 # every other project. Past this they wait their turn; other projects' reads go on.
 READS_PER_PROJECT = 4
-_project_reads: dict[tuple[int, str], asyncio.Semaphore] = {}  # by event loop (a semaphore is bound to one)
+_project_reads = ProjectGates(READS_PER_PROJECT)
 
 
 async def project_read(project_id: str, read: Callable[[], T]) -> T:
     """`read()` in a worker thread, one of at most READS_PER_PROJECT of the project's at once."""
-    where = (id(asyncio.get_running_loop()), project_id)
-    async with _project_reads.setdefault(where, asyncio.Semaphore(READS_PER_PROJECT)):
+    async with _project_reads.of(project_id):
         return await anyio.to_thread.run_sync(read)
 
 
 async def shared_read(key: Hashable, read: Callable[[], T], project_id: str) -> T:
     """`read()` in a worker thread (`project_read`), once for all the streams that ask with the same
     key while it runs: 200 streams of one job, woken by one notification, make one database read,
-    not 200. The key must say everything the read depends on (job, cursors, the wake-up's generation)."""
-    future = _inflight.get(key)
-    if future is not None:
-        return cast(T, await asyncio.shield(future))
-    future = asyncio.get_running_loop().create_future()
-    _inflight[key] = future
-    try:
-        result = await project_read(project_id, read)
-    except BaseException as exc:
-        future.set_exception(exc)
-        future.exception()  # retrieved: no "never retrieved" warning when nobody else waited
-        raise
-    finally:
-        _inflight.pop(key, None)
-    future.set_result(result)
-    return result
+    not 200. The key must say everything the read depends on (job, cursors, the wake-up's generation).
+    The read is a task of its own, which no stream's end cancels: a stream whose client went away
+    while the read waited its project's turn would otherwise hand its cancellation to every stream
+    that shared the read."""
+    task = _inflight.get(key)
+    if task is None:
+        task = asyncio.ensure_future(project_read(project_id, read))
+        _inflight[key] = task
+        task.add_done_callback(partial(_read_done, key))
+    return cast(T, await asyncio.shield(task))
+
+
+def _read_done(key: Hashable, task: asyncio.Future[Any]) -> None:
+    if _inflight.get(key) is task:
+        _inflight.pop(key, None)  # a later wake-up reads again
+    if not task.cancelled():
+        task.exception()  # retrieved: no "never retrieved" warning when every stream had gone
 
 
 _wakers: dict[str, JobWaker] = {}

@@ -102,12 +102,16 @@ def start(settings: Settings, app: Celery) -> threading.Event:
             try:
                 reconcile_once(settings, app, take_lapsed=db.settled(now))
                 db.succeeded(now)
-                with session_scope(settings.database.url) as s:
-                    if gone := delete_expired(s):
-                        log.info("deleted %d expired file(s): %s", len(gone), ", ".join(gone))
             except Exception as exc:  # the database down (a broker's refusal is per job, above): next round
                 log.warning("reconcile failed: %s", exc)
                 db.failed()
+                continue
+            try:  # apart: a file that cannot be deleted never holds back taking lapsed leases
+                with session_scope(settings.database.url) as s:
+                    if gone := delete_expired(s):
+                        log.info("deleted %d expired file(s): %s", len(gone), ", ".join(gone))
+            except Exception as exc:  # tried again next round
+                log.warning("deleting expired files failed: %s", exc)
 
     threading.Thread(target=loop, name="mathrl-reconciler", daemon=True).start()
     return stop

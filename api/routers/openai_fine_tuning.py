@@ -474,7 +474,8 @@ def list_jobs(
             raise Problem(400, "Bad cursor", "query:/after: a fine-tuning job id from a previous page")
         q = q.where(Job.id < before)
     q = q.order_by(Job.id.desc())
-    for key in [k for k in wanted if SQL_METADATA_KEY.fullmatch(k)]:  # filtered by the database: no scan
+    # filtered by the database, no scan ('null' would be SQL's NULL in PostgreSQL's path array)
+    for key in [k for k in wanted if SQL_METADATA_KEY.fullmatch(k) and k.lower() != "null"]:
         stored = Job.resolved_config[("openai", "request", "metadata", key)].as_string()
         q = q.where(stored == wanted.pop(key))
     capped = False

@@ -32,6 +32,7 @@ from sqlalchemy import select
 
 from api.deps import Caller, SettingsDep, caller_for, required_scope
 from api.problems import Problem
+from api.project_gates import ProjectGates
 from api.submit import admit, check_job_refs, commit_and_dispatch, job_row
 from mathrl.specs import SessionSpec, model_refs
 from mathrl.status import TERMINAL, WAIT_ENDS
@@ -57,7 +58,7 @@ TAG = "tinker"
 # one tenant holding 100 long polls made every other project's calls wait 40 s and fail with 503.
 FORWARDS_PER_PROJECT = 64
 FORWARD_WAIT_SECONDS = 10.0
-_forwards: dict[tuple[int, str], asyncio.Semaphore] = {}  # by event loop (a semaphore is bound to one)
+_forwards = ProjectGates(FORWARDS_PER_PROJECT)
 _client: httpx.AsyncClient | None = None
 
 
@@ -73,8 +74,7 @@ def _http() -> httpx.AsyncClient:
 @asynccontextmanager
 async def _in_flight(project_id: str) -> AsyncIterator[None]:
     """One of the project's FORWARDS_PER_PROJECT calls in flight, held for the `async with` block."""
-    where = (id(asyncio.get_running_loop()), project_id)
-    gate = _forwards.setdefault(where, asyncio.Semaphore(FORWARDS_PER_PROJECT))
+    gate = _forwards.of(project_id)
     try:
         await asyncio.wait_for(gate.acquire(), FORWARD_WAIT_SECONDS)
     except TimeoutError:
@@ -447,14 +447,12 @@ async def get_info(caller: TinkerCaller, settings: SettingsDep, request: Request
 # forward_backward bodies (up to sessions.max_call_bytes, 32 MiB) one project reads and forwards at once:
 # the rest wait, their bytes still in the socket. 32 at once from one tenant took ~1 GiB of the API's memory.
 LARGE_CALLS_PER_PROJECT = 4
-_large_calls: dict[tuple[int, str], asyncio.Semaphore] = {}  # by event loop (a semaphore is bound to one)
+_large_calls = ProjectGates(LARGE_CALLS_PER_PROJECT)
 
 
 @router.post("/forward_backward")
 async def forward_backward(caller: TinkerCaller, settings: SettingsDep, request: Request) -> Response:
-    where = (id(asyncio.get_running_loop()), str(caller.project_id))
-    gate = _large_calls.setdefault(where, asyncio.Semaphore(LARGE_CALLS_PER_PROJECT))
-    async with gate:
+    async with _large_calls.of(str(caller.project_id)):
         body = await request.body()
         at = await _model_job(settings, caller, _proto_model_id(body))
         return await _forward(settings, at, "forward_backward", body, "application/x-protobuf")

@@ -588,6 +588,52 @@ def test_one_projects_stream_reads_leave_the_api_threads_to_others() -> None:
     assert most == READS_PER_PROJECT, most
 
 
+def test_a_stream_that_goes_away_while_its_shared_read_waits_does_not_end_the_others(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The stream that started a shared read (api.job_wakeups.shared_read) waited there for its
+    project's turn; its client going away cancelled it, and the cancellation went to every stream that
+    shared the read: their clients' streams were cut. The read is a task of its own now."""
+    import threading
+
+    import anyio
+
+    from api import job_wakeups
+    from api.project_gates import ProjectGates
+
+    monkeypatch.setattr(job_wakeups, "_project_reads", ProjectGates(1))
+    release = threading.Event()
+    got: dict[str, object] = {}
+
+    async def main() -> None:
+        leader = anyio.CancelScope()
+
+        async def lead() -> None:
+            with leader:
+                got["leader"] = await job_wakeups.shared_read("k", lambda: "rows", "p")
+
+        async def follow() -> None:
+            try:
+                got["follower"] = await job_wakeups.shared_read("k", lambda: "rows", "p")
+            except BaseException as exc:  # (a CancelledError before)
+                got["follower"] = type(exc).__name__
+                raise
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(job_wakeups.project_read, "p", lambda: release.wait(10))  # holds the project's turn
+            await anyio.sleep(0.2)
+            tg.start_soon(lead)
+            await anyio.sleep(0.1)
+            tg.start_soon(follow)
+            await anyio.sleep(0.1)
+            leader.cancel()  # the leading stream's client went away
+            await anyio.sleep(0.1)
+            release.set()
+
+    anyio.run(main)
+    assert got.get("follower") == "rows" and "leader" not in got, got
+
+
 def test_a_stream_whose_client_went_away_before_it_began_gives_its_count_back(
     app_client: Any, caplog: pytest.LogCaptureFixture
 ) -> None:

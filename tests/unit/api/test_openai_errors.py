@@ -355,8 +355,10 @@ def test_a_metadata_filter_finds_a_job_behind_many_newer_ones(app_client: Any) -
     rows = b'{"messages": [{"role": "user", "content": "2 + 2?"}, {"role": "assistant", "content": "4"}]}\n'
     train = client.files.create(file=("t.jsonl", rows), purpose="fine-tune")
     f = client.fine_tuning.jobs.create
-    a = f(model="org/model", training_file=train.id, metadata={"team": "a"})
+    a = f(model="org/model", training_file=train.id, metadata={"team": "a", "null": "n"})
     b = f(model="org/model", training_file=train.id, metadata={"team": "b"})
+    # a key PostgreSQL's path array would read as NULL is left to the scan (here, before the jobs below)
+    assert [j.id for j in client.fine_tuning.jobs.list(metadata={"null": "n"})] == [a.id]
     with session_scope(get_settings().database.url) as s:  # METADATA_SCAN more of team b's, newer than a
         row = s.get(Job, job_uuid(b.id))
         assert row is not None
