@@ -12,7 +12,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import ColumnElement, func, or_, select
 from sqlalchemy.orm import Session
 
 from mathrl.errors import OverQuota as OverQuota  # raised here; its callers import it from here
@@ -94,12 +94,17 @@ def expired(row: File, now: datetime | None = None) -> bool:
     return as_utc(row.expires_at) <= (now or utcnow())
 
 
+def unexpired(now: datetime | None = None) -> ColumnElement[bool]:
+    """`expired`'s rule as a query's condition: the files not past their expires_at."""
+    return or_(File.expires_at.is_(None), File.expires_at > (now or utcnow()))
+
+
 def delete_expired(session: Session, now: datetime | None = None, limit: int = 100) -> list[str]:
     """Delete up to `limit` expired files, their rows and bytes, but those a job of their project that
     has not ended still reads (store.jobs.readers_of): those go in a later round, after it ends.
     Returns the ids deleted. (The workers' reconciler calls it each round.)"""
     now = now or utcnow()
-    rows = session.scalars(select(File).where(File.expires_at <= now).order_by(File.expires_at).limit(limit)).all()
+    rows = session.scalars(select(File).where(~unexpired(now)).order_by(File.expires_at).limit(limit)).all()
     deleted = []
     for row in rows:
         if readers_of(session, row.project_id, row.id):

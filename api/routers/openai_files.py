@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, File, Form, Header, Query, UploadFile
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse
-from sqlalchemy import or_, select
+from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
 from api.deps import CallerDep, SessionDep, SettingsDep
@@ -27,7 +27,7 @@ from api.idempotency import earlier, request_hash
 from api.problems import Problem
 from mathrl.jsonl_files import FileFormatError, check_jsonl
 from mathrl.modelref import RESULTS_PURPOSE
-from store.files import OverQuota, Quota, expired, store_file
+from store.files import OverQuota, Quota, expired, store_file, unexpired
 from store.ids import uuid7
 from store.jobs import readers_of
 from store.models import File as FileRow
@@ -187,9 +187,7 @@ def list_files(
     after: Annotated[str | None, Query(max_length=48)] = None,
 ) -> dict[str, Any]:
     """The project's files, newest first (order=asc: oldest first), `after` a file id."""
-    query = select(FileRow).where(
-        FileRow.project_id == caller.project_id, or_(FileRow.expires_at.is_(None), FileRow.expires_at > utcnow())
-    )
+    query = select(FileRow).where(FileRow.project_id == caller.project_id, unexpired())
     if purpose is not None:
         query = query.where(FileRow.purpose == purpose)
     if after is not None:

@@ -21,7 +21,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, nullcontext
 from typing import Annotated, Any, NamedTuple
 
 import httpx
@@ -194,11 +194,8 @@ async def _forward(
         raise Problem(429, "Session starting", f"the session job {job.id} is {job.status}: retry shortly")
     url, token = where
     try:
-        headers = {"Content-Type": content_type, TOKEN_HEADER: token}
-        if counted:
-            async with _in_flight(str(job.project_id)):
-                r = await _http().post(f"{url}/{op}", content=body, headers=headers)
-        else:
+        async with _in_flight(str(job.project_id)) if counted else nullcontext():
+            headers = {"Content-Type": content_type, TOKEN_HEADER: token}
             r = await _http().post(f"{url}/{op}", content=body, headers=headers)
     except httpx.HTTPError as exc:
         fresh = await run_in_threadpool(_job, settings, job.project_id, job.id)
