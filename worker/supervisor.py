@@ -111,7 +111,7 @@ class Claimed:
 
 def _run_attempt(a: Claimed) -> str:
     """The claimed attempt, on this worker or on Ray, to its recorded end. The lease is kept alive
-    while it is prepared (worker.lease), and by the watch loop from the job's start."""
+    throughout (worker.lease); the watch loop acts on its renewals."""
     w = a.settings.worker
     with LeaseKeeper(a.settings.database.url, a.job_id, a.owner, w.lease_seconds, w.heartbeat_seconds) as lease:
         if a.spec is not None and a.settings.ray.runs(a.spec):
@@ -182,8 +182,7 @@ def _run_local(a: Claimed, env: dict[str, str], gpus: list[str], lease: LeaseKee
             "job %s attempt %d: process %d %s, %s, log %s", job_id, a.attempt, job.pid, how, describe(a.cmd), a.log_path
         )
         shared = engine is not None and server is engine.server
-        lease.stop()  # the watch loop keeps it from here
-        return watch(settings, job_id, a.owner, job, a.out, a.attempt, server, shared)
+        return watch(settings, job_id, a.owner, job, a.out, a.attempt, lease, server, shared)
     finally:
         for kept in held:
             warm_engine.release(kept, settings)
@@ -232,8 +231,7 @@ def _run_on_ray(a: Claimed, lease: LeaseKeeper) -> str:
     if failed:
         return a.fail(failed[0])
     log.info("job %s attempt %d: Ray job %s, log %s", a.job_id, a.attempt, ray_job.id, a.log_path)
-    lease.stop()  # the watch loop keeps it from here
-    return watch(settings, a.job_id, a.owner, ray_job, a.out, a.attempt)
+    return watch(settings, a.job_id, a.owner, ray_job, a.out, a.attempt, lease)
 
 
 def _warm_engine(

@@ -1,7 +1,7 @@
 """The watch loop of a running attempt, the same for a local process and a Ray job (a
-`JobHandle`): keep the lease alive, pass on a cancel or a pause, drain the job when the worker
-shuts down, stop it if the lease is lost or its vLLM server dies, then record how it ended
-(worker.record)."""
+`JobHandle`): act on each renewal of the lease (worker.lease keeps it alive): pass on a cancel
+or a pause, drain the job when the worker shuts down, stop it if the lease is lost or its vLLM
+server dies, then record how it ended (worker.record)."""
 
 from __future__ import annotations
 
@@ -13,12 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from service.settings import Settings
-from store.db import session_scope
-from store.jobs import renew_lease
 from worker.attempt import AttemptDir
 from worker.child import EXIT_DRAINED, EXIT_ERROR, EXIT_LOST, EXIT_OK, EXIT_STOPPED
 from worker.job_handle import JobHandle
 from worker.launch import job_exit_code
+from worker.lease import LeaseKeeper
 from worker.record import event, hand_back_drained, record_end, report_server_exit, report_stale
 
 log = logging.getLogger("mathrl.worker")
@@ -36,11 +35,12 @@ def watch(
     job: JobHandle,
     out: Path,
     attempt: int,
+    lease: LeaseKeeper,
     server: Any = None,
     shared_server: bool = False,
 ) -> str:
     """Watch the attempt to its end and record it; the job's final status ('lost': another attempt
-    has it, 'drained': back in the queue)."""
+    has it, 'drained': back in the queue). `lease` renews the job's lease meanwhile."""
     url = settings.database.url
     w = settings.worker
     launched = job.launched()
@@ -48,7 +48,6 @@ def watch(
         event(url, job_id, "launched", *launched)
     cancelled = lost = server_reported = drain_timed_out = False
     drain_since: float | None = None
-    next_beat = time.monotonic() + w.heartbeat_seconds
     while True:
         try:
             code = job.wait(timeout=POLL_SECONDS)
@@ -63,14 +62,8 @@ def watch(
             drain_timed_out = True
             code = job.stop(min(w.cancel_grace_seconds, 5.0))
             break
-        if time.monotonic() < next_beat:
-            continue
-        next_beat = time.monotonic() + w.heartbeat_seconds
-        try:
-            with session_scope(url) as s:
-                beat = renew_lease(s, job_id, owner, w.lease_seconds)
-        except Exception as exc:  # database briefly down: keep the job running, retry next beat
-            log.warning("heartbeat for %s failed (%s); retrying", job_id, type(exc).__name__)
+        beat = lease.next_beat(0)
+        if beat is None:  # no renewal since the last look (or it failed: the keeper retries)
             continue
         if server is not None and server.exited() is not None:
             report_server_exit(url, job_id, server, out, shared_server)
