@@ -16,7 +16,7 @@ from sqlalchemy import ColumnElement, func, or_, select
 from sqlalchemy.orm import Session
 
 from mathrl.errors import OverQuota as OverQuota  # raised here; its callers import it from here
-from store.jobs import readers_of
+from store.jobs import files_read, readers_of
 from store.models import File, Project, as_utc, utcnow
 
 
@@ -100,11 +100,16 @@ def unexpired(now: datetime | None = None) -> ColumnElement[bool]:
 
 
 def delete_expired(session: Session, now: datetime | None = None, limit: int = 100) -> list[str]:
-    """Delete up to `limit` expired files, their rows and bytes, but those a job of their project that
-    has not ended still reads (store.jobs.readers_of): those go in a later round, after it ends.
-    Returns the ids deleted. (The workers' reconciler calls it each round.)"""
+    """Delete up to `limit` expired files, their rows and bytes, the oldest first, but those a job of
+    their project that has not ended still reads (store.jobs.readers_of): those go in a later round,
+    after it ends, and do not hold back the others. Returns the ids deleted. (The workers' reconciler
+    calls it each round.)"""
     now = now or utcnow()
-    rows = session.scalars(select(File).where(~unexpired(now)).order_by(File.expires_at).limit(limit)).all()
+    projects = session.scalars(select(File.project_id).where(~unexpired(now)).distinct()).all()
+    still_read = files_read(session, projects)
+    rows = session.scalars(
+        select(File).where(~unexpired(now), File.id.not_in(still_read)).order_by(File.expires_at).limit(limit)
+    ).all()
     deleted = []
     for row in rows:
         if readers_of(session, row.project_id, row.id):

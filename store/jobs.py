@@ -6,7 +6,8 @@ a move mathrl.status does not allow is refused before it reaches the database.""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -395,3 +396,17 @@ def readers_of(session: Session, project_id: str, ref: str) -> list[str]:
         Job.project_id == project_id, Job.status.not_in(TERMINAL), Job.cancel_requested.is_not(True)
     )
     return [str(job_id) for job_id, spec in session.execute(q) if ref in json.dumps(spec)]
+
+
+FILE_ID = re.compile(r"file-[0-9a-f]{32}")  # an upload's id (store.models.File.id)
+
+
+def files_read(session: Session, project_ids: Collection[str]) -> set[str]:
+    """The ids of the files that the jobs of these projects may still read (as `readers_of` counts
+    readers): one read of their unended jobs, for a sweep over many files."""
+    if not project_ids:
+        return set()
+    q = select(Job.spec).where(
+        Job.project_id.in_(project_ids), Job.status.not_in(TERMINAL), Job.cancel_requested.is_not(True)
+    )
+    return {ref for spec in session.scalars(q) for ref in FILE_ID.findall(json.dumps(spec))}

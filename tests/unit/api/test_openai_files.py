@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -215,8 +216,13 @@ def test_a_file_with_expires_after_goes_then_and_is_deleted_once_no_job_reads_it
     headers = {"Authorization": f"Bearer {client.api_key}"}
     job = app_client.post("/v1/jobs", json=parked_grpo(dataset={"file": read.id}), headers=headers)
     assert job.status_code == 201, job.text
-    with db(app_client).begin() as c:  # an hour on
-        c.execute(text("UPDATE files SET expires_at = created_at WHERE id IN (:a, :b)"), {"a": f.id, "b": read.id})
+    with db(app_client).begin() as c:  # an hour on; the file the job reads expired first
+        now = datetime.now(UTC)
+        for file_id, ago in ((f.id, 60), (read.id, 120)):
+            c.execute(
+                text("UPDATE files SET expires_at = :t WHERE id = :i"),
+                {"t": now - timedelta(minutes=ago), "i": file_id},
+            )
     for gone in (f.id, read.id):  # gone to the API at once
         with pytest.raises(openai.NotFoundError):
             client.files.retrieve(gone)
@@ -226,8 +232,8 @@ def test_a_file_with_expires_after_goes_then_and_is_deleted_once_no_job_reads_it
     again = app_client.post("/v1/jobs", json=parked_grpo(dataset={"file": f.id}), headers=headers)
     assert again.status_code == 422 and "/dataset/file" in again.text, again.text
     url = get_settings().database.url
-    with session_scope(url) as s:  # the reconciler's round: the file a queued job reads stays
-        assert delete_expired(s) == [f.id]
+    with session_scope(url) as s:  # the reconciler's round: the file a queued job reads stays, and a
+        assert delete_expired(s, limit=1) == [f.id]  # round's worth of them does not hold back the rest
     rows = (
         db(app_client)
         .connect()
