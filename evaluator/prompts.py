@@ -61,7 +61,12 @@ def render(
             parts.append(_question(r, q) + r.target_delimiter + _answer(r, a) + r.fewshot_delimiter)
         parts.append(_question(r, question))
         return "".join(parts)
-    turns = messages(r, question, system_prompt, shots)
+    return render_turns(messages(r, question, system_prompt, shots), tokenizer)
+
+
+def render_turns(turns: list[dict[str, str]], tokenizer: Any | None) -> str:
+    """Chat messages as the prompt string: through the tokenizer's chat template when it has one,
+    else plain lines. A user's file of chats (format 'messages' or 'items') is rendered so, as given."""
     if tokenizer is not None and getattr(tokenizer, "chat_template", None):
         text: str = tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
         return text

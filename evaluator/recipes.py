@@ -133,10 +133,10 @@ def resolve_recipe(spec: EvalSpec) -> ResolvedRecipe:
     else:
         if spec.recipe is not None:
             name = spec.recipe
-        elif spec.dataset is not None and (spec.dataset.path is not None or spec.dataset.hub is not None):
-            name = "math-chat"
         elif spec.dataset is not None and spec.dataset.name is not None:
             name = find_benchmark(spec.dataset.name, spec.dataset.split).recipe
+        elif spec.dataset is not None:  # a path, an upload or a hub dataset
+            name = "math-chat"
         else:
             name = get_benchmark(spec.benchmark).recipe
         recipe = get_recipe(name)

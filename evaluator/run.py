@@ -55,14 +55,20 @@ def run_eval(
     t0 = time.monotonic()
     tokenizer = load_tokenizer(model_path)
     shots = prompts.shots_for(recipe, len(problems), data_dir)
-    texts = [prompts.render(recipe, p.question, tokenizer, shots=sh) for p, sh in zip(problems, shots, strict=True)]
+    # a user's file of chats is the prompt as written (format 'messages' or 'items'); else the recipe's
+    texts = [
+        prompts.render_turns(p.meta["messages"], tokenizer)
+        if "messages" in p.meta
+        else prompts.render(recipe, p.question, tokenizer, shots=sh)
+        for p, sh in zip(problems, shots, strict=True)
+    ]
     s = spec.sampling
     max_new_tokens = resolved.max_new_tokens
     engine = backend(spec.backend, backend_options)
+    prompt_tokens = [len(tokenizer(t, add_special_tokens=False).input_ids) for t in texts]
     max_model_len = None  # the longest sequence this run needs, for an engine sized by it
     if engine.sized_by_sequence:
-        longest = max((len(tokenizer(t, add_special_tokens=False).input_ids) for t in texts), default=0)
-        max_model_len = longest + max_new_tokens
+        max_model_len = max(prompt_tokens, default=0) + max_new_tokens
     model = engine.load(model_path, dtype=spec.dtype, seed=s.seed, max_model_len=max_model_len, sink=sink)
     sink.event("loaded", f"{spec.backend} backend ready in {time.monotonic() - t0:.1f}s")
 
@@ -91,6 +97,8 @@ def run_eval(
     gen_seconds = time.monotonic() - t1
 
     scored = score(spec, recipe, problems, texts, gens, gen_seconds, rm_scorer=rm_scorer, judge=judge, sandbox=sandbox)
+    for item in scored.items:
+        item["data"]["prompt_tokens"] = prompt_tokens[item["data"]["problem"]]
     write_items(sink, scored.items, results_dir, work_dir)
     provenance = {
         "model_ref": model_ref or model_path,

@@ -48,6 +48,7 @@ def score(
                 [p.gold for _, p, _ in flat],
                 prompts=[t for t, _, _ in flat],
                 truncated=[g.truncated for _, _, g in flat],
+                items=[p.meta.get("item", {}) for _, p, _ in flat],  # a user file's fields: '{{item.<field>}}'
                 rm_scorer=rm_scorer,
                 judge=judge,
                 sandbox=sandbox,
@@ -67,6 +68,10 @@ def score(
                 r = next(graded)
                 grader_scores.append(r.score)
                 extra = {"grader_score": r.score, "grader_reason": r.reason}
+                if r.sub is not None:  # a multi grader's graders, by name (an OpenAI eval's testing criteria)
+                    extra["grader_sub"] = r.sub
+                if r.error is not None:
+                    extra["grader_error"] = r.error
             data = {
                 "problem": p.index,
                 "sample": j,
