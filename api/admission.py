@@ -260,6 +260,13 @@ def check_dataset_fields(dataset: DatasetRef) -> None:
                 detail = f"{path!r}: its first line is not a chat in OpenAI's format: {bad[0][0]}: {bad[0][1]}"
                 raise _refuse("/dataset/path", detail)
             return
+        if dataset.format == "items":  # OpenAI's evals lines: the prompt is the template, filled from the item
+            from mathrl.jsonl_files import check_item_line
+
+            if bad := check_item_line(row):
+                detail = f"{path!r}: its first line is not an item in OpenAI's evals format: {bad[0][0]}: {bad[0][1]}"
+                raise _refuse("/dataset/path", detail)
+            return
     for field in ("question_field", "answer_field"):
         name = getattr(dataset, field)
         if name not in fields:

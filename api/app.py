@@ -22,6 +22,7 @@ from api.routers import (
     health,
     jobs,
     keys,
+    openai_evals,
     openai_files,
     openai_fine_tuning,
     openai_graders,
@@ -177,7 +178,14 @@ def create_app() -> FastAPI:
         openai_graders.router,
         openai_files.router,
     )
-    routers += (openai_fine_tuning.router, openai_inference.router, keys.router, tinker.router, tinker_runs.router)
+    routers += (
+        openai_fine_tuning.router,
+        openai_evals.router,
+        openai_inference.router,
+        keys.router,
+        tinker.router,
+        tinker_runs.router,
+    )
     for r in (*routers, health.router):
         app.include_router(r)
     app.include_router(web_router)  # /ui: status pages (their data comes from the API above)

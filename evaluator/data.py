@@ -221,6 +221,8 @@ def load_custom_set(ref: Any, limit: int | None = None) -> list[Problem]:
     else:
         if getattr(ref, "format", "fields") == "messages":
             return _message_rows(ref, name, limit or ref.limit)
+        if getattr(ref, "format", "fields") == "items":
+            return _item_rows(ref, name, limit or ref.limit)
         rows = _load_rows(*load_args("", "train", None, ref.path))
     for field in ("question_field", "answer_field"):
         if getattr(ref, field) not in rows.column_names:
@@ -279,6 +281,54 @@ def _message_rows(ref: Any, name: str, limit: int | None) -> list[Problem]:
                     gold="" if gold is None else str(gold),
                     meta={"messages": messages, "item": item},
                     solution=solution,
+                )
+            )
+            if limit is not None and len(out) >= limit:
+                break
+    if not out:
+        raise ValueError(f"dataset: {name} has no lines")
+    return out
+
+
+def _item_rows(ref: Any, name: str, limit: int | None) -> list[Problem]:
+    """OpenAI's evals JSONL: a line per item, `{"item": {...}}` (a `sample` beside it is ignored:
+    this run generates its own), or the item's fields alone. The prompt is `ref.template` filled
+    from the item, or the messages the item holds in `ref.messages_field` (a string there is one
+    user message); the item is what graders' templates read as `item` (meta['item'])."""
+    import json
+
+    from mathrl import templates
+    from mathrl.jsonl_files import check_item_line, item_of, text_of
+
+    out: list[Problem] = []
+    with open(ref.path, encoding="utf-8") as f:
+        for n, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            obj = json.loads(line)
+            if bad := check_item_line(obj):
+                raise ValueError(f"dataset: {name} line {n}: {bad[0][0]}: {bad[0][1]}")
+            item = item_of(obj)
+            try:
+                if ref.template is not None:
+                    messages = [
+                        {"role": m.role, "content": templates.render(m.content, {}, item)} for m in ref.template
+                    ]
+                else:
+                    held = templates.lookup(f"item.{ref.messages_field}", {}, item)
+                    messages = [{"role": "user", "content": held}] if isinstance(held, str) else held
+                    messages = [{"role": m["role"], "content": text_of(m["content"])} for m in messages]
+            except (templates.TemplateError, KeyError, TypeError) as e:
+                raise ValueError(f"dataset: {name} line {n}: the prompt could not be made from the item: {e}") from None
+            # OpenAI's newer name for the system message, as in _message_rows
+            messages = [{**m, "role": "system"} if m["role"] == "developer" else m for m in messages]
+            gold = item.get(ref.answer_field)
+            out.append(
+                Problem(
+                    index=len(out),
+                    question=messages[-1]["content"],
+                    gold="" if gold is None else str(gold),
+                    meta={"messages": messages, "item": item},
                 )
             )
             if limit is not None and len(out) >= limit:

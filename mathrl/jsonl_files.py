@@ -76,6 +76,24 @@ def check_line(obj: Any) -> list[tuple[str, str]]:
     return errors
 
 
+def item_of(obj: Any) -> Any:
+    """An evals line's item: `{"item": {...}}` (with a `sample` beside it or not), or the line itself."""
+    if isinstance(obj, dict) and isinstance(obj.get("item"), dict) and set(obj) <= {"item", "sample"}:
+        return obj["item"]
+    return obj
+
+
+def check_item_line(obj: Any) -> list[tuple[str, str]]:
+    """An evals file's line (OpenAI's purpose 'evals'): an object, its item an object."""
+    if not isinstance(obj, dict):
+        return [("", f'a line is a JSON object, {{"item": {{...}}}}, not {type(obj).__name__}')]
+    if "item" in obj and not isinstance(obj["item"], dict):
+        return [("item", "the item is a JSON object of its fields")]
+    if "sample" in obj and not isinstance(obj["sample"], dict):
+        return [("sample", "the sample is a JSON object, {output_text, ...}")]
+    return []
+
+
 def text_of(content: Any) -> str:
     """A message's content as one string (text parts joined)."""
     if isinstance(content, str):
@@ -96,8 +114,9 @@ def _lines(text: str) -> Iterator[str]:
 _LINE_END = re.compile(r"\r\n|\r|\n")
 
 
-def check_jsonl(data: bytes, max_lines: int) -> FileStats:
-    """The file's stats, or FileFormatError naming each bad line (the first MAX_ERRORS)."""
+def check_jsonl(data: bytes, max_lines: int, items: bool = False) -> FileStats:
+    """The file's stats, or FileFormatError naming each bad line (the first MAX_ERRORS). `items`: an
+    evals file (check_item_line), else fine-tuning chats (check_line)."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -122,9 +141,12 @@ def check_jsonl(data: bytes, max_lines: int) -> FileStats:
         except RecursionError:
             errors.append((n, "", "not JSON this server reads: it nests too deeply"))
         else:
-            bad = check_line(obj)
+            bad = check_item_line(obj) if items else check_line(obj)
             errors.extend((n, f, what) for f, what in bad)
-            if not bad:
+            if not bad and items:
+                if stats.lines == 1:
+                    stats.fields = sorted(item_of(obj))
+            elif not bad:
                 roles = [m["role"] for m in obj["messages"]]
                 stats.supervised += roles[-2:] == ["user", "assistant"]
                 stats.reinforcement += roles[-1] == "user"

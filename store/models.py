@@ -236,6 +236,22 @@ class BenchmarkScore(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
+class Eval(Base):
+    """An OpenAI eval (POST /v1/evals): its items' schema and the testing criteria (graders) its
+    runs are scored by. A run is an eval job of the project, tagged with the eval's id
+    (api/routers/openai_evals.py)."""
+
+    __tablename__ = "evals"
+    __table_args__ = (Index("ix_evals_project_id_id", "project_id", "id"),)
+    id: Mapped[str] = mapped_column(String(48), primary_key=True)  # 'eval_' + a uuid7's hex: ordered by creation
+    project_id: Mapped[str] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"))
+    name: Mapped[str] = mapped_column(String(256))
+    data_source_config: Mapped[dict[str, Any]] = mapped_column()
+    testing_criteria: Mapped[list[Any]] = mapped_column(JSON)
+    meta: Mapped[dict[str, Any] | None] = mapped_column("metadata")  # OpenAI's metadata, as sent
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
 class File(Base):
     """An uploaded file (POST /v1/files): its bytes live under the artifact directory
     (`path`), its line count and what its lines hold in `data` (mathrl/jsonl_files.py)."""

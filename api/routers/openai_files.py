@@ -11,7 +11,6 @@ and the workers' reconciler deletes it once the jobs that read it have ended (st
 from __future__ import annotations
 
 import os
-import re
 from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -29,14 +28,13 @@ from mathrl.jsonl_files import FileFormatError, check_jsonl
 from mathrl.modelref import RESULTS_PURPOSE
 from store.files import OverQuota, Quota, expired, store_file, unexpired
 from store.ids import uuid7
-from store.jobs import readers_of
+from store.jobs import FILE_ID, readers_of
 from store.models import File as FileRow
 from store.models import utcnow
 
 router = APIRouter(prefix="/v1/files", tags=["openai: files"])
 
-PURPOSES = ("fine-tune",)
-FILE_ID = re.compile(r"^file-[0-9a-f]{32}$")
+PURPOSES = ("fine-tune", "evals")  # evals: OpenAI eval runs' items (api/routers/openai_evals.py)
 NOT_FOUND = "no file with this id in your project"
 EXPIRES_SECONDS = (3600, 2_592_000)  # OpenAI's bounds on expires_after.seconds: an hour to 30 days
 
@@ -58,7 +56,7 @@ def file_object(row: FileRow) -> dict[str, Any]:
 def own_file(session: Any, project_id: str, file_id: str) -> FileRow:
     """The project's file, else a 404 (the same for another project's file, a malformed id and an
     expired file)."""
-    row = session.get(FileRow, file_id) if FILE_ID.match(file_id) else None
+    row = session.get(FileRow, file_id) if FILE_ID.fullmatch(file_id) else None
     if row is None or row.project_id != project_id or expired(row):
         raise Problem(404, "Not found", NOT_FOUND)
     return row  # type: ignore[no-any-return]
@@ -81,7 +79,7 @@ async def create_file(
     caller: CallerDep,
     settings: SettingsDep,
     file: Annotated[UploadFile, File(description="A JSONL file in OpenAI's fine-tuning format.")],
-    purpose: Annotated[str, Form(description="What it is for: 'fine-tune'.")],
+    purpose: Annotated[str, Form(description="What it is for: 'fine-tune' (chats) or 'evals' (items of eval runs).")],
     expires_anchor: Annotated[
         str | None, Form(alias="expires_after[anchor]", description="OpenAI's expires_after: 'created_at'.")
     ] = None,
@@ -103,7 +101,7 @@ async def create_file(
     if len(data) > limits.max_file_bytes:
         raise _invalid("/file", f"over {limits.max_file_bytes} bytes, the limit per file", 413, "File too large")
     try:
-        stats = await run_in_threadpool(check_jsonl, data, limits.max_lines)
+        stats = await run_in_threadpool(check_jsonl, data, limits.max_lines, purpose == "evals")
     except FileFormatError as e:
         errors = [{"pointer": f"/file/line/{n}" + (f"/{f}" if f else ""), "detail": what} for n, f, what in e.errors]
         raise Problem(422, "Invalid file", f"/file: {e}", errors) from None
@@ -191,7 +189,7 @@ def list_files(
     if purpose is not None:
         query = query.where(FileRow.purpose == purpose)
     if after is not None:
-        if not FILE_ID.match(after):
+        if not FILE_ID.fullmatch(after):
             raise _invalid("query:/after", "a file id from a previous page", 400, "Bad cursor")
         query = query.where(FileRow.id < after if order == "desc" else FileRow.id > after)
     query = query.order_by(FileRow.id.desc() if order == "desc" else FileRow.id.asc()).limit(limit + 1)

@@ -152,7 +152,7 @@ class CompletionParams(_Sampling):
     echo: Literal[False] | None = None
 
 
-def _model_ref(session: Any, project_id: str, name: str) -> str:
+def own_ft_model(session: Any, project_id: str, name: str) -> str:
     """The 'job:' reference of an `ft:` model of the project that exists now, else a 404."""
     ref = ft_model_ref(name)
     if ref is None:
@@ -247,9 +247,9 @@ def retrieve_model(model: str, caller: CallerDep, settings: SettingsDep) -> dict
     if model in settings.fine_tuning.model_aliases:  # a base model the operator serves under OpenAI's name
         return _alias_object(model)
     with get_sessionmaker(settings.database.url)() as session:
-        ref = _model_ref(session, caller.project_id, model)
+        ref = own_ft_model(session, caller.project_id, model)
         job = session.get(Job, split_job_ref(ref)[0])
-        assert job is not None  # _model_ref found it
+        assert job is not None  # own_ft_model found it
         return _model_object(model, job.finished_at or job.created_at, caller.project_id)
 
 
@@ -262,7 +262,7 @@ def delete_model(model: str, caller: CallerDep, settings: SettingsDep) -> dict[s
     artifact directory and its name answers 404 from then on. A 409 while a job of the project that has
     not ended names the job's models ('job:<id>...'), which would then fail to load."""
     with get_sessionmaker(settings.database.url)() as session:
-        ref = _model_ref(session, caller.project_id, model)
+        ref = own_ft_model(session, caller.project_id, model)
         job_id, at = split_job_ref(ref)
         users = readers_of(session, caller.project_id, f"job:{job_id}")
         if users:
@@ -274,13 +274,13 @@ def delete_model(model: str, caller: CallerDep, settings: SettingsDep) -> dict[s
         rows = select(Checkpoint).where(Checkpoint.job_id == job_id)
         if at == "@final":
             rows = rows.where(Checkpoint.kind == "final")
-        else:  # the rows _model_ref finds a checkpoint's name by: a final model's step is one of them
+        else:  # the rows own_ft_model finds a checkpoint's name by: a final model's step is one of them
             step = int(at.removeprefix("@step-"))
             rows = rows.where(Checkpoint.kind.in_(("checkpoint", "final")), Checkpoint.step == step)
         gone = list(session.scalars(rows))
         if at == "@final" or any(row.kind == "final" for row in gone):  # the final model's name goes with it
             job = session.get(Job, job_id)
-            assert job is not None  # _model_ref found it
+            assert job is not None  # own_ft_model found it
             job.tags = [*(job.tags or []), FINAL_DELETED_TAG]
         for row in gone:
             session.delete(row)
@@ -366,7 +366,7 @@ def _submit(project_id: str, settings: Any, model: str, fields: dict[str, Any]) 
         aliases = settings.fine_tuning.model_aliases
         # an operator's alias samples its base model (a script's baseline before fine-tuning, under the same
         # name it fine-tunes from); any other name is an 'ft:' model of the project
-        ref = aliases[model] if model in aliases else _model_ref(session, project_id, model)
+        ref = aliases[model] if model in aliases else own_ft_model(session, project_id, model)
         if fields["max_tokens"] is None:
             fields = {**fields, "max_tokens": _default_budget(session, ref)}
         try:

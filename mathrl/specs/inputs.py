@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from mathrl import templates
 from mathrl.errors import FieldError
 from mathrl.modelref import is_hub_id
 from mathrl.specs.base import MAX_SEED, StrictModel
@@ -33,6 +34,24 @@ class Sampling(StrictModel):
         return self
 
 
+class PromptMessage(StrictModel):
+    """A chat message of a prompt template (format 'items'); `content` may hold '{{item.<field>}}'."""
+
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str = Field(..., max_length=100_000)
+    type: Literal["message"] | None = Field(None, description="OpenAI's message type: accepted, always 'message'.")
+
+    @model_validator(mode="after")
+    def _template(self) -> PromptMessage:
+        try:
+            templates.check(self.content)
+        except templates.TemplateError as e:
+            raise FieldError("content", str(e)) from None
+        if any(v.strip().startswith("sample") for v in templates.variables(self.content)):
+            raise FieldError("content", "a prompt is written before the sample: use only '{{item.<field>}}' here")
+        return self
+
+
 class DatasetRef(StrictModel):
     """Training or evaluation questions: a registered benchmark/split, a user file or URL, or a
     dataset on the Hugging Face hub."""
@@ -55,11 +74,27 @@ class DatasetRef(StrictModel):
         pattern=r"^file-[0-9a-f]{32}$",
         description="A file uploaded to this project (POST /v1/files), by its id: resolved by the worker.",
     )
-    format: Literal["fields", "messages"] = Field(
+    format: Literal["fields", "messages", "items"] = Field(
         "fields",
         description="'fields': a question and an answer field per row; 'messages': OpenAI's fine-tuning JSONL, the "
         "chat `messages` as the prompt (rendered with the model's chat template) and every other field kept for "
-        "graders' templates ('{{item.<field>}}'); answer_field, if a row has it, is the gold answer.",
+        "graders' templates ('{{item.<field>}}'); answer_field, if a row has it, is the gold answer. 'items': "
+        "OpenAI's evals JSONL, a line per item ({\"item\": {...}}, or the item's fields alone), its prompt the "
+        "`template` filled from the item, or the messages in its `messages_field`.",
+    )
+    template: list[PromptMessage] | None = Field(
+        None,
+        min_length=1,
+        max_length=64,
+        description="format 'items': the prompt's chat messages, each content a template over the item "
+        "('{{item.<field>}}'), as an OpenAI eval run's input_messages.",
+    )
+    messages_field: str | None = Field(
+        None,
+        max_length=64,
+        pattern=r"^[A-Za-z0-9_\-]+$",
+        description="format 'items': the item's field that holds the prompt (its messages, or a string: one user "
+        "message), as an OpenAI eval run's item_reference.",
     )
     question_field: str = Field(
         "question", max_length=64, description="Field holding the question (user files, hub datasets)."
@@ -77,8 +112,12 @@ class DatasetRef(StrictModel):
                 "give exactly one of 'name' (a registered dataset), 'path' (a user file or URL), 'hub' (a hub id) "
                 "or 'file' (an uploaded file's id)",
             )
-        if self.format == "messages" and self.name is not None:
-            raise FieldError("format", "'messages' is for a user's file (path or file), not a registered dataset")
+        if self.format in ("messages", "items") and self.name is not None:
+            raise FieldError("format", f"{self.format!r} is for a user's file (path or file), not a registered dataset")
+        if self.format == "items" and (self.template is None) == (self.messages_field is None):
+            raise FieldError("template", "format 'items' needs the prompt: give 'template' or 'messages_field', one")
+        if self.format != "items" and (self.template is not None or self.messages_field is not None):
+            raise FieldError("template", "'template' and 'messages_field' are for format 'items': remove them")
         if self.hub is not None and (self.hub.startswith(("/", ".", "~")) or not is_hub_id(self.hub)):
             raise FieldError("hub", f"{self.hub!r} is not a hub dataset id: write 'org/name' (a file goes in 'path')")
         if self.config is not None and self.hub is None:

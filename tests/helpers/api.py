@@ -57,6 +57,34 @@ def make_objects(app_client: Any, owner: dict[str, str]) -> dict[str, str]:
     assert client.status_code == 201, client.text
     ids["session_id"], ids["sampler_id"] = session, f"{client.json()['id']}:sample:0"
     ids["training_run_id"], ids["checkpoint_id"] = f"{session}:train:0", "weights/final"  # the RestClient's names
+    # an OpenAI eval, a run of it (a grade job) and an output item of the run, as its worker would store one
+    check = {"type": "string_check", "name": "same", "input": "{{sample.output_text}}", "reference": "{{item.a}}"}
+    ev = app_client.post(
+        "/v1/evals",
+        json={
+            "data_source_config": {"type": "custom", "item_schema": {}},
+            "testing_criteria": [{**check, "operation": "eq"}],
+        },
+        headers=owner,
+    )
+    assert ev.status_code == 200, ev.text
+    ids["eval_id"] = ev.json()["id"]
+    rows = [{"item": {"a": "2"}, "sample": {"output_text": "2"}}]
+    source = {"type": "file_content", "content": rows}
+    run = app_client.post(
+        f"/v1/evals/{ids['eval_id']}/runs", json={"data_source": {"type": "jsonl", "source": source}}, headers=owner
+    )
+    assert run.status_code == 200, run.text
+    ids["run_id"] = run.json()["id"]
+    from store.models import Sample
+
+    with session_scope(get_settings().database.url) as s:
+        sample = Sample(
+            job_id=str(uuid.UUID(ids["run_id"].removeprefix("evalrun_"))), step=0, index=0, prompt="", completion="2"
+        )
+        s.add(sample)
+        s.flush()
+        ids["output_item_id"] = "outputitem_" + sample.id.replace("-", "")
     return ids
 
 

@@ -281,3 +281,42 @@ def test_the_three_digit_set_is_fixed_true_and_disjoint_from_its_training_stream
         a, b = (int(x) for x in re.fullmatch(r"(\d{3})\+(\d{3})=", p.question).groups())  # type: ignore[union-attr]
         assert int(p.gold) == a + b
     assert held != synthetic.heldout(task="add2")
+
+
+@pytest.mark.quick
+def test_an_items_file_makes_each_prompt_from_its_item_and_its_grader_reads_the_item(tmp_path: Path) -> None:
+    """OpenAI's evals JSONL (format 'items'): a line is {"item": {...}} or the item alone; the prompt is
+    the run's template filled from the item (a developer message is the system one), or the messages
+    the item holds; the eval's grader reads the item's fields and a multi grader's parts are kept."""
+    from evaluator.backends.base import Generation
+    from evaluator.data import load_custom_set
+    from evaluator.recipes import get_recipe
+    from evaluator.scoring import score
+    from mathrl.specs import DatasetRef
+
+    path = write_jsonl(
+        tmp_path / "items.jsonl",
+        [{"item": {"q": "1 + 1?", "a": "2"}}, {"q": "2 + 3?", "a": "5", "chat": [{"role": "user", "content": "hi"}]}],
+    )
+    template = [{"role": "developer", "content": "Be brief."}, {"role": "user", "content": "Q: {{item.q}}"}]
+    problems = load_custom_set(DatasetRef(path=str(path), format="items", template=template))
+    assert [p.meta["messages"] for p in problems] == [
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Q: 1 + 1?"}],
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Q: 2 + 3?"}],
+    ]
+    assert problems[0].meta["item"] == {"q": "1 + 1?", "a": "2"}
+    held = load_custom_set(DatasetRef(path=str(path), format="items", messages_field="q"))
+    assert held[0].meta["messages"] == [{"role": "user", "content": "1 + 1?"}]
+    with pytest.raises(ValueError, match="line 1: the prompt could not be made"):
+        load_custom_set(DatasetRef(path=str(path), format="items", messages_field="chat"))
+    with pytest.raises(ValueError, match="template"):
+        DatasetRef(path=str(path), format="items")
+    with pytest.raises(ValueError, match="sample"):
+        DatasetRef(path=str(path), format="items", template=[{"role": "user", "content": "{{sample.output_text}}"}])
+
+    check = {"type": "string_check", "input": "{{sample.output_text}}", "reference": "{{item.a}}", "operation": "eq"}
+    grader = {"type": "multi", "graders": {"c0": check}, "calculate_output": "c0"}
+    spec = EvalSpec(model="org/m", dataset={"path": str(path), "format": "items", "template": template}, grader=grader)
+    gens = [[Generation("2", 1, False)], [Generation("6", 1, False)]]
+    scored = score(spec, get_recipe("plain"), problems, ["p0", "p1"], gens, 1.0)
+    assert [i["data"]["grader_sub"] for i in scored.items] == [{"c0": 1.0}, {"c0": 0.0}]

@@ -1,0 +1,187 @@
+"""OpenAI's Evals API through the real `openai` package, in process (no worker: runs stay queued):
+evals created, listed, updated and deleted; each bad field a 400 naming it, before anything is
+stored (api/routers/openai_evals.py). tests/system/test_openai_evals.py runs them on a worker."""
+
+from __future__ import annotations
+
+import io
+import json
+from typing import Any
+
+import pytest
+
+from tests.helpers.api import admin_key
+
+pytestmark = pytest.mark.quick
+
+SCHEMA = {"type": "custom", "item_schema": {"type": "object"}, "include_sample_schema": True}
+EXACT = {
+    "type": "string_check",
+    "name": "exact",
+    "input": "{{sample.output_text}}",
+    "reference": "{{item.answer}}",
+    "operation": "eq",
+}
+TEMPLATE = {"type": "template", "template": [{"role": "user", "content": "{{item.question}}"}]}
+
+
+def _client(app_client: Any) -> Any:
+    from openai import OpenAI
+
+    key = admin_key(app_client)["Authorization"].removeprefix("Bearer ")
+    return OpenAI(base_url=f"{app_client.base_url}/v1", api_key=key, http_client=app_client, max_retries=0)
+
+
+def _items(client: Any, rows: list[dict[str, Any]]) -> Any:
+    data = "".join(json.dumps({"item": r}) + "\n" for r in rows).encode()
+    return client.files.create(file=("items.jsonl", io.BytesIO(data)), purpose="evals")
+
+
+def test_evals_are_created_listed_updated_and_deleted(app_client: Any) -> None:
+    import openai
+
+    client = _client(app_client)
+    made = [client.evals.create(name=f"e{i}", data_source_config=SCHEMA, testing_criteria=[EXACT]) for i in range(3)]
+    assert [e.name for e in client.evals.list()] == ["e0", "e1", "e2"]  # oldest first, as OpenAI lists them
+    page = client.evals.list(limit=2, order="desc")
+    assert [e.name for e in page.data] == ["e2", "e1"] and page.has_more
+    assert [e.name for e in client.evals.list(order="desc")] == ["e2", "e1", "e0"]  # the SDK pages on by `after`
+    got = client.evals.retrieve(made[0].id)
+    assert got.testing_criteria[0].name == "exact" and got.data_source_config.type == "custom"
+    updated = client.evals.update(made[0].id, name="renamed", metadata={"team": "math"})
+    assert (updated.name, updated.metadata) == ("renamed", {"team": "math"})
+    assert client.evals.retrieve(made[0].id).name == "renamed"
+    assert client.evals.delete(made[1].id).deleted
+    with pytest.raises(openai.NotFoundError):
+        client.evals.retrieve(made[1].id)
+    other = _client(app_client)  # another project
+    for call in (lambda: other.evals.retrieve(made[0].id), lambda: other.evals.delete(made[0].id)):
+        with pytest.raises(openai.NotFoundError):
+            call()
+    assert list(other.evals.list()) == []
+
+
+@pytest.mark.parametrize(
+    ("config", "criteria", "pointer"),
+    [
+        ({"type": "stored_completions"}, [EXACT], "/data_source_config/type"),
+        ({"type": "logs"}, [EXACT], "/data_source_config/type"),
+        ({"type": "custom"}, [EXACT], "/data_source_config/item_schema"),
+        (SCHEMA, [{**EXACT, "type": "cosine_check"}], "/testing_criteria/0/type"),
+        (SCHEMA, [{**EXACT, "name": ""}], "/testing_criteria/0/name"),
+        (SCHEMA, [EXACT, {**EXACT, "operation": "like_sql"}], "/testing_criteria/1/operation"),
+        (
+            SCHEMA,
+            [
+                {
+                    "type": "text_similarity",
+                    "name": "t",
+                    "input": "{{sample.output_text}}",
+                    "reference": "x",
+                    "evaluation_metric": "bleu",
+                }
+            ],
+            "/testing_criteria/0/pass_threshold",
+        ),  # fmt: skip
+        (SCHEMA, [{"type": "python", "name": "p", "source": "def grade(:"}], "/testing_criteria/0/source"),
+        (SCHEMA, [{**EXACT, "pass_threshold": 0.5}], "/testing_criteria/0/pass_threshold"),
+        (
+            SCHEMA,
+            [
+                {
+                    "type": "score_model",
+                    "name": "judge",
+                    "model": "gpt-4o-2024-08-06",
+                    "input": [{"role": "user", "content": "{{sample.output_text}}"}],
+                }
+            ],
+            "/testing_criteria/0/model",
+        ),  # fmt: skip
+        (SCHEMA, [{**EXACT, "name": f"c{i}"} for i in range(17)], "/testing_criteria"),
+    ],
+)
+def test_a_bad_eval_is_a_400_naming_the_field_and_nothing_is_stored(
+    app_client: Any, config: dict[str, Any], criteria: list[dict[str, Any]], pointer: str
+) -> None:
+    import openai
+
+    client = _client(app_client)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.evals.create(data_source_config=config, testing_criteria=criteria)
+    assert e.value.body["param"] == pointer or pointer in str(e.value), (pointer, e.value)
+    assert list(client.evals.list()) == []
+
+
+def test_a_bad_run_is_a_400_naming_the_field_and_leaves_nothing_behind(app_client: Any) -> None:
+    import openai
+
+    client = _client(app_client)
+    ev = client.evals.create(data_source_config=SCHEMA, testing_criteria=[EXACT])
+    items = _items(client, [{"question": "1 + 1?", "answer": "2"}])
+    source = {"type": "file_id", "id": items.id}
+    inline = {"type": "file_content", "content": [{"item": {"question": "1 + 1?", "answer": "2"}}]}
+    base = {"type": "completions", "model": "org/model", "input_messages": TEMPLATE, "source": source}
+    sample_template = {"type": "template", "template": [{"role": "user", "content": "{{sample.output_text}}"}]}
+    cases = [
+        ({"type": "responses", "source": source}, "/data_source/type"),
+        ({**base, "model": "gpt-4o-mini"}, "/data_source/model"),
+        ({**base, "model": "ft:model:x:ftjob-0123456789abcdef0123456789abcdef"}, "/data_source/model"),
+        (
+            {**base, "input_messages": {"type": "item_reference", "item_reference": "question"}},
+            "/data_source/input_messages",
+        ),
+        ({**base, "source": {"type": "file_id", "id": "file-" + "0" * 32}}, "/data_source/source/id"),
+        ({**base, "sampling_params": {"logit_bias": {}}}, "/data_source/sampling_params/logit_bias"),
+        # refused after its inline items were stored as a file: the file goes with it
+        ({**base, "source": inline, "input_messages": sample_template}, "/data_source/input_messages/template"),
+        ({"type": "jsonl", "source": inline}, "/data_source/source/content/0/sample"),
+    ]
+    for data_source, pointer in cases:
+        with pytest.raises(openai.BadRequestError) as e:
+            client.evals.runs.create(ev.id, data_source=data_source)
+        assert pointer in str(e.value), (pointer, e.value)
+    assert list(client.evals.runs.list(ev.id)) == []
+    assert [f.id for f in client.files.list()] == [items.id]  # no inline items left behind
+    other = _client(app_client)
+    other_ev = other.evals.create(data_source_config=SCHEMA, testing_criteria=[EXACT])
+    with pytest.raises(openai.BadRequestError, match="/data_source/source/id"):  # another project's file
+        other.evals.runs.create(other_ev.id, data_source=base)
+    with pytest.raises(openai.NotFoundError):  # another project's eval
+        other.evals.runs.create(ev.id, data_source=base)
+
+
+def test_a_run_is_an_eval_job_of_the_project_and_the_eval_waits_for_it(app_client: Any) -> None:
+    """A completions run is an eval job over the items, its prompt the template; deleting the eval
+    while it has not ended is a 409; cancelling the run cancels the job."""
+    import openai
+
+    client = _client(app_client)
+    headers = {"Authorization": f"Bearer {client.api_key}"}
+    ev = client.evals.create(data_source_config=SCHEMA, testing_criteria=[EXACT])
+    items = _items(client, [{"question": "1 + 1?", "answer": "2"}])
+    run = client.evals.runs.create(
+        ev.id,
+        name="base",
+        data_source={
+            "type": "completions",
+            "model": "org/model",
+            "input_messages": TEMPLATE,
+            "source": {"type": "file_id", "id": items.id},
+            "sampling_params": {"temperature": 0.5, "max_completion_tokens": 32, "seed": 4},
+        },
+    )
+    assert (run.status, run.name, run.model, run.eval_id) == ("queued", "base", "org/model", ev.id)
+    assert run.result_counts.total == 0
+    jobs = app_client.get("/v1/jobs?tag=openai:eval_run", headers=headers).json()["data"]
+    assert len(jobs) == 1
+    job = app_client.get(f"/v1/jobs/{jobs[0]['id']}", headers=headers).json()
+    spec = job["spec"]
+    dataset = spec["dataset"]
+    assert spec["kind"] == "eval" and (dataset["file"], dataset["format"]) == (items.id, "items")
+    assert [(m["role"], m["content"]) for m in dataset["template"]] == [("user", "{{item.question}}")]
+    assert spec["sampling"]["max_new_tokens"] == 32 and spec["sampling"]["temperature"] == 0.5
+    assert spec["grader"]["type"] == "multi" and list(spec["grader"]["graders"]) == ["c0"]
+    with pytest.raises(openai.ConflictError):
+        client.evals.delete(ev.id)
+    assert client.evals.runs.cancel(run.id, eval_id=ev.id).status == "canceled"
+    assert client.evals.delete(ev.id).deleted
