@@ -32,7 +32,8 @@ evaluator.vllm_reload, then /reset_prefix_cache), which takes seconds instead of
 On the CPU this goes through vLLM's layerwise reload, which packs the new weights for its fast
 kernels again, as the colocated GRPO sync does (trainer/vllm_generation.py); a tied LM head is
 packed again from the new embedding (vllm_reload.retie_lm_head). A reload that fails stops that
-engine and starts a new one.
+engine and starts a new one. The reload runs outside the pool's lock: meanwhile the worker's other
+jobs take and give back their engines, and a job of the model being loaded waits for it.
 
 Each job's requests carry its project's `cache_salt` (`cache_salt` below): projects that name the
 same model share its engine, not the prompts it has cached.
@@ -119,6 +120,14 @@ class WarmEngine:
     users: int = 0
     jobs: int = 0  # eval jobs served, this one included
     idle_since: float = field(default_factory=time.monotonic)
+    # set once it serves `key`'s weights; clear while a job reloads them into it (outside the lock,
+    # up to RELOAD_TIMEOUT): another job of that model waits for it, the others go on
+    loaded: threading.Event = field(default_factory=lambda: _set(threading.Event()))
+
+
+def _set(event: threading.Event) -> threading.Event:
+    event.set()
+    return event
 
 
 _lock = threading.Lock()
@@ -264,46 +273,94 @@ def acquire(
     `start` is false (a session samples on one only where there is one). Release it with
     `release` when the job ends."""
     key = (model_path, dtype, ",".join(gpus))
-    with _lock:
-        _stop(lambda e: e.users == 0 and (e.server.exited() is not None or _expired(e, settings)))
-        engine = _engines.get(key)
-        if engine is not None and engine.server.exited() is None and engine.lora_rank < lora_rank:
-            if engine.users or not start:
-                return None
-            _stop(lambda e: e is engine)  # restarted below with LoRA enabled
-            engine = None
-        if engine is not None and engine.server.exited() is None:
-            engine.users += 1
-            engine.jobs += 1
-            return engine, "reused"
-        _engines.pop(key, None)
-        family = model_family(model_path)
-        engine = _reload_idle(key, family, log_path, lora_rank) if family is not None else None
-        if engine is not None:
-            return engine, "reloaded"
-        if not start:
+    reload = True  # after a failed reload: start an engine
+    while True:
+        with _lock:
+            got = _take(settings, key, model_path, dtype, gpus, log_path, preexec, lora_rank, start, reload)
+        if not isinstance(got, _Reload):
+            return got
+        if got.wait:  # another job is loading this model's weights into its engine: then it is reused
+            got.engine.loaded.wait(RELOAD_TIMEOUT)
+            continue
+        # the reload takes seconds to minutes: outside the lock, so that the other jobs of this worker
+        # (other models, other projects) take and give back their engines meanwhile
+        engine = got.engine
+        try:
+            seconds = reload_weights(engine.server, key[0])
+        except Exception as exc:
+            log.warning("reloading %s into the warm engine of %s failed (%s): starting a new one", key[0], got.was, exc)
+            with _lock:
+                _stop(lambda e, failed=engine: e is failed)
+            engine.loaded.set()
+            reload = False
+            continue
+        with open(log_path, "a") as f:
+            f.write(f"mathrl: reloaded {key[0]} into the warm engine of {got.was} in {seconds:.1f}s\n")
+        engine.reload_seconds = seconds
+        engine.loaded.set()
+        return engine, "reloaded"
+
+
+@dataclass
+class _Reload:
+    """What `_take` leaves to do outside the lock: wait for `engine`'s reload (`wait`), or reload it."""
+
+    engine: WarmEngine
+    wait: bool
+    was: str = ""  # the model it served before
+
+
+def _take(
+    settings: Any, key: tuple[str, str, str], model_path: str, dtype: str, gpus: list[str], log_path: Path,
+    preexec: Any, lora_rank: int, start: bool, reload: bool,
+) -> tuple[WarmEngine, str] | _Reload | None:  # fmt: skip
+    """acquire's part under the lock."""
+    _stop(lambda e: e.users == 0 and (e.server.exited() is not None or _expired(e, settings)))
+    engine = _engines.get(key)
+    if engine is not None and not engine.loaded.is_set():
+        return _Reload(engine, wait=True)
+    if engine is not None and engine.server.exited() is None and engine.lora_rank < lora_rank:
+        if engine.users or not start:
             return None
-        idle = sorted((e for e in _engines.values() if e.users == 0), key=lambda e: e.idle_since)
-        for e in idle[: max(0, len(_engines) - settings.worker.warm_engines + 1)]:
-            _stop(lambda x, e=e: x is e)
-        length = max_model_len(model_path, settings.worker.warm_engine_max_model_len)
-        port = free_port()
-        # all cores on a small CPU machine; /collective_rpc for reloading weights; the hub token if listed
-        env = server_env(model_path, settings.sources.hub_token_repos)
-        if gpus:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
-        cmd = server_command(model_path, dtype, length, port, len(gpus), lora_rank, settings.vllm.engine())
-        server = launch(cmd, port, env, log_path, preexec)
-        engine = WarmEngine(key, server, length, lora_rank=lora_rank, family=family, users=1, jobs=1)
-        _engines[key] = engine
-        log.info("started a warm vLLM engine for %s at %s (process %d)", model_path, server.url, server.proc.pid)
-        return engine, "started"
+        _stop(lambda e: e is engine)  # restarted below with LoRA enabled
+        engine = None
+    if engine is not None and engine.server.exited() is None:
+        engine.users += 1
+        engine.jobs += 1
+        return engine, "reused"
+    _engines.pop(key, None)
+    family = model_family(model_path)
+    idle = _idle_of_family(key, family, lora_rank) if family is not None and reload else None
+    if idle is not None:  # taken now (in use, under its new key), its weights reloaded outside the lock
+        was = idle.key[0]
+        _engines.pop(idle.key, None)
+        idle.key, idle.loaded = key, threading.Event()
+        idle.users, idle.jobs = 1, idle.jobs + 1
+        _engines[key] = idle
+        return _Reload(idle, wait=False, was=was)
+    if not start:
+        return None
+    idle_engines = sorted((e for e in _engines.values() if e.users == 0), key=lambda e: e.idle_since)
+    for e in idle_engines[: max(0, len(_engines) - settings.worker.warm_engines + 1)]:
+        _stop(lambda x, e=e: x is e)
+    length = max_model_len(model_path, settings.worker.warm_engine_max_model_len)
+    port = free_port()
+    # all cores on a small CPU machine; /collective_rpc for reloading weights; the hub token if listed
+    env = server_env(model_path, settings.sources.hub_token_repos)
+    if gpus:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+    cmd = server_command(model_path, dtype, length, port, len(gpus), lora_rank, settings.vllm.engine())
+    server = launch(cmd, port, env, log_path, preexec)
+    engine = WarmEngine(key, server, length, lora_rank=lora_rank, family=family, users=1, jobs=1)
+    _engines[key] = engine
+    log.info("started a warm vLLM engine for %s at %s (process %d)", model_path, server.url, server.proc.pid)
+    return engine, "started"
 
 
-def _reload_idle(key: tuple[str, str, str], family: str, log_path: Path, lora_rank: int) -> WarmEngine | None:
-    """An idle engine of this family, dtype and GPUs (and LoRA rank bound), now serving key's model
-    (the caller holds the lock); None when there is none, or its reload failed (that engine is stopped)."""
-    engine = next(
+def _idle_of_family(key: tuple[str, str, str], family: str, lora_rank: int) -> WarmEngine | None:
+    """An idle engine of this family, dtype and GPUs (and LoRA rank bound), whose weights a reload can
+    replace with key's model (the caller holds the lock)."""
+    return next(
         (
             e
             for e in _engines.values()
@@ -315,24 +372,6 @@ def _reload_idle(key: tuple[str, str, str], family: str, log_path: Path, lora_ra
         ),
         None,
     )
-    if engine is None:
-        return None
-    try:
-        seconds = reload_weights(engine.server, key[0])
-    except Exception as exc:
-        log.warning(
-            "reloading %s into the warm engine of %s failed (%s): starting a new one", key[0], engine.key[0], exc
-        )
-        _stop(lambda e: e is engine)
-        return None
-    with open(log_path, "a") as f:
-        f.write(f"mathrl: reloaded {key[0]} into the warm engine of {engine.key[0]} in {seconds:.1f}s\n")
-    _engines.pop(engine.key, None)
-    engine.key = key
-    engine.reload_seconds = seconds
-    engine.users, engine.jobs = 1, engine.jobs + 1
-    _engines[key] = engine
-    return engine
 
 
 def release(engine: WarmEngine, settings: Any, keep: bool = True) -> None:

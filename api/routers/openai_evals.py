@@ -415,6 +415,9 @@ def _source_rows(session: Any, project_id: str, source: dict[str, Any], at: str)
         return rows
     if source.get("type") == "file_id":
         row = _file(session, project_id, source, at)
+        lines = int((row.data or {}).get("lines", 0))
+        if lines > MAX_GRADED:  # counted at upload: not read into the API to be refused
+            raise Problem.at(f"{at}/id", f"{lines} rows: a jsonl run grades at most {MAX_GRADED}", status=400)
         with open(row.path, encoding="utf-8") as f:
             return [json.loads(line) for line in f if line.strip()]
     raise Problem.at(f"{at}/type", f"{source.get('type')!r}: a source is 'file_id' or 'file_content'", status=400)

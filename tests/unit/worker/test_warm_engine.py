@@ -178,6 +178,48 @@ def test_a_checkpoint_of_the_same_family_reloads_an_idle_engine_and_a_failed_rel
     warm_engine.release(f, settings)
 
 
+def test_a_reload_holds_up_only_the_jobs_of_its_own_model(
+    settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Loading a checkpoint's weights into an idle engine takes up to RELOAD_TIMEOUT (600 s). It ran
+    under the pool's one lock, so every other job of the worker (another project's, another model's)
+    waited for it to take or give back its engine: here 3 s and more instead of at once."""
+    import threading
+
+    settings.worker.warm_engines = 3
+    unblock, reloading = threading.Event(), threading.Event()
+
+    def slow_reload(server: Any, model_path: str) -> float:
+        reloading.set()
+        assert unblock.wait(30)
+        return 1.0
+
+    monkeypatch.setattr(warm_engine, "reload_weights", slow_reload)
+    step8 = _checkpoint(tmp_path / "checkpoint-8", b"8")
+    e, _ = _acquire(settings, step8, tmp_path)
+    other, _ = _acquire(settings, "/models/other", tmp_path)  # another model's engine, in use
+    warm_engine.release(e, settings)
+    step16 = _checkpoint(tmp_path / "checkpoint-16", b"16")
+    got: dict[str, Any] = {}
+    loader = threading.Thread(target=lambda: got.setdefault("a", _acquire(settings, step16, tmp_path)))
+    loader.start()
+    assert reloading.wait(10)
+    t = time.monotonic()
+    warm_engine.release(other, settings)  # another job ends, and another starts, while the reload runs
+    again, how = _acquire(settings, "/models/other", tmp_path)
+    assert how == "reused" and again is other and time.monotonic() - t < 1.0
+    waiter = threading.Thread(target=lambda: got.setdefault("b", _acquire(settings, step16, tmp_path)))
+    waiter.start()  # a second job of the model being loaded waits for it, then shares the engine
+    time.sleep(0.5)
+    assert waiter.is_alive() and "b" not in got
+    unblock.set()
+    loader.join(10)
+    waiter.join(10)
+    assert got["a"] == (e, "reloaded") and got["b"] == (e, "reused") and e.users == 2
+    for engine in (e, e, again):
+        warm_engine.release(engine, settings)
+
+
 def test_the_context_length_is_the_models_up_to_the_cap(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text('{"max_position_embeddings": 8192}')
     assert warm_engine.max_model_len(str(tmp_path), 4096) == 4096
