@@ -124,10 +124,19 @@ QUOTAS = ("Quota exceeded", "Too many files")  # 429s that a retry cannot change
 
 SERVED = (
     "files, fine_tuning.jobs (and their events, checkpoints, pause, resume, cancel), fine_tuning.alpha.graders, "
-    "evals (and their runs and output items), models, chat.completions and completions (docs/openai-rft.md)"
+    "evals (and their runs and output items), models, chat.completions, completions and responses "
+    "(docs/openai-rft.md)"
 )
 # the routes shaped as OpenAI's API (api/routers/openai_*.py)
-OPENAI_PATHS = ("/v1/fine_tuning/", "/v1/files", "/v1/evals", "/v1/models", "/v1/chat/", "/v1/completions")
+OPENAI_PATHS = (
+    "/v1/fine_tuning/",
+    "/v1/files",
+    "/v1/evals",
+    "/v1/models",
+    "/v1/chat/",
+    "/v1/completions",
+    "/v1/responses",
+)
 MODEL_PATHS = ("/v1/models", "/v1/chat/", "/v1/completions")
 
 

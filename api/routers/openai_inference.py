@@ -303,16 +303,20 @@ RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
+def effort_budget(given: str | None) -> int | None:
+    """A reasoning effort as a completion budget, as for fine-tuning (the models here have no
+    reasoning-effort control): none, minimal and low 256 tokens, medium 1024, high and xhigh 4096."""
+    effort = {"none": "low", "minimal": "low", "xhigh": "high"}.get(given or "", given)
+    return REASONING_TOKENS[effort] if effort else None
+
+
 @router.post("/chat/completions", responses=RESPONSES)
 async def chat_completions(
     body: ChatCompletionParams, caller: CallerDep, settings: SettingsDep, request: Request
 ) -> Any:
     """The model's answer to the chat (`chat.completion`, or `chat.completion.chunk`s with `stream`)."""
     messages = [{"role": m.role, "content": m.text()} for m in body.messages]
-    given = body.reasoning_effort
-    effort = {"none": "low", "minimal": "low", "xhigh": "high"}.get(given or "", given)
-    budget = REASONING_TOKENS[effort] if effort else None
-    max_tokens = body.max_completion_tokens or body.max_tokens or budget
+    max_tokens = body.max_completion_tokens or body.max_tokens or effort_budget(body.reasoning_effort)
     return await _answer(body, caller.project_id, settings, {"messages": messages}, max_tokens, True, request)
 
 
@@ -351,17 +355,21 @@ async def _answer(
         "tags": [TAG],
         "max_attempts": 1,
     }
-    job_id = await run_in_threadpool(_submit, project_id, settings, body.model, fields)
+    job_id = await run_in_threadpool(submit_generation, project_id, settings, body.model, fields)
     if body.stream:
         usage = bool(body.stream_options and body.stream_options.include_usage)
         stream = _stream(settings, job_id, body.model, chat, fields["n"], usage)
         return StreamingResponse(stream, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-    await _wait(settings, job_id, request)
-    rows = await run_in_threadpool(_choices, settings, job_id)
+    await wait_answer(settings, job_id, request)
+    rows = await run_in_threadpool(choices_of, settings, job_id)
     return _completion(job_id, body.model, rows, chat)
 
 
-def _submit(project_id: str, settings: Any, model: str, fields: dict[str, Any]) -> str:
+def submit_generation(
+    project_id: str, settings: Any, model: str, fields: dict[str, Any], openai: dict[str, Any] | None = None
+) -> str:
+    """The generate job of one call (its id); `openai`: what the call's route keeps of its request
+    in the job's config (a response's turns, say)."""
     with get_sessionmaker(settings.database.url)() as session:
         aliases = settings.fine_tuning.model_aliases
         # an operator's alias samples its base model (a script's baseline before fine-tuning, under the same
@@ -375,9 +383,12 @@ def _submit(project_id: str, settings: Any, model: str, fields: dict[str, Any]) 
             err = exc.errors()[0]
             raise Problem.at("/" + "/".join(str(p) for p in err["loc"]), err["msg"]) from None
         config = admit({"": spec}, settings)[""]
+        if openai is not None:
+            config.openai = openai
         job = job_row(project_id, spec, config, settings)
         session.add(job)
         where = f"/v1/{'chat/completions' if spec.messages is not None else 'completions'}"
+        where = "/v1/responses" if spec.name == "responses" else where
         try:
             commit_and_dispatch(session, settings, project_id, [(job, f"queued on '{job.queue}' by POST {where}")])
         except QuotaProblem as e:
@@ -397,7 +408,7 @@ def _status(settings: Any, job_id: str) -> tuple[str, str | None]:
         return job.status, job.error
 
 
-def _cancel(settings: Any, job_id: str) -> None:
+def cancel_call(settings: Any, job_id: str) -> None:
     with get_sessionmaker(settings.database.url)() as session:
         job = session.get(Job, job_id)
         if job is not None:
@@ -420,7 +431,7 @@ def under_client_timeout(request: Request, limit: float) -> float:
     return max(1.0, min(limit, theirs - 5.0)) if math.isfinite(theirs) else limit
 
 
-async def _wait(settings: Any, job_id: str, request: Request) -> None:
+async def wait_answer(settings: Any, job_id: str, request: Request) -> None:
     """Back once the job has succeeded; a 504 (job cancelled) past the wait limit, a 502 if it did not
     succeed. A client that has gone away cancels the job: no one would read its answer."""
     limit = wait_limit(settings, request)
@@ -430,10 +441,10 @@ async def _wait(settings: Any, job_id: str, request: Request) -> None:
         if status in WAIT_ENDS:
             break
         if await request.is_disconnected():
-            await run_in_threadpool(_cancel, settings, job_id)
+            await run_in_threadpool(cancel_call, settings, job_id)
             raise Problem(499, "Client closed request", f"job {job_id} cancelled: the client went away")
         if time.monotonic() >= deadline:
-            await run_in_threadpool(_cancel, settings, job_id)
+            await run_in_threadpool(cancel_call, settings, job_id)
             raise Problem(504, "Completion timed out", f"job {job_id} did not answer in {limit:g} s: cancelled")
         await asyncio.sleep(POLL_SECONDS)
     if status == "paused":
@@ -442,7 +453,7 @@ async def _wait(settings: Any, job_id: str, request: Request) -> None:
         raise Problem(502, "Completion failed", f"job {job_id} {status}: {error or 'no error recorded'}")
 
 
-def _choices(settings: Any, job_id: str) -> list[dict[str, Any]]:
+def choices_of(settings: Any, job_id: str) -> list[dict[str, Any]]:
     with get_sessionmaker(settings.database.url)() as session:
         rows = session.scalars(select(Sample).where(Sample.job_id == job_id).order_by(Sample.index)).all()
         return [{"text": r.completion, **(r.data or {})} for r in rows]
@@ -492,7 +503,7 @@ def _completion(job_id: str, model: str, rows: list[dict[str, Any]], chat: bool)
     return {**base, "object": "text_completion", "choices": choices}
 
 
-def _progress(settings: Any, job_id: str, after: int) -> tuple[str, str | None, list[tuple[int, dict[str, Any]]]]:
+def progress_of(settings: Any, job_id: str, after: int) -> tuple[str, str | None, list[tuple[int, dict[str, Any]]]]:
     """The job's status and error, then its 'delta' events after `after`: one session a poll
     (read in that order, so a job seen ended has all its deltas read too)."""
     with get_sessionmaker(settings.database.url)() as session:
@@ -532,7 +543,7 @@ async def _stream(settings: Any, job_id: str, model: str, chat: bool, n: int, us
         deadline = time.monotonic() + settings.fine_tuning.inference_timeout_seconds
         sent = time.monotonic()
         while True:
-            status, job_error, deltas = await run_in_threadpool(_progress, settings, job_id, last)
+            status, job_error, deltas = await run_in_threadpool(progress_of, settings, job_id, last)
             for seq, data in deltas:
                 last, sent = seq, time.monotonic()
                 yield chunk(int(data.get("index", 0)), str(data.get("text", "")))
@@ -544,7 +555,7 @@ async def _stream(settings: Any, job_id: str, model: str, chat: bool, n: int, us
                 sent = time.monotonic()
                 yield ": keep-alive\n\n"
             if time.monotonic() >= deadline:
-                await run_in_threadpool(_cancel, settings, job_id)
+                await run_in_threadpool(cancel_call, settings, job_id)
                 finished = True
                 yield error(f"job {job_id} did not answer in time: cancelled", "timeout")
                 return
@@ -556,7 +567,7 @@ async def _stream(settings: Any, job_id: str, model: str, chat: bool, n: int, us
         if status != "succeeded":
             yield error(f"job {job_id} {status}: {job_error or 'no error recorded'}", "job_failed")
             return
-        rows = await run_in_threadpool(_choices, settings, job_id)
+        rows = await run_in_threadpool(choices_of, settings, job_id)
         for r in rows:
             yield chunk(r["index"], None if chat else "", r["finish_reason"])
         if usage:
@@ -564,4 +575,4 @@ async def _stream(settings: Any, job_id: str, model: str, chat: bool, n: int, us
         yield "data: [DONE]\n\n"
     finally:
         if not finished:  # the client went away: its job need not go on
-            await asyncio.shield(run_in_threadpool(_cancel, settings, job_id))
+            await asyncio.shield(run_in_threadpool(cancel_call, settings, job_id))

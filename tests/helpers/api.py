@@ -57,6 +57,13 @@ def make_objects(app_client: Any, owner: dict[str, str]) -> dict[str, str]:
     assert client.status_code == 201, client.text
     ids["session_id"], ids["sampler_id"] = session, f"{client.json()['id']}:sample:0"
     ids["training_run_id"], ids["checkpoint_id"] = f"{session}:train:0", "weights/final"  # the RestClient's names
+    # a response (OpenAI's Responses API): a generate job so tagged
+    gen = {"kind": "generate", "model": "org/model", "messages": [{"role": "user", "content": "hi"}]}
+    resp = app_client.post(
+        "/v1/jobs", json={**gen, "tags": ["openai:responses"], "resources": {"pool": "objects-parked"}}, headers=owner
+    )
+    assert resp.status_code == 201, resp.text
+    ids["response_id"] = "resp_" + resp.json()["id"].replace("-", "")
     # an OpenAI eval, a run of it (a grade job) and an output item of the run, as its worker would store one
     check = {"type": "string_check", "name": "same", "input": "{{sample.output_text}}", "reference": "{{item.a}}"}
     ev = app_client.post(

@@ -231,6 +231,30 @@ def _sample_the_fine_tuned_model(service: Service, client: Any, model: str, chec
     # a plain prompt, no chat template
     done = client.completions.create(model=model, prompt="12 + 30 =", max_tokens=4, temperature=0)
     assert done.object == "text_completion" and done.choices[0].finish_reason in ("stop", "length")
+    # the Responses API, as newer scripts sample: the same generate job; a second turn goes on from the first
+    first = client.responses.create(
+        model=model, instructions="Answer.", input="What is 12 + 30?", max_output_tokens=6, temperature=0
+    )
+    assert first.object == "response" and first.status in ("completed", "incomplete"), first
+    assert first.output_text == first.output[0].content[0].text and 0 < first.usage.output_tokens <= 6
+    assert first.usage.input_tokens > 0 and first.instructions == "Answer."
+    second = client.responses.create(
+        model=model,
+        previous_response_id=first.id,
+        input=[{"role": "user", "content": "And 7 + 8?"}],
+        max_output_tokens=6,
+    )
+    items = [(i.role, i.content[0].text) for i in client.responses.input_items.list(second.id, order="asc")]
+    assert items == [("user", "What is 12 + 30?"), ("assistant", first.output_text), ("user", "And 7 + 8?")], items
+    events = list(client.responses.create(model=model, input="7 + 8?", max_output_tokens=6, temperature=0, stream=True))
+    kinds = [e.type for e in events]
+    assert kinds[0] == "response.created" and kinds[-1] in ("response.completed", "response.incomplete"), kinds
+    streamed = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert streamed == events[-1].response.output_text, (streamed, events[-1])
+    assert client.responses.retrieve(first.id).output_text == first.output_text
+    client.responses.delete(second.id)  # (the SDK reads no body)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(second.id)
     # the fine-tuned model as the grading model of score_model and label_model graders
     judge = [{"role": "user", "content": "Score 0-1: {{sample.output_text}} for {{item.reference_answer}}"}]
     grader = {
@@ -268,6 +292,10 @@ def _sample_the_fine_tuned_model(service: Service, client: Any, model: str, chec
     assert other.models.list().data == []
     with pytest.raises(openai.NotFoundError, match="does not exist or you do not have access"):
         other.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}])
+    with pytest.raises(openai.NotFoundError):
+        other.responses.retrieve(first.id)
+    with pytest.raises(openai.BadRequestError, match="previous_response_id"):
+        other.responses.create(model=model, previous_response_id=first.id, input="hi")
     with pytest.raises(openai.BadRequestError, match="messages"):
         client.chat.completions.create(model=model, messages=[])
 

@@ -1,0 +1,423 @@
+"""OpenAI's Responses API for sampling a model, as newer scripts call it (`client.responses.create`,
+`.retrieve`, `.delete`, `.input_items.list`, `response.output_text`): POST /v1/responses, streamed
+or not, and GET and DELETE /v1/responses/{id}. A response is a generate job of the project, the
+same as a chat completion's (api/routers/openai_inference.py: the same models, quotas, engines and
+waits), tagged 'openai:responses'; its conversation (without `instructions`, which OpenAI does not
+carry over) is kept in the job's config, so `previous_response_id` continues it. Only text is served:
+no tools, files, images or reasoning items (a 400 naming the field)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Query, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy import select
+
+from api.deps import CallerDep, SessionDep, SettingsDep
+from api.job_wakeups import KEEPALIVE_SECONDS
+from api.problems import Problem
+from api.routers.openai_inference import (
+    POLL_SECONDS,
+    RESPONSES,
+    TAG,
+    cancel_call,
+    choices_of,
+    effort_budget,
+    progress_of,
+    submit_generation,
+    wait_answer,
+)
+from mathrl.specs.generate import MAX_TOKENS
+from mathrl.status import TERMINAL, WAIT_ENDS
+from store.db import get_sessionmaker
+from store.models import Job, Sample
+
+router = APIRouter(prefix="/v1/responses", tags=["openai: responses"])
+
+RESPONSES_TAG = "openai:responses"
+NOT_FOUND = "no response with this id in your project"
+MAX_TURNS = 256  # messages in one conversation, previous responses' included
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class InputText(_Open):
+    type: Literal["input_text", "output_text"]
+    text: str = Field(..., max_length=100_000)
+    annotations: Annotated[list[Any], Field(max_length=0)] | None = Field(None, description="Accepted empty.")
+    logprobs: Annotated[list[Any], Field(max_length=0)] | None = Field(None, description="Accepted empty.")
+
+
+class InputMessage(_Open):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: Annotated[str, Field(max_length=100_000)] | Annotated[list[InputText], Field(min_length=1, max_length=64)]
+    type: Literal["message"] | None = None
+    # what an output message the SDK returned carries, sent back as it is by a multi-turn script
+    id: str | None = Field(None, max_length=128, description="Accepted; not used.")
+    status: str | None = Field(None, max_length=32, description="Accepted; not used.")
+
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+
+class TextFormat(_Open):
+    type: Literal["text"] = Field(..., description="Plain text, the only format served here.")
+
+
+class TextConfig(_Open):
+    format: TextFormat | None = None
+    verbosity: str | None = Field(None, max_length=16, description="Accepted; not used.")
+
+
+class Reasoning(_Open):
+    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = Field(
+        None, description="A length budget where max_output_tokens is not given, as for chat completions."
+    )
+    summary: Literal["auto", "concise", "detailed"] | None = Field(None, description="Accepted; none is written.")
+
+
+class ResponseParams(_Open):
+    model: str = Field(..., min_length=1, max_length=512, description="An 'ft:' model of your project, or an alias.")
+    input: (
+        Annotated[str, Field(max_length=100_000)]
+        | Annotated[list[InputMessage], Field(min_length=1, max_length=MAX_TURNS)]
+    )
+    instructions: str | None = Field(None, max_length=100_000, description="A system message first; not carried on.")
+    previous_response_id: str | None = Field(None, max_length=64, description="A response of yours to go on from.")
+    max_output_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, ge=0, le=1)
+    stream: bool | None = None
+    store: bool | None = Field(None, description="Accepted: responses are kept as the job's samples either way.")
+    metadata: dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]] | None = Field(
+        None, max_length=16
+    )
+    text: TextConfig | None = None
+    reasoning: Reasoning | None = None
+    tools: Annotated[list[Any], Field(max_length=0)] | None = Field(None, description="No tools here: only empty.")
+    tool_choice: Literal["none", "auto"] | None = Field(None, description="No tools here.")
+    parallel_tool_calls: bool | None = Field(None, description="Accepted; no tools here.")
+    truncation: Literal["disabled"] | None = None
+    include: Annotated[list[str], Field(max_length=0)] | None = Field(None, description="Only empty.")
+    user: str | None = Field(None, max_length=256, description="Accepted; not used.")
+    service_tier: str | None = Field(None, max_length=32, description="Accepted; not used.")
+    prompt_cache_key: str | None = Field(None, max_length=256, description="Accepted; not used.")
+    safety_identifier: str | None = Field(None, max_length=256, description="Accepted; not used.")
+    background: Literal[False] | None = Field(None, description="Not served: the call waits for its answer.")
+
+
+def response_id(job_id: str) -> str:
+    return "resp_" + job_id.replace("-", "")
+
+
+def _job_id(resp_id: str) -> str | None:
+    hexpart = resp_id.removeprefix("resp_")
+    if not resp_id.startswith("resp_") or len(hexpart) != 32:
+        return None
+    try:
+        return str(uuid.UUID(hexpart))
+    except ValueError:
+        return None
+
+
+def own_response(session: Any, project_id: str, resp_id: str) -> Job:
+    """The project's response's job, else a 404 (the same for another project's and a missing one)."""
+    job_id = _job_id(resp_id)
+    job = session.get(Job, job_id) if job_id else None
+    if job is None or job.project_id != project_id or RESPONSES_TAG not in (job.tags or []):
+        raise Problem(404, "Not found", NOT_FOUND)
+    return job  # type: ignore[no-any-return]
+
+
+def _info(job: Job) -> dict[str, Any]:
+    return dict((job.resolved_config or {}).get("openai") or {})
+
+
+def _turns(session: Any, project_id: str, body: ResponseParams) -> list[dict[str, str]]:
+    """The conversation this response answers: the previous response's (its turns and its answer),
+    then this input."""
+    turns: list[dict[str, str]] = []
+    if body.previous_response_id is not None:
+        try:
+            previous = own_response(session, project_id, body.previous_response_id)
+        except Problem:
+            raise Problem.at("/previous_response_id", "no response with this id in your project", status=400) from None
+        if previous.status != "succeeded":
+            detail = f"that response is {previous.status}: go on from one that completed"
+            raise Problem.at("/previous_response_id", detail, status=400)
+        q = select(Sample.completion).where(Sample.job_id == previous.id).order_by(Sample.index).limit(1)
+        answer = session.scalar(q)
+        turns = [*_info(previous).get("turns", []), {"role": "assistant", "content": answer or ""}]
+    if isinstance(body.input, str):
+        turns.append({"role": "user", "content": body.input})
+    else:
+        turns += [{"role": m.role, "content": m.text()} for m in body.input]
+    if len(turns) > MAX_TURNS:
+        raise Problem.at(
+            "/input", f"{len(turns)} messages with the previous responses': at most {MAX_TURNS}", status=400
+        )
+    return turns
+
+
+def _request(body: ResponseParams) -> dict[str, Any]:
+    """What a response object repeats of its request."""
+    return {
+        "instructions": body.instructions,
+        "metadata": body.metadata or {},
+        "previous_response_id": body.previous_response_id,
+        "max_output_tokens": body.max_output_tokens,
+        "temperature": 1.0 if body.temperature is None else body.temperature,
+        "top_p": 1.0 if body.top_p is None else body.top_p,
+        "reasoning": {"effort": body.reasoning.effort if body.reasoning else None, "summary": None},
+        "user": body.user,
+    }
+
+
+def _submit(project_id: str, settings: Any, body: ResponseParams) -> str:
+    with get_sessionmaker(settings.database.url)() as session:
+        turns = _turns(session, project_id, body)
+    messages = ([{"role": "system", "content": body.instructions}] if body.instructions else []) + turns
+    fields: dict[str, Any] = {
+        "messages": messages,
+        "max_tokens": body.max_output_tokens or effort_budget(body.reasoning.effort if body.reasoning else None),
+        "temperature": 0.0 if body.top_p == 0 else 1.0 if body.temperature is None else body.temperature,
+        "top_p": body.top_p or 1.0,
+        "n": 1,
+        "stream": bool(body.stream),
+        "backend": settings.fine_tuning.inference_backend,
+        "name": "responses",
+        "tags": [TAG, RESPONSES_TAG],
+        "max_attempts": 1,
+    }
+    info = {"turns": turns, "model": body.model, "request": _request(body)}
+    try:
+        return submit_generation(project_id, settings, body.model, fields, info)
+    except Problem as e:  # the generate spec's fields, named as this request names them
+        first = (e.errors or [{}])[0]
+        pointer, detail = str(first.get("pointer", "")), str(first.get("detail", e.detail))
+        named = (
+            "/input" if pointer.startswith("/messages") else "/max_output_tokens" if pointer == "/max_tokens" else None
+        )
+        if named is None:
+            raise
+        raise Problem.at(named, detail, status=400) from None
+
+
+def _usage(row: dict[str, Any] | None) -> dict[str, Any]:
+    prompt = int((row or {}).get("prompt_tokens", 0))
+    output = int((row or {}).get("completion_tokens", 0))
+    return {
+        "input_tokens": prompt,
+        "input_tokens_details": {"cached_tokens": int((row or {}).get("cached_tokens", 0))},
+        "output_tokens": output,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": prompt + output,
+    }
+
+
+def _message(job_id: str, text: str, status: str) -> dict[str, Any]:
+    content = [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]
+    return {
+        "type": "message",
+        "id": "msg_" + job_id.replace("-", ""),
+        "status": status,
+        "role": "assistant",
+        "content": content,
+    }
+
+
+def response_object(job: Job, row: dict[str, Any] | None) -> dict[str, Any]:
+    """The response as OpenAI's object: `row` is its answer (the job's sample), None before it ends."""
+    info = _info(job)
+    request = dict(info.get("request") or {})
+    status = {"succeeded": "completed", "failed": "failed", "cancelled": "cancelled", "running": "in_progress"}.get(
+        job.status, "queued"
+    )
+    incomplete = None
+    if status == "completed" and row is not None and row.get("finish_reason") == "length":
+        status, incomplete = "incomplete", {"reason": "max_output_tokens"}
+    output = [_message(str(job.id), row["text"], "completed" if status == "completed" else "incomplete")] if row else []
+    error = (
+        {"code": "server_error", "message": job.error or f"the response's job {job.status}"}
+        if job.status == "failed"
+        else None
+    )
+    return {
+        "id": response_id(str(job.id)),
+        "object": "response",
+        "created_at": int(job.created_at.timestamp()),
+        "status": status,
+        "model": info.get("model") or "",
+        "output": output,
+        "error": error,
+        "incomplete_details": incomplete,
+        "usage": _usage(row) if row is not None else None,
+        "parallel_tool_calls": True,
+        "tool_choice": "auto",
+        "tools": [],
+        "text": {"format": {"type": "text"}},
+        "truncation": "disabled",
+        "store": True,
+        "background": False,
+        **request,
+    }
+
+
+def _answer_row(settings: Any, job_id: str) -> dict[str, Any] | None:
+    rows = choices_of(settings, job_id)
+    return rows[0] if rows else None
+
+
+def _job(settings: Any, job_id: str) -> Job:
+    with get_sessionmaker(settings.database.url)() as session:
+        job = session.get(Job, job_id)
+        assert job is not None  # the job this request submitted
+        session.expunge(job)
+        return job
+
+
+@router.post("", responses=RESPONSES)
+async def create(body: ResponseParams, caller: CallerDep, settings: SettingsDep, request: Request) -> Any:
+    """The model's response to the input (`response`, or its server-sent events with `stream`)."""
+    job_id = await run_in_threadpool(_submit, caller.project_id, settings, body)
+    if body.stream:
+        events = _stream(settings, job_id)
+        return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    await wait_answer(settings, job_id, request)
+    row = await run_in_threadpool(_answer_row, settings, job_id)
+    job = await run_in_threadpool(_job, settings, job_id)
+    return response_object(job, row)
+
+
+async def _stream(settings: Any, job_id: str) -> AsyncIterator[str]:
+    """OpenAI's response events: created, in_progress, the output item and its text part added, a
+    delta per stored piece of text, their done events, then completed (or failed / error)."""
+    seq = 0
+
+    def event(kind: str, **data: Any) -> str:
+        nonlocal seq
+        seq += 1
+        return f"event: {kind}\ndata: " + json.dumps({"type": kind, "sequence_number": seq, **data}) + "\n\n"
+
+    job = await run_in_threadpool(_job, settings, job_id)
+    item_id = "msg_" + job_id.replace("-", "")
+    finished = False
+    try:
+        yield event("response.created", response=response_object(job, None))
+        yield event("response.in_progress", response={**response_object(job, None), "status": "in_progress"})
+        added = _message(job_id, "", "in_progress")
+        yield event("response.output_item.added", output_index=0, item={**added, "content": []})
+        part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+        yield event("response.content_part.added", item_id=item_id, output_index=0, content_index=0, part=part)
+        last, text = 0, ""
+        deadline = time.monotonic() + settings.fine_tuning.inference_timeout_seconds
+        sent = time.monotonic()
+        while True:
+            status, job_error, deltas = await run_in_threadpool(progress_of, settings, job_id, last)
+            for n, data in deltas:
+                last, sent = n, time.monotonic()
+                piece = str(data.get("text", ""))
+                text += piece
+                yield event(
+                    "response.output_text.delta",
+                    item_id=item_id,
+                    output_index=0,
+                    content_index=0,
+                    delta=piece,
+                    logprobs=[],
+                )
+            if status in WAIT_ENDS:
+                break
+            if time.monotonic() - sent >= KEEPALIVE_SECONDS:
+                sent = time.monotonic()
+                yield ": keep-alive\n\n"
+            if time.monotonic() >= deadline:
+                await run_in_threadpool(cancel_call, settings, job_id)
+                finished = True
+                yield event(
+                    "error", code="timeout", message=f"job {job_id} did not answer in time: cancelled", param=None
+                )
+                return
+            await asyncio.sleep(POLL_SECONDS)
+        finished = True
+        job = await run_in_threadpool(_job, settings, job_id)
+        if status != "succeeded":
+            yield event("response.failed", response=response_object(job, None))
+            return
+        row = await run_in_threadpool(_answer_row, settings, job_id)
+        final = response_object(job, row)
+        whole = row["text"] if row else text
+        done_part = {**part, "text": whole}
+        yield event(
+            "response.output_text.done", item_id=item_id, output_index=0, content_index=0, text=whole, logprobs=[]
+        )
+        yield event("response.content_part.done", item_id=item_id, output_index=0, content_index=0, part=done_part)
+        yield event("response.output_item.done", output_index=0, item=final["output"][0] if final["output"] else added)
+        yield event("response.incomplete" if final["status"] == "incomplete" else "response.completed", response=final)
+    finally:
+        if not finished:  # the client went away: its job need not go on
+            await asyncio.shield(run_in_threadpool(cancel_call, settings, job_id))
+
+
+@router.get("/{response_id}", responses={404: {"description": NOT_FOUND}})
+def retrieve(response_id: str, caller: CallerDep, session: SessionDep, settings: SettingsDep) -> dict[str, Any]:
+    """A response of the project: queued or in progress while its job runs, then its answer."""
+    job = own_response(session, caller.project_id, response_id)
+    row = _answer_row(settings, str(job.id)) if job.status == "succeeded" else None
+    return response_object(job, row)
+
+
+@router.delete("/{response_id}", responses={404: {"description": NOT_FOUND}, 409: {"description": "Not ended."}})
+def delete(response_id: str, caller: CallerDep, session: SessionDep) -> dict[str, Any]:
+    """The response goes from the Responses API (its id answers 404, and no response goes on from it);
+    its job stays among the project's jobs, as every job does, tagged 'openai:responses-deleted'."""
+    job = own_response(session, caller.project_id, response_id)
+    if job.status not in TERMINAL:
+        raise Problem(409, "Conflict", "the response has not ended: wait for it")
+    job.tags = [t if t != RESPONSES_TAG else "openai:responses-deleted" for t in job.tags or []]
+    session.commit()
+    return {"id": response_id, "object": "response", "deleted": True}
+
+
+@router.get("/{response_id}/input_items", responses={404: {"description": NOT_FOUND}})
+def input_items(
+    response_id: str,
+    caller: CallerDep,
+    session: SessionDep,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    order: Annotated[Literal["asc", "desc"], Query()] = "desc",
+    after: Annotated[str | None, Query(max_length=64)] = None,
+) -> dict[str, Any]:
+    """The messages the response answered (the previous responses' too), newest first by default."""
+    job = own_response(session, caller.project_id, response_id)
+    base = str(job.id).replace("-", "")
+    items = [
+        {
+            "type": "message",
+            "id": f"msg_{base}_{i}",
+            "role": m["role"],
+            "status": "completed",
+            "content": [{"type": "input_text" if m["role"] != "assistant" else "output_text", "text": m["content"]}],
+        }
+        for i, m in enumerate(_info(job).get("turns", []))
+    ]
+    if order == "desc":
+        items.reverse()
+    if after is not None:
+        ids = [i["id"] for i in items]
+        if after not in ids:
+            raise Problem(400, "Bad cursor", "query:/after: an item id from a previous page")
+        items = items[ids.index(after) + 1 :]
+    page = items[:limit]
+    first, last = (page[0]["id"], page[-1]["id"]) if page else (None, None)
+    return {"object": "list", "data": page, "first_id": first, "last_id": last, "has_more": len(items) > limit}

@@ -1,0 +1,87 @@
+"""OpenAI's Responses API through the real `openai` package, in process (no worker answers here):
+what is not served is a 400 naming the field, before any job is stored; another project's responses
+are a 404 (api/routers/openai_responses.py). tests/system/test_openai_fine_tuning.py samples a
+fine-tuned model through it on a worker, streamed and not, over two turns."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+
+from tests.helpers.api import admin_key, db, make_objects
+
+pytestmark = pytest.mark.quick
+
+
+def _client(app_client: Any, headers: dict[str, str]) -> Any:
+    from openai import OpenAI
+
+    key = headers["Authorization"].removeprefix("Bearer ")
+    return OpenAI(base_url=f"{app_client.base_url}/v1", api_key=key, http_client=app_client, max_retries=0)
+
+
+@pytest.mark.parametrize(
+    ("over", "pointer"),
+    [
+        ({"tools": [{"type": "web_search"}]}, "/tools"),
+        ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x/y.png"}]}]}, "/input"),
+        ({"input": [{"type": "function_call_output", "call_id": "c", "output": "1"}]}, "/input"),
+        ({"text": {"format": {"type": "json_object"}}}, "/text/format"),
+        ({"max_output_tokens": 10**9}, "/max_output_tokens"),
+        ({"background": True}, "/background"),
+        ({"previous_response_id": "resp_" + "0" * 32}, "/previous_response_id"),
+    ],
+)
+def test_what_is_not_served_is_a_400_naming_the_field(app_client: Any, over: dict[str, Any], pointer: str) -> None:
+    import openai
+
+    h = admin_key(app_client)
+    client = _client(app_client, h)
+    model = make_objects(app_client, h)["model"]
+    before = _jobs(app_client)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.responses.create(**{"model": model, "input": "1 + 1?", **over})
+    assert pointer in str(e.value), (pointer, e.value)
+    assert _jobs(app_client) == before  # nothing stored
+
+
+def test_a_response_is_a_generate_job_of_the_project_and_only_its_own(app_client: Any) -> None:
+    """The stored job answers as the response (queued here: no worker); its conversation is kept,
+    without the instructions; another project's key gets a 404 for it."""
+    import openai
+
+    h = admin_key(app_client)
+    client = _client(app_client, h).with_options(timeout=4.0)
+    model = make_objects(app_client, h)["model"]
+    with pytest.raises(openai.APIStatusError) as e:  # no worker answers in the call's 4 s: 504, job cancelled
+        client.responses.create(model=model, instructions="Be brief.", input="1 + 1?", max_output_tokens=5)
+    assert e.value.status_code in (502, 504), e.value.body
+    with db(app_client).connect() as c:
+        job_id, tags, config = c.execute(
+            text("SELECT id, tags, resolved_config FROM jobs WHERE kind = 'generate' ORDER BY id DESC LIMIT 1")
+        ).one()
+    tags = tags if isinstance(tags, list) else json.loads(tags)
+    config = config if isinstance(config, dict) else json.loads(config)
+    assert "openai:responses" in tags and config["openai"]["turns"] == [{"role": "user", "content": "1 + 1?"}]
+    resp_id = "resp_" + str(job_id).replace("-", "")
+    got = client.responses.retrieve(resp_id)
+    assert (got.id, got.status, got.model, got.instructions) == (resp_id, "cancelled", model, "Be brief.")
+    assert got.max_output_tokens == 5 and got.output == []
+    other = _client(app_client, admin_key(app_client))
+    with pytest.raises(openai.NotFoundError):
+        other.responses.retrieve(resp_id)
+    with pytest.raises(openai.NotFoundError):
+        other.responses.delete(resp_id)
+    with pytest.raises(openai.BadRequestError, match="cancelled"):  # only a completed one is gone on from
+        client.responses.create(model=model, previous_response_id=resp_id, input="and?")
+    client.responses.delete(resp_id)  # (the SDK reads no body)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(resp_id)
+
+
+def _jobs(app_client: Any) -> int:
+    with db(app_client).connect() as c:
+        return int(c.execute(text("SELECT count(*) FROM jobs")).scalar_one())
