@@ -469,8 +469,8 @@ def test_what_a_retry_can_change_is_retried_and_what_is_not_served_says_so(app_c
             client.files.create(file=("t.jsonl", rows), purpose="fine-tune")
         assert e.value.response.headers["x-should-retry"] == "false" and e.value.code == "insufficient_quota"
     for call in (
-        lambda: client.responses.create(model=ids["model"], input="1 + 1?"),
         lambda: client.embeddings.create(model=ids["model"], input="1 + 1?"),
+        lambda: client.moderations.create(model=ids["model"], input="1 + 1?"),
     ):
         with pytest.raises(openai.NotFoundError, match="is not served here; OpenAI's routes here: files") as nf:
             call()
@@ -594,7 +594,7 @@ def test_a_wait_on_a_paused_job_ends_at_once(app_client: Any) -> None:
     with overridden(fine_tuning={"inference_timeout_seconds": 5.0}):
         t0 = time.monotonic()
         with pytest.raises(Problem) as waited:
-            asyncio.run(openai_inference._wait(settings, job["id"], request))
+            asyncio.run(openai_inference.wait_answer(settings, job["id"], request))
         assert waited.value.status == 409 and "paused" in waited.value.detail, waited.value.detail
 
         async def streamed() -> list[str]:
