@@ -27,12 +27,13 @@ from api.idempotency import earlier, replayed, request_hash
 from api.problems import Problem, validation_errors
 from api.routers.openai_files import own_file
 from api.routers.openai_fine_tuning import grading_models_mapped, trainable_model
-from api.routers.openai_inference import own_ft_model
+from api.routers.openai_inference import effort_budget, own_ft_model
 from api.submit import admit, check_job_refs, commit_and_dispatch, job_row
 from mathrl.graders import Grader
 from mathrl.jsonl_files import check_item_line, item_of
 from mathrl.shallow import JsonObject
 from mathrl.specs import model_refs, parse_spec
+from mathrl.specs.generate import DEFAULT_MAX_TOKENS
 from mathrl.status import TERMINAL
 from store.files import Quota, store_file
 from store.ids import uuid7
@@ -48,7 +49,7 @@ CRITERIA = ("string_check", "text_similarity", "python", "score_model", "label_m
 MAX_CRITERIA = 16  # a multi grader's graders (mathrl/graders.py)
 DEFAULT_PASS = 0.5  # python and score_model criteria with no pass_threshold: OpenAI sets none
 MAX_GRADED = 1000  # items of a jsonl run: a grade job's (mathrl/specs/grade.py)
-DEFAULT_COMPLETION_TOKENS = 256  # a run whose sampling_params name no max_completion_tokens
+EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 STATUS = {
     "waiting": "queued",
     "queued": "queued",
@@ -431,16 +432,44 @@ def _file(session: Any, project_id: str, source: dict[str, Any], at: str) -> Any
         raise Problem.at(f"{at}/id", f"{file_id!r}: no file with this id in your project", status=400) from None
 
 
+def _template(template: Any) -> Any:
+    """The template's messages with their content as text: OpenAI's eval items may hold it as an
+    `input_text` (or `output_text`) part, or a list of them; an image is a 400."""
+    if not isinstance(template, list):
+        return template  # the spec names what is wrong
+    out = []
+    for i, m in enumerate(template):
+        content = m.get("content") if isinstance(m, dict) else None
+        parts = [content] if isinstance(content, dict) else content if isinstance(content, list) else None
+        if parts is not None:
+            texts = []
+            for part in parts:
+                if not isinstance(part, dict) or part.get("type") not in ("input_text", "output_text", "text"):
+                    at = f"/data_source/input_messages/template/{i}/content"
+                    raise Problem.at(at, "text only here: input_text or output_text parts (no images)", status=400)
+                texts.append(str(part.get("text", "")))
+            m = {**m, "content": "".join(texts)}
+        out.append(m)
+    return out
+
+
 def _sampling(params: dict[str, Any], at: str) -> dict[str, Any]:
     """OpenAI's sampling_params as an eval job's sampling: temperature and top_p 1 where not sent,
     as OpenAI samples."""
-    unknown = set(params) - {"temperature", "top_p", "max_completion_tokens", "seed", "reasoning_effort"}
+    served = {"temperature", "top_p", "max_completion_tokens", "max_completions_tokens", "seed", "reasoning_effort"}
+    unknown = set(params) - served
     if unknown:
         raise Problem.at(f"{at}/{sorted(unknown)[0]}", "not a sampling parameter served here", status=400)
+    effort = params.get("reasoning_effort")  # a length budget where no max is given, as for chats
+    budget = effort_budget(effort) if isinstance(effort, str) and effort in EFFORTS else None
+    if effort is not None and budget is None:
+        raise Problem.at(f"{at}/reasoning_effort", f"{effort!r}: one of {', '.join(EFFORTS)}", status=400)
+    # (the graders' sampling_params spell it max_completions_tokens: a script may carry that over)
+    most = params.get("max_completion_tokens") or params.get("max_completions_tokens")
     return {
         "temperature": params.get("temperature", 1.0),
         "top_p": params.get("top_p", 1.0),
-        "max_new_tokens": params.get("max_completion_tokens") or DEFAULT_COMPLETION_TOKENS,
+        "max_new_tokens": most or budget or DEFAULT_MAX_TOKENS,
         "seed": params.get("seed", 0),
     }
 
@@ -468,7 +497,7 @@ def _completions_spec(
         raise Problem.at("/data_source/input_messages", "the prompt: {type: template, template: [...]}", status=400)
     dataset: dict[str, Any] = {"format": "items"}
     if messages.get("type") == "template":
-        dataset["template"] = messages.get("template")
+        dataset["template"] = _template(messages.get("template"))
     elif messages.get("type") == "item_reference":
         reference = str(messages.get("item_reference") or "")
         if not reference.startswith("item."):

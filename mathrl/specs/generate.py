@@ -24,6 +24,7 @@ class ChatMessage(StrictModel):
         return self
 
 
+DEFAULT_MAX_TOKENS = 256  # a chat, a response or an eval run that names no length
 MAX_CHOICES = 128  # OpenAI's bound on a chat's `n`
 
 
@@ -37,7 +38,7 @@ class GenerateSpec(JobBase):
     model: ModelRef
     messages: list[ChatMessage] | None = Field(None, min_length=1, max_length=256, description="The chat to answer.")
     prompt: str | None = Field(None, max_length=100_000, description="A plain prompt to continue (no chat template).")
-    max_tokens: int = Field(256, ge=1, le=MAX_TOKENS, description="New tokens per choice at most.")
+    max_tokens: int = Field(DEFAULT_MAX_TOKENS, ge=1, le=MAX_TOKENS, description="New tokens per choice at most.")
     temperature: float = Field(1.0, ge=0, le=2, description="0: greedy.")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling.")
     n: int = Field(1, ge=1, le=MAX_CHOICES, description="Choices.")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import uuid
 from typing import Any
 
 import pytest
@@ -181,6 +182,63 @@ def test_a_run_is_an_eval_job_of_the_project_and_the_eval_waits_for_it(app_clien
     assert [(m["role"], m["content"]) for m in dataset["template"]] == [("user", "{{item.question}}")]
     assert spec["sampling"]["max_new_tokens"] == 32 and spec["sampling"]["temperature"] == 0.5
     assert spec["grader"]["type"] == "multi" and list(spec["grader"]["graders"]) == ["c0"]
+    # content as OpenAI's eval items hold it (input_text parts); the graders' spelling of the length
+    parts = {
+        "type": "template",
+        "template": [{"role": "user", "content": {"type": "input_text", "text": "{{item.question}}"}}],
+    }
+    second = client.evals.runs.create(
+        ev.id,
+        data_source={
+            "type": "completions",
+            "model": "org/model",
+            "input_messages": parts,
+            "source": {"type": "file_id", "id": items.id},
+            "sampling_params": {"max_completions_tokens": 12},
+        },
+    )
+    effort = client.evals.runs.create(
+        ev.id,
+        data_source={
+            "type": "completions",
+            "model": "org/model",
+            "input_messages": TEMPLATE,
+            "source": {"type": "file_id", "id": items.id},
+            "sampling_params": {"reasoning_effort": "medium"},
+        },
+    )
+    specs = {j["id"]: j["spec"] for j in app_client.get("/v1/jobs?tag=openai:eval_run", headers=headers).json()["data"]}
+    made = specs[str(uuid.UUID(second.id.removeprefix("evalrun_")))]
+    assert made["dataset"]["template"][0]["content"] == "{{item.question}}" and made["sampling"]["max_new_tokens"] == 12
+    assert specs[str(uuid.UUID(effort.id.removeprefix("evalrun_")))]["sampling"]["max_new_tokens"] == 1024
+    for bad_params, pointer in (
+        ({"reasoning_effort": "extreme"}, "/reasoning_effort"),
+        ({"response_format": {"type": "json_object"}}, "/response_format"),
+    ):
+        with pytest.raises(openai.BadRequestError, match=pointer):
+            client.evals.runs.create(
+                ev.id,
+                data_source={
+                    "type": "completions",
+                    "model": "org/model",
+                    "input_messages": TEMPLATE,
+                    "source": {"type": "file_id", "id": items.id},
+                    "sampling_params": bad_params,
+                },
+            )
+    image = {"type": "template", "template": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}
+    with pytest.raises(openai.BadRequestError, match="/data_source/input_messages/template/0/content"):
+        client.evals.runs.create(
+            ev.id,
+            data_source={
+                "type": "completions",
+                "model": "org/model",
+                "input_messages": image,
+                "source": {"type": "file_id", "id": items.id},
+            },
+        )
+    for extra in (second, effort):
+        client.evals.runs.cancel(extra.id, eval_id=ev.id)
     with pytest.raises(openai.ConflictError):
         client.evals.delete(ev.id)
     assert client.evals.runs.cancel(run.id, eval_id=ev.id).status == "canceled"
