@@ -737,8 +737,9 @@ def output_item(job: Job, sample: Sample, eval_id: str) -> dict[str, Any]:
     data = sample.data or {}
     results, error, reason = _results(job, sample)
     sampling = (job.resolved_config or {}).get("sampling") or {}
-    if job.kind == "grade":
-        item = dict(data.get("fields") or {})
+    if job.kind == "grade":  # the item is the grade job's, as the run gave it
+        given = (job.spec or {}).get("items") or []
+        item = dict((given[sample.index].get("fields") or {}) if sample.index < len(given) else {})
         inputs: list[dict[str, Any]] = []
         usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0, "cached_tokens": 0}
         index = sample.index

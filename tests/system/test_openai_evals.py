@@ -120,7 +120,8 @@ def test_an_eval_runs_on_a_model_and_on_given_samples_with_the_openai_sdk(servic
     counts = done.result_counts
     assert (counts.total, counts.passed, counts.failed, counts.errored) == (3, 2, 1, 0), counts
     failed = list(client.evals.runs.output_items.list(graded.id, eval_id=ev.id, status="fail"))
-    assert [o.datasource_item_id for o in failed] == [2]
+    assert [(o.datasource_item_id, o.datasource_item) for o in failed] == [(2, ITEMS[2])]
+    assert failed[0].sample.output[0].content == "41"
     assert [(r.name, r.passed) for r in failed[0].results] == [("exact answer", False), ("item seen", True)]
     assert [r.id for r in client.evals.runs.list(ev.id)] == [run.id, graded.id]
 
