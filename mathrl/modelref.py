@@ -30,7 +30,7 @@ def split_job_ref(ref: str) -> tuple[str, str]:
 
 # OpenAI's names for a fine-tuning job and the models it made: 'ftjob-<32 hex>' (the job's id
 # without dashes) and 'ft:<base>:<suffix>:ftjob-<hex>[:ckpt-step-N]'
-_FTJOB = re.compile(r"^ftjob-([0-9a-f]{32})$")
+_HEX32 = re.compile(r"[0-9a-f]{32}")
 _FT_MODEL = re.compile(r"^ft:[^:]{1,200}:[^:]{1,200}:(ftjob-[0-9a-f]{32})(?::ckpt-step-(\d{1,9}))?$")
 
 
@@ -41,10 +41,16 @@ def ftjob_id(job_id: str) -> str:
 
 def job_uuid(ft_id: str) -> str | None:
     """The job id behind 'ftjob-<hex>', or None for anything else."""
-    m = _FTJOB.match(ft_id)
-    if m is None:
+    return uuid_after("ftjob-", ft_id)
+
+
+def uuid_after(prefix: str, value: str) -> str | None:
+    """The uuid behind '<prefix><32 hex>' (an OpenAI-shaped id: 'ftjob-', 'evalrun_', 'resp_',
+    'outputitem_'), or None for anything else."""
+    hexpart = value.removeprefix(prefix)
+    if not value.startswith(prefix) or not _HEX32.fullmatch(hexpart):
         return None
-    return str(uuid.UUID(m.group(1)))
+    return str(uuid.UUID(hexpart))
 
 
 FINE_TUNING_TAG = "openai:fine_tuning"  # the jobs POST /v1/fine_tuning/jobs made

@@ -14,7 +14,6 @@ Each output item is one of the job's samples; a criterion's `passed` is its scor
 from __future__ import annotations
 
 import json
-import uuid
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Header, Query, Response
@@ -31,6 +30,7 @@ from api.routers.openai_inference import effort_budget, own_ft_model
 from api.submit import admit, check_job_refs, commit_and_dispatch, job_row
 from mathrl.graders import Grader
 from mathrl.jsonl_files import check_item_line, item_of
+from mathrl.modelref import uuid_after
 from mathrl.shallow import JsonObject
 from mathrl.specs import model_refs, parse_spec
 from mathrl.specs.generate import DEFAULT_MAX_TOKENS
@@ -281,13 +281,7 @@ def run_id_of(job_id: str) -> str:
 
 
 def _job_id(run_id: str) -> str | None:
-    hexpart = run_id.removeprefix("evalrun_")
-    if not run_id.startswith("evalrun_") or len(hexpart) != 32:
-        return None
-    try:
-        return str(uuid.UUID(hexpart))
-    except ValueError:
-        return None
+    return uuid_after("evalrun_", run_id)
 
 
 def own_run(session: Any, project_id: str, eval_id: str, run_id: str) -> Job:
@@ -811,11 +805,7 @@ def retrieve_output_item(
     eval_id: str, run_id: str, output_item_id: str, caller: CallerDep, session: SessionDep
 ) -> dict[str, Any]:
     job = own_run(session, caller.project_id, eval_id, run_id)
-    hexpart = output_item_id.removeprefix("outputitem_")
-    try:
-        sample_id = str(uuid.UUID(hexpart)) if output_item_id.startswith("outputitem_") else None
-    except ValueError:
-        sample_id = None
+    sample_id = uuid_after("outputitem_", output_item_id)
     sample = session.get(Sample, sample_id) if sample_id else None
     if sample is None or sample.job_id != job.id:
         raise Problem(404, "Not found", "no output item with this id in this run")

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-import uuid
 from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
 
@@ -35,6 +34,7 @@ from api.routers.openai_inference import (
     submit_generation,
     wait_answer,
 )
+from mathrl.modelref import uuid_after
 from mathrl.specs.generate import MAX_TOKENS
 from mathrl.status import TERMINAL, WAIT_ENDS
 from store.db import get_sessionmaker
@@ -121,13 +121,7 @@ def response_id(job_id: str) -> str:
 
 
 def _job_id(resp_id: str) -> str | None:
-    hexpart = resp_id.removeprefix("resp_")
-    if not resp_id.startswith("resp_") or len(hexpart) != 32:
-        return None
-    try:
-        return str(uuid.UUID(hexpart))
-    except ValueError:
-        return None
+    return uuid_after("resp_", resp_id)
 
 
 def own_response(session: Any, project_id: str, resp_id: str) -> Job:
