@@ -7,9 +7,40 @@ import contextlib
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from tests.helpers.env import ADMIN_TOKEN
+
+
+@contextlib.contextmanager
+def private_app(tmp: Path) -> Iterator[Any]:
+    """The API in process (as `app_client`) on a database and broker of its own: a SQLite file and
+    kombu's SQLAlchemy transport under `tmp`. `app_client` shares the session's with the suite's
+    service fixtures, whose workers take any job sent to the cpu queue: a test of what a queued job
+    does (or of an API that waits on one) gets a job that stays queued here, whatever ran before it."""
+    import os
+
+    from fastapi.testclient import TestClient
+
+    from api.app import create_app
+    from service.settings import get_settings
+    from store.migrate import upgrade
+    from tests.helpers.service import service_env
+
+    tmp.mkdir(parents=True, exist_ok=True)
+    url = f"sqlite:///{tmp / 'mathrl.db'}"
+    upgrade(url)
+    old = dict(os.environ)
+    os.environ.update(service_env(url, f"sqla+sqlite:///{tmp / 'broker.db'}", tmp / "artifacts"))
+    get_settings.cache_clear()
+    try:
+        with TestClient(create_app()) as c:
+            yield c
+    finally:
+        os.environ.clear()
+        os.environ.update(old)
+        get_settings.cache_clear()
 
 
 def admin_key(app_client: Any, project: str | None = None) -> dict[str, str]:

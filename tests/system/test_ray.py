@@ -80,6 +80,9 @@ def ray_service(
             "MATHRL_RAY__GPUS_PER_NODE": "0",
             "MATHRL_RAY__PYTHON": sys.executable,
             "MATHRL_RAY__LOST_AFTER_SECONDS": "10",
+            # the ranks' own stop between steps, before the Ray job is stopped: 3 s (the suite's) ran
+            # out on a slow day (CI, 2026-11-29: no exit-code file, the ranks were killed)
+            "MATHRL_WORKER__CANCEL_GRACE_SECONDS": "30",
             "MATHRL_WORKER__POOLS": json.dumps(pools),
         }
     )

@@ -1,19 +1,30 @@
-"""OpenAI's Evals API through the real `openai` package, in process (no worker: runs stay queued):
-evals created, listed, updated and deleted; each bad field a 400 naming it, before anything is
-stored (api/routers/openai_evals.py). tests/system/test_openai_evals.py runs them on a worker."""
+"""OpenAI's Evals API through the real `openai` package, in process on an app of the module's own
+(tests.helpers.api.private_app: no worker, runs stay queued): evals created, listed, updated and
+deleted; each bad field a 400 naming it, before anything is stored (api/routers/openai_evals.py).
+tests/system/test_openai_evals.py runs them on a worker."""
 
 from __future__ import annotations
 
 import io
 import json
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from tests.helpers.api import admin_key
+from tests.helpers.api import admin_key, private_app
 
 pytestmark = pytest.mark.quick
+
+
+@pytest.fixture(scope="module")
+def app_client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """The session's `app_client` shares its database and broker with the suite's workers: one took
+    a run (CI, 2026-11-29), and a cancelled run read in_progress. Here no worker takes a run."""
+    with private_app(tmp_path_factory.mktemp("evals-app")) as c:
+        yield c
+
 
 SCHEMA = {"type": "custom", "item_schema": {"type": "object"}, "include_sample_schema": True}
 EXACT = {
