@@ -43,6 +43,19 @@ def private_app(tmp: Path) -> Iterator[Any]:
         get_settings.cache_clear()
 
 
+def private_app_client() -> Any:
+    """`app_client = private_app_client()` in a test module: its tests get a `private_app`, one per
+    module, in place of the session's `app_client`."""
+    import pytest
+
+    @pytest.fixture(scope="module", name="app_client")
+    def fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+        with private_app(tmp_path_factory.mktemp("private-app")) as c:
+            yield c
+
+    return fixture
+
+
 def admin_key(app_client: Any, project: str | None = None) -> dict[str, str]:
     """Headers with a fresh key for a (new) project, through the in-process app."""
     project = project or f"p-{uuid.uuid4().hex[:8]}"

@@ -8,22 +8,18 @@ from __future__ import annotations
 import io
 import json
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from tests.helpers.api import admin_key, private_app
+from tests.helpers.api import admin_key, private_app_client
 
 pytestmark = pytest.mark.quick
 
 
-@pytest.fixture(scope="module")
-def app_client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """The session's `app_client` shares its database and broker with the suite's workers: one took
-    a run (CI, 2026-11-29), and a cancelled run read in_progress. Here no worker takes a run."""
-    with private_app(tmp_path_factory.mktemp("evals-app")) as c:
-        yield c
+# the session's `app_client` shares its database and broker with the suite's workers: in CI
+# (2026-11-29) one took a run here, which then read in_progress after its cancel
+app_client = private_app_client()
 
 
 SCHEMA = {"type": "custom", "item_schema": {"type": "object"}, "include_sample_schema": True}
