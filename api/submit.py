@@ -7,11 +7,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from fastapi import Response
 from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from api.admission import QuotaProblem, admit_spec, check_project_quota, held_gpus
 from api.dispatch import dispatch, new_task_id
+from api.idempotency import earlier, replayed
 from api.problems import Problem
 from kinds import HOMES, home, model_savers
 from mathrl.modelref import FINAL_DELETED_TAG
@@ -129,3 +132,22 @@ def commit_and_dispatch(session: Session, settings: Settings, project_id: str, j
     for job, _ in jobs:
         if job.status == "queued":
             dispatch(session, settings, job.id, job.queue, job.celery_task_id or "")
+
+
+def submit_keyed(
+    session: Session, settings: Settings, project_id: str, job: Job, message: str, response: Response
+) -> Job:
+    """Insert and send one job (commit_and_dispatch) that carries its create's Idempotency-Key and
+    request hash: where a concurrent create with the same key won the race (the key is unique per
+    project), the job that one made, and the response says it is a replay (api/idempotency.py)."""
+    session.add(job)
+    try:
+        commit_and_dispatch(session, settings, project_id, [(job, message)])
+    except IntegrityError:
+        session.rollback()
+        if (existing := earlier(session, Job, project_id, job.idempotency_key, job.request_hash)) is None:
+            raise
+        replayed(response)
+        return existing
+    session.refresh(job)  # what the database set on insert (its counters' trigger, defaults)
+    return job

@@ -16,7 +16,7 @@ from urllib.parse import unquote, urlsplit
 from fastapi import APIRouter, Body, Header, Query, Request, Response
 from fastapi.responses import FileResponse, StreamingResponse
 from sqlalchemy import select
-from sqlalchemy.exc import IntegrityError, SQLAlchemyError
+from sqlalchemy.exc import SQLAlchemyError
 
 from api.deps import CallerDep, SessionDep, SettingsDep, owned, page_cursor
 from api.idempotency import earlier, replayed, request_hash
@@ -30,7 +30,7 @@ from api.problems import (
     Problem,
 )
 from api.streams import close_stream, open_stream
-from api.submit import admit, check_file_refs, check_job_refs, commit_and_dispatch, job_row
+from api.submit import admit, check_file_refs, check_job_refs, job_row, submit_keyed
 from mathrl.schemas import (
     CheckpointResponse,
     EventResponse,
@@ -97,16 +97,7 @@ def create_job(
     check_file_refs(session, caller.project_id, spec)
     config = admit({"": spec}, settings)[""]
     job = job_row(caller.project_id, spec, config, settings, idempotency_key=idempotency_key, request_hash=digest)
-    session.add(job)
-    try:
-        commit_and_dispatch(session, settings, caller.project_id, [(job, f"queued on '{job.queue}'")])
-    except IntegrityError:  # a concurrent request with the same key won the race
-        session.rollback()
-        if (existing := earlier(session, Job, caller.project_id, idempotency_key, digest)) is None:
-            raise
-        replayed(response)
-        return existing
-    return job
+    return submit_keyed(session, settings, caller.project_id, job, f"queued on '{job.queue}'", response)
 
 
 @router.get("", response_model=Page[JobResponse])

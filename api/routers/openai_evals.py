@@ -19,7 +19,6 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Header, Query, Response
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from sqlalchemy import select
-from sqlalchemy.exc import IntegrityError
 
 from api.deps import CallerDep, SessionDep, SettingsDep
 from api.idempotency import earlier, replayed, request_hash
@@ -27,7 +26,7 @@ from api.problems import Problem, validation_errors
 from api.routers.openai_files import own_file
 from api.routers.openai_fine_tuning import grading_models_mapped, trainable_model
 from api.routers.openai_inference import effort_budget, own_ft_model
-from api.submit import admit, check_job_refs, commit_and_dispatch, job_row
+from api.submit import admit, check_job_refs, job_row, submit_keyed
 from mathrl.graders import Grader
 from mathrl.jsonl_files import check_item_line, item_of
 from mathrl.modelref import uuid_after
@@ -649,19 +648,8 @@ def _submit_run(
     config = admit({"": spec}, settings)[""]
     config.openai = {"eval_id": eval_id, "request": request, "criteria": rules, "model": model}
     job = job_row(project_id, spec, config, settings, idempotency_key=idempotency_key, request_hash=digest)
-    session.add(job)
-    try:
-        commit_and_dispatch(
-            session, settings, project_id, [(job, f"queued on '{job.queue}' by POST /v1/evals/{eval_id}/runs")]
-        )
-    except IntegrityError:  # a concurrent retry with the same key won the race
-        session.rollback()
-        if (existing := earlier(session, Job, project_id, idempotency_key, digest)) is None:
-            raise
-        replayed(response)
-        return run_object(session, existing)
-    session.refresh(job)
-    return run_object(session, job)
+    message = f"queued on '{job.queue}' by POST /v1/evals/{eval_id}/runs"
+    return run_object(session, submit_keyed(session, settings, project_id, job, message, response))
 
 
 @router.get("/{eval_id}/runs", responses={404: {"description": NOT_FOUND}, 400: {"description": "Bad cursor."}})

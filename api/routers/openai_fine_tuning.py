@@ -16,14 +16,13 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Header, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from sqlalchemy import func, select
-from sqlalchemy.exc import IntegrityError
 
 from api.deps import CallerDep, SessionDep, SettingsDep
 from api.idempotency import earlier, replayed, request_hash
 from api.job_control import pause_job, resume_job
 from api.problems import Problem
 from api.routers.openai_files import own_file
-from api.submit import admit, check_job_refs, commit_and_dispatch, job_row
+from api.submit import admit, check_job_refs, job_row, submit_keyed
 from mathrl.graders import Grader
 from mathrl.modelref import (
     FINE_TUNING_TAG,
@@ -420,19 +419,8 @@ def create(
     config = admit({"": spec}, settings)[""]
     config.openai = {"request": body.model_dump(mode="json", exclude_none=True), "mapping": mapping}
     job = job_row(caller.project_id, spec, config, settings, idempotency_key=idempotency_key, request_hash=digest)
-    session.add(job)
-    try:
-        commit_and_dispatch(
-            session, settings, caller.project_id, [(job, f"queued on '{job.queue}' by POST /v1/fine_tuning/jobs")]
-        )
-    except IntegrityError:  # a concurrent retry with the same key won the race
-        session.rollback()
-        if (existing := earlier(session, Job, caller.project_id, idempotency_key, digest)) is None:
-            raise
-        replayed(response)
-        return job_object(session, existing)
-    session.refresh(job)
-    return job_object(session, job)
+    message = f"queued on '{job.queue}' by POST /v1/fine_tuning/jobs"
+    return job_object(session, submit_keyed(session, settings, caller.project_id, job, message, response))
 
 
 def _page(data: list[dict[str, Any]], more: bool) -> dict[str, Any]:
