@@ -59,8 +59,10 @@ class PipelineSpec(StrictModel):
             deps[step] = []
             for path, ref in model_refs(spec).items():
                 target, _ = split_job_ref(ref)
-                if not target or ID_PATTERN.match(target):
-                    continue  # not a job reference, or an existing job's id (the API checks it)
+                if not target:
+                    continue  # not a job reference
+                if target not in self.jobs and ID_PATTERN.match(target):
+                    continue  # an existing job's id (the API checks it); a step so named is that step
                 if target not in self.jobs:
                     known = ", ".join(sorted(self.jobs))
                     raise FieldError(

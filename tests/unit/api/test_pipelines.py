@@ -125,6 +125,10 @@ def test_submit_stores_waiting_jobs_with_rewritten_references(app_client: Any) -
 def test_spec_validates_in_the_sdk_too() -> None:
     p = PipelineSpec.model_validate({"jobs": {"a": sft_step(), "b": eval_step("job:a"), "c": eval_step("job:b@final")}})
     assert p.dependencies() == {"a": [], "b": ["a"], "c": ["b"]}
+    # a step named like a job id is that step (it was read as an existing job: no wait, then a failure)
+    named = "abcdef01-2345-6789-abcd-ef0123456789"
+    p = PipelineSpec.model_validate({"jobs": {named: sft_step(), "after": eval_step(f"job:{named}")}})
+    assert p.dependencies() == {named: [], "after": [named]}
 
 
 # ---- settling, on the store --------------------------------------------------------------
