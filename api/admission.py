@@ -13,7 +13,6 @@ lexically (plus symlinks) and URL hosts are checked as literal addresses or by D
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -27,7 +26,7 @@ from mathrl.errors import Refused
 from mathrl.specs import AnySpec, DatasetRef, model_refs, split_job_ref
 from mathrl.specs.resolved import ResolvedConfig
 from service.settings import Settings
-from service.sources import url_refusal
+from service.sources import storage_dirs, url_refusal
 from store.models import Project
 
 
@@ -150,14 +149,8 @@ def _roots(settings: Settings, extra: list[str]) -> list[Path]:
 
 
 def _service_storage(settings: Settings) -> list[Path]:
-    """What a raw path may never reach, whatever the roots say: the artifact directory (every
-    project's trained models, checkpoints, results and uploaded files) and the model caches, this
-    process's and the workers' (settings.sources.cache_dirs: the API's HF_HOME is not theirs, and
-    theirs holds every project's hub downloads and prepared datasets). Those are reached by typed
-    references only ('job:<id>', 'ft:...', 'file-...'), which are checked against the caller's project."""
-    cache = os.environ.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface")
-    dirs = (settings.artifact_dir, cache, *settings.sources.cache_dirs)
-    return [Path(d).expanduser().resolve() for d in dirs if d]
+    """service.sources.storage_dirs, this process's view."""
+    return storage_dirs(settings.artifact_dir, settings.sources.cache_dirs)
 
 
 def _refuse(pointer: str, detail: str) -> Problem:
@@ -177,6 +170,8 @@ def _under_roots(value: str, roots: list[Path], pointer: str, what: str, setting
     )
     if "\x00" in raw:  # no file's name holds one (and Path.resolve raises on it)
         raise _refuse(pointer, f"{value!r} holds a NUL character, which no path can: remove it")
+    if "::" in raw:  # fsspec (datasets' file access) reads 'a::b' as a chain: b, a file system holding a
+        raise _refuse(pointer, f"{value!r} holds '::', which chains file systems: name one plain file")
     if not raw.startswith("/"):  # './x', 'x', '~/x': relative to this server's process, not to anything of yours
         raise _refuse(
             pointer,

@@ -12,6 +12,7 @@ nor `https://a.com/data2/`), and every address its host resolves to is public.
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 import socket
 from pathlib import Path
@@ -20,6 +21,27 @@ from urllib.parse import SplitResult, unquote, urljoin, urlsplit
 from mathrl.errors import RefusedURL as RefusedURL  # raised here; its callers import it from here
 
 MAX_REDIRECTS = 5
+
+
+def storage_dirs(artifact_dir: str, cache_dirs: list[str]) -> list[Path]:
+    """What a raw path may never reach, whatever the roots say: the artifact directory (every
+    project's trained models, checkpoints, results and uploaded files) and the model caches, this
+    process's (HF_HOME) and the workers' (`sources.cache_dirs`: every project's hub downloads and
+    prepared datasets). Those are reached by typed references only ('job:<id>', 'ft:...',
+    'file-...'), which are checked against the caller's project. Checked by the API at submit
+    (api/admission.py) and by the job process before it loads (worker/child.py), on its own view."""
+    cache = os.environ.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface")
+    return [Path(d).expanduser().resolve() for d in (artifact_dir, cache, *cache_dirs) if d]
+
+
+def local_path(value: str) -> str | None:
+    """The local file a source names (an absolute path, or a file:// URL's path), or None where it
+    names none (a hub id, an http(s) URL, a 'job:' reference)."""
+    if value.startswith("file:"):
+        return unquote(urlsplit(value).path)
+    return value if value.startswith(("/", "~")) else None
+
+
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
 

@@ -32,11 +32,12 @@ from typing import Any
 from kinds import JobRun, home
 from mathrl.errors import Cancelled, Drained, NotAvailable, StopRequested
 from mathrl.errors import MemoryRefused as MemoryRefused  # raised here; its callers import it from here
-from mathrl.specs import AnySpec, parse_spec
+from mathrl.specs import AnySpec, model_refs, parse_spec
 from mathrl.specs.resolved import ResolvedConfig, resolved
 from runtime.cpu_threads import apply_thread_count
 from runtime.processes import rank as rank_of_process
 from service.settings import Settings, get_settings
+from service.sources import local_path, storage_dirs
 from store.db import retry_transient, session_scope
 from store.models import Job
 from worker import hub_access
@@ -88,6 +89,7 @@ def run(job_id: str, owner: str, attempt: int) -> int:
     resolve = model_resolver(settings, job_id, project_id)
     _check_available(spec)
     work = attempt_dir(settings.artifact_dir, job_id, attempt)
+    _check_raw_paths(spec, settings)  # as submitted: before its file ids and URLs become paths in storage
     spec = _fetch_dataset(spec, settings, work, project_id)
     model = home(spec).needs(spec).model
     model_path, checkpoint = resolve(model) if model is not None else ("", None)
@@ -133,6 +135,25 @@ def _run_kind(run: JobRun[Any, Any]) -> int:
     )
     home(run.spec).run(run)
     return EXIT_OK
+
+
+def _check_raw_paths(spec: AnySpec, settings: Settings) -> None:
+    """The raw paths the API admitted (a model or dataset under an operator's root, outside the
+    service's storage) are checked again here, on this worker's view, before anything loads: a link
+    under a root may point elsewhere since, and this worker's caches and mounts are not the API's.
+    A path that resolves into the artifact directory or a model cache fails the job, naming the field."""
+    storage = storage_dirs(settings.artifact_dir, settings.sources.cache_dirs)
+    dataset = home(spec).data(spec).dataset
+    named = dict(model_refs(spec))
+    if dataset is not None and dataset.path:
+        named["dataset/path"] = dataset.path
+    for field, value in named.items():
+        raw = local_path(value)
+        if raw is not None and any(Path(raw).expanduser().resolve().is_relative_to(d) for d in storage):
+            raise ValueError(
+                f"{field}: {value!r} resolves into the service's own storage on this worker (a link changed "
+                "since the job was accepted?): name a model by 'job:<id>' or 'ft:...', a file by 'file-...'"
+            )
 
 
 def _file_path(settings: Settings, project_id: str, field: str, file_id: str) -> str:

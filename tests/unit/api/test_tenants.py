@@ -57,6 +57,12 @@ def test_a_raw_path_never_reaches_another_projects_models_or_files(app_client: A
             assert r.status_code == 422 and r.json()["errors"][0]["pointer"] == pointer, r.text
             detail = r.json()["detail"]
             assert "service's own storage" in detail and ("job:" in detail or "file-" in detail), detail
+    # fsspec's chained URLs (datasets reads 'a::b' as b, a file system holding a): a path under a root
+    # whose chain names a file in storage
+    root = artifacts.parent
+    for path in (f"{root}/x::{uploads[0]}", f"{root}/x.jsonl::{root}/y.zip"):
+        r = app_client.post("/v1/jobs", json=parked_eval(dataset={"path": path}), headers=a)
+        assert r.status_code == 422 and "chains file systems" in r.json()["detail"], r.text  # before: 201
     assert project_jobs(app_client, b) == []
     # the typed reference works for the owner and is refused to the other project
     trained = str(uuid.UUID(ids["fine_tuning_job_id"].removeprefix("ftjob-")))  # an SFT job, saved at step 1
