@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from evaluator.backends.base import WarmEngineAddress
+from evaluator.logprobs import Token, from_completion_chunk, kept_tokens, token_logprobs
 
 if TYPE_CHECKING:
     from evaluator.backends.vllm import RemoteEngine
@@ -32,6 +33,7 @@ class Choice:
     text: str
     finish_reason: str  # 'stop' or 'length'
     completion_tokens: int
+    logprobs: list[Token] | None = None  # asked for: each token's (evaluator/logprobs.py)
 
 
 class ChatModel:
@@ -64,8 +66,11 @@ class ChatModel:
         stop: list[str] | None = None,
         seed: int = 0,
         should_stop: Callable[[], bool] | None = None,
+        logprobs: int | None = None,
     ) -> list[list[Choice]]:
-        from evaluator.backends.hf import generate
+        """Each prompt's `n` choices; with `logprobs`, each one's tokens' and that many most likely
+        alternatives' log-probabilities."""
+        from evaluator.backends.hf import eos_ids, generate
 
         out = generate(
             self.model,
@@ -79,7 +84,18 @@ class ChatModel:
             seed=seed,
             should_stop=should_stop,
         )
-        return [[Choice(g.text, "length" if g.truncated else "stop", g.tokens) for g in gens] for gens in out]
+        choices = [[Choice(g.text, "length" if g.truncated else "stop", g.tokens) for g in gens] for gens in out]
+        if logprobs is not None:
+            stops = eos_ids(self.model, self.tokenizer)
+            for prompt, gens, made in zip(prompts, out, choices, strict=True):
+                for g, c in zip(gens, made, strict=True):
+                    c.logprobs = self.logprobs(prompt, kept_tokens(self.tokenizer, g.ids, stops, g.text), logprobs)
+        return choices
+
+    def logprobs(self, prompt: str, ids: list[int], top: int) -> list[Token]:
+        """The log-probabilities of a completion's tokens `ids` after `prompt` (evaluator/logprobs.py)."""
+        prompt_ids = self.tokenizer(prompt, add_special_tokens=False).input_ids
+        return token_logprobs(self.model, self.tokenizer, prompt_ids, ids, top)
 
     def stream(
         self,
@@ -91,9 +107,11 @@ class ChatModel:
         top_p: float,
         stop: list[str] | None = None,
         seed: int = 0,
+        logprobs: int | None = None,
     ) -> Choice:
         """One completion, its text passed to `on_text` piece by piece while it is generated
-        (never past a stop string, which is cut as `answer` cuts it)."""
+        (never past a stop string, which is cut as `answer` cuts it); its log-probabilities, asked
+        for, once it is whole."""
         import torch
         from transformers import TextIteratorStreamer
 
@@ -142,10 +160,13 @@ class ChatModel:
         if len(cut) > sent:
             on_text(cut[sent:])
         new = result["ids"][0, enc["input_ids"].shape[1] :].tolist()
-        eos = set(eos_ids(self.model, self.tokenizer))
-        ended = next((j for j, t in enumerate(new) if t in eos), None)
+        stops = eos_ids(self.model, self.tokenizer)
+        ended = next((j for j, t in enumerate(new) if t in stops), None)
         tokens = ended + 1 if ended is not None else len(new)
-        return Choice(cut, "stop" if stopped or ended is not None else "length", tokens)
+        choice = Choice(cut, "stop" if stopped or ended is not None else "length", tokens)
+        if logprobs is not None:
+            choice.logprobs = self.logprobs(prompt, kept_tokens(self.tokenizer, new, stops, cut), logprobs)
+        return choice
 
 
 class DeltaWriter:
@@ -190,6 +211,7 @@ def run_generate(spec: Any, sink: Any, model_path: str, warm: WarmEngineAddress 
             "stop": spec.stop,
             # no seed: a draw of its own, as OpenAI's repeated calls differ (0 made every call's answer the same)
             "seed": spec.seed if spec.seed is not None else secrets.randbits(31),
+            "logprobs": spec.logprobs,
         }
         if spec.stream and spec.n == 1:
             choices = [model.stream(prompt, lambda text: deltas.add(0, text), **options)]
@@ -209,6 +231,7 @@ def run_generate(spec: Any, sink: Any, model_path: str, warm: WarmEngineAddress 
                 "prompt_tokens": prompt_tokens,
                 "cached_tokens": cached_tokens,
                 "completion_tokens": c.completion_tokens,
+                **({"logprobs": c.logprobs} if c.logprobs is not None else {}),
             },
         }
         for i, c in enumerate(choices)
@@ -262,10 +285,14 @@ def _generate_remote(spec: Any, engine: RemoteEngine, deltas: DeltaWriter) -> tu
         "stream": True,
         "stream_options": {"include_usage": True},
     })  # fmt: skip
-    if spec.messages is not None:
+    chat = spec.messages is not None
+    if chat:
         path, body["messages"] = "/v1/chat/completions", [m.model_dump() for m in spec.messages]
     else:
         path, body["prompt"] = "/v1/completions", spec.prompt
+    if spec.logprobs is not None:  # the engine's own (raw: its default logprobs-mode)
+        body.update({"logprobs": True, "top_logprobs": spec.logprobs} if chat else {"logprobs": spec.logprobs})
+    logprobs: dict[int, list[Token]] = {}
     texts: dict[int, str] = {}
     reasons: dict[int, str] = {}
     usage: dict[str, Any] = {}
@@ -284,8 +311,15 @@ def _generate_remote(spec: Any, engine: RemoteEngine, deltas: DeltaWriter) -> tu
                     deltas.add(c["index"], piece)
                 if c.get("finish_reason"):
                     reasons[c["index"]] = c["finish_reason"]
+                if c.get("logprobs"):
+                    got = c["logprobs"].get("content") or [] if chat else from_completion_chunk(c["logprobs"])
+                    logprobs.setdefault(c["index"], []).extend(got)
     per_choice = usage.get("completion_tokens", 0) // max(spec.n, 1)
-    choices = [Choice(texts.get(i, ""), reasons.get(i, "stop"), per_choice) for i in range(spec.n)]
+    asked = spec.logprobs is not None
+    choices = [
+        Choice(texts.get(i, ""), reasons.get(i, "stop"), per_choice, logprobs.get(i, []) if asked else None)
+        for i in range(spec.n)
+    ]
     cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
     return int(usage.get("prompt_tokens", 0)), int(cached), choices
 

@@ -31,13 +31,14 @@ from sqlalchemy import select
 from api.admission import QuotaProblem
 from api.deps import CallerDep, SettingsDep
 from api.job_wakeups import KEEPALIVE_SECONDS  # a quiet stream sends a comment line this often, as event streams do
-from api.problems import Problem
+from api.problems import Problem, validation_errors
 from api.routers.openai_fine_tuning import REASONING_TOKENS, fine_tuned_model
 from api.routers.openai_fine_tuning import TAG as FINE_TUNING
 from api.submit import admit, commit_and_dispatch, job_row
+from evaluator.logprobs import as_completion_logprobs
 from mathrl.modelref import FINAL_DELETED_TAG, ft_model_ref, split_job_ref
 from mathrl.specs import GenerateSpec
-from mathrl.specs.generate import MAX_CHOICES, MAX_TOKENS
+from mathrl.specs.generate import MAX_CHOICES, MAX_TOKENS, MAX_TOP_LOGPROBS
 from mathrl.status import WAIT_ENDS
 from store.db import get_sessionmaker
 from store.jobs import has_tag, readers_of, request_cancel
@@ -118,8 +119,6 @@ class _Sampling(_Open):
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     user: str | None = Field(None, max_length=256, description="Accepted; not used.")
-    logprobs: Literal[False] | None = Field(None, description="Log probabilities are not returned here.")
-    top_logprobs: Annotated[int, Field(ge=0, le=0)] | None = Field(None, description="Only 0: none are returned.")
     frequency_penalty: Neutral | None = Field(None, description="Only 0: no penalties here.")
     presence_penalty: Neutral | None = Field(None, description="Only 0: no penalties here.")
     logit_bias: Annotated[dict[str, float], Field(max_length=0)] | None = Field(None, description="Only empty.")
@@ -128,6 +127,10 @@ class _Sampling(_Open):
 
 class ChatCompletionParams(_Sampling):
     messages: list[Message] = Field(..., min_length=1, max_length=256)
+    logprobs: bool | None = Field(None, description="Return each new token's log-probability (the model's own).")
+    top_logprobs: int | None = Field(
+        None, ge=0, le=MAX_TOP_LOGPROBS, description="And this many most likely tokens in its place (needs logprobs)."
+    )
     max_completion_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS)
     metadata: dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]] | None = Field(
         None, max_length=16, description="Accepted; not stored."
@@ -150,6 +153,9 @@ class CompletionParams(_Sampling):
         ..., description="One prompt (a list of one is accepted)."
     )
     echo: Literal[False] | None = None
+    logprobs: int | None = Field(
+        None, ge=0, le=5, description="Return each new token's log-probability and this many most likely tokens."
+    )
 
 
 def own_ft_model(session: Any, project_id: str, name: str) -> str:
@@ -315,9 +321,14 @@ async def chat_completions(
     body: ChatCompletionParams, caller: CallerDep, settings: SettingsDep, request: Request
 ) -> Any:
     """The model's answer to the chat (`chat.completion`, or `chat.completion.chunk`s with `stream`)."""
-    messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+    if body.top_logprobs is not None and not body.logprobs:
+        raise Problem.at("/top_logprobs", "needs logprobs: true (as OpenAI's): send both, or drop top_logprobs")
+    what = {
+        "messages": [{"role": m.role, "content": m.text()} for m in body.messages],
+        "logprobs": (body.top_logprobs or 0) if body.logprobs else None,
+    }
     max_tokens = body.max_completion_tokens or body.max_tokens or effort_budget(body.reasoning_effort)
-    return await _answer(body, caller.project_id, settings, {"messages": messages}, max_tokens, True, request)
+    return await _answer(body, caller.project_id, settings, what, max_tokens, True, request)
 
 
 @router.post("/completions", responses=RESPONSES)
@@ -328,7 +339,8 @@ async def completions(body: CompletionParams, caller: CallerDep, settings: Setti
         if len(prompt) != 1:
             raise Problem.at("/prompt", "one prompt per call here: send a string (or a list of one)")
         prompt = prompt[0]
-    return await _answer(body, caller.project_id, settings, {"prompt": prompt}, body.max_tokens or 16, False, request)
+    what = {"prompt": prompt, "logprobs": body.logprobs}
+    return await _answer(body, caller.project_id, settings, what, body.max_tokens or 16, False, request)
 
 
 async def _answer(
@@ -380,8 +392,8 @@ def submit_generation(
         try:
             spec = GenerateSpec(model=ref, **{k: v for k, v in fields.items() if v is not None})
         except ValidationError as exc:
-            err = exc.errors()[0]
-            raise Problem.at("/" + "/".join(str(p) for p in err["loc"]), err["msg"]) from None
+            err = validation_errors(exc.errors())[0]
+            raise Problem.at(err["pointer"], err["detail"]) from None
         config = admit({"": spec}, settings)[""]
         if openai is not None:
             config.openai = openai
@@ -484,6 +496,14 @@ def _completion_id(job_id: str, chat: bool) -> str:
     return ("chatcmpl-" if chat else "cmpl-") + job_id.replace("-", "")
 
 
+def logprobs_of(row: dict[str, Any], chat: bool) -> dict[str, Any] | None:
+    """A choice's `logprobs`, in the shape of its route, where the call asked for them (else None)."""
+    tokens = row.get("logprobs")
+    if tokens is None:
+        return None
+    return {"content": tokens, "refusal": None} if chat else as_completion_logprobs(tokens)
+
+
 def _completion(job_id: str, model: str, rows: list[dict[str, Any]], chat: bool) -> dict[str, Any]:
     base = {"id": _completion_id(job_id, chat), "created": int(time.time()), "model": model, "usage": _usage(rows)}
     if chat:
@@ -492,13 +512,14 @@ def _completion(job_id: str, model: str, rows: list[dict[str, Any]], chat: bool)
                 "index": r["index"],
                 "message": {"role": "assistant", "content": r["text"], "refusal": None},
                 "finish_reason": r["finish_reason"],
-                "logprobs": None,
+                "logprobs": logprobs_of(r, chat),
             }
             for r in rows
         ]
         return {**base, "object": "chat.completion", "choices": choices, "system_fingerprint": None}
     choices = [
-        {"index": r["index"], "text": r["text"], "finish_reason": r["finish_reason"], "logprobs": None} for r in rows
+        {"index": r["index"], "text": r["text"], "finish_reason": r["finish_reason"], "logprobs": logprobs_of(r, chat)}
+        for r in rows
     ]
     return {**base, "object": "text_completion", "choices": choices}
 
@@ -514,6 +535,48 @@ def progress_of(settings: Any, job_id: str, after: int) -> tuple[str, str | None
         return job.status, job.error, deltas
 
 
+class FollowedCall:
+    """A streamed call's job, followed as it answers: `async with FollowedCall(...) as call`, then
+    `async for data in call` gives each stored delta's data, and None where a keep-alive is due (a
+    comment line: a client's read timeout, the SDK's timeout=60, is per read, and a first token can
+    be minutes away while an engine starts). It ends when the job ends (`status`, `error`) or the
+    call's time runs out (the job cancelled, `status` 'timeout'). Left before either (the client went
+    away, whatever the stream was sending), the job is cancelled: no one would read its answer."""
+
+    def __init__(self, settings: Any, job_id: str) -> None:
+        self.settings, self.job_id = settings, job_id
+        self.status = ""
+        self.error: str | None = None
+
+    async def __aenter__(self) -> FollowedCall:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if not self.status:
+            await asyncio.shield(run_in_threadpool(cancel_call, self.settings, self.job_id))
+
+    async def __aiter__(self) -> AsyncIterator[dict[str, Any] | None]:
+        last = 0
+        deadline = time.monotonic() + self.settings.fine_tuning.inference_timeout_seconds
+        sent = time.monotonic()
+        while True:
+            status, error, deltas = await run_in_threadpool(progress_of, self.settings, self.job_id, last)
+            for seq, data in deltas:
+                last, sent = seq, time.monotonic()
+                yield data
+            if status in WAIT_ENDS:
+                self.status, self.error = status, error
+                return
+            if time.monotonic() - sent >= KEEPALIVE_SECONDS:
+                sent = time.monotonic()
+                yield None
+            if time.monotonic() >= deadline:
+                await run_in_threadpool(cancel_call, self.settings, self.job_id)
+                self.status = "timeout"
+                return
+            await asyncio.sleep(POLL_SECONDS)
+
+
 async def _stream(settings: Any, job_id: str, model: str, chat: bool, n: int, usage: bool) -> AsyncIterator[str]:
     """OpenAI's server-sent chunks of the job's text as it is stored, the finish reasons, the
     usage if asked, then [DONE]; an error chunk if the job fails or times out."""
@@ -521,58 +584,37 @@ async def _stream(settings: Any, job_id: str, model: str, chat: bool, n: int, us
     head = {"id": _completion_id(job_id, chat), "created": created, "model": model}
     kind = "chat.completion.chunk" if chat else "text_completion"
 
-    def chunk(index: int, text: str | None, finish: str | None = None, role: bool = False) -> str:
+    def chunk(index: int, text: str | None, finish: str | None = None, role: bool = False, logprobs: Any = None) -> str:
         if chat:
             delta: dict[str, Any] = {"role": "assistant"} if role else {}
             if text is not None:
                 delta["content"] = text
-            choice: dict[str, Any] = {"index": index, "delta": delta, "finish_reason": finish, "logprobs": None}
+            choice: dict[str, Any] = {"index": index, "delta": delta, "finish_reason": finish, "logprobs": logprobs}
         else:
-            choice = {"index": index, "text": text or "", "finish_reason": finish, "logprobs": None}
+            choice = {"index": index, "text": text or "", "finish_reason": finish, "logprobs": logprobs}
         return "data: " + json.dumps({**head, "object": kind, "choices": [choice]}) + "\n\n"
 
     def error(message: str, code: str) -> str:
         return "data: " + json.dumps({"error": {"message": message, "type": "server_error", "code": code}}) + "\n\n"
 
-    finished = False
-    try:
+    async with FollowedCall(settings, job_id) as call:
         if chat:
             for i in range(n):
                 yield chunk(i, "", role=True)
-        last = 0
-        deadline = time.monotonic() + settings.fine_tuning.inference_timeout_seconds
-        sent = time.monotonic()
-        while True:
-            status, job_error, deltas = await run_in_threadpool(progress_of, settings, job_id, last)
-            for seq, data in deltas:
-                last, sent = seq, time.monotonic()
-                yield chunk(int(data.get("index", 0)), str(data.get("text", "")))
-            if status in WAIT_ENDS:
-                break
-            if time.monotonic() - sent >= KEEPALIVE_SECONDS:
-                # a comment line (the SDK skips it): a client's read timeout (the SDK's timeout=60) is per
-                # read, and a first token can be minutes away while an engine starts
-                sent = time.monotonic()
-                yield ": keep-alive\n\n"
-            if time.monotonic() >= deadline:
-                await run_in_threadpool(cancel_call, settings, job_id)
-                finished = True
-                yield error(f"job {job_id} did not answer in time: cancelled", "timeout")
-                return
-            await asyncio.sleep(POLL_SECONDS)
-        finished = True
-        if status == "paused":
-            yield error(f"job {job_id} was paused before it answered: call again", "job_paused")
-            return
-        if status != "succeeded":
-            yield error(f"job {job_id} {status}: {job_error or 'no error recorded'}", "job_failed")
-            return
-        rows = await run_in_threadpool(choices_of, settings, job_id)
-        for r in rows:
-            yield chunk(r["index"], None if chat else "", r["finish_reason"])
-        if usage:
-            yield "data: " + json.dumps({**head, "object": kind, "choices": [], "usage": _usage(rows)}) + "\n\n"
-        yield "data: [DONE]\n\n"
-    finally:
-        if not finished:  # the client went away: its job need not go on
-            await asyncio.shield(run_in_threadpool(cancel_call, settings, job_id))
+        async for data in call:
+            yield ": keep-alive\n\n" if data is None else chunk(int(data.get("index", 0)), str(data.get("text", "")))
+    if call.status == "timeout":
+        yield error(f"job {job_id} did not answer in time: cancelled", "timeout")
+        return
+    if call.status == "paused":
+        yield error(f"job {job_id} was paused before it answered: call again", "job_paused")
+        return
+    if call.status != "succeeded":
+        yield error(f"job {job_id} {call.status}: {call.error or 'no error recorded'}", "job_failed")
+        return
+    rows = await run_in_threadpool(choices_of, settings, job_id)
+    for r in rows:  # the choice's log-probabilities, asked for, come whole with its last chunk
+        yield chunk(r["index"], None if chat else "", r["finish_reason"], logprobs=logprobs_of(r, chat))
+    if usage:
+        yield "data: " + json.dumps({**head, "object": kind, "choices": [], "usage": _usage(rows)}) + "\n\n"
+    yield "data: [DONE]\n\n"

@@ -8,9 +8,7 @@ no tools, files, images or reasoning items (a 400 naming the field)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import time
 from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
 
@@ -21,28 +19,26 @@ from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import select
 
 from api.deps import CallerDep, SessionDep, SettingsDep
-from api.job_wakeups import KEEPALIVE_SECONDS
 from api.problems import Problem
 from api.routers.openai_inference import (
-    POLL_SECONDS,
     RESPONSES,
     TAG,
-    cancel_call,
+    FollowedCall,
     choices_of,
     effort_budget,
-    progress_of,
     submit_generation,
     wait_answer,
 )
 from mathrl.modelref import uuid_after
-from mathrl.specs.generate import MAX_TOKENS
-from mathrl.status import TERMINAL, WAIT_ENDS
+from mathrl.specs.generate import MAX_TOKENS, MAX_TOP_LOGPROBS
+from mathrl.status import TERMINAL
 from store.db import get_sessionmaker
 from store.models import Job, Sample
 
 router = APIRouter(prefix="/v1/responses", tags=["openai: responses"])
 
 RESPONSES_TAG = "openai:responses"
+UNSTORED_TAG = "openai:responses-unstored"  # store: false: answered, then not retrievable (the job stays)
 NOT_FOUND = "no response with this id in your project"
 MAX_TURNS = 256  # messages in one conversation, previous responses' included
 
@@ -55,7 +51,8 @@ class InputText(_Open):
     type: Literal["input_text", "output_text"]
     text: str = Field(..., max_length=100_000)
     annotations: Annotated[list[Any], Field(max_length=0)] | None = Field(None, description="Accepted empty.")
-    logprobs: Annotated[list[Any], Field(max_length=0)] | None = Field(None, description="Accepted empty.")
+    # an output text sent back as the SDK returned it: its log-probabilities, where asked for, are not read
+    logprobs: Annotated[list[Any], Field(max_length=MAX_TOKENS)] | None = Field(None, description="Accepted; not used.")
 
 
 class InputMessage(_Open):
@@ -98,7 +95,9 @@ class ResponseParams(_Open):
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, ge=0, le=1)
     stream: bool | None = None
-    store: bool | None = Field(None, description="Accepted: responses are kept as the job's samples either way.")
+    store: bool | None = Field(
+        None, description="false: the response is not retrievable once answered (its job stays, as every job does)."
+    )
     metadata: dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]] | None = Field(
         None, max_length=16
     )
@@ -108,7 +107,12 @@ class ResponseParams(_Open):
     tool_choice: Literal["none", "auto"] | None = Field(None, description="No tools here.")
     parallel_tool_calls: bool | None = Field(None, description="Accepted; no tools here.")
     truncation: Literal["disabled"] | None = None
-    include: Annotated[list[str], Field(max_length=0)] | None = Field(None, description="Only empty.")
+    include: Annotated[list[Literal["message.output_text.logprobs"]], Field(max_length=1)] | None = Field(
+        None, description="Only the output text's log-probabilities (the model's own, as chat completions')."
+    )
+    top_logprobs: int | None = Field(
+        None, ge=0, le=MAX_TOP_LOGPROBS, description="With them, this many most likely tokens in each token's place."
+    )
     user: str | None = Field(None, max_length=256, description="Accepted; not used.")
     service_tier: str | None = Field(None, max_length=32, description="Accepted; not used.")
     prompt_cache_key: str | None = Field(None, max_length=256, description="Accepted; not used.")
@@ -174,6 +178,7 @@ def _request(body: ResponseParams) -> dict[str, Any]:
         "top_p": 1.0 if body.top_p is None else body.top_p,
         "reasoning": {"effort": body.reasoning.effort if body.reasoning else None, "summary": None},
         "user": body.user,
+        "top_logprobs": body.top_logprobs or 0,
     }
 
 
@@ -187,10 +192,11 @@ def _submit(project_id: str, settings: Any, body: ResponseParams) -> str:
         "temperature": 0.0 if body.top_p == 0 else 1.0 if body.temperature is None else body.temperature,
         "top_p": body.top_p or 1.0,
         "n": 1,
+        "logprobs": (body.top_logprobs or 0) if body.include else None,
         "stream": bool(body.stream),
         "backend": settings.fine_tuning.inference_backend,
         "name": "responses",
-        "tags": [TAG, RESPONSES_TAG],
+        "tags": [TAG, RESPONSES_TAG if body.store is not False else UNSTORED_TAG],
         "max_attempts": 1,
     }
     info = {"turns": turns, "model": body.model, "request": _request(body)}
@@ -219,8 +225,8 @@ def _usage(row: dict[str, Any] | None) -> dict[str, Any]:
     }
 
 
-def _message(job_id: str, text: str, status: str) -> dict[str, Any]:
-    content = [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]
+def _message(job_id: str, text: str, status: str, logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    content = [{"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}]
     return {
         "type": "message",
         "id": "msg_" + job_id.replace("-", ""),
@@ -240,7 +246,8 @@ def response_object(job: Job, row: dict[str, Any] | None) -> dict[str, Any]:
     incomplete = None
     if status == "completed" and row is not None and row.get("finish_reason") == "length":
         status, incomplete = "incomplete", {"reason": "max_output_tokens"}
-    output = [_message(str(job.id), row["text"], "completed" if status == "completed" else "incomplete")] if row else []
+    done = "completed" if status == "completed" else "incomplete"
+    output = [_message(str(job.id), row["text"], done, row.get("logprobs"))] if row else []
     error = (
         {"code": "server_error", "message": job.error or f"the response's job {job.status}"}
         if job.status == "failed"
@@ -261,7 +268,7 @@ def response_object(job: Job, row: dict[str, Any] | None) -> dict[str, Any]:
         "tools": [],
         "text": {"format": {"type": "text"}},
         "truncation": "disabled",
-        "store": True,
+        "store": UNSTORED_TAG not in (job.tags or []),
         "background": False,
         **request,
     }
@@ -303,64 +310,43 @@ async def _stream(settings: Any, job_id: str) -> AsyncIterator[str]:
         seq += 1
         return f"event: {kind}\ndata: " + json.dumps({"type": kind, "sequence_number": seq, **data}) + "\n\n"
 
-    job = await run_in_threadpool(_job, settings, job_id)
     item_id = "msg_" + job_id.replace("-", "")
-    finished = False
-    try:
+    part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+    added = _message(job_id, "", "in_progress")
+    text = ""
+    async with FollowedCall(settings, job_id) as call:
+        job = await run_in_threadpool(_job, settings, job_id)
         yield event("response.created", response=response_object(job, None))
         yield event("response.in_progress", response={**response_object(job, None), "status": "in_progress"})
-        added = _message(job_id, "", "in_progress")
         yield event("response.output_item.added", output_index=0, item={**added, "content": []})
-        part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
         yield event("response.content_part.added", item_id=item_id, output_index=0, content_index=0, part=part)
-        last, text = 0, ""
-        deadline = time.monotonic() + settings.fine_tuning.inference_timeout_seconds
-        sent = time.monotonic()
-        while True:
-            status, job_error, deltas = await run_in_threadpool(progress_of, settings, job_id, last)
-            for n, data in deltas:
-                last, sent = n, time.monotonic()
-                piece = str(data.get("text", ""))
-                text += piece
-                yield event(
-                    "response.output_text.delta",
-                    item_id=item_id,
-                    output_index=0,
-                    content_index=0,
-                    delta=piece,
-                    logprobs=[],
-                )
-            if status in WAIT_ENDS:
-                break
-            if time.monotonic() - sent >= KEEPALIVE_SECONDS:
-                sent = time.monotonic()
+        async for data in call:
+            if data is None:
                 yield ": keep-alive\n\n"
-            if time.monotonic() >= deadline:
-                await run_in_threadpool(cancel_call, settings, job_id)
-                finished = True
-                yield event(
-                    "error", code="timeout", message=f"job {job_id} did not answer in time: cancelled", param=None
-                )
-                return
-            await asyncio.sleep(POLL_SECONDS)
-        finished = True
-        job = await run_in_threadpool(_job, settings, job_id)
-        if status != "succeeded":
-            yield event("response.failed", response=response_object(job, None))
-            return
-        row = await run_in_threadpool(_answer_row, settings, job_id)
-        final = response_object(job, row)
-        whole = row["text"] if row else text
-        done_part = {**part, "text": whole}
-        yield event(
-            "response.output_text.done", item_id=item_id, output_index=0, content_index=0, text=whole, logprobs=[]
-        )
-        yield event("response.content_part.done", item_id=item_id, output_index=0, content_index=0, part=done_part)
-        yield event("response.output_item.done", output_index=0, item=final["output"][0] if final["output"] else added)
-        yield event("response.incomplete" if final["status"] == "incomplete" else "response.completed", response=final)
-    finally:
-        if not finished:  # the client went away: its job need not go on
-            await asyncio.shield(run_in_threadpool(cancel_call, settings, job_id))
+                continue
+            piece = str(data.get("text", ""))
+            text += piece
+            yield event(
+                "response.output_text.delta", item_id=item_id, output_index=0, content_index=0, delta=piece, logprobs=[]
+            )
+    if call.status == "timeout":
+        yield event("error", code="timeout", message=f"job {job_id} did not answer in time: cancelled", param=None)
+        return
+    job = await run_in_threadpool(_job, settings, job_id)
+    if call.status != "succeeded":
+        yield event("response.failed", response=response_object(job, None))
+        return
+    row = await run_in_threadpool(_answer_row, settings, job_id)
+    final = response_object(job, row)
+    whole = row["text"] if row else text
+    done_part = {**part, "text": whole, "logprobs": (row or {}).get("logprobs") or []}
+    logprobs = (row or {}).get("logprobs") or []
+    yield event(
+        "response.output_text.done", item_id=item_id, output_index=0, content_index=0, text=whole, logprobs=logprobs
+    )
+    yield event("response.content_part.done", item_id=item_id, output_index=0, content_index=0, part=done_part)
+    yield event("response.output_item.done", output_index=0, item=final["output"][0] if final["output"] else added)
+    yield event("response.incomplete" if final["status"] == "incomplete" else "response.completed", response=final)
 
 
 @router.get("/{response_id}", responses={404: {"description": NOT_FOUND}})

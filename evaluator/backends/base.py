@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from runtime.sink import Sink
@@ -46,6 +46,7 @@ class Generation:
     text: str
     tokens: int
     truncated: bool  # hit max_new_tokens without EOS
+    ids: list[int] = field(default_factory=list)  # the new token ids as generated (transformers' backend)
 
 
 class Backend(ABC):

@@ -80,7 +80,8 @@ def generate(
             count = ended[0] + 1 if ended else len([t for t in tokens if t != tokenizer.pad_token_id])
             text = tokenizer.decode(tokens[: ended[0]] if ended else tokens, skip_special_tokens=True)
             text, stopped = cut_at_stop(text, stop)
-            results[idx[row // n]].append(Generation(text=text, tokens=count, truncated=not (ended or stopped)))
+            gen = Generation(text=text, tokens=count, truncated=not (ended or stopped), ids=tokens[:count])
+            results[idx[row // n]].append(gen)
         done += len(idx)
         if on_batch is not None:
             on_batch(done, len(prompts))

@@ -26,6 +26,10 @@ class ChatMessage(StrictModel):
 
 DEFAULT_MAX_TOKENS = 256  # a chat, a response or an eval run that names no length
 MAX_CHOICES = 128  # OpenAI's bound on a chat's `n`
+MAX_TOP_LOGPROBS = 20  # OpenAI's bound on top_logprobs
+# log-probabilities stored per call at most (choices x new tokens x (1 + alternatives)): a
+# sample row holds them as JSON, ~60 bytes each
+MAX_LOGPROB_ENTRIES = 1_000_000
 
 
 class GenerateSpec(JobBase):
@@ -46,6 +50,13 @@ class GenerateSpec(JobBase):
         None, max_length=4, description="Strings that end a choice (cut off)."
     )
     seed: int | None = Field(None, ge=0, le=2**32 - 1, description="Sampling seed.")
+    logprobs: int | None = Field(
+        None,
+        ge=0,
+        le=MAX_TOP_LOGPROBS,
+        description="Store each new token's log-probability and this many most likely alternatives "
+        "(OpenAI's logprobs and top_logprobs); unset: none.",
+    )
     stream: bool = Field(False, description="Store the text as 'delta' events while it is generated.")
     backend: GenerationBackend | Literal["auto"] = Field(
         "hf", description="vllm: the worker's warm vLLM engine; auto: that engine where the worker has vLLM, else hf."
@@ -56,6 +67,13 @@ class GenerateSpec(JobBase):
     def _one_input(self) -> GenerateSpec:
         if (self.messages is None) == (self.prompt is None):
             raise FieldError("messages", "give either messages (a chat) or prompt (plain text), not both or neither")
+        if self.logprobs is not None and self.n * self.max_tokens * (1 + self.logprobs) > MAX_LOGPROB_ENTRIES:
+            raise FieldError(
+                "logprobs",
+                f"n x max_tokens x (1 + alternatives) is {self.n * self.max_tokens * (1 + self.logprobs):,}, "
+                f"over the {MAX_LOGPROB_ENTRIES:,} log-probabilities a call may return: ask for fewer choices, "
+                "tokens or alternatives",
+            )
         if self.resources.nodes > 1 or (self.resources.processes or 1) > 1:
             raise FieldError(
                 "resources", "a generate job runs as one process on one node: drop resources.nodes/processes"

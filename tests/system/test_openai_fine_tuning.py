@@ -210,6 +210,8 @@ def _sample_the_fine_tuned_model(service: Service, client: Any, model: str, chec
             temperature=0,
             stream=True,
             stream_options={"include_usage": True},
+            logprobs=True,
+            top_logprobs=2,
         )
     )
     assert chunks[0].choices[0].delta.role == "assistant" and chunks[-1].usage.completion_tokens > 0
@@ -222,6 +224,11 @@ def _sample_the_fine_tuned_model(service: Service, client: Any, model: str, chec
     auth = {"Authorization": f"Bearer {client.api_key}"}
     stored = httpx.get(f"{service.url}/v1/jobs/{job_id}/samples", headers=auth).json()["data"]
     assert text == stored[0]["completion"], (text, stored)
+    # its log-probabilities come whole with its last chunk (greedy: each token the likelier of two)
+    (last,) = [c.choices[0].logprobs.content for c in chunks if c.choices and c.choices[0].logprobs]
+    tokens = stored[0]["data"]["completion_tokens"]  # counts the end-of-sequence token, which has none
+    assert len(last) == (tokens - 1 if finish == ["stop"] else tokens), (len(last), tokens, finish)
+    assert all(len(t.top_logprobs) == 2 and t.logprob == t.top_logprobs[0].logprob for t in last), last
     deltas = [
         e
         for e in httpx.get(f"{service.url}/v1/jobs/{job_id}/events", headers=auth).json()["data"]
@@ -229,13 +236,24 @@ def _sample_the_fine_tuned_model(service: Service, client: Any, model: str, chec
     ]
     print(f"\nstreamed {len(chunks)} chunks ({len(deltas)} delta events): {text!r}")
     # a plain prompt, no chat template
-    done = client.completions.create(model=model, prompt="12 + 30 =", max_tokens=4, temperature=0)
+    done = client.completions.create(model=model, prompt="12 + 30 =", max_tokens=4, temperature=0, logprobs=1)
     assert done.object == "text_completion" and done.choices[0].finish_reason in ("stop", "length")
+    got = done.choices[0].logprobs  # the legacy shape
+    assert got is not None and len(got.tokens) == len(got.token_logprobs) == len(got.top_logprobs) > 0, got
+    assert got.text_offset[0] == 0 and all(len(t) == 1 for t in got.top_logprobs), got
     # the Responses API, as newer scripts sample: the same generate job; a second turn goes on from the first
     first = client.responses.create(
-        model=model, instructions="Answer.", input="What is 12 + 30?", max_output_tokens=6, temperature=0
+        model=model,
+        instructions="Answer.",
+        input="What is 12 + 30?",
+        max_output_tokens=6,
+        temperature=0,
+        include=["message.output_text.logprobs"],
+        top_logprobs=1,
     )
     assert first.object == "response" and first.status in ("completed", "incomplete"), first
+    scored = first.output[0].content[0].logprobs
+    assert scored and all(len(t.top_logprobs) == 1 and t.logprob <= 0 for t in scored), scored
     assert first.output_text == first.output[0].content[0].text and 0 < first.usage.output_tokens <= 6
     assert first.usage.input_tokens > 0 and first.instructions == "Answer."
     second = client.responses.create(
@@ -246,11 +264,18 @@ def _sample_the_fine_tuned_model(service: Service, client: Any, model: str, chec
     )
     items = [(i.role, i.content[0].text) for i in client.responses.input_items.list(second.id, order="asc")]
     assert items == [("user", "What is 12 + 30?"), ("assistant", first.output_text), ("user", "And 7 + 8?")], items
-    events = list(client.responses.create(model=model, input="7 + 8?", max_output_tokens=6, temperature=0, stream=True))
+    events = list(
+        client.responses.create(
+            model=model, input="7 + 8?", max_output_tokens=6, temperature=0, stream=True, store=False
+        )
+    )
     kinds = [e.type for e in events]
     assert kinds[0] == "response.created" and kinds[-1] in ("response.completed", "response.incomplete"), kinds
     streamed = "".join(e.delta for e in events if e.type == "response.output_text.delta")
     assert streamed == events[-1].response.output_text, (streamed, events[-1])
+    assert events[-1].response.store is False  # answered, and not kept as a response
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(events[-1].response.id)
     assert client.responses.retrieve(first.id).output_text == first.output_text
     client.responses.delete(second.id)  # (the SDK reads no body)
     with pytest.raises(openai.NotFoundError):

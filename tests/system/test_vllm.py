@@ -275,6 +275,23 @@ def test_the_first_chat_after_a_fine_tuning_job_loads_its_model_into_the_kept_en
         started_in, engine = chat(first)
         assert engine.data["how"] in ("started", "reloaded", "reused"), engine
         warm_in, _ = chat(first)
+        # log-probabilities from the engine itself, chat's shape and the legacy one (greedy: each token
+        # the likeliest of its place)
+        scored = client.chat.completions.create(
+            model=first,
+            messages=[{"role": "user", "content": "12 + 30 ="}],
+            max_tokens=4,
+            temperature=0,
+            logprobs=True,
+            top_logprobs=2,
+        )
+        content = scored.choices[0].logprobs.content
+        assert content and all(len(t.top_logprobs) == 2 for t in content), content
+        assert all(abs(t.logprob - t.top_logprobs[0].logprob) < 1e-3 for t in content), content
+        legacy = client.completions.create(model=first, prompt="12 + 30 =", max_tokens=4, temperature=0, logprobs=1)
+        got = legacy.choices[0].logprobs
+        assert got.tokens and len(got.tokens) == len(got.token_logprobs) == len(got.top_logprobs), got
+        assert "".join(got.tokens) == legacy.choices[0].text, got
         second = fine_tune(2)
         after_in, after = chat(second)
         assert after.data["how"] == "reloaded" and after.data["pid"] == engine.data["pid"], after

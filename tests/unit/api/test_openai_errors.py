@@ -49,7 +49,7 @@ def test_errors_carry_openais_status_type_and_code(app_client: Any) -> None:
         client.fine_tuning.alpha.graders.validate(grader=grader)
     with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(
-            model=ids["model"], messages=[{"role": "user", "content": "1+1?"}], logprobs=True
+            model=ids["model"], messages=[{"role": "user", "content": "1+1?"}], frequency_penalty=0.5
         )
     with pytest.raises(openai.NotFoundError) as e:
         client.models.retrieve(f"ft:org/model:x:ftjob-{uuid.uuid4().hex}")
@@ -683,3 +683,45 @@ def test_top_p_zero_is_greedy(app_client: Any) -> None:
     assert e.value.status_code in (502, 504), e.value.body
     (job,) = app_client.get("/v1/jobs", params={"kind": "generate"}, headers=h).json()["data"]
     assert (job["spec"]["temperature"], job["spec"]["top_p"]) == (0.0, 1.0), job["spec"]
+
+
+def test_logprobs_asked_for_go_to_the_job_and_bad_ones_are_named(app_client: Any) -> None:
+    """logprobs were a 400 ('not returned here'): an eval script's confidence scores could not move.
+    The call's job is asked for them (chat: logprobs and top_logprobs; completions: logprobs, at
+    most 5 as OpenAI's); what OpenAI refuses, or what would store too many, is a 400 naming the
+    field, before any job is stored."""
+    import openai
+
+    h = admin_key(app_client)
+    ids = make_objects(app_client, h)
+    client = _client(app_client, h).with_options(timeout=6.0, max_retries=0)
+    chat = {"model": ids["model"], "messages": [{"role": "user", "content": "1 + 1?"}]}
+
+    def generate_jobs() -> list[dict[str, Any]]:  # the calls' (make_objects made a response's)
+        got = app_client.get("/v1/jobs", params={"kind": "generate", "tag": "openai:inference"}, headers=h)
+        return got.json()["data"]  # type: ignore[no-any-return]
+
+    for call, param in (
+        (lambda: client.chat.completions.create(**chat, top_logprobs=2), "top_logprobs"),
+        (lambda: client.chat.completions.create(**chat, logprobs=True, top_logprobs=21), "top_logprobs"),
+        (lambda: client.completions.create(model=ids["model"], prompt="1 + 1 =", logprobs=6), "logprobs"),
+        (
+            lambda: client.chat.completions.create(**chat, logprobs=True, top_logprobs=20, n=64, max_tokens=4096),
+            "logprobs",
+        ),
+    ):
+        with pytest.raises(openai.BadRequestError) as e:
+            call()
+        assert e.value.param == param, e.value.body
+    assert generate_jobs() == []
+    with pytest.raises(openai.APIStatusError) as e:  # stored, then a 504 (or a 502 from the suite's worker)
+        client.chat.completions.create(**chat, logprobs=True, top_logprobs=3)
+    assert e.value.status_code in (502, 504), e.value.body
+    with pytest.raises(openai.APIStatusError):
+        client.chat.completions.create(**chat, logprobs=True)
+    with pytest.raises(openai.APIStatusError):
+        client.completions.create(model=ids["model"], prompt="1 + 1 =", logprobs=2)
+    with pytest.raises(openai.APIStatusError):
+        client.chat.completions.create(**chat, logprobs=False)
+    asked = [j["spec"].get("logprobs") for j in reversed(generate_jobs())]  # oldest first
+    assert asked == [3, 0, 2, None], asked

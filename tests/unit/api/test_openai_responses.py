@@ -34,6 +34,8 @@ def _client(app_client: Any, headers: dict[str, str]) -> Any:
         ({"text": {"format": {"type": "json_object"}}}, "/text/format"),
         ({"max_output_tokens": 10**9}, "/max_output_tokens"),
         ({"background": True}, "/background"),
+        ({"include": ["reasoning.encrypted_content"]}, "/include"),
+        ({"include": ["message.output_text.logprobs"], "top_logprobs": 21}, "/top_logprobs"),
         ({"previous_response_id": "resp_" + "0" * 32}, "/previous_response_id"),
     ],
 )
@@ -87,3 +89,27 @@ def test_a_response_is_a_generate_job_of_the_project_and_only_its_own(app_client
 def _jobs(app_client: Any) -> int:
     with db(app_client).connect() as c:
         return int(c.execute(text("SELECT count(*) FROM jobs")).scalar_one())
+
+
+def test_an_unstored_response_is_not_retrievable_nor_gone_on_from(app_client: Any) -> None:
+    """store: false was accepted and ignored: the response stayed retrievable. Now it is answered and
+    then not a response of the project (its job stays among the project's jobs, as every job does)."""
+    import openai
+
+    h = admin_key(app_client)
+    client = _client(app_client, h).with_options(timeout=4.0)
+    model = make_objects(app_client, h)["model"]
+    with pytest.raises(openai.APIStatusError) as e:  # no worker answers in the call's 4 s: 504, job cancelled
+        client.responses.create(model=model, input="1 + 1?", max_output_tokens=5, store=False)
+    assert e.value.status_code == 504, e.value.body
+    with db(app_client).connect() as c:
+        job_id, tags = c.execute(
+            text("SELECT id, tags FROM jobs WHERE kind = 'generate' ORDER BY id DESC LIMIT 1")
+        ).one()
+    tags = tags if isinstance(tags, list) else json.loads(tags)
+    assert "openai:responses-unstored" in tags and "openai:responses" not in tags, tags
+    resp_id = "resp_" + str(job_id).replace("-", "")
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(resp_id)
+    with pytest.raises(openai.BadRequestError, match="no response with this id"):
+        client.responses.create(model=model, previous_response_id=resp_id, input="and?")

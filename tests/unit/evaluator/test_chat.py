@@ -56,6 +56,7 @@ class _Engine(BaseHTTPRequestHandler):
 
     calls: list[str] = []
     bodies: list[dict[str, Any]] = []
+    logprobs: dict[str, Any] | None = None  # what the first chunk's choice carries
 
     def _json(self, obj: Any) -> None:
         body = json.dumps(obj).encode()
@@ -75,7 +76,7 @@ class _Engine(BaseHTTPRequestHandler):
         if self.path == "/tokenize":
             return self._json({"count": 10, "max_model_len": 64, "tokens": list(range(10))})
         chunks = [
-            {"choices": [{"index": 0, "text": "2", "finish_reason": None}]},
+            {"choices": [{"index": 0, "text": "2", "finish_reason": None, "logprobs": self.logprobs}]},
             {"choices": [{"index": 0, "text": "", "finish_reason": "stop"}]},
             {"choices": [], "usage": {"prompt_tokens": 10, "completion_tokens": 1}},
         ]
@@ -116,3 +117,85 @@ def test_a_call_past_the_warm_engines_context_is_answered_with_transformers(tiny
     assert "/v1/completions" not in _Engine.calls, _Engine.calls
     assert any(k == "loading" and "70 tokens" in m and "transformers" in m for k, m in past.events), past.events
     assert len(past.rows) == 1 and past.rows[0]["data"]["completion_tokens"] > 0
+
+
+def _generated(model: str, **over: Any) -> list[dict[str, Any]]:
+    spec = parse_spec({"kind": "generate", "model": model, "prompt": "1 + 1 =", "max_tokens": 10, "seed": 5, **over})
+    sink = Recorded()
+    run_generate(spec, sink, model)
+    return sink.rows
+
+
+def test_logprobs_are_the_models_for_the_tokens_it_kept(tiny_model: str) -> None:
+    """Each kept token's log-probability under the model (one teacher-forced pass), the `top` most
+    likely in its place: greedy text picks the most likely token at every place; sampled text
+    never one likelier than the most likely; streamed, the same as answered whole; a stop string's
+    cut keeps the tokens that make up the text. (The tiny model's tokenizer is character-level: the
+    tokens but the special ones, which the text leaves out, join to the text.)"""
+    import math
+
+    from transformers import AutoTokenizer
+
+    special = set(AutoTokenizer.from_pretrained(tiny_model).all_special_tokens)
+
+    def joined(tokens: list[dict[str, Any]]) -> str:
+        return "".join(t["token"] for t in tokens if t["token"] not in special)
+
+    greedy = _generated(tiny_model, temperature=0, logprobs=3)[0]
+    tokens = greedy["data"]["logprobs"]
+    assert joined(tokens) == greedy["completion"] and tokens, greedy
+    for t in tokens:
+        tops = [a["logprob"] for a in t["top_logprobs"]]
+        assert len(tops) == 3 and tops == sorted(tops, reverse=True) and t["logprob"] <= 0
+        assert t["top_logprobs"][0]["token"] == t["token"] and math.isclose(t["logprob"], tops[0], abs_tol=1e-5)
+        assert t["bytes"] == list(t["token"].encode())
+    streamed = _generated(tiny_model, temperature=0, logprobs=3, stream=True)[0]
+    assert streamed["completion"] == greedy["completion"]
+    assert [round(t["logprob"], 4) for t in streamed["data"]["logprobs"]] == [round(t["logprob"], 4) for t in tokens]
+    sampled = _generated(tiny_model, temperature=1.0, n=3, logprobs=1)
+    assert len(sampled) == 3
+    for row in sampled:
+        got = row["data"]["logprobs"]
+        assert joined(got) == row["completion"]
+        assert all(t["logprob"] <= t["top_logprobs"][0]["logprob"] + 1e-5 for t in got)
+    cut = greedy["completion"][2:4]  # a stop string inside the greedy text: the text ends before it
+    stopped = _generated(tiny_model, temperature=0, logprobs=0, stop=[cut])[0]
+    assert stopped["completion"] == greedy["completion"][: greedy["completion"].index(cut)]
+    kept = joined(stopped["data"]["logprobs"])
+    assert kept.startswith(stopped["completion"]) and len(kept) <= len(stopped["completion"]) + 1
+    assert all(t["top_logprobs"] == [] for t in stopped["data"]["logprobs"])
+    assert "logprobs" not in _generated(tiny_model, temperature=0)[0]["data"]  # none asked for: none stored
+
+
+def test_a_warm_engines_logprobs_are_kept_per_choice(tiny_model: str) -> None:
+    """A warm engine's logprobs (the legacy completions shape vLLM streams) become the chat
+    shape, per choice; the request asked the engine for them."""
+    from evaluator.backends.base import WarmEngineAddress
+
+    _Engine.calls, _Engine.bodies = [], []
+    _Engine.logprobs = {"tokens": ["2"], "token_logprobs": [-0.25], "top_logprobs": [{"2": -0.25, "3": -2.0}]}
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Engine)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    warm = WarmEngineAddress(f"http://127.0.0.1:{server.server_port}", None, 10.0)
+    try:
+        spec = parse_spec(
+            {"kind": "generate", "model": tiny_model, "prompt": "1 + 1 =", "max_tokens": 8, "logprobs": 2}
+        )
+        sink = Recorded()
+        run_generate(spec, sink, tiny_model, warm)
+    finally:
+        server.shutdown()
+        _Engine.logprobs = None
+    assert _Engine.bodies[-1]["logprobs"] == 2
+    (row,) = sink.rows
+    assert row["data"]["logprobs"] == [
+        {
+            "token": "2",
+            "logprob": -0.25,
+            "bytes": [50],
+            "top_logprobs": [
+                {"token": "2", "logprob": -0.25, "bytes": [50]},
+                {"token": "3", "logprob": -2.0, "bytes": [51]},
+            ],
+        }
+    ]

@@ -1,0 +1,88 @@
+"""Log-probabilities of a completion's tokens, as OpenAI's `logprobs` returns them: each new
+token's, and the most likely tokens in its place (`top_logprobs`), under the model's own
+distribution (no temperature, no top_p: what OpenAI and vLLM report). A generate job asks for
+them (mathrl.specs.GenerateSpec.logprobs); on transformers they come from one teacher-forced
+forward pass over the prompt and the tokens the completion kept (evaluator/chat.py), on a warm
+vLLM engine from the engine itself.
+
+One token is `{"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]}`,
+OpenAI's chat shape; `as_completion_logprobs` turns a list of them into the legacy completions
+shape."""
+
+from __future__ import annotations
+
+from typing import Any
+
+Token = dict[str, Any]
+
+
+def _entry(text: str, logprob: float) -> dict[str, Any]:
+    return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+
+
+def kept_tokens(tokenizer: Any, ids: list[int], stop_ids: list[int], text: str) -> list[int]:
+    """The new tokens that make up `text`, the completion as it was cut: those before the first
+    end-of-sequence token, and, where a stop string cut the text, up to the token that reached its
+    end (a token the stop string begins inside stays whole, as vLLM's count keeps it)."""
+    stops = set(stop_ids)
+    ended = next((i for i, t in enumerate(ids) if t in stops), len(ids))
+    ids = ids[:ended]
+    if len(tokenizer.decode(ids, skip_special_tokens=True)) <= len(text):
+        return ids
+    for k in range(1, len(ids) + 1):
+        if len(tokenizer.decode(ids[:k], skip_special_tokens=True)) >= len(text):
+            return ids[:k]
+    return ids
+
+
+def token_logprobs(model: Any, tokenizer: Any, prompt_ids: list[int], ids: list[int], top: int) -> list[Token]:
+    """Each of `ids`' log-probability after `prompt_ids` and what came before it, with the `top`
+    most likely tokens in its place: one forward pass, float32 log-softmax of the logits."""
+    import torch
+
+    if not ids:
+        return []
+    seq = torch.tensor([prompt_ids + ids], device=model.device)
+    with torch.inference_mode():
+        logits = model(input_ids=seq).logits[0, len(prompt_ids) - 1 : -1].to(torch.float32)
+    logp = torch.log_softmax(logits, dim=-1)
+    chosen = logp.gather(1, torch.tensor(ids, device=logp.device)[:, None])[:, 0].tolist()
+    best = logp.topk(top, dim=-1) if top else None
+    out: list[Token] = []
+    for i, (t, lp) in enumerate(zip(ids, chosen, strict=True)):
+        alternatives = []
+        if best is not None:
+            alternatives = [
+                _entry(tokenizer.decode([a]), v)
+                for a, v in zip(best.indices[i].tolist(), best.values[i].tolist(), strict=True)
+            ]
+        out.append({**_entry(tokenizer.decode([t]), lp), "top_logprobs": alternatives})
+    return out
+
+
+def from_completion_chunk(logprobs: dict[str, Any]) -> list[Token]:
+    """A vLLM /v1/completions chunk's `logprobs` (tokens, token_logprobs, top_logprobs as
+    token -> logprob) as tokens of the chat shape."""
+    tops = logprobs.get("top_logprobs") or [None] * len(logprobs.get("tokens") or [])
+    return [
+        {
+            **_entry(t, float(lp if lp is not None else float("-inf"))),
+            "top_logprobs": [_entry(k, float(v)) for k, v in sorted((alts or {}).items(), key=lambda kv: -kv[1])],
+        }
+        for t, lp, alts in zip(logprobs.get("tokens") or [], logprobs.get("token_logprobs") or [], tops, strict=False)
+    ]
+
+
+def as_completion_logprobs(tokens: list[Token]) -> dict[str, Any]:
+    """The legacy completions shape: tokens, token_logprobs, top_logprobs (token -> logprob) and
+    text_offset (each token's start in the completion's text)."""
+    offsets, at = [], 0
+    for t in tokens:
+        offsets.append(at)
+        at += len(t["token"])
+    return {
+        "tokens": [t["token"] for t in tokens],
+        "token_logprobs": [t["logprob"] for t in tokens],
+        "top_logprobs": [{a["token"]: a["logprob"] for a in t["top_logprobs"]} for t in tokens],
+        "text_offset": offsets,
+    }
