@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from sqlalchemy import select
 
 from api.deps import CallerDep, SessionDep, SettingsDep
@@ -29,10 +29,12 @@ from api.routers.openai_inference import (
     submit_generation,
     wait_answer,
 )
+from mathrl.errors import FieldError
 from mathrl.modelref import uuid_after
 from mathrl.specs.generate import MAX_TOKENS, MAX_TOP_LOGPROBS
 from mathrl.status import TERMINAL
 from store.db import get_sessionmaker
+from store.jobs import request_cancel
 from store.models import Job, Sample
 
 router = APIRouter(prefix="/v1/responses", tags=["openai: responses"])
@@ -117,7 +119,17 @@ class ResponseParams(_Open):
     service_tier: str | None = Field(None, max_length=32, description="Accepted; not used.")
     prompt_cache_key: str | None = Field(None, max_length=256, description="Accepted; not used.")
     safety_identifier: str | None = Field(None, max_length=256, description="Accepted; not used.")
-    background: Literal[False] | None = Field(None, description="Not served: the call waits for its answer.")
+    background: bool | None = Field(
+        None, description="true: answered at once, queued; retrieve it until it ends, or cancel it (not streamed)."
+    )
+
+    @model_validator(mode="after")
+    def _background_is_stored(self) -> ResponseParams:
+        if self.background and self.store is False:
+            raise FieldError("store", "a background response is retrieved when it ends: it needs store (true)")
+        if self.background and self.stream:
+            raise FieldError("stream", "a background response is not streamed here: retrieve it until it ends")
+        return self
 
 
 def response_id(job_id: str) -> str:
@@ -179,6 +191,7 @@ def _request(body: ResponseParams) -> dict[str, Any]:
         "reasoning": {"effort": body.reasoning.effort if body.reasoning else None, "summary": None},
         "user": body.user,
         "top_logprobs": body.top_logprobs or 0,
+        "background": bool(body.background),
     }
 
 
@@ -269,7 +282,6 @@ def response_object(job: Job, row: dict[str, Any] | None) -> dict[str, Any]:
         "text": {"format": {"type": "text"}},
         "truncation": "disabled",
         "store": UNSTORED_TAG not in (job.tags or []),
-        "background": False,
         **request,
     }
 
@@ -291,6 +303,8 @@ def _job(settings: Any, job_id: str) -> Job:
 async def create(body: ResponseParams, caller: CallerDep, settings: SettingsDep, request: Request) -> Any:
     """The model's response to the input (`response`, or its server-sent events with `stream`)."""
     job_id = await run_in_threadpool(_submit, caller.project_id, settings, body)
+    if body.background:  # the job goes on without this call: the client retrieves it
+        return response_object(await run_in_threadpool(_job, settings, job_id), None)
     if body.stream:
         events = _stream(settings, job_id)
         return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
@@ -353,6 +367,21 @@ async def _stream(settings: Any, job_id: str) -> AsyncIterator[str]:
 def retrieve(response_id: str, caller: CallerDep, session: SessionDep, settings: SettingsDep) -> dict[str, Any]:
     """A response of the project: queued or in progress while its job runs, then its answer."""
     job = own_response(session, caller.project_id, response_id)
+    row = _answer_row(settings, str(job.id)) if job.status == "succeeded" else None
+    return response_object(job, row)
+
+
+@router.post(
+    "/{response_id}/cancel", responses={404: {"description": NOT_FOUND}, 400: {"description": "Not background."}}
+)
+def cancel(response_id: str, caller: CallerDep, session: SessionDep, settings: SettingsDep) -> dict[str, Any]:
+    """A background response's job is cancelled (at once if it has not started); an ended one is
+    returned as it is. Only a background response can be (as OpenAI's): the others' calls wait."""
+    job = own_response(session, caller.project_id, response_id)
+    if not _info(job).get("request", {}).get("background"):
+        raise Problem.at("/response_id", "only a response created with background: true can be cancelled", status=400)
+    if job.status not in TERMINAL:
+        request_cancel(session, job)
     row = _answer_row(settings, str(job.id)) if job.status == "succeeded" else None
     return response_object(job, row)
 

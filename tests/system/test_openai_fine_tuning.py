@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from tests.helpers.openai_sdk import openai_client, wait_fine_tuning
+from tests.helpers.processes import wait_for
 from tests.helpers.service import Service
 
 pytestmark = pytest.mark.slow
@@ -276,6 +277,18 @@ def _sample_the_fine_tuned_model(service: Service, client: Any, model: str, chec
     assert events[-1].response.store is False  # answered, and not kept as a response
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve(events[-1].response.id)
+    # in the background: queued at once, retrieved until its job ends
+    bg = client.responses.create(model=model, input="7 + 8?", max_output_tokens=6, temperature=0, background=True)
+    assert bg.status in ("queued", "in_progress") and bg.background, bg
+    ended = wait_for(
+        lambda: next(
+            (r for r in [client.responses.retrieve(bg.id)] if r.status not in ("queued", "in_progress")), None
+        ),
+        120,
+        0.5,
+        "the background response to end",
+    )
+    assert ended.status in ("completed", "incomplete") and ended.output_text == events[-1].response.output_text, ended
     assert client.responses.retrieve(first.id).output_text == first.output_text
     client.responses.delete(second.id)  # (the SDK reads no body)
     with pytest.raises(openai.NotFoundError):

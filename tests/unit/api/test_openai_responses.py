@@ -33,7 +33,8 @@ def _client(app_client: Any, headers: dict[str, str]) -> Any:
         ({"input": [{"type": "function_call_output", "call_id": "c", "output": "1"}]}, "/input"),
         ({"text": {"format": {"type": "json_object"}}}, "/text/format"),
         ({"max_output_tokens": 10**9}, "/max_output_tokens"),
-        ({"background": True}, "/background"),
+        ({"background": True, "store": False}, "/store"),
+        ({"background": True, "stream": True}, "/stream"),
         ({"include": ["reasoning.encrypted_content"]}, "/include"),
         ({"include": ["message.output_text.logprobs"], "top_logprobs": 21}, "/top_logprobs"),
         ({"previous_response_id": "resp_" + "0" * 32}, "/previous_response_id"),
@@ -113,3 +114,30 @@ def test_an_unstored_response_is_not_retrievable_nor_gone_on_from(app_client: An
         client.responses.retrieve(resp_id)
     with pytest.raises(openai.BadRequestError, match="no response with this id"):
         client.responses.create(model=model, previous_response_id=resp_id, input="and?")
+
+
+def test_a_background_response_is_answered_at_once_and_cancelled_on_request(app_client: Any) -> None:
+    """background: true was a 400: a script that polls a long answer could not move. The call returns
+    the queued response at once; retrieve follows its job; cancel cancels it (only a background one's)."""
+    import openai
+
+    h = admin_key(app_client)
+    client = _client(app_client, h).with_options(timeout=4.0)
+    model = make_objects(app_client, h)["model"]
+    made = client.responses.create(model=model, input="1 + 1?", max_output_tokens=5, background=True)
+    assert (made.status, made.background, made.output) == ("queued", True, []), made
+    assert client.responses.retrieve(made.id).status == "queued"  # no worker here: it waits
+    with pytest.raises(openai.ConflictError):
+        client.responses.delete(made.id)
+    gone = client.responses.cancel(made.id)
+    assert (gone.id, gone.status) == (made.id, "cancelled"), gone
+    assert client.responses.cancel(made.id).status == "cancelled"  # again: as it is
+    with pytest.raises(openai.APIStatusError):  # a waited one: 504 here, and its job cancelled
+        client.responses.create(model=model, input="1 + 1?", max_output_tokens=5)
+    with db(app_client).connect() as c:
+        (job_id,) = c.execute(text("SELECT id FROM jobs WHERE kind = 'generate' ORDER BY id DESC LIMIT 1")).one()
+    with pytest.raises(openai.BadRequestError, match="background"):
+        client.responses.cancel("resp_" + str(job_id).replace("-", ""))
+    other = _client(app_client, admin_key(app_client))
+    with pytest.raises(openai.NotFoundError):
+        other.responses.cancel(made.id)
