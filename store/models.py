@@ -242,7 +242,10 @@ class Eval(Base):
     (api/routers/openai_evals.py)."""
 
     __tablename__ = "evals"
-    __table_args__ = (Index("ix_evals_project_id_id", "project_id", "id"),)
+    __table_args__ = (
+        Index("ix_evals_project_id_id", "project_id", "id"),
+        Index("uq_evals_project_idempotency", "project_id", "idempotency_key", unique=True),
+    )
     id: Mapped[str] = mapped_column(String(48), primary_key=True)  # 'eval_' + a uuid7's hex: ordered by creation
     project_id: Mapped[str] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"))
     name: Mapped[str] = mapped_column(String(256))
@@ -250,6 +253,8 @@ class Eval(Base):
     testing_criteria: Mapped[list[Any]] = mapped_column(JSON)
     meta: Mapped[dict[str, Any] | None] = mapped_column("metadata")  # OpenAI's metadata, as sent
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    idempotency_key: Mapped[str | None] = mapped_column(String(200))  # api/idempotency.py
+    request_hash: Mapped[str | None] = mapped_column(String(64))
 
 
 class File(Base):

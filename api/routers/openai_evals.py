@@ -19,6 +19,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Header, Query, Response
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
 
 from api.deps import CallerDep, SessionDep, SettingsDep
 from api.idempotency import earlier, replayed, request_hash
@@ -189,8 +190,21 @@ def own_eval(session: Any, project_id: str, eval_id: str) -> Eval:
 
 
 @router.post("", responses={400: {"description": "A field is invalid; the error names it."}})
-def create_eval(body: EvalCreateParams, caller: CallerDep, session: SessionDep, settings: SettingsDep) -> Any:
-    """An eval: its items' schema and the testing criteria its runs are scored by."""
+def create_eval(
+    body: EvalCreateParams,
+    caller: CallerDep,
+    session: SessionDep,
+    settings: SettingsDep,
+    response: Response,
+    idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
+    x_stainless_retry_count: Annotated[str | None, Header(max_length=8, include_in_schema=False)] = None,
+) -> Any:
+    """An eval: its items' schema and the testing criteria its runs are scored by. A retry with the
+    same Idempotency-Key (or the SDK's own retry, which sends none) returns the same eval."""
+    digest = request_hash(body.model_dump(mode="json"))
+    if existing := earlier(session, Eval, caller.project_id, idempotency_key, digest, x_stainless_retry_count):
+        replayed(response)
+        return eval_object(existing)
     config = _check_source_config(dict(body.data_source_config))
     criteria([dict(c) for c in body.testing_criteria], settings.fine_tuning.model_aliases)  # checked now, not per run
     row = Eval(
@@ -200,9 +214,18 @@ def create_eval(body: EvalCreateParams, caller: CallerDep, session: SessionDep, 
         data_source_config=config,
         testing_criteria=[dict(c) for c in body.testing_criteria],
         meta=body.metadata,
+        idempotency_key=idempotency_key,
+        request_hash=digest,
     )
     session.add(row)
-    session.commit()
+    try:
+        session.commit()
+    except IntegrityError:  # a concurrent retry with the same key won the race
+        session.rollback()
+        if (existing := earlier(session, Eval, caller.project_id, idempotency_key, digest)) is None:
+            raise
+        replayed(response)
+        return eval_object(existing)
     return eval_object(row)
 
 

@@ -250,3 +250,25 @@ def test_a_run_is_an_eval_job_of_the_project_and_the_eval_waits_for_it(app_clien
         client.evals.delete(ev.id)
     assert client.evals.runs.cancel(run.id, eval_id=ev.id).status == "canceled"
     assert client.evals.delete(ev.id).deleted
+
+
+def test_a_retried_eval_create_returns_the_first_eval(app_client: Any) -> None:
+    """evals.create made a second eval on a retry (the SDK retries a create that timed out): the
+    same Idempotency-Key, or the SDK's own retry of the same request, returns the first one."""
+    client = _client(app_client)
+    h = {"Authorization": f"Bearer {client.api_key}"}
+    body = {"name": "once", "data_source_config": SCHEMA, "testing_criteria": [EXACT]}
+    first = app_client.post("/v1/evals", json=body, headers={**h, "Idempotency-Key": "k1"})
+    again = app_client.post("/v1/evals", json=body, headers={**h, "Idempotency-Key": "k1"})
+    assert first.status_code == again.status_code == 200 and again.headers["idempotent-replayed"] == "true"
+    assert first.json()["id"] == again.json()["id"]
+    other = app_client.post("/v1/evals", json={**body, "name": "twice"}, headers={**h, "Idempotency-Key": "k1"})
+    assert other.status_code == 409, other.text
+    keyless = {"data_source_config": SCHEMA, "testing_criteria": [EXACT], "name": "sdk"}
+    made = app_client.post("/v1/evals", json=keyless, headers=h).json()
+    retried = app_client.post("/v1/evals", json=keyless, headers={**h, "x-stainless-retry-count": "1"})
+    assert retried.json()["id"] == made["id"] and retried.headers["idempotent-replayed"] == "true"
+    assert [e.name for e in client.evals.list()] == ["once", "sdk"]
+    another = admin_key(app_client)  # keys are per project: the same key elsewhere is a new eval
+    theirs = app_client.post("/v1/evals", json=body, headers={**another, "Idempotency-Key": "k1"})
+    assert theirs.status_code == 200 and theirs.json()["id"] != first.json()["id"]
