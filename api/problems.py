@@ -124,7 +124,7 @@ QUOTAS = ("Quota exceeded", "Too many files")  # 429s that a retry cannot change
 
 SERVED = (
     "files, fine_tuning.jobs (and their events, checkpoints, pause, resume, cancel), fine_tuning.alpha.graders, "
-    "evals (and their runs and output items), models, chat.completions, completions and responses "
+    "evals (and their runs and output items), models, chat.completions, completions, responses and batches "
     "(docs/openai-rft.md)"
 )
 # the routes shaped as OpenAI's API (api/routers/openai_*.py)
@@ -136,6 +136,7 @@ OPENAI_PATHS = (
     "/v1/chat/",
     "/v1/completions",
     "/v1/responses",
+    "/v1/batches",
 )
 MODEL_PATHS = ("/v1/models", "/v1/chat/", "/v1/completions")
 

@@ -17,6 +17,7 @@ from api.dispatch import dispatch, new_task_id
 from api.idempotency import earlier, replayed
 from api.problems import Problem
 from kinds import HOMES, home, model_savers
+from mathrl.jsonl_files import BATCH_PURPOSE
 from mathrl.modelref import FINAL_DELETED_TAG
 from mathrl.specs import ID_PATTERN, AnySpec, split_job_ref
 from mathrl.specs.resolved import ResolvedConfig
@@ -57,18 +58,22 @@ def check_job_refs(session: Session, project_id: str, refs: dict[str, str], pref
 
 
 def check_file_refs(session: Session, project_id: str, spec: AnySpec, prefix: str = "") -> None:
-    """A spec's uploaded files (`dataset.file`, `eval.file`) are the project's, or the submission is a
-    422 at that field (the same answer for another project's file: it tells nothing)."""
+    """A spec's uploaded files (`dataset.file`, `eval.file`, a generate job's `batch.file`) are the
+    project's, or the submission is a 422 at that field (the same answer for another project's file:
+    it tells nothing); a batch's is a file of requests (purpose 'batch')."""
     from store.models import File
 
     data = home(spec).data(spec)
-    for field, ref in (("dataset", data.dataset), ("eval", data.heldout)):
+    for field, ref in (("dataset", data.dataset), ("eval", data.heldout), ("batch", getattr(spec, "batch", None))):
         file_id = ref.file if ref is not None else None
         if file_id is None:
             continue
         row = session.get(File, file_id)
         if row is None or row.project_id != project_id or expired(row):
             msg = f"{file_id!r}: no file with this id in your project (POST /v1/files uploads one)"
+            raise Problem.at(f"{prefix}/{field}/file", msg)
+        if field == "batch" and row.purpose != BATCH_PURPOSE:
+            msg = f"{file_id!r} is a {row.purpose!r} file: a batch reads a file of requests (purpose {BATCH_PURPOSE!r})"
             raise Problem.at(f"{prefix}/{field}/file", msg)
 
 

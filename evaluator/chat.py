@@ -192,15 +192,41 @@ class DeltaWriter:
 
 def run_generate(spec: Any, sink: Any, model_path: str, warm: WarmEngineAddress | None = None) -> None:
     """A generate job: its choices as samples (and 'delta' events while streaming); on `warm`, the
-    worker's warm engine it was given, else on transformers in this process."""
+    worker's warm engine it was given, else on transformers in this process. A batch: `run_batch`."""
+    if spec.batch is not None:
+        run_batch(spec, sink, model_path, warm)
+        return
+    models = _Loaded(model_path, spec.dtype)
     deltas = DeltaWriter(sink)
+    rows = _answer(spec, sink, models, warm, deltas)
+    deltas.flush()
+    sink.samples(0, rows)
+    tokens = sum(r["data"]["completion_tokens"] for r in rows)
+    sink.event("generated", f"{len(rows)} choice(s), {tokens} tokens", data={"completion_tokens": tokens})
+
+
+class _Loaded:
+    """The job's model on transformers, loaded at its first use (a call a warm engine answers needs none)."""
+
+    def __init__(self, path: str, dtype: str):
+        self.path, self.dtype = path, dtype
+        self.model: ChatModel | None = None
+
+    def __call__(self) -> ChatModel:
+        if self.model is None:
+            self.model = ChatModel(self.path, self.dtype)
+        return self.model
+
+
+def _answer(spec: Any, sink: Any, models: _Loaded, warm: WarmEngineAddress | None, deltas: Any) -> list[dict[str, Any]]:
+    """One call's choices as sample rows: on the warm engine where the call fits it, else on transformers."""
     engine = _warm_engine_that_holds(spec, sink, warm) if warm is not None else None
     cached_tokens = 0  # of the prompt, found in the engine's prefix cache (its project's own: cache_salt)
     if engine is not None:
         prompt_tokens, cached_tokens, choices = _generate_remote(spec, engine, deltas)
         prompt = spec.prompt if spec.messages is None else json.dumps([m.model_dump() for m in spec.messages])
     else:
-        model = ChatModel(model_path, spec.dtype)
+        model = models()
         messages = [m.model_dump() for m in spec.messages] if spec.messages is not None else None
         prompt = model.prompt(messages, spec.prompt)
         prompt_tokens = model.prompt_tokens(prompt)
@@ -220,8 +246,7 @@ def run_generate(spec: Any, sink: Any, model_path: str, warm: WarmEngineAddress 
             if spec.stream:  # several choices: each one's text comes whole, when all are done
                 for i, c in enumerate(choices):
                     deltas.add(i, c.text)
-    deltas.flush()
-    rows = [
+    return [
         {
             "prompt": prompt,
             "completion": c.text,
@@ -236,9 +261,53 @@ def run_generate(spec: Any, sink: Any, model_path: str, warm: WarmEngineAddress 
         }
         for i, c in enumerate(choices)
     ]
-    sink.samples(0, rows)
-    tokens = sum(c.completion_tokens for c in choices)
-    sink.event("generated", f"{len(choices)} choice(s), {tokens} tokens", data={"completion_tokens": tokens})
+
+
+class _NoDeltas:
+    """A batch's calls are not streamed: their text is stored whole."""
+
+    def add(self, index: int, text: str) -> None:
+        pass
+
+
+def run_batch(spec: Any, sink: Any, model_path: str, warm: WarmEngineAddress | None = None) -> None:
+    """A batch (OpenAI's Batch API): each line of its file answered as a call of its own, its
+    choices stored as the samples of step <line>, with the line's custom_id. A line that cannot be
+    answered (a prompt past the model's context, say) is stored as its error and the batch goes
+    on, as OpenAI's error file has it; the API writes the output and error files from the samples
+    once the job ends (api/routers/openai_batches.py). A stop between lines keeps what was answered."""
+    from mathrl.errors import StopRequested
+    from mathrl.specs.generate import CHAT_ENDPOINT, GenerateSpec, sampling_fields
+
+    chat = spec.batch.endpoint == CHAT_ENDPOINT
+    with open(spec.batch._path, encoding="utf-8") as f:
+        lines = [json.loads(line) for line in f if line.strip()]
+    models = _Loaded(model_path, spec.dtype)
+    if warm is None:
+        models()  # a model that cannot load fails the batch, not each line
+    base = spec.model_dump(mode="json", exclude={"batch", "messages", "prompt"})
+    answered = failed = tokens = 0
+    for n, line in enumerate(lines):
+        if sink.should_stop():
+            raise StopRequested("stop requested")
+        custom = {"custom_id": line["custom_id"]}
+        try:
+            fields = {k: v for k, v in sampling_fields(line["body"], chat).items() if v is not None}
+            call = GenerateSpec.model_validate({**base, **fields, "stream": False})
+            rows = _answer(call, sink, models, warm, _NoDeltas())
+        except StopRequested:
+            raise
+        except Exception as exc:  # this line's answer: its error (the batch goes on)
+            failed += 1
+            error = {"code": type(exc).__name__, "message": str(exc)[:2000] or type(exc).__name__}
+            sink.samples(n, [{"prompt": "", "completion": "", "data": {**custom, "index": 0, "error": error}}])
+        else:
+            answered += 1
+            tokens += sum(r["data"]["completion_tokens"] for r in rows)
+            sink.samples(n, [{**r, "data": {**r["data"], **custom}} for r in rows])
+        sink.progress(n + 1, len(lines), "answering")
+    message = f"{answered} of {len(lines)} requests answered ({failed} failed), {tokens} tokens"
+    sink.event("generated", message, data={"completion_tokens": tokens, "answered": answered, "failed": failed})
 
 
 def _warm_engine_that_holds(spec: Any, sink: Any, warm: WarmEngineAddress) -> RemoteEngine | None:

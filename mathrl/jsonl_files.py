@@ -94,6 +94,34 @@ def check_item_line(obj: Any) -> list[tuple[str, str]]:
     return []
 
 
+BATCH_PURPOSE = "batch"  # OpenAI's Batch API input: a request per line
+BATCH_URLS = ("/v1/chat/completions", "/v1/completions")  # what a batch's lines may ask here
+
+
+def check_batch_line(obj: Any) -> list[tuple[str, str]]:
+    """A batch file's line (OpenAI's purpose 'batch'): {custom_id, method: POST, url, body}, the
+    url one this server answers in a batch and the body an object naming its model. The body's
+    other fields are checked against its route's when the batch is created (api/routers/openai_batches.py)."""
+    if not isinstance(obj, dict):
+        return [("", f"a line is a JSON object, not {type(obj).__name__}")]
+    errors: list[tuple[str, str]] = []
+    custom = obj.get("custom_id")
+    if not isinstance(custom, str) or not custom or len(custom) > 512:
+        errors.append(("custom_id", "a string of 1 to 512 characters, unique in the file, is required"))
+    if obj.get("method") != "POST":
+        errors.append(("method", "must be 'POST'"))
+    if obj.get("url") not in BATCH_URLS:
+        served = ", ".join(BATCH_URLS)
+        errors.append(("url", f"{obj.get('url')!r} is not answered in a batch here: use one of {served}"))
+    body = obj.get("body")
+    if not isinstance(body, dict) or not isinstance(body.get("model"), str):
+        errors.append(("body", "an object with the request's fields, its model among them, is required"))
+    unknown = sorted(set(obj) - {"custom_id", "method", "url", "body"})
+    if unknown:
+        errors.append((unknown[0], "unknown field: a line holds custom_id, method, url and body"))
+    return errors
+
+
 def text_of(content: Any) -> str:
     """A message's content as one string (text parts joined)."""
     if isinstance(content, str):
@@ -114,9 +142,11 @@ def _lines(text: str) -> Iterator[str]:
 _LINE_END = re.compile(r"\r\n|\r|\n")
 
 
-def check_jsonl(data: bytes, max_lines: int, items: bool = False) -> FileStats:
+def check_jsonl(data: bytes, max_lines: int, items: bool = False, batch: bool = False) -> FileStats:
     """The file's stats, or FileFormatError naming each bad line (the first MAX_ERRORS). `items`: an
-    evals file (check_item_line), else fine-tuning chats (check_line)."""
+    evals file (check_item_line); `batch`: a batch's requests (check_batch_line, custom_ids unique);
+    else fine-tuning chats (check_line)."""
+    seen: set[str] = set()
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -141,9 +171,14 @@ def check_jsonl(data: bytes, max_lines: int, items: bool = False) -> FileStats:
         except RecursionError:
             errors.append((n, "", "not JSON this server reads: it nests too deeply"))
         else:
-            bad = check_item_line(obj) if items else check_line(obj)
+            bad = check_item_line(obj) if items else check_batch_line(obj) if batch else check_line(obj)
+            if not bad and batch and obj["custom_id"] in seen:
+                bad = [("custom_id", f"{obj['custom_id']!r} is another line's: each request's is its own")]
             errors.extend((n, f, what) for f, what in bad)
-            if not bad and items:
+            if batch:
+                if not bad:
+                    seen.add(obj["custom_id"])
+            elif not bad and items:
                 if stats.lines == 1:
                     stats.fields = sorted(item_of(obj))
             elif not bad:

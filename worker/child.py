@@ -178,6 +178,11 @@ def _fetch_dataset(spec: AnySpec, settings: Settings, work: Path, project_id: st
         copy = heldout.model_copy()
         copy._path = _file_path(settings, project_id, "eval", heldout.file)
         spec = spec.model_copy(update={"eval": copy})
+    batch = getattr(spec, "batch", None)  # a generate job's batch of requests (OpenAI's Batch API)
+    if batch is not None:
+        requests = batch.model_copy()
+        requests._path = _file_path(settings, project_id, "batch", batch.file)
+        spec = spec.model_copy(update={"batch": requests})
     if dataset is not None and dataset.file is not None:
         path = _file_path(settings, project_id, "dataset", dataset.file)
         return spec.model_copy(update={"dataset": dataset.model_copy(update={"path": path})})

@@ -26,14 +26,14 @@ from api.idempotency import earlier, replayed, request_hash
 from api.problems import Problem, validation_errors
 from api.routers.openai_files import own_file
 from api.routers.openai_fine_tuning import grading_models_mapped, trainable_model
-from api.routers.openai_inference import effort_budget, own_ft_model
+from api.routers.openai_inference import own_ft_model
 from api.submit import admit, check_job_refs, job_row, submit_keyed
 from mathrl.graders import Grader
 from mathrl.jsonl_files import check_item_line, item_of
 from mathrl.modelref import uuid_after
 from mathrl.shallow import JsonObject
 from mathrl.specs import model_refs, parse_spec
-from mathrl.specs.generate import DEFAULT_MAX_TOKENS
+from mathrl.specs.generate import DEFAULT_MAX_TOKENS, effort_budget
 from mathrl.status import TERMINAL
 from store.files import Quota, store_file
 from store.ids import uuid7

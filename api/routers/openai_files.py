@@ -24,7 +24,7 @@ from sqlalchemy.exc import IntegrityError
 from api.deps import CallerDep, SessionDep, SettingsDep
 from api.idempotency import earlier, request_hash
 from api.problems import Problem
-from mathrl.jsonl_files import FileFormatError, check_jsonl
+from mathrl.jsonl_files import BATCH_PURPOSE, FileFormatError, check_jsonl
 from mathrl.modelref import RESULTS_PURPOSE
 from store.files import OverQuota, Quota, expired, store_file, unexpired
 from store.ids import uuid7
@@ -34,7 +34,8 @@ from store.models import utcnow
 
 router = APIRouter(prefix="/v1/files", tags=["openai: files"])
 
-PURPOSES = ("fine-tune", "evals")  # evals: OpenAI eval runs' items (api/routers/openai_evals.py)
+# evals: OpenAI eval runs' items (api/routers/openai_evals.py); batch: a batch's requests (openai_batches.py)
+PURPOSES = ("fine-tune", "evals", BATCH_PURPOSE)
 NOT_FOUND = "no file with this id in your project"
 EXPIRES_SECONDS = (3600, 2_592_000)  # OpenAI's bounds on expires_after.seconds: an hour to 30 days
 
@@ -79,7 +80,10 @@ async def create_file(
     caller: CallerDep,
     settings: SettingsDep,
     file: Annotated[UploadFile, File(description="A JSONL file in OpenAI's fine-tuning format.")],
-    purpose: Annotated[str, Form(description="What it is for: 'fine-tune' (chats) or 'evals' (items of eval runs).")],
+    purpose: Annotated[
+        str,
+        Form(description="What it is for: 'fine-tune' (chats), 'evals' (items of eval runs) or 'batch' (requests)."),
+    ],
     expires_anchor: Annotated[
         str | None, Form(alias="expires_after[anchor]", description="OpenAI's expires_after: 'created_at'.")
     ] = None,
@@ -101,7 +105,8 @@ async def create_file(
     if len(data) > limits.max_file_bytes:
         raise _invalid("/file", f"over {limits.max_file_bytes} bytes, the limit per file", 413, "File too large")
     try:
-        stats = await run_in_threadpool(check_jsonl, data, limits.max_lines, purpose == "evals")
+        kinds = (purpose == "evals", purpose == BATCH_PURPOSE)
+        stats = await run_in_threadpool(check_jsonl, data, limits.max_lines, *kinds)
     except FileFormatError as e:
         errors = [{"pointer": f"/file/line/{n}" + (f"/{f}" if f else ""), "detail": what} for n, f, what in e.errors]
         raise Problem(422, "Invalid file", f"/file: {e}", errors) from None

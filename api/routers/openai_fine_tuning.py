@@ -36,6 +36,7 @@ from mathrl.modelref import (
 from mathrl.shallow import JsonObject
 from mathrl.specs import GRPOSpec, SFTSpec, model_refs, parse_spec
 from mathrl.specs.base import knob_defaults
+from mathrl.specs.generate import REASONING_TOKENS
 from mathrl.specs.resolved import ResolvedConfig
 from store.jobs import has_tag, request_cancel
 from store.models import Checkpoint, Event, Job, Metric
@@ -60,7 +61,6 @@ METADATA_SCAN = 10_000  # jobs one metadata-filtered list request reads at most 
 # filter on another key reads the jobs here, METADATA_SCAN at most a request
 SQL_METADATA_KEY = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 MAX_VALIDATION = 5000  # validation items scored each time (HeldoutEval.limit's cap)
-REASONING_TOKENS = {"low": 256, "medium": 1024, "high": 4096}  # reasoning_effort -> max_completion_length
 
 
 class _Open(BaseModel):

@@ -32,13 +32,14 @@ from api.admission import QuotaProblem
 from api.deps import CallerDep, SettingsDep
 from api.job_wakeups import KEEPALIVE_SECONDS  # a quiet stream sends a comment line this often, as event streams do
 from api.problems import Problem, validation_errors
-from api.routers.openai_fine_tuning import REASONING_TOKENS, fine_tuned_model
 from api.routers.openai_fine_tuning import TAG as FINE_TUNING
+from api.routers.openai_fine_tuning import fine_tuned_model
 from api.submit import admit, commit_and_dispatch, job_row
 from evaluator.logprobs import as_completion_logprobs
+from mathrl.errors import FieldError
 from mathrl.modelref import FINAL_DELETED_TAG, ft_model_ref, split_job_ref
 from mathrl.specs import GenerateSpec
-from mathrl.specs.generate import MAX_CHOICES, MAX_TOKENS, MAX_TOP_LOGPROBS
+from mathrl.specs.generate import MAX_CHOICES, MAX_TOKENS, MAX_TOP_LOGPROBS, sampling_fields
 from mathrl.status import WAIT_ENDS
 from store.db import get_sessionmaker
 from store.jobs import has_tag, readers_of, request_cancel
@@ -127,6 +128,13 @@ class _Sampling(_Open):
 
 class ChatCompletionParams(_Sampling):
     messages: list[Message] = Field(..., min_length=1, max_length=256)
+
+    @model_validator(mode="after")
+    def _top_logprobs_need_logprobs(self) -> ChatCompletionParams:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise FieldError("top_logprobs", "needs logprobs: true (as OpenAI's): send both, or drop top_logprobs")
+        return self
+
     logprobs: bool | None = Field(None, description="Return each new token's log-probability (the model's own).")
     top_logprobs: int | None = Field(
         None, ge=0, le=MAX_TOP_LOGPROBS, description="And this many most likely tokens in its place (needs logprobs)."
@@ -153,6 +161,13 @@ class CompletionParams(_Sampling):
         ..., description="One prompt (a list of one is accepted)."
     )
     echo: Literal[False] | None = None
+
+    @model_validator(mode="after")
+    def _one_prompt(self) -> CompletionParams:
+        if isinstance(self.prompt, list) and len(self.prompt) != 1:
+            raise FieldError("prompt", "one prompt per call here: send a string (or a list of one)")
+        return self
+
     logprobs: int | None = Field(
         None, ge=0, le=5, description="Return each new token's log-probability and this many most likely tokens."
     )
@@ -181,7 +196,14 @@ def own_ft_model(session: Any, project_id: str, name: str) -> str:
 QUOTA_RETRY_SECONDS = 2  # a completion call over its project's active-jobs quota: try again this soon
 
 
-def _default_budget(session: Any, ref: str) -> int | None:
+def sampled_model(session: Any, project_id: str, settings: Any, model: str) -> str:
+    """What a call's `model` samples: an operator's alias, its base model (a script's baseline before
+    fine-tuning, under the same name it fine-tunes from); any other name an 'ft:' model of the project."""
+    aliases = settings.fine_tuning.model_aliases
+    return str(aliases[model]) if model in aliases else own_ft_model(session, project_id, model)
+
+
+def default_budget(session: Any, ref: str) -> int | None:
     """A chat that names no max_tokens: what the model was trained to write, its fine-tuning job's
     completion budget (a reinforcement job's max_completion_length), else the generate spec's default.
     OpenAI sets no cap of its own; a fixed 256 cut a trained model's answers short."""
@@ -309,58 +331,23 @@ RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
-def effort_budget(given: str | None) -> int | None:
-    """A reasoning effort as a completion budget, as for fine-tuning (the models here have no
-    reasoning-effort control): none, minimal and low 256 tokens, medium 1024, high and xhigh 4096."""
-    effort = {"none": "low", "minimal": "low", "xhigh": "high"}.get(given or "", given)
-    return REASONING_TOKENS[effort] if effort else None
-
-
 @router.post("/chat/completions", responses=RESPONSES)
 async def chat_completions(
     body: ChatCompletionParams, caller: CallerDep, settings: SettingsDep, request: Request
 ) -> Any:
     """The model's answer to the chat (`chat.completion`, or `chat.completion.chunk`s with `stream`)."""
-    if body.top_logprobs is not None and not body.logprobs:
-        raise Problem.at("/top_logprobs", "needs logprobs: true (as OpenAI's): send both, or drop top_logprobs")
-    what = {
-        "messages": [{"role": m.role, "content": m.text()} for m in body.messages],
-        "logprobs": (body.top_logprobs or 0) if body.logprobs else None,
-    }
-    max_tokens = body.max_completion_tokens or body.max_tokens or effort_budget(body.reasoning_effort)
-    return await _answer(body, caller.project_id, settings, what, max_tokens, True, request)
+    return await _answer(body, caller.project_id, settings, True, request)
 
 
 @router.post("/completions", responses=RESPONSES)
 async def completions(body: CompletionParams, caller: CallerDep, settings: SettingsDep, request: Request) -> Any:
     """The model's continuation of the prompt (`text_completion`), no chat template."""
-    prompt = body.prompt
-    if isinstance(prompt, list):
-        if len(prompt) != 1:
-            raise Problem.at("/prompt", "one prompt per call here: send a string (or a list of one)")
-        prompt = prompt[0]
-    what = {"prompt": prompt, "logprobs": body.logprobs}
-    return await _answer(body, caller.project_id, settings, what, body.max_tokens or 16, False, request)
+    return await _answer(body, caller.project_id, settings, False, request)
 
 
-async def _answer(
-    body: _Sampling,
-    project_id: str,
-    settings: Any,
-    what: dict[str, Any],
-    max_tokens: int | None,
-    chat: bool,
-    request: Request,
-) -> Any:
+async def _answer(body: _Sampling, project_id: str, settings: Any, chat: bool, request: Request) -> Any:
     fields: dict[str, Any] = {
-        **what,
-        "max_tokens": max_tokens,
-        # top_p 0 keeps the most likely token alone: greedy (the engines take top_p in (0, 1])
-        "temperature": 0.0 if body.top_p == 0 else 1.0 if body.temperature is None else body.temperature,
-        "top_p": body.top_p or 1.0,
-        "n": body.n or 1,
-        "stop": [body.stop] if isinstance(body.stop, str) else body.stop,
-        "seed": body.seed,
+        **sampling_fields(body.model_dump(), chat),  # the one reading of the knobs (a batch's lines' too)
         "stream": bool(body.stream),
         "backend": settings.fine_tuning.inference_backend,
         "name": "chat.completions" if chat else "completions",
@@ -374,7 +361,7 @@ async def _answer(
         return StreamingResponse(stream, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
     await wait_answer(settings, job_id, request)
     rows = await run_in_threadpool(choices_of, settings, job_id)
-    return _completion(job_id, body.model, rows, chat)
+    return completion_object(job_id, body.model, rows, chat)
 
 
 def submit_generation(
@@ -383,12 +370,9 @@ def submit_generation(
     """The generate job of one call (its id); `openai`: what the call's route keeps of its request
     in the job's config (a response's turns, say)."""
     with get_sessionmaker(settings.database.url)() as session:
-        aliases = settings.fine_tuning.model_aliases
-        # an operator's alias samples its base model (a script's baseline before fine-tuning, under the same
-        # name it fine-tunes from); any other name is an 'ft:' model of the project
-        ref = aliases[model] if model in aliases else own_ft_model(session, project_id, model)
+        ref = sampled_model(session, project_id, settings, model)
         if fields["max_tokens"] is None:
-            fields = {**fields, "max_tokens": _default_budget(session, ref)}
+            fields = {**fields, "max_tokens": default_budget(session, ref)}
         try:
             spec = GenerateSpec(model=ref, **{k: v for k, v in fields.items() if v is not None})
         except ValidationError as exc:
@@ -504,7 +488,8 @@ def logprobs_of(row: dict[str, Any], chat: bool) -> dict[str, Any] | None:
     return {"content": tokens, "refusal": None} if chat else as_completion_logprobs(tokens)
 
 
-def _completion(job_id: str, model: str, rows: list[dict[str, Any]], chat: bool) -> dict[str, Any]:
+def completion_object(job_id: str, model: str, rows: list[dict[str, Any]], chat: bool) -> dict[str, Any]:
+    """A call's answer as OpenAI's chat.completion or text_completion object (its choices: the job's samples)."""
     base = {"id": _completion_id(job_id, chat), "created": int(time.time()), "model": model, "usage": _usage(rows)}
     if chat:
         choices = [

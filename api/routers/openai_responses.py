@@ -25,13 +25,12 @@ from api.routers.openai_inference import (
     TAG,
     FollowedCall,
     choices_of,
-    effort_budget,
     submit_generation,
     wait_answer,
 )
 from mathrl.errors import FieldError
 from mathrl.modelref import uuid_after
-from mathrl.specs.generate import MAX_TOKENS, MAX_TOP_LOGPROBS
+from mathrl.specs.generate import MAX_TOKENS, MAX_TOP_LOGPROBS, effort_budget
 from mathrl.status import TERMINAL
 from store.db import get_sessionmaker
 from store.jobs import request_cancel

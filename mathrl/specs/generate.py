@@ -1,10 +1,13 @@
-"""Generation jobs (`kind: generate`): a chat or a prompt answered (the OpenAI-shaped sampling routes)."""
+"""Generation jobs (`kind: generate`): a chat or a prompt answered (the OpenAI-shaped sampling routes),
+or a batch of them (OpenAI's Batch API: a file of requests). `sampling_fields` is the one reading of
+an OpenAI request's sampling knobs as a generate job's fields, for the routes and a batch's lines."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, PrivateAttr, model_validator
 
 from mathrl.errors import FieldError
 from mathrl.modelref import ModelRef
@@ -32,6 +35,63 @@ MAX_TOP_LOGPROBS = 20  # OpenAI's bound on top_logprobs
 MAX_LOGPROB_ENTRIES = 1_000_000
 
 
+REASONING_TOKENS = {"low": 256, "medium": 1024, "high": 4096}  # reasoning_effort -> a completion budget
+CHAT_ENDPOINT, COMPLETIONS_ENDPOINT = "/v1/chat/completions", "/v1/completions"
+MAX_BATCH_REQUESTS = 50_000  # OpenAI's bound on a batch's requests
+
+
+def effort_budget(given: str | None) -> int | None:
+    """A reasoning effort as a completion budget, as for fine-tuning (the models here have no
+    reasoning-effort control): none, minimal and low 256 tokens, medium 1024, high and xhigh 4096."""
+    effort = {"none": "low", "minimal": "low", "xhigh": "high"}.get(given or "", given)
+    return REASONING_TOKENS[effort] if effort else None
+
+
+def _text(content: Any) -> str:
+    if content is None:  # an assistant's message may be null
+        return ""
+    return content if isinstance(content, str) else "\n".join(str(p["text"]) for p in content)
+
+
+def sampling_fields(body: Mapping[str, Any], chat: bool) -> dict[str, Any]:
+    """An OpenAI chat (`chat`) or text completion request, already checked by its route's model
+    (api/routers/openai_inference.py), as a generate job's fields: its chat or prompt, and its
+    sampling. top_p 0 keeps the most likely token alone: greedy (the engines take top_p in (0, 1]).
+    max_tokens None: the model's default budget (the route's, or the batch job's)."""
+    if chat:
+        what: dict[str, Any] = {
+            "messages": [{"role": m["role"], "content": _text(m.get("content"))} for m in body["messages"]],
+            "logprobs": (body.get("top_logprobs") or 0) if body.get("logprobs") else None,
+        }
+        max_tokens = (
+            body.get("max_completion_tokens") or body.get("max_tokens") or effort_budget(body.get("reasoning_effort"))
+        )
+    else:
+        prompt = body["prompt"]
+        what = {"prompt": prompt[0] if isinstance(prompt, list) else prompt, "logprobs": body.get("logprobs")}
+        max_tokens = body.get("max_tokens") or 16
+    stop = body.get("stop")
+    top_p, temperature = body.get("top_p"), body.get("temperature")
+    return {
+        **what,
+        "max_tokens": max_tokens,
+        "temperature": 0.0 if top_p == 0 else 1.0 if temperature is None else temperature,
+        "top_p": top_p or 1.0,
+        "n": body.get("n") or 1,
+        "stop": [stop] if isinstance(stop, str) else stop,
+        "seed": body.get("seed"),
+    }
+
+
+class BatchInput(StrictModel):
+    """A batch's requests: a file of the project (purpose 'batch'), a line per request
+    ({custom_id, method, url, body}), all to one endpoint; the API checked each at create."""
+
+    file: str = Field(..., pattern=r"^file-[0-9a-f]{32}$", description="The batch input file, by its id.")
+    endpoint: Literal["/v1/chat/completions", "/v1/completions"] = Field(..., description="What each line asks.")
+    _path: str | None = PrivateAttr(None)  # where the worker reads it (worker/child.py)
+
+
 class GenerateSpec(JobBase):
     """Answer one chat (through the model's chat template) or one plain prompt: what
     POST /v1/chat/completions and /v1/completions submit for an `ft:` model, and relay. The
@@ -41,6 +101,9 @@ class GenerateSpec(JobBase):
     kind: Literal["generate"] = Field("generate", description="Answering a chat or a prompt.")
     model: ModelRef
     messages: list[ChatMessage] | None = Field(None, min_length=1, max_length=256, description="The chat to answer.")
+    batch: BatchInput | None = Field(
+        None, description="A file of requests, each answered as its own call (OpenAI's Batch API)."
+    )
     prompt: str | None = Field(None, max_length=100_000, description="A plain prompt to continue (no chat template).")
     max_tokens: int = Field(DEFAULT_MAX_TOKENS, ge=1, le=MAX_TOKENS, description="New tokens per choice at most.")
     temperature: float = Field(1.0, ge=0, le=2, description="0: greedy.")
@@ -65,8 +128,10 @@ class GenerateSpec(JobBase):
 
     @model_validator(mode="after")
     def _one_input(self) -> GenerateSpec:
-        if (self.messages is None) == (self.prompt is None):
-            raise FieldError("messages", "give either messages (a chat) or prompt (plain text), not both or neither")
+        if [self.messages is None, self.prompt is None, self.batch is None].count(False) != 1:
+            raise FieldError(
+                "messages", "give one of messages (a chat), prompt (plain text) or batch (a file of requests)"
+            )
         if self.logprobs is not None and self.n * self.max_tokens * (1 + self.logprobs) > MAX_LOGPROB_ENTRIES:
             raise FieldError(
                 "logprobs",

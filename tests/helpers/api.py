@@ -4,6 +4,7 @@ settings, the database under it."""
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 import uuid
 from collections.abc import Iterator
@@ -108,6 +109,21 @@ def make_objects(app_client: Any, owner: dict[str, str]) -> dict[str, str]:
     )
     assert resp.status_code == 201, resp.text
     ids["response_id"] = "resp_" + resp.json()["id"].replace("-", "")
+    # a batch (OpenAI's Batch API): a generate job of a file of requests, so tagged
+    line = {"custom_id": "r1", "method": "POST", "url": "/v1/completions", "body": {"model": "m", "prompt": "1 +"}}
+    requests = app_client.post(
+        "/v1/files", files={"file": ("b.jsonl", json.dumps(line).encode())}, data={"purpose": "batch"}, headers=owner
+    )
+    assert requests.status_code == 200, requests.text
+    batch = {"file": requests.json()["id"], "endpoint": "/v1/completions"}
+    made = app_client.post(
+        "/v1/jobs",
+        json={"kind": "generate", "model": "org/model", "batch": batch, "tags": ["openai:batches"]}
+        | {"resources": {"pool": "objects-parked"}},
+        headers=owner,
+    )
+    assert made.status_code == 201, made.text
+    ids["batch_id"] = "batch_" + made.json()["id"].replace("-", "")
     # an OpenAI eval, a run of it (a grade job) and an output item of the run, as its worker would store one
     check = {"type": "string_check", "name": "same", "input": "{{sample.output_text}}", "reference": "{{item.a}}"}
     ev = app_client.post(

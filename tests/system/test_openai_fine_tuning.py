@@ -289,6 +289,33 @@ def _sample_the_fine_tuned_model(service: Service, client: Any, model: str, chec
         "the background response to end",
     )
     assert ended.status in ("completed", "incomplete") and ended.output_text == events[-1].response.output_text, ended
+    # a batch of chats (OpenAI's Batch API), answered off-line: its output file holds each line's answer,
+    # as the same call would have it
+    asks = ("7 + 8?", "12 + 30?")
+    lines = [
+        {
+            "custom_id": f"q{i}",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {"model": model, "messages": [{"role": "user", "content": q}], "max_tokens": 4, "temperature": 0},
+        }
+        for i, q in enumerate(asks)
+    ]
+    requests = client.files.create(file=("batch.jsonl", _jsonl(lines)), purpose="batch")
+    batch = client.batches.create(input_file_id=requests.id, endpoint="/v1/chat/completions", completion_window="24h")
+    batch = wait_for(
+        lambda: next((b for b in [client.batches.retrieve(batch.id)] if b.status in ("completed", "failed")), None),
+        180,
+        0.5,
+        "the batch to end",
+    )
+    assert batch.status == "completed" and batch.request_counts.completed == 2 and not batch.error_file_id, batch
+    answers = [json.loads(x) for x in client.files.content(batch.output_file_id).text.splitlines()]
+    assert [a["custom_id"] for a in answers] == ["q0", "q1"], answers
+    alone = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": asks[0]}], max_tokens=4, temperature=0
+    )
+    assert answers[0]["response"]["body"]["choices"][0]["message"]["content"] == alone.choices[0].message.content
     assert client.responses.retrieve(first.id).output_text == first.output_text
     client.responses.delete(second.id)  # (the SDK reads no body)
     with pytest.raises(openai.NotFoundError):

@@ -31,6 +31,9 @@ class Recorded:
     def should_stop(self) -> bool:
         return False
 
+    def progress(self, done: int, total: int, message: str = "") -> None:
+        self.events.append(("progress", f"{done}/{total}"))
+
 
 def _answers(model: str, **over: Any) -> list[str]:
     spec = parse_spec(
@@ -199,3 +202,28 @@ def test_a_warm_engines_logprobs_are_kept_per_choice(tiny_model: str) -> None:
             ],
         }
     ]
+
+
+def test_a_batch_answers_each_line_as_a_call_and_a_bad_line_is_its_error(tiny_model: str, tmp_path: Any) -> None:
+    """OpenAI's Batch API's job: each line's request answered as its own call (its knobs read as a
+    call's: mathrl.specs.generate.sampling_fields), a step per line with its custom_id; a line that
+    cannot be answered is stored as its error and the batch goes on."""
+    lines = [
+        {"custom_id": "greedy", "body": {"model": "m", "prompt": "1 + 1 =", "max_tokens": 5, "temperature": 0}},
+        {"custom_id": "too-long", "body": {"model": "m", "prompt": "1 +", "max_tokens": 10**6}},
+        {"custom_id": "two", "body": {"model": "m", "prompt": "2 +", "max_tokens": 3, "n": 2, "logprobs": 1}},
+    ]
+    path = tmp_path / "batch.jsonl"
+    path.write_text("".join(json.dumps({"method": "POST", "url": "/v1/completions", **x}) + "\n" for x in lines))
+    batch = {"file": "file-" + "0" * 32, "endpoint": "/v1/completions"}
+    spec = parse_spec({"kind": "generate", "model": tiny_model, "batch": batch, "max_tokens": 8})
+    spec.batch._path = str(path)
+    sink = Recorded()
+    run_generate(spec, sink, tiny_model)
+    steps = [(r["data"]["custom_id"], r["data"]["index"]) for r in sink.rows]
+    assert steps == [("greedy", 0), ("too-long", 0), ("two", 0), ("two", 1)], steps
+    greedy = _generated(tiny_model, prompt="1 + 1 =", max_tokens=5, temperature=0)[0]["completion"]
+    assert sink.rows[0]["completion"] == greedy  # the line, as the same call would answer it
+    assert "max_tokens" in sink.rows[1]["data"]["error"]["message"] and sink.rows[1]["completion"] == ""
+    assert all(len(r["data"]["logprobs"][0]["top_logprobs"]) == 1 for r in sink.rows[2:])
+    assert ("progress", "3/3") in sink.events and any(k == "generated" and "2 of 3" in m for k, m in sink.events)

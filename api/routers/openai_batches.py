@@ -1,0 +1,315 @@
+"""OpenAI's Batch API (`client.batches.create`, `.retrieve`, `.list`, `.cancel`): a file of requests
+(purpose 'batch', a request per line: {custom_id, method, url, body}) answered off-line, the
+answers as an output file and the failures as an error file, both files of the project.
+
+A batch is a generate job of the project (mathrl.specs.GenerateSpec `batch`: the file and the
+endpoint), tagged 'openai:batches', under the project's quotas, on the same engines as a chat
+(`fine_tuning.inference_backend`). Every line is checked at create against its route's request
+(api/routers/openai_inference.py: the same 400s, here naming the line), and all lines sample one
+model, as OpenAI's. The job answers each line as a call of its own (evaluator/chat.py
+`run_batch`), its choices the samples of step <line>; the output and error files are written from
+them by the first look at the batch after its job ended (`finish`), partial for a cancelled or
+failed batch, as OpenAI's are. `completion_window` is OpenAI's only value, 24h: the job is not
+expired here, it runs until it ends."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import timedelta
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Header, Query, Response
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from sqlalchemy import func, select
+
+from api.deps import CallerDep, SessionDep, SettingsDep
+from api.idempotency import earlier, replayed, request_hash
+from api.problems import Problem, validation_errors
+from api.routers.openai_files import own_file
+from api.routers.openai_inference import (
+    ChatCompletionParams,
+    CompletionParams,
+    completion_object,
+    default_budget,
+    sampled_model,
+)
+from api.submit import admit, job_row, submit_keyed
+from mathrl.jsonl_files import BATCH_PURPOSE
+from mathrl.modelref import results_file_id, uuid_after
+from mathrl.shallow import JsonObject
+from mathrl.specs.generate import CHAT_ENDPOINT, GenerateSpec, sampling_fields
+from mathrl.status import TERMINAL
+from store.files import OverQuota, Quota, store_file
+from store.jobs import has_tag, request_cancel
+from store.models import Event, File, Job, Sample
+
+router = APIRouter(prefix="/v1/batches", tags=["openai: batches"])
+
+TAG = "openai:batches"
+NOT_FOUND = "No batch with this id in your project."
+OUTPUT_PURPOSE = "batch_output"  # OpenAI's purpose of a batch's output and error files
+WINDOW = timedelta(hours=24)
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class BatchCreateParams(_Open):
+    input_file_id: str = Field(..., max_length=64, description="A file of this project of purpose 'batch'.")
+    endpoint: Literal["/v1/chat/completions", "/v1/completions"]
+    completion_window: Literal["24h"] = Field(..., description="OpenAI's only value; the job runs until it ends.")
+    metadata: dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]] | None = Field(
+        None, max_length=16
+    )
+    output_expires_after: JsonObject | None = Field(None, description="Accepted; the output files do not expire.")
+
+
+def batch_id(job_id: str) -> str:
+    return "batch_" + job_id.replace("-", "")
+
+
+def own_batch(session: Any, project_id: str, value: str) -> Job:
+    """The project's batch's job, else a 404 (the same for another project's and a missing one)."""
+    job_id = uuid_after("batch_", value)
+    job = session.get(Job, job_id) if job_id else None
+    if job is None or job.project_id != project_id or TAG not in (job.tags or []):
+        raise Problem(404, "Not found", NOT_FOUND)
+    return job  # type: ignore[no-any-return]
+
+
+def _output_ids(job_id: str) -> tuple[str, str]:
+    """The output and error files' ids: 'file-' and the job's id (as a fine-tuning job's results
+    file: never another file's), and one drawn from it."""
+    return results_file_id(job_id), "file-" + uuid.uuid5(uuid.UUID(job_id), "errors").hex
+
+
+def _lines(path: str) -> list[dict[str, Any]]:
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def _check_lines(lines: list[dict[str, Any]], endpoint: str) -> str:
+    """Each line's request as its route would check it (a 400 naming the line and the field); the
+    one model they sample."""
+    chat = endpoint == CHAT_ENDPOINT
+    params: type[BaseModel] = ChatCompletionParams if chat else CompletionParams
+    model: str | None = None
+    for n, line in enumerate(lines, start=1):
+        at = f"/input_file_id/line/{n}"
+        if line["url"] != endpoint:
+            detail = f"{line['url']!r}: every line asks the batch's endpoint, {endpoint}"
+            raise Problem.at(f"{at}/url", detail, status=400)
+        try:
+            body: Any = params.model_validate(line["body"])
+        except ValidationError as exc:
+            err = validation_errors(exc.errors())[0]
+            raise Problem.at(f"{at}/body{err['pointer']}", err["detail"], status=400) from None
+        if body.stream:
+            raise Problem.at(f"{at}/body/stream", "a batch's requests are answered whole: drop stream", status=400)
+        if model is None:
+            model = body.model
+        elif body.model != model:
+            detail = f"{body.model!r}, where line 1 asks {model!r}: a batch samples one model"
+            raise Problem.at(f"{at}/body/model", detail, status=400)
+        try:  # what the job will make of it (the log-probabilities' bound, say)
+            fields = {k: v for k, v in sampling_fields(line["body"], chat).items() if v is not None}
+            GenerateSpec(model="org/model", **fields)
+        except ValidationError as exc:
+            err = validation_errors(exc.errors())[0]
+            raise Problem.at(f"{at}/body{err['pointer']}", err["detail"], status=400) from None
+    assert model is not None  # an uploaded file has a line
+    return model
+
+
+@router.post("", responses={400: {"description": "A field or a line of the file is invalid: the error names it."}})
+def create(
+    body: BatchCreateParams,
+    caller: CallerDep,
+    session: SessionDep,
+    settings: SettingsDep,
+    response: Response,
+    idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
+    x_stainless_retry_count: Annotated[str | None, Header(max_length=8, include_in_schema=False)] = None,
+) -> dict[str, Any]:
+    """A batch: a generate job that answers each request of the input file."""
+    request = body.model_dump(mode="json", exclude_none=True)
+    digest = request_hash(request)
+    if existing := earlier(session, Job, caller.project_id, idempotency_key, digest, x_stainless_retry_count):
+        replayed(response)
+        return batch_object(session, existing, settings)
+    try:
+        row = own_file(session, caller.project_id, body.input_file_id)
+    except Problem:
+        raise Problem.at("/input_file_id", "no file with this id in your project", status=400) from None
+    if row.purpose != BATCH_PURPOSE:
+        detail = f"a {row.purpose!r} file: a batch reads a file of requests (upload it with purpose {BATCH_PURPOSE!r})"
+        raise Problem.at("/input_file_id", detail, status=400)
+    lines = _lines(row.path)
+    model = _check_lines(lines, body.endpoint)
+    ref = sampled_model(session, caller.project_id, settings, model)
+    spec = GenerateSpec(
+        model=ref,
+        batch={"file": row.id, "endpoint": body.endpoint},
+        max_tokens=default_budget(session, ref) or GenerateSpec.model_fields["max_tokens"].default,
+        backend=settings.fine_tuning.inference_backend,
+        name="batch",
+        tags=[TAG],
+        max_attempts=1,  # a retry would answer every line again
+    )
+    config = admit({"": spec}, settings)[""]
+    config.openai = {"request": request, "model": model, "total": len(lines)}
+    job = job_row(caller.project_id, spec, config, settings, idempotency_key=idempotency_key, request_hash=digest)
+    message = f"queued on '{job.queue}' by POST /v1/batches ({len(lines)} requests)"
+    return batch_object(session, submit_keyed(session, settings, caller.project_id, job, message, response), settings)
+
+
+def _counts(session: Any, job: Job) -> tuple[int, int]:
+    """Lines answered or failed so far, and of them failed (the job's last word, once it said it)."""
+    done = session.scalar(select(func.count(func.distinct(Sample.step))).where(Sample.job_id == job.id)) or 0
+    said = session.scalar(
+        select(Event.data).where(Event.job_id == job.id, Event.type == "generated").order_by(Event.seq.desc()).limit(1)
+    )
+    return int(done), int((said or {}).get("failed", 0))
+
+
+def finish(session: Any, job: Job, settings: Any) -> tuple[str | None, str | None, dict[str, Any] | None]:
+    """The ended batch's output and error files (ids, None where it has no such line), written from its
+    samples at the first look; or why they could not be (the project's file quota)."""
+    output_id, error_id = _output_ids(str(job.id))
+    info = dict((job.resolved_config or {}).get("openai") or {})
+    chat = info.get("request", {}).get("endpoint") == CHAT_ENDPOINT
+    stored = {i: session.get(File, i) is not None for i in (output_id, error_id)}
+    if any(stored.values()):  # written by an earlier look
+        return (output_id if stored[output_id] else None), (error_id if stored[error_id] else None), None
+    rows = session.execute(
+        select(Sample.id, Sample.step, Sample.index, Sample.completion, Sample.data)
+        .where(Sample.job_id == job.id)
+        .order_by(Sample.step, Sample.index)
+    ).all()
+    by_line: dict[int, list[Any]] = {}
+    for r in rows:
+        by_line.setdefault(int(r.step or 0), []).append(r)
+    out, err = [], []
+    model = str(info.get("model") or "")
+    for step, got in sorted(by_line.items()):
+        data = dict(got[0].data or {})
+        custom, request_id = data.get("custom_id"), f"req_{str(job.id).replace('-', '')}_{step}"
+        line_id = "batch_req_" + str(got[0].id).replace("-", "")
+        if "error" in data:
+            err.append({"id": line_id, "custom_id": custom, "response": None, "error": data["error"]})
+            continue
+        choices = [{"text": r.completion, **(r.data or {})} for r in got]
+        answer = completion_object(str(job.id), model, choices, chat)
+        answer["id"] = ("chatcmpl-" if chat else "cmpl-") + request_id.removeprefix("req_")
+        response = {"status_code": 200, "request_id": request_id, "body": answer}
+        out.append({"id": line_id, "custom_id": custom, "response": response, "error": None})
+    written: dict[str, str | None] = {}
+    for file_id, items, name in ((output_id, out, "batch_output.jsonl"), (error_id, err, "batch_errors.jsonl")):
+        if not items:
+            written[file_id] = None
+            continue
+        content = "".join(json.dumps(i) + "\n" for i in items).encode()
+        try:
+            store_file(
+                session,
+                settings.artifact_dir,
+                Quota.of(settings.files),
+                file_id=file_id,
+                project_id=job.project_id,
+                suffix=".jsonl",
+                content=content,
+                filename=name,
+                purpose=OUTPUT_PURPOSE,
+                data={"lines": len(items)},
+            )
+        except OverQuota as exc:
+            message = f"the output files were not stored: {exc}; delete files, then retrieve the batch again"
+            return None, None, {"object": "list", "data": [{"code": "file_quota", "message": message}]}
+        written[file_id] = file_id
+    return written[output_id], written[error_id], None
+
+
+def batch_object(session: Any, job: Job, settings: Any) -> dict[str, Any]:
+    """The batch as OpenAI's object, its files written once its job has ended."""
+    info = dict((job.resolved_config or {}).get("openai") or {})
+    request = dict(info.get("request") or {})
+    done, failed = _counts(session, job)
+    status = {
+        "succeeded": "completed",
+        "failed": "failed",
+        "cancelled": "cancelled",
+        "running": "cancelling" if job.cancel_requested else "in_progress",
+    }.get(job.status, "validating")
+    output_id = error_id = None
+    errors: dict[str, Any] | None = None
+    if job.status in TERMINAL:
+        output_id, error_id, errors = finish(session, job, settings)
+    if job.status == "failed":
+        failure = {"code": "batch_failed", "message": job.error or "its job failed", "param": None, "line": None}
+        errors = {"object": "list", "data": [failure, *((errors or {}).get("data") or [])]}
+
+    def at(when: Any, now: bool = True) -> int | None:
+        return int(when.timestamp()) if when is not None and now else None
+
+    created = job.created_at
+    return {
+        "id": batch_id(str(job.id)),
+        "object": "batch",
+        "endpoint": request.get("endpoint"),
+        "model": info.get("model"),
+        "errors": errors,
+        "input_file_id": request.get("input_file_id"),
+        "completion_window": "24h",
+        "status": status,
+        "output_file_id": output_id,
+        "error_file_id": error_id,
+        "created_at": at(created),
+        "in_progress_at": at(job.started_at),
+        "expires_at": at(created + WINDOW),
+        "finalizing_at": None,
+        "completed_at": at(job.finished_at, job.status == "succeeded"),
+        "failed_at": at(job.finished_at, job.status == "failed"),
+        "expired_at": None,
+        "cancelling_at": at(job.updated_at, bool(job.cancel_requested) and job.status in ("running", "cancelled")),
+        "cancelled_at": at(job.finished_at, job.status == "cancelled"),
+        "request_counts": {"total": int(info.get("total", 0)), "completed": done - failed, "failed": failed},
+        "metadata": request.get("metadata") or {},
+    }
+
+
+@router.get("", responses={400: {"description": "`after` is not a batch id."}})
+def list_batches(
+    caller: CallerDep,
+    session: SessionDep,
+    settings: SettingsDep,
+    after: Annotated[str | None, Query(max_length=64)] = None,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+) -> dict[str, Any]:
+    """The project's batches, newest first (OpenAI's order)."""
+    query = select(Job).where(Job.project_id == caller.project_id, has_tag(session, TAG))
+    if after is not None:
+        job_id = uuid_after("batch_", after)
+        if job_id is None:
+            raise Problem.at("query:/after", "a batch id from a previous page ('batch_...')", status=400)
+        query = query.where(Job.id < job_id)
+    jobs = session.scalars(query.order_by(Job.id.desc()).limit(limit + 1)).all()
+    data = [batch_object(session, j, settings) for j in jobs[:limit]]
+    first, last = (data[0]["id"], data[-1]["id"]) if data else (None, None)
+    return {"object": "list", "data": data, "first_id": first, "last_id": last, "has_more": len(jobs) > limit}
+
+
+@router.get("/{batch_id}", responses={404: {"description": NOT_FOUND}})
+def retrieve(batch_id: str, caller: CallerDep, session: SessionDep, settings: SettingsDep) -> dict[str, Any]:
+    return batch_object(session, own_batch(session, caller.project_id, batch_id), settings)
+
+
+@router.post("/{batch_id}/cancel", responses={404: {"description": NOT_FOUND}})
+def cancel(batch_id: str, caller: CallerDep, session: SessionDep, settings: SettingsDep) -> dict[str, Any]:
+    """The batch's job is cancelled (at once if it has not started; between lines if it has): what it
+    answered by then is its output, as OpenAI's cancelled batches' is."""
+    job = own_batch(session, caller.project_id, batch_id)
+    if job.status not in TERMINAL:
+        request_cancel(session, job)
+    return batch_object(session, job, settings)
