@@ -23,6 +23,7 @@ from fastapi import APIRouter, Header, Query, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy import func, select
 
+from api.admission import check_job_limits
 from api.deps import CallerDep, SessionDep, SettingsDep
 from api.idempotency import earlier, replayed, request_hash
 from api.problems import Problem, validation_errors
@@ -35,6 +36,7 @@ from api.routers.openai_inference import (
     sampled_model,
 )
 from api.submit import admit, job_row, submit_keyed
+from kinds import home
 from mathrl.jsonl_files import BATCH_PURPOSE
 from mathrl.modelref import results_file_id, uuid_after
 from mathrl.shallow import JsonObject
@@ -90,7 +92,7 @@ def _lines(path: str) -> list[dict[str, Any]]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def _check_lines(lines: list[dict[str, Any]], endpoint: str) -> str:
+def _check_lines(lines: list[dict[str, Any]], endpoint: str, settings: Any) -> str:
     """Each line's request as its route would check it (a 400 naming the line and the field); the
     one model they sample."""
     chat = endpoint == CHAT_ENDPOINT
@@ -113,12 +115,17 @@ def _check_lines(lines: list[dict[str, Any]], endpoint: str) -> str:
         elif body.model != model:
             detail = f"{body.model!r}, where line 1 asks {model!r}: a batch samples one model"
             raise Problem.at(f"{at}/body/model", detail, status=400)
-        try:  # what the job will make of it (the log-probabilities' bound, say)
+        try:  # what the job will make of it: the log-probabilities' bound, the operator's limits
             fields = {k: v for k, v in sampling_fields(line["body"], chat).items() if v is not None}
-            GenerateSpec(model="org/model", **fields)
+            call = GenerateSpec(model="org/model", **fields)
+            check_job_limits(call, home(call).resolve(call), settings)
         except ValidationError as exc:
             err = validation_errors(exc.errors())[0]
             raise Problem.at(f"{at}/body{err['pointer']}", err["detail"], status=400) from None
+        except Problem as exc:
+            err = (exc.errors or [{}])[0]
+            detail = str(err.get("detail", exc.detail))
+            raise Problem.at(f"{at}/body{err.get('pointer', '')}", detail, status=400) from None
     assert model is not None  # an uploaded file has a line
     return model
 
@@ -147,7 +154,7 @@ def create(
         detail = f"a {row.purpose!r} file: a batch reads a file of requests (upload it with purpose {BATCH_PURPOSE!r})"
         raise Problem.at("/input_file_id", detail, status=400)
     lines = _lines(row.path)
-    model = _check_lines(lines, body.endpoint)
+    model = _check_lines(lines, body.endpoint, settings)
     ref = sampled_model(session, caller.project_id, settings, model)
     spec = GenerateSpec(
         model=ref,

@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import text, update
 from sqlalchemy.orm import Session
 
-from tests.helpers.api import admin_key, db, make_objects, private_app_client
+from tests.helpers.api import admin_key, db, make_objects, overridden, private_app_client
 
 pytestmark = pytest.mark.quick
 app_client = private_app_client()  # a suite worker would answer (or fail) a batch here
@@ -72,6 +72,14 @@ def test_a_bad_line_is_a_400_naming_it_at_upload_or_create(app_client: Any) -> N
                 completion_window="24h",
             )
         assert pointer in str(e.value), (pointer, e.value)
+    with overridden(limits={"max_tokens": 50}):  # the operator's per-job limits hold for each line
+        with pytest.raises(openai.BadRequestError) as e:
+            client.batches.create(
+                input_file_id=_upload(client, [_line("a", model, max_tokens=100)]).id,
+                endpoint="/v1/chat/completions",
+                completion_window="24h",
+            )
+        assert "/input_file_id/line/1/body/max_tokens" in str(e.value), e.value
     fine_tune = client.files.create(
         file=("t.jsonl", io.BytesIO(b'{"messages": [{"role": "user", "content": "1?"}]}\n')), purpose="fine-tune"
     )
