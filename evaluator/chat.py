@@ -275,7 +275,8 @@ def run_batch(spec: Any, sink: Any, model_path: str, warm: WarmEngineAddress | N
     choices stored as the samples of step <line>, with the line's custom_id. A line that cannot be
     answered (a prompt past the model's context, say) is stored as its error and the batch goes
     on, as OpenAI's error file has it; the API writes the output and error files from the samples
-    once the job ends (api/routers/openai_batches.py). A stop between lines keeps what was answered."""
+    once the job ends (api/routers/openai_batches.py). A stop between lines keeps what was answered,
+    and a resumed batch (after a drain or a pause) goes on after the lines stored."""
     from mathrl.errors import StopRequested
     from mathrl.specs.generate import CHAT_ENDPOINT, GenerateSpec, sampling_fields
 
@@ -287,9 +288,12 @@ def run_batch(spec: Any, sink: Any, model_path: str, warm: WarmEngineAddress | N
         models()  # a model that cannot load fails the batch, not each line
     base = spec.model_dump(mode="json", exclude={"batch", "messages", "prompt"})
     answered = failed = tokens = 0
+    stored = sink.stored_steps()  # an earlier attempt's lines (a drain, a pause): not answered twice
     for n, line in enumerate(lines):
         if sink.should_stop():
             raise StopRequested("stop requested")
+        if n in stored:
+            continue
         custom = {"custom_id": line["custom_id"]}
         try:
             fields = {k: v for k, v in sampling_fields(line["body"], chat).items() if v is not None}
@@ -306,7 +310,8 @@ def run_batch(spec: Any, sink: Any, model_path: str, warm: WarmEngineAddress | N
             tokens += sum(r["data"]["completion_tokens"] for r in rows)
             sink.samples(n, [{**r, "data": {**r["data"], **custom}} for r in rows])
         sink.progress(n + 1, len(lines), "answering")
-    message = f"{answered} of {len(lines)} requests answered ({failed} failed), {tokens} tokens"
+    message = f"{answered} of {len(lines) - len(stored)} requests answered ({failed} failed), {tokens} tokens"
+    message += f"; {len(stored)} answered before" if stored else ""
     sink.event("generated", message, data={"completion_tokens": tokens, "answered": answered, "failed": failed})
 
 

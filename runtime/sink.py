@@ -19,6 +19,10 @@ class Sink(Protocol):
     def progress(self, done: int, total: int, message: str = "") -> None:
         """Progress of the current phase (throttled by the sink)."""
 
+    def stored_steps(self) -> set[int]:
+        """The steps the job has samples of already (an earlier attempt's): a batch resumed after a
+        drain or a pause goes on after them."""
+
     def metrics(self, step: int, values: dict[str, float]) -> None:
         """Scalar metrics at a step. Writing the same (name, step) twice keeps the first."""
 
@@ -97,6 +101,9 @@ class PrintSink:
 
     def samples(self, step: int | None, items: list[dict[str, Any]]) -> None:
         self.items.extend(items)
+
+    def stored_steps(self) -> set[int]:
+        return set()  # a local run starts afresh
 
     def checkpoint(
         self,

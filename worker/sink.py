@@ -174,6 +174,11 @@ class DatabaseSink:
 
         self._submit(write)
 
+    def stored_steps(self) -> set[int]:
+        with session_scope(self.url) as s:
+            q = select(Sample.step).where(Sample.job_id == self.job_id, Sample.step.is_not(None)).distinct()
+            return {int(step) for step in s.scalars(q)}
+
     def samples(self, step: int | None, items: list[dict[str, Any]]) -> None:
         if not items:
             return

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import uuid
 from datetime import timedelta
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Header, Query, Response
@@ -44,7 +45,7 @@ from mathrl.specs.generate import CHAT_ENDPOINT, GenerateSpec, sampling_fields
 from mathrl.status import TERMINAL
 from store.files import OverQuota, Quota, store_file
 from store.jobs import has_tag, request_cancel
-from store.models import Event, File, Job, Sample
+from store.models import File, Job, Sample
 
 router = APIRouter(prefix="/v1/batches", tags=["openai: batches"])
 
@@ -92,9 +93,9 @@ def _lines(path: str) -> list[dict[str, Any]]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def _check_lines(lines: list[dict[str, Any]], endpoint: str, settings: Any) -> str:
-    """Each line's request as its route would check it (a 400 naming the line and the field); the
-    one model they sample."""
+def _check_lines(lines: list[dict[str, Any]], endpoint: str, settings: Any, budget: int) -> None:
+    """Each line's request as its route would check it (a 400 naming the line and the field), as
+    the job will run it (`budget`: max_tokens where a line names none), all of one model."""
     chat = endpoint == CHAT_ENDPOINT
     params: type[BaseModel] = ChatCompletionParams if chat else CompletionParams
     model: str | None = None
@@ -117,7 +118,7 @@ def _check_lines(lines: list[dict[str, Any]], endpoint: str, settings: Any) -> s
             raise Problem.at(f"{at}/body/model", detail, status=400)
         try:  # what the job will make of it: the log-probabilities' bound, the operator's limits
             fields = {k: v for k, v in sampling_fields(line["body"], chat).items() if v is not None}
-            call = GenerateSpec(model="org/model", **fields)
+            call = GenerateSpec(model="org/model", **{"max_tokens": budget, **fields})
             check_job_limits(call, home(call).resolve(call), settings)
         except ValidationError as exc:
             err = validation_errors(exc.errors())[0]
@@ -126,8 +127,6 @@ def _check_lines(lines: list[dict[str, Any]], endpoint: str, settings: Any) -> s
             err = (exc.errors or [{}])[0]
             detail = str(err.get("detail", exc.detail))
             raise Problem.at(f"{at}/body{err.get('pointer', '')}", detail, status=400) from None
-    assert model is not None  # an uploaded file has a line
-    return model
 
 
 @router.post("", responses={400: {"description": "A field or a line of the file is invalid: the error names it."}})
@@ -153,13 +152,20 @@ def create(
     if row.purpose != BATCH_PURPOSE:
         detail = f"a {row.purpose!r} file: a batch reads a file of requests (upload it with purpose {BATCH_PURPOSE!r})"
         raise Problem.at("/input_file_id", detail, status=400)
+    if not Path(row.path).is_file():  # (its bytes lost on the volume: the operator's to mend)
+        raise Problem.at("/input_file_id", "the file's content is not readable here: upload it again", status=400)
     lines = _lines(row.path)
-    model = _check_lines(lines, body.endpoint, settings)
-    ref = sampled_model(session, caller.project_id, settings, model)
+    model = str(lines[0]["body"]["model"])
+    try:
+        ref = sampled_model(session, caller.project_id, settings, model)
+    except Problem as exc:
+        raise Problem.at("/input_file_id/line/1/body/model", exc.detail, status=400) from None
+    budget = default_budget(session, ref) or GenerateSpec.model_fields["max_tokens"].default
+    _check_lines(lines, body.endpoint, settings, budget)
     spec = GenerateSpec(
         model=ref,
         batch={"file": row.id, "endpoint": body.endpoint},
-        max_tokens=default_budget(session, ref) or GenerateSpec.model_fields["max_tokens"].default,
+        max_tokens=budget,
         backend=settings.fine_tuning.inference_backend,
         name="batch",
         tags=[TAG],
@@ -173,23 +179,26 @@ def create(
 
 
 def _counts(session: Any, job: Job) -> tuple[int, int]:
-    """Lines answered or failed so far, and of them failed (the job's last word, once it said it)."""
-    done = session.scalar(select(func.count(func.distinct(Sample.step))).where(Sample.job_id == job.id)) or 0
-    said = session.scalar(
-        select(Event.data).where(Event.job_id == job.id, Event.type == "generated").order_by(Event.seq.desc()).limit(1)
-    )
-    return int(done), int((said or {}).get("failed", 0))
+    """Lines stored so far (answered or failed), and of them failed (their sample holds the error)."""
+    lines = select(func.count(func.distinct(Sample.step))).where(Sample.job_id == job.id)
+    done = session.scalar(lines) or 0
+    failed = session.scalar(lines.where(Sample.data[("error", "code")].as_string().is_not(None))) or 0
+    return int(done), int(failed)
 
 
-def finish(session: Any, job: Job, settings: Any) -> tuple[str | None, str | None, dict[str, Any] | None]:
+def finish(
+    session: Any, job: Job, settings: Any, counts: tuple[int, int]
+) -> tuple[str | None, str | None, dict[str, Any] | None]:
     """The ended batch's output and error files (ids, None where it has no such line), written from its
-    samples at the first look; or why they could not be (the project's file quota)."""
+    samples by the first look that finds one missing (two looks at once write the same file: the
+    second finds it stored); or why they could not be (the project's file quota)."""
     output_id, error_id = _output_ids(str(job.id))
+    done, failed = counts
+    wanted = {output_id: done - failed > 0, error_id: failed > 0}
+    if all(session.get(File, i) is not None for i, want in wanted.items() if want):
+        return (output_id if wanted[output_id] else None), (error_id if wanted[error_id] else None), None
     info = dict((job.resolved_config or {}).get("openai") or {})
-    chat = info.get("request", {}).get("endpoint") == CHAT_ENDPOINT
-    stored = {i: session.get(File, i) is not None for i in (output_id, error_id)}
-    if any(stored.values()):  # written by an earlier look
-        return (output_id if stored[output_id] else None), (error_id if stored[error_id] else None), None
+    chat = (job.spec.get("batch") or {}).get("endpoint") == CHAT_ENDPOINT
     rows = session.execute(
         select(Sample.id, Sample.step, Sample.index, Sample.completion, Sample.data)
         .where(Sample.job_id == job.id)
@@ -199,7 +208,7 @@ def finish(session: Any, job: Job, settings: Any) -> tuple[str | None, str | Non
     for r in rows:
         by_line.setdefault(int(r.step or 0), []).append(r)
     out, err = [], []
-    model = str(info.get("model") or "")
+    model = str(info.get("model") or job.spec.get("model") or "")
     for step, got in sorted(by_line.items()):
         data = dict(got[0].data or {})
         custom, request_id = data.get("custom_id"), f"req_{str(job.id).replace('-', '')}_{step}"
@@ -252,7 +261,7 @@ def batch_object(session: Any, job: Job, settings: Any) -> dict[str, Any]:
     output_id = error_id = None
     errors: dict[str, Any] | None = None
     if job.status in TERMINAL:
-        output_id, error_id, errors = finish(session, job, settings)
+        output_id, error_id, errors = finish(session, job, settings, (done, failed))
     if job.status == "failed":
         failure = {"code": "batch_failed", "message": job.error or "its job failed", "param": None, "line": None}
         errors = {"object": "list", "data": [failure, *((errors or {}).get("data") or [])]}

@@ -131,7 +131,7 @@ class ChatCompletionParams(_Sampling):
 
     @model_validator(mode="after")
     def _top_logprobs_need_logprobs(self) -> ChatCompletionParams:
-        if self.top_logprobs is not None and not self.logprobs:
+        if self.top_logprobs and not self.logprobs:  # (0 with logprobs false: a client's neutral values)
             raise FieldError("top_logprobs", "needs logprobs: true (as OpenAI's): send both, or drop top_logprobs")
         return self
 

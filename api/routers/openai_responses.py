@@ -255,6 +255,8 @@ def response_object(job: Job, row: dict[str, Any] | None) -> dict[str, Any]:
     status = {"succeeded": "completed", "failed": "failed", "cancelled": "cancelled", "running": "in_progress"}.get(
         job.status, "queued"
     )
+    if job.status == "running" and job.cancel_requested:  # its stop is under way: a cancel answers cancelled
+        status = "cancelled"
     incomplete = None
     if status == "completed" and row is not None and row.get("finish_reason") == "length":
         status, incomplete = "incomplete", {"reason": "max_output_tokens"}
@@ -281,6 +283,8 @@ def response_object(job: Job, row: dict[str, Any] | None) -> dict[str, Any]:
         "text": {"format": {"type": "text"}},
         "truncation": "disabled",
         "store": UNSTORED_TAG not in (job.tags or []),
+        "background": False,  # (a response stored before its request kept these)
+        "top_logprobs": 0,
         **request,
     }
 

@@ -144,7 +144,7 @@ def test_a_retried_create_with_the_same_idempotency_key_returns_the_first_object
     rows = b'{"messages": [{"role": "user", "content": "2 + 2?"}, {"role": "assistant", "content": "4"}]}\n'
     first = client.files.create(file=("t.jsonl", rows), purpose="fine-tune", extra_headers=key)
     again = client.files.create(file=("t.jsonl", rows), purpose="fine-tune", extra_headers=key)
-    assert again.id == first.id and len(client.files.list().data) == 2  # make_objects' file and this one
+    assert again.id == first.id and len(client.files.list(purpose="fine-tune").data) == 2  # make_objects' and this
     with pytest.raises(openai.ConflictError):
         client.files.create(file=("t.jsonl", rows + rows), purpose="fine-tune", extra_headers=key)
     key = {"Idempotency-Key": f"retry-{uuid.uuid4()}"}
@@ -184,7 +184,7 @@ def test_the_sdks_own_retry_of_a_create_returns_the_first_object(app_client: Any
     first = client.files.create(file=("t.jsonl", rows), purpose="fine-tune")
     assert client.files.create(file=("t.jsonl", rows), purpose="fine-tune", extra_headers=retry).id == first.id
     again = client.files.create(file=("t.jsonl", rows), purpose="fine-tune")  # a new call (count 0): a new file
-    assert again.id != first.id and len(client.files.list().data) == 2
+    assert again.id != first.id and len(client.files.list(purpose="fine-tune").data) == 2
     job = client.fine_tuning.jobs.create(model="org/model", training_file=first.id)
     same = client.fine_tuning.jobs.create(model="org/model", training_file=first.id, extra_headers=retry)
     other = client.fine_tuning.jobs.create(model="org/model", training_file=first.id, seed=3, extra_headers=retry)

@@ -34,6 +34,11 @@ class Recorded:
     def progress(self, done: int, total: int, message: str = "") -> None:
         self.events.append(("progress", f"{done}/{total}"))
 
+    def stored_steps(self) -> set[int]:
+        return set(self.steps)
+
+    steps: tuple[int, ...] = ()  # what an earlier attempt stored
+
 
 def _answers(model: str, **over: Any) -> list[str]:
     spec = parse_spec(
@@ -227,3 +232,7 @@ def test_a_batch_answers_each_line_as_a_call_and_a_bad_line_is_its_error(tiny_mo
     assert "max_tokens" in sink.rows[1]["data"]["error"]["message"] and sink.rows[1]["completion"] == ""
     assert all(len(r["data"]["logprobs"][0]["top_logprobs"]) == 1 for r in sink.rows[2:])
     assert ("progress", "3/3") in sink.events and any(k == "generated" and "2 of 3" in m for k, m in sink.events)
+    resumed = Recorded()  # after a drain: an attempt that stored the first two lines
+    resumed.steps = (0, 1)
+    run_generate(spec, resumed, tiny_model)
+    assert [r["data"]["custom_id"] for r in resumed.rows] == ["two", "two"]
