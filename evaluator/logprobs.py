@@ -11,13 +11,48 @@ shape."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 Token = dict[str, Any]
 
 
-def _entry(text: str, logprob: float) -> dict[str, Any]:
-    return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+def _entry(text: str, logprob: float, raw: bytes | None = None) -> dict[str, Any]:
+    return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8") if raw is None else raw)}
+
+
+def _byte_level() -> dict[str, int]:
+    """GPT-2's byte-level alphabet (ByteLevel BPE: Qwen, Llama 3, SmolLM2): the character each byte is
+    written as in a token's piece, inverted."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = {b: b for b in printable}, 0
+    for b in range(256):
+        if b not in chars:
+            chars[b], extra = 256 + extra, extra + 1
+    return {chr(c): b for b, c in chars.items()}
+
+
+BYTE_LEVEL = _byte_level()
+_BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # SentencePiece's byte fallback
+
+
+def is_byte_level(tokenizer: Any) -> bool:
+    """The tokenizer writes its pieces in the byte-level alphabet (its decoder says ByteLevel)."""
+    return "ByteLevel" in repr(getattr(getattr(tokenizer, "backend_tokenizer", None), "decoder", None))
+
+
+def token_bytes(tokenizer: Any, token_id: int, byte_level: bool) -> bytes | None:
+    """A token's own bytes, where its piece says them (a byte-level piece, or a byte-fallback token):
+    a token that holds part of a character decodes alone to U+FFFD, its bytes do not. None: the
+    decoded text's bytes are the token's."""
+    piece = tokenizer.convert_ids_to_tokens(token_id)
+    if not isinstance(piece, str) or not piece:
+        return None
+    if m := _BYTE_TOKEN.fullmatch(piece):
+        return bytes([int(m.group(1), 16)])
+    if byte_level and all(c in BYTE_LEVEL for c in piece):  # 'Ġ' a space, 'âī¥' the bytes of '≥'
+        return bytes(BYTE_LEVEL[c] for c in piece)
+    return None
 
 
 def kept_tokens(tokenizer: Any, ids: list[int], stop_ids: list[int], text: str) -> list[int]:
@@ -48,15 +83,17 @@ def token_logprobs(model: Any, tokenizer: Any, prompt_ids: list[int], ids: list[
     logp = torch.log_softmax(logits, dim=-1)
     chosen = logp.gather(1, torch.tensor(ids, device=logp.device)[:, None])[:, 0].tolist()
     best = logp.topk(top, dim=-1) if top else None
+    level = is_byte_level(tokenizer)
     out: list[Token] = []
     for i, (t, lp) in enumerate(zip(ids, chosen, strict=True)):
         alternatives = []
         if best is not None:
             alternatives = [
-                _entry(tokenizer.decode([a]), v)
+                _entry(tokenizer.decode([a]), v, token_bytes(tokenizer, a, level))
                 for a, v in zip(best.indices[i].tolist(), best.values[i].tolist(), strict=True)
             ]
-        out.append({**_entry(tokenizer.decode([t]), lp), "top_logprobs": alternatives})
+        chosen = _entry(tokenizer.decode([t]), lp, token_bytes(tokenizer, t, level))
+        out.append({**chosen, "top_logprobs": alternatives})
     return out
 
 

@@ -236,3 +236,19 @@ def test_a_batch_answers_each_line_as_a_call_and_a_bad_line_is_its_error(tiny_mo
     resumed.steps = (0, 1)
     run_generate(spec, resumed, tiny_model)
     assert [r["data"]["custom_id"] for r in resumed.rows] == ["two", "two"]
+
+
+def test_a_tokens_bytes_are_its_own_where_it_holds_part_of_a_character(smollm2: str) -> None:
+    """A byte-level token that holds part of a character decodes alone to U+FFFD; its `bytes` (what
+    a client joins to rebuild the text) were those of U+FFFD, and now are the token's own."""
+    from transformers import AutoTokenizer
+
+    from evaluator.logprobs import is_byte_level, token_bytes
+
+    tok = AutoTokenizer.from_pretrained(smollm2)
+    assert is_byte_level(tok)
+    text = "x ≥ 2 — café, ℵ₀ ⟨x⟩"
+    ids = tok(text, add_special_tokens=False).input_ids
+    pieces = [token_bytes(tok, i, True) or tok.decode([i]).encode() for i in ids]
+    assert b"".join(pieces).decode() == text, pieces
+    assert any("\ufffd" in tok.decode([i]) for i in ids)  # ℵ's bytes span tokens here
