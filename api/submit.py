@@ -150,7 +150,7 @@ def submit_keyed(
         commit_and_dispatch(session, settings, project_id, [(job, message)])
     except IntegrityError:
         session.rollback()
-        if (existing := earlier(session, Job, project_id, job.idempotency_key, job.request_hash)) is None:
+        if (existing := earlier(session, Job, project_id, job.idempotency_key, job.request_hash or "")) is None:
             raise
         replayed(response)
         return existing

@@ -92,8 +92,8 @@ def token_logprobs(model: Any, tokenizer: Any, prompt_ids: list[int], ids: list[
                 _entry(tokenizer.decode([a]), v, token_bytes(tokenizer, a, level))
                 for a, v in zip(best.indices[i].tolist(), best.values[i].tolist(), strict=True)
             ]
-        chosen = _entry(tokenizer.decode([t]), lp, token_bytes(tokenizer, t, level))
-        out.append({**chosen, "top_logprobs": alternatives})
+        entry = _entry(tokenizer.decode([t]), lp, token_bytes(tokenizer, t, level))
+        out.append({**entry, "top_logprobs": alternatives})
     return out
 
 

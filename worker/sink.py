@@ -177,7 +177,7 @@ class DatabaseSink:
     def stored_steps(self) -> set[int]:
         with session_scope(self.url) as s:
             q = select(Sample.step).where(Sample.job_id == self.job_id, Sample.step.is_not(None)).distinct()
-            return {int(step) for step in s.scalars(q)}
+            return {int(step) for step in s.scalars(q) if step is not None}
 
     def samples(self, step: int | None, items: list[dict[str, Any]]) -> None:
         if not items:
