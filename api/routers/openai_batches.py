@@ -129,7 +129,13 @@ def _check_lines(lines: list[dict[str, Any]], endpoint: str, settings: Any, budg
             raise Problem.at(f"{at}/body{err.get('pointer', '')}", detail, status=400) from None
 
 
-@router.post("", responses={400: {"description": "A field or a line of the file is invalid: the error names it."}})
+@router.post(
+    "",
+    responses={
+        400: {"description": "A field or a line of the file is invalid: the error names it."},
+        409: {"description": "This Idempotency-Key was used with a different request."},
+    },
+)
 def create(
     body: BatchCreateParams,
     caller: CallerDep,

@@ -189,7 +189,13 @@ def own_eval(session: Any, project_id: str, eval_id: str) -> Eval:
     return row  # type: ignore[no-any-return]
 
 
-@router.post("", responses={400: {"description": "A field is invalid; the error names it."}})
+@router.post(
+    "",
+    responses={
+        400: {"description": "A field is invalid; the error names it."},
+        409: {"description": "This Idempotency-Key was used with a different request."},
+    },
+)
 def create_eval(
     body: EvalCreateParams,
     caller: CallerDep,

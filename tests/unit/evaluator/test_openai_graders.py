@@ -383,8 +383,8 @@ def test_completion_requests_are_checked_before_any_job(openai_client: Any) -> N
         openai_client.chat.completions.create(model=name, messages=chat, stop="Answer:")
     with pytest.raises(openai.BadRequestError, match="stop"):
         openai_client.chat.completions.create(model=name, messages=chat, stop=["1", "2", "3", "4", "5"])
-    with pytest.raises(openai.BadRequestError, match="logprobs"):
-        openai_client.chat.completions.create(model=name, messages=chat, logprobs=True)
+    with pytest.raises(openai.BadRequestError, match="top_logprobs"):  # (logprobs themselves are served)
+        openai_client.chat.completions.create(model=name, messages=chat, top_logprobs=21, logprobs=True)
     # what LangChain, litellm and lm-eval send at neutral values passes (to the model's 404 here); a value
     # that would mean something is a 400 naming its field
     neutral = {
@@ -392,6 +392,7 @@ def test_completion_requests_are_checked_before_any_job(openai_client: Any) -> N
         "presence_penalty": 0,
         "logit_bias": {},
         "top_logprobs": None,
+        "logprobs": False,
         "response_format": {"type": "text"},
         "service_tier": "auto",
         "parallel_tool_calls": False,
