@@ -206,11 +206,14 @@ def run_generate(spec: Any, sink: Any, model_path: str, warm: WarmEngineAddress 
 
 
 class _Loaded:
-    """The job's model on transformers, loaded at its first use (a call a warm engine answers needs none)."""
+    """The job's model on transformers, loaded at its first use (a call a warm engine answers needs
+    none); `lock`: one call at a time on it (a batch's lines past the warm engine's context, from
+    its threads)."""
 
     def __init__(self, path: str, dtype: str):
         self.path, self.dtype = path, dtype
         self.model: ChatModel | None = None
+        self.lock = threading.Lock()
 
     def __call__(self) -> ChatModel:
         if self.model is None:
@@ -221,31 +224,40 @@ class _Loaded:
 def _answer(spec: Any, sink: Any, models: _Loaded, warm: WarmEngineAddress | None, deltas: Any) -> list[dict[str, Any]]:
     """One call's choices as sample rows: on the warm engine where the call fits it, else on transformers."""
     engine = _warm_engine_that_holds(spec, sink, warm) if warm is not None else None
-    cached_tokens = 0  # of the prompt, found in the engine's prefix cache (its project's own: cache_salt)
-    if engine is not None:
-        prompt_tokens, cached_tokens, choices = _generate_remote(spec, engine, deltas)
-        prompt = spec.prompt if spec.messages is None else json.dumps([m.model_dump() for m in spec.messages])
+    if engine is None:
+        with models.lock:
+            return _answer_here(spec, sink, models(), deltas)
+    # cached: the prompt's tokens found in the engine's prefix cache (its project's own: cache_salt)
+    prompt_tokens, cached_tokens, choices = _generate_remote(spec, engine, deltas)
+    prompt = spec.prompt if spec.messages is None else json.dumps([m.model_dump() for m in spec.messages])
+    return _rows(prompt, prompt_tokens, cached_tokens, choices)
+
+
+def _answer_here(spec: Any, sink: Any, model: ChatModel, deltas: Any) -> list[dict[str, Any]]:
+    """One call's choices on transformers, in this process."""
+    messages = [m.model_dump() for m in spec.messages] if spec.messages is not None else None
+    prompt = model.prompt(messages, spec.prompt)
+    options = {
+        "max_tokens": spec.max_tokens,
+        "temperature": spec.temperature,
+        "top_p": spec.top_p,
+        "stop": spec.stop,
+        # no seed: a draw of its own, as OpenAI's repeated calls differ (0 made every call's answer the same)
+        "seed": spec.seed if spec.seed is not None else secrets.randbits(31),
+        "logprobs": spec.logprobs,
+    }
+    if spec.stream and spec.n == 1:
+        choices = [model.stream(prompt, lambda text: deltas.add(0, text), **options)]
     else:
-        model = models()
-        messages = [m.model_dump() for m in spec.messages] if spec.messages is not None else None
-        prompt = model.prompt(messages, spec.prompt)
-        prompt_tokens = model.prompt_tokens(prompt)
-        options = {
-            "max_tokens": spec.max_tokens,
-            "temperature": spec.temperature,
-            "top_p": spec.top_p,
-            "stop": spec.stop,
-            # no seed: a draw of its own, as OpenAI's repeated calls differ (0 made every call's answer the same)
-            "seed": spec.seed if spec.seed is not None else secrets.randbits(31),
-            "logprobs": spec.logprobs,
-        }
-        if spec.stream and spec.n == 1:
-            choices = [model.stream(prompt, lambda text: deltas.add(0, text), **options)]
-        else:
-            choices = model.answer([prompt], n=spec.n, should_stop=sink.should_stop, **options)[0]
-            if spec.stream:  # several choices: each one's text comes whole, when all are done
-                for i, c in enumerate(choices):
-                    deltas.add(i, c.text)
+        choices = model.answer([prompt], n=spec.n, should_stop=sink.should_stop, **options)[0]
+        if spec.stream:  # several choices: each one's text comes whole, when all are done
+            for i, c in enumerate(choices):
+                deltas.add(i, c.text)
+    return _rows(prompt, model.prompt_tokens(prompt), 0, choices)
+
+
+def _rows(prompt: str, prompt_tokens: int, cached_tokens: int, choices: list[Choice]) -> list[dict[str, Any]]:
+    """A call's choices as its sample rows."""
     return [
         {
             "prompt": prompt,
@@ -270,13 +282,21 @@ class _NoDeltas:
         pass
 
 
-def run_batch(spec: Any, sink: Any, model_path: str, warm: WarmEngineAddress | None = None) -> None:
+BATCH_IN_FLIGHT = 16  # a batch's lines sent to a warm engine at once: its continuous batching runs them together
+
+
+def run_batch(
+    spec: Any, sink: Any, model_path: str, warm: WarmEngineAddress | None = None, in_flight: int = BATCH_IN_FLIGHT
+) -> None:
     """A batch (OpenAI's Batch API): each line of its file answered as a call of its own, its
-    choices stored as the samples of step <line>, with the line's custom_id. A line that cannot be
-    answered (a prompt past the model's context, say) is stored as its error and the batch goes
-    on, as OpenAI's error file has it; the API writes the output and error files from the samples
-    once the job ends (api/routers/openai_batches.py). A stop between lines keeps what was answered,
+    choices stored as the samples of step <line>, with the line's custom_id. On a warm engine,
+    `in_flight` lines at once (the engine batches them); on transformers one after another. A line
+    that cannot be answered (a prompt past the model's context, say) is stored as its error and the
+    batch goes on, as OpenAI's error file has it; the API writes the output and error files from
+    the samples once the job ends (api/routers/openai_batches.py). A stop keeps what was answered,
     and a resumed batch (after a drain or a pause) goes on after the lines stored."""
+    from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+
     from mathrl.errors import StopRequested
     from mathrl.specs.generate import CHAT_ENDPOINT, GenerateSpec, sampling_fields
 
@@ -287,13 +307,11 @@ def run_batch(spec: Any, sink: Any, model_path: str, warm: WarmEngineAddress | N
     if warm is None:
         models()  # a model that cannot load fails the batch, not each line
     base = spec.model_dump(mode="json", exclude={"batch", "messages", "prompt"})
-    answered = failed = tokens = 0
     stored = sink.stored_steps()  # an earlier attempt's lines (a drain, a pause): not answered twice
-    for n, line in enumerate(lines):
-        if sink.should_stop():
-            raise StopRequested("stop requested")
-        if n in stored:
-            continue
+    todo = [(n, line) for n, line in enumerate(lines) if n not in stored]
+
+    def answer(line: dict[str, Any]) -> list[dict[str, Any]]:
+        """The line's rows: its choices, or its error (the batch goes on)."""
         custom = {"custom_id": line["custom_id"]}
         try:
             fields = {k: v for k, v in sampling_fields(line["body"], chat).items() if v is not None}
@@ -301,16 +319,43 @@ def run_batch(spec: Any, sink: Any, model_path: str, warm: WarmEngineAddress | N
             rows = _answer(call, sink, models, warm, _NoDeltas())
         except StopRequested:
             raise
-        except Exception as exc:  # this line's answer: its error (the batch goes on)
-            failed += 1
+        except Exception as exc:
             error = {"code": type(exc).__name__, "message": str(exc)[:2000] or type(exc).__name__}
-            sink.samples(n, [{"prompt": "", "completion": "", "data": {**custom, "index": 0, "error": error}}])
+            return [{"prompt": "", "completion": "", "data": {**custom, "index": 0, "error": error}}]
+        return [{**r, "data": {**r["data"], **custom}} for r in rows]
+
+    answered = failed = tokens = done = 0
+
+    def record(n: int, rows: list[dict[str, Any]]) -> None:
+        nonlocal answered, failed, tokens, done
+        sink.samples(n, rows)
+        if "error" in rows[0]["data"]:
+            failed += 1
         else:
             answered += 1
             tokens += sum(r["data"]["completion_tokens"] for r in rows)
-            sink.samples(n, [{**r, "data": {**r["data"], **custom}} for r in rows])
-        sink.progress(n + 1, len(lines), "answering")
-    message = f"{answered} of {len(lines) - len(stored)} requests answered ({failed} failed), {tokens} tokens"
+        done += 1
+        sink.progress(len(stored) + done, len(lines), "answering")
+
+    width = max(1, in_flight) if warm is not None else 1
+    with ThreadPoolExecutor(width, thread_name_prefix="mathrl-batch") as pool:
+        pending: dict[Future[list[dict[str, Any]]], int] = {}
+        queue = iter(todo)
+        try:
+            while True:
+                while len(pending) < width and (item := next(queue, None)) is not None:
+                    if sink.should_stop():
+                        raise StopRequested("stop requested")
+                    pending[pool.submit(answer, item[1])] = item[0]
+                if not pending:
+                    break
+                finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for fut in finished:
+                    record(pending.pop(fut), fut.result())
+        finally:
+            for fut in pending:  # a stop, or a line's own failure: the lines sent finish, no new one starts
+                fut.cancel()
+    message = f"{answered} of {len(todo)} requests answered ({failed} failed), {tokens} tokens"
     message += f"; {len(stored)} answered before" if stored else ""
     sink.event("generated", message, data={"completion_tokens": tokens, "answered": answered, "failed": failed})
 

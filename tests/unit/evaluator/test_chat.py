@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -65,6 +66,9 @@ class _Engine(BaseHTTPRequestHandler):
     calls: list[str] = []
     bodies: list[dict[str, Any]] = []
     logprobs: dict[str, Any] | None = None  # what the first chunk's choice carries
+    answer_seconds = 0.0  # how long an answer takes
+    active = busiest = 0  # answers under way now, and at most
+    guard = threading.Lock()
 
     def _json(self, obj: Any) -> None:
         body = json.dumps(obj).encode()
@@ -83,6 +87,12 @@ class _Engine(BaseHTTPRequestHandler):
         self.bodies.append(json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}"))
         if self.path == "/tokenize":
             return self._json({"count": 10, "max_model_len": 64, "tokens": list(range(10))})
+        with _Engine.guard:
+            _Engine.active += 1
+            _Engine.busiest = max(_Engine.busiest, _Engine.active)
+        time.sleep(self.answer_seconds)
+        with _Engine.guard:
+            _Engine.active -= 1
         chunks = [
             {"choices": [{"index": 0, "text": "2", "finish_reason": None, "logprobs": self.logprobs}]},
             {"choices": [{"index": 0, "text": "", "finish_reason": "stop"}]},
@@ -252,3 +262,32 @@ def test_a_tokens_bytes_are_its_own_where_it_holds_part_of_a_character(smollm2: 
     pieces = [token_bytes(tok, i, True) or tok.decode([i]).encode() for i in ids]
     assert b"".join(pieces).decode() == text, pieces
     assert any("\ufffd" in tok.decode([i]) for i in ids)  # ℵ's bytes span tokens here
+
+
+def test_a_batch_sends_its_lines_to_a_warm_engine_together(tiny_model: str, tmp_path: Any) -> None:
+    """A batch on a warm engine sent its lines one after another, so the engine's continuous batching
+    had one request at a time: now `in_flight` go at once, each line stored once."""
+    from evaluator.backends.base import WarmEngineAddress
+    from evaluator.chat import run_batch
+
+    lines = [{"custom_id": f"r{i}", "body": {"model": "m", "prompt": f"{i} +", "max_tokens": 4}} for i in range(12)]
+    path = tmp_path / "batch.jsonl"
+    path.write_text("".join(json.dumps({"method": "POST", "url": "/v1/completions", **x}) + "\n" for x in lines))
+    spec = parse_spec(
+        {"kind": "generate", "model": tiny_model, "batch": {"file": "file-" + "0" * 32, "endpoint": "/v1/completions"}}
+    )
+    spec.batch._path = str(path)
+    _Engine.calls, _Engine.bodies, _Engine.answer_seconds, _Engine.busiest = [], [], 0.3, 0
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Engine)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        sink = Recorded()
+        started = time.monotonic()
+        run_batch(spec, sink, tiny_model, WarmEngineAddress(f"http://127.0.0.1:{server.server_port}"), in_flight=4)
+        took = time.monotonic() - started
+    finally:
+        server.shutdown()
+        _Engine.answer_seconds = 0.0
+    assert sorted(r["data"]["custom_id"] for r in sink.rows) == sorted(x["custom_id"] for x in lines)
+    assert _Engine.busiest == 4, _Engine.busiest  # (one at a time before)
+    print(f"12 lines of 0.3 s each, 4 at once: {took:.2f} s")
