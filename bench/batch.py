@@ -1,9 +1,10 @@
-"""A batch (OpenAI's Batch API) on a warm vLLM engine, its lines sent one at a time against
-`--in-flight` at once, side by side in one run on one engine (evaluator/chat.py `run_batch`, the
-job a batch runs). Prints each way's seconds, lines per second and the speed-up, and whether the
-greedy answers are the same text.
+"""A batch (OpenAI's Batch API) as its job runs it (evaluator/chat.py `run_batch`), its lines one
+at a time against `--in-flight` together, side by side in one run: on a warm vLLM engine (`vllm`:
+lines sent at once) or on transformers (`hf`: lines generated as one batch). Prints each way's
+seconds, lines per second and the speed-up, and how many greedy answers are the same text.
 
-    .venv/bin/python bench/batch.py                          # SmolLM2-135M-Instruct, 32 chats, 16 at once
+    .venv/bin/python bench/batch.py                          # SmolLM2-135M-Instruct, 32 chats, 16 together, vLLM
+    .venv/bin/python bench/batch.py --backend hf
     .venv/bin/python bench/batch.py --lines 64 --in-flight 32 --max-tokens 64
 
 The engine is `vllm serve` as the worker starts its warm engine (worker/warm_engine.py
@@ -49,6 +50,7 @@ def main() -> None:
     parser.add_argument("--lines", type=int, default=32)
     parser.add_argument("--in-flight", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--backend", choices=("vllm", "hf"), default="vllm")
     args = parser.parse_args()
 
     from evaluator.backends.base import EngineSettings, WarmEngineAddress
@@ -73,16 +75,20 @@ def main() -> None:
         for i, q in enumerate(questions)
     ]
     (work / "batch.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
-    port = free_port()
-    cmd = server_command(model, "auto", 2048, port, 0, engine=EngineSettings(enforce_eager=True))
-    server = launch(cmd, port, server_env(model), work / "engine.log", None)
+    server, warm = None, None
+    if args.backend == "vllm":
+        port = free_port()
+        cmd = server_command(model, "auto", 2048, port, 0, engine=EngineSettings(enforce_eager=True))
+        server = launch(cmd, port, server_env(model), work / "engine.log", None)
     try:
         t0 = time.monotonic()
-        warm = WarmEngineAddress(server.url, None, 900.0)
-        connect(warm)
-        print(f"engine up in {time.monotonic() - t0:.1f} s ({model}); {args.lines} chats, {args.max_tokens} tokens")
+        if server is not None:
+            warm = WarmEngineAddress(server.url, None, 900.0)
+            connect(warm)
+            print(f"engine up in {time.monotonic() - t0:.1f} s")
+        print(f"{args.backend}, {model}: {args.lines} chats of {args.max_tokens} tokens")
         batch = {"file": "file-" + "0" * 32, "endpoint": "/v1/chat/completions"}
-        spec = parse_spec({"kind": "generate", "model": model, "batch": batch, "backend": "vllm"})
+        spec = parse_spec({"kind": "generate", "model": model, "batch": batch, "backend": args.backend})
         spec.batch._path = str(work / "batch.jsonl")
         results = {}
         for width in (1, args.in_flight, 1, args.in_flight):  # twice each, alternating: the second of each counts
@@ -92,11 +98,12 @@ def main() -> None:
             results[width] = (time.monotonic() - started, {r["data"]["custom_id"]: r["completion"] for r in sink.rows})
         one, many = results[1], results[args.in_flight]
         for width, (took, _) in ((1, one), (args.in_flight, many)):
-            print(f"  {width:>3} at once: {took:.2f} s, {args.lines / took:.2f} lines/s")
+            print(f"  {width:>3} together: {took:.2f} s, {args.lines / took:.2f} lines/s")
         same = sum(one[1][k] == many[1][k] for k in one[1])
         print(f"  speed-up {one[0] / many[0]:.2f}x; the same greedy text on {same} of {args.lines} lines")
     finally:
-        server.stop()
+        if server is not None:
+            server.stop()
 
 
 if __name__ == "__main__":

@@ -12,10 +12,11 @@ samples: text, finish_reason and token counts."""
 from __future__ import annotations
 
 import json
+import logging
 import secrets
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +27,8 @@ if TYPE_CHECKING:
     from evaluator.backends.vllm import RemoteEngine
 
 DELTA_SECONDS = 0.2  # the longest a streamed delta waits to be stored
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -275,6 +278,33 @@ def _rows(prompt: str, prompt_tokens: int, cached_tokens: int, choices: list[Cho
     ]
 
 
+def _knobs(call: Any) -> tuple[Any, ...] | None:
+    """What lines generated together must share (None: a line that did not parse, alone)."""
+    if isinstance(call, Exception):
+        return None
+    return (call.max_tokens, call.temperature, call.top_p, call.n, tuple(call.stop or ()), call.seed, call.logprobs)
+
+
+def _answer_many(calls: list[Any], sink: Any, model: ChatModel) -> list[list[dict[str, Any]]]:
+    """Calls with the same knobs (`_knobs`), generated as one batch on transformers: each one's rows."""
+    first = calls[0]
+    prompts = [
+        model.prompt([m.model_dump() for m in c.messages] if c.messages is not None else None, c.prompt) for c in calls
+    ]
+    choices = model.answer(
+        prompts,
+        max_tokens=first.max_tokens,
+        temperature=first.temperature,
+        top_p=first.top_p,
+        n=first.n,
+        stop=first.stop,
+        seed=first.seed if first.seed is not None else secrets.randbits(31),
+        should_stop=sink.should_stop,
+        logprobs=first.logprobs,
+    )
+    return [_rows(p, model.prompt_tokens(p), 0, c) for p, c in zip(prompts, choices, strict=True)]
+
+
 class _NoDeltas:
     """A batch's calls are not streamed: their text is stored whole."""
 
@@ -282,7 +312,10 @@ class _NoDeltas:
         pass
 
 
-BATCH_IN_FLIGHT = 16  # a batch's lines sent to a warm engine at once: its continuous batching runs them together
+_Unit = list[tuple[int, dict[str, Any], Any]]  # a batch's lines answered together: (number, line, call or error)
+# a batch's lines sent to a warm engine at once (its continuous batching runs them together), or
+# generated as one batch on transformers
+BATCH_IN_FLIGHT = 16
 
 
 def run_batch(
@@ -290,7 +323,8 @@ def run_batch(
 ) -> None:
     """A batch (OpenAI's Batch API): each line of its file answered as a call of its own, its
     choices stored as the samples of step <line>, with the line's custom_id. On a warm engine,
-    `in_flight` lines at once (the engine batches them); on transformers one after another. A line
+    `in_flight` lines at once (the engine batches them); on transformers, up to `in_flight` lines in
+    a row with the same knobs generated as one batch (`_answer_many`). A line
     that cannot be answered (a prompt past the model's context, say) is stored as its error and the
     batch goes on, as OpenAI's error file has it; the API writes the output and error files from
     the samples once the job ends (api/routers/openai_batches.py). A stop keeps what was answered,
@@ -310,19 +344,55 @@ def run_batch(
     stored = sink.stored_steps()  # an earlier attempt's lines (a drain, a pause): not answered twice
     todo = [(n, line) for n, line in enumerate(lines) if n not in stored]
 
-    def answer(line: dict[str, Any]) -> list[dict[str, Any]]:
-        """The line's rows: its choices, or its error (the batch goes on)."""
-        custom = {"custom_id": line["custom_id"]}
-        try:
-            fields = {k: v for k, v in sampling_fields(line["body"], chat).items() if v is not None}
-            call = GenerateSpec.model_validate({**base, **fields, "stream": False})
-            rows = _answer(call, sink, models, warm, _NoDeltas())
-        except StopRequested:
-            raise
-        except Exception as exc:
-            error = {"code": type(exc).__name__, "message": str(exc)[:2000] or type(exc).__name__}
-            return [{"prompt": "", "completion": "", "data": {**custom, "index": 0, "error": error}}]
-        return [{**r, "data": {**r["data"], **custom}} for r in rows]
+    def call_of(line: dict[str, Any]) -> Any:
+        fields = {k: v for k, v in sampling_fields(line["body"], chat).items() if v is not None}
+        return GenerateSpec.model_validate({**base, **fields, "stream": False})
+
+    def failure(line: dict[str, Any], exc: Exception) -> list[dict[str, Any]]:
+        error = {"code": type(exc).__name__, "message": str(exc)[:2000] or type(exc).__name__}
+        return [{"prompt": "", "completion": "", "data": {"custom_id": line["custom_id"], "index": 0, "error": error}}]
+
+    def tagged(line: dict[str, Any], rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [{**r, "data": {**r["data"], "custom_id": line["custom_id"]}} for r in rows]
+
+    def answer(unit: _Unit) -> list[tuple[int, list[dict[str, Any]]]]:
+        """A unit's lines' rows: their choices, or each one's error (the batch goes on). Several
+        lines (same knobs, on transformers) are generated together; should that fail, each alone."""
+        out = [(n, failure(line, call)) for n, line, call in unit if isinstance(call, Exception)]
+        calls = [(n, line, call) for n, line, call in unit if not isinstance(call, Exception)]
+        if len(calls) > 1:
+            try:
+                with models.lock:
+                    many = _answer_many([c for _, _, c in calls], sink, models())
+                return out + [(n, tagged(line, rows)) for (n, line, _), rows in zip(calls, many, strict=True)]
+            except StopRequested:
+                raise
+            except Exception:
+                log.warning("%d lines generated together failed; answering each alone", len(calls), exc_info=True)
+        for n, line, call in calls:
+            try:
+                out.append((n, tagged(line, _answer(call, sink, models, warm, _NoDeltas()))))
+            except StopRequested:
+                raise
+            except Exception as exc:
+                out.append((n, failure(line, exc)))
+        return out
+
+    def units() -> Iterator[_Unit]:
+        """On a warm engine a line a unit (`in_flight` of them sent at once); on transformers up to
+        `in_flight` lines in a row with the same knobs, generated as one batch."""
+        unit: _Unit = []
+        for n, line in todo:
+            try:
+                call: Any = call_of(line)
+            except Exception as exc:
+                call = exc
+            if unit and (warm is not None or len(unit) >= in_flight or _knobs(unit[-1][2]) != _knobs(call)):
+                yield unit
+                unit = []
+            unit.append((n, line, call))
+        if unit:
+            yield unit
 
     answered = failed = tokens = done = 0
 
@@ -339,19 +409,21 @@ def run_batch(
 
     width = max(1, in_flight) if warm is not None else 1
     with ThreadPoolExecutor(width, thread_name_prefix="mathrl-batch") as pool:
-        pending: dict[Future[list[dict[str, Any]]], int] = {}
-        queue = iter(todo)
+        pending: set[Future[list[tuple[int, list[dict[str, Any]]]]]] = set()
+        queue = units()
         try:
             while True:
-                while len(pending) < width and (item := next(queue, None)) is not None:
+                while len(pending) < width and (unit := next(queue, None)) is not None:
                     if sink.should_stop():
                         raise StopRequested("stop requested")
-                    pending[pool.submit(answer, item[1])] = item[0]
+                    pending.add(pool.submit(answer, unit))
                 if not pending:
                     break
                 finished, _ = wait(pending, return_when=FIRST_COMPLETED)
                 for fut in finished:
-                    record(pending.pop(fut), fut.result())
+                    pending.discard(fut)
+                    for n, rows in fut.result():
+                        record(n, rows)
         finally:
             for fut in pending:  # a stop, or a line's own failure: the lines sent finish, no new one starts
                 fut.cancel()

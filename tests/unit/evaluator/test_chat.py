@@ -291,3 +291,46 @@ def test_a_batch_sends_its_lines_to_a_warm_engine_together(tiny_model: str, tmp_
     assert sorted(r["data"]["custom_id"] for r in sink.rows) == sorted(x["custom_id"] for x in lines)
     assert _Engine.busiest == 4, _Engine.busiest  # (one at a time before)
     print(f"12 lines of 0.3 s each, 4 at once: {took:.2f} s")
+
+
+def test_a_batchs_lines_with_the_same_knobs_are_generated_together_on_transformers(
+    tiny_model: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On transformers a batch answered its lines one generate call each; lines in a row with the same
+    knobs now go as one batch: the same greedy text as each call alone, each line's own prompt."""
+    from evaluator.chat import run_batch
+
+    asks = ["1 + 1 =", "12 + 30 =", "7 =", "100 + 1 =", "3 + 4 ="]
+    lines = [
+        {"custom_id": f"r{i}", "body": {"model": "m", "prompt": q, "max_tokens": 6, "temperature": 0}}
+        for i, q in enumerate(asks)
+    ]
+    lines.append({"custom_id": "other", "body": {"model": "m", "prompt": "9 =", "max_tokens": 3, "temperature": 0}})
+    path = tmp_path / "batch.jsonl"
+    path.write_text("".join(json.dumps({"method": "POST", "url": "/v1/completions", **x}) + "\n" for x in lines))
+    spec = parse_spec(
+        {"kind": "generate", "model": tiny_model, "batch": {"file": "file-" + "0" * 32, "endpoint": "/v1/completions"}}
+    )
+    spec.batch._path = str(path)
+    from evaluator.chat import ChatModel
+
+    calls: list[int] = []
+    answer = ChatModel.answer
+
+    def counted(self: Any, prompts: list[str], **kw: Any) -> Any:
+        calls.append(len(prompts))
+        return answer(self, prompts, **kw)
+
+    monkeypatch.setattr(ChatModel, "answer", counted)
+    sink = Recorded()
+    run_batch(spec, sink, tiny_model, None, in_flight=4)
+    assert calls == [4, 1, 1], calls  # r0-r3 together, then r4, then 'other' (its own knobs)
+    monkeypatch.undo()
+    got = {r["data"]["custom_id"]: r["completion"] for r in sink.rows}
+    alone = {
+        f"r{i}": _generated(tiny_model, prompt=q, max_tokens=6, temperature=0)[0]["completion"]
+        for i, q in enumerate(asks)
+    }
+    assert {k: got[k] for k in alone} == alone
+    assert got["other"] == _generated(tiny_model, prompt="9 =", max_tokens=3, temperature=0)[0]["completion"]
+    assert [r["prompt"] for r in sink.rows[:4]] == asks[:4]
