@@ -201,7 +201,7 @@ def run_generate(spec: Any, sink: Any, model_path: str, warm: WarmEngineAddress 
         return
     models = _Loaded(model_path, spec.dtype)
     deltas = DeltaWriter(sink)
-    rows = _answer(spec, sink, models, _connect(warm, sink), deltas)
+    rows = _answer(spec, sink, models, warm, deltas)
     deltas.flush()
     sink.samples(0, rows)
     tokens = sum(r["data"]["completion_tokens"] for r in rows)
@@ -224,17 +224,9 @@ class _Loaded:
         return self.model
 
 
-def _connect(warm: WarmEngineAddress | None, sink: Any) -> RemoteEngine | None:
-    """The job's warm engine, once it answers (None: the job was given none)."""
-    from evaluator.backends.vllm import connect
-
-    return connect(warm, sink.should_stop) if warm is not None else None
-
-
-def _answer(spec: Any, sink: Any, models: _Loaded, engine: RemoteEngine | None, deltas: Any) -> list[dict[str, Any]]:
+def _answer(spec: Any, sink: Any, models: _Loaded, warm: WarmEngineAddress | None, deltas: Any) -> list[dict[str, Any]]:
     """One call's choices as sample rows: on the warm engine where the call fits it, else on transformers."""
-    if engine is not None and not _fits(spec, sink, engine):
-        engine = None
+    engine = _warm_engine_that_holds(spec, sink, warm) if warm is not None else None
     if engine is None:
         with models.lock:
             return _answer_here(spec, sink, models(), deltas)
@@ -246,31 +238,25 @@ def _answer(spec: Any, sink: Any, models: _Loaded, engine: RemoteEngine | None, 
 
 def _answer_here(spec: Any, sink: Any, model: ChatModel, deltas: Any) -> list[dict[str, Any]]:
     """One call's choices on transformers, in this process."""
+    messages = [m.model_dump() for m in spec.messages] if spec.messages is not None else None
+    prompt = model.prompt(messages, spec.prompt)
+    options = {
+        "max_tokens": spec.max_tokens,
+        "temperature": spec.temperature,
+        "top_p": spec.top_p,
+        "stop": spec.stop,
+        # no seed: a draw of its own, as OpenAI's repeated calls differ (0 made every call's answer the same)
+        "seed": spec.seed if spec.seed is not None else secrets.randbits(31),
+        "logprobs": spec.logprobs,
+    }
     if spec.stream and spec.n == 1:
-        prompt = _prompt(model, spec)
-        choice = model.stream(prompt, lambda text: deltas.add(0, text), **_options(spec))
-        return _rows(prompt, model.prompt_tokens(prompt), 0, [choice])
-    (rows,) = _answer_many([spec], sink, model)
-    if spec.stream:  # several choices: each one's text comes whole, when all are done
-        for r in rows:
-            deltas.add(r["data"]["index"], r["completion"])
-    return rows
-
-
-def _prompt(model: ChatModel, call: Any) -> str:
-    """The text the model continues for a call: its chat through the chat template, or its prompt."""
-    return model.prompt([m.model_dump() for m in call.messages] if call.messages is not None else None, call.prompt)
-
-
-# a call's knobs as ChatModel.answer and .stream take them (with `n`, what a batch's lines generated together share)
-_KNOBS = ("max_tokens", "temperature", "top_p", "stop", "seed", "logprobs")
-
-
-def _options(call: Any) -> dict[str, Any]:
-    options = {k: getattr(call, k) for k in _KNOBS}
-    if options["seed"] is None:  # a draw of its own, as OpenAI's repeated calls differ (0 made them all the same)
-        options["seed"] = secrets.randbits(31)
-    return options
+        choices = [model.stream(prompt, lambda text: deltas.add(0, text), **options)]
+    else:
+        choices = model.answer([prompt], n=spec.n, should_stop=sink.should_stop, **options)[0]
+        if spec.stream:  # several choices: each one's text comes whole, when all are done
+            for i, c in enumerate(choices):
+                deltas.add(i, c.text)
+    return _rows(prompt, model.prompt_tokens(prompt), 0, choices)
 
 
 def _rows(prompt: str, prompt_tokens: int, cached_tokens: int, choices: list[Choice]) -> list[dict[str, Any]]:
@@ -296,13 +282,26 @@ def _knobs(call: Any) -> tuple[Any, ...] | None:
     """What lines generated together must share (None: a line that did not parse, alone)."""
     if isinstance(call, Exception):
         return None
-    return (call.n, *(tuple(v) if isinstance(v := getattr(call, k), list) else v for k in _KNOBS))
+    return (call.max_tokens, call.temperature, call.top_p, call.n, tuple(call.stop or ()), call.seed, call.logprobs)
 
 
 def _answer_many(calls: list[Any], sink: Any, model: ChatModel) -> list[list[dict[str, Any]]]:
     """Calls with the same knobs (`_knobs`), generated as one batch on transformers: each one's rows."""
-    prompts = [_prompt(model, c) for c in calls]
-    choices = model.answer(prompts, n=calls[0].n, should_stop=sink.should_stop, **_options(calls[0]))
+    first = calls[0]
+    prompts = [
+        model.prompt([m.model_dump() for m in c.messages] if c.messages is not None else None, c.prompt) for c in calls
+    ]
+    choices = model.answer(
+        prompts,
+        max_tokens=first.max_tokens,
+        temperature=first.temperature,
+        top_p=first.top_p,
+        n=first.n,
+        stop=first.stop,
+        seed=first.seed if first.seed is not None else secrets.randbits(31),
+        should_stop=sink.should_stop,
+        logprobs=first.logprobs,
+    )
     return [_rows(p, model.prompt_tokens(p), 0, c) for p, c in zip(prompts, choices, strict=True)]
 
 
@@ -333,14 +332,13 @@ def run_batch(
     from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
     from mathrl.errors import StopRequested
-    from mathrl.jsonl_files import read_lines
     from mathrl.specs.generate import CHAT_ENDPOINT, GenerateSpec, sampling_fields
 
     chat = spec.batch.endpoint == CHAT_ENDPOINT
-    lines = read_lines(spec.batch._path)
+    with open(spec.batch._path, encoding="utf-8") as f:
+        lines = [json.loads(line) for line in f if line.strip()]
     models = _Loaded(model_path, spec.dtype)
-    engine = _connect(warm, sink)  # once for the batch, not a line
-    if engine is None:
+    if warm is None:
         models()  # a model that cannot load fails the batch, not each line
     base = spec.model_dump(mode="json", exclude={"batch", "messages", "prompt"})
     stored = sink.stored_steps()  # an earlier attempt's lines (a drain, a pause): not answered twice
@@ -373,7 +371,7 @@ def run_batch(
                 log.warning("%d lines generated together failed; answering each alone", len(calls), exc_info=True)
         for n, line, call in calls:
             try:
-                out.append((n, tagged(line, _answer(call, sink, models, engine, _NoDeltas()))))
+                out.append((n, tagged(line, _answer(call, sink, models, warm, _NoDeltas()))))
             except StopRequested:
                 raise
             except Exception as exc:
@@ -389,7 +387,7 @@ def run_batch(
                 call: Any = call_of(line)
             except Exception as exc:
                 call = exc
-            if unit and (engine is not None or len(unit) >= in_flight or _knobs(unit[-1][2]) != _knobs(call)):
+            if unit and (warm is not None or len(unit) >= in_flight or _knobs(unit[-1][2]) != _knobs(call)):
                 yield unit
                 unit = []
             unit.append((n, line, call))
@@ -409,7 +407,7 @@ def run_batch(
         done += 1
         sink.progress(len(stored) + done, len(lines), "answering")
 
-    width = max(1, in_flight) if engine is not None else 1
+    width = max(1, in_flight) if warm is not None else 1
     with ThreadPoolExecutor(width, thread_name_prefix="mathrl-batch") as pool:
         pending: set[Future[list[tuple[int, list[dict[str, Any]]]]]] = set()
         queue = units()
@@ -434,13 +432,16 @@ def run_batch(
     sink.event("generated", message, data={"completion_tokens": tokens, "answered": answered, "failed": failed})
 
 
-def _fits(spec: Any, sink: Any, engine: RemoteEngine) -> bool:
-    """The call's prompt and max_tokens fit the warm engine's context (worker.warm_engine_max_model_len,
-    4096 by default, not the model's own); else it is answered with transformers, as an eval that
-    needs more loads an engine of its own. Before, the engine refused such a call (vLLM's 400) and
-    the client got a 502 where OpenAI answers."""
+def _warm_engine_that_holds(spec: Any, sink: Any, warm: WarmEngineAddress) -> RemoteEngine | None:
+    """The warm engine, where the call's prompt and max_tokens fit its context
+    (worker.warm_engine_max_model_len, 4096 by default, not the model's own); None: answer with
+    transformers, as an eval that needs more loads an engine of its own. Before, the engine refused
+    such a call (vLLM's 400) and the client got a 502 where OpenAI answers."""
     import httpx
 
+    from evaluator.backends.vllm import connect
+
+    engine = connect(warm, sink.should_stop)
     body: dict[str, Any] = {"model": engine.model}
     if spec.messages is not None:
         body["messages"] = [m.model_dump() for m in spec.messages]
@@ -450,13 +451,13 @@ def _fits(spec: Any, sink: Any, engine: RemoteEngine) -> bool:
     r.raise_for_status()
     needed = int(r.json()["count"]) + int(spec.max_tokens)
     if needed <= engine.max_model_len:
-        return True
+        return engine
     sink.event(
         "loading",
         f"this call needs {needed} tokens (its prompt and max_tokens), more than the warm engine's "
         f"{engine.max_model_len} (worker.warm_engine_max_model_len): answering with transformers",
     )
-    return False
+    return None
 
 
 def _generate_remote(spec: Any, engine: RemoteEngine, deltas: DeltaWriter) -> tuple[int, int, list[Choice]]:
