@@ -17,22 +17,17 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
 from datetime import timedelta
-from typing import Annotated, Any, TypeVar
+from typing import Any, TypeVar
 
-from fastapi import Header, Response
+from fastapi import Response
 from sqlalchemy import select
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from api.problems import IDEMPOTENCY_CONFLICT, Problem
 from store.models import utcnow
 
 Row = TypeVar("Row")
-# a create route's headers: the client's key, and the openai SDK's count of its own tries
-IdempotencyKey = Annotated[str | None, Header(max_length=200)]
-SdkRetryCount = Annotated[str | None, Header(max_length=8, include_in_schema=False)]
 RETRY_WINDOW_SECONDS = 660.0  # the SDK's default read timeout (600 s), then its backoff
 
 
@@ -69,20 +64,3 @@ def replayed(response: Response, status: int = 200) -> None:
     """Mark a response as a replay of an earlier create."""
     response.status_code = status
     response.headers["Idempotent-Replayed"] = "true"
-
-
-def commit_or_replay(
-    session: Session, model: type[Row], project_id: str, row: Any, commit: Callable[[], None], response: Response
-) -> Row:
-    """Store `row`, made with its create's key and request hash, by `commit`; where a concurrent
-    create with the same key won the race (the key is unique per project), the row that one made,
-    and the response says it is a replay."""
-    try:
-        commit()
-    except IntegrityError:
-        session.rollback()
-        if (existing := earlier(session, model, project_id, row.idempotency_key, row.request_hash or "")) is None:
-            raise
-        replayed(response)
-        return existing
-    return row  # type: ignore[no-any-return]

@@ -122,13 +122,6 @@ def check_batch_line(obj: Any) -> list[tuple[str, str]]:
     return errors
 
 
-def read_lines(path: str) -> list[Any]:
-    """An uploaded file's objects, a line each, blank lines left out (as check_jsonl counts them):
-    what the jobs and routes that read a stored file take of it."""
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
 def text_of(content: Any) -> str:
     """A message's content as one string (text parts joined)."""
     if isinstance(content, str):

@@ -13,13 +13,13 @@ from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import unquote, urlsplit
 
-from fastapi import APIRouter, Body, Query, Request, Response
+from fastapi import APIRouter, Body, Header, Query, Request, Response
 from fastapi.responses import FileResponse, StreamingResponse
 from sqlalchemy import select
 from sqlalchemy.exc import SQLAlchemyError
 
 from api.deps import CallerDep, SessionDep, SettingsDep, owned, page_cursor
-from api.idempotency import IdempotencyKey, earlier, replayed, request_hash
+from api.idempotency import earlier, replayed, request_hash
 from api.job_control import pause_job, resume_job
 from api.job_wakeups import KEEPALIVE_SECONDS, POLL_SECONDS, STREAM_READS, project_read, shared_read, waker
 from api.problems import (
@@ -86,7 +86,7 @@ def create_job(
     caller: CallerDep,
     settings: SettingsDep,
     response: Response,
-    idempotency_key: IdempotencyKey = None,
+    idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
 ) -> Job:
     """Submit a job. With an `Idempotency-Key`, resubmitting the same body returns the same job."""
     digest = request_hash(spec.model_dump(mode="json"))

@@ -20,13 +20,13 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Header, Query, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy import func, select
 
 from api.admission import check_job_limits
 from api.deps import CallerDep, SessionDep, SettingsDep
-from api.idempotency import IdempotencyKey, SdkRetryCount, earlier, replayed, request_hash
+from api.idempotency import earlier, replayed, request_hash
 from api.problems import Problem, validation_errors
 from api.routers.openai_files import own_file
 from api.routers.openai_inference import (
@@ -38,7 +38,7 @@ from api.routers.openai_inference import (
 )
 from api.submit import admit, job_row, submit_keyed
 from kinds import home
-from mathrl.jsonl_files import BATCH_PURPOSE, read_lines
+from mathrl.jsonl_files import BATCH_PURPOSE
 from mathrl.modelref import results_file_id, uuid_after
 from mathrl.shallow import JsonObject
 from mathrl.specs.generate import CHAT_ENDPOINT, GenerateSpec, sampling_fields
@@ -86,6 +86,11 @@ def _output_ids(job_id: str) -> tuple[str, str]:
     """The output and error files' ids: 'file-' and the job's id (as a fine-tuning job's results
     file: never another file's), and one drawn from it."""
     return results_file_id(job_id), "file-" + uuid.uuid5(uuid.UUID(job_id), "errors").hex
+
+
+def _lines(path: str) -> list[dict[str, Any]]:
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
 
 
 def _check_lines(lines: list[dict[str, Any]], endpoint: str, settings: Any, budget: int) -> None:
@@ -137,8 +142,8 @@ def create(
     session: SessionDep,
     settings: SettingsDep,
     response: Response,
-    idempotency_key: IdempotencyKey = None,
-    x_stainless_retry_count: SdkRetryCount = None,
+    idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
+    x_stainless_retry_count: Annotated[str | None, Header(max_length=8, include_in_schema=False)] = None,
 ) -> dict[str, Any]:
     """A batch: a generate job that answers each request of the input file."""
     request = body.model_dump(mode="json", exclude_none=True)
@@ -155,7 +160,7 @@ def create(
         raise Problem.at("/input_file_id", detail, status=400)
     if not Path(row.path).is_file():  # (its bytes lost on the volume: the operator's to mend)
         raise Problem.at("/input_file_id", "the file's content is not readable here: upload it again", status=400)
-    lines = read_lines(row.path)
+    lines = _lines(row.path)
     model = str(lines[0]["body"]["model"])
     try:
         ref = sampled_model(session, caller.project_id, settings, model)

@@ -16,19 +16,20 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Header, Query, Response
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
 
 from api.deps import CallerDep, SessionDep, SettingsDep
-from api.idempotency import IdempotencyKey, SdkRetryCount, commit_or_replay, earlier, replayed, request_hash
+from api.idempotency import earlier, replayed, request_hash
 from api.problems import Problem, validation_errors
 from api.routers.openai_files import own_file
 from api.routers.openai_fine_tuning import grading_models_mapped, trainable_model
 from api.routers.openai_inference import own_ft_model
 from api.submit import admit, check_job_refs, job_row, submit_keyed
 from mathrl.graders import Grader
-from mathrl.jsonl_files import check_item_line, item_of, read_lines
+from mathrl.jsonl_files import check_item_line, item_of
 from mathrl.modelref import uuid_after
 from mathrl.shallow import JsonObject
 from mathrl.specs import model_refs, parse_spec
@@ -201,8 +202,8 @@ def create_eval(
     session: SessionDep,
     settings: SettingsDep,
     response: Response,
-    idempotency_key: IdempotencyKey = None,
-    x_stainless_retry_count: SdkRetryCount = None,
+    idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
+    x_stainless_retry_count: Annotated[str | None, Header(max_length=8, include_in_schema=False)] = None,
 ) -> Any:
     """An eval: its items' schema and the testing criteria its runs are scored by. A retry with the
     same Idempotency-Key (or the SDK's own retry, which sends none) returns the same eval."""
@@ -223,7 +224,15 @@ def create_eval(
         request_hash=digest,
     )
     session.add(row)
-    return eval_object(commit_or_replay(session, Eval, caller.project_id, row, session.commit, response))
+    try:
+        session.commit()
+    except IntegrityError:  # a concurrent retry with the same key won the race
+        session.rollback()
+        if (existing := earlier(session, Eval, caller.project_id, idempotency_key, digest)) is None:
+            raise
+        replayed(response)
+        return eval_object(existing)
+    return eval_object(row)
 
 
 def _page(data: list[dict[str, Any]], more: bool) -> dict[str, Any]:
@@ -432,7 +441,8 @@ def _source_rows(session: Any, project_id: str, source: dict[str, Any], at: str)
         lines = int((row.data or {}).get("lines", 0))
         if lines > MAX_GRADED:  # counted at upload: not read into the API to be refused
             raise Problem.at(f"{at}/id", f"{lines} rows: a jsonl run grades at most {MAX_GRADED}", status=400)
-        return read_lines(row.path)
+        with open(row.path, encoding="utf-8") as f:
+            return [json.loads(line) for line in f if line.strip()]
     raise Problem.at(f"{at}/type", f"{source.get('type')!r}: a source is 'file_id' or 'file_content'", status=400)
 
 
@@ -596,8 +606,8 @@ def create_run(
     session: SessionDep,
     settings: SettingsDep,
     response: Response,
-    idempotency_key: IdempotencyKey = None,
-    x_stainless_retry_count: SdkRetryCount = None,
+    idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
+    x_stainless_retry_count: Annotated[str | None, Header(max_length=8, include_in_schema=False)] = None,
 ) -> dict[str, Any]:
     """A run: a job of the project that samples the run's model on the items (or takes the given
     samples) and scores each by the eval's testing criteria."""

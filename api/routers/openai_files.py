@@ -15,14 +15,14 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, File, Form, Query, UploadFile
+from fastapi import APIRouter, File, Form, Header, Query, UploadFile
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
 from api.deps import CallerDep, SessionDep, SettingsDep
-from api.idempotency import IdempotencyKey, SdkRetryCount, earlier, request_hash
+from api.idempotency import earlier, request_hash
 from api.problems import Problem
 from mathrl.jsonl_files import BATCH_PURPOSE, FileFormatError, check_jsonl
 from mathrl.modelref import RESULTS_PURPOSE
@@ -91,8 +91,8 @@ async def create_file(
         int | None,
         Form(alias="expires_after[seconds]", description="Seconds after the anchor the file expires: 3600 to 2592000."),
     ] = None,
-    idempotency_key: IdempotencyKey = None,
-    x_stainless_retry_count: SdkRetryCount = None,
+    idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
+    x_stainless_retry_count: Annotated[str | None, Header(max_length=8, include_in_schema=False)] = None,
 ) -> dict[str, Any]:
     """Upload a file: checked line by line, then stored in the caller's project. A retry with the
     same Idempotency-Key, or the openai SDK's own retry of this upload (which sends no key), and the

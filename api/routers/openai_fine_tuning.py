@@ -13,12 +13,12 @@ import re
 import uuid
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import APIRouter, Header, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from sqlalchemy import func, select
 
 from api.deps import CallerDep, SessionDep, SettingsDep
-from api.idempotency import IdempotencyKey, SdkRetryCount, earlier, replayed, request_hash
+from api.idempotency import earlier, replayed, request_hash
 from api.job_control import pause_job, resume_job
 from api.problems import Problem
 from api.routers.openai_files import own_file
@@ -349,8 +349,8 @@ def create(
     session: SessionDep,
     settings: SettingsDep,
     response: Response,
-    idempotency_key: IdempotencyKey = None,
-    x_stainless_retry_count: SdkRetryCount = None,
+    idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
+    x_stainless_retry_count: Annotated[str | None, Header(max_length=8, include_in_schema=False)] = None,
 ) -> dict[str, Any]:
     """Start a fine-tuning job: a GRPO job (reinforcement) or an SFT job (supervised) on the file.
     A retry with the same Idempotency-Key, or the openai SDK's own retry of this request (which

@@ -86,6 +86,11 @@ class Message(_Open):
             raise ValueError(f"a {self.role} message needs content")
         return self
 
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        return self.content if isinstance(self.content, str) else "\n".join(p.text for p in self.content)
+
 
 class StreamOptions(_Open):
     include_usage: bool | None = None

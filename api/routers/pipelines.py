@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Query, Response
+from fastapi import APIRouter, Body, Header, Query, Response
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
 
 from api.deps import CallerDep, SessionDep, SettingsDep, owned, page_cursor
-from api.idempotency import IdempotencyKey, commit_or_replay, earlier, replayed, request_hash
+from api.idempotency import earlier, replayed, request_hash
 from api.problems import PIPELINE_NOT_FOUND, Problem
 from api.submit import admit, check_file_refs, check_job_refs, commit_and_dispatch, job_row
 from kinds import HOMES, model_savers
@@ -121,7 +122,7 @@ def create_pipeline(
     caller: CallerDep,
     settings: SettingsDep,
     response: Response,
-    idempotency_key: IdempotencyKey = None,
+    idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
 ) -> dict[str, Any]:
     """Submit named job specs at once; a later step names an earlier one's output as 'job:<step>'.
     With an `Idempotency-Key`, resubmitting the same body returns the same pipeline (200)."""
@@ -166,9 +167,14 @@ def create_pipeline(
         request_hash=digest,
     )
     session.add(pipeline)
-    stored = commit_or_replay(session, Pipeline, caller.project_id, pipeline, session.flush, response)
-    if stored is not pipeline:  # a concurrent retry with the same key won the race
-        return view(stored, _jobs_of(session, [stored.id])[stored.id])
+    try:
+        session.flush()
+    except IntegrityError:  # a concurrent retry with the same key won the race
+        session.rollback()
+        if (existing := earlier(session, Pipeline, caller.project_id, idempotency_key, digest)) is None:
+            raise
+        replayed(response)
+        return view(existing, _jobs_of(session, [existing.id])[existing.id])
     jobs: list[Job] = []
     for step in order:
         final = finals[step]
