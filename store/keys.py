@@ -74,7 +74,8 @@ def authenticate(session: Session, secret: str) -> tuple[ApiKey, Project] | None
 def revoke(session: Session, project_id: str, key_id: str) -> list[str] | None:
     """Revoke a key of the project and every key minted below it (its children, theirs, ...);
     returns the hashes of the keys this revoked, or None if `key_id` was no live key of the project.
-    A key minted by a key being revoked, committed meanwhile, is found by the next round."""
+    Each generation's update waits for a mint that holds one of its keys (hold_live), so a key minted
+    meanwhile is committed before the next generation is read, and is revoked with it."""
     now = utcnow()
     first = session.scalar(
         update(ApiKey)
@@ -103,9 +104,21 @@ def revoke(session: Session, project_id: str, key_id: str) -> list[str] | None:
     return hashes
 
 
-def is_live(session: Session, key_id: str) -> bool:
-    """Whether the key is still unrevoked (read inside the transaction that mints a child)."""
-    return session.scalar(select(ApiKey.revoked_at.is_(None)).where(ApiKey.id == key_id)) is True
+def hold_live(session: Session, key_id: str) -> bool:
+    """Lock the minting key's row until this transaction ends and say whether the key is still live.
+    A revocation updates that row first, so a mint below a key and the key's revocation run one after
+    the other: a mint that comes second reads the key revoked; one that comes first has committed its
+    child before the revocation reads the subtree. The lock is a write that changes nothing, which
+    takes the row on PostgreSQL (a read of it was not enough: a child committed after the revocation
+    had read the subtree outlived it) and the database's write lock on SQLite."""
+    revoked = session.execute(
+        update(ApiKey)
+        .where(ApiKey.id == key_id)
+        .values(revoked_at=ApiKey.revoked_at)
+        .returning(ApiKey.revoked_at)
+        .execution_options(synchronize_session=False)
+    ).first()
+    return revoked is not None and revoked[0] is None
 
 
 def live_key_count(session: Session, project_id: str) -> int:

@@ -11,7 +11,7 @@ from sqlalchemy.exc import IntegrityError
 from api.deps import AnyCallerDep, CallerDep, SessionDep, SettingsDep, forget_key, owned
 from api.problems import ADMIN_REQUIRED, KEY_NOT_FOUND, KEY_OUTLIVES, REVOKE_NOT_HELD, SCOPE_NOT_HELD, Problem
 from mathrl.schemas import KEY_SCOPES, KeyCreated, KeyCreateRequest, KeyResponse, Page
-from store.keys import create_key, get_or_create_project, is_live, list_keys, live_key_count, revoke
+from store.keys import create_key, get_or_create_project, hold_live, list_keys, live_key_count, revoke
 from store.models import ApiKey, as_utc, utcnow
 
 router = APIRouter(prefix="/v1/keys", tags=["keys"])
@@ -54,6 +54,9 @@ def create(body: KeyCreateRequest, session: SessionDep, caller: AnyCallerDep, se
     days = body.expires_in_days if body.expires_in_days is not None else settings.auth.default_key_days
     expires_at = _within_parent(caller.key, days or None, asked=body.expires_in_days is not None)
     parent_id = caller.key.id if caller.key is not None else None
+    if parent_id is not None and not hold_live(session, parent_id):  # revoked since this request authenticated
+        session.rollback()
+        raise Problem(401, "Unauthorized", "This API key has been revoked.", headers={"WWW-Authenticate": "Bearer"})
     key, secret = create_key(
         session,
         project,
@@ -64,9 +67,6 @@ def create(body: KeyCreateRequest, session: SessionDep, caller: AnyCallerDep, se
         expires_at=expires_at,
         parent_id=parent_id,
     )
-    if parent_id is not None and not is_live(session, parent_id):  # revoked since this request authenticated
-        session.rollback()
-        raise Problem(401, "Unauthorized", "This API key has been revoked.", headers={"WWW-Authenticate": "Bearer"})
     session.commit()
     return {**_key_dict(key, project.name), "key": secret}
 
