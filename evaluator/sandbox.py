@@ -48,6 +48,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import math
 import os
 import selectors
 import shutil
@@ -367,10 +368,48 @@ def run_python(
     if proc.returncode != 0:
         return [CaseResult(error="server", detail=_stopped(proc.returncode, err, limits))] * len(cases)
     try:
-        rows = json.loads(out)
-    except ValueError:
-        return [CaseResult(error="server", detail="the sandbox gave no result")] * len(cases)
-    return [CaseResult(r.get("score"), r.get("error"), r.get("detail")) for r in rows]
+        rows = json.loads(out, parse_constant=_no_constant)
+    except ValueError as e:
+        return _unreadable(e, len(cases), "the sandbox gave no result")
+    return checked_results(rows, len(cases))
+
+
+NOT_FINITE = "the grader wrote a score that is not a finite number"
+CASE_ERRORS = ("runtime", "server")
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{NOT_FINITE} ({name})")
+
+
+def _unreadable(e: ValueError, n: int, otherwise: str) -> list[CaseResult]:
+    """Results that are no JSON: NaN or Infinity (written to the result pipe past the harness) are
+    the grader's error; anything else, the sandbox's."""
+    if str(e).startswith(NOT_FINITE):
+        return [CaseResult(error="runtime", detail=f"{e}: a score is a finite number")] * n
+    return [CaseResult(error="server", detail=otherwise)] * n
+
+
+def checked_results(rows: Any, n: int) -> list[CaseResult]:
+    """What the sandbox (or a grading pool) wrote, read as `n` results and never trusted: the user's
+    code holds the result pipe, and can write to it past the harness's own checks. A score that is
+    not a finite number, a row of another shape, or another count of rows is the grader's error."""
+    if not isinstance(rows, list) or len(rows) != n:
+        got = f"{len(rows)} results" if isinstance(rows, list) else type(rows).__name__
+        return [CaseResult(error="runtime", detail=f"the grader wrote {got} for {n} cases")] * n
+    return [_checked(row) for row in rows]
+
+
+def _checked(row: Any) -> CaseResult:
+    if not isinstance(row, dict):
+        return CaseResult(error="runtime", detail=f"the grader wrote a {type(row).__name__} as a case's result")
+    score, error, detail = row.get("score"), row.get("error"), row.get("detail")
+    detail = detail[-4000:] if isinstance(detail, str) else None
+    if error is not None:
+        return CaseResult(error=error if error in CASE_ERRORS else "runtime", detail=detail or str(error)[:200])
+    if isinstance(score, bool) or not isinstance(score, int | float) or not math.isfinite(score):
+        return CaseResult(error="runtime", detail=f"grade() returned {score!r:.80}, not a finite number")
+    return CaseResult(float(score))
 
 
 POOL_LIMITS = ("cpu_seconds", "memory_mb", "file_mb", "processes", "wall_seconds")
@@ -399,7 +438,11 @@ def _run_in_pool(
         raise SandboxUnavailable(str(r.json().get("detail", r.text)))
     if r.status_code != 200:
         return [CaseResult(error="server", detail=f"the grading pool answered {r.status_code}")] * len(cases)
-    return [CaseResult(x.get("score"), x.get("error"), x.get("detail")) for x in r.json()["results"]]
+    try:
+        body = json.loads(r.content, parse_constant=_no_constant)
+    except ValueError as e:
+        return _unreadable(e, len(cases), "the grading pool gave no result")
+    return checked_results(body.get("results") if isinstance(body, dict) else body, len(cases))
 
 
 def _communicate(

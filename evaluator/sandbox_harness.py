@@ -199,9 +199,10 @@ def main() -> None:
             value = grade(case["sample"], case["item"])
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise TypeError(f"grade() returned {type(value).__name__} {value!r:.80}, not a number")
-            if not math.isfinite(value):  # a NaN or inf reward reached the advantages; graders/run's mean was null
-                raise ValueError(f"grade() returned {value}, not a finite number")
-            results.append({"score": float(value)})
+            score = float(value)  # a float subclass's __float__ is what float() gives: check that
+            if not math.isfinite(score):  # a NaN or inf reward reached the advantages; graders/run's mean was null
+                raise ValueError(f"grade() returned {score}, not a finite number")
+            results.append({"score": score})
         except MemoryError:
             results.append({"error": "runtime", "detail": f"MemoryError: over the {limits['memory_mb']} MB limit"})
         except BaseException as e:

@@ -532,3 +532,33 @@ def test_the_sandbox_sees_no_path_of_the_service(boundary: Any, tmp_path: Path) 
     body = f"import os\nraise RuntimeError(repr([os.path.exists(p) for p in {paths!r}]))"
     (r,) = run_python(grader(body), [({}, {})], SandboxLimits(audit_hook=False))
     assert "[False, False, False]" in (r.detail or ""), r
+
+
+# what the user's code can hand back past the harness's own checks (issue 66.2): NaN written straight
+# to the result pipe (the harness's dup of its stdout, fd 3) and the process ended before the harness
+# writes; a float whose __float__ is NaN
+NON_FINITE = {
+    "NaN on the pipe": "import os\nos.write(3, b'[{\"score\": NaN}]')\nos._exit(0)",
+    "Infinity on the pipe": "import os\nos.write(3, b'[{\"score\": -Infinity}]')\nos._exit(0)",
+    "a string on the pipe": "import os\nos.write(3, b'[{\"score\": \"1\"}]')\nos._exit(0)",
+    "two rows for one case": "import os\nos.write(3, b'[{\"score\": 1}, {\"score\": 1}]')\nos._exit(0)",
+    "a float posing": "class F(float):\n    def __float__(self):\n        return float('nan')\nreturn F(1.0)",
+}
+
+
+@pytest.mark.parametrize("body", NON_FINITE.values(), ids=list(NON_FINITE))
+def test_a_score_that_is_not_a_finite_number_is_the_graders_error(boundary: Any, body: str) -> None:
+    """Before, each came back as the grader's score (NaN: `200 {"score": null}` from /v1/graders:run):
+    the caller trusted what the pipe held. Now the caller reads it as the grader's error."""
+    (r,) = run_python(grader(body), [({}, {})], LIMITS)
+    assert r.score is None and r.error == "runtime", r
+    assert "finite number" in (r.detail or "") or "for 1 cases" in (r.detail or ""), r
+
+
+def test_graders_run_names_a_nan_score_as_the_graders_error(boundary: Any, app_client: Any) -> None:
+    source = grader(NON_FINITE["NaN on the pipe"])
+    body = {"grader": {"type": "python", "name": "p", "source": source}, "items": [{"completion": "x"}]}
+    r = app_client.post("/v1/graders:run", json=body, headers=admin_key(app_client))
+    assert r.status_code == 200, r.text
+    (row,) = r.json()["data"]
+    assert row["score"] == 0.0 and "not a finite number (NaN)" in row["reason"] and r.json()["mean"] == 0.0, r.text
