@@ -78,12 +78,16 @@ WORKDIR = "/tmp"  # the grader's directory inside bwrap (its own tmpfs)
 RESULT_BYTES = 64 * 1024
 RESULT_BYTES_PER_CASE = 16 * 1024
 STDERR_TAIL = 64 * 1024
+NAMESPACE_HINT = (
+    "allow it to create namespaces: run mathrl as root, or allow unprivileged user namespaces "
+    "(sysctl kernel.unprivileged_userns_clone=1 / user.max_user_namespaces > 0); in a container, a runtime "
+    "profile that permits unshare (on Kubernetes: the chart's grading pool, with runtimeClassName gvisor where "
+    "the cluster has it); a single-user install may instead set MATHRL_GRADERS__PYTHON_SANDBOX=audit-hook "
+    "(no kernel boundary)"
+)
 INSTALL_HINT = (
-    "install bubblewrap on this machine (Debian: apt-get install bubblewrap; the mathrl images carry it) "
-    "and allow it to create namespaces (as root, or unprivileged user namespaces: "
-    "sysctl kernel.unprivileged_userns_clone=1 / user.max_user_namespaces > 0; on Kubernetes run grading "
-    "in the chart's grading pool, with runtimeClassName gvisor where the cluster has it); a single-user "
-    "install may instead set MATHRL_GRADERS__PYTHON_SANDBOX=audit-hook (no kernel boundary)"
+    "install bubblewrap on this machine (Debian: apt-get install bubblewrap; the mathrl images carry it) and "
+    + NAMESPACE_HINT
 )
 
 
@@ -171,7 +175,10 @@ def _bwrap_prefix(tmp_mb: int) -> list[str]:
         elif os.path.isdir(top):
             argv += ["--ro-bind", top, top]
     argv += ["--ro-bind-try", "/etc/ld.so.cache", "/etc/ld.so.cache"]
-    made: set[str] = set()
+    # its writable tmpfs before the installation: a Python under /tmp (a clone in a temporary directory)
+    # is then bound on top of it, where a tmpfs mounted after would hide it (bwrap mounts in order)
+    argv += ["--perms", "1777", "--size", str(tmp_mb * 1024 * 1024), "--tmpfs", WORKDIR]
+    made: set[str] = {WORKDIR}
     for d in _python_dirs():
         # the directories on the way, searchable by nobody (bwrap would make them 0700): what makes a
         # Python under /root readable to the grader, without opening /root
@@ -182,8 +189,7 @@ def _bwrap_prefix(tmp_mb: int) -> list[str]:
         argv += ["--ro-bind", d, d]
     argv += ["--perms", "0755", "--dir", "/sandbox"]
     # no /proc at all: nothing of any process to read (and a container's masked /proc cannot be mounted again)
-    argv += ["--ro-bind", str(HARNESS), INSIDE_HARNESS, "--dev", "/dev"]
-    argv += ["--perms", "1777", "--size", str(tmp_mb * 1024 * 1024), "--tmpfs", WORKDIR, "--chdir", WORKDIR]
+    argv += ["--ro-bind", str(HARNESS), INSIDE_HARNESS, "--dev", "/dev", "--chdir", WORKDIR]
     # the root and /dev are tmpfs without a size that bwrap makes; without root they are the caller's,
     # and so the grader's (its uid inside): read-only, the sized WORKDIR is its one place to write
     argv += ["--remount-ro", "/dev", "--remount-ro", "/"]
@@ -244,9 +250,7 @@ def _find_isolation(mode: str) -> Isolation:
         if probe and sandbox_seccomp.REFUSED in probe:
             return Isolation("none", (), "nobody", f"{probe}: {sandbox_seccomp.LOAD_HINT}")
         if probe:
-            return Isolation(
-                "none", (), "nobody", f"bubblewrap could not start a sandbox here ({probe}): {INSTALL_HINT}"
-            )
+            return Isolation("none", (), "nobody", f"bubblewrap is installed, but {_why_bwrap_failed(probe)}")
         return Isolation("bwrap", prefix, "nobody")
     user, refused = _user(root)
     if refused:
@@ -265,6 +269,14 @@ def _find_isolation(mode: str) -> Isolation:
         hint = sandbox_seccomp.LOAD_HINT if sandbox_seccomp.REFUSED in probe else "see evaluator/sandbox.py"
         return Isolation("none", (), user, f"a python grader could not start here ({probe}): {hint}")
     return iso
+
+
+def _why_bwrap_failed(probe: str) -> str:
+    """The refusal when bwrap is there and its probe failed: what it said, and the fix for that cause
+    (namespaces refused by the machine, or an interpreter the sandbox cannot reach), never "install it"."""
+    if any(word in probe for word in ("namespace", "Operation not permitted", "setting up uid map", "No permissions")):
+        return f"it could not make the sandbox's namespaces here ({probe}): {NAMESPACE_HINT}"
+    return f"the interpreter did not start inside the sandbox ({probe}): see evaluator/sandbox.py, _bwrap_prefix"
 
 
 def _probe(prefix: list[str], harness: str, uid: int | None) -> str | None:

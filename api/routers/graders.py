@@ -201,7 +201,8 @@ def require_sandbox(grader: Any, limits: Any) -> None:
         try:
             check_available(limits.python_sandbox)
         except SandboxUnavailable as e:
-            raise Problem(503, "Python graders unavailable", str(e)) from None
+            # a refusal of this machine's: the same answer until the operator changes it (no SDK retries)
+            raise Problem(503, "Python graders unavailable", str(e), headers={"x-should-retry": "false"}) from None
 
 
 @router.get(

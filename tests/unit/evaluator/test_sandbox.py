@@ -502,6 +502,7 @@ def test_the_api_answers_503_where_no_boundary_can_be_made(app_client: Any, monk
             "/v1/graders:run", json={"grader": py, "items": [{"completion": "x"}]}, headers=admin_key(app_client)
         )
         assert r.status_code == 503 and "bubblewrap" in r.json()["detail"], r.text
+        assert r.headers["x-should-retry"] == "false", r.headers  # the SDK retried it twice (issue 66.5)
         r = app_client.post(
             "/v1/fine_tuning/alpha/graders/run", json={"grader": py, "model_sample": "x"}, headers=admin_key(app_client)
         )
@@ -562,3 +563,49 @@ def test_graders_run_names_a_nan_score_as_the_graders_error(boundary: Any, app_c
     assert r.status_code == 200, r.text
     (row,) = r.json()["data"]
     assert row["score"] == 0.0 and "not a finite number (NaN)" in row["reason"] and r.json()["mean"] == 0.0, r.text
+
+
+IN_A_TEMPORARY_DIRECTORY = r"""
+import sys
+sys.path[:0] = sys.argv[1:]
+from evaluator.sandbox import SandboxLimits, isolation, run_python
+iso = isolation("kernel")
+print(iso.kernel, iso.refused)
+print(run_python("def grade(s, i):\n    import sys\n    return float(sys.prefix.startswith('/tmp/'))", [({}, {})]))
+"""
+
+
+def test_a_python_installed_under_tmp_grades(boundary: Any, tmp_path: Path) -> None:
+    """Issue 66.5: a clone in a temporary directory (its venv under /tmp) had every python grader
+    refused: bwrap bound the venv read-only, then mounted the sandbox's private /tmp over it, and
+    the 503 said "install bubblewrap". The tmpfs is mounted first now, the venv bound on top."""
+    import sysconfig
+
+    assert str(tmp_path).startswith("/tmp/"), tmp_path
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    paths = [str(Path(__file__).resolve().parents[3]), sysconfig.get_paths()["purelib"]]
+    proc = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", IN_A_TEMPORARY_DIRECTORY, *paths],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.splitlines() == ["bwrap None", "[CaseResult(score=1.0, error=None, detail=None)]"], proc.stdout
+
+
+def test_a_bwrap_that_cannot_start_says_why_not_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """bubblewrap is there and its probe failed: the refusal gives the probe's words and the fix for
+    that cause, not "install bubblewrap"."""
+    sandbox.forget_isolation()
+    try:
+        monkeypatch.setattr(sandbox, "_probe", lambda *a: "bwrap: execvp /opt/py/bin/python3: No such file or directory")
+        iso = isolation("kernel")
+        assert iso.refused and iso.refused.startswith("bubblewrap is installed, but the interpreter did not start")
+        assert "No such file or directory" in iso.refused and "apt-get install bubblewrap" not in iso.refused, iso
+        sandbox.forget_isolation()
+        monkeypatch.setattr(sandbox, "_probe", lambda *a: "bwrap: No permissions to create new namespace")
+        iso = isolation("kernel")
+        assert iso.refused and "could not make the sandbox's namespaces" in iso.refused and "sysctl" in iso.refused
+        assert "apt-get install bubblewrap" not in iso.refused, iso
+    finally:
+        sandbox.forget_isolation()
