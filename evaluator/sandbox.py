@@ -5,9 +5,11 @@ The boundary is the kernel's (`mode="kernel"`, the default): bubblewrap (`bwrap`
 package bubblewrap) starts the interpreter in new PID, network, IPC, UTS and mount namespaces,
 with a root filesystem of its own that holds only
 - /usr (and the /bin, /lib, /lib64 links), the Python installation and its packages, read-only;
-- a private /tmp of `file_mb * 4` MiB, its working directory and its one writable place: the root
-  and /dev are remounted read-only (bwrap makes them tmpfs of no size, which without root belong
-  to the caller, whose uid is the grader's inside);
+- a private /tmp of `file_mb * 4` MiB, its working directory and its one writable place, mounted
+  before the installation is bound (so a Python under /tmp stays visible) and remounted noexec by
+  the harness (nothing the grader writes can be mapped executable: no library or compiled module of
+  its own); the root and /dev are remounted read-only (bwrap makes them tmpfs of no size, which
+  without root belong to the caller, whose uid is the grader's inside);
 - a minimal /dev, and no /proc: in its own PID namespace it could see only itself, and it has
   not even that to read.
 What it writes costs its caller bounded memory: its scores up to RESULT_BYTES (+ a little a case),
@@ -29,16 +31,23 @@ never as root (it refuses where it cannot become nobody), in a network namespace
 
 In both modes, inside the process:
 - a system-call filter (seccomp, evaluator/sandbox_seccomp.py), loaded first and for good: no new
-  namespaces (so no user namespace's capabilities), mounts, keyring, eBPF, perf, userfaultfd,
-  io_uring, ptrace or other of the kernel's rarer doors; where libseccomp is missing python graders
-  are refused, as without bubblewrap;
+  program (execve), no new namespaces (so no user namespace's capabilities), mounts, keyring, eBPF,
+  perf, userfaultfd, io_uring, ptrace or other of the kernel's rarer doors; where libseccomp is
+  missing python graders are refused, as without bubblewrap;
 - resource limits set before the user's code runs: CPU seconds (RLIMIT_CPU), address space
   (RLIMIT_AS), the size of any file it writes (RLIMIT_FSIZE), open files (RLIMIT_NOFILE),
   threads and processes (RLIMIT_NPROC), no core dumps; killed with its group at `wall_seconds`;
-- an audit hook (PEP 578), defence in depth and never the boundary: no sockets, subprocesses
-  (`_posixsubprocess` included), fork, exec, spawn, system, threads, signals, ctypes calls or
-  cffi; no compiled module but from the installation; files written only in its own directory,
-  read only there and in the Python installation (so no /proc/<pid>/environ, no /proc/self/mem);
+- an audit hook (PEP 578), defence in depth and never the boundary: it refuses the plain ways to
+  sockets, subprocesses (`_posixsubprocess` under any name), fork, exec, spawn, system, threads,
+  signals, ctypes calls, cffi and libraries or compiled modules outside the installation; files
+  written only in its own directory, read only there and in the Python installation. It does not
+  hold by itself against code that reaches the interpreter's internals: the loader it wraps is
+  reachable from the wrapper's closure, and with it any compiled module of the installation, under
+  any name. What stops such code is the kernel's: no execve, the noexec directory, the namespaces.
+  In audit-hook mode (no bubblewrap) the grader's directory is a directory of the machine, not
+  noexec: a grader that reaches that loader can run native code it wrote, as nobody (or the
+  service's user), under the filter and in its own network namespace, and read what that user
+  may read;
 - `python -I -B`: no environment of the caller (the environment is built from nothing: PATH,
   HOME and two thread counts), no user site, no bytecode written.
 """
@@ -70,6 +79,7 @@ HARNESS = Path(__file__).with_name("sandbox_harness.py")
 NOBODY = 65534
 MODES = ("kernel", "audit-hook")
 INSIDE_HARNESS = "/sandbox/harness.py"  # where bwrap mounts the harness
+NOEXEC_FAILED = "noexec: not held"  # what the harness prints where it could not (evaluator/sandbox_harness.py)
 WORKDIR = "/tmp"  # the grader's directory inside bwrap (its own tmpfs)
 # What a sandboxed grader's output may cost its caller (the API, a job, the grading pool): its scores
 # (the harness writes at most about 4 KB of JSON detail a case) up to this much, else the call fails; of
@@ -111,15 +121,17 @@ class Isolation:
     prefix: tuple[str, ...]  # the command line before the interpreter's
     user: str  # who the grader runs as
     refused: str | None = None  # why python graders cannot run in this mode here, and what to do
+    executable_dir: str | None = None  # bwrap: why its directory could not be made noexec (None: it is)
 
     def describe(self) -> str:
         """One line for the demo, the health page and the logs."""
         if self.refused:
             return f"python graders refused: {self.refused}"
         if self.kernel == "bwrap":
+            noexec = f"; its directory executable ({self.executable_dir})" if self.executable_dir else ""
             return (
                 "python graders behind a kernel boundary (bubblewrap: new pid, net, ipc, mount namespaces), "
-                f"as {self.user}"
+                f"as {self.user}{noexec}"
             )
         net = "a network namespace of its own" if self.kernel == "unshare-net" else "no network namespace"
         return f"python graders behind the audit hook only (single-user mode, {net}), as {self.user}"
@@ -164,8 +176,9 @@ def _bwrap_prefix(tmp_mb: int) -> list[str]:
     root = os.geteuid() == 0
     argv = ["bwrap", "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-net", "--unshare-ipc"]
     argv += ["--unshare-uts", "--unshare-cgroup-try"]
-    if root:  # the harness drops to nobody itself; nothing else of root's is kept
+    if root:  # the harness drops to nobody itself (CAP_SYS_ADMIN: only to make its directory noexec first)
         argv += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+        argv += ["--cap-add", "CAP_SYS_ADMIN"]
     else:  # a user namespace of its own, the caller's uid seen as nobody, no capabilities
         argv += ["--unshare-user", "--uid", str(NOBODY), "--gid", str(NOBODY)]
     argv += ["--ro-bind", "/usr", "/usr"]
@@ -246,12 +259,13 @@ def _find_isolation(mode: str) -> Isolation:
         if not shutil.which("bwrap"):
             return Isolation("none", (), "nobody", "bubblewrap (bwrap) is not installed: " + INSTALL_HINT)
         prefix = tuple(_bwrap_prefix(64))
-        probe = _probe(list(prefix), INSIDE_HARNESS, NOBODY if root else None)
+        notes: list[str] = []
+        probe = _probe(list(prefix), INSIDE_HARNESS, NOBODY if root else None, notes)
         if probe and sandbox_seccomp.REFUSED in probe:
             return Isolation("none", (), "nobody", f"{probe}: {sandbox_seccomp.LOAD_HINT}")
         if probe:
             return Isolation("none", (), "nobody", f"bubblewrap is installed, but {_why_bwrap_failed(probe)}")
-        return Isolation("bwrap", prefix, "nobody")
+        return Isolation("bwrap", prefix, "nobody", executable_dir=notes[0] if notes else None)
     user, refused = _user(root)
     if refused:
         return Isolation("none", (), user, refused)
@@ -279,11 +293,12 @@ def _why_bwrap_failed(probe: str) -> str:
     return f"the interpreter did not start inside the sandbox ({probe}): see evaluator/sandbox.py, _bwrap_prefix"
 
 
-def _probe(prefix: list[str], harness: str, uid: int | None) -> str | None:
-    """Run a trivial grader through `prefix`: None if it scored, else what went wrong."""
+def _probe(prefix: list[str], harness: str, uid: int | None, notes: list[str] | None = None) -> str | None:
+    """Run a trivial grader through `prefix`: None if it scored, else what went wrong. `notes`
+    (bwrap's probe): gets why the grader's directory could not be made noexec, where it could not."""
     request: dict[str, Any] = {"source": "def grade(s, i):\n    return 1", "cases": [{"sample": {}, "item": {}}]}
     request |= {"uid": uid, "limits": {"cpu_seconds": 10, "memory_mb": 1024, "file_mb": 1, "processes": 64}}
-    request["seccomp"] = _seccomp()
+    request |= {"seccomp": _seccomp(), "noexec": notes is not None}
     try:
         out = subprocess.run(
             [*prefix, sys.executable, "-I", "-B", harness],
@@ -295,6 +310,9 @@ def _probe(prefix: list[str], harness: str, uid: int | None) -> str | None:
     except (OSError, subprocess.TimeoutExpired) as e:
         return str(e)
     if out.returncode == 0 and out.stdout.strip() == b'[{"score": 1.0}]':
+        said = out.stderr.decode(errors="replace").splitlines()
+        if notes is not None:
+            notes += [line.removeprefix(NOEXEC_FAILED).strip(" ()") for line in said if line.startswith(NOEXEC_FAILED)]
         return None
     tail = out.stderr.decode(errors="replace").strip().splitlines()[-1:] or [f"exit code {out.returncode}"]
     return tail[0][:300]
@@ -342,6 +360,7 @@ def run_python(
         "audit_hook": limits.audit_hook,
         "syscall_filter": limits.syscall_filter,
         "seccomp": _seccomp(),
+        "noexec": iso.kernel == "bwrap",
     }
     with tempfile.TemporaryDirectory(prefix="pygrader-") as home:
         if iso.kernel == "bwrap":  # its directory is its own tmpfs, nothing on this machine's disk

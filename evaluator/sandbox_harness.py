@@ -33,6 +33,36 @@ def _limit(which: int, value: int) -> None:
 NO_IMPORT = ("_posixsubprocess", "subprocess", "_cffi_backend", "cffi", "_xxsubinterpreters", "_posixshmem")
 
 
+def _real(path: str | bytes) -> str:
+    return os.path.realpath(os.fsdecode(path))
+
+
+MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND = 0x2, 0x4, 0x8, 0x20, 0x1000
+CLONE_NEWNS, CLONE_NEWUSER = 0x00020000, 0x10000000
+NOEXEC_FAILED = "noexec: not held"  # what the caller's probe looks for (evaluator/sandbox.py)
+
+
+def _noexec(path: str) -> None:
+    """Remount the grader's one writable directory (bubblewrap's tmpfs) so that nothing in it can be
+    mapped executable: a library or a compiled module it writes there fails to load in the kernel,
+    whatever reached past the audit hook. Root (bwrap keeps CAP_SYS_ADMIN for this, and the drop to
+    nobody ends it) remounts in bwrap's mount namespace; without root, a user and mount namespace of
+    its own below bwrap's (the filter forbids both from then on), its capabilities there dropped
+    after. Where neither can be done the grader runs as before, and the probe says so."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    nested = os.getuid() != 0
+    if nested and libc.unshare(CLONE_NEWUSER | CLONE_NEWNS) != 0:
+        print(f"{NOEXEC_FAILED} (unshare: {os.strerror(ctypes.get_errno())})", file=sys.stderr)
+        return
+    flags = MS_REMOUNT | MS_BIND | MS_NOEXEC | MS_NOSUID | MS_NODEV
+    if libc.mount(None, path.encode(), None, flags, None) != 0:
+        print(f"{NOEXEC_FAILED} (mount: {os.strerror(ctypes.get_errno())})", file=sys.stderr)
+    if nested:  # every capability of the namespace it made: none kept (struct __user_cap_header/data, v3)
+        header = struct.pack("@Ii", 0x20080522, 0)
+        if libc.capset(header, bytes(24)) != 0:
+            raise SystemExit(f"refusing to run a python grader: capset: {os.strerror(ctypes.get_errno())}")
+
+
 def _install_hook(home: str, read_roots: list[str]) -> None:
     home = os.path.realpath(home) + os.sep
     roots = tuple(os.path.realpath(r) + os.sep for r in read_roots if r)
@@ -61,13 +91,14 @@ def _install_hook(home: str, read_roots: list[str]) -> None:
     def hook(event: str, args: tuple[object, ...]) -> None:
         # loading a library is allowed (numpy imports ctypes, which opens the interpreter itself);
         # looking up its functions (ctypes.dlsym), calling them and raw memory access are not
-        if event == "ctypes.dlopen":
+        if event == "ctypes.dlopen":  # but not a library it wrote itself (its directory is noexec too)
+            if args and isinstance(args[0], str | bytes) and (_real(args[0]) + os.sep).startswith(home):
+                raise PermissionError("a python grader may not load a library from its own directory")
             return
         if event in blocked or event.startswith(blocked_prefixes):
             raise PermissionError(f"{event} is not allowed in a python grader")
         if event == "import" and args and isinstance(args[0], str):
-            top = args[0].split(".")[0]
-            if top in NO_IMPORT:
+            if any(part in NO_IMPORT for part in args[0].split(".")):  # g._posixsubprocess too
                 raise PermissionError(f"importing {args[0]} is not allowed in a python grader")
         if event == "open":
             path, mode, flags = (list(args) + [None, None, None])[:3]
@@ -115,6 +146,10 @@ def _install_hook(home: str, read_roots: list[str]) -> None:
         origin = os.path.realpath(str(getattr(spec, "origin", "") or ""))
         if not (origin + os.sep).startswith(roots) or (origin + os.sep).startswith(home):
             raise PermissionError(f"a python grader may load compiled modules only from the installation, not {origin}")
+        # a module's init function is named by the last part of its name (g._posixsubprocess is _posixsubprocess)
+        names = {str(getattr(spec, "name", "")).rpartition(".")[2], os.path.basename(origin).split(".")[0]}
+        if names & set(NO_IMPORT):
+            raise PermissionError(f"loading {origin} is not allowed in a python grader")
         return create_dynamic(spec, *rest)
 
     _imp.create_dynamic = installed_only
@@ -165,6 +200,8 @@ def _detail(e: BaseException) -> str:
 def main() -> None:
     request = json.loads(sys.stdin.read())
     limits = request["limits"]
+    if request.get("noexec"):  # bwrap's tmpfs, before the filter (which refuses mount and unshare)
+        _noexec(os.getcwd())
     if request.get("syscall_filter", True):  # off only in the test that shows what the filter refuses
         _filter_syscalls(base64.b64decode(request.get("seccomp") or ""))  # before anything of the user's
     out = os.fdopen(os.dup(1), "w")

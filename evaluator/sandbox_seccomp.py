@@ -82,6 +82,9 @@ DENIED: dict[str, str] = {
         "the machine's clock and names",
     ),
     "personality": "another execution domain (READ_IMPLIES_EXEC and the like)",
+    # the interpreter is running when the filter loads: a new program is only ever a shell or a binary
+    # the grader wrote (a module loaded under another name reached _posixsubprocess.fork_exec past the hook)
+    **dict.fromkeys(("execve", "execveat"), "running another program"),
     "fanotify_init": "watching the filesystem",
 }
 # clone(2) with any of these flags makes a namespace, as unshare does

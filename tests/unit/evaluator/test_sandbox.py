@@ -123,10 +123,16 @@ os.waitpid(pid, 0)
 seen["shell"] = os.read(r, 65536).decode()
 child = os.fork()
 if child == 0:
-    os.execv("/bin/sh", ["/bin/sh", "-c", f"cat {T['other']} > /dev/null 2>&1 || exit 3; exit 0"])
+    try:
+        os.execv("/bin/sh", ["/bin/sh", "-c", f"cat {T['other']} > /dev/null 2>&1 || exit 3; exit 0"])
+    finally:
+        os._exit(4)
 seen["exec_reads_other"] = os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]) == 0
-spawned = os.posix_spawn("/bin/sh", ["/bin/sh", "-c", f"cat {T['secret']} > /dev/null 2>&1 || exit 3"], {})
-seen["spawn_reads_secret"] = os.waitstatus_to_exitcode(os.waitpid(spawned, 0)[1]) == 0
+try:
+    spawned = os.posix_spawn("/bin/sh", ["/bin/sh", "-c", f"cat {T['secret']} > /dev/null 2>&1 || exit 3"], {})
+    seen["spawn_reads_secret"] = os.waitstatus_to_exitcode(os.waitpid(spawned, 0)[1]) == 0
+except OSError as e:
+    seen["spawn_reads_secret"] = errno.errorcode.get(e.errno, e.errno)
 seen["system_reads_secret"] = os.system(f"cat {T['secret']} > /dev/null 2>&1") == 0
 raise RuntimeError("SEEN" + json.dumps(seen))
 """
@@ -152,9 +158,11 @@ def test_the_kernel_boundary_holds_without_the_audit_hook(boundary: Any, targets
     assert seen["write_site"] in ("EROFS", "EACCES") and seen["write_usr"] in ("EROFS", "EACCES")
     assert seen["write_other"] in ("ENOENT", "EROFS", "EACCES")
     assert seen["ctypes_open"] == -1
-    assert seen["shell"].splitlines()[0] == "65534" and "project-b-row" not in seen["shell"]
-    assert "root-only-secret" not in seen["shell"] and seen["shell"].strip().endswith("0")
-    assert not seen["exec_reads_other"] and not seen["spawn_reads_secret"] and not seen["system_reads_secret"]
+    # no program but the interpreter runs at all (issue 66.6: execve refused by the filter); before, the
+    # shell ran, as nobody, and read none of it
+    assert seen["shell"] == "", seen["shell"]
+    assert not seen["exec_reads_other"] and seen["spawn_reads_secret"] in (False, "EPERM")
+    assert not seen["system_reads_secret"]
 
 
 # each call made through libc's syscall(), by number (the native architecture's, from libseccomp),
@@ -523,7 +531,7 @@ def test_the_exploit_of_issue_43_through_the_api(boundary: Any, app_client: Any)
     r = app_client.post("/v1/graders:run", json=body, headers=admin_key(app_client))
     assert r.status_code == 200 and "uid=0" not in r.text and "_posixsubprocess is not allowed" in r.text, r.text
     (raw,) = run_python(source, [({}, {})], SandboxLimits(audit_hook=False))
-    assert "uid=65534" in (raw.detail or "") and "uid=0" not in (raw.detail or ""), raw
+    assert raw.detail == "RuntimeError: b''", raw  # below the hook no shell starts at all (execve refused)
 
 
 def test_the_sandbox_sees_no_path_of_the_service(boundary: Any, tmp_path: Path) -> None:
@@ -609,3 +617,78 @@ def test_a_bwrap_that_cannot_start_says_why_not_install_it(monkeypatch: pytest.M
         assert "apt-get install bubblewrap" not in iso.refused, iso
     finally:
         sandbox.forget_isolation()
+
+
+# Issue 66.6: three ways past the audit hook, each found contained by the kernel. Before: (a) ran a
+# shell, (b) ran the library's constructor, (c) loaded a compiled module from the grader's directory,
+# all with the hook on. Now the hook refuses (a) and (b) itself, and beneath it the kernel refuses all
+# three: execve is in the filter's list, and the grader's directory is mounted noexec, so nothing it
+# writes can be mapped executable. (c) reaches the loader the hook wraps, so only the kernel stops it.
+DYNLOAD = "import os, sys\nd = next(p for p in sys.path if p.endswith('lib-dynload'))\n" \
+    "def lib(name):\n    return os.path.join(d, next(f for f in os.listdir(d) if f.startswith(name + '.')))\n"
+PAST_THE_HOOK = {
+    "a module under another name": DYNLOAD + (
+        "import importlib.util\n"
+        "spec = importlib.util.spec_from_file_location('g._posixsubprocess', lib('_posixsubprocess'))\n"
+        "m = importlib.util.module_from_spec(spec)\nr, w = os.pipe()\ner, ew = os.pipe()\n"
+        "pid = m.fork_exec([b'/bin/sh', b'-c', b'echo shell-ran'], [b'/bin/sh'], True, tuple(sorted((w, ew))), None, "
+        "None, -1, -1, -1, w, -1, w, er, ew, False, False, -1, None, None, None, -1, None, False)\n"
+        "os.close(w)\nos.close(ew)\nos.waitpid(pid, 0)\nraise RuntimeError('OUT=' + os.read(r, 100).decode())"
+    ),
+    "a library it wrote": DYNLOAD + (
+        "import ctypes, shutil\nshutil.copy(lib('_bisect'), 'evil.so')\nctypes.CDLL(os.path.abspath('evil.so'))\n"
+        "raise RuntimeError('LOADED')"
+    ),
+    "the loader the hook wraps": DYNLOAD + (
+        "import _imp, shutil, importlib.util\nshutil.copy(lib('_statistics'), '_statistics.so')\n"
+        "cells = [c.cell_contents for c in getattr(_imp.create_dynamic, '__closure__', None) or ()]\n"
+        "loader = next((c for c in cells if getattr(c, '__name__', '') == 'create_dynamic'), _imp.create_dynamic)\n"
+        "loader(importlib.util.spec_from_file_location('_statistics', os.path.abspath('_statistics.so')))\n"
+        "raise RuntimeError('LOADED')"
+    ),
+}
+HOOK_SAYS = {
+    "a module under another name": "_posixsubprocess.cpython",  # "loading .../_posixsubprocess... is not allowed"
+    "a library it wrote": "may not load a library from its own directory",
+    "the loader the hook wraps": "failed to map segment from shared object",  # the kernel's noexec, not the hook
+}
+KERNEL_SAYS = {
+    "a module under another name": "RuntimeError: OUT=",  # fork_exec's child could not exec: no output
+    "a library it wrote": "failed to map segment from shared object",
+    "the loader the hook wraps": "failed to map segment from shared object",
+}
+
+
+@pytest.mark.parametrize("what", list(PAST_THE_HOOK))
+def test_what_went_past_the_audit_hook_is_refused(boundary: Any, what: str) -> None:
+    assert boundary.executable_dir is None, boundary.describe()  # noexec held here
+    (hooked,) = run_python(grader(PAST_THE_HOOK[what]), [({}, {})], LIMITS)
+    assert hooked.error == "runtime" and HOOK_SAYS[what] in (hooked.detail or ""), (what, hooked)
+    (bare,) = run_python(grader(PAST_THE_HOOK[what]), [({}, {})], SandboxLimits(audit_hook=False))
+    assert bare.error == "runtime" and KERNEL_SAYS[what] in (bare.detail or ""), (what, bare)
+    assert "shell-ran" not in (bare.detail or "") and "LOADED" not in (bare.detail or ""), (what, bare)
+
+
+def test_without_root_the_graders_directory_is_noexec_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The non-root command line (a user namespace, the caller seen as nobody): the harness makes a
+    user and mount namespace of its own below bwrap's to remount its directory, then drops what
+    that namespace gave it."""
+    if os.geteuid() == 0:
+        monkeypatch.setattr(sandbox.os, "geteuid", lambda: 1000)
+    sandbox.forget_isolation()
+    try:
+        iso = isolation("kernel")
+        if iso.refused:
+            pytest.skip(f"no user namespaces for bwrap here: {iso.refused}")
+        assert iso.executable_dir is None, iso.describe()
+        body = PAST_THE_HOOK["a library it wrote"] + "\n"
+        (r,) = run_python(grader(body), [({}, {})], SandboxLimits(audit_hook=False))
+        caps = (
+            "import ctypes, struct\nh = ctypes.create_string_buffer(struct.pack('@Ii', 0x20080522, 0))\n"
+            "d = ctypes.create_string_buffer(24)\nctypes.CDLL(None).capget(h, d)\nraise RuntimeError(d.raw.hex())"
+        )
+        (c,) = run_python(grader(caps), [({}, {})], SandboxLimits(audit_hook=False))
+    finally:
+        sandbox.forget_isolation()
+    assert "failed to map segment from shared object" in (r.detail or ""), r
+    assert c.detail == "RuntimeError: " + "0" * 48, c  # no capability kept from the namespace it made
