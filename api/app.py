@@ -16,7 +16,7 @@ from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 
 from api import problems
-from api.deps import CALLER_STATE, caller_for, storable_query
+from api.deps import CALLER_STATE, caller_for, finite_body, storable_query
 from api.routers import (
     graders,
     health,
@@ -170,7 +170,7 @@ def create_app() -> FastAPI:
         version="0.1.0",
         description="Train and evaluate math-reasoning language models with GRPO. "
         "Authenticate with `Authorization: Bearer <key>`.",
-        dependencies=[Depends(storable_query)],
+        dependencies=[Depends(storable_query), Depends(finite_body)],
     )
     routers: tuple[APIRouter, ...] = (
         jobs.router,

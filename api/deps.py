@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import hmac
+import json
 import time
+from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Annotated, Any, TypeVar
@@ -181,6 +183,44 @@ def page_cursor(value: str | None) -> str | None:
     if value is not None and not ID_PATTERN.match(value):
         raise Problem(400, "Bad cursor", BAD_CURSOR, [{"pointer": "query:/cursor", "detail": BAD_CURSOR}])
     return value
+
+
+class _NonFinite(str):
+    """Where NaN, Infinity or -Infinity stood in a request's JSON (json.loads reads them as numbers)."""
+
+
+def _non_finite_pointer(value: Any, pointer: str = "") -> str | None:
+    """The JSON pointer of the first _NonFinite in `value`, or None."""
+    queue = deque([(value, pointer)])
+    while queue:
+        item, at = queue.popleft()
+        if isinstance(item, _NonFinite):
+            return at or "/"
+        if isinstance(item, dict):
+            queue.extend((v, f"{at}/{str(k).replace('~', '~0').replace('/', '~1')}") for k, v in item.items())
+        elif isinstance(item, list):
+            queue.extend((v, f"{at}/{i}") for i, v in enumerate(item))
+    return None
+
+
+async def finite_body(request: Request) -> None:
+    """The OpenAI routes' JSON bodies, at every field (free-form objects included): NaN and the
+    infinities, which JSON has no number for and Python's parser reads, are a 400 at that field, as
+    the mathrl routes' strict models refuse them. Before, `"pass_threshold": NaN` in an eval's criteria
+    was stored as null, and every later run of that eval was refused."""
+    from api.problems import OPENAI_PATHS, Problem
+
+    if not request.url.path.startswith(OPENAI_PATHS) or "json" not in request.headers.get("content-type", ""):
+        return
+    body = await request.body()
+    if b"NaN" not in body and b"Infinity" not in body:
+        return
+    try:
+        parsed = json.loads(body, parse_constant=_NonFinite)
+    except (ValueError, RecursionError):
+        return  # not JSON: the route's own parsing answers it
+    if (pointer := _non_finite_pointer(parsed)) is not None:
+        raise Problem.at(pointer, "NaN and Infinity are not numbers JSON holds: send a finite number", status=400)
 
 
 def storable_query(request: Request) -> None:

@@ -725,3 +725,39 @@ def test_logprobs_asked_for_go_to_the_job_and_bad_ones_are_named(app_client: Any
         client.chat.completions.create(**chat, logprobs=False)
     asked = [j["spec"].get("logprobs") for j in reversed(generate_jobs())]  # oldest first
     assert asked == [3, 0, 2, None], asked
+
+
+NON_FINITE_BODIES = [  # (route, body with NaN or an infinity somewhere, the field the 400 names)
+    (
+        "/v1/evals",
+        '{"data_source_config": {"type": "custom", "item_schema": {"type": "object"}}, "testing_criteria": '
+        '[{"type": "text_similarity", "name": "t", "input": "{{sample.output_text}}", "reference": "x", '
+        '"evaluation_metric": "bleu", "pass_threshold": NaN}]}',
+        "testing_criteria.0.pass_threshold",
+    ),
+    ("/v1/chat/completions", '{"model": "org/m", "messages": [], "temperature": Infinity}', "temperature"),
+    (
+        "/v1/fine_tuning/jobs",
+        '{"model": "org/m", "training_file": "file-x", "hyperparameters": {"learning_rate_multiplier": -Infinity}}',
+        "hyperparameters.learning_rate_multiplier",
+    ),
+    (
+        "/v1/fine_tuning/alpha/graders/run",
+        '{"grader": {"type": "string_check", "name": "s", "input": "a", "reference": "a", "operation": "eq"}, '
+        '"model_sample": "a", "item": {"weights": [1, NaN]}}',
+        "item.weights.1",
+    ),
+]
+
+
+@pytest.mark.parametrize(("route", "body", "param"), NON_FINITE_BODIES, ids=[b[0] for b in NON_FINITE_BODIES])
+def test_nan_and_infinity_are_refused_at_every_field_of_the_openai_routes(
+    app_client: Any, route: str, body: str, param: str
+) -> None:
+    """Issue 66.4: `"pass_threshold": NaN` in an eval's criteria was accepted and stored as null, and
+    every later run of that eval refused; free-form objects (an item, hyperparameters) took NaN too."""
+    h = {**admin_key(app_client), "Content-Type": "application/json"}
+    r = app_client.post(route, content=body, headers=h)
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+    assert "finite number" in r.json()["error"]["message"], r.text
+    assert app_client.get("/v1/evals", headers=h).json()["data"] == []  # nothing stored
