@@ -152,6 +152,26 @@ class Unstorable(MathRLException, ValueError):
         super().__init__(f"{self.pointer}: {UNSTORABLE}")
 
 
+def nul_pointer(value: Any, pointer: str = "") -> str | None:
+    """The JSON pointer of the first string (or key) holding a NUL character, or None."""
+    if isinstance(value, str):
+        return pointer if "\x00" in value else None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            here = f"{pointer}/{str(key).replace('~', '~0').replace('/', '~1')}"
+            if "\x00" in str(key):
+                return here
+            found = nul_pointer(item, here)
+            if found is not None:
+                return found
+    if isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            found = nul_pointer(item, f"{pointer}/{i}")
+            if found is not None:
+                return found
+    return None
+
+
 class NotPausable(MathRLException, ValueError):
     """The job is not in a status a pause or a resume applies to (the message says which)."""
 

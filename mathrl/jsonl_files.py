@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from mathrl.errors import UNSTORABLE, nul_pointer
 from mathrl.errors import FileFormatError as FileFormatError  # raised here; its callers import it from here
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -139,6 +140,15 @@ def _lines(text: str) -> Iterator[str]:
     yield text[start:]
 
 
+def _dotted(pointer: str) -> str:
+    """A JSON pointer as this module names fields: /messages/0/content is messages[0].content."""
+    out = ""
+    for part in pointer.split("/")[1:]:
+        part = part.replace("~1", "/").replace("~0", "~")
+        out += f"[{part}]" if part.isdigit() else f".{part}" if out else part
+    return out
+
+
 _LINE_END = re.compile(r"\r\n|\r|\n")
 
 
@@ -172,6 +182,8 @@ def check_jsonl(data: bytes, max_lines: int, items: bool = False, batch: bool = 
             errors.append((n, "", "not JSON this server reads: it nests too deeply"))
         else:
             bad = check_item_line(obj) if items else check_batch_line(obj) if batch else check_line(obj)
+            if (nul := nul_pointer(obj)) is not None:  # the store refuses it where a job writes what it read
+                bad = [(_dotted(nul), UNSTORABLE), *bad]
             if not bad and batch and obj["custom_id"] in seen:
                 bad = [("custom_id", f"{obj['custom_id']!r} is another line's: each request's is its own")]
             errors.extend((n, f, what) for f, what in bad)

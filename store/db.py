@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -14,11 +15,12 @@ from typing import Any, TypeVar
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, StatementError
 from sqlalchemy.orm import Session, sessionmaker
 
 from mathrl.errors import UNSTORABLE as UNSTORABLE  # raised here; its callers import them from here
 from mathrl.errors import Unstorable as Unstorable
+from mathrl.errors import nul_pointer
 
 T = TypeVar("T")
 log = logging.getLogger("mathrl.db")
@@ -42,26 +44,6 @@ def _finite(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_finite(v) for v in value]
     return value
-
-
-def nul_pointer(value: Any, pointer: str = "") -> str | None:
-    """The JSON pointer of the first string (or key) holding a NUL character, or None."""
-    if isinstance(value, str):
-        return pointer if "\x00" in value else None
-    if isinstance(value, dict):
-        for key, item in value.items():
-            here = f"{pointer}/{str(key).replace('~', '~0').replace('/', '~1')}"
-            if "\x00" in str(key):
-                return here
-            found = nul_pointer(item, here)
-            if found is not None:
-                return found
-    if isinstance(value, list | tuple):
-        for i, item in enumerate(value):
-            found = nul_pointer(item, f"{pointer}/{i}")
-            if found is not None:
-                return found
-    return None
 
 
 def json_serializer(value: Any) -> str:
@@ -90,6 +72,35 @@ def _refuse_nul_strings(session: Session, _context: Any, _instances: Any) -> Non
 event.listen(Session, "before_flush", _refuse_nul_strings)
 
 
+def _refuse_nul_parameters(
+    _conn: Any, _cursor: Any, _statement: str, parameters: Any, context: Any, _executemany: bool
+) -> None:
+    """The same check for what no ORM flush sees: the statements a job's sink sends itself (its
+    samples' prompts and completions, a batch's lines). Before, a NUL from an uploaded file reached
+    PostgreSQL, which refused it after the job's work was done, and the job's error showed the
+    statement and its parameters."""
+    rows = parameters if isinstance(parameters, list) else [parameters]
+    for row in rows:
+        values = row.items() if isinstance(row, dict) else enumerate(row or ())
+        for name, value in values:
+            if isinstance(value, str) and "\x00" in value:
+                if isinstance(name, int):
+                    names = getattr(getattr(context, "compiled", None), "positiontup", None) or []
+                    name = names[name] if name < len(names) else f"parameter {name}"
+                raise Unstorable("/" + re.sub(r"(__|_m)\d+$", "", str(name)))
+
+
+def error_text(exc: BaseException) -> str:
+    """What `exc` says, in words, for a job's error or a log a user reads: a database error without
+    the statement, its parameters (other values of the rows written) or SQLAlchemy's help link."""
+    text = str(exc)
+    if isinstance(exc, StatementError):  # the driver's first line: PostgreSQL's next ones quote the statement
+        return (text.strip().splitlines() or [type(exc).__name__])[0]
+    for tail in ("\n[SQL:", "\n[parameters:", "\n(Background on this error"):
+        text = text.split(tail, 1)[0]
+    return text.strip()
+
+
 @lru_cache(maxsize=8)
 def get_engine(url: str, echo: bool = False) -> Engine:
     parsed = make_url(url)
@@ -100,9 +111,10 @@ def get_engine(url: str, echo: bool = False) -> Engine:
             url, echo=echo, json_serializer=json_serializer, connect_args={"timeout": 30, "check_same_thread": False}
         )
         event.listen(engine, "connect", _sqlite_pragmas)
+        event.listen(engine, "before_cursor_execute", _refuse_nul_parameters)
         return engine
     # connect_timeout: an unreachable server fails a request in seconds instead of hanging it
-    return create_engine(
+    engine = create_engine(
         url,
         echo=echo,
         json_serializer=json_serializer,
@@ -111,6 +123,8 @@ def get_engine(url: str, echo: bool = False) -> Engine:
         max_overflow=20,
         connect_args={"connect_timeout": 5},
     )
+    event.listen(engine, "before_cursor_execute", _refuse_nul_parameters)
+    return engine
 
 
 @lru_cache(maxsize=8)

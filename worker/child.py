@@ -38,7 +38,7 @@ from runtime.cpu_threads import apply_thread_count
 from runtime.processes import rank as rank_of_process
 from service.settings import Settings, get_settings
 from service.sources import local_path, storage_dirs
-from store.db import retry_transient, session_scope
+from store.db import error_text, retry_transient, session_scope
 from store.models import Job
 from worker import hub_access
 from worker.attempt import AttemptDir, attempt_dir, job_dir
@@ -349,8 +349,8 @@ def _main(job_id: str, owner: str, attempt: int, settings: Settings, err_file: P
                 return EXIT_LOST
         return EXIT_UNAVAILABLE
     except Exception as exc:
-        traceback.print_exc()
-        err_file.write_text(f"{type(exc).__name__}: {exc}")
+        traceback.print_exc()  # the job's log; its error says what failed in words (no SQL, no trace)
+        err_file.write_text(f"{type(exc).__name__}: {error_text(exc)}")
         return EXIT_ERROR
 
 

@@ -27,7 +27,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from mathrl.errors import LeaseLost as LeaseLost  # raised here; the worker and tests import it from here
 from runtime.sink import promote
-from store.db import retry_transient, session_scope
+from store.db import error_text, retry_transient, session_scope
 from store.ids import uuid7
 from store.jobs import add_event, holds_lease
 from store.models import BenchmarkScore, Checkpoint, Endpoint, Job, Metric, Sample, utcnow
@@ -83,7 +83,7 @@ class DatabaseSink:
     def _raise_error(self) -> None:
         if isinstance(self._error, LeaseLost):
             raise self._error
-        raise RuntimeError(f"writing to the database failed: {self._error}") from self._error
+        raise RuntimeError(f"writing to the database failed: {error_text(self._error)}") from self._error
 
     def _submit(self, write: Callable[[Any], None]) -> None:
         if self._error is not None:

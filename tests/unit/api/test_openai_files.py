@@ -242,3 +242,22 @@ def test_a_file_with_expires_after_goes_then_and_is_deleted_once_no_job_reads_it
     with session_scope(url) as s:
         assert delete_expired(s) == [read.id]
     assert not Path(kept[read.id]).exists()
+
+
+def test_a_nul_character_in_a_line_is_refused_at_upload_naming_the_line_and_field(app_client: Any) -> None:
+    """Issue 66.3: an upload holding "2+2?\\u0000" was accepted; every eval, eval run or batch over it
+    did all its work and then failed writing its results, its error showing the SQL and its parameters."""
+    import openai
+
+    client = _client(app_client)
+    evals = b'{"item": {"question": "1+1?"}}\n{"item": {"question": "2+2?\\u0000", "answer": "4"}}\n'
+    chats = rft_jsonl(1) + b'{"messages": [{"role": "user", "content": "hi\\u0000"}], "reference_answer": "x"}\n'
+    for purpose, data, pointer in (
+        ("evals", evals, "/file/line/2/item.question"),
+        ("fine-tune", chats, "/file/line/2/messages[0].content"),
+    ):
+        with pytest.raises(openai.BadRequestError) as e:
+            client.files.create(file=("nul.jsonl", io.BytesIO(data)), purpose=purpose)
+        r = e.value.response.json()
+        assert r["errors"][0]["pointer"] == pointer and "NUL" in r["errors"][0]["detail"], r
+    assert client.files.list().data == []

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from store.db import session_scope
+from store.db import UNSTORABLE, session_scope
 from store.jobs import add_event
 from store.keys import get_or_create_project
 from store.migrate import upgrade
@@ -496,3 +496,38 @@ def test_a_key_minted_while_its_parent_is_revoked_is_revoked_with_it(store_url: 
         finally:
             fresh.rollback()
             fresh.close()
+
+
+def test_the_stores_nul_check_holds_for_what_a_job_writes_and_its_error_has_no_sql(store_url: str) -> None:
+    """Issue 66.3: a sample whose prompt held a NUL (from an uploaded file) reached PostgreSQL from the
+    job's sink, which writes with statements of its own (no ORM flush, where the check was): the job
+    failed after all its work, its error the raw INSERT with its parameters. Now the store's check is
+    on every statement's parameters, and the error says where in words."""
+    from store.db import error_text
+    from store.models import Sample
+    from worker.sink import DatabaseSink
+
+    job_id = _job(store_url)
+    with session_scope(store_url) as s:
+        project_id = s.get(Job, job_id).project_id  # type: ignore[union-attr]
+    sink = DatabaseSink(store_url, job_id, project_id, cancel_poll_seconds=0)
+    sink.samples(0, [{"prompt": "1+1?", "completion": "2"}, {"prompt": "2+2?\x00", "completion": "4"}])
+    with pytest.raises(RuntimeError) as e:
+        sink.flush()
+    said = f"{type(e.value).__name__}: {error_text(e.value)}"
+    assert said == "RuntimeError: writing to the database failed: /prompt: " + UNSTORABLE, said
+    with session_scope(store_url) as s:
+        assert s.query(Sample).filter(Sample.job_id == job_id).count() == 0  # the write is one transaction
+
+
+def test_a_database_errors_text_leaves_out_the_statement_and_its_parameters(store_url: str) -> None:
+    from sqlalchemy import text
+
+    from store.db import error_text
+
+    with pytest.raises(Exception) as e, session_scope(store_url) as s:
+        s.execute(text("INSERT INTO no_such_table (secret) VALUES (:v)"), {"v": "another-rows-value"})
+    assert "[SQL:" in str(e.value) and "another-rows-value" in str(e.value)  # what SQLAlchemy says
+    said = error_text(e.value)
+    assert "no_such_table" in said and "INSERT" not in said and "another-rows-value" not in said, said
+    assert "sqlalche.me" not in said, said
