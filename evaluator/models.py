@@ -47,9 +47,28 @@ def load_tokenizer(ref: str) -> Any:
     if path.is_dir() and (gguf := _gguf_in(path)):
         kwargs["gguf_file"] = gguf
     tok = AutoTokenizer.from_pretrained(str(path) if path.exists() else ref, **kwargs)
+    if "gguf_file" in kwargs:  # transformers' GGUF tokenizer names other special tokens than the file's model
+        from transformers import AutoConfig
+
+        tokens_as_config(tok, AutoConfig.from_pretrained(str(path), gguf_file=kwargs["gguf_file"]))
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     return tok
+
+
+def tokens_as_config(tok: Any, config: Any) -> bool:
+    """Make the tokenizer's bos, eos and pad tokens the model config's ids; True where one changed.
+    transformers' GGUF conversion of SmolLM2 named <|im_start|> (id 1) its eos, where the config,
+    its generation config and the GGUF say <|im_end|> (id 2): TRL's completion masks (cut at the
+    tokenizer's eos), Tinker's sample(stop=None) and the pad token all read the tokenizer's."""
+    changed = False
+    for name in ("bos", "eos", "pad"):
+        wanted = getattr(config, f"{name}_token_id", None)
+        wanted = wanted[0] if isinstance(wanted, list) and wanted else wanted
+        if isinstance(wanted, int) and getattr(tok, f"{name}_token_id") != wanted:
+            setattr(tok, f"{name}_token", tok.convert_ids_to_tokens(wanted))
+            changed = True
+    return changed
 
 
 def resolve_dtype(dtype: str, on_gpu: bool) -> str:
@@ -121,9 +140,15 @@ def smollm2_gguf_dir() -> Path:
     return Path(list(spec.submodule_search_locations)[0])
 
 
+# 2: the tokenizer's special tokens are the config's (tokens_as_config); a directory converted before
+# is mended in place on its next use
+CONVERSION = 2
+
+
 def cache_smollm2(target: Path) -> Path:
     """Convert the GGUF to a safetensors directory once (fast to load, usable by vLLM)."""
     if (target / "config.json").exists():
+        _mend(target)
         return target
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -139,7 +164,30 @@ def cache_smollm2(target: Path) -> Path:
     model.load_state_dict(quantized.state_dict())
     tmp = target.with_name(target.name + ".tmp")
     model.save_pretrained(tmp)
-    AutoTokenizer.from_pretrained(str(src), gguf_file=gguf).save_pretrained(tmp)
-    (tmp / "mathrl_source.json").write_text(json.dumps({"gguf": str(src / gguf)}))
+    tok = AutoTokenizer.from_pretrained(str(src), gguf_file=gguf)
+    tokens_as_config(tok, config)
+    tok.save_pretrained(tmp)
+    (tmp / "mathrl_source.json").write_text(json.dumps({"gguf": str(src / gguf), "conversion": CONVERSION}))
     tmp.rename(target)
     return target
+
+
+def _mend(target: Path) -> None:
+    """A directory converted before CONVERSION 2: its tokenizer's special tokens set as its config's,
+    written beside and moved over the old files (readers meanwhile see the old or the new whole)."""
+    source = target / "mathrl_source.json"
+    record = json.loads(source.read_text()) if source.exists() else {}
+    if record.get("conversion", 1) >= CONVERSION:
+        return
+    import os
+    import tempfile
+
+    from transformers import AutoConfig, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(target))
+    if tokens_as_config(tok, AutoConfig.from_pretrained(str(target))):
+        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+            for name in tok.save_pretrained(tmp):
+                if Path(name).parent == Path(tmp):
+                    os.replace(name, target / Path(name).name)
+    source.write_text(json.dumps({**record, "conversion": CONVERSION}))
