@@ -549,8 +549,8 @@ def test_the_sandbox_sees_no_path_of_the_service(boundary: Any, tmp_path: Path) 
 NON_FINITE = {
     "NaN on the pipe": "import os\nos.write(3, b'[{\"score\": NaN}]')\nos._exit(0)",
     "Infinity on the pipe": "import os\nos.write(3, b'[{\"score\": -Infinity}]')\nos._exit(0)",
-    "a string on the pipe": "import os\nos.write(3, b'[{\"score\": \"1\"}]')\nos._exit(0)",
-    "two rows for one case": "import os\nos.write(3, b'[{\"score\": 1}, {\"score\": 1}]')\nos._exit(0)",
+    "a string on the pipe": 'import os\nos.write(3, b\'[{"score": "1"}]\')\nos._exit(0)',
+    "two rows for one case": 'import os\nos.write(3, b\'[{"score": 1}, {"score": 1}]\')\nos._exit(0)',
     "a float posing": "class F(float):\n    def __float__(self):\n        return float('nan')\nreturn F(1.0)",
 }
 
@@ -606,7 +606,8 @@ def test_a_bwrap_that_cannot_start_says_why_not_install_it(monkeypatch: pytest.M
     that cause, not "install bubblewrap"."""
     sandbox.forget_isolation()
     try:
-        monkeypatch.setattr(sandbox, "_probe", lambda *a: "bwrap: execvp /opt/py/bin/python3: No such file or directory")
+        missing = "bwrap: execvp /opt/py/bin/python3: No such file or directory"
+        monkeypatch.setattr(sandbox, "_probe", lambda *a: missing)
         iso = isolation("kernel")
         assert iso.refused and iso.refused.startswith("bubblewrap is installed, but the interpreter did not start")
         assert "No such file or directory" in iso.refused and "apt-get install bubblewrap" not in iso.refused, iso
@@ -624,10 +625,13 @@ def test_a_bwrap_that_cannot_start_says_why_not_install_it(monkeypatch: pytest.M
 # all with the hook on. Now the hook refuses (a) and (b) itself, and beneath it the kernel refuses all
 # three: execve is in the filter's list, and the grader's directory is mounted noexec, so nothing it
 # writes can be mapped executable. (c) reaches the loader the hook wraps, so only the kernel stops it.
-DYNLOAD = "import os, sys\nd = next(p for p in sys.path if p.endswith('lib-dynload'))\n" \
+DYNLOAD = (
+    "import os, sys\nd = next(p for p in sys.path if p.endswith('lib-dynload'))\n"
     "def lib(name):\n    return os.path.join(d, next(f for f in os.listdir(d) if f.startswith(name + '.')))\n"
+)
 PAST_THE_HOOK = {
-    "a module under another name": DYNLOAD + (
+    "a module under another name": DYNLOAD
+    + (
         "import importlib.util\n"
         "spec = importlib.util.spec_from_file_location('g._posixsubprocess', lib('_posixsubprocess'))\n"
         "m = importlib.util.module_from_spec(spec)\nr, w = os.pipe()\ner, ew = os.pipe()\n"
@@ -635,11 +639,13 @@ PAST_THE_HOOK = {
         "None, -1, -1, -1, w, -1, w, er, ew, False, False, -1, None, None, None, -1, None, False)\n"
         "os.close(w)\nos.close(ew)\nos.waitpid(pid, 0)\nraise RuntimeError('OUT=' + os.read(r, 100).decode())"
     ),
-    "a library it wrote": DYNLOAD + (
+    "a library it wrote": DYNLOAD
+    + (
         "import ctypes, shutil\nshutil.copy(lib('_bisect'), 'evil.so')\nctypes.CDLL(os.path.abspath('evil.so'))\n"
         "raise RuntimeError('LOADED')"
     ),
-    "the loader the hook wraps": DYNLOAD + (
+    "the loader the hook wraps": DYNLOAD
+    + (
         "import _imp, shutil, importlib.util\nshutil.copy(lib('_statistics'), '_statistics.so')\n"
         "cells = [c.cell_contents for c in getattr(_imp.create_dynamic, '__closure__', None) or ()]\n"
         "loader = next((c for c in cells if getattr(c, '__name__', '') == 'create_dynamic'), _imp.create_dynamic)\n"
