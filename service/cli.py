@@ -127,7 +127,23 @@ def demo(
     ] = None,
     limit: Annotated[int, typer.Option(help="With --eval-model: GSM8K test problems")] = 20,
     max_new_tokens: Annotated[int, typer.Option(help="With --eval-model: completion length")] = 256,
-    keep_running: Annotated[bool, typer.Option(help="Leave the API and worker up afterwards")] = False,
+    keep_running: Annotated[
+        bool | None,
+        typer.Option(
+            "--keep-running/--no-keep-running",
+            help="Once done, leave the API, the status pages and the worker up until Ctrl-C, or stop them. "
+            "Default: up when run at a terminal; a pipe, a test or CI (CI=true) stops them",
+            show_default=False,
+        ),
+    ] = None,
+    serve: Annotated[
+        bool,
+        typer.Option(
+            "--serve",
+            help="Run no demo: bring the home's service (its status pages and API, the demo's key) up "
+            "until Ctrl-C, as a finished demo left it",
+        ),
+    ] = False,
     pipeline: Annotated[
         str | None,
         typer.Option(
@@ -139,8 +155,10 @@ def demo(
     """Bring the service up with no external services (SQLite, a SQLite broker, one worker, the
     API on localhost) and run the demo pipeline through it: SFT -> reward model -> GRPO ->
     evaluation before and after (examples/arith-pipeline.yaml)."""
-    from service.demo import run_eval_demo, run_pipeline_demo
+    from service.demo import run_eval_demo, run_pipeline_demo, run_serve
 
+    if serve:
+        raise typer.Exit(run_serve(home, port))
     if eval_model:
         raise typer.Exit(run_eval_demo(home, port, eval_model, limit, max_new_tokens, keep_running))
     raise typer.Exit(run_pipeline_demo(home, port, quick, keep_running, pipeline))

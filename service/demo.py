@@ -14,7 +14,11 @@ cancels everything else unfinished, the eval demo cancels it all, and both say w
 
 from __future__ import annotations
 
+import os
+import re
+import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -118,20 +122,143 @@ def _accuracy(client: Any, job_id: str) -> Any:
     return next((s for s in client.scores.list(job_id=job_id) if s.metric == "accuracy"), None)
 
 
-def sandbox_line(env: dict[str, str]) -> str:
-    """Which mode python graders run in on this machine (evaluator/sandbox.py), said at start."""
+def _uses_python_graders(spec: Any) -> bool:
+    """Whether a job or pipeline spec names a python grader anywhere (a reward, an eval's graders)."""
+    if isinstance(spec, dict):
+        return spec.get("type") == "python" or any(_uses_python_graders(v) for v in spec.values())
+    if isinstance(spec, list):
+        return any(_uses_python_graders(v) for v in spec)
+    return False
+
+
+def sandbox_line(env: Mapping[str, str], spec: Any = None) -> str:
+    """Which mode python graders run in on this machine (evaluator/sandbox.py), said at start in one
+    line: a refusal as its reason and what to do, without the sandbox's paragraph of every way out
+    (that is the 503 a python grader gets, and docs/openai-rft.md's "The python grader's sandbox")."""
     from evaluator.sandbox import isolation
 
-    return isolation(env.get("MATHRL_GRADERS__PYTHON_SANDBOX", "kernel")).describe()
+    iso = isolation(env.get("MATHRL_GRADERS__PYTHON_SANDBOX", "kernel"))
+    if not iso.refused:
+        return iso.describe()
+    why = _reason(iso.refused)
+    if iso.refused.startswith("bubblewrap (bwrap) is not installed"):
+        fix = "as root, scripts/setup-sandbox installs it"
+    else:
+        fix = "what to do: docs/openai-rft.md, 'The python grader's sandbox'"
+    used = (
+        "" if spec is None else "; this demo's jobs use them" if _uses_python_graders(spec) else "; this demo uses none"
+    )
+    return f"python graders: refused here ({why}; {fix}){used}"
 
 
-def _finish(console: Any, t0: float, keep_running: bool) -> int:
+def _reason(refused: str, most: int = 160) -> str:
+    """A sandbox refusal's reason, without the paragraph of remedies after it: the text up to its
+    first ': ' outside parentheses (a probe's own message, in parentheses, stays), at most `most` long."""
+    depth = 0
+    for i, ch in enumerate(refused):
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if depth == 0 and refused.startswith(": ", i):
+            refused = refused[:i]
+            break
+    return refused if len(refused) <= most else refused[: most - 3] + "..."
+
+
+_COUNT = re.compile(r"^\d+/\d+\s*")
+_RATE = re.compile(r"\s*\(.*\)\s*$")
+
+
+class ProgressShown:
+    """Which progress events the pipeline demo prints: each tenth of every phase of a job, and the
+    phase's end, not every second's event. A job may count several phases, each from 0 to its own
+    total (a reward model samples its solutions, then trains): a phase is the event's name (its
+    message after the count, less a rate in parentheses) and its total. Keyed by the job alone, as
+    it was, the sampling's end hid the whole of the training after it but its last step."""
+
+    def __init__(self) -> None:
+        self._tenth: dict[tuple[str, str, int], int] = {}
+
+    def show(self, job_id: str, message: str, done: int, total: int) -> bool:
+        phase = (job_id, _RATE.sub("", _COUNT.sub("", message)), total)
+        tenth = int(10 * done / total)
+        if tenth <= self._tenth.get(phase, 0) and done < total:
+            return False
+        self._tenth[phase] = tenth
+        return True
+
+
+CHECKOUT = Path(__file__).resolve().parent.parent
+DEFAULT_HOME = CHECKOUT / ".mathrl"  # scripts/demo's: it runs in the checkout, with --home's default
+
+
+def at_terminal(env: Mapping[str, str] = os.environ, streams: tuple[Any, ...] = (sys.stdin, sys.stdout)) -> bool:
+    """Someone at a terminal, who can end the service with Ctrl-C: not a test's pipe, nor CI (CI=true)."""
+    ci = env.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+    return not ci and all(s.isatty() for s in streams)
+
+
+def stays_up(keep_running: bool | None, at_terminal: bool) -> bool:
+    """Whether the demo leaves the service up once done, for the pages and the API it has just
+    linked, until Ctrl-C: as asked (--keep-running / --no-keep-running), else when someone is at a
+    terminal. A test, a pipe or CI ends, printing the command that brings the pages back."""
+    return at_terminal if keep_running is None else keep_running
+
+
+def serve_command(home: str | Path, port: int) -> str:
+    """The one command that brings this home's pages and API back: the demo's --serve."""
+    root = Path(home).resolve()
+    if (CHECKOUT / "scripts" / "demo").exists():
+        cmd = "scripts/demo --serve" + ("" if root == DEFAULT_HOME else f" --home {root}")
+    else:  # an installed copy (an image): no checkout, no default home to count on
+        cmd = f"mathrl-server demo --serve --home {root}"
+    return cmd + ("" if port in (0, 8000) else f" --port {port}")
+
+
+def _block() -> None:
+    while True:
+        time.sleep(3600)
+
+
+def _serve_until_interrupted(console: Any, home: str | Path, port: int) -> None:
+    """Leave the service up until Ctrl-C, then say how to bring it back."""
+    console.print("the service stays up for the links above; Ctrl-C stops it")
+    try:
+        _block()
+    except KeyboardInterrupt:
+        console.print(f"\nstopping the service; `{serve_command(home, port)}` brings the pages and the API back")
+
+
+def _finish(console: Any, t0: float, keep_running: bool | None, home: str | Path, port: int) -> int:
     console.print(f"demo finished in {time.monotonic() - t0:.0f}s")
-    if keep_running:
-        console.print("service left running; Ctrl-C to stop")
-        while True:
-            time.sleep(3600)
+    if stays_up(keep_running, at_terminal()):
+        _serve_until_interrupted(console, home, port)
+    else:
+        console.print(
+            f"service stopped (the links above are down); `{serve_command(home, port)}` brings them back "
+            "(--keep-running leaves it up)"
+        )
     return 0
+
+
+def run_serve(home: str, port: int) -> int:
+    """Only the service, on a demo's home: its pages, its API and the demo's key, until Ctrl-C. No
+    job is submitted; the worker goes on with what an interrupted run left unfinished."""
+    from rich.console import Console
+
+    console = Console()
+    root = Path(home).resolve()
+    with console.status("starting the embedded service: SQLite, SQLite broker, one worker, the API"):
+        ctx = embedded_service(root, port)
+        url, env = ctx.__enter__()
+    try:
+        key_file = root / "demo-key"
+        if not key_file.exists():
+            key_file.write_text(demo_key(env) + "\n")
+        console.print(f"status pages  {url}/ui   (key: cat {key_file})")
+        console.print(f'API           curl -H "Authorization: Bearer $(cat {key_file})" {url}/v1/jobs')
+        _serve_until_interrupted(console, home, port)
+        return 0
+    finally:
+        ctx.__exit__(None, None, None)
 
 
 def _eval_table(console: Any, client: Any, p: Any) -> None:
@@ -165,7 +292,7 @@ def _eval_table(console: Any, client: Any, p: Any) -> None:
             )
 
 
-def run_pipeline_demo(home: str, port: int, quick: bool, keep_running: bool, pipeline: str | None = None) -> int:
+def run_pipeline_demo(home: str, port: int, quick: bool, keep_running: bool | None, pipeline: str | None = None) -> int:
     from rich.console import Console
 
     from mathrl.client import Client
@@ -186,7 +313,7 @@ def run_pipeline_demo(home: str, port: int, quick: bool, keep_running: bool, pip
         key = demo_key(env)
         (root / "demo-key").write_text(key + "\n")
         console.print(f"API at [bold]{url}[/bold] (up in {time.monotonic() - t0:.0f}s); key in {root / 'demo-key'}")
-        console.print(sandbox_line(env))
+        console.print(sandbox_line(env, spec))
         client = Client(url, api_key=key)
         last_seq: dict[str, int] = {}
         p = earlier_runs(console, client, spec)
@@ -200,7 +327,7 @@ def run_pipeline_demo(home: str, port: int, quick: bool, keep_running: bool, pip
             p = client.pipelines.create(spec)
             console.print(f"submitted pipeline [bold]{p.id}[/bold]: " + " -> ".join(j.step for j in p.jobs))
         console.print(f"watch it at {url}/ui/pipelines/{p.id}")
-        shown_tenth: dict[str, int] = {}  # progress is printed every 10%, not every second
+        shown = ProgressShown()  # progress is printed every 10% of each phase, not every second
         while True:
             p = client.pipelines.retrieve(p.id)
             for j in p.jobs:
@@ -211,10 +338,8 @@ def run_pipeline_demo(home: str, port: int, quick: bool, keep_running: bool, pip
                     if ev.type in ("waiting", "queued"):
                         continue
                     if ev.type == "progress" and ev.data and ev.data.get("total"):
-                        tenth = int(10 * ev.data["done"] / ev.data["total"])
-                        if tenth <= shown_tenth.get(j.job_id, 0) and ev.data["done"] < ev.data["total"]:
+                        if not shown.show(j.job_id, ev.message, ev.data["done"], ev.data["total"]):
                             continue
-                        shown_tenth[j.job_id] = tenth
                     style = {"error": "red", "warning": "yellow"}.get(ev.level, "")
                     line = f"[dim]{ev.time:%H:%M:%S}[/dim] [bold]{j.step:>9}[/bold] {ev.type}: {ev.message}"
                     console.print(f"[{style}]{line}[/{style}]" if style else line, highlight=False)
@@ -240,12 +365,12 @@ def run_pipeline_demo(home: str, port: int, quick: bool, keep_running: bool, pip
             f"  CLI           MATHRL_URL={url} MATHRL_API_KEY=$(cat {root / 'demo-key'}) "
             f"mathrl jobs metrics {grpo}"
         )
-        return _finish(console, t0, keep_running)
+        return _finish(console, t0, keep_running, home, port)
     finally:
         ctx.__exit__(None, None, None)
 
 
-def run_eval_demo(home: str, port: int, model: str, limit: int, max_new_tokens: int, keep_running: bool) -> int:
+def run_eval_demo(home: str, port: int, model: str, limit: int, max_new_tokens: int, keep_running: bool | None) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
@@ -265,7 +390,7 @@ def run_eval_demo(home: str, port: int, model: str, limit: int, max_new_tokens: 
     try:
         key = demo_key(env)
         console.print(f"API at [bold]{url}[/bold] (docs: {url}/docs); demo key written to {root / 'demo-key'}")
-        console.print(sandbox_line(env))
+        console.print(sandbox_line(env, {"kind": "eval"}))
         (root / "demo-key").write_text(key + "\n")
         client = Client(url, api_key=key)
         earlier_runs(console, client, None)
@@ -314,6 +439,6 @@ def run_eval_demo(home: str, port: int, model: str, limit: int, max_new_tokens: 
             f"next: MATHRL_URL={url} MATHRL_API_KEY=$(cat {root / 'demo-key'}) mathrl jobs get {job.id}\n"
             f"      curl -H 'Authorization: Bearer ...' {url}/v1/jobs/{job.id}/samples"
         )
-        return _finish(console, t0, keep_running)
+        return _finish(console, t0, keep_running, home, port)
     finally:
         ctx.__exit__(None, None, None)

@@ -83,6 +83,8 @@ def test_embedded_eval_demo_runs_an_eval_job_through_the_service(tmp_path: Path)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "submitted eval job" in out.stdout and "succeeded" in out.stdout
     assert "accuracy" in out.stdout and "demo finished" in out.stdout
+    # no terminal here: it ends, saying the one command that brings its pages back (issue 66.7)
+    assert f"`scripts/demo --serve --home {tmp_path / 'home'}` brings them back" in " ".join(out.stdout.split())
     assert (tmp_path / "home" / "mathrl.db").exists() and (tmp_path / "home" / "broker.db").exists()
 
 
