@@ -81,6 +81,7 @@ class DatabaseSink:
         self._error: BaseException | None = None
 
     def _raise_error(self) -> None:
+        assert self._error is not None
         if isinstance(self._error, LeaseLost):
             raise self._error
         raise RuntimeError(f"writing to the database failed: {error_text(self._error)}") from self._error
