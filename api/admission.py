@@ -44,7 +44,27 @@ def admit_spec(spec: AnySpec, settings: Settings) -> ResolvedConfig:
     check_job_limits(spec, config, settings)
     check_placement(spec, settings)
     check_memory(spec, config, settings)
+    check_engine_fit(spec, settings)
     return config
+
+
+def check_engine_fit(spec: AnySpec, settings: Settings) -> None:
+    """A job on the CPU that names vLLM (its kind's `vllm_field`) for a model vLLM's CPU build cannot
+    run (evaluator.backends.vllm.cpu_refusal: its attention head size), refused at that field, when the
+    model's shape is known now: a 'tiny:' ref's, or a config.json the API can read (known_model_config).
+    Else the worker checks before it starts an engine; a backend 'auto' is not refused: the worker
+    answers on transformers instead, and says so in an event (worker.supervisor)."""
+    from evaluator.backends.vllm import cpu_refusal
+    from mathrl.modelref import tiny_shape
+
+    needs = home(spec).needs(spec)
+    model, field = needs.vllm_loads, needs.vllm_field
+    if field is None or model is None or spec.resources.gpus > 0:
+        return
+    refusal = cpu_refusal(tiny_shape(model) or known_model_config(model, settings))
+    if refusal is not None:
+        detail = f"{refusal}: set {field} to 'hf' (transformers)"
+        raise Problem.at("/" + field.replace(".", "/"), detail, "Model does not fit vLLM's CPU build")
 
 
 def check_placement(spec: AnySpec, settings: Settings) -> None:

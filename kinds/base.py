@@ -57,6 +57,12 @@ class Needs:
     engine_if_warm: bool = False  # only an engine the worker has warm already: never start one for it
     engine_lora_rank: int = 0  # the job loads LoRA adapters of this rank into the engine itself
     vllm_field: str | None = None  # the field that asks for vLLM by name: a worker without vLLM fails it at once
+    vllm_model: str | None = None  # the model vLLM loads, where not `engine_model` or `model` (an RM's policy)
+
+    @property
+    def vllm_loads(self) -> str | None:
+        """The model a vLLM engine of the job would load (where the job names vLLM: `vllm_field`)."""
+        return self.vllm_model or self.engine_model or self.model
 
 
 @dataclass(frozen=True)

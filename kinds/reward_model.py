@@ -41,7 +41,9 @@ class RewardModelKind(Kind[RewardModelSpec, ResolvedRewardModel]):
         r = spec.resources
         vllm = "backend" if uses_vllm(spec.backend) else None
         world = r.num_processes * r.nodes
-        return Needs(spec.model, training=True, processes=r.num_processes, world=world, vllm_field=vllm)
+        return Needs(
+            spec.model, training=True, processes=r.num_processes, world=world, vllm_field=vllm, vllm_model=spec.policy
+        )
 
     def data(self, spec: RewardModelSpec) -> Data:
         return Data(dataset=spec.dataset)

@@ -109,6 +109,20 @@ def ft_model_ref(name: str) -> str | None:
 TINY_LAYERS, TINY_WIDTH = 8, 1024  # 'tiny:<layers>x<width>' at most: a model for tests and demos
 
 
+def tiny_shape(ref: str) -> dict[str, int] | None:
+    """The shape of the model a 'tiny:<layers>x<width>' ref names (worker.child.build_tiny builds it), as
+    its config.json has it; None for any other ref."""
+    m = re.fullmatch(r"tiny:(\d{1,2})x(\d{2,4})", ref)
+    if m is None:
+        return None
+    width = int(m.group(2))
+    return {
+        "num_hidden_layers": int(m.group(1)),
+        "hidden_size": width,
+        "num_attention_heads": 4 if width % 4 == 0 else 1,
+    }
+
+
 def check_model_ref(value: str) -> str:
     value = value.strip()
     if not value:

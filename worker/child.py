@@ -32,6 +32,7 @@ from typing import Any
 from kinds import JobRun, home
 from mathrl.errors import Cancelled, Drained, NotAvailable, StopRequested
 from mathrl.errors import MemoryRefused as MemoryRefused  # raised here; its callers import it from here
+from mathrl.modelref import tiny_shape
 from mathrl.specs import AnySpec, model_refs, parse_spec
 from mathrl.specs.resolved import ResolvedConfig, resolved
 from runtime.cpu_threads import apply_thread_count
@@ -106,6 +107,7 @@ def run(job_id: str, owner: str, attempt: int) -> int:
     sink.install_sigterm()
     try:
         _check_memory(spec, config, model_path, settings, sink)  # before the model loads
+        _check_engine_fit(spec, model_path, resolve)
         from worker.vllm_server import URL_ENV
         from worker.warm_engine import given_engine
 
@@ -238,13 +240,13 @@ def _check_memory(spec: AnySpec, config: ResolvedConfig, model_path: str, settin
     if stored.get("gpu_memory_gib") is not None:
         return  # checked at submit against the same settings
     gpu_gib = settings.memory.for_queue(spec.resources.queue) or _visible_gpu_gib()
-    model_config = _model_config(model_path)
-    if model_config is None:
+    found = model_config(model_path)
+    if found is None:
         model = home(spec).needs(spec).model
         sink.event("memory_plan", f"memory plan not checked: no config.json for {model}", "warning")
         return
     try:
-        plan, refusal = check_job(training, model_config, gpu_gib)
+        plan, refusal = check_job(training, found, gpu_gib)
     except ValueError as exc:
         sink.event("memory_plan", f"memory plan not checked: {exc}", "warning")
         return
@@ -254,7 +256,24 @@ def _check_memory(spec: AnySpec, config: ResolvedConfig, model_path: str, settin
     sink.event("memory_plan", f"memory plan: ~{plan.estimate_gib:.1f} GiB per GPU{of}", data=plan.record())
 
 
-def _model_config(model_path: str) -> dict[str, Any] | None:
+def _check_engine_fit(spec: AnySpec, model_path: str, resolve: Callable[[str], tuple[str, str | None]]) -> None:
+    """A job that names vLLM, on a worker whose vLLM is its CPU build, for a model that build cannot run
+    fails before its engine loads (which would die at its first request), naming the field (the API
+    refused those whose config.json it could read: this is a hub id's, or a pipeline's model saved since)."""
+    from evaluator.backends.vllm import cpu_build, cpu_refusal
+
+    needs = home(spec).needs(spec)
+    loads = needs.vllm_loads
+    if needs.vllm_field is None or loads is None or not cpu_build():
+        return
+    refusal = cpu_refusal(model_config(model_path if loads == needs.model else resolve(loads)[0]))
+    if refusal is not None:
+        raise NotAvailable(f"{refusal}: set {needs.vllm_field} to 'hf' (transformers)")
+
+
+def model_config(model_path: str) -> dict[str, Any] | None:
+    """The config.json of a local model directory, or of a hub id (fetched alone, into the cache the
+    model loads from); None where there is none to read."""
     from trainer.memory_plan import read_model_config
 
     if model_path.startswith("/"):
@@ -285,14 +304,16 @@ def build_tiny(ref: str, artifact_dir: str) -> str:
 
     from trainer.tiny import build_tiny_model
 
-    layers, width = (int(x) for x in ref[5:].split("x"))
+    shape = tiny_shape(ref)
+    assert shape is not None  # the spec checked the ref
+    layers, width = shape["num_hidden_layers"], shape["hidden_size"]
     target = Path(artifact_dir).resolve() / "models" / f"tiny-{layers}x{width}"
     # Under Ray Train the ranks' process group exists before the job's code runs, and transformers
     # then writes a model on rank 0 alone: rank 0 builds it, the others wait for it
     grouped = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
     if not (target / "config.json").exists() and (not grouped or dist.get_rank() == 0):
         tmp = target.with_name(f"{target.name}.{os.getpid()}.tmp")
-        build_tiny_model(tmp, hidden_size=width, layers=layers, heads=4 if width % 4 == 0 else 1)
+        build_tiny_model(tmp, hidden_size=width, layers=layers, heads=shape["num_attention_heads"])
         try:
             tmp.rename(target)
         except OSError:  # another job (or rank) built it meanwhile

@@ -192,22 +192,37 @@ def report_stale(url: str, job_id: str, owner: str, attempt: int, out: Path) -> 
 
 
 def report_server_exit(url: str, job_id: str, server: Any, out: Path, shared: bool = False) -> None:
-    """The server's exit code and the tail of its log, as the job's error and in its events. A
-    `shared` one (the worker's warm engine, worker/warm_engine.py) served other jobs, other
-    projects' among them, and its log holds their models' paths: the job gets its exit code only."""
+    """The server's exit code and its reason (worker.vllm_server.engine_reason: the exception it died
+    of), as the job's error and in its events, with the tail of its log. A `shared` one (the worker's
+    warm engine, worker/warm_engine.py) served other jobs, other projects' among them, and its log
+    holds their models' paths and requests: the job gets its exit code and only what no request's
+    text is in (its failed start, or its engine core's fatal error)."""
+    from worker.vllm_server import engine_reason
+
     code = server.exited()
+    try:
+        reason = engine_reason(server.log_path.read_text(errors="replace"), shared=shared)
+    except OSError:
+        reason = None
+    because = f": {reason}" if reason else ""
     if shared:
         said = (
-            f"the worker's shared vLLM engine exited with code {code} (its log is the operator's: other jobs used it)"
+            f"the worker's shared vLLM engine exited with code {code}{because} (the rest of its log is the "
+            "operator's: other jobs used it)"
         )
         AttemptDir(out).write_error(said)
-        event(url, job_id, "vllm_server", said, {"code": code}, "error")
+        event(url, job_id, "vllm_server", said, {"code": code, "reason": reason}, "error")
         return
     AttemptDir(out).write_error(
-        f"the job's vLLM server exited with code {code}; its log ends: ...{server.log_tail(600)}"
+        f"the job's vLLM server exited with code {code}{because}; its log ends: ...{server.log_tail(600)}"
     )
     event(
-        url, job_id, "vllm_server", f"the vLLM server exited with code {code}", {"log_tail": server.log_tail()}, "error"
+        url,
+        job_id,
+        "vllm_server",
+        f"the vLLM server exited with code {code}{because}",
+        {"code": code, "reason": reason, "log_tail": server.log_tail()},
+        "error",
     )
 
 

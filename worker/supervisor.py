@@ -13,7 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from evaluator.backends.vllm import cpu_build, cpu_refusal
 from kinds import home
+from mathrl.errors import NotAvailable
 from mathrl.modelref import is_hub_id
 from mathrl.specs import parse_spec
 from mathrl.specs.resolved import ResolvedConfig, ResolvedGRPO, resolved
@@ -26,6 +28,7 @@ from worker.attempt import AttemptDir, attempt_dir
 from worker.child import (
     EXIT_ERROR,
     EXIT_STOPPED,
+    model_config,
     model_resolver,
 )
 from worker.gpu_slots import SLOTS
@@ -143,9 +146,13 @@ def _run_local(a: Claimed, env: dict[str, str], gpus: list[str], lease: LeaseKee
         try:
             engine_log = warm_engine.log_path(settings.artifact_dir, job_id)  # the worker's, not this job's
             acquired = _warm_engine(settings, spec, a.project_id, engine_log, job_id, gpus)
+        except Unfit as exc:  # the job named vLLM: none, rather than an engine that dies at its first request
+            return a.fail(str(exc))
         except Exception as exc:  # a model ref that does not resolve: the job fails with it
             return a.fail(f"starting the vLLM engine failed: {type(exc).__name__}: {exc}")
-        if acquired is not None:
+        if isinstance(acquired, str):  # ON_TRANSFORMERS
+            held = warm_engine.hold_idle()  # a CPU job on transformers, as any other
+        elif acquired is not None:
             engine, adapter = acquired
             server = engine.server
             env[ENGINE_URL_ENV] = server.url
@@ -165,7 +172,10 @@ def _run_local(a: Claimed, env: dict[str, str], gpus: list[str], lease: LeaseKee
             server_log = a.out / "vllm-server.log"
             server, server_env = _start_vllm_server(settings, spec, a.config, a.project_id, server_log, job_id, gpus)
         except Exception as exc:  # a model ref that does not resolve, no vLLM here: the job fails with it
-            return a.fail(f"starting the vLLM server failed: {type(exc).__name__}: {exc}")
+            for kept in held:  # (they were kept for ever: the job never reached the release below)
+                warm_engine.release(kept, settings)
+            failed = f"starting the vLLM server failed: {type(exc).__name__}: {exc}"
+            return a.fail(str(exc) if isinstance(exc, Unfit) else failed)
         env.update(server_env)
         event(
             settings.database.url,
@@ -234,12 +244,21 @@ def _run_on_ray(a: Claimed, lease: LeaseKeeper) -> str:
     return watch(settings, a.job_id, a.owner, ray_job, a.out, a.attempt, lease)
 
 
+class Unfit(NotAvailable):
+    """The job names vLLM for a model this worker's vLLM cannot run (evaluator.backends.vllm.cpu_refusal)."""
+
+
+ON_TRANSFORMERS = "transformers"  # _warm_engine: no engine, the job's model does not fit it ('auto' answers on HF)
+
+
 def _warm_engine(
     settings: Settings, spec: Any, project_id: str, log_path: Path, job_id: str, gpus: list[str]
-) -> tuple[warm_engine.WarmEngine, str | None] | None:
+) -> tuple[warm_engine.WarmEngine, str | None] | str | None:
     """This worker's warm vLLM engine for the job's model, started if there is none, and the LoRA
     adapter to load into it: a LoRA checkpoint's engine is its base model's, with LoRA on, and the
-    job process loads the adapter (ENGINE_ADAPTER_ENV). None: the base's engine is busy without LoRA."""
+    job process loads the adapter (ENGINE_ADAPTER_ENV). None: the base's engine is busy without LoRA.
+    A model this worker's vLLM, its CPU build, cannot run (its config.json read here): Unfit where the
+    job names vLLM, else ON_TRANSFORMERS, with an event saying so."""
     needs = home(spec).needs(spec)
     model = needs.engine_model
     assert model is not None  # wants_warm_engine checked that it has one
@@ -250,6 +269,15 @@ def _warm_engine(
         # (its owner may have made it load another path in its place since the adapter was trained)
         check_hub_model(adapter.base)
     served, rank = (adapter.base, lora_rank(adapter.rank)) if adapter else (model_path, 0)
+    refusal = cpu_refusal(model_config(served)) if cpu_build() else None
+    if refusal is not None and needs.vllm_field is not None:
+        raise Unfit(f"{refusal}: set {needs.vllm_field} to 'hf' (transformers)")
+    if refusal is not None:  # backend 'auto'
+        event(
+            settings.database.url, job_id, "vllm_engine", f"{refusal}: answering with transformers instead",
+            {"how": "transformers", "reason": refusal}, "warning",
+        )  # fmt: skip
+        return ON_TRANSFORMERS
     if needs.engine_lora_rank:  # the job loads adapters of its own (a session's samplers)
         rank = max(rank, lora_rank(needs.engine_lora_rank))
     acquired = warm_engine.acquire(
@@ -314,6 +342,9 @@ def _start_vllm_server(
     gpus: list[str],
 ) -> Any:  # fmt: skip
     model_path, _ = model_resolver(settings, job_id, project_id)(spec.model)  # 'job:' and 'tiny:' refs too
+    refusal = cpu_refusal(model_config(model_path)) if cpu_build() else None
+    if refusal is not None:
+        raise Unfit(f"{refusal}: set generation.backend to 'hf' (transformers)")
     return start_server(
         spec, config.of(ResolvedGRPO), model_path, log_path, prepare_child, gpus, settings.vllm.engine(),
         settings.sources.hub_token_repos,

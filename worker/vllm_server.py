@@ -40,17 +40,56 @@ from runtime.processes import free_port as free_port  # the warm engines and Ray
 
 # what triton's bindings print at interpreter exit (hundreds of lines), which buried the error
 _EXIT_NOISE = re.compile(r"^(nanobind: |See https://nanobind|\s+- leaked |\s+- \.\.\. skipped remainder)")
-_ERROR_LINE = re.compile(r"^(\(\w+ pid=\d+\) )?[\w.]*(Error|Exception): ")
+# a log line's prefixes: its process's ('(EngineCore pid=7) '), vLLM's logger's ('ERROR 12-01 23:42:58 [core.py:9] ')
+_PREFIX = re.compile(r"^(?:\((?P<proc>[\w-]+) pid=\d+\) )?(?:[A-Z]+ \d\d-\d\d [\d:]+ \[[^\]]*\] )?")
+_EXCEPTION = re.compile(r"[\w.]*(?:Error|Exception): \S.*")  # a Python exception's line, after the prefixes
+_POINTERS = ("See stack trace (above)", "See root cause above")  # an exception that points at the one before it
+_SERVING = "Application startup complete."  # the API server answers requests from here on
+_FATAL = "EngineCore encountered a fatal error."  # the engine core's last words: its traceback follows
+_QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"")
+REASON_CHARS = 300
+
+
+def engine_reason(log: str, shared: bool = False) -> str | None:
+    """Why an engine died, from its log: the last Python exception line that is not one pointing
+    at another above it (EngineDeadError's 'See stack trace (above)'), with the indented lines that
+    go on with its message (pydantic's 'Value error, ...'), without the log's prefixes, at most
+    REASON_CHARS long; None when the log holds none. `shared` (a warm engine, whose log holds other
+    projects' requests): only what holds no request's text, the whole log of one that never came up
+    (it served no one), else what the process that logged the engine core's fatal error logged after
+    it, with quoted values left out."""
+    lines = [_unprefixed(line) for line in log.splitlines()]
+    served = next((i for i, (_, text) in enumerate(lines) if _SERVING in text), None)
+    reason, fatal = None, None  # fatal: the process that logged the engine core's fatal error
+    for i, (proc, text) in enumerate(lines):
+        fatal = proc if fatal is None and _FATAL in text else fatal
+        if not _EXCEPTION.fullmatch(text) or any(p in text for p in _POINTERS):
+            continue
+        if shared and served is not None and (i < served or proc != fatal):
+            continue  # what it logged while serving: a request's, maybe another project's
+        for _, more in lines[i + 1 : i + 3]:
+            if not more.startswith(" ") or more.lstrip().startswith(("File ", "For further information")):
+                break
+            text += " " + more.strip()
+        reason = _QUOTED.sub("'...'", text) if shared and served is not None else text
+    return None if reason is None else reason[:REASON_CHARS]
+
+
+def _unprefixed(line: str) -> tuple[str, str]:
+    """(the process that logged it, '' if none said; the line without its prefixes)."""
+    m = _PREFIX.match(line)
+    assert m is not None  # its groups are optional: it matches every line
+    return m["proc"] or "", line[m.end() :]
 
 
 def error_tail(log: str, chars: int) -> str:
     """The end of a server's log for a job's error: the last `chars` characters without the lines
-    triton prints at exit, and the last Python exception line in front when the tail lacks it."""
+    triton prints at exit, and the engine's reason (`engine_reason`) in front when the tail lacks it."""
     lines = [line for line in log.splitlines() if not _EXIT_NOISE.match(line)]
     tail = "\n".join(lines)[-chars:]
-    errors = [line for line in lines if _ERROR_LINE.match(line)]
-    if errors and errors[-1] not in tail:
-        tail = f"{errors[-1][:300]}\n...{tail[-(chars - min(len(errors[-1]), 300)) :]}"
+    reason = engine_reason(log)
+    if reason is not None and reason not in tail:
+        tail = f"{reason}\n...{tail[-(chars - len(reason)) :]}"
     return tail
 
 

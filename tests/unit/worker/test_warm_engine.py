@@ -380,3 +380,65 @@ def test_a_lora_checkpoints_hub_base_is_checked_before_an_engine_serves_it(tmp_p
     out = run.stdout.strip().splitlines()[-1]
     assert out.startswith("refused:") and "names another model to load in its place" in out, out
     assert theirs not in out, out
+
+
+def test_a_model_vllms_cpu_build_cannot_run_gets_no_engine(
+    settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 66.8: an engine of the tiny model (heads 16 wide) started, then died at its first request,
+    and the batch failed with the engine's exit code. Now the worker reads the model's config.json
+    before it starts one: a job that names vLLM fails saying why; 'auto' answers on transformers, and
+    says so; other idle engines are kept through it, as for any CPU job."""
+    from mathrl.specs import parse_spec
+    from worker import supervisor
+
+    said: list[tuple[Any, ...]] = []
+    monkeypatch.setattr(supervisor, "event", lambda *a, **k: said.append(a))
+    monkeypatch.setattr(supervisor, "model_resolver", lambda *a: lambda ref: (ref, None))
+    tiny = tmp_path / "tiny"
+    tiny.mkdir()
+    (tiny / "config.json").write_text(json.dumps({"hidden_size": 64, "num_attention_heads": 4}))
+    chat = {"kind": "generate", "model": str(tiny), "prompt": "1 + 1 ="}
+
+    def warm(backend: str) -> Any:
+        spec = parse_spec({**chat, "backend": backend})
+        return supervisor._warm_engine(settings, spec, "p", tmp_path / "engine.log", "job", [])
+
+    with pytest.raises(supervisor.Unfit, match="heads are 16 wide.*: set backend to 'hf'"):
+        warm("vllm")
+    assert warm("auto") == supervisor.ON_TRANSFORMERS and warm_engine.running() == []
+    (_, _, kind, message, data, level) = said[-1]
+    assert (kind, data["how"], level) == ("vllm_engine", "transformers", "warning")
+    assert message.endswith("heads are 16 wide, and its CPU kernels take 32, 48, 64, 80, 96, 112, 128, 160, 192, "
+                            "224, 256, 512: answering with transformers instead"), message  # fmt: skip
+    (tiny / "config.json").write_text(json.dumps({"hidden_size": 128, "num_attention_heads": 2}))
+    engine, adapter = warm("vllm")  # 64 wide: it fits
+    assert engine.server.exited() is None and adapter is None
+    warm_engine.release(engine, settings)
+
+
+def test_a_shared_engine_that_died_names_its_reason_not_its_users_requests(tmp_path: Path) -> None:
+    """The warm engine's job gets the exception its engine core died of (from the worker's log of it),
+    never what its API server logged about requests, other projects' among them."""
+    import subprocess
+
+    from tests.helpers.store import store_with_jobs
+    from tests.unit.worker.test_generation import DIED_AT_A_REQUEST
+    from worker import record
+    from worker.attempt import AttemptDir
+    from worker.vllm_server import VLLMServer
+
+    log = warm_engine.log_path(tmp_path, "job-of-project-a")
+    log.write_text("\n".join(DIED_AT_A_REQUEST) + "\n")
+    proc = subprocess.Popen([sys.executable, "-c", "raise SystemExit(0)"])
+    proc.wait()
+    url, _, (job_id,) = store_with_jobs(
+        tmp_path, {"kind": "generate", "resolved_config": {"kind": "generate"}, "queue": "parked"}, project="b"
+    )
+    record.report_server_exit(url, job_id, VLLMServer(proc, "http://127.0.0.1:1", log), tmp_path, shared=True)
+    said = AttemptDir(tmp_path).read_error() or ""
+    assert said.startswith(
+        "the worker's shared vLLM engine exited with code 0: RuntimeError: Unsupported CPU attention "
+        "configuration: head_dim=16"
+    ), said
+    assert "secret" not in said and "/models/tiny" not in said and "cmpl-" not in said, said
