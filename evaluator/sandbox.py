@@ -172,13 +172,14 @@ def _python_dirs() -> list[str]:
     return [d for d in out if not any(d != o and d.startswith(o.rstrip("/") + "/") for o in out)]
 
 
-def _bwrap_prefix(tmp_mb: int) -> list[str]:
+def _bwrap_prefix(tmp_mb: int, writable: bool = True) -> list[str]:
+    """bwrap's command line; `writable` False (the python tool's): its /tmp read-only too, nowhere to write."""
     root = os.geteuid() == 0
     argv = ["bwrap", "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-net", "--unshare-ipc"]
     argv += ["--unshare-uts", "--unshare-cgroup-try"]
     if root:  # the harness drops to nobody itself (CAP_SYS_ADMIN: only to make its directory noexec first)
         argv += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
-        argv += ["--cap-add", "CAP_SYS_ADMIN"]
+        argv += ["--cap-add", "CAP_SYS_ADMIN"] if writable else []
     else:  # a user namespace of its own, the caller's uid seen as nobody, no capabilities
         argv += ["--unshare-user", "--uid", str(NOBODY), "--gid", str(NOBODY)]
     argv += ["--ro-bind", "/usr", "/usr"]
@@ -206,7 +207,7 @@ def _bwrap_prefix(tmp_mb: int) -> list[str]:
     # the root and /dev are tmpfs without a size that bwrap makes; without root they are the caller's,
     # and so the grader's (its uid inside): read-only, the sized WORKDIR is its one place to write
     argv += ["--remount-ro", "/dev", "--remount-ro", "/"]
-    return argv
+    return argv if writable else [*argv, "--remount-ro", WORKDIR]
 
 
 def _user(root: bool) -> tuple[str, str | None]:

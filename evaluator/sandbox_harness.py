@@ -6,6 +6,7 @@ on the stdout it was given (the user's prints go to stderr). Standard library on
 mathrl is importable here."""
 
 import base64
+import contextlib
 import ctypes
 import json
 import math
@@ -197,15 +198,16 @@ def _detail(e: BaseException) -> str:
     return detail
 
 
-def main() -> None:
-    request = json.loads(sys.stdin.read())
+def _enter(request: dict[str, Any]) -> Any:
+    """Everything before the user's code, in this order: the noexec directory, the filter, the
+    limits, nobody. Returns the stdout it was given (the user's prints go to stderr)."""
     limits = request["limits"]
     if request.get("noexec"):  # bwrap's tmpfs, before the filter (which refuses mount and unshare)
         _noexec(os.getcwd())
     if request.get("syscall_filter", True):  # off only in the test that shows what the filter refuses
         _filter_syscalls(base64.b64decode(request.get("seccomp") or ""))  # before anything of the user's
     out = os.fdopen(os.dup(1), "w")
-    os.dup2(2, 1)  # the user's prints go to stderr
+    os.dup2(2, 1)
     _limit(resource.RLIMIT_CPU, int(limits["cpu_seconds"]))
     _limit(resource.RLIMIT_AS, int(limits["memory_mb"]) * MB)
     _limit(resource.RLIMIT_FSIZE, int(limits["file_mb"]) * MB)
@@ -218,9 +220,35 @@ def main() -> None:
     if os.getuid() == 0 or os.geteuid() == 0:
         raise SystemExit("refusing to run a python grader as root")
     _limit(resource.RLIMIT_NPROC, int(limits["processes"]))
-    read_roots = [p for p in sys.path if p and os.path.isdir(p)] + [sys.prefix, sys.base_prefix, sys.exec_prefix]
+    return out
+
+
+def _read_roots() -> list[str]:
+    return [p for p in sys.path if p and os.path.isdir(p)] + [sys.prefix, sys.base_prefix, sys.exec_prefix]
+
+
+def _first_line() -> tuple[bytes, bytes]:
+    """The request (one line: json.dumps writes no newline) read from fd 0 unbuffered, and what came
+    after it (a tool's first calls), which a buffered reader would have kept from os.read."""
+    data = b""
+    while b"\n" not in data:
+        chunk = os.read(0, 1 << 20)
+        if not chunk:
+            break
+        data += chunk
+    line, _, rest = data.partition(b"\n")
+    return line, rest
+
+
+def main() -> None:
+    line, rest = _first_line()
+    request = json.loads(line)
+    out = _enter(request)
+    if "tool" in request:
+        return _serve(request["tool"], out, rest)
+    limits = request["limits"]
     if request.get("audit_hook", True):
-        _install_hook(os.getcwd(), read_roots)
+        _install_hook(os.getcwd(), _read_roots())
     namespace: dict[str, object] = {"__name__": "grader"}
     try:
         exec(compile(request["source"], "grader.py", "exec"), namespace)  # the user's code, inside the sandbox
@@ -245,6 +273,135 @@ def main() -> None:
         except BaseException as e:
             results.append({"error": "runtime", "detail": _detail(e)})
     out.write(json.dumps(results))
+
+
+# --- the python tool: a warm sandbox that forks a fresh interpreter state per call (evaluator/python_tool.py)
+
+
+def _serve(tool: dict[str, Any], out: Any, pending: bytes) -> None:
+    """Answer tool calls, one JSON line each on stdin ({"id", "code", "history"}), with one JSON line
+    each on `out` ({"id", "output", "error"}), in the order they end. Each call runs in a child forked
+    from this process, which never runs the user's code: every call starts from the same clean state,
+    its `history` (the rollout's earlier blocks, their output dropped) replayed before its `code`.
+    At most `parallel` children at once; each is killed with its process group at `timeout_s` (wall)
+    or once it has printed over `max_output_bytes`."""
+    import ast  # noqa: F401  (what each call imports, imported once here: a fork inherits it)
+    import selectors
+    import threading  # noqa: F401
+    import time
+    from collections import deque
+
+    timeout, cap, parallel = float(tool["timeout_s"]), int(tool["max_output_bytes"]), int(tool["parallel"])
+    roots = _read_roots()
+    waiting: deque[dict[str, Any]] = deque()
+    running: dict[int, dict[str, Any]] = {}  # read fd -> {id, pid, deadline, buf}
+    selector = selectors.DefaultSelector()
+    selector.register(0, selectors.EVENT_READ, None)
+    stdin_open = True
+    *lines, pending = pending.split(b"\n")
+    waiting.extend(json.loads(line) for line in lines if line.strip())
+
+    def answer(call_id: Any, output: str, error: str | None) -> None:
+        out.write(json.dumps({"id": call_id, "output": output, "error": error}) + "\n")
+        out.flush()
+
+    def finish(fd: int, error: str | None) -> None:
+        job = running.pop(fd)
+        selector.unregister(fd)
+        os.close(fd)
+        for kill in (os.killpg, os.kill):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                kill(job["pid"], signal.SIGKILL)
+        _, status = os.waitpid(job["pid"], 0)
+        text = bytes(job["buf"][:cap]).decode(errors="replace")
+        if error is None and os.WIFSIGNALED(status):
+            sig = os.WTERMSIG(status)
+            error = "cpu_limit" if sig in (signal.SIGXCPU, signal.SIGKILL) else f"killed by signal {sig}"
+        answer(job["id"], text, error)
+
+    while stdin_open or waiting or running:
+        while waiting and len(running) < parallel:
+            call = waiting.popleft()
+            r, w = os.pipe()
+            pid = os.fork()
+            if pid == 0:  # the call's own process: its code's output goes to the pipe, nothing else it can reach
+                _run_call(call, w, timeout, roots)
+            with contextlib.suppress(OSError):  # its own group from the start (it sets it too): killed whole
+                os.setpgid(pid, pid)
+            os.close(w)
+            running[r] = {"id": call.get("id"), "pid": pid, "deadline": time.monotonic() + timeout, "buf": bytearray()}
+            selector.register(r, selectors.EVENT_READ, r)
+        now = time.monotonic()
+        first = min((j["deadline"] for j in running.values()), default=now + 3600)
+        for key, _ in selector.select(max(0.0, first - now) if running else None):
+            if key.data is None:  # the caller
+                chunk = os.read(0, 1 << 16)
+                if not chunk:
+                    stdin_open = False
+                    selector.unregister(0)
+                    continue
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                waiting.extend(json.loads(line) for line in lines if line.strip())
+                continue
+            job = running[key.data]
+            chunk = os.read(key.data, 1 << 16)
+            if not chunk:
+                finish(key.data, None)
+            elif len(job["buf"]) + len(chunk) > cap:
+                job["buf"] += chunk[: cap - len(job["buf"])]
+                finish(key.data, "output_limit")
+            else:
+                job["buf"] += chunk
+        now = time.monotonic()
+        for fd in [fd for fd, j in running.items() if j["deadline"] <= now]:
+            finish(fd, "timeout")
+
+
+def _run_call(call: dict[str, Any], w: int, timeout: float, roots: list[str]) -> None:
+    """In the forked child: its own process group, CPU seconds for its timeout, the audit hook, its
+    history replayed with its output dropped, then its code, whose prints (and the last expression's
+    value, as a notebook shows it, or the error's last line) go to `w`. Never returns."""
+    import ast
+
+    try:
+        os.setpgid(0, 0)
+        null = os.open(os.devnull, os.O_WRONLY)
+        for fd in (1, 2):  # the history's output is dropped
+            os.dup2(null, fd)
+        if w != 3:  # nothing of the server's (the caller's pipe, other calls' pipes) stays open in it
+            os.dup2(w, 3)
+        os.closerange(4, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+        os.close(0)
+        _limit(resource.RLIMIT_CPU, max(1, math.ceil(timeout)))
+        if call.get("audit_hook", True):  # off only in the tests that show the kernel holds by itself
+            _install_hook("/nonexistent-tool-dir", roots)  # no directory of its own: it writes nowhere
+        namespace: dict[str, Any] = {"__name__": "__main__"}
+        for block in call.get("history") or ():
+            try:
+                exec(compile(block, "<cell>", "exec"), namespace)  # the user's code
+            except BaseException:
+                pass
+        sys.stdout.flush()
+        sys.stderr.flush()
+        for fd in (1, 2):
+            os.dup2(3, fd)
+        os.close(3)
+        try:
+            tree = ast.parse(call["code"], "<cell>")
+            last = tree.body[-1] if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+            if last is not None:
+                tree.body.pop()
+            exec(compile(tree, "<cell>", "exec"), namespace)  # the user's code
+            if last is not None:
+                value = eval(compile(ast.Expression(last.value), "<cell>", "eval"), namespace)
+                if value is not None:
+                    print(repr(value))
+        except BaseException as e:
+            print("".join(traceback.format_exception_only(type(e), e)).strip()[-2000:])
+        sys.stdout.flush()
+    finally:
+        os._exit(0)
 
 
 main()

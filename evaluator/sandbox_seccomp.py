@@ -113,10 +113,17 @@ LOAD_HINT = (
 INSTALL_HINT = "install libseccomp (Debian: apt-get install libseccomp2; the mathrl images carry it)"
 
 
-@functools.lru_cache(maxsize=1)
-def program() -> bytes:
-    """The filter as a classic BPF program (struct sock_filter[]), for prctl(PR_SET_SECCOMP).
-    Raises SandboxUnavailable where libseccomp cannot be loaded: python graders fail closed."""
+# what the python tool's calls may not do besides (evaluator/python_tool.py): its calls run side by side
+# in one sandbox, and these are the kernel's ways for one to reach another: sockets of any family (its
+# loopback, abstract unix names) and System V / POSIX IPC objects
+TOOL_DENIED = ("socket", "socketpair", "shmget", "msgget", "semget", "mq_open")
+
+
+@functools.lru_cache(maxsize=2)
+def program(tool: bool = False) -> bytes:
+    """The filter as a classic BPF program (struct sock_filter[]), for prctl(PR_SET_SECCOMP); `tool`:
+    the python tool's, with TOOL_DENIED too. Raises SandboxUnavailable where libseccomp cannot be
+    loaded: python graders and the tool fail closed."""
     try:
         import pyseccomp as seccomp
     except (ImportError, OSError, RuntimeError) as e:  # pyseccomp raises RuntimeError without libseccomp.so
@@ -132,7 +139,9 @@ def program() -> bytes:
     for flag in CLONE_NAMESPACE_FLAGS.values():
         f.add_rule(refuse, "clone", seccomp.Arg(flags, seccomp.MASKED_EQ, flag, flag))
     f.add_rule(seccomp.ERRNO(errno.ENOSYS), "clone3")
-    allowed = sorted(SOCKET_FAMILIES.values())  # every other family: below, between and above them
+    for name in TOOL_DENIED if tool else ():
+        f.add_rule(refuse, name)
+    allowed = [] if tool else sorted(SOCKET_FAMILIES.values())  # every other family: below, between and above them
     for low, high in zip([0, *(a + 1 for a in allowed)], [*allowed, None], strict=True):
         if high is None:
             f.add_rule(refuse, "socket", seccomp.Arg(0, seccomp.GE, low))

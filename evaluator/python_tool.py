@@ -1,0 +1,214 @@
+"""The python tool a rollout calls: the model's code runs behind the python graders' kernel boundary
+(evaluator/sandbox.py: bubblewrap's namespaces, the system-call filter, nobody, the audit hook), in
+one warm sandbox per job that forks a fresh interpreter state for each call.
+
+A call replays: it runs the rollout's earlier code blocks (their output dropped), then its own, in
+a child forked from a server that never runs the user's code. So each call starts from the same
+clean state plus its own rollout's history, whatever ran before it in the job or beside it in the
+batch, and a rollout holds no process between its turns (a session kept open per rollout would tie
+a process to every rollout of a step, and a call that hung or was killed would lose the state).
+The price is the earlier blocks' time again, bounded by `max_calls`.
+
+Calls of one sandbox run side by side (`parallel` at once) and share nothing they can write: the
+sandbox has no writable directory, its filter adds sockets of every family and System V / POSIX IPC
+to the graders' list, and each call is its own process group, killed whole at its timeout or once
+it has printed `max_output_chars`. Calls share a uid: code that reaches past the audit hook could
+signal a sibling call of the same job (its result then reads as killed); no other job's calls are
+in its namespaces. A call that hangs ends at its timeout with an error as its output; the rollout
+goes on. The sandbox fails closed as graders do (SandboxUnavailable)."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+from evaluator import sandbox, sandbox_seccomp
+from evaluator.sandbox import NOBODY, SandboxLimits, SandboxUnavailable, check_available
+
+# the server's own CPU seconds: it only forks and reads; past them it is started again
+SERVER_CPU_SECONDS = 3600
+
+
+@dataclass(frozen=True)
+class ToolLimits:
+    """One call's: wall seconds, what of its output comes back, and the sandbox's share of the machine."""
+
+    timeout_s: float = 5.0
+    max_output_chars: int = 1024
+    parallel: int = 8  # calls at once in the sandbox
+    memory_mb: int = 1024  # address space of the sandbox and each call
+    processes: int = 64  # threads and processes (RLIMIT_NPROC)
+    mode: str = "kernel"  # as graders': only 'kernel' serves the tool (the calls need its namespaces)
+    audit_hook: bool = True  # off only in the tests that show the kernel boundary holds by itself
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    output: str  # what the call printed (and its last expression's value, or its error's last line)
+    error: str | None = None  # None, 'timeout', 'output_limit', 'cpu_limit', 'killed ...' or 'sandbox'
+    seconds: float = 0.0
+
+    def text(self, limits: ToolLimits) -> str:
+        """What the rollout reads back: the output, cut at max_output_chars, with why it stopped."""
+        out = self.output[: limits.max_output_chars]
+        if self.error == "timeout":
+            out += f"\nTimeoutError: the code ran over {limits.timeout_s:g} s and was stopped"
+        elif self.error == "output_limit" or len(self.output) > limits.max_output_chars:
+            out += f"\n[output cut at {limits.max_output_chars} characters]"
+        elif self.error is not None:
+            out += f"\nError: the code was stopped ({self.error})"
+        return out.strip("\n")
+
+
+class PythonTool:
+    """A warm tool sandbox: `run(calls)` answers a batch of (code, history) calls, each in a fresh
+    state. Started on first use, started again when it died; `close()` ends it. Thread-safe."""
+
+    def __init__(self, limits: ToolLimits = ToolLimits()):
+        if limits.mode != "kernel":
+            raise SandboxUnavailable("the python tool runs only behind the kernel boundary (graders.python_sandbox)")
+        self.limits = limits
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._lock = threading.Lock()
+        self._next = 0
+
+    def __enter__(self) -> PythonTool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            for pipe in (proc.stdin, proc.stdout):
+                if pipe is not None:
+                    pipe.close()
+            sandbox._kill_group(proc)
+            proc.wait()
+
+    def _start(self) -> subprocess.Popen[bytes]:
+        check_available("kernel")
+        root = os.geteuid() == 0
+        grader_limits = SandboxLimits(memory_mb=self.limits.memory_mb, processes=self.limits.processes)
+        cmd = [*sandbox._bwrap_prefix(1, writable=False), sys.executable, "-I", "-B", sandbox.INSIDE_HARNESS]
+        request = {
+            "limits": {
+                "cpu_seconds": SERVER_CPU_SECONDS,
+                "memory_mb": grader_limits.memory_mb,
+                "file_mb": 0,
+                "processes": grader_limits.processes,
+            },
+            "uid": NOBODY if root else None,
+            "seccomp": _tool_seccomp(),
+            "tool": {
+                "timeout_s": self.limits.timeout_s,
+                "max_output_bytes": 4 * self.limits.max_output_chars + 4,  # UTF-8's most per character
+                "parallel": self.limits.parallel,
+            },
+        }
+        proc = subprocess.Popen(
+            cmd,
+            env=sandbox._env(sandbox.WORKDIR),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        assert proc.stdin is not None
+        proc.stdin.write(json.dumps(request).encode() + b"\n")
+        proc.stdin.flush()
+        return proc
+
+    def run(self, calls: list[tuple[str, list[str]]]) -> list[ToolResult]:
+        """Each (code, history): `code` run after its rollout's earlier blocks `history`, in a state of
+        its own. Results in the calls' order. A sandbox that dies answers its open calls with error
+        'sandbox' and is started again on the next run."""
+        if not calls:
+            return []
+        with self._lock:
+            if self._proc is None or self._proc.poll() is not None:
+                self.close()
+                self._proc = self._start()
+            proc = self._proc
+            base, self._next = self._next, self._next + len(calls)
+            started, hook = time.monotonic(), self.limits.audit_hook
+            rows = [
+                {"id": base + i, "code": code, "history": list(history), "audit_hook": hook}
+                for i, (code, history) in enumerate(calls)
+            ]
+            lines = b"".join(json.dumps(row).encode() + b"\n" for row in rows)
+            results: dict[int, ToolResult] = {}
+            try:
+                _feed_and_read(proc, lines, base, len(calls), results, started, self._deadline(len(calls)))
+            except (OSError, ValueError, TimeoutError):
+                self.close()
+            return [results.get(base + i, ToolResult("", "sandbox")) for i in range(len(calls))]
+
+    def _deadline(self, n: int) -> float:
+        """How long a batch may take at most before the sandbox is taken for stuck: its calls' timeouts in
+        `parallel` lanes, and a margin for starting."""
+        rounds = -(-n // max(1, self.limits.parallel))
+        return time.monotonic() + rounds * (self.limits.timeout_s + 1.0) + 30.0
+
+
+def _feed_and_read(
+    proc: subprocess.Popen[bytes],
+    lines: bytes,
+    base: int,
+    n: int,
+    results: dict[int, ToolResult],
+    started: float,
+    deadline: float,
+) -> None:
+    """Write the calls (a thread: the server answers while it reads) and read their answers, as
+    untrusted lines: an id of this batch that has no answer yet, an output string, an error string."""
+    assert proc.stdin is not None and proc.stdout is not None
+    stdin, stdout = proc.stdin, proc.stdout
+
+    def feed() -> None:
+        try:
+            stdin.write(lines)
+            stdin.flush()
+        except OSError:
+            pass
+
+    feeder = threading.Thread(target=feed, daemon=True)
+    feeder.start()
+    fd, buf = stdout.fileno(), b""
+    while len(results) < n:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the tool sandbox did not answer")
+        ready, _, _ = select.select([fd], [], [], left)
+        if not ready:
+            continue
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            raise OSError("the tool sandbox ended")
+        buf += chunk
+        *answers, buf = buf.split(b"\n")
+        for line in answers:
+            row = json.loads(line)
+            call = row.get("id") if isinstance(row, dict) else None
+            if not isinstance(call, int) or not base <= call < base + n or call in results:
+                raise ValueError("the tool sandbox wrote an answer to no call of this batch")
+            output, error = row.get("output"), row.get("error")
+            results[call] = ToolResult(
+                output if isinstance(output, str) else "",
+                error if isinstance(error, str) or error is None else "sandbox",
+                time.monotonic() - started,
+            )
+    feeder.join(5)
+
+
+def _tool_seccomp() -> str:
+    import base64
+
+    return base64.b64encode(sandbox_seccomp.program(tool=True)).decode()
