@@ -352,7 +352,22 @@ def test_what_bounds_the_output_leaves_the_rest_as_it_was(boundary: Any) -> None
     assert sandbox._communicate(proc, b"x" * (1 << 20), 10, 1024) == (b"", b"") and proc.returncode == 3
 
 
-def test_without_root_the_graders_one_writable_place_is_its_sized_tmpfs(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def without_root(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The sandbox as a service user's worker makes it (bwrap's non-root command line: a user
+    namespace, the caller seen as nobody), found here as root too."""
+    if os.geteuid() == 0:
+        monkeypatch.setattr(sandbox.os, "geteuid", lambda: 1000)
+    sandbox.forget_isolation()
+    iso = isolation("kernel")
+    if iso.refused:
+        sandbox.forget_isolation()
+        pytest.skip(f"no user namespaces for bwrap here: {iso.refused}")
+    yield iso
+    sandbox.forget_isolation()
+
+
+def test_without_root_the_graders_one_writable_place_is_its_sized_tmpfs(without_root: Any) -> None:
     """Without root, bwrap makes the sandbox's / and /dev as tmpfs of no size owned by the caller,
     whose uid is the grader's inside: before, a grader (the audit hook defeated) wrote to /, /dev,
     /dev/shm and /sandbox without limit, in the machine's memory. Run here as root with the non-root
@@ -362,16 +377,7 @@ def test_without_root_the_graders_one_writable_place_is_its_sized_tmpfs(monkeypa
         "    try:\n        open(p, 'wb').write(b'x')\n        made.append(p)\n    except OSError:\n        pass\n"
         "raise RuntimeError(f'made={made} uid={os.getuid()}')"
     )
-    if os.geteuid() == 0:
-        monkeypatch.setattr(sandbox.os, "geteuid", lambda: 1000)
-    sandbox.forget_isolation()
-    try:
-        iso = isolation("kernel")
-        if iso.refused:
-            pytest.skip(f"no user namespaces for bwrap here: {iso.refused}")
-        (r,) = run_python(grader(body), [({}, {})], SandboxLimits(audit_hook=False))
-    finally:
-        sandbox.forget_isolation()
+    (r,) = run_python(grader(body), [({}, {})], SandboxLimits(audit_hook=False))
     assert r.detail == "RuntimeError: made=['mine'] uid=65534", r
 
 
@@ -675,26 +681,16 @@ def test_what_went_past_the_audit_hook_is_refused(boundary: Any, what: str) -> N
     assert "shell-ran" not in (bare.detail or "") and "LOADED" not in (bare.detail or ""), (what, bare)
 
 
-def test_without_root_the_graders_directory_is_noexec_too(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The non-root command line (a user namespace, the caller seen as nobody): the harness makes a
-    user and mount namespace of its own below bwrap's to remount its directory, then drops what
-    that namespace gave it."""
-    if os.geteuid() == 0:
-        monkeypatch.setattr(sandbox.os, "geteuid", lambda: 1000)
-    sandbox.forget_isolation()
-    try:
-        iso = isolation("kernel")
-        if iso.refused:
-            pytest.skip(f"no user namespaces for bwrap here: {iso.refused}")
-        assert iso.executable_dir is None, iso.describe()
-        body = PAST_THE_HOOK["a library it wrote"] + "\n"
-        (r,) = run_python(grader(body), [({}, {})], SandboxLimits(audit_hook=False))
-        caps = (
-            "import ctypes, struct\nh = ctypes.create_string_buffer(struct.pack('@Ii', 0x20080522, 0))\n"
-            "d = ctypes.create_string_buffer(24)\nctypes.CDLL(None).capget(h, d)\nraise RuntimeError(d.raw.hex())"
-        )
-        (c,) = run_python(grader(caps), [({}, {})], SandboxLimits(audit_hook=False))
-    finally:
-        sandbox.forget_isolation()
+def test_without_root_the_graders_directory_is_noexec_too(without_root: Any) -> None:
+    """The harness makes a user and mount namespace of its own below bwrap's to remount its
+    directory, then drops what that namespace gave it."""
+    assert without_root.executable_dir is None, without_root.describe()
+    body = PAST_THE_HOOK["a library it wrote"] + "\n"
+    (r,) = run_python(grader(body), [({}, {})], SandboxLimits(audit_hook=False))
+    caps = (
+        "import ctypes, struct\nh = ctypes.create_string_buffer(struct.pack('@Ii', 0x20080522, 0))\n"
+        "d = ctypes.create_string_buffer(24)\nctypes.CDLL(None).capget(h, d)\nraise RuntimeError(d.raw.hex())"
+    )
+    (c,) = run_python(grader(caps), [({}, {})], SandboxLimits(audit_hook=False))
     assert "failed to map segment from shared object" in (r.detail or ""), r
     assert c.detail == "RuntimeError: " + "0" * 48, c  # no capability kept from the namespace it made
