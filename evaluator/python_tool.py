@@ -66,6 +66,13 @@ class ToolResult:
         return out.strip("\n")
 
 
+def raised(output: str) -> bool:
+    """Whether a call's output ends with an exception's line (the harness prints its last line)."""
+    last = output.strip().splitlines()[-1:] or [""]
+    head = last[0].split(":", 1)[0]
+    return head.endswith(("Error", "Exception")) or head in ("KeyboardInterrupt", "SystemExit")
+
+
 class PythonTool:
     """A warm tool sandbox: `run(calls)` answers a batch of (code, history) calls, each in a fresh
     state. Started on first use, started again when it died; `close()` ends it. Thread-safe."""

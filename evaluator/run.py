@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from evaluator import prompts
 from evaluator.backends import BackendOptions, backend
@@ -13,10 +14,13 @@ from evaluator.benchmarks import Benchmark, find_benchmark, get_benchmark
 from evaluator.data import Problem, custom_source, load_benchmark, load_custom_set
 from evaluator.graders import Judge, RMScorer
 from evaluator.models import load_tokenizer
+from evaluator.python_tool import PythonTool, ToolLimits
 from evaluator.recipes import ResolvedRecipe, resolve_recipe
 from evaluator.report import report_scores, write_items
-from evaluator.sandbox import SandboxLimits
+from evaluator.sandbox import SandboxLimits, SandboxUnavailable
 from evaluator.scoring import score
+from evaluator.tool_formats import FORMATS
+from evaluator.tool_rollouts import generate_with_tools
 from mathrl.specs import EvalSpec
 from runtime.sink import Sink
 
@@ -48,6 +52,9 @@ def run_eval(
     bench, problems = _problems(spec, data_dir)
     resolved = resolved_recipe or resolve_recipe(spec)
     recipe = resolved.recipe
+    fmt = FORMATS[spec.tools.format] if spec.tools is not None else None
+    if fmt is not None:
+        recipe = fmt.recipe_for(recipe)
     sink.event(
         "loading",
         f"{len(problems)} problems from {bench.name} v{bench.version}, recipe {resolved.name!r}; loading {model_path}",
@@ -80,23 +87,24 @@ def run_eval(
             last[0] = time.monotonic()
             sink.progress(done, total, f"generating ({done / max(time.monotonic() - t1, 1e-9):.2f} problems/s)")
 
-    gens = engine.generate(
-        model,
-        tokenizer,
-        texts,
-        max_new_tokens=max_new_tokens,
-        stop=recipe.stop,
-        temperature=s.temperature,
-        top_p=s.top_p,
-        n=s.n,
-        seed=s.seed,
-        batch_size=spec.batch_size,
-        on_batch=on_batch,
-        should_stop=sink.should_stop,
-    )
+    knobs: dict[str, Any] = {
+        "max_new_tokens": max_new_tokens, "stop": recipe.stop, "temperature": s.temperature, "top_p": s.top_p,
+        "n": s.n, "seed": s.seed, "batch_size": spec.batch_size, "on_batch": on_batch, "should_stop": sink.should_stop,
+    }  # fmt: skip
+    stats = None
+    if spec.tools is not None and fmt is not None:
+        t = spec.tools.python
+        with python_tool(t.timeout_s, t.max_output_chars, sandbox) as tool:
+            gens, stats = generate_with_tools(
+                engine, model, tokenizer, texts, tool=tool, fmt=fmt, max_calls=t.max_calls, **knobs
+            )
+    else:
+        gens = engine.generate(model, tokenizer, texts, **knobs)
     gen_seconds = time.monotonic() - t1
 
     scored = score(spec, recipe, problems, texts, gens, gen_seconds, rm_scorer=rm_scorer, judge=judge, sandbox=sandbox)
+    if stats is not None:
+        scored.values["tool/seconds"] = stats.seconds
     for item in scored.items:
         item["data"]["prompt_tokens"] = prompt_tokens[item["data"]["problem"]]
     write_items(sink, scored.items, results_dir, work_dir)
@@ -106,7 +114,9 @@ def run_eval(
         "benchmark": bench.name,
         "benchmark_version": bench.version,
         "n": len(problems),
-        "sampling": {**s.model_dump(), "max_new_tokens": max_new_tokens},
+        # a tool run's settings with its sampling: its scores stand beside the same model's text-only ones
+        "sampling": {**s.model_dump(), "max_new_tokens": max_new_tokens}
+        | ({"tools": spec.tools.model_dump()} if spec.tools is not None else {}),
         "backend": engine.name,
         "backend_version": engine.version(),
         "prompt_hash": recipe.digest(tokenizer.chat_template),
@@ -115,6 +125,19 @@ def run_eval(
         "seed": s.seed,
     }
     return report_scores(sink, bench, problems, scored, provenance)
+
+
+def python_tool(timeout_s: float, max_output_chars: int, sandbox: SandboxLimits | None) -> PythonTool:
+    """The job's tool sandbox, within the operator's graders settings: only behind the kernel boundary
+    of this machine (not audit-hook mode, not a grading pool: the calls need the sandbox's namespaces)."""
+    limits = sandbox or SandboxLimits()
+    if limits.mode != "kernel" or limits.pool_url:
+        where = "a grading pool" if limits.pool_url else f"graders.python_sandbox={limits.mode!r}"
+        raise SandboxUnavailable(f"the python tool runs only behind this machine's kernel boundary, not in {where}")
+    return PythonTool(
+        ToolLimits(timeout_s=timeout_s, max_output_chars=max_output_chars, memory_mb=limits.memory_mb,
+                   processes=limits.processes)
+    )  # fmt: skip
 
 
 def _problems(spec: EvalSpec, data_dir: str | None) -> tuple[Benchmark, list[Problem]]:

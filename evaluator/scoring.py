@@ -13,6 +13,7 @@ from evaluator.data import Problem
 from evaluator.graders import Judge, RMScorer, grade_items
 from evaluator.grading import answers_match, grade
 from evaluator.metrics import maj_at_k, pass_at_k, wilson_interval
+from evaluator.python_tool import raised
 from evaluator.sandbox import SandboxLimits
 from mathrl.recipe import Recipe
 from mathrl.specs import EvalSpec
@@ -59,7 +60,11 @@ def score(
     per_problem_correct: list[list[bool]] = []
     per_problem_answers: list[list[str | None]] = []
     for p, text, outs in zip(problems, texts, gens, strict=True):
-        verdicts = [grade(g.text, p.gold, pattern=recipe.answer_pattern, truncated=g.truncated) for g in outs]
+        verdicts = [
+            grade(g.text if g.answer_text is None else g.answer_text, p.gold, pattern=recipe.answer_pattern,
+                  truncated=g.truncated)
+            for g in outs
+        ]  # fmt: skip
         per_problem_correct.append([v.correct for v in verdicts])
         per_problem_answers.append([v.extracted for v in verdicts])
         for j, (g, v) in enumerate(zip(outs, verdicts, strict=True)):
@@ -81,6 +86,7 @@ def score(
                 "correct": v.correct,
                 "tokens": g.tokens,
                 "truncated": g.truncated,
+                **({"tool_turns": g.tool_turns} if g.tool_turns is not None else {}),
                 **extra,
                 **p.meta,
             }
@@ -107,4 +113,29 @@ def score(
     scored.values["problems_per_second"] = n_problems / max(gen_seconds, 1e-9)
     if grader_scores:
         scored.values["grader/mean"] = sum(grader_scores) / len(grader_scores)
+    rollouts = [
+        (g, v) for outs, vs in zip(gens, per_problem_answers, strict=True) for g, v in zip(outs, vs, strict=True)
+    ]
+    if rollouts and rollouts[0][0].tool_turns is not None:
+        scored.values |= tool_metrics(rollouts)
     return scored
+
+
+def tool_metrics(rollouts: list[tuple[Generation, str | None]]) -> dict[str, float]:
+    """A tool run's rollouts (each with its extracted answer, or None): calls per rollout, the share of
+    calls that raised or were stopped, timed out, the rollouts that answered, and void turns
+    (SimpleTIR's: a rollout's last turn with neither a call nor an answer, a share of rollouts)."""
+    n = len(rollouts)
+    turns = [t for g, _ in rollouts for t in g.tool_turns or [] if "code" in t]
+    calls = max(len(turns), 1)
+    failed = [t for t in turns if t["error"] is not None or raised(t["output"])]
+    answered = sum(a is not None for _, a in rollouts)
+    last = [next((t["answer"] for t in reversed(g.tool_turns or []) if "answer" in t), "") for g, _ in rollouts]
+    void = sum(a is None and "```python" not in text for (_, a), text in zip(rollouts, last, strict=True))
+    return {
+        "tool/calls_per_rollout": len(turns) / n,
+        "tool/call_errors": len(failed) / calls,
+        "tool/timeouts": sum(t["error"] == "timeout" for t in turns) / calls,
+        "tool/answered": answered / n,
+        "tool/void_turns": void / n,
+    }

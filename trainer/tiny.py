@@ -56,15 +56,19 @@ def build_tiny_model(
     seed: int = 0,
     chat: bool = False,
     max_positions: int = 2048,
+    arch: str = "qwen2",
 ) -> Path:
-    """Write a randomly initialised tiny Qwen2 model and its tokenizer to out_dir."""
+    """Write a randomly initialised tiny model and its tokenizer to out_dir. `arch` 'llama': the same
+    shape as a Llama, whose tokenizer transformers 5 loads from tokenizer.json as written (a qwen2
+    model's it loads as Qwen2Tokenizer, which drops this tokenizer's spaces and newlines)."""
     import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     out = Path(out_dir)
     tok = build_tokenizer(chat=chat)
     torch.manual_seed(seed)
-    config = Qwen2Config(
+    config_class, model_class = (LlamaConfig, LlamaForCausalLM) if arch == "llama" else (Qwen2Config, Qwen2ForCausalLM)
+    config = config_class(
         vocab_size=len(tok),
         hidden_size=hidden_size,
         intermediate_size=hidden_size * 2,
@@ -77,7 +81,7 @@ def build_tiny_model(
         pad_token_id=tok.pad_token_id,
         tie_word_embeddings=True,
     )
-    model = Qwen2ForCausalLM(config)
+    model = model_class(config)
     model.generation_config.eos_token_id = tok.eos_token_id
     model.generation_config.pad_token_id = tok.pad_token_id
     model.save_pretrained(out)

@@ -47,6 +47,10 @@ class Generation:
     tokens: int
     truncated: bool  # hit max_new_tokens without EOS
     ids: list[int] = field(default_factory=list)  # the new token ids as generated (transformers' backend)
+    # a rollout with a tool (evaluator/tool_rollouts.py): each call's code, output and error, and the
+    # model's own words (the tool's outputs taken out), which are what is graded
+    tool_turns: list[dict[str, Any]] | None = None
+    answer_text: str | None = None
 
 
 class Backend(ABC):

@@ -11,6 +11,7 @@ from mathrl.graders import Grader
 from mathrl.modelref import ModelRef
 from mathrl.specs.base import Dtype, GenerationBackend, JobBase, RecipeField
 from mathrl.specs.inputs import DatasetRef, Sampling
+from mathrl.specs.tools import Tools
 
 
 class EvalSpec(JobBase):
@@ -41,6 +42,11 @@ class EvalSpec(JobBase):
     )
     system_prompt: str | None = Field(None, max_length=4000, description="Overrides the recipe's system prompt.")
     dtype: Dtype = Field("auto", description="Model weights dtype.")
+    tools: Tools | None = Field(
+        None,
+        description="Tools the model may call mid-answer (program-aided): its code runs in the python graders' "
+        "sandbox and the output goes back into its context; sampling.max_new_tokens is then per model turn.",
+    )
 
     @model_validator(mode="after")
     def _k_fits_n(self) -> EvalSpec:

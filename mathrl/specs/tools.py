@@ -1,0 +1,29 @@
+"""Tools a job's rollouts may call (`tools` on eval jobs): today a python interpreter, behind the
+python graders' sandbox, in the code-block format (evaluator/tool_formats.py)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from mathrl.specs.base import StrictModel
+
+TOOL_FORMATS = ("code-blocks",)  # evaluator/tool_formats.py FORMATS: the test holds the two equal
+
+
+class PythonTool(StrictModel):
+    max_calls: int = Field(4, ge=1, le=16, description="Calls a rollout may make; the turn after the last has none.")
+    timeout_s: float = Field(5.0, gt=0.0, le=60.0, description="Wall seconds a call may run; then it is stopped.")
+    max_output_chars: int = Field(
+        1024, ge=16, le=16384, description="What of a call's output goes back into the context, in characters."
+    )
+
+
+class Tools(StrictModel):
+    python: PythonTool = Field(default_factory=PythonTool, description="A python interpreter, a fresh state a call.")
+    format: Literal["code-blocks"] = Field(
+        "code-blocks",
+        description="How the model calls it: 'code-blocks', a ```python block, then ```output (ToRL's and "
+        "Qwen2.5-Math-TIR's format), the output coming back as an output block.",
+    )

@@ -1,0 +1,116 @@
+"""An eval with the python tool (issue 67.4), on the hf backend and the tiny model: taught in a few
+seconds to write a code block for each of three questions and to answer after the output, it is
+then evaluated with `tools`. Each rollout's call runs in the tool's sandbox, the computed output
+comes back into its context, the answer after it is graded, and the turns and the tool's metrics
+are kept."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.unit.evaluator.test_sandbox import boundary  # noqa: F401  (the fixture)
+
+pytestmark = pytest.mark.quick
+
+QUESTIONS = [("17 * 23", "391"), ("2 ** 10 - 1", "1023"), ("sum(range(12))", "66")]
+
+
+def _teach(path: Path, texts: list[str], steps: int = 400) -> None:
+    """Fit the tiny model to `texts` (prompt and completion as one sequence) until it repeats them."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path)
+    batch = tok(texts, return_tensors="pt", padding=True)
+    labels = batch.input_ids.masked_fill(batch.attention_mask == 0, -100)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    torch.manual_seed(0)
+    for _ in range(steps):
+        loss = model(**batch, labels=labels).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        if loss.item() < 0.005:
+            break
+    model.save_pretrained(path)
+
+
+def test_an_eval_with_the_python_tool_calls_it_and_grades_the_answer_after(boundary: Any, tmp_path: Path) -> None:  # noqa: F811
+    from evaluator import prompts
+    from evaluator.models import load_tokenizer
+    from evaluator.recipes import resolve_recipe
+    from evaluator.run import run_eval
+    from evaluator.tool_formats import FORMATS
+    from mathrl.specs import EvalSpec
+    from runtime.sink import PrintSink
+    from trainer.tiny import build_tiny_model
+
+    # a Llama: transformers 5 loads a qwen2 model's tokenizer as Qwen2Tokenizer, which drops the
+    # character tokenizer's spaces and newlines, and a code block needs both
+    model = build_tiny_model(tmp_path / "tiny", hidden_size=64, layers=2, heads=4, chat=True, arch="llama")
+    data = tmp_path / "set.jsonl"
+    data.write_text("".join(json.dumps({"question": f"What is {q}?", "answer": a}) + "\n" for q, a in QUESTIONS))
+    spec = EvalSpec.model_validate(
+        {
+            "model": str(model),
+            "dataset": {"path": str(data), "question_field": "question", "answer_field": "answer"},
+            "recipe": {"format": "chat", "question": "{question}"},
+            "sampling": {"max_new_tokens": 48},
+            "tools": {"python": {"max_calls": 2, "timeout_s": 5}},
+        }
+    )
+    fmt = FORMATS["code-blocks"]
+    tok = load_tokenizer(str(model))
+    recipe = fmt.recipe_for(resolve_recipe(spec).recipe)
+    traces = [
+        prompts.render(recipe, f"What is {q}?", tok)
+        + f"```python\nprint({q})\n```\n```output\n{a}\n```\nThe answer is \\boxed{{{a}}}.<eos>"
+        for q, a in QUESTIONS
+    ]
+    _teach(model, traces)
+    sink = PrintSink()
+    values = run_eval(spec, sink, model_path=str(model), data_dir=None)
+    items = sink.items
+    turns = [item["data"]["tool_turns"] for item in items]
+    assert [t[0]["code"].strip() for t in turns] == [f"print({q})" for q, _ in QUESTIONS], turns
+    assert [t[0]["output"] for t in turns] == [a for _, a in QUESTIONS], turns  # computed in the sandbox
+    assert all(t[-1] == {"answer": t[-1]["answer"]} and "boxed" in t[-1]["answer"] for t in turns), turns
+    assert "```output\n391\n```" in items[0]["completion"], items[0]["completion"]
+    assert values["accuracy"] == 1.0 and values["tool/calls_per_rollout"] == 1.0, values
+    assert values["tool/call_errors"] == 0.0 and values["tool/answered"] == 1.0 and values["tool/void_turns"] == 0.0
+    accuracy = next(s for s in sink.scores if s["metric"] == "accuracy")
+    assert accuracy["sampling"]["tools"] == spec.tools.model_dump()  # type: ignore[union-attr]
+
+
+def test_the_specs_formats_are_the_evaluators() -> None:
+    from typing import get_args
+
+    from evaluator.tool_formats import FORMATS
+    from mathrl.specs.tools import TOOL_FORMATS, Tools
+
+    assert set(FORMATS) == set(TOOL_FORMATS) == set(get_args(Tools.model_fields["format"].annotation))
+
+
+def test_a_tools_block_is_checked_naming_its_field(app_client: Any) -> None:
+    from tests.helpers.api import admin_key
+
+    h = admin_key(app_client)
+    base = {"kind": "eval", "model": "org/model", "limit": 1, "resources": {"pool": "objects-parked"}}
+    for tools, pointer in (
+        ({"format": "chat-template"}, "/tools/format"),
+        ({"python": {"max_calls": 0}}, "/tools/python/max_calls"),
+        ({"python": {"timeout_s": 600}}, "/tools/python/timeout_s"),
+        ({"shell": {}}, "/tools/shell"),
+    ):
+        r = app_client.post("/v1/jobs", json={**base, "tools": tools}, headers=h)
+        assert r.status_code == 422 and r.json()["errors"][0]["pointer"] == pointer, r.text
+    generate = {"kind": "generate", "model": "org/model", "prompt": "1+1?", "resources": {"pool": "objects-parked"}}
+    r = app_client.post("/v1/jobs", json={**generate, "tools": {}}, headers=h)
+    assert r.status_code == 422 and r.json()["errors"][0]["pointer"] == "/tools", r.text  # eval only, today
+    r = app_client.post("/v1/jobs", json={**base, "tools": {"python": {"max_calls": 2}}}, headers=h)
+    assert r.status_code == 201 and r.json()["spec"]["tools"]["python"]["max_calls"] == 2, r.text
