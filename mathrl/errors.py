@@ -26,7 +26,8 @@ module can import it.
     ├── SessionCallError (ValueError) a Tinker call a session cannot serve (trainer.session_server)
     ├── NotAvailable (RuntimeError)   this worker cannot run the job (exit EXIT_UNAVAILABLE)
     │   ├── SandboxUnavailable        no python grader sandbox on this machine (evaluator.sandbox)
-    │   └── MemoryRefused             its memory plan needs more than the GPUs have (worker.child)
+    │   ├── MemoryRefused             its memory plan needs more than the GPUs have (worker.child)
+    │   └── EngineUnfit               the job names vLLM for a model its CPU build cannot run (worker.supervisor)
     ├── CheckpointWriteError (RuntimeError)  a checkpoint that could not be written (trainer.checkpoints)
     ├── RayUnavailable (RuntimeError) the Ray cluster does not answer or refused (worker.ray_submit)
     ├── MathRLError                   an error answer from the service, with its problem details (the
@@ -225,6 +226,10 @@ class MemoryRefused(NotAvailable):
     def __init__(self, detail: str, plan: dict[str, Any]):
         super().__init__(detail)
         self.data = plan
+
+
+class EngineUnfit(NotAvailable):
+    """The job names vLLM for a model this worker's vLLM cannot run (evaluator.backends.vllm.cpu_refusal)."""
 
 
 class CheckpointWriteError(MathRLException, RuntimeError):

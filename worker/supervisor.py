@@ -15,7 +15,7 @@ from typing import Any
 
 from evaluator.backends.vllm import cpu_build, cpu_refusal
 from kinds import home
-from mathrl.errors import NotAvailable
+from mathrl.errors import EngineUnfit as EngineUnfit  # raised here; its callers import it from here
 from mathrl.modelref import is_hub_id
 from mathrl.specs import parse_spec
 from mathrl.specs.resolved import ResolvedConfig, ResolvedGRPO, resolved
@@ -146,7 +146,7 @@ def _run_local(a: Claimed, env: dict[str, str], gpus: list[str], lease: LeaseKee
         try:
             engine_log = warm_engine.log_path(settings.artifact_dir, job_id)  # the worker's, not this job's
             acquired = _warm_engine(settings, spec, a.project_id, engine_log, job_id, gpus)
-        except Unfit as exc:  # the job named vLLM: none, rather than an engine that dies at its first request
+        except EngineUnfit as exc:  # the job named vLLM: none, rather than an engine that dies at its first request
             return a.fail(str(exc))
         except Exception as exc:  # a model ref that does not resolve: the job fails with it
             return a.fail(f"starting the vLLM engine failed: {type(exc).__name__}: {exc}")
@@ -175,7 +175,7 @@ def _run_local(a: Claimed, env: dict[str, str], gpus: list[str], lease: LeaseKee
             for kept in held:  # (they were kept for ever: the job never reached the release below)
                 warm_engine.release(kept, settings)
             failed = f"starting the vLLM server failed: {type(exc).__name__}: {exc}"
-            return a.fail(str(exc) if isinstance(exc, Unfit) else failed)
+            return a.fail(str(exc) if isinstance(exc, EngineUnfit) else failed)
         env.update(server_env)
         event(
             settings.database.url,
@@ -244,10 +244,6 @@ def _run_on_ray(a: Claimed, lease: LeaseKeeper) -> str:
     return watch(settings, a.job_id, a.owner, ray_job, a.out, a.attempt, lease)
 
 
-class Unfit(NotAvailable):
-    """The job names vLLM for a model this worker's vLLM cannot run (evaluator.backends.vllm.cpu_refusal)."""
-
-
 ON_TRANSFORMERS = "transformers"  # _warm_engine: no engine, the job's model does not fit it ('auto' answers on HF)
 
 
@@ -257,7 +253,7 @@ def _warm_engine(
     """This worker's warm vLLM engine for the job's model, started if there is none, and the LoRA
     adapter to load into it: a LoRA checkpoint's engine is its base model's, with LoRA on, and the
     job process loads the adapter (ENGINE_ADAPTER_ENV). None: the base's engine is busy without LoRA.
-    A model this worker's vLLM, its CPU build, cannot run (its config.json read here): Unfit where the
+    A model this worker's vLLM, its CPU build, cannot run (its config.json read here): EngineUnfit where the
     job names vLLM, else ON_TRANSFORMERS, with an event saying so."""
     needs = home(spec).needs(spec)
     model = needs.engine_model
@@ -271,7 +267,7 @@ def _warm_engine(
     served, rank = (adapter.base, lora_rank(adapter.rank)) if adapter else (model_path, 0)
     refusal = cpu_refusal(model_config(served)) if cpu_build() else None
     if refusal is not None and needs.vllm_field is not None:
-        raise Unfit(f"{refusal}: set {needs.vllm_field} to 'hf' (transformers)")
+        raise EngineUnfit(f"{refusal}: set {needs.vllm_field} to 'hf' (transformers)")
     if refusal is not None:  # backend 'auto'
         event(
             settings.database.url, job_id, "vllm_engine", f"{refusal}: answering with transformers instead",
@@ -344,7 +340,7 @@ def _start_vllm_server(
     model_path, _ = model_resolver(settings, job_id, project_id)(spec.model)  # 'job:' and 'tiny:' refs too
     refusal = cpu_refusal(model_config(model_path)) if cpu_build() else None
     if refusal is not None:
-        raise Unfit(f"{refusal}: set generation.backend to 'hf' (transformers)")
+        raise EngineUnfit(f"{refusal}: set generation.backend to 'hf' (transformers)")
     return start_server(
         spec, config.of(ResolvedGRPO), model_path, log_path, prepare_child, gpus, settings.vllm.engine(),
         settings.sources.hub_token_repos,

@@ -404,7 +404,7 @@ def test_a_model_vllms_cpu_build_cannot_run_gets_no_engine(
         spec = parse_spec({**chat, "backend": backend})
         return supervisor._warm_engine(settings, spec, "p", tmp_path / "engine.log", "job", [])
 
-    with pytest.raises(supervisor.Unfit, match="heads are 16 wide.*: set backend to 'hf'"):
+    with pytest.raises(supervisor.EngineUnfit, match="heads are 16 wide.*: set backend to 'hf'"):
         warm("vllm")
     assert warm("auto") == supervisor.ON_TRANSFORMERS and warm_engine.running() == []
     (_, _, kind, message, data, level) = said[-1]
