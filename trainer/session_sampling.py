@@ -49,18 +49,23 @@ def sample_call(body: Mapping[str, Any]) -> SampleCall:
         stop = [stop]
     if int(body.get("topk_prompt_logprobs") or 0) or int(body.get("topk_sample_logprobs") or 0):
         raise ValueError("topk_prompt_logprobs/topk_sample_logprobs: top-k log-probabilities are not served; send 0")
-    n = int(body.get("num_samples") or 1)
+    n = int(1 if body.get("num_samples") is None else body["num_samples"])  # 0 is 0: refused, not one sample
     if not 1 <= n <= 128:
         raise ValueError(f"num_samples: {n} is out of range; give 1 to 128")
     max_tokens = params.get("max_tokens")
     if max_tokens is not None and not 1 <= int(max_tokens) <= MAX_TOKENS:
         raise ValueError(f"sampling_params.max_tokens: {max_tokens} is out of range; give 1 to {MAX_TOKENS}")
+    temperature, top_p = float(params.get("temperature", 1.0)), float(params.get("top_p", 1.0))
+    if not 0.0 <= temperature <= 100.0:  # NaN fails too; a negative one was served as greedy
+        raise ValueError(f"sampling_params.temperature: {temperature} is out of range; give 0 (greedy) to 100")
+    if not 0.0 < top_p <= 1.0:
+        raise ValueError(f"sampling_params.top_p: {top_p} is out of range; give more than 0, at most 1")
     return SampleCall(
         prompt=tokens,
         num_samples=n,
         max_tokens=None if max_tokens is None else int(max_tokens),
-        temperature=float(params.get("temperature", 1.0)),
-        top_p=float(params.get("top_p", 1.0)),
+        temperature=temperature,
+        top_p=top_p,
         top_k=int(params.get("top_k", -1)),
         stop=stop,
         seed=params.get("seed"),

@@ -142,6 +142,9 @@ def test_bad_numbers_and_tokens_are_the_callers_error_and_leave_the_session_as_i
     ok = {"chunks": [{"tokens": tokens, "type": "encoded_text"}]}
     for body, said in (
         ({"prompt": ok, "num_samples": 10**9}, "num_samples"),
+        ({"prompt": ok, "num_samples": 0}, "num_samples"),  # issue 69.6: was served as one sample
+        ({"prompt": ok, "sampling_params": {"temperature": -1}}, "temperature"),  # was served as greedy
+        ({"prompt": ok, "sampling_params": {"top_p": 0}}, "top_p"),
         ({"prompt": ok, "sampling_params": {"max_tokens": 10**9}}, "max_tokens"),
     ):
         with pytest.raises(ValueError, match=said):
