@@ -15,7 +15,8 @@ to the graders' list, and each call is its own process group, killed whole at it
 it has printed `max_output_chars`. Calls share a uid: code that reaches past the audit hook could
 signal a sibling call of the same job (its result then reads as killed); no other job's calls are
 in its namespaces. A call that hangs ends at its timeout with an error as its output; the rollout
-goes on. The sandbox fails closed as graders do (SandboxUnavailable)."""
+goes on. The sandbox fails closed as graders do (SandboxUnavailable); it runs only in the kernel
+mode (evaluator/run.py `python_tool` refuses the others)."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ import time
 from dataclasses import dataclass
 
 from evaluator import sandbox, sandbox_seccomp
-from evaluator.sandbox import NOBODY, SandboxLimits, SandboxUnavailable, check_available
+from evaluator.sandbox import NOBODY, check_available
 
 # the server's own CPU seconds: it only forks and reads; past them it is started again
 SERVER_CPU_SECONDS = 3600
@@ -44,7 +45,6 @@ class ToolLimits:
     parallel: int = 8  # calls at once in the sandbox
     memory_mb: int = 1024  # address space of the sandbox and each call
     processes: int = 64  # threads and processes (RLIMIT_NPROC)
-    mode: str = "kernel"  # as graders': only 'kernel' serves the tool (the calls need its namespaces)
     audit_hook: bool = True  # off only in the tests that show the kernel boundary holds by itself
 
 
@@ -52,7 +52,7 @@ class ToolLimits:
 class ToolResult:
     output: str  # what the call printed (and its last expression's value, or its error's last line)
     error: str | None = None  # None, 'timeout', 'output_limit', 'cpu_limit', 'killed ...' or 'sandbox'
-    seconds: float = 0.0
+    seconds: float = 0.0  # from its batch's start to its answer
 
     def text(self, limits: ToolLimits) -> str:
         """What the rollout reads back: the output, cut at max_output_chars, with why it stopped."""
@@ -78,8 +78,6 @@ class PythonTool:
     state. Started on first use, started again when it died; `close()` ends it. Thread-safe."""
 
     def __init__(self, limits: ToolLimits = ToolLimits()):
-        if limits.mode != "kernel":
-            raise SandboxUnavailable("the python tool runs only behind the kernel boundary (graders.python_sandbox)")
         self.limits = limits
         self._proc: subprocess.Popen[bytes] | None = None
         self._lock = threading.Lock()
@@ -103,14 +101,13 @@ class PythonTool:
     def _start(self) -> subprocess.Popen[bytes]:
         check_available("kernel")
         root = os.geteuid() == 0
-        grader_limits = SandboxLimits(memory_mb=self.limits.memory_mb, processes=self.limits.processes)
         cmd = [*sandbox._bwrap_prefix(1, writable=False), sys.executable, "-I", "-B", sandbox.INSIDE_HARNESS]
         request = {
             "limits": {
                 "cpu_seconds": SERVER_CPU_SECONDS,
-                "memory_mb": grader_limits.memory_mb,
+                "memory_mb": self.limits.memory_mb,
                 "file_mb": 0,
-                "processes": grader_limits.processes,
+                "processes": self.limits.processes,
             },
             "uid": NOBODY if root else None,
             "seccomp": _tool_seccomp(),

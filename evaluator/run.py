@@ -91,11 +91,11 @@ def run_eval(
         "max_new_tokens": max_new_tokens, "stop": recipe.stop, "temperature": s.temperature, "top_p": s.top_p,
         "n": s.n, "seed": s.seed, "batch_size": spec.batch_size, "on_batch": on_batch, "should_stop": sink.should_stop,
     }  # fmt: skip
-    stats = None
+    tool_seconds = None
     if spec.tools is not None and fmt is not None:
         t = spec.tools.python
         with python_tool(t.timeout_s, t.max_output_chars, sandbox) as tool:
-            gens, stats = generate_with_tools(
+            gens, tool_seconds = generate_with_tools(
                 engine, model, tokenizer, texts, tool=tool, fmt=fmt, max_calls=t.max_calls, **knobs
             )
     else:
@@ -103,8 +103,8 @@ def run_eval(
     gen_seconds = time.monotonic() - t1
 
     scored = score(spec, recipe, problems, texts, gens, gen_seconds, rm_scorer=rm_scorer, judge=judge, sandbox=sandbox)
-    if stats is not None:
-        scored.values["tool/seconds"] = stats.seconds
+    if tool_seconds is not None:
+        scored.values["tool/seconds"] = tool_seconds
     for item in scored.items:
         item["data"]["prompt_tokens"] = prompt_tokens[item["data"]["problem"]]
     write_items(sink, scored.items, results_dir, work_dir)

@@ -33,7 +33,8 @@ class ToolFormat:
 
     def recipe_for(self, recipe: Recipe) -> Recipe:
         """The recipe with the tool's instruction after its system text (a chat's system turn, a text
-        recipe's description), and the call's stop string among its stops."""
+        recipe's description). The call's stop string is the rollout loop's to add (a rollout's last
+        turn goes without it: evaluator/tool_rollouts.py)."""
         system = f"{recipe.system}\n\n{self.instruction}" if recipe.system else self.instruction
         if recipe.format == "text":
             system += "\n\n"

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from evaluator.backends.base import Backend, Generation
-from evaluator.python_tool import PythonTool, raised
+from evaluator.python_tool import PythonTool
 from evaluator.tool_formats import ToolFormat
 
 
@@ -24,17 +24,6 @@ class Rollout:
     tokens: int = 0  # the model's tokens, every turn's
     truncated: bool = False  # a turn hit max_new_tokens
     done: bool = False
-
-
-@dataclass
-class ToolStats:
-    """What a run's calls did, for its metrics: calls, errors (an exception or the sandbox's stop),
-    timeouts, and the seconds the calls' batches took."""
-
-    calls: int = 0
-    errors: int = 0
-    timeouts: int = 0
-    seconds: float = 0.0
 
 
 def generate_with_tools(
@@ -55,10 +44,11 @@ def generate_with_tools(
     batch_size: int,
     on_batch: Callable[[int, int], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
-) -> tuple[list[list[Generation]], ToolStats]:
+) -> tuple[list[list[Generation]], float]:
     """For each prompt its n rollouts as Generations (text: the whole rollout, its tool outputs
-    included; `tool_turns`: each call, then the last turn as {answer}), and what the calls did."""
-    stats = ToolStats()
+    included; `tool_turns`: each call, then the last turn as {answer}), and the seconds the calls'
+    batches took (what the calls did is read off the turns: evaluator/scoring.py tool_metrics)."""
+    tool_seconds = 0.0
     first = engine.generate(
         model, tokenizer, prompts, max_new_tokens=max_new_tokens, stop=[*stop, fmt.call_stop], temperature=temperature,
         top_p=top_p, n=n, seed=seed, batch_size=batch_size, on_batch=on_batch, should_stop=should_stop,
@@ -82,12 +72,9 @@ def generate_with_tools(
             break
         t0 = time.monotonic()
         results = tool.run([(code, [t["code"] for t in r.turns if "code" in t]) for r, code in calls])
-        stats.seconds += time.monotonic() - t0
+        tool_seconds += time.monotonic() - t0
         for (r, code), res in zip(calls, results, strict=True):
             output = res.text(tool.limits)
-            stats.calls += 1
-            stats.timeouts += res.error == "timeout"
-            stats.errors += res.error is not None or raised(res.output)
             r.turns.append({"code": code, "output": output, "error": res.error})
             r.text += fmt.returned(r.text, output)
         open_ = [r for r, _ in calls]
@@ -105,4 +92,4 @@ def generate_with_tools(
         ]
         for rs in rollouts
     ]
-    return out, stats
+    return out, tool_seconds
