@@ -135,8 +135,7 @@ def python_tool(timeout_s: float, max_output_chars: int, sandbox: SandboxLimits 
         where = "a grading pool" if limits.pool_url else f"graders.python_sandbox={limits.mode!r}"
         raise SandboxUnavailable(f"the python tool runs only behind this machine's kernel boundary, not in {where}")
     return PythonTool(
-        ToolLimits(timeout_s=timeout_s, max_output_chars=max_output_chars, memory_mb=limits.memory_mb,
-                   processes=limits.processes)
+        ToolLimits(timeout_s=timeout_s, max_output_chars=max_output_chars, memory_mb=limits.memory_mb)
     )  # fmt: skip
 
 
