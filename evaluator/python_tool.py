@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass
 
 from evaluator import sandbox, sandbox_seccomp
-from evaluator.sandbox import NOBODY, check_available
+from evaluator.sandbox import NOBODY, SandboxLimits, SandboxUnavailable, check_available
 
 # the server's own CPU seconds: it only forks and reads; past them it is started again
 SERVER_CPU_SECONDS = 3600
@@ -218,3 +218,15 @@ def _tool_seccomp() -> str:
     import base64
 
     return base64.b64encode(sandbox_seccomp.program(tool=True)).decode()
+
+
+def job_tool(timeout_s: float, max_output_chars: int, sandbox: SandboxLimits | None) -> PythonTool:
+    """The job's tool sandbox, within the operator's graders settings: only behind the kernel boundary
+    of this machine (not audit-hook mode, not a grading pool: the calls need the sandbox's namespaces)."""
+    limits = sandbox or SandboxLimits()
+    if limits.mode != "kernel" or limits.pool_url:
+        where = "a grading pool" if limits.pool_url else f"graders.python_sandbox={limits.mode!r}"
+        raise SandboxUnavailable(f"the python tool runs only behind this machine's kernel boundary, not in {where}")
+    return PythonTool(
+        ToolLimits(timeout_s=timeout_s, max_output_chars=max_output_chars, memory_mb=limits.memory_mb)
+    )  # fmt: skip

@@ -14,10 +14,10 @@ from evaluator.benchmarks import Benchmark, find_benchmark, get_benchmark
 from evaluator.data import Problem, custom_source, load_benchmark, load_custom_set
 from evaluator.graders import Judge, RMScorer
 from evaluator.models import load_tokenizer
-from evaluator.python_tool import PythonTool, ToolLimits
+from evaluator.python_tool import job_tool
 from evaluator.recipes import ResolvedRecipe, resolve_recipe
 from evaluator.report import report_scores, write_items
-from evaluator.sandbox import SandboxLimits, SandboxUnavailable
+from evaluator.sandbox import SandboxLimits
 from evaluator.scoring import score
 from evaluator.tool_formats import FORMATS
 from evaluator.tool_rollouts import generate_with_tools
@@ -94,7 +94,7 @@ def run_eval(
     tool_seconds = None
     if spec.tools is not None and fmt is not None:
         t = spec.tools.python
-        with python_tool(t.timeout_s, t.max_output_chars, sandbox) as tool:
+        with job_tool(t.timeout_s, t.max_output_chars, sandbox) as tool:
             gens, tool_seconds = generate_with_tools(
                 engine, model, tokenizer, texts, tool=tool, fmt=fmt, max_calls=t.max_calls, **knobs
             )
@@ -125,18 +125,6 @@ def run_eval(
         "seed": s.seed,
     }
     return report_scores(sink, bench, problems, scored, provenance)
-
-
-def python_tool(timeout_s: float, max_output_chars: int, sandbox: SandboxLimits | None) -> PythonTool:
-    """The job's tool sandbox, within the operator's graders settings: only behind the kernel boundary
-    of this machine (not audit-hook mode, not a grading pool: the calls need the sandbox's namespaces)."""
-    limits = sandbox or SandboxLimits()
-    if limits.mode != "kernel" or limits.pool_url:
-        where = "a grading pool" if limits.pool_url else f"graders.python_sandbox={limits.mode!r}"
-        raise SandboxUnavailable(f"the python tool runs only behind this machine's kernel boundary, not in {where}")
-    return PythonTool(
-        ToolLimits(timeout_s=timeout_s, max_output_chars=max_output_chars, memory_mb=limits.memory_mb)
-    )  # fmt: skip
 
 
 def _problems(spec: EvalSpec, data_dir: str | None) -> tuple[Benchmark, list[Problem]]:

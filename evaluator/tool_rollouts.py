@@ -1,8 +1,13 @@
-"""Multi-turn rollouts with a tool, on any generation backend (evaluator/backends: the same
-`generate` every job calls): each turn generates for every open rollout until the format's call
-stop; a turn that ends with a code block is called (evaluator/python_tool.py, the calls of a turn
-as one batch), its output appended, and the rollout goes on; a turn without one is the rollout's
-answer. After `max_calls` calls a rollout's next turn has no call stop: it must answer."""
+"""Multi-turn rollouts with a tool: the one loop, for eval jobs and for GRPO.
+
+Each turn generates for every open rollout until the format's call stop; a turn that ends with a
+code block is called (evaluator/python_tool.py, the calls of a turn as one batch), its output
+appended, and the rollout goes on; a turn without one is the rollout's answer. After `max_calls`
+calls a rollout's next turn has no call stop: it must answer.
+
+`run_turns` is the loop; what generates a turn is the caller's. Eval jobs generate text on any
+backend (`generate_with_tools`: the same `generate` every job calls); GRPO generates token ids on
+the trainer's own engine and keeps the tool's tokens out of the loss (trainer/tool_grpo.py)."""
 
 from __future__ import annotations
 
@@ -22,8 +27,69 @@ class Rollout:
     text: str = ""  # the model's turns and the tool's outputs, in order: the completion
     turns: list[dict[str, Any]] = field(default_factory=list)  # per call {code, output, error}, then {answer}
     tokens: int = 0  # the model's tokens, every turn's
-    truncated: bool = False  # a turn hit max_new_tokens
+    truncated: bool = False  # a turn hit its token limit
     done: bool = False
+
+    def receive(self, text: str) -> None:
+        """A call's output comes back into the context (a token rollout also counts it: trainer/tool_grpo.py)."""
+        self.text += text
+
+
+@dataclass(frozen=True)
+class Turn:
+    """What the model wrote in one turn: its words (without the call stop), its token count, and
+    whether it hit its token limit or ended its rollout whatever it holds (an end of sequence)."""
+
+    text: str
+    tokens: int
+    truncated: bool = False
+    final: bool = False
+
+
+# (the open rollouts, whether their turn may call) -> each one's next turn
+NextTurns = Callable[[list[Any], bool], list[Turn]]
+
+
+def run_turns(
+    rollouts: list[Any],
+    first: list[Turn],
+    next_turns: NextTurns,
+    *,
+    tool: PythonTool,
+    fmt: ToolFormat,
+    max_calls: int,
+    should_stop: Callable[[], bool] | None = None,
+) -> float:
+    """Run `rollouts` (each a Rollout, given its first turn) to their ends; the seconds the calls'
+    batches took. A rollout's `turns` then hold each call, and its last turn as {answer}."""
+    tool_seconds = 0.0
+    open_, turns = list(rollouts), first
+    for call_round in range(max_calls + 1):
+        calls: list[tuple[Rollout, str]] = []
+        for r, t in zip(open_, turns, strict=True):
+            r.text += t.text
+            r.tokens += t.tokens
+            r.truncated = r.truncated or t.truncated
+            code = None if t.truncated or t.final or call_round == max_calls else fmt.call_in(t.text)
+            if code is None:  # its answer (or what it wrote instead): the last of its turns
+                r.done = True
+                r.turns.append({"answer": t.text})
+            else:
+                calls.append((r, code))
+        if not calls or (should_stop is not None and should_stop()):
+            break
+        t0 = time.monotonic()
+        results = tool.run([(code, [t["code"] for t in r.turns if "code" in t]) for r, code in calls])
+        tool_seconds += time.monotonic() - t0
+        for (r, code), res in zip(calls, results, strict=True):
+            output = res.text(tool.limits)
+            r.turns.append({"code": code, "output": output, "error": res.error})
+            r.receive(fmt.returned(r.text, output))
+        open_ = [r for r, _ in calls if not r.done]  # a token rollout whose budget the output spent is done
+        if not open_:
+            break
+        turns = next_turns(open_, call_round + 1 < max_calls)  # the turn after the last call answers
+    return tool_seconds
 
 
 def generate_with_tools(
@@ -47,44 +113,33 @@ def generate_with_tools(
 ) -> tuple[list[list[Generation]], float]:
     """For each prompt its n rollouts as Generations (text: the whole rollout, its tool outputs
     included; `tool_turns`: each call, then the last turn as {answer}), and the seconds the calls'
-    batches took (what the calls did is read off the turns: evaluator/scoring.py tool_metrics)."""
-    tool_seconds = 0.0
+    batches took (what the calls did is read off the turns: evaluator/scoring.py tool_metrics).
+    `max_new_tokens` is per model turn."""
     first = engine.generate(
         model, tokenizer, prompts, max_new_tokens=max_new_tokens, stop=[*stop, fmt.call_stop], temperature=temperature,
         top_p=top_p, n=n, seed=seed, batch_size=batch_size, on_batch=on_batch, should_stop=should_stop,
     )  # fmt: skip
     rollouts = [[Rollout(p) for _ in gens] for p, gens in zip(prompts, first, strict=True)]
-    turn_gens = [g for gens in first for g in gens]
-    open_ = [r for rs in rollouts for r in rs]
-    for call_round in range(max_calls + 1):
-        calls: list[tuple[Rollout, str]] = []
-        for r, g in zip(open_, turn_gens, strict=True):
-            r.text += g.text
-            r.tokens += g.tokens
-            r.truncated = r.truncated or g.truncated
-            code = None if g.truncated or call_round == max_calls else fmt.call_in(g.text)
-            if code is None:  # its answer (or what it wrote instead): the last of its turns
-                r.done = True
-                r.turns.append({"answer": g.text})
-            else:
-                calls.append((r, code))
-        if not calls or (should_stop is not None and should_stop()):
-            break
-        t0 = time.monotonic()
-        results = tool.run([(code, [t["code"] for t in r.turns if "code" in t]) for r, code in calls])
-        tool_seconds += time.monotonic() - t0
-        for (r, code), res in zip(calls, results, strict=True):
-            output = res.text(tool.limits)
-            r.turns.append({"code": code, "output": output, "error": res.error})
-            r.text += fmt.returned(r.text, output)
-        open_ = [r for r, _ in calls]
-        last = call_round + 1 == max_calls  # the turn after the last call answers: no call stop
+    rounds = [0]
+
+    def next_turns(open_: list[Rollout], may_call: bool) -> list[Turn]:
+        rounds[0] += 1
         gens = engine.generate(
             model, tokenizer, [r.prompt + r.text for r in open_], max_new_tokens=max_new_tokens,
-            stop=list(stop) if last else [*stop, fmt.call_stop], temperature=temperature, top_p=top_p, n=1,
-            seed=seed + call_round + 1, batch_size=batch_size, should_stop=should_stop,
+            stop=[*stop, fmt.call_stop] if may_call else list(stop), temperature=temperature, top_p=top_p, n=1,
+            seed=seed + rounds[0], batch_size=batch_size, should_stop=should_stop,
         )  # fmt: skip
-        turn_gens = [g[0] for g in gens]
+        return [Turn(g[0].text, g[0].tokens, g[0].truncated) for g in gens]
+
+    tool_seconds = run_turns(
+        [r for rs in rollouts for r in rs],
+        [Turn(g.text, g.tokens, g.truncated) for gens in first for g in gens],
+        next_turns,
+        tool=tool,
+        fmt=fmt,
+        max_calls=max_calls,
+        should_stop=should_stop,
+    )
     out = [
         [
             Generation(r.text, r.tokens, r.truncated, tool_turns=r.turns, answer_text=fmt.without_outputs(r.text))

@@ -122,10 +122,11 @@ class SinkCallback(TrainerCallback):
         held = t.get("eval_seconds", 0.0)
         n, wall = len(self._step_times), sum(self._step_times) - held
         gen, sync = t["generation_seconds"], t["weight_sync_seconds"]
+        tool = t.get("tool_seconds", 0.0)  # a tool job's calls (trainer/tool_grpo.py), beside generation
         out = {
             "generation_seconds": gen / n,
             "weight_sync_seconds": sync / n,
-            "training_seconds": max(wall - gen - sync, 0.0) / n,
+            "training_seconds": max(wall - gen - sync - tool, 0.0) / n,
             "generation_share": gen / wall if wall > 0 else 0.0,
         }
         busy = t.get("background_generation_seconds", 0.0)  # overlap: generation ran beside training
@@ -133,10 +134,13 @@ class SinkCallback(TrainerCallback):
             out["background_generation_seconds"] = busy / n
         if busy or gen:
             out["generation_tokens_per_second"] = t["generated_tokens"] / (busy or gen)
+        if tool:
+            out["tool_seconds"] = tool / n
+            out["tool_share"] = tool / wall if wall > 0 else 0.0
         out["completions_per_step"] = _sum_ranks(t.get("generated_completions", 0.0), args) / n
         out.update({k: v for k, v in t.items() if k.startswith("reward/")})
         out["eval_seconds"] = held
-        train = wall - gen - sync
+        train = wall - gen - sync - tool
         if t.get("forward_tokens"):  # prompt + completion tokens of the rows the training pass took
             out["forward_tokens_per_step"] = t["forward_tokens"] / n
         if t.get("forward_tokens") and train > 0:

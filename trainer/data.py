@@ -9,6 +9,7 @@ from evaluator import prompts
 from evaluator.benchmarks import find_benchmark
 from evaluator.data import Problem, load_benchmark, load_custom_set
 from mathrl.jsonl_files import text_of
+from mathrl.recipe import Recipe
 from mathrl.specs import DatasetRef
 
 
@@ -21,7 +22,7 @@ def load_problems(ref: DatasetRef, data_dir: str | None) -> tuple[list[Problem],
     return load_benchmark(bench, data_dir, ref.limit), bench.recipe
 
 
-def render_prompt(problem: Problem, template: str, tokenizer: Any) -> str:
+def render_prompt(problem: Problem, template: Recipe | str, tokenizer: Any) -> str:
     """The prompt text of a problem: its chat with the model's template when it came as OpenAI's
     fine-tuning JSONL (meta['messages'], as its author wrote it), else the recipe's rendering."""
     messages = problem.meta.get("messages")
@@ -38,7 +39,7 @@ def item_column(problems: list[Problem]) -> list[str]:
 
 def prompt_dataset(
     problems: list[Problem],
-    template: str,
+    template: Recipe | str,
     tokenizer: Any,
     max_prompt_tokens: int | None = None,
     conversational: bool = False,

@@ -4,16 +4,21 @@ config (mathrl.specs.presets.resolve_grpo) and nothing of the database."""
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from evaluator.backends.base import EngineSettings
 from evaluator.models import load_tokenizer
+from evaluator.prompts import as_recipe
+from evaluator.python_tool import PythonTool, job_tool
+from evaluator.tool_formats import FORMATS, ToolFormat
 from mathrl.backends import uses_vllm
 from mathrl.errors import StopRequested
 from mathrl.modelref import FINE_TUNING_TAG
 from mathrl.specs import GRPOSpec
 from mathrl.specs.resolved import ResolvedGRPO
+from mathrl.specs.tools import Tools
 from runtime.sink import Sink
 from trainer.callbacks import SinkCallback
 from trainer.checkpoints import latest_checkpoint, save_checkpoints_atomically, save_final
@@ -21,6 +26,7 @@ from trainer.data import load_problems, prompt_dataset
 from trainer.grpo_config import grpo_args, lora_config
 from trainer.heldout_eval import HeldoutEvalCallback
 from trainer.rewards import GraderReward, reward_for
+from trainer.tool_grpo import ToolRollouts, VoidTurnPenalty
 
 
 def build_rewards(
@@ -64,6 +70,22 @@ def vllm_engine_options(spec: GRPOSpec, config: ResolvedGRPO, settings: EngineSe
     )
 
 
+@dataclass(frozen=True)
+class ToolSetup:
+    """A tool job's parts: its sandbox, the call format and the spec's settings (trainer/tool_grpo.py)."""
+
+    tool: PythonTool
+    fmt: ToolFormat
+    tools: Tools
+
+    @classmethod
+    def open(cls, tools: Tools, sandbox: Any) -> ToolSetup:
+        """The job's tool sandbox, refused (SandboxUnavailable) where no kernel boundary holds it."""
+        return cls(
+            job_tool(tools.python.timeout_s, tools.python.max_output_chars, sandbox), FORMATS[tools.format], tools
+        )
+
+
 def run_grpo(
     spec: GRPOSpec,
     config: ResolvedGRPO,
@@ -91,13 +113,20 @@ def run_grpo(
     t0 = time.monotonic()
     tokenizer = load_tokenizer(model_path)
     problems, template = load_problems(spec.dataset, data_dir)
+    # the tool's sandbox starts at its first call, and ends with the training below
+    tooling = ToolSetup.open(spec.tools, sandbox) if spec.tools is not None else None
+    # with a tool, the recipe tells the model how to call it (evaluator/tool_formats.py)
+    recipe = tooling.fmt.recipe_for(as_recipe(template)) if tooling is not None else template
     # TRL's async trainer applies the chat template itself (it re-renders multi-turn rollouts)
     dataset, dropped = prompt_dataset(
-        problems, template, tokenizer, config.max_prompt_length, conversational=config.algorithm == "async"
+        problems, recipe, tokenizer, config.max_prompt_length, conversational=config.algorithm == "async"
     )
     if dropped:
         sink.event("data", f"dropped {dropped} prompts longer than {config.max_prompt_length} tokens", "warning")
     rewards, weights = build_rewards(spec, config, resolve_model, sandbox)
+    if tooling is not None and tooling.tools.void_turns == "penalize":
+        rewards.append(VoidTurnPenalty(tooling.tools.void_turn_penalty))  # type: ignore[arg-type]
+        weights.append(1.0)
     use_cpu = not torch.cuda.is_available()
     backend = generation_backend(config, sink)
     if uses_vllm(backend) and config.generation.mode == "server" and not vllm_server_url:
@@ -110,7 +139,11 @@ def run_grpo(
         metrics_events=FINE_TUNING_TAG in spec.tags,
     )
     callback.rewards = rewards  # samples whose check overran its time (trainer/rewards.py) are logged
-    heldout = HeldoutEvalCallback(spec.eval, sink, tokenizer, data_dir, (rewards, weights)) if spec.eval else None
+    heldout = (
+        HeldoutEvalCallback(spec.eval, sink, tokenizer, data_dir, (rewards, weights), tooling=tooling)
+        if spec.eval
+        else None
+    )
     # held-out scoring first: its time is in the step SinkCallback measures, and taken out again
     callbacks = ([heldout] if heldout else []) + [callback]
     work = work_dir or out_dir
@@ -148,6 +181,7 @@ def run_grpo(
             callbacks=callbacks,
             engine_options=engine,
             hf_mode=hf_mode,
+            rollout_func=ToolRollouts(tooling.tool, tooling.fmt, tooling.tools) if tooling is not None else None,
         )
         sink.event(
             "generation",
@@ -174,7 +208,11 @@ def run_grpo(
         data={"setup_seconds": time.monotonic() - t0},
     )
     t1 = time.monotonic()
-    trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+    try:
+        trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+    finally:
+        if tooling is not None:
+            tooling.tool.close()
     train_seconds = time.monotonic() - t1
     if callback.stopped:
         raise StopRequested("stop requested")

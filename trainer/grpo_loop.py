@@ -137,6 +137,15 @@ class MathrlGRPOTrainer(TimedGRPOTrainer):
     def _decode_static(self, prompt_ids: list[list[int]], *_: Any, **__: Any) -> tuple[list[list[int]], None]:
         """`static` decoding (trainer/hf_generation.py) on a copy of the policy in the run's compute
         dtype, synced first (its time is weight-sync time, as a vLLM engine's sync is)."""
+        self._sync_decode_copy()
+        assert self._decode_copy is not None
+        completions = decode(
+            self._decode_copy.model, prompt_ids, pad_token_id=self._tokenizer.pad_token_id, **self._decoding()
+        )
+        return completions, None
+
+    def _sync_decode_copy(self) -> None:
+        """Make the decode copy of the policy, or sync it: weight-sync time."""
         t0 = time.perf_counter()
         policy = self.accelerator.unwrap_model(self.model)
         if self._decode_copy is None:
@@ -144,10 +153,6 @@ class MathrlGRPOTrainer(TimedGRPOTrainer):
         else:
             self._decode_copy.sync(policy)
         self.timings["weight_sync_seconds"] += time.perf_counter() - t0
-        completions = decode(
-            self._decode_copy.model, prompt_ids, pad_token_id=self._tokenizer.pad_token_id, **self._decoding()
-        )
-        return completions, None
 
     # -- overlapped generation (trainer/overlap.py) ------------------------------------------
 

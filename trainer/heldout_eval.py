@@ -41,10 +41,13 @@ class HeldoutEvalCallback(TrainerCallback):
         tokenizer: Any,
         data_dir: str | None,
         rewards: tuple[list[Any], list[float]] | None = None,
+        tooling: Any = None,
     ) -> None:
-        """`rewards`: the GRPO job's reward functions and weights, which score an `eval.file` set."""
+        """`rewards`: the GRPO job's reward functions and weights, which score an `eval.file` set;
+        `tooling`: a tool job's (trainer/grpo.py ToolSetup): its held-out answers call the tool too."""
         self.spec, self.sink, self.tokenizer = spec, sink, tokenizer
         self.rewards = rewards
+        self.tooling = tooling
         if spec.file is not None:
             if rewards is None:
                 raise ValueError("eval.file is scored by a GRPO job's rewards: this job has none")
@@ -57,6 +60,8 @@ class HeldoutEvalCallback(TrainerCallback):
             assert spec.benchmark is not None
             bench = get_benchmark(spec.benchmark)
             self.name, self.recipe = bench.name, RECIPES[bench.recipe]
+            if tooling is not None:  # the prompt tells the model how to call the tool, as in training
+                self.recipe = tooling.fmt.recipe_for(self.recipe)
             self.problems = load_benchmark(bench, data_dir, spec.limit)
             self.texts = [prompts.render(self.recipe, p.question, tokenizer) for p in self.problems]
         self._longest: int | None = None
@@ -132,6 +137,8 @@ class HeldoutEvalCallback(TrainerCallback):
         return gen
 
     def _generate(self, engine: Any) -> tuple[list[str], list[bool], str]:
+        if self.tooling is not None:
+            return self._generate_with_tools(engine)
         if engine is not None:
             from vllm import SamplingParams
 
@@ -161,3 +168,33 @@ class HeldoutEvalCallback(TrainerCallback):
             model.train(was_training)
             self.tokenizer.padding_side = side
         return [g[0].text for g in gens], [g[0].truncated for g in gens], "hf"
+
+    def _generate_with_tools(self, engine: Any) -> tuple[list[str], list[bool], str]:
+        """Greedy rollouts with the job's tool (evaluator/tool_rollouts.py, the loop eval jobs run):
+        each answer is the model's own words, the tool's outputs taken out."""
+        from evaluator.backends import backend
+        from evaluator.tool_rollouts import generate_with_tools
+
+        t = self.tooling
+        if engine is not None:
+            gens, _ = generate_with_tools(
+                backend("vllm"), engine.llm, self.tokenizer, self.texts, tool=t.tool, fmt=t.fmt,
+                max_calls=t.tools.python.max_calls, max_new_tokens=self.spec.max_new_tokens, stop=self.recipe.stop,
+                temperature=0.0, top_p=1.0, n=1, seed=0, batch_size=50,
+            )  # fmt: skip
+            where = "the colocated vLLM engine"
+        else:
+            model = self.trainer.accelerator.unwrap_model(self.trainer.model)
+            was_training, side = model.training, self.tokenizer.padding_side
+            model.eval()
+            try:
+                gens, _ = generate_with_tools(
+                    backend("hf"), model, self.tokenizer, self.texts, tool=t.tool, fmt=t.fmt,
+                    max_calls=t.tools.python.max_calls, max_new_tokens=self.spec.max_new_tokens,
+                    stop=self.recipe.stop, temperature=0.0, top_p=1.0, n=1, seed=0, batch_size=50,
+                )  # fmt: skip
+            finally:
+                model.train(was_training)
+                self.tokenizer.padding_side = side
+            where = "hf"
+        return [g[0].answer_text or "" for g in gens], [g[0].truncated for g in gens], f"{where}, with the tool"

@@ -67,11 +67,15 @@ def decode(
     pad_token_id: int,
     eos_token_id: int | list[int] | None,
     do_sample: bool,
+    stop_strings: list[str] | None = None,
+    tokenizer: Any = None,
     **sampling: Any,
 ) -> list[list[int]]:
     """Completions of `prompts` (token ids), up to and including the first end-of-sequence, as
     TRL's `_generate_single_turn` produces them on the hf path; `sampling`: temperature, top_p,
-    top_k, min_p, repetition_penalty (with `do_sample`)."""
+    top_k, min_p, repetition_penalty (with `do_sample`). With `stop_strings` (and the `tokenizer`
+    transformers matches them with) a row also ends once it has written one: its ids then run on
+    in padding, which the caller cuts (trainer/tool_grpo.py, a tool call's turn)."""
     import torch
 
     if not do_sample:
@@ -82,6 +86,7 @@ def decode(
         do_sample=do_sample,
         pad_token_id=pad_token_id,
         eos_token_id=eos_token_id,
+        **({"stop_strings": stop_strings} if stop_strings else {}),
         **sampling,
     )
     with torch.no_grad():
@@ -102,7 +107,10 @@ def decode(
             ids[i, width - len(p) :] = torch.tensor(p)
             mask[i, width - len(p) :] = 1
         out = model.generate(
-            input_ids=ids.to(model.device), attention_mask=mask.to(model.device), generation_config=config
+            input_ids=ids.to(model.device),
+            attention_mask=mask.to(model.device),
+            generation_config=config,
+            **({"tokenizer": tokenizer} if stop_strings else {}),
         )
     eos = set([eos_token_id] if isinstance(eos_token_id, int) else eos_token_id or [])
     completions = []

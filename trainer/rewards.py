@@ -34,6 +34,8 @@ CALL_SECONDS = 120.0  # per reward call (one step's completions on this rank)
 DEFAULT_MAX_LENGTH = 1024  # 'overlong' without a run's max_completion_length (direct calls)
 # what TRL passes a reward besides the dataset's columns
 _TRL_ARGS = frozenset({"prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric"})
+# what a tool rollout adds (trainer/tool_grpo.py): the model's own words, which are graded, and its void flag
+_ROLLOUT_FIELDS = frozenset({"answer_text", "void_turn"})
 
 
 def completion_text(completion: Any) -> str:
@@ -81,13 +83,18 @@ class GraderReward:
     def __call__(self, completions: list[Any], answer: list[str] | None = None, **kw: Any) -> list[float | None]:
         from evaluator.graders import grade_items
 
-        texts = [completion_text(c) for c in completions]
+        # a tool rollout is graded on its own words: the outputs the tool printed are not its answer
+        texts = list(kw["answer_text"]) if kw.get("answer_text") else [completion_text(c) for c in completions]
         ids = kw.get("completion_ids")
         cut = [len(x) >= self.max_length for x in ids] if self.max_length and ids is not None else None
         prompts = [_prompt_text(p) for p in kw.get("prompts") or [""] * len(texts)]
         golds = list(answer) if answer is not None else [None] * len(texts)
         n = len(texts)
-        columns = {k: v for k, v in kw.items() if k not in _TRL_ARGS and isinstance(v, list) and len(v) == n}
+        columns = {
+            k: v
+            for k, v in kw.items()
+            if k not in _TRL_ARGS and k not in _ROLLOUT_FIELDS and isinstance(v, list) and len(v) == n
+        }
         # the dataset row: templates' `item` (a messages-format file's fields come as one JSON column)
         packed = columns.pop("item", None)
         items = [

@@ -279,4 +279,5 @@ def _zero_timings() -> dict[str, float]:
         # overlap (trainer/overlap.py): what the background thread spent generating; the step itself
         # counts only its wait in generation_seconds
         "background_generation_seconds": 0.0,
+        "tool_seconds": 0.0,  # a tool job's calls between its turns (trainer/tool_grpo.py)
     }

@@ -59,4 +59,8 @@ class EvalSpec(JobBase):
                 "resources.processes > 1 and resources.nodes > 1 are for training jobs (grpo, sft, reward_model); "
                 "an eval job runs as one process on one node: drop them",
             )
+        if self.tools is not None and self.tools.void_turns != "keep":
+            raise FieldError(
+                "tools/void_turns", "void_turns is how GRPO trains on void rollouts; an eval scores them: drop it"
+            )
         return self

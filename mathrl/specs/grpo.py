@@ -26,6 +26,7 @@ from mathrl.specs.loop import DynamicSampling as DynamicSampling
 from mathrl.specs.lora import VLLM_LORA_RANKS, LoRA
 from mathrl.specs.presets import ASYNC_UNSUPPORTED, resolve_grpo
 from mathrl.specs.rewards import RewardRef
+from mathrl.specs.tools import Tools
 
 LossType = Literal["grpo", "dapo", "dr_grpo", "bnpo", "cispo", "sapo"]
 
@@ -230,6 +231,12 @@ class GRPOSpec(JobBase):
         "before it is dropped (0: on-policy). Default: TRL's 4.",
     )
     eval: HeldoutEvalField = None
+    tools: Tools | None = Field(
+        None,
+        description="Tools the policy may call mid-rollout: its code runs in the python graders' sandbox, the output "
+        "comes back into its context and is kept out of the loss; max_completion_length counts the whole rollout, "
+        "the tool's tokens too (docs/tools.md).",
+    )
     dynamic_sampling: DynamicSampling | None = Field(
         None,
         description="Drop groups whose grading signal has zero variance and generate more (true: the defaults "
@@ -336,6 +343,8 @@ class GRPOSpec(JobBase):
             )
         if self.algorithm == "async":
             self._check_async_knobs()
+        if self.tools is not None:
+            self._check_tools(backend)
         resolve_grpo(self)  # raises ValueError with a fix-it message
         return self
 
@@ -356,6 +365,21 @@ class GRPOSpec(JobBase):
             why = "overlap decodes on a full copy of the policy, which ZeRO-3 shards across GPUs: drop one of them"
         if why:
             raise FieldError("generation/overlap", why)
+
+    def _check_tools(self, backend: str) -> None:
+        """Multi-turn rollouts run in mathrl's loop (trainer/tool_grpo.py) on the trainer's own engine:
+        the paths that generate elsewhere are refused rather than run without the tool."""
+        gen, why = self.generation, None
+        if self.algorithm == "async":
+            why = "async GRPO's rollout worker generates single turns on its own: use algorithm='sync' with tools"
+        elif gen.overlap:
+            why = "overlap decodes single turns on a copy of the policy: drop generation.overlap with tools"
+        elif uses_vllm(backend) and gen.mode == "server":
+            why = "tool rollouts generate on the trainer's own engine: use generation.mode='colocate' with tools"
+        elif not uses_vllm(backend) and gen.hf_mode == "continuous":
+            why = "continuous batching has no stop string for the call: use hf_mode 'dynamic' or 'static' with tools"
+        if why:
+            raise FieldError("tools", why)
 
     def _check_server_mode(self, backend: str) -> None:
         gen, gpus = self.generation, self.resources.gpus

@@ -1,12 +1,13 @@
-"""Tools a job's rollouts may call (`tools` on eval jobs): today a python interpreter, behind the
-python graders' sandbox, in the code-block format (evaluator/tool_formats.py)."""
+"""Tools a job's rollouts may call (`tools` on eval and GRPO jobs): today a python interpreter, behind
+the python graders' sandbox, in the code-block format (evaluator/tool_formats.py)."""
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
+from mathrl.errors import FieldError
 from mathrl.specs.base import StrictModel
 
 TOOL_FORMATS = ("code-blocks",)  # evaluator/tool_formats.py FORMATS: the test holds the two equal
@@ -27,3 +28,20 @@ class Tools(StrictModel):
         description="How the model calls it: 'code-blocks', a ```python block, then ```output (ToRL's and "
         "Qwen2.5-Math-TIR's format), the output coming back as an output block.",
     )
+    void_turns: Literal["keep", "drop", "penalize"] = Field(
+        "keep",
+        description="GRPO only. A void rollout ends with a turn holding neither a code block nor an answer "
+        "(SimpleTIR's void turn): 'keep' trains on it as any other; 'drop' leaves it out of the loss (SimpleTIR); "
+        "'penalize' adds -void_turn_penalty to its reward.",
+    )
+    void_turn_penalty: float = Field(
+        1.0, gt=0.0, le=10.0, description="GRPO only: what void_turns='penalize' takes off a void rollout's reward."
+    )
+
+    @model_validator(mode="after")
+    def _penalty_needs_penalize(self) -> Tools:
+        if self.void_turn_penalty != 1.0 and self.void_turns != "penalize":
+            raise FieldError(
+                "void_turn_penalty", "void_turn_penalty is for void_turns='penalize': set it or drop the penalty"
+            )
+        return self
