@@ -695,3 +695,26 @@ def test_async_grpo_job_trains_on_samples_no_staler_than_max_staleness(service: 
     metrics = {m.name: [p.value for p in m.points] for m in c.jobs.metrics(job.id)}
     assert metrics["sample/staleness_max"] and max(metrics["sample/staleness_max"]) <= 1, metrics
     assert len(metrics["loss"]) == 3
+
+
+def test_grpo_with_the_python_tool_on_the_colocated_engine(tmp_path: Path) -> None:
+    """The tool's rollouts on vLLM (trainer/tool_grpo.py): a taught tiny Llama's turn stops at the
+    call, the sandbox's output comes back as tokens the loss leaves out, the sampler's
+    log-probabilities cover every token, and the answer after the output is graded."""
+    r = subprocess.run(
+        [str(VLLM_PY), str(ROOT / "tests" / "helpers" / "tool_grpo_vllm.py"), str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "MATHRL_VLLM__ENFORCE_EAGER": "1"},
+    )
+    line = next((x for x in r.stdout.splitlines() if x.startswith("RESULT ")), None)
+    assert line is not None, r.stdout[-2000:] + r.stderr[-4000:]
+    out = json.loads(line[7:])
+    m = out["metrics"]
+    assert out["backend"] == "vllm" and all(out["logprobs"]), out
+    assert m["tool/calls_per_rollout"] >= 1.0 and m["tool/call_errors"] == 0.0, m
+    # each rollout's masked tokens are exactly what the sandbox printed, after the model's ```output
+    assert sorted(set(out["tool_texts"])) == ["\n1023\n```\n", "\n391\n```\n", "\n66\n```\n"], out["tool_texts"]
+    assert m["rewards/accuracy/mean"] > 0 and m["tool_share"] > 0, m

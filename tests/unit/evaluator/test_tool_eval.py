@@ -19,7 +19,7 @@ pytestmark = pytest.mark.quick
 QUESTIONS = [("17 * 23", "391"), ("2 ** 10 - 1", "1023"), ("sum(range(12))", "66")]
 
 
-def _teach(path: Path, texts: list[str], steps: int = 400) -> None:
+def _teach(path: Path, texts: list[str], steps: int = 400, lr: float = 1e-2) -> None:
     """Fit the tiny model to `texts` (prompt and completion as one sequence) until it repeats them."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -28,7 +28,7 @@ def _teach(path: Path, texts: list[str], steps: int = 400) -> None:
     model = AutoModelForCausalLM.from_pretrained(path)
     batch = tok(texts, return_tensors="pt", padding=True)
     labels = batch.input_ids.masked_fill(batch.attention_mask == 0, -100)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
     torch.manual_seed(0)
     for _ in range(steps):
         loss = model(**batch, labels=labels).loss

@@ -20,18 +20,19 @@ from tests.unit.evaluator.test_tool_eval import QUESTIONS, _teach
 pytestmark = pytest.mark.slow  # the tiny model, taught and trained
 
 
-def _taught_model(tmp_path: Path) -> tuple[Path, Path]:
-    """A tiny Llama that answers each question by a code block, its output, then a boxed answer."""
+def taught_model(tmp_path: Path, hidden_size: int = 64, heads: int = 4) -> tuple[Path, Path]:
+    """A tiny Llama that answers each question by a code block, its output, then a boxed answer
+    (and its question set); vLLM's CPU attention takes heads 32 wide and up (hidden_size 128, heads 2)."""
     from evaluator.models import load_tokenizer
     from evaluator.prompts import as_recipe
     from evaluator.tool_formats import FORMATS
     from trainer.data import load_problems, render_prompt
     from trainer.tiny import build_tiny_model
 
-    model = build_tiny_model(tmp_path / "tiny", hidden_size=64, layers=2, heads=4, chat=True, arch="llama")
+    model = build_tiny_model(tmp_path / "tiny", hidden_size=hidden_size, layers=2, heads=heads, chat=True, arch="llama")
     data = tmp_path / "set.jsonl"
     data.write_text("".join(json.dumps({"question": f"What is {q}?", "answer": a}) + "\n" for q, a in QUESTIONS))
-    problems, template = load_problems(parse_spec(_job(model, data)).dataset, None)
+    problems, template = load_problems(parse_spec(tool_job(model, data)).dataset, None)
     recipe = FORMATS["code-blocks"].recipe_for(as_recipe(template))
     tok = load_tokenizer(str(model))
     traces = [
@@ -39,11 +40,11 @@ def _taught_model(tmp_path: Path) -> tuple[Path, Path]:
         + f"```python\nprint({q})\n```\n```output\n{a}\n```\nThe answer is \\boxed{{{a}}}.<eos>"
         for p, (q, a) in zip(problems, QUESTIONS, strict=True)
     ]
-    _teach(model, traces)
+    _teach(model, traces, lr=1e-2 if hidden_size <= 64 else 3e-3)
     return model, data
 
 
-def _job(model: Path, data: Path, **extra: Any) -> dict[str, Any]:
+def tool_job(model: Path, data: Path, **extra: Any) -> dict[str, Any]:
     return {
         "kind": "grpo",
         "model": str(model),
@@ -74,7 +75,7 @@ def test_a_grpo_step_calls_the_tool_and_trains_only_on_the_models_tokens(
     from trainer.grpo import run_grpo
     from trainer.grpo_loop import MathrlGRPOTrainer
 
-    model, data = _taught_model(tmp_path)
+    model, data = taught_model(tmp_path)
     seen: dict[str, Any] = {}
     compute_loss = MathrlGRPOTrainer._compute_loss
 
@@ -98,7 +99,7 @@ def test_a_grpo_step_calls_the_tool_and_trains_only_on_the_models_tokens(
             del self._get_per_token_logps_and_entropies
 
     monkeypatch.setattr(MathrlGRPOTrainer, "_compute_loss", spy)
-    spec = parse_spec(_job(model, data, rewards=[{"name": "accuracy"}]))
+    spec = parse_spec(tool_job(model, data, rewards=[{"name": "accuracy"}]))
     sink = RecordSink(echo=False)
     run_grpo(
         spec,
@@ -158,7 +159,7 @@ def test_a_rollouts_budget_counts_the_tools_tokens() -> None:
 
 
 def test_the_spec_refuses_tools_where_they_cannot_run(tmp_path: Path) -> None:
-    job = _job(tmp_path / "m", tmp_path / "d.jsonl")
+    job = tool_job(tmp_path / "m", tmp_path / "d.jsonl")
     for extra, match in (
         ({"generation": {"backend": "hf", "overlap": True}}, "overlap decodes single turns"),
         ({"generation": {"backend": "hf", "hf_mode": "continuous"}}, "continuous batching has no stop string"),

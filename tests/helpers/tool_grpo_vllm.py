@@ -1,0 +1,65 @@
+"""Run by tests/system/test_vllm.py in a process of its own (vLLM's engine wants a __main__): one
+GRPO step with the python tool on the colocated vLLM engine (trainer/tool_grpo.py), on a tiny
+Llama taught to call the tool. Prints the step's tool metrics and what the rollouts held, as JSON.
+
+    python tests/helpers/tool_grpo_vllm.py OUT_DIR
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+
+def main(out: str) -> None:
+    from kinds import resolve_config
+    from mathrl.specs import parse_spec
+    from mathrl.specs.resolved import ResolvedGRPO
+    from service.gpu_check import RecordSink
+    from tests.unit.trainer.test_tool_grpo import taught_model, tool_job
+    from trainer.grpo import run_grpo
+    from trainer.tool_grpo import ToolRollouts
+
+    model, data = taught_model(Path(out), hidden_size=128, heads=2)
+    held: dict[str, Any] = {}
+    call = ToolRollouts.__call__
+
+    def kept(self: ToolRollouts, prompts: list[str], trainer: Any) -> dict[str, Any]:
+        result = call(self, prompts, trainer)
+        held.update(result)
+        return result
+
+    ToolRollouts.__call__ = kept  # type: ignore[method-assign]
+    spec = parse_spec(tool_job(model, data, generation={"backend": "vllm", "mode": "colocate"}))
+    sink = RecordSink(echo=False)
+    run_grpo(
+        spec,
+        resolve_config(spec).of(ResolvedGRPO),
+        sink,
+        model_path=str(model),
+        data_dir=None,
+        out_dir=Path(out) / "run",
+    )
+    tok_texts = []
+    from evaluator.models import load_tokenizer
+
+    tok = load_tokenizer(str(model))
+    for ids, mask in zip(held["completion_ids"], held["env_mask"], strict=True):
+        tok_texts.append(tok.decode([i for i, m in zip(ids, mask, strict=True) if m == 0]))
+    result = {
+        "metrics": sink.metrics_by_step.get(1, {}),
+        "tool_texts": tok_texts,
+        "logprobs": [len(lp) == len(ids) for lp, ids in zip(held["logprobs"], held["completion_ids"], strict=True)],
+        "answers": held["answer_text"],
+        "backend": next((e["data"] or {}).get("backend") for e in sink.events if e["type"] == "generation"),
+    }
+    print("RESULT " + json.dumps(result))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
