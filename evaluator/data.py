@@ -162,7 +162,7 @@ def load_benchmark(bench: Benchmark, data_dir: str | None, limit: int | None = N
 
         if bench.split == "test":
             return synthetic.heldout(limit, task=bench.task)
-        return synthetic.train(limit or 10_000, carry_slip=bench.carry_slip, task=bench.task)
+        return synthetic.train(limit or 10_000, carry_slip=bench.carry_slip, task=bench.task, traces=bench.traces)
     rows = _load_rows(*benchmark_load_args(bench, data_dir))
     missing = [f for f in (bench.question_field, bench.answer_field) if f not in rows.column_names]
     if missing:

@@ -39,26 +39,49 @@ LOSSES = ("gives {n} away", "sells {n}", "loses {n}", "uses {n}")
 WORD_PROBLEMS = "twostep-words"
 
 
-def _word_problem(rng: random.Random) -> tuple[str, str]:
+def _word_problem(rng: random.Random) -> tuple[str, str, list[tuple[str, int]]]:
+    """A question, its answer, and its steps in order: ('+', n) or ('-', n) from the start."""
     name, things = rng.choice(NAMES), rng.choice(THINGS)
     start, gain = rng.randint(10, 99), rng.randint(10, 99)
     pronoun = "She" if name in ("Ann", "Carla", "Emma", "Grace", "Ines", "Kira") else "He"
     if rng.random() < 0.5:  # gain, then lose part of the total
         loss = rng.randint(5, start + gain - 1)
         steps = f"{rng.choice(GAINS).format(n=gain)} and then {rng.choice(LOSSES).format(n=loss)}"
+        order = [("+", gain), ("-", loss)]
     else:  # lose part of the start, then gain
         loss = rng.randint(5, start - 1) if start > 5 else 1
         steps = f"{rng.choice(LOSSES).format(n=loss)} and then {rng.choice(GAINS).format(n=gain)}"
+        order = [("-", loss), ("+", gain)]
     question = f"{name} has {start} {things}. {pronoun} {steps}. How many {things} does {name} have now?"
-    return question, str(start + gain - loss)
+    return question, str(start + gain - loss), [("+", start), *order]
+
+
+def trace(steps: list[tuple[str, int]], kind: str) -> str:
+    """A worked answer a program writes for a two-step problem (never a held-out one): 'text', each
+    step's arithmetic in words; 'tool', one python block, its output, then the answer (the
+    code-block format of evaluator/tool_formats.py)."""
+    (_, start), rest = steps[0], steps[1:]
+    total, lines = start, []
+    for op, n in rest:
+        after = total + n if op == "+" else total - n
+        lines.append(f"{total} {op} {n} = {after}.")
+        total = after
+    if kind == "text":
+        return " ".join(lines) + f" The answer is {total}."
+    expr = f"{start} " + " ".join(f"{op} {n}" for op, n in rest)
+    return f"```python\nprint({expr})\n```\n```output\n{total}\n```\nThe answer is {total}."
 
 
 def _problem(rng: random.Random, task: str = "add2") -> tuple[str, str]:
+    return _problem_steps(rng, task)[:2]
+
+
+def _problem_steps(rng: random.Random, task: str) -> tuple[str, str, list[tuple[str, int]]]:
     if task == WORD_PROBLEMS:
         return _word_problem(rng)
     low, high, fmt = TASKS[task]
     a, b = rng.randint(low, high), rng.randint(low, high)
-    return fmt.format(a=a, b=b), str(a + b)
+    return fmt.format(a=a, b=b), str(a + b), [("+", a), ("+", b)]
 
 
 def heldout(limit: int | None = None, task: str = "add2") -> list[Problem]:
@@ -81,18 +104,22 @@ def slipped(question: str) -> str | None:
     return str(a + b - 10)
 
 
-def train(n: int, seed: int = 0, carry_slip: float = 0.0, task: str = "add2") -> list[Problem]:
+def train(
+    n: int, seed: int = 0, carry_slip: float = 0.0, task: str = "add2", traces: str | None = None
+) -> list[Problem]:
     """n training problems, none of them in the held-out set; with `carry_slip`, that share
-    of the carrying problems get the answer without the carry."""
+    of the carrying problems get the answer without the carry; with `traces` ('text' or 'tool'),
+    each has a worked answer (`trace`) as its solution, what SFT imitates."""
     held = {p.question for p in heldout(task=task)}
     rng = random.Random(seed)
     slip_rng = random.Random(seed + 1)
     out: list[Problem] = []
     while len(out) < n:
-        q, a = _problem(rng, task)
+        q, a, steps = _problem_steps(rng, task)
         if q not in held:
             wrong = slipped(q) if carry_slip else None
             if wrong is not None and slip_rng.random() < carry_slip:
                 a = wrong
-            out.append(Problem(index=len(out), question=q, gold=a))
+            solution = trace(steps, traces) if traces else None
+            out.append(Problem(index=len(out), question=q, gold=a, solution=solution))
     return out

@@ -15,8 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 from evaluator import prompts
 from evaluator.models import check_loaded_from_hub, load_tokenizer
+from evaluator.tool_formats import FORMATS
 from mathrl.errors import StopRequested
 from mathrl.modelref import FINE_TUNING_TAG
+from mathrl.recipe import Recipe
 from mathrl.specs import DatasetRef, SFTSpec
 from mathrl.specs.resolved import ResolvedSFT
 from runtime.sink import Sink
@@ -54,7 +56,10 @@ def sft_dataset(spec: SFTSpec, tokenizer: Any, data_dir: str | None, source: Dat
     """The rows of `source` (the spec's dataset unless given) as prompt -> completion pairs."""
     from datasets import Dataset
 
-    problems, template = load_problems(source or spec.dataset, data_dir)
+    problems, name = load_problems(source or spec.dataset, data_dir)
+    template: Recipe | str = name
+    if spec.tools is not None:  # the prompt a tool job renders: the recipe with the format's instruction
+        template = FORMATS[spec.tools.format].recipe_for(prompts.as_recipe(name))
     rows = []
     for p in problems:
         if "messages" in p.meta:  # OpenAI's fine-tuning JSONL: the chat, and its last assistant message
@@ -64,7 +69,7 @@ def sft_dataset(spec: SFTSpec, tokenizer: Any, data_dir: str | None, source: Dat
                 {"prompt": render_prompt(p, template, tokenizer), "completion": p.solution + tokenizer.eos_token}
             )
             continue
-        target = p.solution if template != "plain" and p.solution else p.gold
+        target = p.solution if name != "plain" and p.solution else p.gold
         rows.append(
             {"prompt": prompts.render(template, p.question, tokenizer), "completion": target + tokenizer.eos_token}
         )

@@ -11,6 +11,7 @@ from mathrl.specs.base import MAX_SEED, GradientCheckpointing, JobBase
 from mathrl.specs.grpo import HeldoutEvalField
 from mathrl.specs.inputs import DatasetRef
 from mathrl.specs.lora import LoRA
+from mathrl.specs.tools import Tools
 
 
 class SFTSpec(JobBase):
@@ -33,3 +34,9 @@ class SFTSpec(JobBase):
     # a benchmark: accuracy every N steps; a file (OpenAI's validation file): the loss and token accuracy on its
     # chats every N steps, the series eval_loss and eval_mean_token_accuracy (trainer/sft.py)
     eval: HeldoutEvalField = None
+    tools: Tools | None = Field(
+        None,
+        description="The tool the solutions call (e.g. 'twostep-words-tool-traces'): the prompts carry its format's "
+        "instruction, as a GRPO or eval job's with the same `tools` do, so the model learns the format it is then run "
+        "with. Only `format` is read here.",
+    )
