@@ -21,8 +21,11 @@ const PANELS = [
   ["Completion length", (n) => /^completions\/(mean|min|max)_length$/.test(n)],
   ["Step time (s)", (n) => n === "step_time"],
   // where a GRPO step's time goes (trainer/callbacks.py): generation, weight sync, the rest
-  ["Step breakdown (s)", (n) => /^(generation|weight_sync|training)_seconds$/.test(n)],
-  ["Generation share", (n) => n === "generation_share"],
+  ["Step breakdown (s)", (n) => /^(generation|weight_sync|training|tool)_seconds$/.test(n)],
+  ["Generation share", (n) => n === "generation_share" || n === "tool_share"],
+  // a job with the python tool (docs/tools.md): calls per rollout, and the shares of calls and rollouts
+  ["Tool calls", (n) => n === "tool/calls_per_rollout"],
+  ["Tool outcomes", (n) => /^tool\/(call_errors|timeouts|answered|void_turns)$/.test(n)],
   ["Generated tokens/s", (n) => n === "generation_tokens_per_second"],
 ];
 

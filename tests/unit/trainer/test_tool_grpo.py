@@ -201,3 +201,37 @@ def test_the_api_takes_tools_on_grpo_and_points_at_what_it_refuses(app_client: A
     evaluation = {"kind": "eval", "model": "org/model", "limit": 1, "resources": {"pool": "objects-parked"}}
     r = app_client.post("/v1/jobs", json={**evaluation, "tools": {"void_turns": "drop"}}, headers=h)
     assert r.status_code == 422 and r.json()["errors"][0]["pointer"] == "/tools/void_turns", r.text
+
+
+@pytest.mark.quick
+def test_the_tool_traces_compute_their_answers_and_hold_no_heldout_problem(tmp_path: Path) -> None:
+    import re
+
+    from evaluator.benchmarks import get_benchmark
+    from evaluator.data import load_benchmark
+    from evaluator.models import load_tokenizer
+    from evaluator.tool_formats import FORMATS
+    from trainer.sft import sft_dataset
+    from trainer.tiny import build_tiny_model
+
+    held = {p.question for p in load_benchmark(get_benchmark("twostep-words"), None)}
+    fmt = FORMATS["code-blocks"]
+    tool = load_benchmark(get_benchmark("twostep-words-tool-traces"), None, 200)
+    text = load_benchmark(get_benchmark("twostep-words-text-traces"), None, 200)
+    assert [p.question for p in tool] == [p.question for p in text] and not held & {p.question for p in tool}
+    for p, q in zip(tool, text, strict=True):
+        assert p.solution is not None and q.solution is not None
+        code = fmt.call_in(p.solution.split(fmt.call_stop)[0])
+        assert code is not None and str(eval(code.removeprefix("print(").rstrip().removesuffix(")"))) == p.gold
+        assert p.solution.endswith(f"The answer is {p.gold}.") and q.solution.endswith(f"The answer is {p.gold}.")
+        assert all(
+            int(a) + (int(b) if o == "+" else -int(b)) == int(c)
+            for a, o, b, c in re.findall(r"(\d+) ([+-]) (\d+) = (\d+)", q.solution)
+        )
+    model = build_tiny_model(tmp_path / "tiny", chat=True, arch="llama")
+    tok = load_tokenizer(str(model))
+    job = {"kind": "sft", "model": str(model), "dataset": {"name": "twostep-words-tool-traces", "limit": 2}}
+    with_tool = sft_dataset(parse_spec({**job, "tools": {}}), tok, None)
+    plain = sft_dataset(parse_spec(job), tok, None)
+    assert fmt.instruction in with_tool[0]["prompt"] and fmt.instruction not in plain[0]["prompt"]
+    assert with_tool[0]["completion"].startswith("```python\nprint(")
