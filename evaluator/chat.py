@@ -193,15 +193,22 @@ class DeltaWriter:
         self.last = time.monotonic()
 
 
-def run_generate(spec: Any, sink: Any, model_path: str, warm: WarmEngineAddress | None = None) -> None:
+def run_generate(
+    spec: Any, sink: Any, model_path: str, warm: WarmEngineAddress | None = None, sandbox: Any = None
+) -> None:
     """A generate job: its choices as samples (and 'delta' events while streaming); on `warm`, the
-    worker's warm engine it was given, else on transformers in this process. A batch: `run_batch`."""
+    worker's warm engine it was given, else on transformers in this process. A batch: `run_batch`.
+    With `tools`, rollouts on transformers, their calls in the job's tool sandbox (`sandbox`: the
+    operator's graders settings)."""
     if spec.batch is not None:
         run_batch(spec, sink, model_path, warm)
         return
     models = _Loaded(model_path, spec.dtype)
     deltas = DeltaWriter(sink)
-    rows = _answer(spec, sink, models, warm, deltas)
+    if spec.tools is not None:
+        rows = _answer_with_tools(spec, sink, models(), sandbox)
+    else:
+        rows = _answer(spec, sink, models, warm, deltas)
     deltas.flush()
     sink.samples(0, rows)
     tokens = sum(r["data"]["completion_tokens"] for r in rows)
@@ -257,6 +264,36 @@ def _answer_here(spec: Any, sink: Any, model: ChatModel, deltas: Any) -> list[di
             for i, c in enumerate(choices):
                 deltas.add(i, c.text)
     return _rows(prompt, model.prompt_tokens(prompt), 0, choices)
+
+
+def _answer_with_tools(spec: Any, sink: Any, model: ChatModel, sandbox: Any) -> list[dict[str, Any]]:
+    """One call's choices as tool rollouts (evaluator/tool_rollouts.py, the loop eval jobs run): a chat
+    gets the format's instruction as its system text; each row keeps its turns (`tool_turns`)."""
+    from evaluator.backends import backend
+    from evaluator.python_tool import job_tool
+    from evaluator.tool_formats import FORMATS
+    from evaluator.tool_rollouts import generate_with_tools
+
+    fmt, python = FORMATS[spec.tools.format], spec.tools.python
+    messages = [m.model_dump() for m in spec.messages] if spec.messages is not None else None
+    if messages is not None:  # the format's instruction, after the chat's own system text
+        if messages[0]["role"] == "system":
+            messages[0] = {**messages[0], "content": f"{messages[0]['content']}\n\n{fmt.instruction}"}
+        else:
+            messages.insert(0, {"role": "system", "content": fmt.instruction})
+    prompt = model.prompt(messages, spec.prompt)
+    with job_tool(python.timeout_s, python.max_output_chars, sandbox) as tool:
+        gens, _ = generate_with_tools(
+            backend("hf"), model.model, model.tokenizer, [prompt], tool=tool, fmt=fmt, max_calls=python.max_calls,
+            max_new_tokens=spec.max_tokens, stop=list(spec.stop or []), temperature=spec.temperature, top_p=spec.top_p,
+            n=spec.n, seed=spec.seed if spec.seed is not None else secrets.randbits(31), batch_size=spec.n,
+            should_stop=sink.should_stop,
+        )  # fmt: skip
+    choices = [Choice(g.text, "length" if g.truncated else "stop", g.tokens) for g in gens[0]]
+    rows = _rows(prompt, model.prompt_tokens(prompt), 0, choices)
+    for row, g in zip(rows, gens[0], strict=True):
+        row["data"]["tool_turns"] = g.tool_turns
+    return rows
 
 
 def _rows(prompt: str, prompt_tokens: int, cached_tokens: int, choices: list[Choice]) -> list[dict[str, Any]]:

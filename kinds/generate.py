@@ -50,4 +50,4 @@ class GenerateKind(Kind[GenerateSpec, ResolvedConfig]):
                 "keeps none: worker.warm_engines is 0; or its engine of this LoRA adapter's base model was busy): "
                 "set backend to 'auto' or 'hf'"
             )
-        run_generate(run.spec, run.sink, run.model_path, run.warm)
+        run_generate(run.spec, run.sink, run.model_path, run.warm, sandbox=run.settings.graders.sandbox())

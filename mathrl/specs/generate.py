@@ -12,6 +12,7 @@ from pydantic import Field, PrivateAttr, model_validator
 from mathrl.errors import FieldError
 from mathrl.modelref import ModelRef
 from mathrl.specs.base import Dtype, GenerationBackend, JobBase, StrictModel
+from mathrl.specs.tools import Tools
 
 MAX_TOKENS = 32_768  # new tokens one call may ask for
 
@@ -125,6 +126,12 @@ class GenerateSpec(JobBase):
         "hf", description="vllm: the worker's warm vLLM engine; auto: that engine where the worker has vLLM, else hf."
     )
     dtype: Dtype = Field("auto", description="Model weights dtype.")
+    tools: Tools | None = Field(
+        None,
+        description="Tools the model may call mid-answer: its code runs in the python graders' sandbox and the "
+        "output goes back into its context (docs/tools.md); a chat gets the format's instruction as its system "
+        "text; max_tokens is then per model turn. On transformers in the job's process.",
+    )
 
     @model_validator(mode="after")
     def _one_input(self) -> GenerateSpec:
@@ -143,4 +150,23 @@ class GenerateSpec(JobBase):
             raise FieldError(
                 "resources", "a generate job runs as one process on one node: drop resources.nodes/processes"
             )
+        if self.tools is not None:
+            self._check_tools()
         return self
+
+    def _check_tools(self) -> None:
+        """A tool rollout runs in turns on transformers in the job's process (evaluator/tool_rollouts.py)."""
+        assert self.tools is not None
+        why = None
+        if self.batch is not None:
+            why = "a batch's requests are answered one call each, without tools: drop tools or batch"
+        elif self.stream:
+            why = "a rollout's text is the model's turns and the tool's outputs, stored whole: drop stream"
+        elif self.logprobs is not None:
+            why = "a rollout's tokens are the model's and the tool's: drop logprobs with tools"
+        elif self.backend == "vllm":
+            why = "tool rollouts run on transformers in the job's process, not the warm engine: use backend 'hf'"
+        elif self.tools.void_turns != "keep":
+            why = "void_turns is how GRPO trains on void rollouts: drop it"
+        if why:
+            raise FieldError("tools", why)

@@ -110,7 +110,46 @@ def test_a_tools_block_is_checked_naming_its_field(app_client: Any) -> None:
         r = app_client.post("/v1/jobs", json={**base, "tools": tools}, headers=h)
         assert r.status_code == 422 and r.json()["errors"][0]["pointer"] == pointer, r.text
     generate = {"kind": "generate", "model": "org/model", "prompt": "1+1?", "resources": {"pool": "objects-parked"}}
+    for extra in ({"stream": True}, {"logprobs": 2}, {"backend": "vllm"}):
+        r = app_client.post("/v1/jobs", json={**generate, **extra, "tools": {}}, headers=h)
+        assert r.status_code == 422 and r.json()["errors"][0]["pointer"] == "/tools", r.text
     r = app_client.post("/v1/jobs", json={**generate, "tools": {}}, headers=h)
-    assert r.status_code == 422 and r.json()["errors"][0]["pointer"] == "/tools", r.text  # eval only, today
+    assert r.status_code == 201, r.text
     r = app_client.post("/v1/jobs", json={**base, "tools": {"python": {"max_calls": 2}}}, headers=h)
     assert r.status_code == 201 and r.json()["spec"]["tools"]["python"]["max_calls"] == 2, r.text
+
+
+def test_a_generate_job_with_the_tool_answers_a_chat_after_the_output(boundary: Any, tmp_path: Path) -> None:  # noqa: F811
+    from evaluator import prompts
+    from evaluator.chat import run_generate
+    from evaluator.models import load_tokenizer
+    from evaluator.tool_formats import FORMATS
+    from mathrl.recipe import Recipe
+    from mathrl.specs import parse_spec
+    from runtime.sink import PrintSink
+    from trainer.tiny import build_tiny_model
+
+    model = build_tiny_model(tmp_path / "tiny", hidden_size=64, layers=2, heads=4, chat=True, arch="llama")
+    fmt = FORMATS["code-blocks"]
+    tok = load_tokenizer(str(model))
+    recipe = fmt.recipe_for(Recipe(format="chat", question="{question}"))  # what a chat gets: the instruction as system
+    q, a = QUESTIONS[0]
+    trace = f"```python\nprint({q})\n```\n```output\n{a}\n```\nThe answer is \\boxed{{{a}}}.<eos>"
+    _teach(model, [prompts.render(recipe, f"What is {q}?", tok) + trace])
+    spec = parse_spec(
+        {
+            "kind": "generate",
+            "model": str(model),
+            "messages": [{"role": "user", "content": f"What is {q}?"}],
+            "max_tokens": 48,
+            "temperature": 0.0,
+            "tools": {"python": {"max_calls": 2}},
+        }
+    )
+    sink = PrintSink()
+    run_generate(spec, sink, str(model))
+    (row,) = sink.items
+    assert fmt.instruction in row["prompt"], row["prompt"]
+    turns = row["data"]["tool_turns"]
+    assert turns[0]["code"].strip() == f"print({q})" and turns[0]["output"] == a, turns  # run in the sandbox
+    assert f"```output\n{a}\n```" in row["completion"] and "boxed{391}" in turns[-1]["answer"], row
