@@ -17,12 +17,7 @@ sys.path.insert(0, str(ROOT))
 
 
 def main(out: str) -> None:
-    from kinds import resolve_config
-    from mathrl.specs import parse_spec
-    from mathrl.specs.resolved import ResolvedGRPO
-    from service.gpu_check import RecordSink
-    from tests.unit.trainer.test_tool_grpo import taught_model, tool_job
-    from trainer.grpo import run_grpo
+    from tests.unit.trainer.test_tool_grpo import run_tool_job, taught_model
     from trainer.tool_grpo import ToolRollouts
 
     model, data = taught_model(Path(out), hidden_size=128, heads=2)
@@ -35,16 +30,7 @@ def main(out: str) -> None:
         return result
 
     ToolRollouts.__call__ = kept  # type: ignore[method-assign]
-    spec = parse_spec(tool_job(model, data, generation={"backend": "vllm", "mode": "colocate"}))
-    sink = RecordSink(echo=False)
-    run_grpo(
-        spec,
-        resolve_config(spec).of(ResolvedGRPO),
-        sink,
-        model_path=str(model),
-        data_dir=None,
-        out_dir=Path(out) / "run",
-    )
+    sink = run_tool_job(model, data, Path(out) / "run", generation={"backend": "vllm", "mode": "colocate"})
     tok_texts = []
     from evaluator.models import load_tokenizer
 

@@ -62,6 +62,19 @@ def tool_job(model: Path, data: Path, **extra: Any) -> dict[str, Any]:
     }
 
 
+def run_tool_job(model: Path, data: Path, out: Path, **extra: Any) -> Any:
+    """`tool_job` through `run_grpo`, as a worker runs it: what it recorded (a RecordSink)."""
+    from kinds import resolve_config
+    from mathrl.specs.resolved import ResolvedGRPO
+    from service.gpu_check import RecordSink
+    from trainer.grpo import run_grpo
+
+    spec = parse_spec(tool_job(model, data, **extra))
+    sink = RecordSink(echo=False)
+    run_grpo(spec, resolve_config(spec).of(ResolvedGRPO), sink, model_path=str(model), data_dir=None, out_dir=out)
+    return sink
+
+
 def test_a_grpo_step_calls_the_tool_and_trains_only_on_the_models_tokens(
     boundary: Any,  # noqa: F811
     tmp_path: Path,
@@ -69,10 +82,6 @@ def test_a_grpo_step_calls_the_tool_and_trains_only_on_the_models_tokens(
 ) -> None:
     import torch
 
-    from kinds import resolve_config
-    from mathrl.specs.resolved import ResolvedGRPO
-    from service.gpu_check import RecordSink
-    from trainer.grpo import run_grpo
     from trainer.grpo_loop import MathrlGRPOTrainer
 
     model, data = taught_model(tmp_path)
@@ -99,16 +108,7 @@ def test_a_grpo_step_calls_the_tool_and_trains_only_on_the_models_tokens(
             del self._get_per_token_logps_and_entropies
 
     monkeypatch.setattr(MathrlGRPOTrainer, "_compute_loss", spy)
-    spec = parse_spec(tool_job(model, data, rewards=[{"name": "accuracy"}]))
-    sink = RecordSink(echo=False)
-    run_grpo(
-        spec,
-        resolve_config(spec).of(ResolvedGRPO),
-        sink,
-        model_path=str(model),
-        data_dir=None,
-        out_dir=tmp_path / "out",
-    )
+    sink = run_tool_job(model, data, tmp_path / "out", rewards=[{"name": "accuracy"}])
 
     from evaluator.models import load_tokenizer
 
