@@ -216,6 +216,59 @@ def test_model_refs() -> None:
             parse_spec({"kind": "sft", "model": tiny, "dataset": DATASET})
 
 
+def test_model_references_are_found_by_their_type_at_any_depth() -> None:
+    """model_refs (what admission, the project check, pipeline ordering and the worker's re-check
+    read) once looked up 'model', 'policy' and 'load' by name: a kind with `teacher: ModelRef` went
+    past every check (issue 68). Now every ModelRef field is found, nested and in unions too."""
+    from pydantic import BaseModel
+
+    from mathrl.modelref import ModelRef
+    from mathrl.specs import model_refs
+    from mathrl.specs.base import JobBase
+
+    class Inner(BaseModel):
+        judge: ModelRef | None = None
+        note: str = "not a model"
+
+    class Distill(JobBase):
+        student: ModelRef
+        teacher: ModelRef
+        helpers: list[Inner] = []
+        by_name: dict[str, Inner] = {}
+
+    spec = Distill(
+        student="org/student",
+        teacher="/abs/other-project/model",
+        helpers=[Inner(), Inner(judge="job:abc")],
+        by_name={"x": Inner(judge="org/judge")},
+    )
+    assert model_refs(spec) == {
+        "student": "org/student",
+        "teacher": "/abs/other-project/model",
+        "helpers/1/judge": "job:abc",
+        "by_name/x/judge": "org/judge",
+    }
+    grpo = parse_spec(
+        {
+            "kind": "grpo",
+            "model": "org/m",
+            "dataset": DATASET,
+            "rewards": [
+                {"name": "reward_model", "model": "job:rm"},
+                {
+                    "name": "grader",
+                    "grader": {
+                        "type": "score_model",
+                        "model": "org/judge",
+                        "input": [{"role": "user", "content": "{{sample.output_text}}"}],
+                    },
+                },
+            ],
+        }
+    )
+    assert model_refs(grpo) == {"model": "org/m", "rewards/0/model": "job:rm", "rewards/1/grader/model": "org/judge"}
+
+
 def test_a_reward_model_jobs_sampling_is_declared_once() -> None:
     """sampling.n and sampling.seed sat beside samples_per_question and seed and were not read (n 16 sampled
     8), and a temperature under 0.3 was raised to 0.3 without a word. Each is declared once now; an n
