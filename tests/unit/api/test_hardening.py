@@ -682,3 +682,24 @@ def test_a_stream_whose_client_went_away_before_it_began_gives_its_count_back(
     assert streams.project_open_count(project_id) == 0
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text  # not an 'unhandled error'
     app_client.post(f"/v1/jobs/{job_id}/cancel", headers=owner)
+
+
+def test_every_route_of_an_openai_router_answers_as_openai_does() -> None:
+    """OPENAI_PATHS decides which routes answer a bad body with OpenAI's 400 and its error shape in
+    place of mathrl's 422 (issue 68): a router under api/routers/openai_*.py whose paths it does
+    not cover would answer the wrong shape, silently. Every route of those routers is covered, and
+    no route of mathrl's own routers is."""
+    import importlib
+    import pkgutil
+
+    import api.routers
+
+    for info in pkgutil.iter_modules(api.routers.__path__):
+        module = importlib.import_module(f"api.routers.{info.name}")
+        paths = [getattr(r, "path", "") for r in module.router.routes]
+        if info.name.startswith("openai_"):
+            missed = [p for p in paths if not p.startswith(OPENAI_PATHS)]
+            assert not missed, f"api/routers/{info.name}.py: {missed} are not in api.problems.OPENAI_PATHS"
+        elif info.name not in ("health",):
+            taken = [p for p in paths if p.startswith(OPENAI_PATHS)]
+            assert not taken, f"api/routers/{info.name}.py: {taken} would answer in OpenAI's shape"
