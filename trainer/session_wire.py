@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from mathrl.protobuf import read_varint
 from trainer.session import Datum
 
 # DType (tinker_public.proto)
@@ -40,36 +41,21 @@ class ForwardBackwardCall:
 # --- reading ---------------------------------------------------------------------------------
 
 
-def _varint(buf: bytes, at: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        if at >= len(buf):
-            raise ValueError("truncated protobuf message (a varint runs past the end)")
-        byte = buf[at]
-        at += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, at
-        shift += 7
-        if shift > 63:
-            raise ValueError("malformed protobuf message (a varint longer than 10 bytes)")
-
-
 def _fields(buf: bytes) -> Iterator[tuple[int, int, Any]]:
     """(field number, wire type, value) of each field: an int for varints, bytes for the rest."""
     at = 0
     while at < len(buf):
-        key, at = _varint(buf, at)
+        key, at = read_varint(buf, at)
         number, wire = key >> 3, key & 7
         value: int | bytes
         if wire == VARINT:
-            value, at = _varint(buf, at)
+            value, at = read_varint(buf, at)
         elif wire == FIXED64:
             value, at = buf[at : at + 8], at + 8
         elif wire == FIXED32:
             value, at = buf[at : at + 4], at + 4
         elif wire == BYTES:
-            size, at = _varint(buf, at)
+            size, at = read_varint(buf, at)
             value, at = buf[at : at + size], at + size
         else:
             raise ValueError(f"unsupported protobuf wire type {wire} (field {number})")
@@ -99,7 +85,7 @@ def _ints(msg: Mapping[int, list[tuple[int, Any]]], number: int) -> list[int]:
             continue
         at = 0
         while at < len(value):
-            item, at = _varint(value, at)
+            item, at = read_varint(value, at)
             out.append(item)
     return [v - (1 << 64) if v >= 1 << 63 else v for v in out]
 

@@ -34,6 +34,7 @@ from api.deps import Caller, SettingsDep, caller_for, required_scope
 from api.problems import Problem
 from api.project_gates import ProjectGates
 from api.submit import admit, check_job_refs, commit_and_dispatch, job_row
+from mathrl.protobuf import read_varint
 from mathrl.specs import SessionSpec, model_refs
 from mathrl.status import TERMINAL, WAIT_ENDS
 from service.settings import Settings
@@ -234,18 +235,25 @@ def _object(data: dict[str, Any], field: str) -> dict[str, Any]:
 
 def _proto_model_id(body: bytes) -> str:
     """Field 1 (model_id) of a ForwardBackwardRequest, read without decoding the rest."""
+    try:
+        return _model_id_field(body)
+    except ValueError:
+        raise Problem(400, "Invalid request", "forward_backward: the protobuf body is malformed or cut short") from None
+
+
+def _model_id_field(body: bytes) -> str:
     at = 0
     while at < len(body):
-        key, at = _varint(body, at)
+        key, at = read_varint(body, at)
         number, wire = key >> 3, key & 7
         if wire == 0:
-            _, at = _varint(body, at)
+            _, at = read_varint(body, at)
         elif wire == 1:
             at += 8
         elif wire == 5:
             at += 4
         elif wire == 2:
-            size, at = _varint(body, at)
+            size, at = read_varint(body, at)
             if number == 1:
                 try:
                     return body[at : at + size].decode()
@@ -255,18 +263,6 @@ def _proto_model_id(body: bytes) -> str:
         else:
             break
     raise Problem(400, "Invalid request", "forward_backward: the protobuf body carries no model_id")
-
-
-def _varint(buf: bytes, at: int) -> tuple[int, int]:
-    value = shift = 0
-    while at < len(buf):
-        byte = buf[at]
-        at += 1
-        value |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return value, at
-        shift += 7
-    raise Problem(400, "Invalid request", "forward_backward: the protobuf body is cut short")
 
 
 # --- submitting session jobs ------------------------------------------------------------------

@@ -68,6 +68,9 @@ def test_a_forward_backward_chunk_may_be_larger_than_other_requests(app_client: 
     protobuf = {**key, "content-type": "application/x-protobuf"}
     r = app_client.post("/api/v1/forward_backward", content=b"\x0a\x01\xff", headers=protobuf)  # a 500 before
     assert r.status_code == 400 and "carries no model_id" in r.json()["detail"], r.text
+    for cut in (b"\x0a", b"\x0a\xff", b"\x08" + b"\xff" * 11):  # a length, a varint or a key cut short / too long
+        r = app_client.post("/api/v1/forward_backward", content=cut, headers=protobuf)
+        assert r.status_code == 400 and "cut short" in r.json()["detail"], (cut, r.text)
 
 
 def test_what_is_not_in_the_project_is_a_404(app_client: Any) -> None:
