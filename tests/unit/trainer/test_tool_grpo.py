@@ -62,14 +62,19 @@ def tool_job(model: Path, data: Path, **extra: Any) -> dict[str, Any]:
     }
 
 
-def run_tool_job(model: Path, data: Path, out: Path, **extra: Any) -> Any:
-    """`tool_job` through `run_grpo`, as a worker runs it: what it recorded (a RecordSink)."""
+def run_tool_job(model: Path, data: Path, out: Path, heldout: Path | None = None, **extra: Any) -> Any:
+    """`tool_job` through `run_grpo`, as a worker runs it: what it recorded (a RecordSink). With
+    `heldout`, a messages file scored after the step (`eval.file`, as the worker resolves one)."""
     from kinds import resolve_config
     from mathrl.specs.resolved import ResolvedGRPO
     from service.gpu_check import RecordSink
     from trainer.grpo import run_grpo
 
+    if heldout is not None:
+        extra["eval"] = {"file": "file-" + "0" * 32, "every": 1, "max_new_tokens": 48}
     spec = parse_spec(tool_job(model, data, **extra))
+    if heldout is not None:
+        spec.eval._path = str(heldout)  # type: ignore[union-attr]
     sink = RecordSink(echo=False)
     run_grpo(spec, resolve_config(spec).of(ResolvedGRPO), sink, model_path=str(model), data_dir=None, out_dir=out)
     return sink
@@ -108,7 +113,8 @@ def test_a_grpo_step_calls_the_tool_and_trains_only_on_the_models_tokens(
             del self._get_per_token_logps_and_entropies
 
     monkeypatch.setattr(MathrlGRPOTrainer, "_compute_loss", spy)
-    sink = run_tool_job(model, data, tmp_path / "out", rewards=[{"name": "accuracy"}])
+    heldout = _heldout_file(model, tmp_path / "heldout.jsonl")
+    sink = run_tool_job(model, data, tmp_path / "out", heldout, rewards=[{"name": "accuracy"}])
 
     from evaluator.models import load_tokenizer
 
@@ -129,6 +135,21 @@ def test_a_grpo_step_calls_the_tool_and_trains_only_on_the_models_tokens(
     assert step["tool/calls_per_rollout"] >= 1.0 and step["tool/call_errors"] == 0.0, step
     assert step["tool_seconds"] > 0 and 0 < step["tool_share"] < 1, step
     assert step["rewards/accuracy/mean"] > 0, step  # graded on the answer after the output
+    # the held-out answers called the tool too: graded on the words after its output, they are right
+    held = next(e for e in sink.events if e["type"] == "heldout")
+    assert "with the tool" in held["data"]["backend"] and held["data"]["heldout/reward"] > 0, held
+
+
+def _heldout_file(model: Path, path: Path) -> Path:
+    """The taught questions as an uploaded messages file (OpenAI's validation format), its chats as
+    the tool recipe renders them (a chat is rendered as its author wrote it)."""
+    from evaluator.prompts import as_recipe, messages
+    from evaluator.tool_formats import FORMATS
+
+    recipe = FORMATS["code-blocks"].recipe_for(as_recipe("math-chat"))
+    lines = [json.dumps({"messages": messages(recipe, f"What is {q}?"), "answer": a}) + "\n" for q, a in QUESTIONS]
+    path.write_text("".join(lines))
+    return path
 
 
 def test_a_rollouts_budget_counts_the_tools_tokens() -> None:
