@@ -17,7 +17,20 @@ from store.jobs import claim, finish
 from store.migrate import upgrade
 from store.models import Event, Job, Pipeline, Project
 from tests.helpers.api import admin_key
-from tests.helpers.jobs import eval_step, parked_grpo, sft_step
+from tests.helpers.jobs import PARKED, parked_grpo
+from tests.helpers.jobs import eval_step as running_eval
+from tests.helpers.jobs import sft_step as running_sft
+
+
+# parked: in a session where a test's worker is up (the `service` fixture, on the same database and
+# broker), an unparked job of these tests was claimed and running when they cancelled it
+def sft_step() -> dict[str, Any]:
+    return {**running_sft(), "resources": PARKED}
+
+
+def eval_step(model: str) -> dict[str, Any]:
+    return {**running_eval(model), "resources": PARKED}
+
 
 ARITH = {"name": "arith-train"}
 
