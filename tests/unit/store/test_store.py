@@ -401,11 +401,16 @@ def test_the_projects_active_counters_follow_every_move_of_its_jobs(store_url: s
         other = get_or_create_project(s, "usage-counters-other")
         ids = []
         for gpus, status in [(2, "queued"), (1, "queued"), (0, "waiting"), (4, "queued"), (8, "succeeded")]:
-            job = Job(project_id=project.id, kind="sft", spec={"resources": {"gpus": gpus}}, status=status)
+            # parked: a worker of the suite's services on this database would claim a queued one
+            job = Job(
+                project_id=project.id, kind="sft", spec={"resources": {"gpus": gpus}}, status=status, queue=PARKED_QUEUE
+            )
             s.add(job)
             s.flush()
             ids.append(job.id)
-        s.add(Job(project_id=other.id, kind="eval", spec={"resources": {"gpus": 1}}, status="queued"))
+        s.add(
+            Job(project_id=other.id, kind="eval", spec={"resources": {"gpus": 1}}, status="queued", queue=PARKED_QUEUE)
+        )
         pid, oid = project.id, other.id
     assert check(pid) == (4, 7) and check(oid) == (1, 1)
     with session_scope(store_url) as s:
@@ -426,7 +431,7 @@ def test_the_projects_active_counters_follow_every_move_of_its_jobs(store_url: s
         s.get(Job, ids[3]).status = "failed"  # an ORM attribute set
     assert check(pid) == (0, 0)
     with session_scope(store_url) as s:
-        s.add(Job(project_id=pid, kind="sft", spec={"resources": {"gpus": 3}}, status="queued"))
+        s.add(Job(project_id=pid, kind="sft", spec={"resources": {"gpus": 3}}, status="queued", queue=PARKED_QUEUE))
     assert check(pid) == (1, 3)
     with session_scope(store_url) as s:
         s.execute(delete(Job).where(Job.project_id == pid))
