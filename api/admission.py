@@ -45,7 +45,45 @@ def admit_spec(spec: AnySpec, settings: Settings) -> ResolvedConfig:
     check_placement(spec, settings)
     check_memory(spec, config, settings)
     check_engine_fit(spec, settings)
+    check_tool_format(spec, settings)
     return config
+
+
+def check_tool_format(spec: AnySpec, settings: Settings) -> None:
+    """`tools.format: chat-template` on a model whose chat template never reads `tools`, refused at
+    that field when the template can be read now: a 'tiny:' ref's (plain ChatML), or the tokenizer
+    files of a model the API can see (known_model_dir). The worker checks the rest before the job
+    generates (evaluator/tool_formats.py: the template must render the calls and TRL parse them)."""
+    tools = getattr(spec, "tools", None)
+    model = home(spec).needs(spec).model
+    if tools is None or tools.format != "chat-template" or model is None:
+        return
+    if model.startswith("tiny:"):
+        template: str | None = ""  # trainer/tiny.py CHAT_TEMPLATE: messages only
+    else:
+        root = known_model_dir(model, settings)
+        template = read_chat_template(root) if root is not None else None
+    if template is not None and "tools" not in template:
+        detail = (
+            f"the chat template of {model!r} renders no tools, so the model has no tool calls to make: use "
+            "format 'code-blocks', or a model whose chat template carries tools (Qwen2.5, Qwen3, SmolLM3)"
+        )
+        raise Problem.at("/tools/format", detail, "Model has no tool calls")
+
+
+def read_chat_template(root: Path) -> str | None:
+    """A local model's chat template (chat_template.jinja, or tokenizer_config.json's); '' for a model
+    with tokenizer files and no template; None when its tokenizer files are not there (yet)."""
+    try:
+        if (root / "chat_template.jinja").is_file():
+            return (root / "chat_template.jinja").read_text(encoding="utf-8")
+        config = json.loads((root / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    template = config.get("chat_template") if isinstance(config, dict) else None
+    if isinstance(template, list):  # named templates: any of them
+        return "\n".join(str(t.get("template", "")) for t in template if isinstance(t, dict))
+    return template if isinstance(template, str) else ""
 
 
 def check_engine_fit(spec: AnySpec, settings: Settings) -> None:
@@ -147,15 +185,21 @@ def known_model_config(ref: str, settings: Settings) -> dict[str, Any] | None:
     fetched; None when it is not there (yet)."""
     from trainer.memory_plan import read_model_config
 
+    root = known_model_dir(ref, settings)
+    return read_model_config(root) if root is not None else None
+
+
+def known_model_dir(ref: str, settings: Settings) -> Path | None:
+    """Where the files of a model the API can see lie (known_model_config), or None."""
     if ref.startswith("/"):
-        return read_model_config(ref)
+        return Path(ref)
     target, which = split_job_ref(ref)
     if not target or "/" in target or target.startswith("."):
         return None
     train = Path(settings.artifact_dir).expanduser().resolve() / "jobs" / target / "train"
     if which.startswith("@step-"):
-        return read_model_config(train / f"checkpoint-{which.removeprefix('@step-')}")
-    return read_model_config(train / "final")
+        return train / f"checkpoint-{which.removeprefix('@step-')}"
+    return train / "final"
 
 
 # --- sources ---------------------------------------------------------------------------

@@ -48,12 +48,16 @@ class ChatModel:
         self.tokenizer = load_tokenizer(path)
         self.model = load_model(path, dtype)
 
-    def prompt(self, messages: Sequence[Mapping[str, str]] | None, text: str | None = None) -> str:
-        """The text the model continues: the chat through its chat template, or `text` as it is."""
+    def prompt(
+        self, messages: Sequence[Mapping[str, str]] | None, text: str | None = None, tools: list[Any] | None = None
+    ) -> str:
+        """The text the model continues: the chat through its chat template (with `tools`, the schemas it
+        renders), or `text` as it is."""
         if messages is None:
             return text or ""
         chat = [{"role": m["role"], "content": m["content"]} for m in messages]
-        return str(self.tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True))
+        extra = {"tools": tools} if tools else {}
+        return str(self.tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True, **extra))
 
     def prompt_tokens(self, prompt: str) -> int:
         return len(self.tokenizer(prompt, add_special_tokens=False).input_ids)
@@ -271,17 +275,20 @@ def _answer_with_tools(spec: Any, sink: Any, model: ChatModel, sandbox: Any) -> 
     gets the format's instruction as its system text; each row keeps its turns (`tool_turns`)."""
     from evaluator.backends import backend
     from evaluator.python_tool import job_tool
-    from evaluator.tool_formats import FORMATS
+    from evaluator.tool_formats import tool_format
     from evaluator.tool_rollouts import generate_with_tools
+    from mathrl.errors import FieldError
 
-    fmt, python = FORMATS[spec.tools.format], spec.tools.python
+    fmt, python = tool_format(spec.tools.format, model.tokenizer), spec.tools.python
     messages = [m.model_dump() for m in spec.messages] if spec.messages is not None else None
+    if messages is None and fmt.chat_tools:
+        raise FieldError("tools/format", "format 'chat-template' renders a chat: give messages, not a prompt")
     if messages is not None:  # the format's instruction, after the chat's own system text
         if messages[0]["role"] == "system":
             messages[0] = {**messages[0], "content": f"{messages[0]['content']}\n\n{fmt.instruction}"}
         else:
             messages.insert(0, {"role": "system", "content": fmt.instruction})
-    prompt = model.prompt(messages, spec.prompt)
+    prompt = model.prompt(messages, spec.prompt, fmt.chat_tools)
     with job_tool(python.timeout_s, python.max_output_chars, sandbox) as tool:
         gens, _ = generate_with_tools(
             backend("hf"), model.model, model.tokenizer, [prompt], tool=tool, fmt=fmt, max_calls=python.max_calls,

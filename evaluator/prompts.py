@@ -49,10 +49,12 @@ def render(
     tokenizer: Any | None,
     system_prompt: str | None = None,
     shots: Shots | None = None,
+    tools: list[dict[str, Any]] | None = None,
 ) -> str:
     """The full prompt string. Text recipes: lm-evaluation-harness's layout (description, then
     each shot as question + target_delimiter + answer + fewshot_delimiter, then the question).
-    Chat recipes: through the tokenizer's chat template when it has one, else plain lines."""
+    Chat recipes: through the tokenizer's chat template when it has one, else plain lines; `tools`:
+    the tool schemas the template renders (a `chat-template` tool job's: evaluator/tool_formats.py)."""
     r = as_recipe(recipe)
     if r.format == "text":
         system = r.system if system_prompt is None else system_prompt
@@ -61,14 +63,15 @@ def render(
             parts.append(_question(r, q) + r.target_delimiter + _answer(r, a) + r.fewshot_delimiter)
         parts.append(_question(r, question))
         return "".join(parts)
-    return render_turns(messages(r, question, system_prompt, shots), tokenizer)
+    return render_turns(messages(r, question, system_prompt, shots), tokenizer, tools)
 
 
-def render_turns(turns: list[dict[str, str]], tokenizer: Any | None) -> str:
+def render_turns(turns: list[dict[str, str]], tokenizer: Any | None, tools: list[dict[str, Any]] | None = None) -> str:
     """Chat messages as the prompt string: through the tokenizer's chat template when it has one,
     else plain lines. A user's file of chats (format 'messages' or 'items') is rendered so, as given."""
     if tokenizer is not None and getattr(tokenizer, "chat_template", None):
-        text: str = tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
+        extra = {"tools": tools} if tools else {}
+        text: str = tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True, **extra)
         return text
     lines = [f"{m['content']}\n" if m["role"] != "assistant" else f"{m['content']}\n\n" for m in turns]
     return "".join(lines)

@@ -19,7 +19,7 @@ from evaluator.recipes import ResolvedRecipe, resolve_recipe
 from evaluator.report import report_scores, write_items
 from evaluator.sandbox import SandboxLimits
 from evaluator.scoring import score
-from evaluator.tool_formats import FORMATS
+from evaluator.tool_formats import tool_format
 from evaluator.tool_rollouts import generate_with_tools
 from mathrl.specs import EvalSpec
 from runtime.sink import Sink
@@ -52,21 +52,22 @@ def run_eval(
     bench, problems = _problems(spec, data_dir)
     resolved = resolved_recipe or resolve_recipe(spec)
     recipe = resolved.recipe
-    fmt = FORMATS[spec.tools.format] if spec.tools is not None else None
-    if fmt is not None:
-        recipe = fmt.recipe_for(recipe)
     sink.event(
         "loading",
         f"{len(problems)} problems from {bench.name} v{bench.version}, recipe {resolved.name!r}; loading {model_path}",
     )
     t0 = time.monotonic()
     tokenizer = load_tokenizer(model_path)
+    fmt = tool_format(spec.tools.format, tokenizer) if spec.tools is not None else None
+    if fmt is not None:  # the recipe tells the model how to call the tool (evaluator/tool_formats.py)
+        recipe = fmt.recipe_for(recipe)
+    chat_tools = fmt.chat_tools if fmt is not None else None
     shots = prompts.shots_for(recipe, len(problems), data_dir)
     # a user's file of chats is the prompt as written (format 'messages' or 'items'); else the recipe's
     texts = [
-        prompts.render_turns(p.meta["messages"], tokenizer)
+        prompts.render_turns(p.meta["messages"], tokenizer, chat_tools)
         if "messages" in p.meta
-        else prompts.render(recipe, p.question, tokenizer, shots=sh)
+        else prompts.render(recipe, p.question, tokenizer, shots=sh, tools=chat_tools)
         for p, sh in zip(problems, shots, strict=True)
     ]
     s = spec.sampling

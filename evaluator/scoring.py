@@ -130,8 +130,7 @@ def tool_metrics(rollouts: list[tuple[Generation, str | None]]) -> dict[str, flo
     calls = max(len(turns), 1)
     failed = [t for t in turns if t["error"] is not None or raised(t["output"])]
     answered = sum(a is not None for _, a in rollouts)
-    last = [next((t["answer"] for t in reversed(g.tool_turns or []) if "answer" in t), "") for g, _ in rollouts]
-    void = sum(a is None and "```python" not in text for (_, a), text in zip(rollouts, last, strict=True))
+    void = sum(is_void(g, a) for g, a in rollouts)
     return {
         "tool/calls_per_rollout": len(turns) / n,
         "tool/call_errors": len(failed) / calls,
@@ -139,3 +138,10 @@ def tool_metrics(rollouts: list[tuple[Generation, str | None]]) -> dict[str, flo
         "tool/answered": answered / n,
         "tool/void_turns": void / n,
     }
+
+
+def is_void(rollout: Generation, answer: str | None) -> bool:
+    """SimpleTIR's void turn: the rollout's last turn holds neither an answer (`answer`, extracted from
+    its words) nor a call, even one never run (past max_calls, or cut short: evaluator/tool_rollouts.py)."""
+    last: dict[str, Any] = next((t for t in reversed(rollout.tool_turns or []) if "answer" in t), {})
+    return answer is None and not last.get("unrun_call", False)

@@ -3,7 +3,7 @@
 Each turn generates for every open rollout until the format's call stop; a turn that ends with a
 code block is called (evaluator/python_tool.py, the calls of a turn as one batch), its output
 appended, and the rollout goes on; a turn without one is the rollout's answer. After `max_calls`
-calls a rollout's next turn has no call stop: it must answer.
+calls a rollout's next turn has no call stop, and any call it writes is its answer.
 
 `run_turns` is the loop; what generates a turn is the caller's. Eval jobs generate text on any
 backend (`generate_with_tools`: the same `generate` every job calls); GRPO generates token ids on
@@ -70,10 +70,14 @@ def run_turns(
             r.text += t.text
             r.tokens += t.tokens
             r.truncated = r.truncated or t.truncated
-            code = None if t.truncated or t.final or call_round == max_calls else fmt.call_in(t.text)
+            ended = t.final and not fmt.calls_at_end  # an end of sequence ends a code-block rollout
+            code = None if t.truncated or ended or call_round == max_calls else fmt.call_in(t.text)
             if code is None:  # its answer (or what it wrote instead): the last of its turns
                 r.done = True
-                r.turns.append({"answer": t.text})
+                last: dict[str, Any] = {"answer": t.text}
+                if fmt.holds_call(t.text):  # a call past max_calls or cut short: never run, yet no void turn
+                    last["unrun_call"] = True
+                r.turns.append(last)
             else:
                 calls.append((r, code))
         if not calls or (should_stop is not None and should_stop()):
@@ -116,8 +120,9 @@ def generate_with_tools(
     batches took (what the calls did is read off the turns: evaluator/scoring.py tool_metrics).
     `max_new_tokens` is per model turn."""
     first = engine.generate(
-        model, tokenizer, prompts, max_new_tokens=max_new_tokens, stop=[*stop, fmt.call_stop], temperature=temperature,
-        top_p=top_p, n=n, seed=seed, batch_size=batch_size, on_batch=on_batch, should_stop=should_stop,
+        model, tokenizer, prompts, max_new_tokens=max_new_tokens, stop=[*stop, *fmt.stops(True)],
+        temperature=temperature, top_p=top_p, n=n, seed=seed, batch_size=batch_size, on_batch=on_batch,
+        should_stop=should_stop,
     )  # fmt: skip
     rollouts = [[Rollout(p) for _ in gens] for p, gens in zip(prompts, first, strict=True)]
     rounds = [0]
@@ -126,7 +131,7 @@ def generate_with_tools(
         rounds[0] += 1
         gens = engine.generate(
             model, tokenizer, [r.prompt + r.text for r in open_], max_new_tokens=max_new_tokens,
-            stop=[*stop, fmt.call_stop] if may_call else list(stop), temperature=temperature, top_p=top_p, n=1,
+            stop=[*stop, *fmt.stops(may_call)], temperature=temperature, top_p=top_p, n=1,
             seed=seed + rounds[0], batch_size=batch_size, should_stop=should_stop,
         )  # fmt: skip
         return [Turn(g[0].text, g[0].tokens, g[0].truncated) for g in gens]

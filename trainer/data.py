@@ -22,14 +22,16 @@ def load_problems(ref: DatasetRef, data_dir: str | None) -> tuple[list[Problem],
     return load_benchmark(bench, data_dir, ref.limit), bench.recipe
 
 
-def render_prompt(problem: Problem, template: Recipe | str, tokenizer: Any) -> str:
+def render_prompt(
+    problem: Problem, template: Recipe | str, tokenizer: Any, tools: list[dict[str, Any]] | None = None
+) -> str:
     """The prompt text of a problem: its chat with the model's template when it came as OpenAI's
     fine-tuning JSONL (meta['messages'], as its author wrote it), else the recipe's rendering."""
     messages = problem.meta.get("messages")
     if messages is None:
-        return prompts.render(template, problem.question, tokenizer)
+        return prompts.render(template, problem.question, tokenizer, tools=tools)
     chat = [{"role": m["role"], "content": text_of(m["content"])} for m in messages]
-    return str(tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True))
+    return prompts.render_turns(chat, tokenizer, tools)
 
 
 def item_column(problems: list[Problem]) -> list[str]:
@@ -43,6 +45,7 @@ def prompt_dataset(
     tokenizer: Any,
     max_prompt_tokens: int | None = None,
     conversational: bool = False,
+    tools: list[dict[str, Any]] | None = None,
 ) -> tuple[Any, int]:
     """A `datasets.Dataset` with 'prompt' and 'answer' columns; returns it and how many
     problems were dropped for a prompt over `max_prompt_tokens`. The prompt is the rendered
@@ -53,7 +56,7 @@ def prompt_dataset(
     dropped = 0
     for p in problems:
         messages = p.meta.get("messages")
-        text = render_prompt(p, template, tokenizer)
+        text = render_prompt(p, template, tokenizer, tools)
         if (
             max_prompt_tokens is not None
             and len(tokenizer(text, add_special_tokens=False).input_ids) > max_prompt_tokens

@@ -12,7 +12,7 @@ from evaluator.backends.base import EngineSettings
 from evaluator.models import load_tokenizer
 from evaluator.prompts import as_recipe
 from evaluator.python_tool import PythonTool, job_tool
-from evaluator.tool_formats import FORMATS, ToolFormat
+from evaluator.tool_formats import ToolFormat, tool_format
 from mathrl.backends import uses_vllm
 from mathrl.errors import StopRequested
 from mathrl.modelref import FINE_TUNING_TAG
@@ -79,11 +79,11 @@ class ToolSetup:
     tools: Tools
 
     @classmethod
-    def open(cls, tools: Tools, sandbox: Any) -> ToolSetup:
-        """The job's tool sandbox, refused (SandboxUnavailable) where no kernel boundary holds it."""
-        return cls(
-            job_tool(tools.python.timeout_s, tools.python.max_output_chars, sandbox), FORMATS[tools.format], tools
-        )
+    def open(cls, tools: Tools, sandbox: Any, tokenizer: Any) -> ToolSetup:
+        """The job's tool sandbox, refused (SandboxUnavailable) where no kernel boundary holds it, and
+        the format for its model (a chat template that carries no tool calls is refused at tools/format)."""
+        fmt = tool_format(tools.format, tokenizer)
+        return cls(job_tool(tools.python.timeout_s, tools.python.max_output_chars, sandbox), fmt, tools)
 
 
 def run_grpo(
@@ -114,12 +114,17 @@ def run_grpo(
     tokenizer = load_tokenizer(model_path)
     problems, template = load_problems(spec.dataset, data_dir)
     # the tool's sandbox starts at its first call, and ends with the training below
-    tooling = ToolSetup.open(spec.tools, sandbox) if spec.tools is not None else None
+    tooling = ToolSetup.open(spec.tools, sandbox, tokenizer) if spec.tools is not None else None
     # with a tool, the recipe tells the model how to call it (evaluator/tool_formats.py)
     recipe = tooling.fmt.recipe_for(as_recipe(template)) if tooling is not None else template
     # TRL's async trainer applies the chat template itself (it re-renders multi-turn rollouts)
     dataset, dropped = prompt_dataset(
-        problems, recipe, tokenizer, config.max_prompt_length, conversational=config.algorithm == "async"
+        problems,
+        recipe,
+        tokenizer,
+        config.max_prompt_length,
+        conversational=config.algorithm == "async",
+        tools=tooling.fmt.chat_tools if tooling is not None else None,
     )
     if dropped:
         sink.event("data", f"dropped {dropped} prompts longer than {config.max_prompt_length} tokens", "warning")

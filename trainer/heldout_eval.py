@@ -55,7 +55,8 @@ class HeldoutEvalCallback(TrainerCallback):
             self.recipe = RECIPES["math-chat"]
             path = spec._path or spec.file
             self.problems = load_custom_set(DatasetRef(path=path, format="messages"), spec.limit)
-            self.texts = [render_prompt(p, "math-chat", tokenizer) for p in self.problems]
+            chat_tools = tooling.fmt.chat_tools if tooling is not None else None
+            self.texts = [render_prompt(p, "math-chat", tokenizer, chat_tools) for p in self.problems]
         else:
             assert spec.benchmark is not None
             bench = get_benchmark(spec.benchmark)
@@ -63,7 +64,8 @@ class HeldoutEvalCallback(TrainerCallback):
             if tooling is not None:  # the prompt tells the model how to call the tool, as in training
                 self.recipe = tooling.fmt.recipe_for(self.recipe)
             self.problems = load_benchmark(bench, data_dir, spec.limit)
-            self.texts = [prompts.render(self.recipe, p.question, tokenizer) for p in self.problems]
+            chat_tools = tooling.fmt.chat_tools if tooling is not None else None
+            self.texts = [prompts.render(self.recipe, p.question, tokenizer, tools=chat_tools) for p in self.problems]
         self._longest: int | None = None
         self.trainer: Any = None  # set once the trainer is built
         self.series: list[dict[str, float]] = []

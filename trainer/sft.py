@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from evaluator import prompts
 from evaluator.models import check_loaded_from_hub, load_tokenizer
-from evaluator.tool_formats import FORMATS
+from evaluator.tool_formats import FORMATS, tool_format
 from mathrl.errors import StopRequested
 from mathrl.modelref import FINE_TUNING_TAG
 from mathrl.recipe import Recipe
@@ -58,21 +58,28 @@ def sft_dataset(spec: SFTSpec, tokenizer: Any, data_dir: str | None, source: Dat
 
     problems, name = load_problems(source or spec.dataset, data_dir)
     template: Recipe | str = name
-    if spec.tools is not None:  # the prompt a tool job renders: the recipe with the format's instruction
-        template = FORMATS[spec.tools.format].recipe_for(prompts.as_recipe(name))
+    fmt = tool_format(spec.tools.format, tokenizer) if spec.tools is not None else None
+    if fmt is not None:  # the prompt a tool job renders: the recipe with the format's instruction
+        template = fmt.recipe_for(prompts.as_recipe(name))
+    chat_tools = fmt.chat_tools if fmt is not None else None
     rows = []
     for p in problems:
         if "messages" in p.meta:  # OpenAI's fine-tuning JSONL: the chat, and its last assistant message
             if p.solution is None:
                 raise ValueError(f"dataset: line {p.index + 1} has no assistant message to learn (supervised)")
             rows.append(
-                {"prompt": render_prompt(p, template, tokenizer), "completion": p.solution + tokenizer.eos_token}
+                {
+                    "prompt": render_prompt(p, template, tokenizer, chat_tools),
+                    "completion": p.solution + tokenizer.eos_token,
+                }
             )
             continue
         target = p.solution if name != "plain" and p.solution else p.gold
-        rows.append(
-            {"prompt": prompts.render(template, p.question, tokenizer), "completion": target + tokenizer.eos_token}
-        )
+        trace = FORMATS["code-blocks"].read_trace(target) if fmt is not None else None
+        if fmt is not None and trace is not None:  # a program's code-block trace, written in the job's format
+            target = fmt.write_trace(*trace)
+        prompt = prompts.render(template, p.question, tokenizer, tools=chat_tools)
+        rows.append({"prompt": prompt, "completion": target + tokenizer.eos_token})
     return Dataset.from_list(rows)
 
 

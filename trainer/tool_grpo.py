@@ -33,7 +33,7 @@ from typing import Any
 from evaluator.backends.base import Generation
 from evaluator.grading import extract_answer
 from evaluator.python_tool import PythonTool
-from evaluator.scoring import tool_metrics
+from evaluator.scoring import is_void, tool_metrics
 from evaluator.tool_formats import ToolFormat
 from evaluator.tool_rollouts import Rollout, Turn, run_turns
 from mathrl.specs.tools import Tools
@@ -110,10 +110,7 @@ class ToolRollouts:
         answers = [self.fmt.without_outputs(r.text) for r in rollouts]
         found = [extract_answer(a, r.truncated) for a, r in zip(answers, rollouts, strict=True)]
         gens = [Generation(r.text, r.tokens, r.truncated, tool_turns=r.turns) for r in rollouts]
-        void = [
-            a is None and "```python" not in (r.turns[-1].get("answer") or "")
-            for a, r in zip(found, rollouts, strict=True)
-        ]
+        void = [is_void(g, a) for g, a in zip(gens, found, strict=True)]
         if self.tools.void_turns == "drop":
             for r, v in zip(rollouts, void, strict=True):
                 if v:
@@ -131,7 +128,8 @@ class ToolRollouts:
 
     def _turns(self, trainer: Any, open_: list[TokenRollout], may_call: bool) -> list[Turn]:
         """Each open rollout's next turn, generated on the trainer's engine from its context's ids."""
-        stop = self.fmt.call_stop if may_call else None
+        stops = self.fmt.stops(may_call)
+        stop = stops[0] if stops else None  # the chat template's turn ends at its end of sequence
         room = [r.budget - len(r.ids) for r in open_]
         contexts = [r.context + r.ids for r in open_]
         ids, logprobs = generate_turn(trainer, contexts, max(room), stop)

@@ -1,5 +1,5 @@
 """Tools a job's rollouts may call (`tools` on eval and GRPO jobs): today a python interpreter, behind
-the python graders' sandbox, in the code-block format (evaluator/tool_formats.py)."""
+the python graders' sandbox, in code blocks or the chat template's own calls (evaluator/tool_formats.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pydantic import Field, model_validator
 from mathrl.errors import FieldError
 from mathrl.specs.base import StrictModel
 
-TOOL_FORMATS = ("code-blocks",)  # evaluator/tool_formats.py FORMATS: the test holds the two equal
+TOOL_FORMATS = ("code-blocks", "chat-template")  # evaluator/tool_formats.py FORMATS: the test holds the two equal
 
 
 class PythonTool(StrictModel):
@@ -23,10 +23,12 @@ class PythonTool(StrictModel):
 
 class Tools(StrictModel):
     python: PythonTool = Field(default_factory=PythonTool, description="A python interpreter, a fresh state a call.")
-    format: Literal["code-blocks"] = Field(
+    format: Literal["code-blocks", "chat-template"] = Field(
         "code-blocks",
         description="How the model calls it: 'code-blocks', a ```python block, then ```output (ToRL's and "
-        "Qwen2.5-Math-TIR's format), the output coming back as an output block.",
+        "Qwen2.5-Math-TIR's format), the output coming back as an output block; 'chat-template', the model's "
+        "own tool calls, for models whose chat template carries tools (Qwen2.5, Qwen3, SmolLM3): the prompt holds "
+        "the python tool's schema, and the output comes back as the template's tool message. Needs a chat recipe.",
     )
     void_turns: Literal["keep", "drop", "penalize"] = Field(
         "keep",

@@ -19,8 +19,9 @@ pytestmark = pytest.mark.quick
 QUESTIONS = [("17 * 23", "391"), ("2 ** 10 - 1", "1023"), ("sum(range(12))", "66")]
 
 
-def _teach(path: Path, texts: list[str], steps: int = 400, lr: float = 1e-2) -> None:
-    """Fit the tiny model to `texts` (prompt and completion as one sequence) until it repeats them."""
+def _teach(path: Path, texts: list[str], steps: int = 400, lr: float = 1e-2, until: float = 0.005) -> None:
+    """Fit the tiny model to `texts` (prompt and completion as one sequence) until it repeats them
+    (its mean loss under `until`)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -35,7 +36,7 @@ def _teach(path: Path, texts: list[str], steps: int = 400, lr: float = 1e-2) -> 
         loss.backward()
         opt.step()
         opt.zero_grad()
-        if loss.item() < 0.005:
+        if loss.item() < until:
             break
     model.save_pretrained(path)
 
@@ -102,7 +103,7 @@ def test_a_tools_block_is_checked_naming_its_field(app_client: Any) -> None:
     h = admin_key(app_client)
     base = {"kind": "eval", "model": "org/model", "limit": 1, "resources": {"pool": "objects-parked"}}
     for tools, pointer in (
-        ({"format": "chat-template"}, "/tools/format"),
+        ({"format": "json-calls"}, "/tools/format"),
         ({"python": {"max_calls": 0}}, "/tools/python/max_calls"),
         ({"python": {"timeout_s": 600}}, "/tools/python/timeout_s"),
         ({"shell": {}}, "/tools/shell"),
@@ -117,6 +118,15 @@ def test_a_tools_block_is_checked_naming_its_field(app_client: Any) -> None:
     assert r.status_code == 201, r.text
     r = app_client.post("/v1/jobs", json={**base, "tools": {"python": {"max_calls": 2}}}, headers=h)
     assert r.status_code == 201 and r.json()["spec"]["tools"]["python"]["max_calls"] == 2, r.text
+    # the chat template's own calls, on a model whose template renders no tools (the tiny model's ChatML)
+    r = app_client.post(
+        "/v1/jobs", json={**base, "model": "tiny:2x64", "tools": {"format": "chat-template"}}, headers=h
+    )
+    assert r.status_code == 422, r.text
+    error = r.json()["errors"][0]
+    assert error["pointer"] == "/tools/format" and "code-blocks" in error["detail"], r.text
+    r = app_client.post("/v1/jobs", json={**base, "tools": {"format": "chat-template"}}, headers=h)
+    assert r.status_code == 201, r.text  # a hub model's template is the worker's to check
 
 
 def test_a_generate_job_with_the_tool_answers_a_chat_after_the_output(boundary: Any, tmp_path: Path) -> None:  # noqa: F811
@@ -153,3 +163,67 @@ def test_a_generate_job_with_the_tool_answers_a_chat_after_the_output(boundary: 
     turns = row["data"]["tool_turns"]
     assert turns[0]["code"].strip() == f"print({q})" and turns[0]["output"] == a, turns  # run in the sandbox
     assert f"```output\n{a}\n```" in row["completion"] and "boxed{391}" in turns[-1]["answer"], row
+
+
+def chat_tool_model(tmp_path: Path) -> Path:
+    """The tiny Llama with a chat template that carries tools: Qwen2.5's (TRL ships it, and its response
+    parser), on the character tokenizer, whose end of sequence is then the template's <|im_end|> as an
+    instruct model's is."""
+    import trl
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trainer.tiny import build_tiny_model
+
+    model = build_tiny_model(tmp_path / "tiny", hidden_size=64, layers=2, heads=4, chat=True, arch="llama")
+    tok = AutoTokenizer.from_pretrained(model)
+    tok.chat_template = (Path(trl.__file__).parent / "chat_templates" / "qwen2_5.jinja").read_text()
+    tok.eos_token = "<|im_end|>"
+    tok.save_pretrained(model)
+    net = AutoModelForCausalLM.from_pretrained(model)
+    net.config.eos_token_id = net.generation_config.eos_token_id = tok.eos_token_id
+    net.save_pretrained(model)
+    return model
+
+
+def chat_tool_traces(model: Path, recipe: Any) -> list[str]:
+    """Each question's prompt (the python tool's schema in its system turn) and the trace the template
+    writes: the assistant's tool call, the tool message with the output, the answer."""
+    from evaluator import prompts
+    from evaluator.models import load_tokenizer
+    from evaluator.tool_formats import tool_format
+
+    tok = load_tokenizer(str(model))
+    fmt = tool_format("chat-template", tok)
+    return [
+        prompts.render(fmt.recipe_for(recipe), f"What is {q}?", tok, tools=fmt.chat_tools)
+        + fmt.write_trace([(f"print({q})", a)], f"The answer is \\boxed{{{a}}}.")
+        + tok.eos_token
+        for q, a in QUESTIONS
+    ]
+
+
+def test_the_chat_template_format_refuses_a_template_without_tools_and_writes_traces_as_the_template_does(
+    tmp_path: Path,
+) -> None:
+    from evaluator.models import load_tokenizer
+    from evaluator.tool_formats import FORMATS, tool_format
+    from mathrl.errors import FieldError
+    from mathrl.recipe import Recipe
+    from trainer.tiny import build_tokenizer
+
+    with pytest.raises(FieldError) as refused:
+        tool_format("chat-template", build_tokenizer(chat=True))  # ChatML without tools
+    assert refused.value.field == "tools/format" and "code-blocks" in str(refused.value)
+    tok = load_tokenizer(str(chat_tool_model(tmp_path)))
+    fmt = tool_format("chat-template", tok)
+    with pytest.raises(FieldError, match="chat recipe"):
+        fmt.recipe_for(Recipe(format="text"))
+    trace = FORMATS["code-blocks"].write_trace([("print(2 + 3)", "5")], "The answer is 5.")
+    calls, answer = FORMATS["code-blocks"].read_trace(trace) or ([], "")
+    written = fmt.write_trace(calls, answer)
+    assert written.startswith('<tool_call>\n{"name": "python", "arguments": {"code": "print(2 + 3)"}}\n</tool_call>')
+    turn = written.split(tok.eos_token)[0]
+    assert fmt.call_in(turn) == "print(2 + 3)" and fmt.holds_call(turn)
+    assert fmt.call_in('<tool_call>\n{"name": "python", "arguments": {"code": oops}}\n</tool_call>') is None
+    assert fmt.call_in('<tool_call>\n{"name": "shell", "arguments": {"code": "ls"}}\n</tool_call>') is None
+    assert fmt.without_outputs(written) == turn + "\nThe answer is 5.", written  # the model's own words

@@ -1,0 +1,107 @@
+"""The chat template's own tool calls (issue 67.1, format `chat-template`), on the tiny model with
+Qwen2.5's template (the python tool's schema in its system turn; TRL's response parser reads the
+calls): taught once to call the tool for each of three questions, it is evaluated with the tool and
+trained one GRPO step with it. Each call is parsed from the model's JSON, runs in the tool's sandbox,
+and its output comes back as the template's tool message, out of the loss."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.unit.evaluator.test_sandbox import boundary  # noqa: F401  (the fixture)
+from tests.unit.evaluator.test_tool_eval import QUESTIONS, _teach, chat_tool_model, chat_tool_traces
+from tests.unit.trainer.test_tool_grpo import run_tool_job
+
+pytestmark = pytest.mark.slow  # the tiny model taught on prompts of some 1,000 characters
+
+
+@pytest.fixture(scope="module")
+def taught(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The taught model and its question set (one teaching for both tests: about 250 steps)."""
+    from mathrl.recipe import Recipe
+
+    tmp = tmp_path_factory.mktemp("chat-tools")
+    model = chat_tool_model(tmp)
+    data = tmp / "set.jsonl"
+    data.write_text("".join(json.dumps({"question": f"What is {q}?", "answer": a}) + "\n" for q, a in QUESTIONS))
+    # the recipe both jobs resolve for a custom set: math-chat's, whose system text the tool joins
+    from evaluator.prompts import as_recipe
+
+    recipe = as_recipe("math-chat")
+    assert isinstance(recipe, Recipe)
+    _teach(model, chat_tool_traces(model, recipe), until=0.02)
+    return model, data
+
+
+def test_an_eval_with_the_chat_templates_calls_parses_them_and_answers_after_the_tool_message(
+    boundary: Any,  # noqa: F811
+    taught: tuple[Path, Path],
+) -> None:
+    from evaluator.run import run_eval
+    from mathrl.specs import EvalSpec
+    from runtime.sink import PrintSink
+
+    model, data = taught
+    spec = EvalSpec.model_validate(
+        {
+            "model": str(model),
+            "dataset": {"path": str(data), "question_field": "question", "answer_field": "answer"},
+            "sampling": {"max_new_tokens": 128},  # a call's JSON is some 80 characters
+            "tools": {"format": "chat-template", "python": {"max_calls": 2, "timeout_s": 5}},
+        }
+    )
+    sink = PrintSink()
+    values = run_eval(spec, sink, model_path=str(model), data_dir=None)
+    turns = [item["data"]["tool_turns"] for item in sink.items]
+    assert [t[0]["code"] for t in turns] == [f"print({q})" for q, _ in QUESTIONS], turns  # parsed from the JSON
+    assert [t[0]["output"] for t in turns] == [a for _, a in QUESTIONS], turns  # computed in the sandbox
+    first = sink.items[0]
+    assert '"name": "python"' in first["prompt"], first["prompt"]  # the schema, where the template puts it
+    assert "<tool_response>\n391\n</tool_response>" in first["completion"], first["completion"]
+    assert values["accuracy"] == 1.0 and values["tool/calls_per_rollout"] == 1.0, values
+    assert values["tool/void_turns"] == 0.0 and values["tool/answered"] == 1.0, values
+
+
+def test_a_grpo_step_with_the_chat_templates_calls_keeps_the_tool_message_out_of_the_loss(
+    boundary: Any,  # noqa: F811
+    taught: tuple[Path, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from evaluator.models import load_tokenizer
+    from trainer.grpo_loop import MathrlGRPOTrainer
+
+    model, data = taught
+    seen: dict[str, Any] = {}
+    compute_loss = MathrlGRPOTrainer._compute_loss
+
+    def spy(self: Any, net: Any, inputs: dict[str, Any]) -> Any:
+        seen["inputs"] = inputs
+        return compute_loss(self, net, inputs)
+
+    monkeypatch.setattr(MathrlGRPOTrainer, "_compute_loss", spy)
+    sink = run_tool_job(
+        model,
+        data,
+        tmp_path / "out",
+        max_completion_length=256,
+        max_prompt_length=1024,  # the schema and the template's tool text: some 900 characters
+        rewards=[{"name": "accuracy"}],
+        tools={"format": "chat-template", "python": {"max_calls": 2, "timeout_s": 5}},
+    )
+    tok = load_tokenizer(str(model))
+    inputs = seen["inputs"]
+    tool = inputs["completion_mask"] * (1 - inputs["tool_mask"])  # the tool's tokens in each rollout
+    assert tool.sum() > 0, "no rollout called the tool"
+    for row, ids in zip(tool, inputs["completion_ids"], strict=True):
+        if row.any():  # the template's tool message with the sandbox's output, then the next assistant header
+            text = tok.decode(ids[row.bool()].tolist())
+            assert any(f"<tool_response>\n{a}\n</tool_response>" in text for _, a in QUESTIONS), text
+            assert text.rstrip().endswith("<|im_start|>assistant"), text
+    step = sink.metrics_by_step[1]
+    assert step["tool/calls_per_rollout"] >= 1.0 and step["tool/call_errors"] == 0.0, step
+    assert step["rewards/accuracy/mean"] > 0, step  # graded on the answer after the tool message
