@@ -68,8 +68,10 @@ def trace(steps: list[tuple[str, int]], kind: str) -> str:
         total = after
     if kind == "text":
         return " ".join(lines) + f" The answer is {total}."
+    from evaluator.tool_formats import FORMATS
+
     expr = f"{start} " + " ".join(f"{op} {n}" for op, n in rest)
-    return f"```python\nprint({expr})\n```\n```output\n{total}\n```\nThe answer is {total}."
+    return FORMATS["code-blocks"].write_trace([(f"print({expr})", str(total))], f"The answer is {total}.")
 
 
 def _problem(rng: random.Random, task: str = "add2") -> tuple[str, str]:
