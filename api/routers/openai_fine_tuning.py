@@ -14,7 +14,7 @@ import uuid
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Header, Query, Request, Response
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, ValidatorFunctionWrapHandler, WrapValidator
 from sqlalchemy import func, select
 
 from api.deps import CallerDep, SessionDep, SettingsDep
@@ -70,16 +70,33 @@ class _Open(BaseModel):
 Auto = Literal["auto"]
 
 
+def auto_or(kind: type[int] | type[float], low: int, high: int, *, above: bool = False) -> Any:
+    """'auto' or a number in bounds. Its one error names both: pydantic's own, of the union's first
+    member ("Input should be 'auto' (and 1 more)", at param 'n_epochs.literal['auto']'), named neither
+    the field nor its bounds."""
+    bounds = Field(gt=low, le=high) if above else Field(ge=low, le=high)
+    what = "an integer" if kind is int else "a number"
+    message = f"use 'auto' or {what} {f'above {low} and at most {high}' if above else f'from {low} to {high}'}"
+
+    def check(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        try:
+            return handler(value)
+        except ValidationError:
+            raise ValueError(message) from None
+
+    return Annotated[Auto | Annotated[kind, bounds], WrapValidator(check)]
+
+
 class Hyperparameters(_Open):
-    batch_size: Auto | Annotated[int, Field(ge=1, le=4096)] | None = None
-    learning_rate_multiplier: Auto | Annotated[float, Field(gt=0, le=100)] | None = None
-    n_epochs: Auto | Annotated[int, Field(ge=1, le=50)] | None = None
+    batch_size: auto_or(int, 1, 4096) | None = None  # type: ignore[valid-type]
+    learning_rate_multiplier: auto_or(float, 0, 100, above=True) | None = None  # type: ignore[valid-type]
+    n_epochs: auto_or(int, 1, 50) | None = None  # type: ignore[valid-type]
 
 
 class ReinforcementHyperparameters(Hyperparameters):
-    compute_multiplier: Auto | Annotated[float, Field(gt=0, le=16)] | None = None
-    eval_interval: Auto | Annotated[int, Field(ge=1, le=100_000)] | None = None
-    eval_samples: Auto | Annotated[int, Field(ge=1, le=100)] | None = None
+    compute_multiplier: auto_or(float, 0, 16, above=True) | None = None  # type: ignore[valid-type]
+    eval_interval: auto_or(int, 1, 100_000) | None = None  # type: ignore[valid-type]
+    eval_samples: auto_or(int, 1, 100) | None = None  # type: ignore[valid-type]
     reasoning_effort: Literal["default", "low", "medium", "high"] | None = None
 
 

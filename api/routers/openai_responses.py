@@ -230,7 +230,9 @@ def _usage(row: dict[str, Any] | None) -> dict[str, Any]:
     output = int((row or {}).get("completion_tokens", 0))
     return {
         "input_tokens": prompt,
-        "input_tokens_details": {"cached_tokens": int((row or {}).get("cached_tokens", 0))},
+        # cache_write_tokens (the SDK's ResponseUsage requires it): 0, as writes are not counted here; the
+        # warm engine's prefix cache keeps blocks as it pleases, with no retention a caller picks or pays for
+        "input_tokens_details": {"cached_tokens": int((row or {}).get("cached_tokens", 0)), "cache_write_tokens": 0},
         "output_tokens": output,
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": prompt + output,

@@ -257,6 +257,7 @@ def _sample_the_fine_tuned_model(service: Service, client: Any, model: str, chec
     assert scored and all(len(t.top_logprobs) == 1 and t.logprob <= 0 for t in scored), scored
     assert first.output_text == first.output[0].content[0].text and 0 < first.usage.output_tokens <= 6
     assert first.usage.input_tokens > 0 and first.instructions == "Answer."
+    assert first.usage.input_tokens_details.cache_write_tokens == 0  # before: missing, an AttributeError
     second = client.responses.create(
         model=model,
         previous_response_id=first.id,

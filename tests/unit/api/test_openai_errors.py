@@ -761,3 +761,24 @@ def test_nan_and_infinity_are_refused_at_every_field_of_the_openai_routes(
     assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
     assert "finite number" in r.json()["error"]["message"], r.text
     assert app_client.get("/v1/evals", headers=h).json()["data"] == []  # nothing stored
+
+
+def test_an_out_of_bounds_hyperparameter_names_its_field_and_bounds(app_client: Any) -> None:
+    """Issue 69.5: n_epochs=0 answered param "...n_epochs.literal['auto']", "Input should be 'auto'
+    (and 1 more)": pydantic's error of the union's first member, with neither the field nor its bounds."""
+    import openai
+
+    h = admin_key(app_client)
+    ids = make_objects(app_client, h)
+    client = _client(app_client, h)
+    method = {"type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 0}}}
+    with pytest.raises(openai.BadRequestError) as e:
+        client.fine_tuning.jobs.create(model="org/model", training_file=ids["file_id"], method=method)
+    assert e.value.param == "method.supervised.hyperparameters.n_epochs", e.value.body
+    assert "use 'auto' or an integer from 1 to 50" in e.value.message and "literal" not in e.value.message
+    with pytest.raises(openai.BadRequestError) as e:
+        client.fine_tuning.jobs.create(
+            model="org/model", training_file=ids["file_id"], hyperparameters={"learning_rate_multiplier": -1}
+        )
+    assert e.value.param == "hyperparameters.learning_rate_multiplier", e.value.body
+    assert "use 'auto' or a number above 0 and at most 100" in e.value.message, e.value.message
