@@ -16,7 +16,7 @@ from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 
 from api import problems
-from api.deps import CALLER_STATE, caller_for, finite_body, storable_query
+from api.deps import CALLER_STATE, RATE_STATE, caller_for, finite_body, storable_query
 from api.routers import (
     graders,
     health,
@@ -73,7 +73,7 @@ class LimitsAndMetrics:
         authorization = Headers(scope=scope).get("authorization", "")
         client = (scope.get("client") or ("", 0))[0]
         try:
-            caller = await caller_for(authorization, get_settings(), client)
+            caller = await caller_for(authorization, get_settings(), client, scope.setdefault("state", {}))
         except problems.Problem as p:
             return problems.problem_response(p.status, p.title, p.detail, scope["path"], p.errors, p.headers)
         except DBAPIError:
@@ -148,7 +148,12 @@ def _with_request_id(scope: dict[str, Any], send: Any) -> Any:
 
     async def send_with_id(message: dict[str, Any]) -> None:
         if message["type"] == "http.response.start":
-            message = {**message, "headers": [*message.get("headers", []), (b"x-request-id", request_id)]}
+            extra = [(b"x-request-id", request_id)]
+            left = scope.get("state", {}).get(RATE_STATE)  # a caller's bucket (api/deps.py caller_for)
+            have = {name.lower() for name, _ in message.get("headers", [])}
+            if left is not None and b"x-ratelimit-remaining-requests" not in have:
+                extra += [(k.encode(), v.encode()) for k, v in left.headers().items()]
+            message = {**message, "headers": [*message.get("headers", []), *extra]}
         await send(message)
 
     return send_with_id

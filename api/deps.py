@@ -74,13 +74,16 @@ def forget_key(secret_hash: str) -> None:
 
 # where api/app.py leaves the caller of a request it authenticated before reading its body
 CALLER_STATE = "mathrl_caller"
+# and what the caller's rate-limit bucket held after the request was counted (ratelimit.Budget)
+RATE_STATE = "mathrl_rate"
 
 
 async def get_caller(request: Request, settings: SettingsDep) -> Caller:
     caller = request.scope.get("state", {}).get(CALLER_STATE)
     if caller is None:  # requests with a body were checked before the body was read (api/app.py)
         client = request.client.host if request.client is not None else ""
-        caller = await caller_for(request.headers.get("authorization", ""), settings, client)
+        state = request.scope.setdefault("state", {})
+        caller = await caller_for(request.headers.get("authorization", ""), settings, client, state)
     # the route's own path, not the URL's: behind a root path (a proxy's prefix) the URL's starts with it
     need = required_scope(request.method, getattr(request.scope.get("route"), "path", None) or request.url.path)
     if caller.key is not None and need not in (caller.key.scopes or []):
@@ -96,11 +99,14 @@ def required_scope(method: str, path: str) -> str:
     return "read" if method in ("GET", "HEAD") else "submit"
 
 
-async def caller_for(authorization: str, settings: Settings, client: str = "") -> Caller:
+async def caller_for(
+    authorization: str, settings: Settings, client: str = "", state: dict[str, Any] | None = None
+) -> Caller:
     """The caller an Authorization header names, rate limit applied; else a 401 (or 429) Problem.
     A request without a valid key counts against its client address (`client`): past
     limits.rate_per_address_per_second it is 429 instead of 401. A valid key is never held back
-    by its address (many clients may share one, behind a proxy)."""
+    by its address (many clients may share one, behind a proxy). What its bucket holds then is left
+    in the request's `state` (RATE_STATE), for the response's x-ratelimit headers (api/app.py)."""
     try:
         token = _bearer(authorization)
     except Problem:
@@ -113,7 +119,7 @@ async def caller_for(authorization: str, settings: Settings, client: str = "") -
     hit = _auth_cache.get(digest)
     now = time.monotonic()
     if hit is not None and hit[1] > now:
-        _rate_limit(hit[0], settings)
+        _keep(state, _rate_limit(hit[0], settings))
         return hit[0]
 
     def lookup() -> tuple[ApiKey, Project] | None:
@@ -137,8 +143,13 @@ async def caller_for(authorization: str, settings: Settings, client: str = "") -
         if len(_auth_cache) > 10_000:
             _auth_cache.clear()
         _auth_cache[digest] = (caller, now + ttl)
-    _rate_limit(caller, settings)
+    _keep(state, _rate_limit(caller, settings))
     return caller
+
+
+def _keep(state: dict[str, Any] | None, left: ratelimit.Budget | None) -> None:
+    if state is not None and left is not None:
+        state[RATE_STATE] = left
 
 
 def _limit_address(client: str, settings: Settings) -> None:
@@ -146,14 +157,17 @@ def _limit_address(client: str, settings: Settings) -> None:
     ratelimit.enforce_address(client, limits.rate_per_address_per_second, limits.burst_per_address)
 
 
-def _rate_limit(caller: Caller, settings: Settings) -> None:
-    """The key's bucket, then its project's: keys a project mints share the project's rate."""
+def _rate_limit(caller: Caller, settings: Settings) -> ratelimit.Budget | None:
+    """The key's bucket, then its project's: keys a project mints share the project's rate. Returns
+    the tighter of the two (fewer requests left), which the response's x-ratelimit headers show."""
     limits = settings.limits
+    left: list[ratelimit.Budget] = []
     if caller.key is not None:
-        ratelimit.enforce(caller.key.id, limits.rate_per_second, limits.burst)
+        left.append(ratelimit.enforce(caller.key.id, limits.rate_per_second, limits.burst))
     if caller.project is not None:
         rate, burst = limits.rate_per_project_per_second, limits.burst_per_project
-        ratelimit.enforce(f"project:{caller.project.id}", rate, burst, ratelimit.PROJECT_LIMITED)
+        left.append(ratelimit.enforce(f"project:{caller.project.id}", rate, burst, ratelimit.PROJECT_LIMITED))
+    return min(left, key=lambda b: (b.remaining, -b.reset_seconds), default=None)
 
 
 def get_project_caller(caller: Annotated[Caller, Depends(get_caller)]) -> Caller:

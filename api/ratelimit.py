@@ -16,6 +16,7 @@ import math
 import threading
 import time
 from collections import OrderedDict
+from dataclasses import dataclass
 
 from api.problems import Problem
 
@@ -53,10 +54,55 @@ def take(key_id: str, rate: float, burst: int) -> float:
         return wait
 
 
-def enforce(key_id: str, rate: float, burst: int, detail: str = RATE_LIMITED) -> None:
+@dataclass(frozen=True)
+class Budget:
+    """What a bucket holds after a request: OpenAI's x-ratelimit-*-requests headers, which the openai
+    SDK's `with_raw_response` callers read to pace themselves. The limit is the bucket's size (the
+    requests a burst may make), the reset the time until it is full again."""
+
+    limit: int
+    remaining: int
+    reset_seconds: float
+
+    def headers(self) -> dict[str, str]:
+        return {
+            "x-ratelimit-limit-requests": str(self.limit),
+            "x-ratelimit-remaining-requests": str(self.remaining),
+            "x-ratelimit-reset-requests": duration(self.reset_seconds),
+        }
+
+
+def duration(seconds: float) -> str:
+    """OpenAI's (Go's) duration text: '0s', '20ms', '1.5s', '6m0s', '1h2m3s'."""
+    if seconds <= 0:
+        return "0s"
+    if seconds < 1:
+        return f"{max(1, round(seconds * 1000))}ms"
+    if seconds < 60:
+        return f"{round(seconds, 3):g}s"
+    whole = math.ceil(seconds)
+    h, m, s = whole // 3600, whole // 60 % 60, whole % 60
+    return (f"{h}h" if h else "") + f"{m}m{s}s"
+
+
+def budget(key_id: str, rate: float, burst: int) -> Budget:
+    """The bucket's state now, refilled to this moment (a bucket never taken from is full)."""
+    now = time.monotonic()
+    buckets = _addresses if key_id.startswith("address:") else _buckets
+    with _lock:
+        tokens, last = buckets.get(key_id, (float(burst), now))
+    tokens = min(float(burst), tokens + (now - last) * rate)
+    return Budget(burst, max(0, math.floor(tokens)), (burst - tokens) / rate)
+
+
+def enforce(key_id: str, rate: float, burst: int, detail: str = RATE_LIMITED) -> Budget:
+    """Spend a request from the bucket; what it holds then, or a 429 with Retry-After and the same headers."""
     wait = take(key_id, rate, burst)
+    left = budget(key_id, rate, burst)
     if wait > 0:
-        raise Problem(429, "Too many requests", detail, headers={"Retry-After": str(max(1, math.ceil(wait)))})
+        headers = {"Retry-After": str(max(1, math.ceil(wait))), **left.headers()}
+        raise Problem(429, "Too many requests", detail, headers=headers)
+    return left
 
 
 def enforce_address(address: str, rate: float, burst: int) -> None:

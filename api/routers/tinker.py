@@ -92,7 +92,7 @@ async def tinker_caller(request: Request, settings: SettingsDep) -> Caller:
     key = request.headers.get("x-api-key", "")
     authorization = f"Bearer {key.removeprefix(KEY_PREFIX)}" if key else request.headers.get("authorization", "")
     client = request.client.host if request.client is not None else ""
-    caller = await caller_for(authorization, settings, client)
+    caller = await caller_for(authorization, settings, client, request.scope.setdefault("state", {}))
     need = required_scope(request.method, request.url.path)
     if caller.key is not None and need not in (caller.key.scopes or []):
         raise Problem(403, "Forbidden", f"this key lacks the '{need}' scope")

@@ -393,6 +393,37 @@ def test_rate_limit_per_key(app_client: Any) -> None:
 
 
 @pytest.mark.quick
+def test_every_keyed_response_says_what_its_rate_leaves_as_openai_does(app_client: Any) -> None:
+    """Issue 69.5: OpenAI's x-ratelimit-{limit,remaining,reset}-requests headers (none were sent), on an
+    answer, on a body's route (checked before the body is read), and on the 429 itself, read through
+    the openai SDK's raw responses."""
+    from openai import OpenAI, RateLimitError
+
+    from api import ratelimit
+
+    h = admin_key(app_client)
+    client = OpenAI(
+        base_url=f"{app_client.base_url}/v1", api_key=h["Authorization"].removeprefix("Bearer "),
+        http_client=app_client, max_retries=0,
+    )  # fmt: skip
+    ratelimit.reset()
+    with overridden(limits={"rate_per_second": 0.01, "burst": 3, "rate_per_project_per_second": 100.0}):
+        first = client.models.with_raw_response.list().headers
+        assert first["x-ratelimit-limit-requests"] == "3" and first["x-ratelimit-remaining-requests"] == "2", first
+        assert first["x-ratelimit-reset-requests"].endswith("s"), first  # ~100 s: "1m41s"
+        posted = client.files.with_raw_response.create(file=("a.jsonl", b'{"a": 1}\n'), purpose="evals").headers
+        assert posted["x-ratelimit-remaining-requests"] == "1", posted
+        client.models.list()
+        with pytest.raises(RateLimitError) as e:
+            client.models.list()
+        said = e.value.response.headers
+        assert said["x-ratelimit-remaining-requests"] == "0" and int(said["Retry-After"]) >= 1, said
+        assert "x-ratelimit-remaining-requests" not in app_client.get("/livez").headers  # no key, no bucket
+    ratelimit.reset()
+    assert [ratelimit.duration(s) for s in (0, 0.02, 1.5, 59.9, 360, 3723)] == ["0s", "20ms", "1.5s", "59.9s", "6m0s", "1h2m3s"]
+
+
+@pytest.mark.quick
 def test_requests_from_many_addresses_do_not_reset_the_keys_rates(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every bucket was cleared once 100,000 were held: bad-key requests from that many addresses (easy
     over IPv6) reset every key's and project's rate. Address buckets are held apart now, and past the
