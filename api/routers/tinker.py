@@ -268,6 +268,23 @@ def _model_id_field(body: bytes) -> str:
 # --- submitting session jobs ------------------------------------------------------------------
 
 
+SESSION_ELSEWHERE = "no session {!r} in this project: use the session_id that create_session gave this project's key"
+
+
+def _held_elsewhere(s: Any, project_id: str, session_id: str | None) -> bool:
+    """Whether another project's jobs carry this session id. A session is stored only as its jobs,
+    so an id no job carries is anyone's to start; one another project's jobs carry is that project's:
+    before, a job was made in the caller's project under the other project's session."""
+    if not session_id:
+        return False
+    q = (
+        select(Job.spec)
+        .where(Job.kind == "session", Job.project_id != project_id, Job.name.like(f"{session_id}:%"))
+        .limit(64)
+    )
+    return any((spec or {}).get("session") == session_id for spec in s.scalars(q))
+
+
 def _submit(settings: Settings, project_id: str, fields: dict[str, Any], what: str) -> str:
     fields.setdefault("heartbeat_timeout_seconds", settings.sessions.heartbeat_timeout_seconds)
     fields.setdefault("warm_engine", settings.sessions.warm_engine)
@@ -277,6 +294,8 @@ def _submit(settings: Settings, project_id: str, fields: dict[str, Any], what: s
         err = exc.errors()[0]
         raise Problem.at("/" + "/".join(str(p) for p in err["loc"]), err["msg"], status=400) from None
     with get_sessionmaker(settings.database.url)() as session:
+        if _held_elsewhere(session, project_id, spec.session):
+            raise Problem.at("/session_id", SESSION_ELSEWHERE.format(spec.session), status=404)
         # another job's output ('job:', 'ft:' names): one of the project's, before admit reads its config
         check_job_refs(session, project_id, model_refs(spec))
         config = admit({"": spec}, settings)[""]

@@ -90,6 +90,35 @@ def test_what_is_not_in_the_project_is_a_404(app_client: Any) -> None:
     assert r.status_code == 200, r.text  # a session with no client yet: nothing to keep alive
 
 
+def test_another_projects_session_id_is_refused_not_taken(app_client: Any) -> None:
+    """Issue 69.6: create_model with another project's session id made a job in the caller's own project,
+    named after the other project's session."""
+    from sqlalchemy import text
+
+    from tests.helpers.api import db
+
+    mine, theirs = _tinker(admin_key(app_client)), _tinker(admin_key(app_client))
+    session = app_client.post("/api/v1/create_session", json={}, headers=mine).json()["session_id"]
+    body = {"session_id": session, "model_seq_id": 0, "base_model": "tiny:2x64", "lora_config": {"rank": 4}}
+    r = app_client.post("/api/v1/create_model", json=body, headers=mine)
+    assert r.status_code == 200 and r.json()["model_id"] == f"{session}:train:0", r.text
+    for route, extra in [
+        ("create_model", {"model_seq_id": 1}),
+        ("create_sampling_session", {"sampling_session_seq_id": 0}),
+    ]:
+        r = app_client.post(f"/api/v1/{route}", json={**body, **extra}, headers=theirs)
+        assert r.status_code == 404 and r.json()["errors"][0]["pointer"] == "/session_id", (route, r.text)
+        assert "create_session" in r.json()["detail"], r.text
+    with db(app_client).connect() as c:
+        held = c.execute(text("SELECT count(DISTINCT project_id) FROM jobs WHERE name LIKE :n"), {"n": f"{session}:%"})
+        assert held.scalar_one() == 1  # the other project made no job under it
+    r = app_client.post("/api/v1/create_model", json={**body, "model_seq_id": 1}, headers=mine)
+    assert r.status_code == 200, r.text  # the owner goes on
+    fresh = app_client.post("/api/v1/create_session", json={}, headers=theirs).json()["session_id"]
+    r = app_client.post("/api/v1/create_model", json={**body, "session_id": fresh}, headers=theirs)
+    assert r.status_code == 200, r.text
+
+
 def test_a_body_that_is_not_json_is_a_400(app_client: Any) -> None:
     key = _tinker(admin_key(app_client))
     r = app_client.post("/api/v1/create_model", content=b"\xff{", headers={**key, "Content-Type": "application/json"})
