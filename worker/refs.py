@@ -13,6 +13,30 @@ from mathrl.modelref import FINAL_DELETED_TAG, is_hub_id, split_job_ref
 from store.models import Checkpoint, Job
 
 
+HUB_PROBE_SECONDS = 5.0
+HUB_UNREACHABLE = (
+    "{ref}: this model is not in the worker's model cache and the hub ({endpoint}) cannot be reached from it"
+    " ({why}): name a model under the server's model roots, or ask the operator to make the hub reachable"
+    " (or to put the model in the cache, with HF_HUB_OFFLINE=1)"
+)
+
+
+def hub_unreachable(ref: str) -> str | None:
+    """Why the hub cannot be reached, for a repository whose config.json is not in the cache; else None.
+    One request, no retries: huggingface_hub retries a failed connection five times (about 23 s here),
+    and a load reads several files, so an unknown id on a machine with no hub failed after 119 s."""
+    import httpx
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    if constants.HF_HUB_OFFLINE or try_to_load_from_cache(ref, "config.json") is not None:
+        return None
+    try:  # no token: hub_access sends it only through huggingface_hub's own client
+        httpx.head(constants.ENDPOINT, timeout=HUB_PROBE_SECONDS)
+    except httpx.TransportError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
 def check_hub_model(ref: str) -> None:
     """Refuse a hub repository that sends its load to a base that is not a hub model.
 
@@ -26,8 +50,12 @@ def check_hub_model(ref: str) -> None:
     Each must be a hub id. This is the early answer, when the job resolves its model (a repository
     that cannot be read now fails here, as its load would); its owner can change it afterwards, so
     each load in a job's process checks what it loaded too (evaluator.models.check_loaded_from_hub)."""
+    from huggingface_hub import constants
     from transformers.utils.hub import cached_file
 
+    why = hub_unreachable(ref)
+    if why is not None:
+        raise RefError(HUB_UNREACHABLE.format(ref=ref, endpoint=constants.ENDPOINT, why=why))
     named: list[object] = []
     for name, key in (
         ("adapter_config.json", ("base_model_name_or_path",)),

@@ -132,3 +132,35 @@ def test_a_deleted_final_model_is_no_longer_resolved(tmp_path: Path) -> None:
             with pytest.raises(RefError, match="final model was deleted"):
                 resolve_model_ref(s, project_id, ref)
         assert resolve_model_ref(s, project_id, f"job:{job.id}@step-10")[0].endswith("checkpoint-10")
+
+
+UNREACHABLE = r"""
+import time
+from worker.refs import RefError, resolve_model_ref
+t0 = time.monotonic()
+try:
+    resolve_model_ref(None, "project-a", "no-such-org/no-such-model")
+    print("resolved")
+except RefError as exc:
+    print(f"{time.monotonic() - t0:.1f}", exc)
+"""
+
+
+def test_a_hub_id_where_no_hub_answers_fails_in_seconds_naming_why(tmp_path: Path) -> None:
+    """Issue 69.6: an unknown hub id on a machine with no hub failed its Tinker future after 119 s of
+    huggingface_hub's retries. A port nothing listens on stands in for the unreachable hub."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed when the block ends: connections to it are refused
+    env = {**os.environ, "HF_ENDPOINT": f"http://127.0.0.1:{port}", "HF_HOME": str(tmp_path / "hf")}
+    env.pop("HF_HUB_OFFLINE", None)
+    out = subprocess.run(
+        [sys.executable, "-c", UNREACHABLE], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    seconds, said = out.stdout.strip().split(" ", 1)
+    assert float(seconds) < 10, out.stdout
+    assert "no-such-org/no-such-model: this model is not in the worker's model cache" in said, said
+    assert f"the hub (http://127.0.0.1:{port}) cannot be reached" in said and "ConnectError" in said, said
