@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from evaluator.backends.base import WarmEngineAddress
-from evaluator.logprobs import Token, from_completion_chunk, kept_tokens, token_logprobs
+from evaluator.logprobs import Token, content_tokens, from_completion_chunk, kept_tokens, token_logprobs
 
 if TYPE_CHECKING:
     from evaluator.backends.vllm import RemoteEngine
@@ -552,7 +552,10 @@ def _generate_remote(spec: Any, engine: RemoteEngine, deltas: DeltaWriter) -> tu
     per_choice = usage.get("completion_tokens", 0) // max(spec.n, 1)
     asked = spec.logprobs is not None
     choices = [
-        Choice(texts.get(i, ""), reasons.get(i, "stop"), per_choice, logprobs.get(i, []) if asked else None)
+        Choice(
+            texts.get(i, ""), reasons.get(i, "stop"), per_choice,
+            content_tokens(logprobs.get(i, []), texts.get(i, "")) if asked else None,
+        )  # fmt: skip
         for i in range(spec.n)
     ]
     cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0

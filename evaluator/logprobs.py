@@ -97,6 +97,35 @@ def token_logprobs(model: Any, tokenizer: Any, prompt_ids: list[int], ids: list[
     return out
 
 
+_SPECIAL = re.compile(r"<\|[^<>|]*\|>|<[^<>\s]{1,40}>")  # '<|im_end|>', '<eos>', '</s>', '<tool_call>'
+
+
+def content_tokens(tokens: list[Token], text: str) -> list[Token]:
+    """The engine's token entries that make up `text`, the choice's content, as OpenAI's cover it:
+    the end-of-sequence token after it, the tokens of a stop string that cut it, and special tokens
+    that the text skipped are dropped (the warm vLLM engine sent 22 entries for 19 characters, the
+    last `<eos>`). Entries are matched to the text by their bytes; a token that the text ends inside
+    stays whole (as `kept_tokens` keeps it on transformers). Where an entry's bytes cannot be matched
+    (a piece no text shows), the rest is kept but for special tokens."""
+    want, at, out = text.encode("utf-8"), 0, []
+    for i, t in enumerate(tokens):
+        raw = bytes(t["bytes"]) if t.get("bytes") is not None else str(t.get("token", "")).encode("utf-8")
+        if at >= len(want):
+            break  # past the content: the stop token, a stop string's tokens
+        if raw and want.startswith(raw, at):
+            out.append(t)
+            at += len(raw)
+        elif raw and raw.startswith(want[at:]):
+            out.append(t)  # the text ends inside it
+            break
+        elif _SPECIAL.fullmatch(str(t.get("token", ""))):
+            continue  # skipped by the text
+        else:  # not matched: keep what is left, but for special tokens
+            out += [u for u in tokens[i:] if not _SPECIAL.fullmatch(str(u.get("token", "")))]
+            break
+    return out
+
+
 def from_completion_chunk(logprobs: dict[str, Any]) -> list[Token]:
     """A vLLM /v1/completions chunk's `logprobs` (tokens, token_logprobs, top_logprobs as
     token -> logprob) as tokens of the chat shape."""

@@ -360,6 +360,8 @@ def test_the_first_chat_after_a_fine_tuning_job_loads_its_model_into_the_kept_en
         content = scored.choices[0].logprobs.content
         assert content and all(len(t.top_logprobs) == 2 for t in content), content
         assert all(abs(t.logprob - t.top_logprobs[0].logprob) < 1e-3 for t in content), content
+        # the content's tokens only: the stop token and special tokens were in it before (issue 69.4)
+        assert b"".join(bytes(t.bytes) for t in content).decode() == scored.choices[0].message.content, content
         legacy = client.completions.create(model=first, prompt="12 + 30 =", max_tokens=4, temperature=0, logprobs=1)
         got = legacy.choices[0].logprobs
         assert got.tokens and len(got.tokens) == len(got.token_logprobs) == len(got.top_logprobs), got

@@ -191,7 +191,11 @@ def test_a_warm_engines_logprobs_are_kept_per_choice(tiny_model: str) -> None:
     from evaluator.backends.base import WarmEngineAddress
 
     _Engine.calls, _Engine.bodies = [], []
-    _Engine.logprobs = {"tokens": ["2"], "token_logprobs": [-0.25], "top_logprobs": [{"2": -0.25, "3": -2.0}]}
+    _Engine.logprobs = {  # the end-of-sequence token after the content, as the warm engine sends it
+        "tokens": ["2", "</s>"],
+        "token_logprobs": [-0.25, -0.5],
+        "top_logprobs": [{"2": -0.25, "3": -2.0}, {"</s>": -0.5, "3": -1.0}],
+    }
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Engine)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     warm = WarmEngineAddress(f"http://127.0.0.1:{server.server_port}", None, 10.0)
@@ -217,6 +221,31 @@ def test_a_warm_engines_logprobs_are_kept_per_choice(tiny_model: str) -> None:
             ],
         }
     ]
+
+
+def test_an_engines_logprobs_cover_the_content_only() -> None:
+    """Issue 69.4: the warm engine's logprobs held the stop token and special tokens (22 entries for
+    19 characters, ending in <eos>); OpenAI's cover the content."""
+    from evaluator.logprobs import content_tokens
+
+    def entries(*pieces: str | bytes) -> list[dict[str, Any]]:
+        return [
+            {"token": p if isinstance(p, str) else "bytes:" + p.hex(), "logprob": -0.1,
+             "bytes": list(p.encode() if isinstance(p, str) else p)}
+            for p in pieces
+        ]  # fmt: skip
+
+    def kept(tokens: list[dict[str, Any]], text: str) -> list[str]:
+        return [t["token"] for t in content_tokens(tokens, text)]
+
+    assert kept(entries("The", " sum", " is", " 42", ".", "<|im_end|>"), "The sum is 42.") == ["The", " sum", " is", " 42", "."]
+    assert kept(entries("4", "<tool_call>", "2", "<eos>", "<eos>"), "42") == ["4", "2"]  # skipped special tokens
+    assert kept(entries("x", " =", " 1", "\n\n", "y"), "x = 1\n") == ["x", " =", " 1", "\n\n"]  # a stop string cut inside
+    assert kept(entries("≥".encode()[:1], "≥".encode()[1:], "1", "</s>"), "≥1") == ["bytes:e2", "bytes:89a5", "1"]
+    assert kept(entries("2", "</s>"), "") == []
+    unmatched = entries("a", "\ufffd", "b", "<eos>")
+    unmatched[1]["bytes"] = None  # a piece without bytes that the text does not show: the rest kept, bar specials
+    assert kept(unmatched, "ab") == ["a", "\ufffd", "b"]
 
 
 def test_a_batch_answers_each_line_as_a_call_and_a_bad_line_is_its_error(tiny_model: str, tmp_path: Any) -> None:
