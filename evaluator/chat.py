@@ -553,7 +553,9 @@ def _generate_remote(spec: Any, engine: RemoteEngine, deltas: DeltaWriter) -> tu
     asked = spec.logprobs is not None
     choices = [
         Choice(
-            texts.get(i, ""), reasons.get(i, "stop"), per_choice,
+            texts.get(i, ""),
+            reasons.get(i, "stop"),
+            per_choice,
             content_tokens(logprobs.get(i, []), texts.get(i, "")) if asked else None,
         )  # fmt: skip
         for i in range(spec.n)

@@ -12,7 +12,6 @@ from mathrl.errors import RefError as RefError  # raised here; its callers impor
 from mathrl.modelref import FINAL_DELETED_TAG, is_hub_id, split_job_ref
 from store.models import Checkpoint, Job
 
-
 HUB_PROBE_SECONDS = 5.0
 HUB_UNREACHABLE = (
     "{ref}: this model is not in the worker's model cache and the hub ({endpoint}) cannot be reached from it"

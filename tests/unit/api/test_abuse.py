@@ -420,7 +420,14 @@ def test_every_keyed_response_says_what_its_rate_leaves_as_openai_does(app_clien
         assert said["x-ratelimit-remaining-requests"] == "0" and int(said["Retry-After"]) >= 1, said
         assert "x-ratelimit-remaining-requests" not in app_client.get("/livez").headers  # no key, no bucket
     ratelimit.reset()
-    assert [ratelimit.duration(s) for s in (0, 0.02, 1.5, 59.9, 360, 3723)] == ["0s", "20ms", "1.5s", "59.9s", "6m0s", "1h2m3s"]
+    assert [ratelimit.duration(s) for s in (0, 0.02, 1.5, 59.9, 360, 3723)] == [
+        "0s",
+        "20ms",
+        "1.5s",
+        "59.9s",
+        "6m0s",
+        "1h2m3s",
+    ]
 
 
 @pytest.mark.quick

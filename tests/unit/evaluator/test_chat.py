@@ -238,9 +238,20 @@ def test_an_engines_logprobs_cover_the_content_only() -> None:
     def kept(tokens: list[dict[str, Any]], text: str) -> list[str]:
         return [t["token"] for t in content_tokens(tokens, text)]
 
-    assert kept(entries("The", " sum", " is", " 42", ".", "<|im_end|>"), "The sum is 42.") == ["The", " sum", " is", " 42", "."]
+    assert kept(entries("The", " sum", " is", " 42", ".", "<|im_end|>"), "The sum is 42.") == [
+        "The",
+        " sum",
+        " is",
+        " 42",
+        ".",
+    ]
     assert kept(entries("4", "<tool_call>", "2", "<eos>", "<eos>"), "42") == ["4", "2"]  # skipped special tokens
-    assert kept(entries("x", " =", " 1", "\n\n", "y"), "x = 1\n") == ["x", " =", " 1", "\n\n"]  # a stop string cut inside
+    assert kept(entries("x", " =", " 1", "\n\n", "y"), "x = 1\n") == [
+        "x",
+        " =",
+        " 1",
+        "\n\n",
+    ]  # a stop string cut inside
     assert kept(entries("≥".encode()[:1], "≥".encode()[1:], "1", "</s>"), "≥1") == ["bytes:e2", "bytes:89a5", "1"]
     assert kept(entries("2", "</s>"), "") == []
     unmatched = entries("a", "\ufffd", "b", "<eos>")
