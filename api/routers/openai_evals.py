@@ -496,6 +496,27 @@ def _sampling(params: dict[str, Any], at: str) -> dict[str, Any]:
     }
 
 
+def _as_sampled(ds: dict[str, Any]) -> dict[str, Any]:
+    """A `responses` run (the current Evals guide's) as the same eval job as a `completions` run: the
+    model answers each item's prompt once, and the grader reads its text as {{sample.output_text}}
+    (template items may be Responses' `{type: message, role, content}`, a `developer` message the
+    system prompt: mathrl.specs.inputs.PromptMessage). Refused by field: stored responses as the items (`source` of type
+    'responses'), tools, and a text format other than plain text."""
+    source = ds.get("source")
+    if isinstance(source, dict) and source.get("type") == "responses":
+        detail = "stored responses as items are not served here: give the items as 'file_id' or 'file_content'"
+        raise Problem.at("/data_source/source/type", detail, status=400)
+    params = dict(ds.get("sampling_params") or {})
+    if params.get("tools"):
+        raise Problem.at("/data_source/sampling_params/tools", "a run's model samples without tools here", status=400)
+    fmt = (params.get("text") or {}).get("format") if isinstance(params.get("text"), dict) else params.get("text")
+    if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type", "text") != "text"):
+        detail = "plain text only here: {format: {type: text}} (structured outputs are not served)"
+        raise Problem.at("/data_source/sampling_params/text/format", detail, status=400)
+    params.pop("tools", None), params.pop("text", None)
+    return {**ds, "sampling_params": params}
+
+
 def _completions_spec(
     session: Any, settings: Any, project_id: str, ds: dict[str, Any], grader: Any
 ) -> tuple[dict[str, Any], str, str | None]:
@@ -614,7 +635,9 @@ def create_run(
     row = own_eval(session, caller.project_id, eval_id)
     if body.data_source is None:
         raise Problem.at(
-            "/data_source", "this field is required: {type: completions, ...} or {type: jsonl, ...}", status=400
+            "/data_source",
+            "this field is required: {type: completions, ...}, {type: responses, ...} or {type: jsonl, ...}",
+            status=400,
         )
     request = body.model_dump(mode="json", exclude_none=True)
     digest = request_hash({"eval": eval_id, **request})
@@ -632,13 +655,9 @@ def create_run(
     elif ds.get("type") == "jsonl":
         spec_dict, model = _jsonl_spec(session, caller.project_id, ds, grader), ""
     elif ds.get("type") == "responses":
-        raise Problem.at(
-            "/data_source/type",
-            "'responses' samples through OpenAI's Responses API, which this server does not serve: use 'completions'",
-            status=400,
-        )
+        spec_dict, model, inline = _completions_spec(session, settings, caller.project_id, _as_sampled(ds), grader)
     else:
-        raise Problem.at("/data_source/type", f"{ds.get('type')!r}: 'completions' or 'jsonl'", status=400)
+        raise Problem.at("/data_source/type", f"{ds.get('type')!r}: 'completions', 'responses' or 'jsonl'", status=400)
     try:
         return _submit_run(session, settings, caller.project_id, eval_id, body, spec_dict, model, rules, request, key)
     except BaseException:

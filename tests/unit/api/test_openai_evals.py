@@ -131,7 +131,16 @@ def test_a_bad_run_is_a_400_naming_the_field_and_leaves_nothing_behind(app_clien
     base = {"type": "completions", "model": "org/model", "input_messages": TEMPLATE, "source": source}
     sample_template = {"type": "template", "template": [{"role": "user", "content": "{{sample.output_text}}"}]}
     cases = [
-        ({"type": "responses", "source": source}, "/data_source/type"),
+        ({"type": "chat", "source": source}, "/data_source/type"),
+        ({**base, "type": "responses", "source": {"type": "responses"}}, "/data_source/source/type"),
+        (
+            {**base, "type": "responses", "sampling_params": {"tools": [{"type": "web_search"}]}},
+            "/data_source/sampling_params/tools",
+        ),
+        (
+            {**base, "type": "responses", "sampling_params": {"text": {"format": {"type": "json_object"}}}},
+            "/data_source/sampling_params/text/format",
+        ),
         ({**base, "model": "gpt-4o-mini"}, "/data_source/model"),
         ({**base, "model": "ft:model:x:ftjob-0123456789abcdef0123456789abcdef"}, "/data_source/model"),
         (
@@ -156,6 +165,47 @@ def test_a_bad_run_is_a_400_naming_the_field_and_leaves_nothing_behind(app_clien
         other.evals.runs.create(other_ev.id, data_source=base)
     with pytest.raises(openai.NotFoundError):  # another project's eval
         other.evals.runs.create(ev.id, data_source=base)
+
+
+def test_a_responses_run_as_the_guide_writes_it_is_the_same_eval_job_as_a_completions_run(app_client: Any) -> None:
+    """Issue 69.3: the current Evals guide's `responses` data source was a 400 ("use 'completions'")."""
+    client = _client(app_client)
+    headers = {"Authorization": f"Bearer {client.api_key}"}
+    ev = client.evals.create(data_source_config=SCHEMA, testing_criteria=[EXACT])
+    items = _items(client, [{"question": "1 + 1?", "answer": "2"}])
+    template = [
+        {"type": "message", "role": "developer", "content": "Answer with the number only."},
+        {"type": "message", "role": "user", "content": {"type": "input_text", "text": "{{item.question}}"}},
+    ]
+    common = {"model": "org/model", "source": {"type": "file_id", "id": items.id}}
+    sampling = {"temperature": 0.0, "max_completion_tokens": 16, "seed": 3}
+    run = client.evals.runs.create(
+        ev.id,
+        data_source={
+            **common,
+            "type": "responses",
+            "input_messages": {"type": "template", "template": template},
+            "sampling_params": {**sampling, "text": {"format": {"type": "text"}}},
+        },
+    )
+    assert run.data_source.type == "responses" and run.model == "org/model" and run.status == "queued", run
+    twin = client.evals.runs.create(
+        ev.id,
+        data_source={
+            **common,
+            "type": "completions",
+            "input_messages": {"type": "template", "template": template},
+            "sampling_params": sampling,
+        },
+    )
+    specs = {j["id"]: j["spec"] for j in app_client.get("/v1/jobs?tag=openai:eval_run", headers=headers).json()["data"]}
+    got, want = (specs[str(uuid.UUID(r.id.removeprefix("evalrun_")))] for r in (run, twin))
+    assert {k: v for k, v in got.items() if k != "tags"} == {k: v for k, v in want.items() if k != "tags"}
+    assert [m["role"] for m in got["dataset"]["template"]] == ["developer", "user"]  # the system prompt when rendered
+    assert got["sampling"]["max_new_tokens"] == 16 and got["sampling"]["temperature"] == 0.0
+    assert client.evals.runs.retrieve(run.id, eval_id=ev.id).data_source.type == "responses"
+    for made in (run, twin):
+        client.evals.runs.cancel(made.id, eval_id=ev.id)
 
 
 def test_a_run_is_an_eval_job_of_the_project_and_the_eval_waits_for_it(app_client: Any) -> None:
