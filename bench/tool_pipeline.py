@@ -7,7 +7,7 @@ least +20 points over the text-only one; and the tool GRPO's per-step tool share
 
     .venv/bin/python bench/tool_pipeline.py                  # the example as it is (~30 min here)
     .venv/bin/python bench/tool_pipeline.py --steps 8        # GRPO steps of both arms
-    .venv/bin/python bench/tool_pipeline.py --sft-steps 4 --arms tool   # a weaker SFT start, the tool arm alone
+    .venv/bin/python bench/tool_pipeline.py --sft-steps 24 --arms tool  # a longer SFT start, the tool arm alone
 """
 
 from __future__ import annotations
