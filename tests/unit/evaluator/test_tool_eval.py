@@ -19,9 +19,13 @@ pytestmark = pytest.mark.quick
 QUESTIONS = [("17 * 23", "391"), ("2 ** 10 - 1", "1023"), ("sum(range(12))", "66")]
 
 
-def _teach(path: Path, texts: list[str], steps: int = 400, lr: float = 1e-2, until: float = 0.005) -> None:
+def _teach(
+    path: Path, texts: list[str], steps: int = 400, lr: float = 1e-2, until: float = 0.005, prompts: int = 0
+) -> None:
     """Fit the tiny model to `texts` (prompt and completion as one sequence) until it repeats them
-    (its mean loss under `until`)."""
+    (its mean loss under `until`). With `prompts`, each text's first that many tokens (the prompts' shortest
+    length) carry no loss, so that the mean is the completion's: over a long shared prompt, a low mean still
+    left one question's call unlearnt (the twenty-third session's suite run: 2 of 3 questions called)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -29,6 +33,9 @@ def _teach(path: Path, texts: list[str], steps: int = 400, lr: float = 1e-2, unt
     model = AutoModelForCausalLM.from_pretrained(path)
     batch = tok(texts, return_tensors="pt", padding=True)
     labels = batch.input_ids.masked_fill(batch.attention_mask == 0, -100)
+    if prompts:
+        assert tok.padding_side == "right", tok.padding_side
+        labels[:, :prompts] = -100
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     torch.manual_seed(0)
     for _ in range(steps):

@@ -33,7 +33,15 @@ def taught(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
     recipe = as_recipe("math-chat")
     assert isinstance(recipe, Recipe)
-    _teach(model, chat_tool_traces(model, recipe), until=0.02)
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model)
+    traces = chat_tool_traces(model, recipe)
+    # the prompts end where the assistant's turn starts: its header's last line, the one the call follows
+    head = min(
+        len(tok(t[: t.index("<|im_start|>assistant\n") + len("<|im_start|>assistant\n")]).input_ids) for t in traces
+    )
+    _teach(model, traces, until=0.01, prompts=head)
     return model, data
 
 
