@@ -150,8 +150,7 @@ def _with_request_id(scope: dict[str, Any], send: Any) -> Any:
         if message["type"] == "http.response.start":
             extra = [(b"x-request-id", request_id)]
             left = scope.get("state", {}).get(RATE_STATE)  # a caller's bucket (api/deps.py caller_for)
-            have = {name.lower() for name, _ in message.get("headers", [])}
-            if left is not None and b"x-ratelimit-remaining-requests" not in have:
+            if left is not None:  # (a 429 carries its own: enforce raised before the state was kept)
                 extra += [(k.encode(), v.encode()) for k, v in left.headers().items()]
             message = {**message, "headers": [*message.get("headers", []), *extra]}
         await send(message)

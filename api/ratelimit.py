@@ -42,16 +42,22 @@ def take(key_id: str, rate: float, burst: int) -> float:
     """Spend one token from the key's bucket; return 0, or the seconds until one is available.
     (Every bucket was cleared once 100,000 were held: a run of bad-key requests from as many
     addresses reset every key's and project's rate.)"""
+    return _spend(key_id, rate, burst)[0]
+
+
+def _spend(key_id: str, rate: float, burst: int) -> tuple[float, float]:
+    """`take`'s wait, and the tokens the bucket holds after it: one pass under the lock."""
     now = time.monotonic()
     buckets = _addresses if key_id.startswith("address:") else _buckets
     with _lock:
         tokens, last = buckets.pop(key_id, (float(burst), now))
         tokens = min(float(burst), tokens + (now - last) * rate)
         wait = 0.0 if tokens >= 1.0 else (1.0 - tokens) / rate
-        buckets[key_id] = (tokens - 1.0 if wait == 0.0 else tokens, now)
+        left = tokens - 1.0 if wait == 0.0 else tokens
+        buckets[key_id] = (left, now)
         while len(buckets) > MAX_BUCKETS:
             buckets.popitem(last=False)
-        return wait
+        return wait, left
 
 
 @dataclass(frozen=True)
@@ -85,20 +91,10 @@ def duration(seconds: float) -> str:
     return (f"{h}h" if h else "") + f"{m}m{s}s"
 
 
-def budget(key_id: str, rate: float, burst: int) -> Budget:
-    """The bucket's state now, refilled to this moment (a bucket never taken from is full)."""
-    now = time.monotonic()
-    buckets = _addresses if key_id.startswith("address:") else _buckets
-    with _lock:
-        tokens, last = buckets.get(key_id, (float(burst), now))
-    tokens = min(float(burst), tokens + (now - last) * rate)
-    return Budget(burst, max(0, math.floor(tokens)), (burst - tokens) / rate)
-
-
 def enforce(key_id: str, rate: float, burst: int, detail: str = RATE_LIMITED) -> Budget:
     """Spend a request from the bucket; what it holds then, or a 429 with Retry-After and the same headers."""
-    wait = take(key_id, rate, burst)
-    left = budget(key_id, rate, burst)
+    wait, tokens = _spend(key_id, rate, burst)
+    left = Budget(burst, max(0, math.floor(tokens)), (burst - tokens) / rate)
     if wait > 0:
         headers = {"Retry-After": str(max(1, math.ceil(wait))), **left.headers()}
         raise Problem(429, "Too many requests", detail, headers=headers)

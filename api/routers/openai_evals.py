@@ -507,13 +507,13 @@ def _as_sampled(ds: dict[str, Any]) -> dict[str, Any]:
         detail = "stored responses as items are not served here: give the items as 'file_id' or 'file_content'"
         raise Problem.at("/data_source/source/type", detail, status=400)
     params = dict(ds.get("sampling_params") or {})
-    if params.get("tools"):
+    if params.pop("tools", None):
         raise Problem.at("/data_source/sampling_params/tools", "a run's model samples without tools here", status=400)
-    fmt = (params.get("text") or {}).get("format") if isinstance(params.get("text"), dict) else params.get("text")
+    text = params.pop("text", None)
+    fmt = text.get("format") if isinstance(text, dict) else text
     if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type", "text") != "text"):
         detail = "plain text only here: {format: {type: text}} (structured outputs are not served)"
         raise Problem.at("/data_source/sampling_params/text/format", detail, status=400)
-    params.pop("tools", None), params.pop("text", None)
     return {**ds, "sampling_params": params}
 
 

@@ -37,10 +37,9 @@ def taught(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
     tok = AutoTokenizer.from_pretrained(model)
     traces = chat_tool_traces(model, recipe)
-    # the prompts end where the assistant's turn starts: its header's last line, the one the call follows
-    head = min(
-        len(tok(t[: t.index("<|im_start|>assistant\n") + len("<|im_start|>assistant\n")]).input_ids) for t in traces
-    )
+    # each prompt ends with the assistant's header, where the call begins
+    header = "<|im_start|>assistant\n"
+    head = min(len(tok(t[: t.index(header) + len(header)]).input_ids) for t in traces)
     _teach(model, traces, until=0.01, prompts=head)
     return model, data
 
