@@ -16,10 +16,9 @@ from api.admission import QuotaProblem, admit_spec, check_project_quota, held_gp
 from api.dispatch import dispatch, new_task_id
 from api.idempotency import earlier, replayed
 from api.problems import Problem
-from kinds import HOMES, home, model_savers
-from mathrl.jsonl_files import BATCH_PURPOSE
+from kinds import HOMES, model_savers
 from mathrl.modelref import FINAL_DELETED_TAG
-from mathrl.specs import ID_PATTERN, AnySpec, split_job_ref
+from mathrl.specs import ID_PATTERN, AnySpec, file_refs, split_job_ref
 from mathrl.specs.resolved import ResolvedConfig
 from mathrl.status import TERMINAL
 from service.settings import Settings
@@ -58,23 +57,20 @@ def check_job_refs(session: Session, project_id: str, refs: dict[str, str], pref
 
 
 def check_file_refs(session: Session, project_id: str, spec: AnySpec, prefix: str = "") -> None:
-    """A spec's uploaded files (`dataset.file`, `eval.file`, a generate job's `batch.file`) are the
-    project's, or the submission is a 422 at that field (the same answer for another project's file:
-    it tells nothing); a batch's is a file of requests (purpose 'batch')."""
+    """A spec's uploaded files (every field typed FileRef: `dataset.file`, `eval.file`, a generate
+    job's `batch.file`, mathrl.specs.file_refs) are the project's, or the submission is a 422 at that
+    field (the same answer for another project's file: it tells nothing), and of the purpose the
+    field asks for (a batch's: a file of requests, purpose 'batch')."""
     from store.models import File
 
-    data = home(spec).data(spec)
-    for field, ref in (("dataset", data.dataset), ("eval", data.heldout), ("batch", getattr(spec, "batch", None))):
-        file_id = ref.file if ref is not None else None
-        if file_id is None:
-            continue
-        row = session.get(File, file_id)
+    for where, use in file_refs(spec).items():
+        row = session.get(File, use.file_id)
         if row is None or row.project_id != project_id or expired(row):
-            msg = f"{file_id!r}: no file with this id in your project (POST /v1/files uploads one)"
-            raise Problem.at(f"{prefix}/{field}/file", msg)
-        if field == "batch" and row.purpose != BATCH_PURPOSE:
-            msg = f"{file_id!r} is a {row.purpose!r} file: a batch reads a file of requests (purpose {BATCH_PURPOSE!r})"
-            raise Problem.at(f"{prefix}/{field}/file", msg)
+            msg = f"{use.file_id!r}: no file with this id in your project (POST /v1/files uploads one)"
+            raise Problem.at(f"{prefix}/{where}", msg)
+        if use.purpose is not None and row.purpose != use.purpose:
+            msg = f"{use.file_id!r} is a {row.purpose!r} file: {where} reads a file of purpose {use.purpose!r}"
+            raise Problem.at(f"{prefix}/{where}", msg)
 
 
 def in_step(exc: Problem, step: str) -> Problem:

@@ -33,7 +33,7 @@ from kinds import JobRun, home
 from mathrl.errors import Cancelled, Drained, NotAvailable, StopRequested
 from mathrl.errors import MemoryRefused as MemoryRefused  # raised here; its callers import it from here
 from mathrl.modelref import tiny_shape
-from mathrl.specs import AnySpec, model_refs, parse_spec
+from mathrl.specs import AnySpec, model_refs, parse_spec, with_file_paths
 from mathrl.specs.resolved import ResolvedConfig, resolved
 from runtime.cpu_threads import apply_thread_count
 from runtime.processes import rank as rank_of_process
@@ -159,35 +159,27 @@ def _check_raw_paths(spec: AnySpec, settings: Settings) -> None:
 
 
 def _file_path(settings: Settings, project_id: str, field: str, file_id: str) -> str:
-    """Where an uploaded file of the job's project is (its row's path), or a ValueError naming the field."""
+    """Where an uploaded file of the job's project is (its row's path), or a ValueError naming the
+    field (its path in the spec: 'eval/file')."""
     from store.models import File
 
     with session_scope(settings.database.url) as s:
         row = s.get(File, file_id)
         path = row.path if row is not None and row.project_id == project_id else None
     if path is None or not Path(path).exists():
-        raise ValueError(f"{field}.file: {file_id!r} is not a file of this project any more (deleted?)")
+        raise ValueError(f"{field.replace('/', '.')}: {file_id!r} is not a file of this project any more (deleted?)")
     return str(path)
 
 
 def _fetch_dataset(spec: AnySpec, settings: Settings, work: Path, project_id: str) -> AnySpec:
-    """A dataset URL is fetched here, checked again now (service.sources.fetch_url: the prefix,
-    the host's addresses as DNS answers now, and every redirect), and the job reads the copy.
-    An uploaded file ('file-...') is read where the API stored it, if the job's project owns it."""
-    data = home(spec).data(spec)
-    heldout, dataset = data.heldout, data.dataset
-    if heldout is not None and heldout.file is not None:  # read by the job where the API stored it
-        copy = heldout.model_copy()
-        copy._path = _file_path(settings, project_id, "eval", heldout.file)
-        spec = spec.model_copy(update={"eval": copy})
-    batch = getattr(spec, "batch", None)  # a generate job's batch of requests (OpenAI's Batch API)
-    if batch is not None:
-        requests = batch.model_copy()
-        requests._path = _file_path(settings, project_id, "batch", batch.file)
-        spec = spec.model_copy(update={"batch": requests})
+    """Every uploaded file the spec reads ('file-...', each field typed FileRef) is read where the API
+    stored it, if the job's project owns it (mathrl.specs.with_file_paths). A dataset URL is fetched
+    here, checked again now (service.sources.fetch_url: the prefix, the host's addresses as DNS
+    answers now, and every redirect), and the job reads the copy."""
+    spec = with_file_paths(spec, lambda where, file_id: _file_path(settings, project_id, where, file_id))
+    dataset = home(spec).data(spec).dataset
     if dataset is not None and dataset.file is not None:
-        path = _file_path(settings, project_id, "dataset", dataset.file)
-        return spec.model_copy(update={"dataset": dataset.model_copy(update={"path": path})})
+        return spec
     url = dataset.path or "" if dataset is not None else ""
     if dataset is None or not url.lower().startswith(("http://", "https://")):
         return spec

@@ -7,13 +7,15 @@ run stores the fully resolved values, never the preset name alone.
 
 One module per job kind (eval, grpo, reward_model, sft, grade, generate, session), what they share (base:
 the strict model, resources and queues, the common job fields; inputs: datasets and sampling;
-rewards; lora), the union of kinds (job: `AnySpec`, `KINDS`, `parse_spec`) and pipelines. Import
+rewards; lora), the union of kinds (job: `AnySpec`, `KINDS`, `parse_spec`), pipelines, and the
+models and files a spec refers to (refs). Import
 from `mathrl.specs`: every name is here.
 """
 
 from __future__ import annotations
 
 from mathrl.errors import FieldError as FieldError  # raised by the specs, imported from here by the API
+from mathrl.fileref import FileRef as FileRef  # specs' users import it from here
 from mathrl.modelref import ModelRef as ModelRef  # specs' users import it from here
 from mathrl.modelref import check_model_ref as check_model_ref
 from mathrl.modelref import split_job_ref as split_job_ref  # the API imports it from here
@@ -125,8 +127,20 @@ from mathrl.specs.pipelines import (
 from mathrl.specs.pipelines import (
     PipelineSpec as PipelineSpec,
 )
-from mathrl.specs.pipelines import (
+from mathrl.specs.refs import (
+    FileUse as FileUse,
+)
+from mathrl.specs.refs import (
+    HoldsAFile as HoldsAFile,
+)
+from mathrl.specs.refs import (
+    file_refs as file_refs,
+)
+from mathrl.specs.refs import (
     model_refs as model_refs,
+)
+from mathrl.specs.refs import (
+    with_file_paths as with_file_paths,
 )
 from mathrl.specs.reward_model import (
     RewardModelSpec as RewardModelSpec,

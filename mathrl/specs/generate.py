@@ -7,11 +7,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, PrivateAttr, model_validator
+from pydantic import Field, model_validator
 
 from mathrl.errors import FieldError
+from mathrl.fileref import FILE_ID_PATTERN, NamesAFile
+from mathrl.jsonl_files import BATCH_PURPOSE
 from mathrl.modelref import ModelRef
 from mathrl.specs.base import Dtype, GenerationBackend, JobBase, StrictModel
+from mathrl.specs.refs import HoldsAFile
 from mathrl.specs.tools import Tools
 
 MAX_TOKENS = 32_768  # new tokens one call may ask for
@@ -84,13 +87,16 @@ def sampling_fields(body: Mapping[str, Any], chat: bool) -> dict[str, Any]:
     }
 
 
-class BatchInput(StrictModel):
+# a batch's input file: one of purpose 'batch'
+BatchFileRef = Annotated[str, NamesAFile(BATCH_PURPOSE), Field(pattern=FILE_ID_PATTERN)]
+
+
+class BatchInput(HoldsAFile):
     """A batch's requests: a file of the project (purpose 'batch'), a line per request
     ({custom_id, method, url, body}), all to one endpoint; the API checked each at create."""
 
-    file: str = Field(..., pattern=r"^file-[0-9a-f]{32}$", description="The batch input file, by its id.")
+    file: BatchFileRef = Field(..., description="The batch input file, by its id.")
     endpoint: Literal["/v1/chat/completions", "/v1/completions"] = Field(..., description="What each line asks.")
-    _path: str | None = PrivateAttr(None)  # where the worker reads it (worker/child.py)
 
 
 class GenerateSpec(JobBase):

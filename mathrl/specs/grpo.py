@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, PrivateAttr, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from mathrl.backends import uses_vllm
 from mathrl.errors import FieldError
+from mathrl.fileref import FileRef
 from mathrl.modelref import ModelRef
 from mathrl.specs.base import (
     MAX_SEED,
@@ -25,21 +26,21 @@ from mathrl.specs.loop import Curriculum as Curriculum
 from mathrl.specs.loop import DynamicSampling as DynamicSampling
 from mathrl.specs.lora import VLLM_LORA_RANKS, LoRA
 from mathrl.specs.presets import ASYNC_UNSUPPORTED, resolve_grpo
+from mathrl.specs.refs import HoldsAFile
 from mathrl.specs.rewards import RewardRef
 from mathrl.specs.tools import Tools
 
 LossType = Literal["grpo", "dapo", "dr_grpo", "bnpo", "cispo", "sapo"]
 
 
-class HeldoutEval(StrictModel):
+class HeldoutEval(HoldsAFile):
     """Score the weights being trained on a held-out set every `every` steps, as a series."""
 
     benchmark: str | None = Field(
         None, min_length=1, max_length=128, description="A registered benchmark (its test split), e.g. add2-words."
     )
-    file: str | None = Field(
+    file: FileRef | None = Field(
         None,
-        pattern=r"^file-[0-9a-f]{32}$",
         description="Or an uploaded file (POST /v1/files) in OpenAI's fine-tuning format (OpenAI's validation file): "
         "a GRPO job scores its answers with its own rewards, the series heldout/reward; an SFT job takes its loss "
         "and token accuracy on the chats' last assistant messages, the series eval_loss and eval_mean_token_accuracy.",
@@ -47,8 +48,6 @@ class HeldoutEval(StrictModel):
     limit: int = Field(100, ge=1, le=5000, description="Problems scored each time (the set's first N).")
     every: int = Field(10, ge=1, le=10_000_000, description="Score every N optimizer steps, and after the last.")
     max_new_tokens: int = Field(256, ge=1, le=32768, description="Greedy completion length per problem.")
-    # where the worker found `file` (worker.child resolves it; never part of a spec)
-    _path: str | None = PrivateAttr(None)
 
     @model_validator(mode="after")
     def _one_set(self) -> HeldoutEval:

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, Self
 
 from pydantic import Field, model_validator
 
 from mathrl import templates
 from mathrl.errors import FieldError
+from mathrl.fileref import FileRef
 from mathrl.modelref import is_hub_id
 from mathrl.specs.base import MAX_SEED, StrictModel
+from mathrl.specs.refs import HoldsAFile
 
 DEFAULT_MAX_NEW_TOKENS = 512
 
@@ -52,7 +54,7 @@ class PromptMessage(StrictModel):
         return self
 
 
-class DatasetRef(StrictModel):
+class DatasetRef(HoldsAFile):
     """Training or evaluation questions: a registered benchmark/split, a user file or URL, or a
     dataset on the Hugging Face hub."""
 
@@ -69,10 +71,8 @@ class DatasetRef(StrictModel):
         examples=["openai/gsm8k"],
     )
     config: str | None = Field(None, max_length=64, description="The hub dataset's configuration, e.g. 'main'.")
-    file: str | None = Field(
-        None,
-        pattern=r"^file-[0-9a-f]{32}$",
-        description="A file uploaded to this project (POST /v1/files), by its id: resolved by the worker.",
+    file: FileRef | None = Field(
+        None, description="A file uploaded to this project (POST /v1/files), by its id: resolved by the worker."
     )
     format: Literal["fields", "messages", "items"] = Field(
         "fields",
@@ -103,6 +103,10 @@ class DatasetRef(StrictModel):
         "answer", max_length=64, description="Field holding the gold answer (user files, hub datasets)."
     )
     limit: int | None = Field(None, ge=1, le=100_000_000, description="Use only the first N rows (at most 10^8).")
+
+    def at_local_path(self, path: str) -> Self:
+        """An uploaded file is read as a file under `path` is: the loaders read `path`."""
+        return self.model_copy(update={"path": path})
 
     @model_validator(mode="after")
     def _one_source(self) -> DatasetRef:

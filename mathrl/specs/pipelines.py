@@ -3,46 +3,19 @@
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any
+from typing import Annotated
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import Field, model_validator
 
 from mathrl.errors import FieldError
-from mathrl.modelref import names_a_model, split_job_ref
+from mathrl.modelref import split_job_ref
 from mathrl.specs.base import StrictModel
 from mathrl.specs.job import JobSpec
+from mathrl.specs.refs import model_refs
 
 STEP_NAME = r"^[a-z][a-z0-9_-]{0,63}$"
 # a job, pipeline or checkpoint id as the API returns it
 ID_PATTERN = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
-
-
-def model_refs(spec: BaseModel) -> dict[str, str]:
-    """Every model reference in a spec, by its field path ('model', 'rewards/1/model', 'load',
-    'rewards/0/grader/graders/2/grader/model', ...): every field typed ModelRef, at any depth
-    (mathrl.modelref.names_a_model), found by its type and not its name, so a new kind's
-    `teacher: ModelRef` is seen too. What admission's path rules, the submit-time project check,
-    pipeline ordering and the worker's storage re-check all read."""
-    out: dict[str, str] = {}
-    _collect_refs(spec, "", out)
-    return out
-
-
-def _collect_refs(value: Any, path: str, out: dict[str, str]) -> None:
-    if isinstance(value, BaseModel):
-        for name, field in type(value).model_fields.items():
-            inner = getattr(value, name, None)
-            where = f"{path}/{name}" if path else name
-            if isinstance(inner, str) and inner and names_a_model(field):
-                out[where] = inner
-            else:
-                _collect_refs(inner, where, out)
-    elif isinstance(value, list | tuple):
-        for i, item in enumerate(value):
-            _collect_refs(item, f"{path}/{i}", out)
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            _collect_refs(item, f"{path}/{key}", out)
 
 
 class PipelineSpec(StrictModel):

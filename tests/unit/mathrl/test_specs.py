@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any, get_args
+
 import pytest
 from pydantic import ValidationError
 
@@ -410,3 +412,107 @@ def test_every_queue_a_spec_can_name_fits_the_queue_column() -> None:
     for resources in ({"gpus": 64, "gpu_type": "a" * 26}, {"pool": "p" * 33}):
         with pytest.raises(ValidationError, match="at most"):
             parse_spec({**base, "resources": resources})
+
+
+def _spec_classes(annotation: Any, out: list[type]) -> list[type]:
+    """Every model class a field's type reaches (in unions, lists and dicts), each once."""
+    from pydantic import BaseModel
+
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        if annotation not in out:
+            out.append(annotation)
+            for field in annotation.model_fields.values():
+                _spec_classes(field.annotation, out)
+    else:
+        for arg in get_args(annotation):
+            _spec_classes(arg, out)
+    return out
+
+
+def _untyped_references(spec_classes: list[type]) -> list[str]:
+    """The text fields that name a model or an uploaded file by what they are called or say (a
+    'model', 'policy', 'load' or 'teacher' field, one whose text is a hub id or 'job:<id>', a '*file'
+    field, a 'file-<hex>' pattern, 'POST /v1/files'), and are not typed ModelRef or FileRef: the
+    references mathrl.specs.model_refs and file_refs would miss."""
+    from mathrl.fileref import FILE_ID_PATTERN, names_a_file
+    from mathrl.modelref import names_a_model
+
+    def has_text(annotation: Any) -> bool:
+        return annotation is str or any(has_text(a) for a in get_args(annotation))
+
+    missed = []
+    for cls in spec_classes:
+        for name, field in cls.model_fields.items():  # type: ignore[attr-defined]
+            if not has_text(field.annotation) or names_a_model(field) or names_a_file(field):
+                continue
+            text = (field.description or "").lower()
+            patterns = [getattr(m, "pattern", None) for m in field.metadata]
+            named = name in ("model", "policy", "load", "teacher", "student", "judge", "base_model")
+            says = "'job:" in text or "hub id ('org" in text or "/v1/files" in text or "'file-" in text
+            if named or says or name.endswith("file") or FILE_ID_PATTERN in patterns:
+                missed.append(f"{cls.__name__}.{name}")
+    return missed
+
+
+def test_every_reference_field_of_every_kind_is_typed_as_one() -> None:
+    """model_refs and file_refs find references by their type, so a field that names a model or a
+    file as a plain `str` would pass every check they feed (admission, the project check, pipeline
+    ordering, the worker's re-check and file lookup). No spec of any kind has one; a toy kind's
+    `teacher: str` and `notes_file: str` are caught. (DatasetRef.path, a file under an operator's
+    data root or a URL, is each kind's `data()` to declare: the raw-path rules read it there.)"""
+    from pydantic import Field
+
+    from mathrl.fileref import FILE_ID_PATTERN
+    from mathrl.specs.base import JobBase
+    from mathrl.specs.job import KINDS
+
+    classes: list[type] = []
+    for kind in KINDS:
+        _spec_classes(KINDS[kind], classes)
+    assert len(classes) > 20  # the kinds and every model their fields reach (datasets, rewards, graders, ...)
+    assert _untyped_references(classes) == []
+
+    class Toy(JobBase):
+        teacher: str = Field("org/t", description="the teacher: a hub id ('org/name') or 'job:<id>'")
+        notes_file: str | None = Field(None, pattern=FILE_ID_PATTERN)
+
+    assert _untyped_references([Toy]) == ["Toy.teacher", "Toy.notes_file"]
+
+
+def test_uploaded_files_are_found_by_their_type_and_told_where_they_are() -> None:
+    """`batch` was read by `getattr(spec, "batch")` at submit and on the worker (issue 68): a kind
+    with a file elsewhere went unchecked. file_refs finds every FileRef with the purpose it asks for,
+    and with_file_paths gives each holder its local path, leaving the spec as it was."""
+    from pydantic import Field
+
+    from mathrl.specs import FileRef, HoldsAFile, file_refs, with_file_paths
+    from mathrl.specs.base import JobBase
+
+    a, b, c = ("file-" + ch * 32 for ch in "abc")
+    generate = parse_spec({"kind": "generate", "model": "org/m", "batch": {"file": a, "endpoint": "/v1/completions"}})
+    assert {k: (u.file_id, u.purpose) for k, u in file_refs(generate).items()} == {"batch/file": (a, "batch")}
+    grpo = parse_spec(
+        {"kind": "grpo", "model": "org/m", "dataset": {"file": a, "format": "messages"}, "eval": {"file": b}}
+    )
+    assert {k: (u.file_id, u.purpose) for k, u in file_refs(grpo).items()} == {
+        "dataset/file": (a, None),
+        "eval/file": (b, None),
+    }
+    seen: list[tuple[str, str]] = []
+    local = with_file_paths(grpo, lambda where, file_id: seen.append((where, file_id)) or f"/store/{file_id}")
+    assert seen == [("dataset/file", a), ("eval/file", b)]
+    assert local.dataset.path == f"/store/{a}" and local.eval._path == f"/store/{b}"  # type: ignore[union-attr]
+    assert grpo.dataset.path is None and grpo.eval._path is None  # type: ignore[union-attr]
+
+    class Notes(HoldsAFile):
+        file: FileRef
+
+    class Toy(JobBase):
+        notes: list[Notes] = Field(default_factory=list)
+
+    toy = Toy(notes=[Notes(file=a), Notes(file=c)])
+    assert list(file_refs(toy)) == ["notes/0/file", "notes/1/file"]
+    assert [n._path for n in with_file_paths(toy, lambda where, file_id: where).notes] == [
+        "notes/0/file",
+        "notes/1/file",
+    ]
