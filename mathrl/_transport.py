@@ -1,8 +1,9 @@
 """How the SDK's calls are written once and run both sync and async (mathrl/client.py).
 
 A call is an operation: a generator that yields the steps it needs done (send a request, open a
-streamed answer and read its lines, sleep) and is sent each step's result, so it holds the whole
-logic of the call (its requests, error mapping, parsing, paging, polling) and does no I/O itself.
+streamed answer and read its lines, sleep, ask how often it may retry) and is sent each step's
+result, so it holds the whole logic of the call (its requests and retries, error mapping, parsing,
+paging, polling) and does no I/O itself.
 Two thin transports carry the steps out: `SyncTransport` on an httpx.Client, `AsyncTransport` on
 an httpx.AsyncClient. An exception a step raises is thrown into the operation where it yielded,
 so the operation handles it as if it had made the call itself.
@@ -76,13 +77,18 @@ class Sleep:
 
 
 @dataclass(frozen=True)
+class RetryLimit:
+    """Ask how many times a failed request may be sent again: the result is the client's `max_retries`."""
+
+
+@dataclass(frozen=True)
 class Item(Generic[T]):
     """Not a step: the next item of an `iterator` operation, handed to the caller."""
 
     value: T
 
 
-Step = Send | Open | NextLine | ReadBody | Close | Sleep
+Step = Send | Open | NextLine | ReadBody | Close | Sleep | RetryLimit
 Op = Generator[Step, Any, T]  # an operation: its steps, then its value
 Pager = Generator[Step | Item[T], Any, None]  # an operation whose items the caller iterates
 
@@ -133,9 +139,10 @@ def collect(pager: Pager[T]) -> Op[list[T]]:
 class _SyncIO(contextlib.ExitStack):
     """One operation's steps on an httpx.Client; the answers it opened close when it ends."""
 
-    def __init__(self, http: httpx.Client) -> None:
+    def __init__(self, http: httpx.Client, max_retries: int) -> None:
         super().__init__()
         self.http = http
+        self.max_retries = max_retries
         self.lines: dict[httpx.Response, Iterator[str]] = {}
 
     def do(self, step: Step) -> Any:
@@ -154,14 +161,17 @@ class _SyncIO(contextlib.ExitStack):
                 return resp.close()
             case Sleep(seconds):
                 return time.sleep(seconds)
+            case RetryLimit():
+                return self.max_retries
 
 
 class _AsyncIO(contextlib.AsyncExitStack):
     """`_SyncIO` on an httpx.AsyncClient."""
 
-    def __init__(self, http: httpx.AsyncClient) -> None:
+    def __init__(self, http: httpx.AsyncClient, max_retries: int) -> None:
         super().__init__()
         self.http = http
+        self.max_retries = max_retries
         self.lines: dict[httpx.Response, AsyncIterator[str]] = {}
 
     async def do(self, step: Step) -> Any:
@@ -180,12 +190,15 @@ class _AsyncIO(contextlib.AsyncExitStack):
                 return await resp.aclose()
             case Sleep(seconds):
                 return await asyncio.sleep(seconds)
+            case RetryLimit():
+                return self.max_retries
 
 
 class SyncTransport:
     """Runs operations on `self.http` (read at each call: a test may swap it)."""
 
     http: httpx.Client
+    max_retries: int
 
     def _run(self, op: Op[T]) -> T:
         steps = Steps(op)
@@ -197,7 +210,7 @@ class SyncTransport:
         return self._items(Steps(pager))
 
     def _items(self, steps: Steps[Step | Item[T], Any]) -> Iterator[T]:
-        with _SyncIO(self.http) as io:
+        with _SyncIO(self.http, self.max_retries) as io:
             for step in steps:
                 if isinstance(step, Item):
                     yield step.value
@@ -212,6 +225,7 @@ class AsyncTransport:
     """`SyncTransport` on an httpx.AsyncClient."""
 
     http: httpx.AsyncClient
+    max_retries: int
 
     async def _run(self, op: Op[T]) -> T:
         steps = Steps(op)
@@ -223,7 +237,7 @@ class AsyncTransport:
         return self._items(Steps(pager))
 
     async def _items(self, steps: Steps[Step | Item[T], Any]) -> AsyncIterator[T]:
-        async with _AsyncIO(self.http) as io:
+        async with _AsyncIO(self.http, self.max_retries) as io:
             for step in steps:
                 if isinstance(step, Item):
                     yield step.value

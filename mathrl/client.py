@@ -7,8 +7,9 @@ for event in client.jobs.follow(job.id):
     print(event.message)
 print(client.scores.list(job_id=job.id))
 
-Each call is written once, as an operation (mathrl/_transport.py): its requests, the mapping of
-error answers to MathRLError, the parsing into mathrl.schemas, the paging and the polling. The
+Each call is written once, as an operation (mathrl/_transport.py): its requests and their retries,
+the mapping of error answers to MathRLError's classes (NotFoundError, RateLimitError, ...: one per
+status, mathrl.errors), the parsing into mathrl.schemas, the paging and the polling. The
 resources below (`_Jobs`, ...) hold them; `Jobs` and `AsyncJobs` are the same operations as
 methods of `Client` and awaitables of `AsyncClient`, which only carry out their steps.
 """
@@ -18,7 +19,9 @@ from __future__ import annotations
 import builtins
 import json
 import os
+import random
 import time
+import uuid
 from typing import Any, TypeVar
 
 import httpx
@@ -34,6 +37,7 @@ from mathrl._transport import (
     Open,
     Pager,
     ReadBody,
+    RetryLimit,
     Send,
     Sleep,
     SyncResource,
@@ -43,6 +47,7 @@ from mathrl._transport import (
     iterator,
 )
 from mathrl.errors import MathRLError as MathRLError  # the client raises it; imported from here too
+from mathrl.errors import error_for
 from mathrl.schemas import (
     TERMINAL_STATUSES,
     CheckpointResponse,
@@ -72,13 +77,70 @@ Ended = TypeVar("Ended", JobResponse, PipelineResponse)
 
 
 def _raise_for(resp: httpx.Response) -> None:
+    """The exception of an error answer's status (mathrl.errors.error_for: NotFoundError, RateLimitError, ...)."""
     if resp.status_code < 400:
         return
     try:
         problem = resp.json()
     except ValueError:
         problem = {"title": resp.reason_phrase, "detail": resp.text[:500]}
-    raise MathRLError(resp.status_code, problem)
+    raise error_for(resp.status_code, problem)
+
+
+# Retries, as openai-python's: an answer that says `x-should-retry` is taken at its word (the API says
+# false for a final answer: a conflict, a quota, a failed completion, api/problems.py final_answer);
+# otherwise 408, 409, 429 and every 5xx are sent again, after Retry-After when it says at most a minute,
+# else after 0.5 s, 1 s, 2 s ... (at most 8 s, less up to a quarter at random); so are a connection
+# refused or cut and a timeout. A create carries an Idempotency-Key (one made here when the caller gives
+# none), so a create sent twice makes one object.
+RETRIED_STATUSES = (408, 409, 429)
+_NETWORK_ERRORS = (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError)
+
+
+def should_retry(resp: httpx.Response) -> bool:
+    hint = str(resp.headers.get("x-should-retry", "")).lower()
+    if hint in ("true", "false"):
+        return hint == "true"
+    return resp.status_code in RETRIED_STATUSES or resp.status_code >= 500
+
+
+def retry_delay(attempt: int, resp: httpx.Response | None) -> float:
+    """Seconds before try `attempt + 1` (0: the first retry)."""
+    if resp is not None:
+        for header, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
+            try:
+                after = float(resp.headers.get(header, "")) * scale  # seconds (or ms) only, not a date
+            except ValueError:
+                continue
+            if 0 <= after <= 60:
+                return after
+    return min(8.0, 0.5 * 2.0**attempt) * (1 - 0.25 * random.random())
+
+
+def _sent(
+    step: type[Send] | type[Open], method: str, url: str, kw: dict[str, Any], retry: bool = True
+) -> Op[httpx.Response]:
+    """The answer to a request (`Send`) or the head of one (`Open`), sent again as the rules above say."""
+    retries = (yield RetryLimit()) if retry else 0
+    attempt = 0
+    while True:
+        try:
+            resp: httpx.Response = yield step(method, url, kw)
+        except _NETWORK_ERRORS:
+            if attempt >= retries:
+                raise
+            yield Sleep(retry_delay(attempt, None))
+        else:
+            if resp.status_code < 400 or attempt >= retries or not should_retry(resp):
+                return resp
+            if step is Open:
+                yield Close(resp)
+            yield Sleep(retry_delay(attempt, resp))
+        attempt += 1
+
+
+def _create_key(idempotency_key: str | None) -> dict[str, str]:
+    return {"Idempotency-Key": idempotency_key or f"mathrl-sdk-{uuid.uuid4().hex}"}
 
 
 def _params(**kw: Any) -> dict[str, Any]:
@@ -95,15 +157,16 @@ def _as_dict(obj: Any) -> Any:
     return obj.model_dump(mode="json") if hasattr(obj, "model_dump") else obj
 
 
-def _json(method: str, url: str, **kw: Any) -> Op[Any]:
-    """A request; its answer's JSON (None for a 204: a revoke), or MathRLError for an error answer."""
-    resp: httpx.Response = yield Send(method, url, kw)
+def _json(method: str, url: str, retry: bool = True, **kw: Any) -> Op[Any]:
+    """A request; its answer's JSON (None for a 204: a revoke), or MathRLError for an error answer.
+    `retry=False`: sent once (a create the API keeps no Idempotency-Key for)."""
+    resp = yield from _sent(Send, method, url, kw, retry)
     _raise_for(resp)
     return resp.json() if resp.content else None
 
 
-def _one(model: type[M], method: str, url: str, **kw: Any) -> Op[M]:
-    return model.model_validate((yield from _json(method, url, **kw)))
+def _one(model: type[M], method: str, url: str, retry: bool = True, **kw: Any) -> Op[M]:
+    return model.model_validate((yield from _json(method, url, retry, **kw)))
 
 
 def _many(model: type[M], url: str, **kw: Any) -> Op[builtins.list[M]]:
@@ -126,7 +189,7 @@ def _pages(model: type[M], url: str, cursor: str = "cursor", **params: Any) -> P
 
 def _open(url: str, **kw: Any) -> Op[httpx.Response]:
     """A GET whose answer is read a line at a time (NextLine); MathRLError for an error answer."""
-    resp: httpx.Response = yield Open("GET", url, kw)
+    resp = yield from _sent(Open, "GET", url, kw)
     if resp.status_code >= 400:
         yield ReadBody(resp)
         _raise_for(resp)
@@ -184,8 +247,9 @@ def _grader_body(grader: Any, items: builtins.list[dict[str, Any]], resources: A
 class _Jobs:
     @call
     def create(self, spec: Any, idempotency_key: str | None = None) -> Op[JobResponse]:
-        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
-        return _one(JobResponse, "POST", "/v1/jobs", json=_spec_body(spec), headers=headers)
+        """Submit a job. A retry sends the same Idempotency-Key (`idempotency_key`, or one made
+        here): the service gives back the job the first try made."""
+        return _one(JobResponse, "POST", "/v1/jobs", json=_spec_body(spec), headers=_create_key(idempotency_key))
 
     @iterator
     def list(
@@ -275,8 +339,10 @@ class _Pipelines:
     """Several job specs in one submission; a step names an earlier step's output 'job:<step>'."""
 
     @call
-    def create(self, spec: Any) -> Op[PipelineResponse]:
-        return _one(PipelineResponse, "POST", "/v1/pipelines", json=_spec_body(spec))
+    def create(self, spec: Any, idempotency_key: str | None = None) -> Op[PipelineResponse]:
+        """Submit a pipeline; retried with one Idempotency-Key, as `jobs.create`."""
+        headers = _create_key(idempotency_key)
+        return _one(PipelineResponse, "POST", "/v1/pipelines", json=_spec_body(spec), headers=headers)
 
     @iterator
     def list(self, page_size: int = 20) -> Pager[PipelineResponse]:
@@ -343,7 +409,7 @@ class _Keys:
         """scopes: of 'read', 'submit', 'keys' (default: the creating key's own)."""
         headers = {"Authorization": f"Bearer {admin_token}"} if admin_token else {}
         body = _params(name=name, project=project, expires_in_days=expires_in_days, scopes=scopes)
-        return _one(KeyCreated, "POST", "/v1/keys", json=body, headers=headers)
+        return _one(KeyCreated, "POST", "/v1/keys", retry=False, json=body, headers=headers)
 
     @call
     def list(self) -> Op[builtins.list[KeyResponse]]:
@@ -372,8 +438,10 @@ class Client(_Base, SyncTransport):
         api_key: str | None = None,
         timeout: float = 30.0,
         transport: httpx.BaseTransport | None = None,
+        max_retries: int = 2,
     ) -> None:
         super().__init__(base_url, api_key)
+        self.max_retries = max_retries
         self.http = httpx.Client(base_url=self.base_url, headers=self.headers, timeout=timeout, transport=transport)
         self.jobs = Jobs(self)
         self.pipelines = Pipelines(self)
@@ -403,8 +471,10 @@ class AsyncClient(_Base, AsyncTransport):
         api_key: str | None = None,
         timeout: float = 30.0,
         transport: httpx.AsyncBaseTransport | None = None,
+        max_retries: int = 2,
     ) -> None:
         super().__init__(base_url, api_key)
+        self.max_retries = max_retries
         self.http = httpx.AsyncClient(
             base_url=self.base_url, headers=self.headers, timeout=timeout, transport=transport
         )

@@ -31,7 +31,9 @@ module can import it.
     ├── CheckpointWriteError (RuntimeError)  a checkpoint that could not be written (trainer.checkpoints)
     ├── RayUnavailable (RuntimeError) the Ray cluster does not answer or refused (worker.ray_submit)
     ├── MathRLError                   an error answer from the service, with its problem details (the
-    │                                 SDK client raises it: mathrl.client)
+    │   │                             SDK client raises it: mathrl.client), by its status (error_for):
+    │   ├── BadRequestError 400, AuthenticationError 401, PermissionDeniedError 403, NotFoundError 404,
+    │   └── ConflictError 409, UnprocessableEntityError 422, RateLimitError 429, InternalServerError 5xx
     ├── StopRequested                 this job must stop now: a loop saw its sink's should_stop()
     │   ├── Cancelled                 the job was cancelled (exit EXIT_STOPPED)
     │   ├── Drained                   its worker is shutting down, or it was paused: a checkpoint
@@ -272,3 +274,56 @@ class MathRLError(MathRLException):
         lines = [f"{status} {self.title}: {self.detail}"]
         lines += [f"  {e.get('pointer', '')}: {e.get('detail', '')}" for e in self.errors]
         super().__init__("\n".join(lines))
+
+
+# --- the SDK's error answers, a class per HTTP status family (as openai-python's) --------------
+
+
+class BadRequestError(MathRLError):
+    """400: a request the service cannot read."""
+
+
+class AuthenticationError(MathRLError):
+    """401: no API key, or one the service does not know."""
+
+
+class PermissionDeniedError(MathRLError):
+    """403: the key may not do this (its scopes, or another project's object)."""
+
+
+class NotFoundError(MathRLError):
+    """404: no such object in the key's project."""
+
+
+class ConflictError(MathRLError):
+    """409: the object's state does not allow it now, or an Idempotency-Key reused with another body."""
+
+
+class UnprocessableEntityError(MathRLError):
+    """422: a field is wrong; `errors` points at each (problem details' pointers)."""
+
+
+class RateLimitError(MathRLError):
+    """429: too many requests with this key (retried after Retry-After), or over a project quota."""
+
+
+class InternalServerError(MathRLError):
+    """5xx: the service could not answer (503s, the database or a worker away, are retried)."""
+
+
+_BY_STATUS: dict[int, type[MathRLError]] = {
+    400: BadRequestError,
+    401: AuthenticationError,
+    403: PermissionDeniedError,
+    404: NotFoundError,
+    409: ConflictError,
+    422: UnprocessableEntityError,
+    429: RateLimitError,
+}
+
+
+def error_for(status: int, problem: dict[str, Any]) -> MathRLError:
+    """The SDK's exception for an error answer: the class of its status (InternalServerError for any
+    5xx), or MathRLError itself for another 4xx."""
+    cls = _BY_STATUS.get(status) or (InternalServerError if status >= 500 else MathRLError)
+    return cls(status, problem)

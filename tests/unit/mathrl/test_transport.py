@@ -218,3 +218,101 @@ def test_the_sync_and_async_clients_send_the_same_requests_and_read_the_same_ans
 async def _drain(events: AsyncIterator[Any]) -> None:
     async for _ in events:
         pass
+
+
+class _Flaky:
+    """A scripted API whose answers to each path come from a list, in order: a status (with its
+    headers) or an exception to raise. It records each request's path and Idempotency-Key."""
+
+    def __init__(self, script: dict[str, list[Any]]) -> None:
+        self.script = {path: list(answers) for path, answers in script.items()}
+        self.sent: list[tuple[str, str | None]] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.sent.append((request.url.path, request.headers.get("idempotency-key")))
+        answer = self.script[request.url.path].pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        status, headers = answer
+        body = {"title": "t", "detail": "d"} if status >= 400 else _job("j1")
+        return httpx.Response(status, json=body, headers=headers)
+
+
+def test_the_clients_retry_what_may_succeed_and_raise_a_class_per_status() -> None:
+    """Issue 68.6: 408, 409, 429 and 5xx are sent again (twice by default, after Retry-After), and a
+    lost connection too; an answer saying x-should-retry: false is final; a create carries one
+    Idempotency-Key across its tries, made by the client when the caller gives none; the error
+    raised is the status's class (NotFoundError, RateLimitError, ...), still a MathRLError."""
+    from mathrl import errors
+
+    again, final = {"Retry-After": "0"}, {"x-should-retry": "false"}
+    script = {
+        "/v1/jobs": [httpx.ConnectError("refused"), (503, again), (201, {})],
+        "/v1/jobs/busy": [(429, again)] * 3,
+        "/v1/jobs/ended": [(409, final)],
+        "/v1/jobs/gone": [(404, {})],
+        "/v1/jobs/bad": [(422, {})],
+        "/v1/keys": [(503, again)],
+    }
+    expected = [
+        ("created", "j1"),
+        errors.RateLimitError,
+        errors.ConflictError,
+        errors.NotFoundError,
+        errors.UnprocessableEntityError,
+        errors.InternalServerError,
+    ]
+
+    def outcome(call: Any) -> Any:
+        try:
+            return ("created", call()["id"])
+        except sdk.MathRLError as exc:
+            return type(exc)
+
+    sync_api = _Flaky(script)
+    c = sdk.Client("http://x", transport=httpx.MockTransport(sync_api))
+    calls = [
+        lambda: c.jobs.create({"kind": "eval"}).model_dump(),
+        lambda: c.jobs.retrieve("busy"),
+        lambda: c.jobs.retrieve("ended"),
+        lambda: c.jobs.retrieve("gone"),
+        lambda: c.jobs.retrieve("bad"),
+        lambda: c.keys.create(name="x"),  # the API keeps no key for it: sent once
+    ]
+    assert [outcome(call) for call in calls] == expected
+
+    async def run_async() -> tuple[list[Any], _Flaky]:
+        api = _Flaky(script)
+        async with sdk.AsyncClient("http://x", transport=httpx.MockTransport(api)) as ac:
+            out = []
+            for coro in (
+                ac.jobs.create({"kind": "eval"}),
+                ac.jobs.retrieve("busy"),
+                ac.jobs.retrieve("ended"),
+                ac.jobs.retrieve("gone"),
+                ac.jobs.retrieve("bad"),
+                ac.keys.create(name="x"),
+            ):
+                try:
+                    out.append(("created", (await coro).id))
+                except sdk.MathRLError as exc:
+                    out.append(type(exc))
+            return out, api
+
+    async_out, async_api = asyncio.run(run_async())
+    assert async_out == expected
+    for api in (sync_api, async_api):
+        paths = [path for path, _ in api.sent]
+        assert paths == ["/v1/jobs"] * 3 + ["/v1/jobs/busy"] * 3 + [
+            "/v1/jobs/ended",
+            "/v1/jobs/gone",
+            "/v1/jobs/bad",
+            "/v1/keys",
+        ]
+        keys = {key for path, key in api.sent if path == "/v1/jobs"}
+        assert len(keys) == 1 and next(iter(keys)).startswith("mathrl-sdk-")  # one key, made by the client
+    assert issubclass(errors.NotFoundError, sdk.MathRLError)
+    once = _Flaky({"/v1/jobs/busy": [(503, again)]})
+    with pytest.raises(errors.InternalServerError):
+        sdk.Client("http://x", transport=httpx.MockTransport(once), max_retries=0).jobs.retrieve("busy")
+    assert len(once.sent) == 1
