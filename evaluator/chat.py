@@ -25,6 +25,7 @@ from evaluator.logprobs import Token, content_tokens, from_completion_chunk, kep
 
 if TYPE_CHECKING:
     from evaluator.backends.vllm import RemoteEngine
+    from mathrl.specs import GenerateSpec
 
 DELTA_SECONDS = 0.2  # the longest a streamed delta waits to be stored
 
@@ -198,7 +199,7 @@ class DeltaWriter:
 
 
 def run_generate(
-    spec: Any, sink: Any, model_path: str, warm: WarmEngineAddress | None = None, sandbox: Any = None
+    spec: GenerateSpec, sink: Any, model_path: str, warm: WarmEngineAddress | None = None, sandbox: Any = None
 ) -> None:
     """A generate job: its choices as samples (and 'delta' events while streaming); on `warm`, the
     worker's warm engine it was given, else on transformers in this process. A batch: `run_batch`.
@@ -235,7 +236,9 @@ class _Loaded:
         return self.model
 
 
-def _answer(spec: Any, sink: Any, models: _Loaded, warm: WarmEngineAddress | None, deltas: Any) -> list[dict[str, Any]]:
+def _answer(
+    spec: GenerateSpec, sink: Any, models: _Loaded, warm: WarmEngineAddress | None, deltas: Any
+) -> list[dict[str, Any]]:
     """One call's choices as sample rows: on the warm engine where the call fits it, else on transformers."""
     engine = _warm_engine_that_holds(spec, sink, warm) if warm is not None else None
     if engine is None:
@@ -243,15 +246,15 @@ def _answer(spec: Any, sink: Any, models: _Loaded, warm: WarmEngineAddress | Non
             return _answer_here(spec, sink, models(), deltas)
     # cached: the prompt's tokens found in the engine's prefix cache (its project's own: cache_salt)
     prompt_tokens, cached_tokens, choices = _generate_remote(spec, engine, deltas)
-    prompt = spec.prompt if spec.messages is None else json.dumps([m.model_dump() for m in spec.messages])
+    prompt = (spec.prompt or "") if spec.messages is None else json.dumps([m.model_dump() for m in spec.messages])
     return _rows(prompt, prompt_tokens, cached_tokens, choices)
 
 
-def _answer_here(spec: Any, sink: Any, model: ChatModel, deltas: Any) -> list[dict[str, Any]]:
+def _answer_here(spec: GenerateSpec, sink: Any, model: ChatModel, deltas: Any) -> list[dict[str, Any]]:
     """One call's choices on transformers, in this process."""
     messages = [m.model_dump() for m in spec.messages] if spec.messages is not None else None
     prompt = model.prompt(messages, spec.prompt)
-    options = {
+    options: dict[str, Any] = {
         "max_tokens": spec.max_tokens,
         "temperature": spec.temperature,
         "top_p": spec.top_p,
@@ -270,7 +273,7 @@ def _answer_here(spec: Any, sink: Any, model: ChatModel, deltas: Any) -> list[di
     return _rows(prompt, model.prompt_tokens(prompt), 0, choices)
 
 
-def _answer_with_tools(spec: Any, sink: Any, model: ChatModel, sandbox: Any) -> list[dict[str, Any]]:
+def _answer_with_tools(spec: GenerateSpec, sink: Any, model: ChatModel, sandbox: Any) -> list[dict[str, Any]]:
     """One call's choices as tool rollouts (evaluator/tool_rollouts.py, the loop eval jobs run): a chat
     gets the format's instruction as its system text; each row keeps its turns (`tool_turns`)."""
     from evaluator.backends import backend
@@ -279,6 +282,7 @@ def _answer_with_tools(spec: Any, sink: Any, model: ChatModel, sandbox: Any) -> 
     from evaluator.tool_rollouts import generate_with_tools
     from mathrl.errors import FieldError
 
+    assert spec.tools is not None  # (its caller's test)
     fmt, python = tool_format(spec.tools.format, model.tokenizer), spec.tools.python
     messages = [m.model_dump() for m in spec.messages] if spec.messages is not None else None
     if messages is None and fmt.chat_tools:
@@ -363,7 +367,11 @@ BATCH_IN_FLIGHT = 16
 
 
 def run_batch(
-    spec: Any, sink: Any, model_path: str, warm: WarmEngineAddress | None = None, in_flight: int = BATCH_IN_FLIGHT
+    spec: GenerateSpec,
+    sink: Any,
+    model_path: str,
+    warm: WarmEngineAddress | None = None,
+    in_flight: int = BATCH_IN_FLIGHT,
 ) -> None:
     """A batch (OpenAI's Batch API): each line of its file answered as a call of its own, its
     choices stored as the samples of step <line>, with the line's custom_id. On a warm engine,
@@ -378,6 +386,7 @@ def run_batch(
     from mathrl.errors import StopRequested
     from mathrl.specs.generate import CHAT_ENDPOINT, GenerateSpec, sampling_fields
 
+    assert spec.batch is not None and spec.batch._path is not None  # a batch job, its file found (worker.child)
     chat = spec.batch.endpoint == CHAT_ENDPOINT
     with open(spec.batch._path, encoding="utf-8") as f:
         lines = [json.loads(line) for line in f if line.strip()]
@@ -476,7 +485,7 @@ def run_batch(
     sink.event("generated", message, data={"completion_tokens": tokens, "answered": answered, "failed": failed})
 
 
-def _warm_engine_that_holds(spec: Any, sink: Any, warm: WarmEngineAddress) -> RemoteEngine | None:
+def _warm_engine_that_holds(spec: GenerateSpec, sink: Any, warm: WarmEngineAddress) -> RemoteEngine | None:
     """The warm engine, where the call's prompt and max_tokens fit its context
     (worker.warm_engine_max_model_len, 4096 by default, not the model's own); None: answer with
     transformers, as an eval that needs more loads an engine of its own. Before, the engine refused
@@ -504,7 +513,7 @@ def _warm_engine_that_holds(spec: Any, sink: Any, warm: WarmEngineAddress) -> Re
     return None
 
 
-def _generate_remote(spec: Any, engine: RemoteEngine, deltas: DeltaWriter) -> tuple[int, int, list[Choice]]:
+def _generate_remote(spec: GenerateSpec, engine: RemoteEngine, deltas: DeltaWriter) -> tuple[int, int, list[Choice]]:
     """The request sent to the warm engine's own OpenAI server, streamed, its deltas stored; the
     prompt's tokens, those of them its prefix cache held, and the choices."""
     import httpx
@@ -521,7 +530,7 @@ def _generate_remote(spec: Any, engine: RemoteEngine, deltas: DeltaWriter) -> tu
         "stream_options": {"include_usage": True},
     })  # fmt: skip
     chat = spec.messages is not None
-    if chat:
+    if spec.messages is not None:
         path, body["messages"] = "/v1/chat/completions", [m.model_dump() for m in spec.messages]
     else:
         path, body["prompt"] = "/v1/completions", spec.prompt

@@ -96,7 +96,7 @@ SimilarityMetric = Literal[
     "rouge_5",
     "rouge_l",
 ]
-SIMILARITY_METRICS: tuple[str, ...] = tuple(m for m in SimilarityMetric.__args__ if m != "cosine")  # type: ignore[attr-defined]
+SIMILARITY_METRICS: tuple[str, ...] = tuple(m for m in get_args(SimilarityMetric) if m != "cosine")
 
 
 class TextSimilarityGrader(_Grader):

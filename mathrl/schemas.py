@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC
 from datetime import datetime as _datetime
-from typing import Annotated, Any, Generic, Literal, TypeVar
+from typing import Annotated, Any, Generic, Literal, TypeVar, get_args
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
@@ -141,7 +141,7 @@ class ScoreResponse(_Out):
 
 
 KeyScope = Literal["read", "submit", "keys"]
-KEY_SCOPES: tuple[str, ...] = KeyScope.__args__  # type: ignore[attr-defined]
+KEY_SCOPES: tuple[str, ...] = get_args(KeyScope)
 
 
 class KeyResponse(_Out):

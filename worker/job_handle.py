@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from runtime.cpu_threads import job_thread_env
+from service.settings import Settings
 from worker.launch import describe, die_with_parent, job_groups
 
 log = logging.getLogger("mathrl.worker")
@@ -256,7 +257,7 @@ def torch_is_cpu_build() -> bool:
     return re.search(r"^cuda\b.*= None\s*$", text, re.M) is not None
 
 
-def fork_server(settings: Any) -> ForkServer | None:
+def fork_server(settings: Settings) -> ForkServer | None:
     """This worker's fork server if worker.fork_jobs says so and it has started (else its start begun)."""
     mode = settings.worker.fork_jobs
     if mode == "false" or (mode == "auto" and not torch_is_cpu_build()):
@@ -269,7 +270,7 @@ def fork_server(settings: Any) -> ForkServer | None:
     return ForkServer.ready(env, logs / f"{socket.gethostname()}-{os.getpid()}-forkserver.log")
 
 
-def start_job(settings: Any, cmd: list[str], env: dict[str, str], log_path: Path) -> LocalJob | ForkedJob:
+def start_job(settings: Settings, cmd: list[str], env: dict[str, str], log_path: Path) -> LocalJob | ForkedJob:
     """The attempt's process: forked from the fork server when worker.fork_jobs is on, the server
     has started and the job is one process (`python -m worker.child`); else a fresh interpreter
     (also when forking fails: the worker logs why)."""

@@ -42,6 +42,7 @@ from typing import Any
 
 from mathrl.specs import GRPOSpec
 from mathrl.specs.resolved import ResolvedGRPO
+from service.settings import Settings
 from worker.attempt import AttemptDir
 
 WORKERS_LINE = "mathrl-workers: "
@@ -205,7 +206,7 @@ def run(job_id: str, owner: str, attempt: int, workers: int, gpus_per_worker: in
     return code
 
 
-def _start_server(settings: Any, job_id: str, out: Any) -> tuple[Any, dict[str, Any]]:
+def _start_server(settings: Settings, job_id: str, out: Any) -> tuple[Any, dict[str, Any]]:
     """The job's vLLM server (GRPO in server mode), placed by Ray: (actor, info). Announced in the
     log for the supervisor (a `vllm_server` event)."""
     from worker import ray_vllm

@@ -24,6 +24,7 @@ from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
 
 from mathrl.errors import LeaseLost as LeaseLost  # raised here; the worker and tests import it from here
 from runtime.sink import promote
@@ -35,7 +36,7 @@ from store.models import BenchmarkScore, Checkpoint, Endpoint, Job, Metric, Samp
 SCORE_KEY = ("job_id", "model_ref", "benchmark", "metric")  # store.models' uq_scores_natural_key
 
 
-def _insert(session: Any, table: Any) -> Any:
+def _insert(session: Session, table: Any) -> Any:
     """The dialect's INSERT for `table` (both have ON CONFLICT: the sink's writes are upserts)."""
     return (postgresql if session.get_bind().dialect.name == "postgresql" else sqlite).insert(table)
 

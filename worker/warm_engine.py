@@ -59,6 +59,7 @@ from typing import Any
 
 from evaluator.backends.base import EngineSettings, WarmEngineAddress
 from mathrl.specs import AnySpec
+from service.settings import Settings
 from worker.vllm_server import VLLMServer, free_port, launch, server_env
 
 # what the supervisor sets in the process of a job it gave a warm engine
@@ -78,7 +79,7 @@ def cache_salt(project_id: str) -> str:
     return hmac.new(_SALT_KEY, project_id.encode(), hashlib.sha256).hexdigest()
 
 
-def given_engine(settings: Any, environ: dict[str, str] | None = None) -> WarmEngineAddress | None:
+def given_engine(settings: Settings, environ: dict[str, str] | None = None) -> WarmEngineAddress | None:
     """In a job's process: the warm engine its supervisor gave it, if any (read once here and
     passed to the evaluator as an argument)."""
     import os
@@ -263,7 +264,7 @@ def log_path(artifact_dir: str | Path, job_id: str) -> Path:
 
 
 def acquire(
-    settings: Any, model_path: str, dtype: str, gpus: list[str], log_path: Path, preexec: Any, lora_rank: int = 0,
+    settings: Settings, model_path: str, dtype: str, gpus: list[str], log_path: Path, preexec: Any, lora_rank: int = 0,
     start: bool = True,
 ) -> tuple[WarmEngine, str] | None:  # fmt: skip
     """The warm engine for this model, and how it came: 'reused' (it served this model already),
@@ -311,7 +312,7 @@ class _Reload:
 
 
 def _take(
-    settings: Any, key: tuple[str, str, str], model_path: str, dtype: str, gpus: list[str], log_path: Path,
+    settings: Settings, key: tuple[str, str, str], model_path: str, dtype: str, gpus: list[str], log_path: Path,
     preexec: Any, lora_rank: int, start: bool, reload: bool,
 ) -> tuple[WarmEngine, str] | _Reload | None:  # fmt: skip
     """acquire's part under the lock."""
@@ -374,7 +375,7 @@ def _idle_of_family(key: tuple[str, str, str], family: str, lora_rank: int) -> W
     )
 
 
-def release(engine: WarmEngine, settings: Any, keep: bool = True) -> None:
+def release(engine: WarmEngine, settings: Settings, keep: bool = True) -> None:
     """The job is done with it. It stays warm for the next job unless `keep` is false (its job
     was cancelled mid-request, or it failed) or warm engines are off; an idle one is stopped
     after `worker.warm_engine_idle_seconds` by a timer."""
@@ -389,7 +390,7 @@ def release(engine: WarmEngine, settings: Any, keep: bool = True) -> None:
     timer.start()
 
 
-def reap(settings: Any) -> None:
+def reap(settings: Settings) -> None:
     """Stop the engines idle longer than the setting, or whose server has exited."""
     with _lock:
         _stop(lambda e: e.users == 0 and (e.server.exited() is not None or _expired(e, settings)))
@@ -418,7 +419,7 @@ def running() -> list[WarmEngine]:
         return list(_engines.values())
 
 
-def _expired(e: WarmEngine, settings: Any) -> bool:
+def _expired(e: WarmEngine, settings: Settings) -> bool:
     idle: float = settings.worker.warm_engine_idle_seconds
     return time.monotonic() - e.idle_since >= idle
 

@@ -36,6 +36,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from api.deps import CallerDep, SettingsDep, owned
 from api.problems import Problem
@@ -46,6 +47,7 @@ from evaluator.graders import grade_item
 from mathrl.graders import needs_model, runs_code, uses_similarity
 from mathrl.schemas import GraderRunPending, GraderRunRequest, GraderRunResponse
 from mathrl.specs import GradeSpec, Resources, model_refs
+from service.settings import Settings
 from store.db import get_sessionmaker
 from store.models import Job, Sample
 
@@ -217,7 +219,7 @@ def run_result(job_id: str, caller: CallerDep, settings: SettingsDep) -> Any:
 
 async def grade_on_worker(
     project_id: str,
-    settings: Any,
+    settings: Settings,
     grader: Any,
     items: list[Any],
     resources: Any,
@@ -244,7 +246,7 @@ async def grade_on_worker(
         await asyncio.sleep(0.25)
 
 
-def _submit(spec: GradeSpec, project_id: str, settings: Any, route: str) -> str:
+def _submit(spec: GradeSpec, project_id: str, settings: Settings, route: str) -> str:
     with get_sessionmaker(settings.database.url)() as session:
         check_job_refs(session, project_id, model_refs(spec))  # the grader's models: this project's jobs
         config = admit({"": spec}, settings)[""]
@@ -254,14 +256,14 @@ def _submit(spec: GradeSpec, project_id: str, settings: Any, route: str) -> str:
         return job.id
 
 
-def _grade_job(session: Any, project_id: str, job_id: str) -> Job:
+def _grade_job(session: Session, project_id: str, job_id: str) -> Job:
     job = owned(session, Job, project_id, job_id, "no grading run with this id in your project")
     if job.kind != "grade":
         raise Problem(404, "Not found", "no grading run with this id in your project")
     return job
 
 
-def _grade_result(settings: Any, project_id: str, job_id: str) -> dict[str, Any] | None:
+def _grade_result(settings: Settings, project_id: str, job_id: str) -> dict[str, Any] | None:
     """The scores of a finished grade job; None while it has not finished; a problem if it failed."""
     with get_sessionmaker(settings.database.url)() as session:
         job = _grade_job(session, project_id, job_id)
@@ -283,7 +285,7 @@ def _grade_result(settings: Any, project_id: str, job_id: str) -> dict[str, Any]
         return None
 
 
-def _pending(settings: Any, project_id: str, job_id: str) -> JSONResponse:
+def _pending(settings: Settings, project_id: str, job_id: str) -> JSONResponse:
     with get_sessionmaker(settings.database.url)() as session:
         job = _grade_job(session, project_id, job_id)
         status = job.status

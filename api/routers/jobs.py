@@ -17,6 +17,7 @@ from fastapi import APIRouter, Body, Header, Query, Request, Response
 from fastapi.responses import FileResponse, StreamingResponse
 from sqlalchemy import select
 from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session
 
 from api.deps import CallerDep, SessionDep, SettingsDep, owned, page_cursor
 from api.idempotency import earlier, replayed, request_hash
@@ -60,7 +61,7 @@ MAX_INT = 2**31 - 1
 STREAM_DB_ERROR = "the database did not answer: reconnect with after=<the last id you saw>"
 
 
-def _own_job(session: Any, project_id: str, job_id: str) -> Job:
+def _own_job(session: Session, project_id: str, job_id: str) -> Job:
     return owned(session, Job, project_id, job_id, JOB_NOT_FOUND)
 
 
@@ -181,7 +182,7 @@ def list_events(
     return {"data": rows, "next_cursor": str(rows[-1].seq) if more else None}
 
 
-def _events_after(session: Any, job_id: str, after: int | None, limit: int) -> list[Event]:
+def _events_after(session: Session, job_id: str, after: int | None, limit: int) -> list[Event]:
     q = select(Event).where(Event.job_id == job_id)
     if after is not None:
         q = q.where(Event.seq > after)

@@ -23,6 +23,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Header, Query, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy import func, select
+from sqlalchemy.orm import Session
 
 from api.admission import check_job_limits
 from api.deps import CallerDep, SessionDep, SettingsDep
@@ -43,6 +44,7 @@ from mathrl.modelref import results_file_id, uuid_after
 from mathrl.shallow import JsonObject
 from mathrl.specs.generate import CHAT_ENDPOINT, GenerateSpec, sampling_fields
 from mathrl.status import TERMINAL
+from service.settings import Settings
 from store.files import OverQuota, Quota, store_file
 from store.jobs import has_tag, request_cancel
 from store.models import File, Job, Sample
@@ -73,13 +75,13 @@ def batch_id(job_id: str) -> str:
     return "batch_" + job_id.replace("-", "")
 
 
-def own_batch(session: Any, project_id: str, value: str) -> Job:
+def own_batch(session: Session, project_id: str, value: str) -> Job:
     """The project's batch's job, else a 404 (the same for another project's and a missing one)."""
     job_id = uuid_after("batch_", value)
     job = session.get(Job, job_id) if job_id else None
     if job is None or job.project_id != project_id or TAG not in (job.tags or []):
         raise Problem(404, "Not found", NOT_FOUND)
-    return job  # type: ignore[no-any-return]
+    return job
 
 
 def _output_ids(job_id: str) -> tuple[str, str]:
@@ -93,7 +95,7 @@ def _lines(path: str) -> list[dict[str, Any]]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def _check_lines(lines: list[dict[str, Any]], endpoint: str, settings: Any, budget: int) -> None:
+def _check_lines(lines: list[dict[str, Any]], endpoint: str, settings: Settings, budget: int) -> None:
     """Each line's request as its route would check it (a 400 naming the line and the field), as
     the job will run it (`budget`: max_tokens where a line names none), all of one model."""
     chat = endpoint == CHAT_ENDPOINT
@@ -184,7 +186,7 @@ def create(
     return batch_object(session, submit_keyed(session, settings, caller.project_id, job, message, response), settings)
 
 
-def _counts(session: Any, job: Job) -> tuple[int, int]:
+def _counts(session: Session, job: Job) -> tuple[int, int]:
     """Lines stored so far (answered or failed), and of them failed (their sample holds the error)."""
     lines = select(func.count(func.distinct(Sample.step))).where(Sample.job_id == job.id)
     done = session.scalar(lines) or 0
@@ -193,7 +195,7 @@ def _counts(session: Any, job: Job) -> tuple[int, int]:
 
 
 def finish(
-    session: Any, job: Job, settings: Any, counts: tuple[int, int]
+    session: Session, job: Job, settings: Settings, counts: tuple[int, int]
 ) -> tuple[str | None, str | None, dict[str, Any] | None]:
     """The ended batch's output and error files (ids, None where it has no such line), written from its
     samples by the first look that finds one missing (two looks at once write the same file: the
@@ -253,7 +255,7 @@ def finish(
     return written[output_id], written[error_id], None
 
 
-def batch_object(session: Any, job: Job, settings: Any) -> dict[str, Any]:
+def batch_object(session: Session, job: Job, settings: Settings) -> dict[str, Any]:
     """The batch as OpenAI's object, its files written once its job has ended."""
     info = dict((job.resolved_config or {}).get("openai") or {})
     request = dict(info.get("request") or {})

@@ -20,6 +20,7 @@ from fastapi import APIRouter, Header, Query, Response
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
 
 from api.deps import CallerDep, SessionDep, SettingsDep
 from api.idempotency import earlier, replayed, request_hash
@@ -35,6 +36,7 @@ from mathrl.shallow import JsonObject
 from mathrl.specs import model_refs, parse_spec
 from mathrl.specs.generate import DEFAULT_MAX_TOKENS, effort_budget
 from mathrl.status import TERMINAL
+from service.settings import Settings
 from store.files import Quota, store_file
 from store.ids import uuid7
 from store.jobs import has_tag, request_cancel
@@ -182,11 +184,11 @@ def passed(rule: dict[str, Any], score: float) -> bool:
     return score >= (DEFAULT_PASS if threshold is None else threshold)
 
 
-def own_eval(session: Any, project_id: str, eval_id: str) -> Eval:
+def own_eval(session: Session, project_id: str, eval_id: str) -> Eval:
     row = session.get(Eval, eval_id) if eval_id.startswith("eval_") else None
     if row is None or row.project_id != project_id:
         raise Problem(404, "Not found", NOT_FOUND)
-    return row  # type: ignore[no-any-return]
+    return row
 
 
 @router.post(
@@ -279,7 +281,7 @@ def update_eval(eval_id: str, body: EvalUpdateParams, caller: CallerDep, session
     return eval_object(row)
 
 
-def _runs(session: Any, project_id: str, eval_id: str) -> Any:
+def _runs(session: Session, project_id: str, eval_id: str) -> Any:
     return select(Job).where(Job.project_id == project_id, has_tag(session, _eval_tag(eval_id)))
 
 
@@ -312,20 +314,20 @@ def _job_id(run_id: str) -> str | None:
     return uuid_after("evalrun_", run_id)
 
 
-def own_run(session: Any, project_id: str, eval_id: str, run_id: str) -> Job:
+def own_run(session: Session, project_id: str, eval_id: str, run_id: str) -> Job:
     own_eval(session, project_id, eval_id)
     job_id = _job_id(run_id)
     job = session.get(Job, job_id) if job_id else None
     if job is None or job.project_id != project_id or _eval_tag(eval_id) not in (job.tags or []):
         raise Problem(404, "Not found", RUN_NOT_FOUND)
-    return job  # type: ignore[no-any-return]
+    return job
 
 
 def _openai(job: Job) -> dict[str, Any]:
     return dict((job.resolved_config or {}).get("openai") or {})
 
 
-def _sample_rows(session: Any, job: Job) -> list[Sample]:
+def _sample_rows(session: Session, job: Job) -> list[Sample]:
     return list(session.scalars(select(Sample).where(Sample.job_id == job.id).order_by(Sample.index)))
 
 
@@ -347,7 +349,7 @@ def _results(job: Job, sample: Sample) -> tuple[list[dict[str, Any]], str | None
     return results, error, reason
 
 
-def run_object(session: Any, job: Job) -> dict[str, Any]:
+def run_object(session: Session, job: Job) -> dict[str, Any]:
     info = _openai(job)
     request = info.get("request") or {}
     rules = info.get("criteria") or []
@@ -399,7 +401,7 @@ def run_object(session: Any, job: Job) -> dict[str, Any]:
     }
 
 
-def _items_file(settings: Any, session: Any, project_id: str, content: list[Any], at: str) -> str:
+def _items_file(settings: Settings, session: Session, project_id: str, content: list[Any], at: str) -> str:
     """A run's inline items (file_content), stored as a file of the project (purpose 'evals'), as
     an upload is, within its file quota: the eval job reads them from there."""
     from store.files import OverQuota
@@ -429,7 +431,7 @@ def _items_file(settings: Any, session: Any, project_id: str, content: list[Any]
     return file_id
 
 
-def _source_rows(session: Any, project_id: str, source: dict[str, Any], at: str) -> list[Any]:
+def _source_rows(session: Session, project_id: str, source: dict[str, Any], at: str) -> list[Any]:
     """A jsonl run's rows ({item, sample}), from the request or the project's file."""
     if source.get("type") == "file_content":
         rows = source.get("content")
@@ -446,7 +448,7 @@ def _source_rows(session: Any, project_id: str, source: dict[str, Any], at: str)
     raise Problem.at(f"{at}/type", f"{source.get('type')!r}: a source is 'file_id' or 'file_content'", status=400)
 
 
-def _file(session: Any, project_id: str, source: dict[str, Any], at: str) -> Any:
+def _file(session: Session, project_id: str, source: dict[str, Any], at: str) -> Any:
     file_id = source.get("id")
     try:
         return own_file(session, project_id, str(file_id))
@@ -518,7 +520,7 @@ def _as_sampled(ds: dict[str, Any]) -> dict[str, Any]:
 
 
 def _completions_spec(
-    session: Any, settings: Any, project_id: str, ds: dict[str, Any], grader: Any
+    session: Session, settings: Settings, project_id: str, ds: dict[str, Any], grader: Any
 ) -> tuple[dict[str, Any], str, str | None]:
     """The eval job of a `completions` run, the model's name as the run reports it, and the file its
     inline items were stored as (None: an uploaded file)."""
@@ -577,7 +579,7 @@ def _completions_spec(
     return spec, model, inline
 
 
-def _drop_file(session: Any, file_id: str) -> None:
+def _drop_file(session: Session, file_id: str) -> None:
     """A run's inline items, stored for a run that was then refused: they go with it."""
     from pathlib import Path
 
@@ -592,7 +594,7 @@ def _drop_file(session: Any, file_id: str) -> None:
         path.unlink(missing_ok=True)
 
 
-def _jsonl_spec(session: Any, project_id: str, ds: dict[str, Any], grader: Any) -> dict[str, Any]:
+def _jsonl_spec(session: Session, project_id: str, ds: dict[str, Any], grader: Any) -> dict[str, Any]:
     """The grade job of a `jsonl` run: each row's sample scored by the criteria."""
     source = ds.get("source")
     if not isinstance(source, dict):
@@ -667,8 +669,8 @@ def create_run(
 
 
 def _submit_run(
-    session: Any,
-    settings: Any,
+    session: Session,
+    settings: Settings,
     project_id: str,
     eval_id: str,
     body: RunCreateParams,

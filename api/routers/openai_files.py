@@ -20,12 +20,14 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
 
 from api.deps import CallerDep, SessionDep, SettingsDep
 from api.idempotency import earlier, request_hash
 from api.problems import Problem
 from mathrl.jsonl_files import BATCH_PURPOSE, FileFormatError, check_jsonl
 from mathrl.modelref import RESULTS_PURPOSE
+from service.settings import Settings
 from store.files import OverQuota, Quota, expired, store_file, unexpired
 from store.ids import uuid7
 from store.jobs import FILE_ID, readers_of
@@ -54,13 +56,13 @@ def file_object(row: FileRow) -> dict[str, Any]:
     }
 
 
-def own_file(session: Any, project_id: str, file_id: str) -> FileRow:
+def own_file(session: Session, project_id: str, file_id: str) -> FileRow:
     """The project's file, else a 404 (the same for another project's file, a malformed id and an
     expired file)."""
     row = session.get(FileRow, file_id) if FILE_ID.fullmatch(file_id) else None
     if row is None or row.project_id != project_id or expired(row):
         raise Problem(404, "Not found", NOT_FOUND)
-    return row  # type: ignore[no-any-return]
+    return row
 
 
 def _invalid(pointer: str, detail: str, status: int = 422, title: str = "Invalid file") -> Problem:
@@ -133,7 +135,7 @@ def _expires_after(anchor: str | None, seconds: int | None) -> int | None:
 
 
 def _store(
-    settings: Any,
+    settings: Settings,
     project_id: str,
     name: str,
     purpose: str,

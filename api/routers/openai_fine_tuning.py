@@ -24,6 +24,7 @@ from pydantic import (
     WrapValidator,
 )
 from sqlalchemy import func, select
+from sqlalchemy.orm import Session
 
 from api.deps import CallerDep, SessionDep, SettingsDep
 from api.idempotency import earlier, replayed, request_hash
@@ -234,12 +235,12 @@ def to_spec(
     return spec, mapping
 
 
-def own_ftjob(session: Any, project_id: str, ft_id: str) -> Job:
+def own_ftjob(session: Session, project_id: str, ft_id: str) -> Job:
     job_id = job_uuid(ft_id)
     job = session.get(Job, job_id) if job_id else None
     if job is None or job.project_id != project_id or TAG not in (job.tags or []):
         raise Problem(404, "Not found", NOT_FOUND)
-    return job  # type: ignore[no-any-return]
+    return job
 
 
 STATUS = {"waiting": "queued", "queued": "queued", "running": "running"}
@@ -296,7 +297,7 @@ def fine_tuned_model(job: Job, step: int | None = None) -> str:
     return ft_model_name(base, suffix, job.id, step)
 
 
-def trained_tokens(session: Any, jobs: list[Job]) -> dict[str, float]:
+def trained_tokens(session: Session, jobs: list[Job]) -> dict[str, float]:
     """The tokens each succeeded job trained on (its largest `num_tokens`), in one query."""
     ids = [j.id for j in jobs if j.status == "succeeded"]
     if not ids:
@@ -320,7 +321,7 @@ def _method(request: dict[str, Any], mapping: dict[str, Any]) -> dict[str, Any]:
     return {**method, "type": kind, kind: block}
 
 
-def job_object(session: Any, job: Job, tokens: dict[str, float] | None = None) -> dict[str, Any]:
+def job_object(session: Session, job: Job, tokens: dict[str, float] | None = None) -> dict[str, Any]:
     """The job as OpenAI's `fine_tuning.job`; `tokens`: trained_tokens of a page of jobs."""
     openai = ResolvedConfig.model_validate({"kind": job.kind, **(job.resolved_config or {})}).openai or {}
     request, mapping = openai.get("request", {}), openai.get("mapping", {})

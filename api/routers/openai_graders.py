@@ -28,6 +28,7 @@ from evaluator.bounded import TIMED_OUT
 from evaluator.graders import grade_openai
 from mathrl.graders import Grader, GraderItem
 from mathrl.shallow import JsonObject
+from service.settings import Settings
 
 router = APIRouter(prefix="/v1/fine_tuning/alpha/graders", tags=["openai: graders"])
 ROUTE = "fine_tuning/alpha/graders/run"
@@ -140,7 +141,7 @@ def _item(sample: str, answer: str | None, item: dict[str, Any]) -> GraderItem:
         raise RequestValidationError(errors) from None
 
 
-async def _on_worker(body: GraderRunParams, project_id: str, settings: Any, wait: float) -> dict[str, Any]:
+async def _on_worker(body: GraderRunParams, project_id: str, settings: Settings, wait: float) -> dict[str, Any]:
     """The grade job's result for the one sample, as grade_openai gives it; 504 past `wait` (MODEL_WAIT, under
     the client's own read timeout: a client that timed out first would send the call again as a new job)."""
     item = body.item or {}

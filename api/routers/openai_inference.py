@@ -27,6 +27,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from api.admission import QuotaProblem
 from api.deps import CallerDep, SettingsDep
@@ -41,6 +42,7 @@ from mathrl.modelref import FINAL_DELETED_TAG, ft_model_ref, split_job_ref
 from mathrl.specs import GenerateSpec
 from mathrl.specs.generate import MAX_CHOICES, MAX_TOKENS, MAX_TOP_LOGPROBS, sampling_fields
 from mathrl.status import WAIT_ENDS
+from service.settings import Settings
 from store.db import get_sessionmaker
 from store.jobs import has_tag, readers_of, request_cancel
 from store.models import Checkpoint, Event, Job, Sample
@@ -173,7 +175,7 @@ class CompletionParams(_Sampling):
     )
 
 
-def own_ft_model(session: Any, project_id: str, name: str) -> str:
+def own_ft_model(session: Session, project_id: str, name: str) -> str:
     """The 'job:' reference of an `ft:` model of the project that exists now, else a 404."""
     ref = ft_model_ref(name)
     if ref is None:
@@ -196,14 +198,14 @@ def own_ft_model(session: Any, project_id: str, name: str) -> str:
 QUOTA_RETRY_SECONDS = 2  # a completion call over its project's active-jobs quota: try again this soon
 
 
-def sampled_model(session: Any, project_id: str, settings: Any, model: str) -> str:
+def sampled_model(session: Session, project_id: str, settings: Settings, model: str) -> str:
     """What a call's `model` samples: an operator's alias, its base model (a script's baseline before
     fine-tuning, under the same name it fine-tunes from); any other name an 'ft:' model of the project."""
     aliases = settings.fine_tuning.model_aliases
     return str(aliases[model]) if model in aliases else own_ft_model(session, project_id, model)
 
 
-def default_budget(session: Any, ref: str) -> int | None:
+def default_budget(session: Session, ref: str) -> int | None:
     """A chat that names no max_tokens: what the model was trained to write, its fine-tuning job's
     completion budget (a reinforcement job's max_completion_length), else the generate spec's default.
     OpenAI sets no cap of its own; a fixed 256 cut a trained model's answers short."""
@@ -345,7 +347,7 @@ async def completions(body: CompletionParams, caller: CallerDep, settings: Setti
     return await _answer(body, caller.project_id, settings, False, request)
 
 
-async def _answer(body: _Sampling, project_id: str, settings: Any, chat: bool, request: Request) -> Any:
+async def _answer(body: _Sampling, project_id: str, settings: Settings, chat: bool, request: Request) -> Any:
     fields: dict[str, Any] = {
         **sampling_fields(body.model_dump(), chat),  # the one reading of the knobs (a batch's lines' too)
         "stream": bool(body.stream),
@@ -365,7 +367,7 @@ async def _answer(body: _Sampling, project_id: str, settings: Any, chat: bool, r
 
 
 def submit_generation(
-    project_id: str, settings: Any, model: str, fields: dict[str, Any], openai: dict[str, Any] | None = None
+    project_id: str, settings: Settings, model: str, fields: dict[str, Any], openai: dict[str, Any] | None = None
 ) -> str:
     """The generate job of one call (its id); `openai`: what the call's route keeps of its request
     in the job's config (a response's turns, say)."""
@@ -397,21 +399,21 @@ def submit_generation(
         return str(job.id)
 
 
-def _status(settings: Any, job_id: str) -> tuple[str, str | None]:
+def _status(settings: Settings, job_id: str) -> tuple[str, str | None]:
     with get_sessionmaker(settings.database.url)() as session:
         job = session.get(Job, job_id)
         assert job is not None  # the job this request submitted
         return job.status, job.error
 
 
-def cancel_call(settings: Any, job_id: str) -> None:
+def cancel_call(settings: Settings, job_id: str) -> None:
     with get_sessionmaker(settings.database.url)() as session:
         job = session.get(Job, job_id)
         if job is not None:
             request_cancel(session, job)
 
 
-def wait_limit(settings: Any, request: Request) -> float:
+def wait_limit(settings: Settings, request: Request) -> float:
     """How long a completion call waits: fine_tuning.inference_timeout_seconds, under the client's own."""
     return under_client_timeout(request, float(settings.fine_tuning.inference_timeout_seconds))
 
@@ -427,7 +429,7 @@ def under_client_timeout(request: Request, limit: float) -> float:
     return max(1.0, min(limit, theirs - 5.0)) if math.isfinite(theirs) else limit
 
 
-async def wait_answer(settings: Any, job_id: str, request: Request) -> None:
+async def wait_answer(settings: Settings, job_id: str, request: Request) -> None:
     """Back once the job has succeeded; a 504 (job cancelled) past the wait limit, a 502 if it did not
     succeed. A client that has gone away cancels the job: no one would read its answer."""
     limit = wait_limit(settings, request)
@@ -449,7 +451,7 @@ async def wait_answer(settings: Any, job_id: str, request: Request) -> None:
         raise Problem(502, "Completion failed", f"job {job_id} {status}: {error or 'no error recorded'}")
 
 
-def choices_of(settings: Any, job_id: str) -> list[dict[str, Any]]:
+def choices_of(settings: Settings, job_id: str) -> list[dict[str, Any]]:
     with get_sessionmaker(settings.database.url)() as session:
         rows = session.scalars(select(Sample).where(Sample.job_id == job_id).order_by(Sample.index)).all()
         return [{"text": r.completion, **(r.data or {})} for r in rows]
@@ -509,7 +511,9 @@ def completion_object(job_id: str, model: str, rows: list[dict[str, Any]], chat:
     return {**base, "object": "text_completion", "choices": choices}
 
 
-def progress_of(settings: Any, job_id: str, after: int) -> tuple[str, str | None, list[tuple[int, dict[str, Any]]]]:
+def progress_of(
+    settings: Settings, job_id: str, after: int
+) -> tuple[str, str | None, list[tuple[int, dict[str, Any]]]]:
     """The job's status and error, then its 'delta' events after `after`: one session a poll
     (read in that order, so a job seen ended has all its deltas read too)."""
     with get_sessionmaker(settings.database.url)() as session:
@@ -528,7 +532,7 @@ class FollowedCall:
     call's time runs out (the job cancelled, `status` 'timeout'). Left before either (the client went
     away, whatever the stream was sending), the job is cancelled: no one would read its answer."""
 
-    def __init__(self, settings: Any, job_id: str) -> None:
+    def __init__(self, settings: Settings, job_id: str) -> None:
         self.settings, self.job_id = settings, job_id
         self.status = ""
         self.error: str | None = None
@@ -562,7 +566,7 @@ class FollowedCall:
             await asyncio.sleep(POLL_SECONDS)
 
 
-async def _stream(settings: Any, job_id: str, model: str, chat: bool, n: int, usage: bool) -> AsyncIterator[str]:
+async def _stream(settings: Settings, job_id: str, model: str, chat: bool, n: int, usage: bool) -> AsyncIterator[str]:
     """OpenAI's server-sent chunks of the job's text as it is stored, the finish reasons, the
     usage if asked, then [DONE]; an error chunk if the job fails or times out."""
     created = int(time.time())

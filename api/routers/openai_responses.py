@@ -17,6 +17,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from api.deps import CallerDep, SessionDep, SettingsDep
 from api.problems import Problem
@@ -32,6 +33,7 @@ from mathrl.errors import FieldError
 from mathrl.modelref import uuid_after
 from mathrl.specs.generate import MAX_TOKENS, MAX_TOP_LOGPROBS, effort_budget
 from mathrl.status import TERMINAL
+from service.settings import Settings
 from store.db import get_sessionmaker
 from store.jobs import request_cancel
 from store.models import Job, Sample
@@ -139,20 +141,20 @@ def _job_id(resp_id: str) -> str | None:
     return uuid_after("resp_", resp_id)
 
 
-def own_response(session: Any, project_id: str, resp_id: str) -> Job:
+def own_response(session: Session, project_id: str, resp_id: str) -> Job:
     """The project's response's job, else a 404 (the same for another project's and a missing one)."""
     job_id = _job_id(resp_id)
     job = session.get(Job, job_id) if job_id else None
     if job is None or job.project_id != project_id or RESPONSES_TAG not in (job.tags or []):
         raise Problem(404, "Not found", NOT_FOUND)
-    return job  # type: ignore[no-any-return]
+    return job
 
 
 def _info(job: Job) -> dict[str, Any]:
     return dict((job.resolved_config or {}).get("openai") or {})
 
 
-def _turns(session: Any, project_id: str, body: ResponseParams) -> list[dict[str, str]]:
+def _turns(session: Session, project_id: str, body: ResponseParams) -> list[dict[str, str]]:
     """The conversation this response answers: the previous response's (its turns and its answer),
     then this input."""
     turns: list[dict[str, str]] = []
@@ -194,7 +196,7 @@ def _request(body: ResponseParams) -> dict[str, Any]:
     }
 
 
-def _submit(project_id: str, settings: Any, body: ResponseParams) -> str:
+def _submit(project_id: str, settings: Settings, body: ResponseParams) -> str:
     with get_sessionmaker(settings.database.url)() as session:
         turns = _turns(session, project_id, body)
     messages = ([{"role": "system", "content": body.instructions}] if body.instructions else []) + turns
@@ -291,12 +293,12 @@ def response_object(job: Job, row: dict[str, Any] | None) -> dict[str, Any]:
     }
 
 
-def _answer_row(settings: Any, job_id: str) -> dict[str, Any] | None:
+def _answer_row(settings: Settings, job_id: str) -> dict[str, Any] | None:
     rows = choices_of(settings, job_id)
     return rows[0] if rows else None
 
 
-def _job(settings: Any, job_id: str) -> Job:
+def _job(settings: Settings, job_id: str) -> Job:
     with get_sessionmaker(settings.database.url)() as session:
         job = session.get(Job, job_id)
         assert job is not None  # the job this request submitted
@@ -319,7 +321,7 @@ async def create(body: ResponseParams, caller: CallerDep, settings: SettingsDep,
     return response_object(job, row)
 
 
-async def _stream(settings: Any, job_id: str) -> AsyncIterator[str]:
+async def _stream(settings: Settings, job_id: str) -> AsyncIterator[str]:
     """OpenAI's response events: created, in_progress, the output item and its text part added, a
     delta per stored piece of text, their done events, then completed (or failed / error)."""
     seq = 0

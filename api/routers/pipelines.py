@@ -14,6 +14,7 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
 
 from api.deps import CallerDep, SessionDep, SettingsDep, owned, page_cursor
 from api.idempotency import earlier, replayed, request_hash
@@ -33,7 +34,7 @@ router = APIRouter(prefix="/v1/pipelines", tags=["pipelines"])
 NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"description": PIPELINE_NOT_FOUND}}
 
 
-def _own_pipeline(session: Any, project_id: str, pipeline_id: str) -> Pipeline:
+def _own_pipeline(session: Session, project_id: str, pipeline_id: str) -> Pipeline:
     return owned(session, Pipeline, project_id, pipeline_id, PIPELINE_NOT_FOUND)
 
 
@@ -91,11 +92,11 @@ def view(pipeline: Pipeline, jobs: list[Job]) -> dict[str, Any]:
     }
 
 
-def _jobs_of(session: Any, pipeline_ids: list[str]) -> dict[str, list[Job]]:
+def _jobs_of(session: Session, pipeline_ids: list[str]) -> dict[str, list[Job]]:
     out: dict[str, list[Job]] = {pid: [] for pid in pipeline_ids}
     if pipeline_ids:
         for j in session.scalars(select(Job).where(Job.pipeline_id.in_(pipeline_ids)).order_by(Job.id)):
-            out[j.pipeline_id].append(j)
+            out[str(j.pipeline_id)].append(j)
     return out
 
 

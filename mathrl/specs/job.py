@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, get_args
 
 from pydantic import Field, TypeAdapter
 
@@ -20,7 +20,7 @@ from mathrl.specs.sft import SFTSpec
 AnySpec = EvalSpec | GRPOSpec | RewardModelSpec | SFTSpec | GradeSpec | GenerateSpec | SessionSpec
 JobSpec = Annotated[AnySpec, Field(discriminator="kind")]
 KINDS: Registry[type[AnySpec]] = Registry("job kind")
-for _cls in AnySpec.__args__:
+for _cls in get_args(AnySpec):
     KINDS.add(_cls.model_fields["kind"].default, _cls)
 # the job kinds' names (the API's errors and the status pages' filters list them)
 JOB_KINDS: tuple[str, ...] = tuple(KINDS)

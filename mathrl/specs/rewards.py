@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import Field, model_validator
 
@@ -12,7 +12,7 @@ from mathrl.modelref import ModelRef
 from mathrl.specs.base import StrictModel
 
 RewardName = Literal["accuracy", "binary", "format", "overlong", "reward_model", "grader"]
-REWARD_NAMES: tuple[str, ...] = RewardName.__args__  # type: ignore[attr-defined]
+REWARD_NAMES: tuple[str, ...] = get_args(RewardName)
 
 
 class RewardRef(StrictModel):
