@@ -22,34 +22,37 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, nullcontext
-from typing import Annotated, Any, NamedTuple
+from typing import Any
 
 import httpx
-from fastapi import APIRouter, Depends, Request, Response
+from fastapi import APIRouter, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from pydantic import ValidationError
 from sqlalchemy import select
 
-from api.deps import Caller, SettingsDep, caller_for, required_scope
+from api.deps import Caller, SettingsDep
 from api.problems import Problem
 from api.project_gates import ProjectGates
 from api.submit import admit, check_job_refs, commit_and_dispatch, job_row
+from api.tinker_common import (
+    RESPONSES,
+    Located,
+    TinkerCaller,
+    find_save,
+    json_body,
+    located,
+    sessions_of,
+)
 from mathrl.protobuf import read_varint
 from mathrl.specs import SessionSpec, model_refs
 from mathrl.status import TERMINAL, WAIT_ENDS
 from service.settings import Settings
 from store.db import get_sessionmaker
 from store.jobs import request_cancel
-from store.models import Checkpoint, Endpoint, Job
+from store.models import Endpoint, Job
 
-RESPONSES: dict[int | str, dict[str, Any]] = {
-    400: {"description": "The request is invalid (the detail names the field)."},
-    404: {"description": "No such session, model, sampler, request or save in your project, or its session ended."},
-    413: {"description": "The request body is larger than this server accepts."},
-}
 router = APIRouter(prefix="/api/v1", tags=["tinker"], responses=RESPONSES)
 TOKEN_HEADER = "X-Mathrl-Session-Token"  # trainer/session_server.py checks it
-KEY_PREFIX = "tml-"  # what the SDK insists a key starts with
 CREATE_WAIT_SECONDS = 20.0  # a create_model future's long poll (the SDK's read timeout is 45 s)
 FORWARD_TIMEOUT = httpx.Timeout(40.0, connect=5.0)
 TAG = "tinker"
@@ -87,58 +90,24 @@ async def _in_flight(project_id: str) -> AsyncIterator[None]:
         gate.release()
 
 
-async def tinker_caller(request: Request, settings: SettingsDep) -> Caller:
-    """The caller the SDK's `X-API-Key: tml-<mathrl key>` (or a Bearer header) names."""
-    key = request.headers.get("x-api-key", "")
-    authorization = f"Bearer {key.removeprefix(KEY_PREFIX)}" if key else request.headers.get("authorization", "")
-    client = request.client.host if request.client is not None else ""
-    caller = await caller_for(authorization, settings, client, request.scope.setdefault("state", {}))
-    need = required_scope(request.method, request.url.path)
-    if caller.key is not None and need not in (caller.key.scopes or []):
-        raise Problem(403, "Forbidden", f"this key lacks the '{need}' scope")
-    if caller.project is None:
-        raise Problem(403, "Forbidden", "sessions belong to a project: use a project's key, not the admin token")
-    return caller
-
-
-TinkerCaller = Annotated[Caller, Depends(tinker_caller)]
-
-
 # --- finding jobs, in the caller's project only ----------------------------------------------
-
-
-class Located(NamedTuple):
-    """A session job and, while its process serves, that process's address and token: read in one
-    query (the job joined to its `endpoints` row), so a forwarded call costs one round trip."""
-
-    job: Job
-    where: tuple[str, str] | None
-
-
-def _located(s: Any, q: Any) -> list[Located]:
-    q = q.outerjoin(Endpoint, Endpoint.job_id == Job.id).add_columns(Endpoint.url, Endpoint.token)
-    return [Located(job, (url, token) if url is not None else None) for job, url, token in s.execute(q)]
-
-
-def _sessions_of(project_id: str) -> Any:
-    return select(Job).where(Job.project_id == project_id, Job.kind == "session")
 
 
 def _job_named(settings: Settings, project_id: str, name: str) -> Located | None:
     with get_sessionmaker(settings.database.url)() as s:
-        q = _sessions_of(project_id).where(Job.name == name).order_by(Job.created_at.desc()).limit(1)
-        return next(iter(_located(s, q)), None)
+        q = sessions_of(project_id).where(Job.name == name).order_by(Job.created_at.desc()).limit(1)
+        return next(iter(located(s, q)), None)
 
 
 def _job(settings: Settings, project_id: str, job_id: str) -> Located | None:
     with get_sessionmaker(settings.database.url)() as s:
-        return next(iter(_located(s, _sessions_of(project_id).where(Job.id == job_id))), None)
+        return next(iter(located(s, sessions_of(project_id).where(Job.id == job_id))), None)
 
 
 def _session_jobs(settings: Settings, project_id: str, session_id: str) -> list[Located]:
     with get_sessionmaker(settings.database.url)() as s:
-        q = _sessions_of(project_id).where(Job.name.like(f"{session_id}:%"))
-        return [at for at in _located(s, q) if (at.job.spec or {}).get("session") == session_id]
+        q = sessions_of(project_id).where(Job.name.like(f"{session_id}:%"))
+        return [at for at in located(s, q) if (at.job.spec or {}).get("session") == session_id]
 
 
 async def _model_job(settings: Settings, caller: Caller, model_id: str) -> Located:
@@ -158,25 +127,6 @@ async def _id_job(settings: Settings, caller: Caller, value: str, what: str) -> 
     if job is None:
         raise Problem(404, "Not found", f"{what}: no {value!r} in this project")
     return job
-
-
-SAVE_KINDS = {"weights": "state", "sampler_weights": "sampler"}  # a path's segment -> its checkpoint's `what`
-
-
-def _save(settings: Settings, project_id: str, path: str) -> tuple[Located, Checkpoint]:
-    """The session job and checkpoint row a `tinker://<model id>/<weights|sampler_weights>/<name>` path names."""
-    parts = path.removeprefix("tinker://").split("/")
-    if not path.startswith("tinker://") or len(parts) != 3 or parts[1] not in SAVE_KINDS:
-        raise Problem.at("/path", f"{path!r} is not a save's path: tinker://<model id>/weights/<name>", status=400)
-    model_id, kind, name = parts
-    what = SAVE_KINDS[kind]
-    with get_sessionmaker(settings.database.url)() as s:
-        for at in _located(s, _sessions_of(project_id).where(Job.name == model_id).order_by(Job.created_at.desc())):
-            rows = s.scalars(select(Checkpoint).where(Checkpoint.job_id == at.job.id).order_by(Checkpoint.step.desc()))
-            for row in rows:
-                if (row.data or {}).get("name") == name and (row.data or {}).get("what") == what:
-                    return at, row
-    raise Problem(404, "Not found", f"path: no save {path!r} in this project")
 
 
 # --- forwarding to a session job's process -------------------------------------------------
@@ -205,18 +155,6 @@ async def _forward(
             raise Problem(404, "Session ended", f"the session job {job.id} is {status}: start a new client") from None
         raise Problem(503, "Session unreachable", f"the session job {job.id} did not answer: {exc}") from None
     return Response(r.content, r.status_code, media_type=r.headers.get("content-type", "application/json"))
-
-
-def _json_body(body: bytes) -> dict[str, Any]:
-    try:
-        data = json.loads(body or b"{}")
-    except ValueError:
-        raise Problem(400, "Invalid request", "the body is not JSON") from None
-    except RecursionError:  # (a RuntimeError: it was a 500)
-        raise Problem(400, "Invalid request", "the body nests too deeply to read") from None
-    if not isinstance(data, dict):
-        raise Problem(400, "Invalid request", "the body is not a JSON object")
-    return data
 
 
 def _int(data: dict[str, Any], field: str) -> int:
@@ -360,13 +298,13 @@ async def capabilities(caller: TinkerCaller, settings: SettingsDep) -> dict[str,
 
 @router.post("/create_session")
 async def create_session(caller: TinkerCaller, request: Request) -> dict[str, str]:
-    _json_body(await request.body())
+    json_body(await request.body())
     return {"session_id": str(uuid.uuid4())}  # nothing to store until a client: its jobs carry the id
 
 
 @router.post("/session_heartbeat", responses={410: {"description": "The session has ended."}})
 async def heartbeat(caller: TinkerCaller, settings: SettingsDep, request: Request) -> Response:
-    session_id = str(_json_body(await request.body()).get("session_id") or "")
+    session_id = str(json_body(await request.body()).get("session_id") or "")
     jobs = await run_in_threadpool(_session_jobs, settings, caller.project_id, session_id)
     live = [at for at in jobs if at.job.status not in TERMINAL]
     if jobs and not live:
@@ -384,7 +322,7 @@ async def _forward_quietly(settings: Settings, at: Located, op: str) -> None:
 
 @router.post("/sessions/{session_id}/finish")
 async def finish(session_id: str, caller: TinkerCaller, settings: SettingsDep, request: Request) -> dict[str, Any]:
-    reason = _object(_json_body(await request.body()), "reason")
+    reason = _object(json_body(await request.body()), "reason")
     body = json.dumps({"reason": str(reason.get("type", "success"))[:40]}).encode()
     jobs = await run_in_threadpool(_session_jobs, settings, caller.project_id, session_id)
     if not jobs:
@@ -408,7 +346,7 @@ def _cancel(settings: Settings, job_id: str) -> None:
 
 @router.post("/create_model")
 async def create_model(caller: TinkerCaller, settings: SettingsDep, request: Request) -> dict[str, Any]:
-    data = _json_body(await request.body())
+    data = json_body(await request.body())
     lora = _object(data, "lora_config")
     if _object(data, "optimizer_config").get("type", "adamw") != "adamw":
         raise Problem.at("/optimizer_config/type", "only adamw is served", status=400)
@@ -430,8 +368,8 @@ async def create_model(caller: TinkerCaller, settings: SettingsDep, request: Req
 
 @router.post("/load_weights")
 async def load_weights(caller: TinkerCaller, settings: SettingsDep, request: Request) -> Any:
-    data = _json_body(await request.body())
-    (src, _), save = await run_in_threadpool(_save, settings, caller.project_id, str(data.get("path") or ""))
+    data = json_body(await request.body())
+    (src, _), save = await run_in_threadpool(find_save, settings, caller.project_id, str(data.get("path") or ""))
     if data.get("model_id"):  # TrainingClient.load_state: into a live model
         at = await _model_job(settings, caller, str(data["model_id"]))
         body = {**data, "directory": save.uri}
@@ -452,7 +390,7 @@ async def load_weights(caller: TinkerCaller, settings: SettingsDep, request: Req
 @router.post("/get_info")
 async def get_info(caller: TinkerCaller, settings: SettingsDep, request: Request) -> Response:
     body = await request.body()
-    at = await _model_job(settings, caller, str(_json_body(body).get("model_id") or ""))
+    at = await _model_job(settings, caller, str(json_body(body).get("model_id") or ""))
     return await _forward(settings, at, "get_info", body, "application/json")
 
 
@@ -472,7 +410,7 @@ async def forward_backward(caller: TinkerCaller, settings: SettingsDep, request:
 
 async def _model_call(op: str, caller: Caller, settings: Settings, request: Request) -> Response:
     body = await request.body()
-    at = await _model_job(settings, caller, str(_json_body(body).get("model_id") or ""))
+    at = await _model_job(settings, caller, str(json_body(body).get("model_id") or ""))
     return await _forward(settings, at, op, body, "application/json")
 
 
@@ -493,7 +431,7 @@ async def save_weights_for_sampler(caller: TinkerCaller, settings: SettingsDep, 
 
 @router.post("/create_sampling_session")
 async def create_sampling_session(caller: TinkerCaller, settings: SettingsDep, request: Request) -> Any:
-    data = _json_body(await request.body())
+    data = json_body(await request.body())
     session_id = str(data.get("session_id") or "")
     fields: dict[str, Any] = {
         "session": session_id,
@@ -501,7 +439,7 @@ async def create_sampling_session(caller: TinkerCaller, settings: SettingsDep, r
         "train": False,
     }
     if data.get("model_path"):
-        at, save = await run_in_threadpool(_save, settings, caller.project_id, str(data["model_path"]))
+        at, save = await run_in_threadpool(find_save, settings, caller.project_id, str(data["model_path"]))
         src = at.job
         if at.where is not None and src.status not in TERMINAL:  # its job serves: a sampler there
             body = json.dumps({"directory": save.uri}).encode()
@@ -527,7 +465,7 @@ async def sampler(sampler_id: str, caller: TinkerCaller, settings: SettingsDep) 
 @router.post("/asample")
 async def asample(caller: TinkerCaller, settings: SettingsDep, request: Request) -> Response:
     body = await request.body()
-    sampler_id = str(_json_body(body).get("sampling_session_id") or "")
+    sampler_id = str(json_body(body).get("sampling_session_id") or "")
     at = await _id_job(settings, caller, sampler_id, "sampling_session_id")
     return await _forward(settings, at, "asample", body, "application/json")
 
@@ -535,7 +473,7 @@ async def asample(caller: TinkerCaller, settings: SettingsDep, request: Request)
 @router.post("/retrieve_future")
 async def retrieve_future(caller: TinkerCaller, settings: SettingsDep, request: Request) -> Response:
     body = await request.body()
-    request_id = str(_json_body(body).get("request_id") or "")
+    request_id = str(json_body(body).get("request_id") or "")
     at = await _id_job(settings, caller, request_id, "request_id")
     if request_id.endswith(":create"):  # the job's process is not up yet: ask the store
         deadline = time.monotonic() + CREATE_WAIT_SECONDS

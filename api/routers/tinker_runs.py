@@ -21,7 +21,7 @@ from sqlalchemy import func, select
 
 from api.deps import SettingsDep
 from api.problems import Problem
-from api.routers.tinker import RESPONSES, SAVE_KINDS, TinkerCaller, _json_body, _save, _sessions_of
+from api.tinker_common import RESPONSES, SAVE_KINDS, TinkerCaller, find_save, json_body, sessions_of
 from mathrl.schemas import datetime
 from service.settings import Settings
 from store.db import get_sessionmaker
@@ -127,7 +127,7 @@ def _run(job: Job, saves: list[TinkerCheckpoint]) -> TrainingRun:
 
 
 def _training_runs(project_id: str) -> Any:
-    return _sessions_of(project_id).where(Job.name.like("%:train:%"))
+    return sessions_of(project_id).where(Job.name.like("%:train:%"))
 
 
 def _page(s: Any, q: Any, limit: int, offset: int) -> tuple[list[Any], Cursor]:
@@ -205,10 +205,10 @@ async def list_user_checkpoints(
 @router.post("/weights_info")
 async def weights_info(caller: TinkerCaller, settings: SettingsDep, request: Request) -> WeightsInfo:
     """What a save was trained as: its base model and LoRA options."""
-    path = _json_body(await request.body()).get("tinker_path")
+    path = json_body(await request.body()).get("tinker_path")
     if not isinstance(path, str):
         raise Problem.at("/tinker_path", "give the save's tinker:// path", status=400)
-    at, _ = await run_in_threadpool(_save, settings, str(caller.project_id), path)
+    at, _ = await run_in_threadpool(find_save, settings, str(caller.project_id), path)
     spec = at.job.spec or {}
     return WeightsInfo(
         base_model=str(spec.get("model")),
