@@ -14,11 +14,12 @@ Each output item is one of the job's samples; a criterion's `passed` is its scor
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Header, Query, Response
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
-from sqlalchemy import select
+from sqlalchemy import and_, or_, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -328,7 +329,31 @@ def _openai(job: Job) -> dict[str, Any]:
 
 
 def _sample_rows(session: Session, job: Job) -> list[Sample]:
-    return list(session.scalars(select(Sample).where(Sample.job_id == job.id).order_by(Sample.index)))
+    return list(session.scalars(select(Sample).where(Sample.job_id == job.id).order_by(Sample.index, Sample.id)))
+
+
+SCAN_BATCH = 200  # samples read at a time when paging output items
+
+
+def _samples_after(session: Session, job: Job, descending: bool, after: Sample | None) -> Iterator[Sample]:
+    """The job's samples in (index, id) order, or the reverse, after `after`: read from the database a
+    batch at a time (keyset paging), so a page of a large run loads no more than it shows and skips."""
+    q = select(Sample).where(Sample.job_id == job.id)
+    order = (Sample.index.desc(), Sample.id.desc()) if descending else (Sample.index.asc(), Sample.id.asc())
+    cursor = (after.index, after.id) if after is not None else None
+    while True:
+        page = q
+        if cursor is not None:
+            index, sample_id = cursor
+            if descending:
+                page = page.where(or_(Sample.index < index, and_(Sample.index == index, Sample.id < sample_id)))
+            else:
+                page = page.where(or_(Sample.index > index, and_(Sample.index == index, Sample.id > sample_id)))
+        rows = list(session.scalars(page.order_by(*order).limit(SCAN_BATCH)))
+        yield from rows
+        if len(rows) < SCAN_BATCH:
+            return
+        cursor = (rows[-1].index, rows[-1].id)
 
 
 def _graded(job: Job, sample: Sample) -> tuple[dict[str, float], str | None, str]:
@@ -825,16 +850,19 @@ def list_output_items(
     """The run's output items, one per item (its sample and each criterion's result), once it has
     ended; `status` keeps the passed or the failed ones."""
     job = own_run(session, caller.project_id, eval_id, run_id)
-    items = [output_item(job, s, eval_id) for s in _sample_rows(session, job)]
-    if order == "desc":
-        items.reverse()
-    if status is not None:
-        items = [i for i in items if i["status"] == status]
+    start = None
     if after is not None:
-        ids = [i["id"] for i in items]
-        if after not in ids:
+        sample_id = uuid_after("outputitem_", after)
+        start = session.get(Sample, sample_id) if sample_id else None
+        if start is None or start.job_id != job.id:
             raise Problem(400, "Bad cursor", "query:/after: an output item id from a previous page")
-        items = items[ids.index(after) + 1 :]
+    items: list[dict[str, Any]] = []
+    for sample in _samples_after(session, job, order == "desc", start):
+        item = output_item(job, sample, eval_id)
+        if status is None or item["status"] == status:
+            items.append(item)
+            if len(items) > limit:
+                break
     return _page(items[:limit], len(items) > limit)
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers.api import admin_key, private_app_client
+from tests.helpers.api import admin_key, db, private_app_client
 
 pytestmark = pytest.mark.quick
 
@@ -322,3 +322,44 @@ def test_a_retried_eval_create_returns_the_first_eval(app_client: Any) -> None:
     another = admin_key(app_client)  # keys are per project: the same key elsewhere is a new eval
     theirs = app_client.post("/v1/evals", json=body, headers={**another, "Idempotency-Key": "k1"})
     assert theirs.status_code == 200 and theirs.json()["id"] != first.json()["id"]
+
+
+def test_a_large_runs_output_items_are_paged_from_the_database(app_client: Any) -> None:
+    """Output items were all loaded and paged in Python (issue 68.2): each page now reads its
+    samples a batch at a time after the cursor's, in either order, with or without a status."""
+    from sqlalchemy import update
+    from sqlalchemy.orm import Session
+
+    from store.models import Job, Sample
+
+    client = _client(app_client)
+    ev = client.evals.create(data_source_config=SCHEMA, testing_criteria=[EXACT])
+    items = _items(client, [{"question": "1 + 1?", "answer": "2"}])
+    source = {"type": "file_id", "id": items.id}
+    data_source = {"type": "completions", "model": "org/model", "input_messages": TEMPLATE, "source": source}
+    run = client.evals.runs.create(ev.id, data_source=data_source)
+    job_id = str(uuid.UUID(run.id.removeprefix("evalrun_")))
+    n = 450  # over two of the scan's batches (SCAN_BATCH 200)
+    with Session(db(app_client)) as s:
+        s.add_all(
+            Sample(
+                job_id=job_id, step=0, index=i, prompt="p", completion=str(i), data={"grader_sub": {"c0": i % 3 == 0}}
+            )
+            for i in range(n)
+        )
+        s.execute(update(Job).where(Job.id == job_id).values(status="succeeded"))
+        s.commit()
+    pages = client.evals.runs.output_items.list(run.id, eval_id=ev.id, limit=100)
+    assert [x.sample.output[0].content for x in pages] == [str(i) for i in range(n)]  # the SDK pages on by `after`
+    newest = client.evals.runs.output_items.list(run.id, eval_id=ev.id, limit=7, order="desc")
+    assert [x.datasource_item_id for x in newest.data] == list(range(n - 1, n - 8, -1)) and newest.has_more
+    passed = list(client.evals.runs.output_items.list(run.id, eval_id=ev.id, limit=60, status="pass"))
+    assert [x.datasource_item_id for x in passed] == list(range(0, n, 3))
+    assert all(x.status == "pass" for x in passed)
+    failed = client.evals.runs.output_items.list(run.id, eval_id=ev.id, limit=5, status="fail", after=passed[-1].id)
+    assert [x.datasource_item_id for x in failed.data] == [448, 449] and not failed.has_more
+    assert client.evals.runs.retrieve(run.id, eval_id=ev.id).result_counts.total == n
+    import openai
+
+    with pytest.raises(openai.BadRequestError, match="an output item id from a previous page"):
+        client.evals.runs.output_items.list(run.id, eval_id=ev.id, after="outputitem_" + "0" * 32)
