@@ -1,55 +1,14 @@
 """The python grader's sandbox: the user's `grade(sample, item)` runs in a separate interpreter
 (evaluator/sandbox_harness.py), one process per batch of cases, never in the caller's process.
 
-The boundary is the kernel's (`mode="kernel"`, the default): bubblewrap (`bwrap`, Debian's
-package bubblewrap) starts the interpreter in new PID, network, IPC, UTS and mount namespaces,
-with a root filesystem of its own that holds only
-- /usr (and the /bin, /lib, /lib64 links), the Python installation and its packages, read-only;
-- a private /tmp of `file_mb * 4` MiB, its working directory and its one writable place, mounted
-  before the installation is bound (so a Python under /tmp stays visible) and remounted noexec by
-  the harness (nothing the grader writes can be mapped executable: no library or compiled module of
-  its own); the root and /dev are remounted read-only (bwrap makes them tmpfs of no size, which
-  without root belong to the caller, whose uid is the grader's inside);
-- a minimal /dev, and no /proc: in its own PID namespace it could see only itself, and it has
-  not even that to read.
-What it writes costs its caller bounded memory: its scores up to RESULT_BYTES (+ a little a case),
-else the call fails with `output_limit`; of what it prints, the last STDERR_TAIL bytes.
-Nothing else of the machine is mounted: no artifact or upload directory, no /etc, no /root, no
-other process's /proc/<pid>/environ, no interface but its own loopback. It never runs as root:
-started by root, bwrap keeps only CAP_SETUID/CAP_SETGID and the harness drops to `nobody`
-(65534) before reading the user's code; started by another user, bwrap maps that user to 65534
-in a user namespace of its own with no capabilities. Where the Python installation is not
-readable by nobody (a Python under /root), its read-only bind is what makes it readable: the
-directories bwrap creates on the way are 0755.
-
-It fails closed: where bwrap cannot make those namespaces (no bwrap, or a container that forbids
-them), `run_python` raises SandboxUnavailable, which says why and what the operator can install
-or allow; the API answers 503. `mode="audit-hook"` (settings: graders.python_sandbox) runs the
-user's code behind the audit hook alone, for single-user installs that say so explicitly: still
-never as root (it refuses where it cannot become nobody), in a network namespace where
-`unshare -n` is allowed.
-
-In both modes, inside the process:
-- a system-call filter (seccomp, evaluator/sandbox_seccomp.py), loaded first and for good: no new
-  program (execve), no new namespaces (so no user namespace's capabilities), mounts, keyring, eBPF,
-  perf, userfaultfd, io_uring, ptrace or other of the kernel's rarer doors; where libseccomp is
-  missing python graders are refused, as without bubblewrap;
-- resource limits set before the user's code runs: CPU seconds (RLIMIT_CPU), address space
-  (RLIMIT_AS), the size of any file it writes (RLIMIT_FSIZE), open files (RLIMIT_NOFILE),
-  threads and processes (RLIMIT_NPROC), no core dumps; killed with its group at `wall_seconds`;
-- an audit hook (PEP 578), defence in depth and never the boundary: it refuses the plain ways to
-  sockets, subprocesses (`_posixsubprocess` under any name), fork, exec, spawn, system, threads,
-  signals, ctypes calls, cffi and libraries or compiled modules outside the installation; files
-  written only in its own directory, read only there and in the Python installation. It does not
-  hold by itself against code that reaches the interpreter's internals: the loader it wraps is
-  reachable from the wrapper's closure, and with it any compiled module of the installation, under
-  any name. What stops such code is the kernel's: no execve, the noexec directory, the namespaces.
-  In audit-hook mode (no bubblewrap) the grader's directory is a directory of the machine, not
-  noexec: a grader that reaches that loader can run native code it wrote, as nobody (or the
-  service's user), under the filter and in its own network namespace, and read what that user
-  may read;
-- `python -I -B`: no environment of the caller (the environment is built from nothing: PATH,
-  HOME and two thread counts), no user site, no bytecode written.
+`run_python` runs it behind the kernel's boundary (`mode="kernel"`, the default: bubblewrap's
+namespaces over a root filesystem of its own, as nobody), or behind the audit hook alone
+(`mode="audit-hook"`, settings: graders.python_sandbox, for single-user installs). In both modes a
+system-call filter (evaluator/sandbox_seccomp.py), resource limits (`SandboxLimits`) and an audit
+hook hold inside the process. It fails closed: where the boundary cannot be made it raises
+SandboxUnavailable (the API answers 503). RESULT_BYTES and STDERR_TAIL bound its output. What is
+mounted, what each layer refuses and what the hook does not hold: RELIABILITY.md,
+"`evaluator/sandbox.py`: how the boundary is built".
 """
 
 from __future__ import annotations

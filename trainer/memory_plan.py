@@ -2,63 +2,12 @@
 
 `plan_job(training, model_config, gpu_memory_gib)` takes what a job trains (`Training`: each
 training kind's memory hook makes it from the job's resolved config, kinds.training_of) and the
-model's config.json values (a Llama/Qwen2-style
-decoder: hidden_size, intermediate_size, num_hidden_layers, num_attention_heads,
-num_key_value_heads, vocab_size, tie_word_embeddings, head_dim if present) and returns the peak
-memory of one GPU, itemised. `check_job` adds the refusal, with what would make the job fit.
-The API checks a job at submit when it can read the model's config.json (a local path, another
-job's saved model); the worker checks the others (hub ids) before the model loads
-(worker/child.py). Both use this module, so the message is the same. Dense decoders only: a
-mixture-of-experts config is not estimated (ValueError).
-
-What it assumes is what mathrl's trainers do with TRL 1.16 (trainer/grpo.py, trainer/sft.py):
-- The model is passed to TRL as a path with no `model_init_kwargs`, so TRL loads it in **float32**
-  (`create_model_from_path`: dtype defaults to float32, not "auto"); `bf16=True` on a GPU is
-  autocast only. So each parameter holds 4 bytes of weight, and each trainable one 4 bytes of
-  gradient and 8 of AdamW state (exp_avg and exp_avg_sq, fp32; transformers' default optimizer
-  `adamw_torch_fused` makes no full-size temporaries): **16 bytes per parameter** in full
-  fine-tuning, with no separate master copy (the weights are the fp32 copy).
-- Under autocast every linear layer runs on a bfloat16 copy of its weight, and that copy lives
-  until the backward pass (autocast caches it for trainable weights; for frozen ones each layer
-  saves its own): 2 bytes per parameter while a step runs (one layer's worth with gradient
-  checkpointing and LoRA).
-- LoRA (peft): the frozen base in float32 (4 bytes per parameter), the adapters (r x (in + out)
-  per adapted linear layer; 'all-linear' is q/k/v/o and gate/up/down in every layer) trained at
-  16 bytes per parameter. No reference model: TRL disables the adapter instead.
-- GRPO with beta > 0 and no LoRA: TRL builds a frozen reference model in the policy's dtype
-  (float32): 4 bytes per parameter more.
-- TRL 1.16 never materialises the [tokens x vocab] logits: its chunked log-prob kernel
-  (trl/kernels/chunked_logprob.py) projects through the LM head in tiles of 4096 tokens x 32768
-  vocabulary entries (bfloat16) and accumulates fp32 gradients. The 'logits' term is that working
-  memory, small next to the activations. (Older TRL computed full fp32 logits: micro-batch x
-  sequence x vocab x 4 bytes, which dominated small models.)
-- Activations, per token per layer, measured on an H100 with TRL 1.16 GRPO on random-initialised
-  Qwen2.5-0.5B/1.5B/7B shapes (see ACT_* below); with gradient checkpointing only each layer's
-  fp32 input is kept, plus one layer recomputed at a time.
-- The step's peak is taken where it is: backward frees activations as it fills gradients, so the
-  peak is the persistent state (weights, optimizer, reference) plus the larger of (weight copies +
-  activations + logits: the end of the forward pass) and (gradients + one layer's activations, and
-  the checkpoints with gradient checkpointing: late in the backward pass), not their sum.
-- vLLM colocated (generation.backend vllm, mode colocate) holds generation.gpu_memory_utilization
-  (default 0.3, as trainer/grpo.py passes it) of the GPU's memory for the whole run. In server mode
-  the server has GPUs of its own, not counted here.
-- `generation.hf_mode: static` (trainer/hf_generation.py) decodes on a bfloat16 copy of the whole
-  policy (2 bytes per parameter, base and merged adapter alike) with a fixed-size cache: keys and
-  values in bfloat16 for every layer, sized for the generation batch (the global batch over the
-  training processes: TRL's steps_per_generation is the accumulation) at prompt + completion
-  tokens. transformers keeps that cache on the copy between generations, so both are held for the
-  whole run. (ZeRO-3 is refused with `static`: the copy would be whole on every process.)
-- `generation.overlap` (trainer/overlap.py) decodes on the same kind of copy, in the run's compute
-  dtype, while training runs: the copy, and the generation batch's cache at its full length, are
-  counted the same way (once, with `static` too). Its working memory is live during the training
-  step as well, so `overlap_working` adds the larger of: the prefill of the generation batch's
-  prompts (bfloat16 hidden states and the MLP's two intermediates of one layer, no gradient) with
-  the sampler's fp32 logits over the vocabulary (three copies: the logits and two warpers'), and
-  the scoring forward of a micro-batch at prompt + completion tokens with the LM head's tile.
-- DeepSpeed ZeRO-3 shards weights, gradients and optimizer state over the training processes
-  (roughly: divided by their number).
-- CUDA context, cuBLAS/NCCL workspaces: a fixed CUDA_OVERHEAD; the caching allocator's
-  fragmentation: ALLOCATOR_SLACK of PyTorch's peak (what was seen between allocated and reserved).
+model's config.json values (`ModelShape`) and returns the peak memory of one GPU, itemised
+(`MemoryPlan`, from `estimate`). `check_job` adds the refusal, with what would make the job fit.
+The API checks a job at submit when it can read the model's config.json; the worker checks the
+others before the model loads (worker/child.py). Dense decoders only: a mixture-of-experts config
+is not estimated (ValueError). What the plan assumes of TRL and why: docs/gpu.md,
+"`trainer/memory_plan.py`: what the plan assumes".
 """
 
 from __future__ import annotations
@@ -73,7 +22,7 @@ from typing import Any
 
 GIB = 1024**3
 
-# Bytes per element of what TRL holds (see the module's docstring).
+# Bytes per element of what TRL holds (docs/gpu.md, "`trainer/memory_plan.py`: what the plan assumes").
 WEIGHT_BYTES = 4  # float32 weights: TRL loads the path in float32
 GRAD_BYTES = 4  # gradients in the parameters' dtype
 ADAM_BYTES = 8  # AdamW exp_avg + exp_avg_sq, float32
@@ -300,7 +249,7 @@ def estimate(shape: ModelShape, training: Training, gpu_memory: int | None = Non
 
 
 def _overlap_working(shape: ModelShape, t: Training) -> int:
-    """What overlap's thread holds at most while the training step runs (the module's docstring)."""
+    """What overlap's thread holds at most while the training step runs (docs/gpu.md, on memory_plan)."""
     per_token = CAST_BYTES * (2 * shape.hidden_size + 2 * shape.intermediate_size)
     prefill = t.copy_decode_batch * t.prompt_len * per_token + t.copy_decode_batch * shape.vocab_size * 4 * 3
     tokens = t.micro_batch * t.seq_len

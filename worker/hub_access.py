@@ -1,29 +1,13 @@
 """Which hub repositories get the operator's hub token.
 
-The operator's token (HF_TOKEN, HUGGING_FACE_HUB_TOKEN, the token file under HF_HOME, or an OIDC
-exchange) reads whatever its account can: its private repositories and the gated ones it accepted.
-A job names its model and dataset by hub id, so with the token sent for every id, any project could
-read them. It is sent only for the repositories the operator lists (`sources.hub_token_repos`,
-fnmatch patterns over 'org/name', models and datasets alike); every other id is fetched as by
-anyone without an account, so a project reads public repositories and the listed ones.
-
-How, in each process that may read the hub for a job (the worker, which resolves models for its
-vLLM servers; the job's process; a Ray job's driver and ranks), `install`:
-- keeps the token here and takes it out of the environment (and the token file's path), so no
-  library and no process started from here finds it of itself;
-- turns huggingface_hub's implicit token off;
-- gives huggingface_hub an HTTP client (its documented `set_client_factory`) whose request hook
-  sends the token where the URL names a listed repository on a hub host, and takes any
-  Authorization header off every other request. transformers, datasets, TRL and an in-process
-  vLLM engine read the hub through that client.
-A process started for one model (a vLLM server, the job's process and the engine processes vLLM
-starts from it) gets the token in its environment only where that model is listed (`env_for`).
-
-Left as it is: a repository already in the shared cache is served from it where the hub refuses an
-anonymous read (huggingface_hub falls back to the cache on a 401), and with HF_HUB_OFFLINE the cache
-is all there is. Jobs put only public and listed repositories there; an operator who takes a
-repository off the list, or who ran a release that sent the token for every id, deletes it from the
-workers' cache (`hf cache delete`).
+The operator's token reads whatever its account can, so it is sent only for the repositories
+the operator lists (`sources.hub_token_repos`, fnmatch patterns over 'org/name', models and
+datasets alike: `listed`); every other id is fetched as by anyone without an account. `install`
+sets this up in each process that may read the hub for a job: the token leaves the environment,
+and huggingface_hub's HTTP client sends it only where the URL names a listed repository
+(`authorize`). `env_for` gives a process started for one model the token only where that model
+is listed. How it works and what it leaves as it is: RELIABILITY.md, "`worker/hub_access.py`:
+the operator's hub token".
 """
 
 from __future__ import annotations

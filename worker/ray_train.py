@@ -2,32 +2,12 @@
 to run on Ray): the Ray job's entrypoint, `python -m worker.ray_train <job_id> <owner> <attempt>
 <workers> <gpus_per_worker> [--vllm-server]`, submitted by worker.ray_submit through Ray's Jobs API.
 
-It runs the job as Ray Train workers (ray.train.torch.TorchTrainer, one per GPU, or per CPU
-process, spread over the nodes), each running the same code as a rank under `accelerate launch`
-(worker.child.run_rank): Ray Train sets up the torch process group and RANK / WORLD_SIZE /
-LOCAL_RANK / MASTER_ADDR, which accelerate and TRL pick up. Rank 0 writes metrics, samples,
-events and checkpoints through the job's DatabaseSink; the other ranks only watch for stop
-requests (ReadOnlySink).
-
-How the ranks reach the store: directly. Every Ray node has MATHRL_DATABASE__URL in its own
-environment (the chart gives the Ray pods the database secret, and a network policy must let
-them reach the database), so the secret never travels in the Ray job's record, which anyone
-with the Ray dashboard can read; the worker forwards the other MATHRL_* settings in the job's
-runtime_env. Checkpoints and the final model go to MATHRL_ARTIFACT_DIR, which must be the same
-shared filesystem (a ReadWriteMany volume) at the same path on the worker and every Ray node:
-the next job and eval jobs read them from there.
-
-A GRPO job in vLLM server mode gets its server first (worker.ray_vllm: a Ray actor with the
-server's own GPUs and CPUs, so Ray places the trainers elsewhere); its URL goes to every rank as
-MATHRL_VLLM_SERVER_URL, the driver prints `mathrl-vllm-server: {...}` (where it runs), watches it
-(a server that exits fails the job: the driver exits and the Train workers go with it), and stops
-it at the end.
-
-The driver prints `mathrl-workers: {...}` once every rank has started (rank -> node, host, pid),
-which the supervisor turns into an event (worker.ray_submit), and `mathrl-outcome: {...}` at the
-end (each rank's exit code and error, for whoever reads the log). Its exit code is rank 0's
-(worker.child's codes: 0 done, 2 stopped, 5 drained, ...), or 1 when rank 0 finished and
-another rank failed or Ray Train itself failed.
+`run` runs the job as Ray Train workers (ray.train.torch.TorchTrainer, `train_worker`), each a rank
+as under `accelerate launch` (worker.child.run_rank): rank 0 writes through the job's DatabaseSink,
+the others only watch for stop requests (ReadOnlySink). With `--vllm-server` it starts the job's
+vLLM server first (worker.ray_vllm). The driver prints WORKERS_LINE and OUTCOME_LINE and exits
+with `exit_code`. How the ranks reach the store and the artifacts, the server, and the exit codes:
+docs/how-jobs-run.md, "`worker/ray_train.py`: the Ray job's driver".
 """
 
 from __future__ import annotations

@@ -3,24 +3,10 @@ the supervisor of each job copies it into a run of the experiment '<experiment_p
 the resolved configuration as params, the metrics by step, the scores at the end, and the run's
 status from the job's (succeeded FINISHED, failed FAILED, cancelled KILLED).
 
-It copies from the database, not from the job process: the store is the source of truth, so the run
-holds exactly what the job's metrics hold (a resumed job's replayed steps keep their first value
-there, and so here), whichever process wrote them (a job process, rank 0 of several, a Ray Train
-worker on another node), and the training step never waits on MLflow. A thread beside the
-supervisor reads the metric rows added since the last copy (the metrics table's ids grow with each
-insert) every `flush_seconds` and sends them in one batch call; the run's tag
-`mathrl.mirror.metric_id` remembers how far it got, so the next attempt of a resumed job goes on
-from there (and the points carry the store's timestamps: a batch sent twice is stored once by
-MLflow's SQL store).
-
-Links both ways: the run is tagged with the job id (`mathrl.job_id`) and, when the settings know
-mathrl's URL, the job's page (`mathrl.job_url`); the job gets an event 'tracking' with the run's id
-and URL.
-
-A tracker that is down never fails or delays a job: each call has a short timeout and no retries
-of its own (the next flush is the retry, less often while it keeps failing), failed calls are
-counted, and the job's events say so (a warning at the first failure, and at the end how many
-calls failed and what was not copied). The job's status is recorded before the run is ended.
+`Mirror` (started by `start_mirror`) copies from the database, not from the job process, and a
+tracker that is down never fails or delays a job; `backfill` (`python -m worker.tracking
+backfill`) copies ended jobs afterwards. How the copy works, links and failures:
+docs/operations.md, "`worker/tracking.py`: how the mirror copies".
 """
 
 from __future__ import annotations

@@ -1,42 +1,13 @@
 """vLLM engines a worker keeps warm between eval jobs.
 
-Starting vLLM costs minutes on a CPU (~100-170 s for SmolLM2-135M here) and tens of seconds on
-a GPU, which is most of a 100-problem eval. So an eval job with `backend: vllm` does not start
-its own engine: the supervisor hands it a vLLM OpenAI server (`vllm serve`) of the job's model
-and keeps that server after the job. The next eval job of the same model on this worker (the
-same resolved path, dtype and GPUs) generates on it at once. The job process reaches it at
-MATHRL_EVAL_ENGINE_URL (evaluator/backends/vllm.py `generate_remote`); the scores are the
-same as the offline engine's: the same engine, requests and sampling settings.
-
-A warm engine is stopped when it has been idle `worker.warm_engine_idle_seconds`, when another
-model's eval needs the slot (`worker.warm_engines` servers at most), when a GPU job of another kind
-starts on this worker (training needs the GPUs' memory), and with the worker (the server runs
-under worker.vllm_server's guard). `worker.warm_engines: 0` turns this off: each eval job then
-loads an offline engine in its own process.
-
-A LoRA checkpoint (an adapter directory) is served by an engine of its base model started with
-`--enable-lora`: the job process loads the adapter into it under a name of its own
-(evaluator/backends/vllm.py `connect`, /v1/load_lora_adapter) and names it in its requests, so the
-adapters of one base share an engine. An idle engine of that base without LoRA (or with a lower
-rank bound) is replaced by one with it.
-
-A CPU job of another kind (training, an HF eval) does not stop it: an idle engine holds memory,
-not cores, and is kept through the job (`hold_idle`), so that a chat with the model a training job
-just made is a reload of that model's weights into it (below), seconds, not a new engine.
-
-A checkpoint of the model a warm engine serves (the same architecture, generation config and
-tokenizer: `model_family`, e.g. the steps of one training run) does not restart it: an idle
-engine of the same family, dtype and GPUs reloads the checkpoint's weights in place (vLLM's
-`reload_weights` through the server's /collective_rpc and our worker extension,
-evaluator.vllm_reload, then /reset_prefix_cache), which takes seconds instead of an engine start.
-On the CPU this goes through vLLM's layerwise reload, which packs the new weights for its fast
-kernels again, as the colocated GRPO sync does (trainer/vllm_generation.py); a tied LM head is
-packed again from the new embedding (vllm_reload.retie_lm_head). A reload that fails stops that
-engine and starts a new one. The reload runs outside the pool's lock: meanwhile the worker's other
-jobs take and give back their engines, and a job of the model being loaded waits for it.
-
-Each job's requests carry its project's `cache_salt` (`cache_salt` below): projects that name the
-same model share its engine, not the prompts it has cached.
+An eval job with `backend: vllm` does not start its own engine: the supervisor hands it a vLLM
+OpenAI server (`vllm serve`) of the job's model (`acquire`) and keeps that server after the job
+(`release`), so the next eval of the same model on this worker generates on it at once. The
+job process reaches it at MATHRL_EVAL_ENGINE_URL. An idle engine of the same `model_family`
+reloads a checkpoint's weights in place (`reload_weights`), a LoRA adapter is served by an engine
+of its base, and each job's requests carry its project's `cache_salt`. `worker.warm_engines: 0`
+turns this off. When an engine stops, and how reloads and adapters work: docs/vllm.md,
+"`worker/warm_engine.py`: warm engines".
 """
 
 from __future__ import annotations
