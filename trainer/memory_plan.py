@@ -193,7 +193,7 @@ class MemoryPlan:
 
 
 def estimate(shape: ModelShape, training: Training, gpu_memory: int | None = None) -> MemoryPlan:
-    """Peak bytes on one training GPU (see the module docstring for what is assumed)."""
+    """Peak bytes on one training GPU (what it assumes: docs/gpu.md, on memory_plan)."""
     t = training
     params = shape.parameter_count()
     layers, h = shape.num_hidden_layers, shape.hidden_size
