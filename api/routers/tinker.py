@@ -264,6 +264,30 @@ def _create_status(settings: Settings, project_id: str, job_id: str) -> dict[str
         return None
 
 
+def _queue_state(settings: Settings, project_id: str, job_id: str) -> dict[str, str]:
+    """How a create future still waits, as the SDK's try_again reads it: `active` while its job's
+    process starts, `paused_capacity` with the reason while the job waits for a worker. A client
+    that ends without finishing its session holds its worker until its heartbeat lapses: the
+    project's own sessions that hold a worker of the same queue are named."""
+    with get_sessionmaker(settings.database.url)() as s:
+        job = s.get(Job, job_id)
+        if job is None or job.status != "queued":
+            return {"queue_state": "active"}
+        q = sessions_of(project_id).where(Job.status == "running", Job.queue == job.queue, Job.id != job_id)
+        holding = list(s.scalars(q.order_by(Job.created_at)))
+    reason = f"the session job {job_id} waits for a worker of queue '{job.queue}'"
+    if holding:
+        names = ", ".join(
+            f"{j.name} (heartbeat timeout {(j.spec or {}).get('heartbeat_timeout_seconds', '?')} s)"
+            for j in holding[:5]
+        )
+        reason += (
+            f"; your project's sessions hold workers there: {names}. A client that ends without finishing its "
+            "session holds its worker until that timeout passes"
+        )
+    return {"queue_state": "paused_capacity", "queue_state_reason": reason}
+
+
 # --- the routes -------------------------------------------------------------------------------
 
 
@@ -480,7 +504,8 @@ async def retrieve_future(caller: TinkerCaller, settings: SettingsDep, request: 
         async with _in_flight(str(caller.project_id)):  # a long poll too: counted with the project's forwards
             while (result := await run_in_threadpool(_create_status, settings, caller.project_id, at.job.id)) is None:
                 if time.monotonic() > deadline:
-                    result = {"type": "try_again", "request_id": request_id, "queue_state": "active"}
+                    state = await run_in_threadpool(_queue_state, settings, caller.project_id, at.job.id)
+                    result = {"type": "try_again", "request_id": request_id, **state}
                     break
                 await asyncio.sleep(0.2)
         return Response(json.dumps(result), 200, media_type="application/json")
