@@ -62,6 +62,7 @@ COPY trainer ./trainer
 COPY evaluator ./evaluator
 COPY runtime ./runtime
 COPY store ./store
+COPY config ./config
 COPY service ./service
 COPY migrations ./migrations
 COPY examples ./examples

@@ -21,12 +21,12 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from api.problems import Problem
+from config.settings import Settings
+from config.sources import storage_dirs, url_refusal
 from kinds import home, resolve_config
-from mathrl.errors import Refused
 from mathrl.specs import AnySpec, DatasetRef, model_refs, split_job_ref
 from mathrl.specs.resolved import ResolvedConfig
-from service.settings import Settings
-from service.sources import storage_dirs, url_refusal
+from runtime.errors import Refused
 from store.models import Project
 
 
@@ -213,7 +213,7 @@ def _roots(settings: Settings, extra: list[str]) -> list[Path]:
 
 
 def _service_storage(settings: Settings) -> list[Path]:
-    """service.sources.storage_dirs, this process's view."""
+    """config.sources.storage_dirs, this process's view."""
     return storage_dirs(settings.artifact_dir, settings.sources.cache_dirs)
 
 

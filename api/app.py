@@ -35,7 +35,7 @@ from api.routers import (
     tinker_runs,
 )
 from api.web.router import router as web_router
-from service.settings import get_settings
+from config.settings import get_settings
 
 REQUESTS = Counter("mathrl_http_requests_total", "HTTP requests", ["method", "route", "status"])
 LATENCY = Histogram(

@@ -16,8 +16,8 @@ from sqlalchemy.orm import Session
 
 from api import ratelimit
 from api.problems import AUTH_INVALID, AUTH_MISSING, BAD_CURSOR, SCOPE_MISSING, Problem
+from config.settings import Settings, get_settings
 from mathrl.specs import ID_PATTERN
-from service.settings import Settings, get_settings
 from store.db import get_sessionmaker
 from store.keys import authenticate, hash_key
 from store.models import ApiKey, Project

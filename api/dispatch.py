@@ -10,7 +10,7 @@ import uuid
 from sqlalchemy import update
 from sqlalchemy.orm import Session
 
-from service.settings import Settings
+from config.settings import Settings
 from store.models import Job
 from worker.celery_app import get_celery, send_job
 

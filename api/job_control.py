@@ -9,7 +9,7 @@ from sqlalchemy.orm import Session
 from api.admission import check_project_quota
 from api.dispatch import dispatch, new_task_id
 from api.problems import Problem
-from service.settings import Settings
+from config.settings import Settings
 from store.jobs import NotPausable, request_pause, resume
 from store.models import Job
 

@@ -15,7 +15,7 @@ import struct
 from collections.abc import Iterator
 from pathlib import Path
 
-from mathrl.errors import ParquetError as ParquetError  # raised here; its callers import it from here
+from runtime.errors import ParquetError as ParquetError  # raised here; its callers import it from here
 
 MAGIC = b"PAR1"
 MAX_FOOTER = 64 << 20  # bytes of metadata read at most (a footer this big is not a dataset we read)

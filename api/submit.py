@@ -16,12 +16,12 @@ from api.admission import QuotaProblem, admit_spec, check_project_quota, held_gp
 from api.dispatch import dispatch, new_task_id
 from api.idempotency import earlier, replayed
 from api.problems import Problem
+from config.settings import Settings
 from kinds import HOMES, model_savers
 from mathrl.modelref import FINAL_DELETED_TAG
 from mathrl.specs import ID_PATTERN, AnySpec, file_refs, split_job_ref
 from mathrl.specs.resolved import ResolvedConfig
 from mathrl.status import TERMINAL
-from service.settings import Settings
 from store.files import expired
 from store.ids import uuid7
 from store.models import Checkpoint, Event, Job, utcnow

@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 
 from api.deps import Caller, SettingsDep, caller_for, required_scope
 from api.problems import Problem
-from service.settings import Settings
+from config.settings import Settings
 from store.db import get_sessionmaker
 from store.models import Checkpoint, Endpoint, Job
 

@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 
 from transformers import TrainerCallback  # noqa: E402
 
-from mathrl.errors import StopRequested  # noqa: E402
+from runtime.errors import StopRequested  # noqa: E402
 from runtime.sink import PrintSink  # noqa: E402
 
 

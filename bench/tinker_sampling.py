@@ -52,9 +52,9 @@ def main() -> int:
     ap.add_argument("--prompt-repeat", type=int, default=1)
     args = ap.parse_args()
 
+    from config.settings import Settings
     from evaluator.backends.base import WarmEngineAddress
     from service.embedded import prepare_model
-    from service.settings import Settings
     from trainer.session import LoraOptions, TrainingSession
     from trainer.session_engine import EngineSampler
     from trainer.session_sampling import SampleCall, sample, use_weights

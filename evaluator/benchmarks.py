@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from mathrl.errors import UnknownBenchmark as UnknownBenchmark  # raised here; its callers import it from here
 from mathrl.registry import Registry
+from runtime.errors import UnknownBenchmark as UnknownBenchmark  # raised here; its callers import it from here
 
 ANSWER_FROM = ("field", "boxed_solution")
 

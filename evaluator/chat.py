@@ -383,8 +383,8 @@ def run_batch(
     and a resumed batch (after a drain or a pause) goes on after the lines stored."""
     from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
-    from mathrl.errors import StopRequested
     from mathrl.specs.generate import CHAT_ENDPOINT, GenerateSpec, sampling_fields
+    from runtime.errors import StopRequested
 
     assert spec.batch is not None and spec.batch._path is not None  # a batch job, its file found (worker.child)
     chat = spec.batch.endpoint == CHAT_ENDPOINT

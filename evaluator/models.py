@@ -93,8 +93,8 @@ def check_loaded_from_hub(ref: str, *models: Any) -> None:
     model serves a token: load_model, the reward scorer, TRL's trainers (the policy and its
     reference model), and the in-process vLLM engines (eval's, GRPO's colocated one). A vLLM
     server (the warm engines, GRPO's server) is checked at resolve only."""
-    from mathrl.errors import RefError
     from mathrl.modelref import is_hub_id
+    from runtime.errors import RefError
 
     if not is_hub_id(ref):
         return

@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from mathrl.errors import FieldError
-from mathrl.errors import UnknownRecipe as UnknownRecipe  # raised here; its callers import it from here
 from mathrl.recipe import Recipe, Shot
 from mathrl.registry import Registry
 from mathrl.specs import DEFAULT_MAX_NEW_TOKENS, EvalSpec
 from mathrl.specs.resolved import ResolvedEval
+from runtime.errors import UnknownRecipe as UnknownRecipe  # raised here; its callers import it from here
 
 # the lm-eval-* entries reproduce lm-evaluation-harness 0.4.13 (docs/benchmarks.md: item for item)
 

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from evaluator import sandbox_seccomp
-from mathrl.errors import SandboxUnavailable as SandboxUnavailable  # raised here; its callers import it from here
+from runtime.errors import SandboxUnavailable as SandboxUnavailable  # raised here; its callers import it from here
 
 HARNESS = Path(__file__).with_name("sandbox_harness.py")
 NOBODY = 65534

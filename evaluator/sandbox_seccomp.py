@@ -27,7 +27,7 @@ import errno
 import functools
 import tempfile
 
-from mathrl.errors import SandboxUnavailable
+from runtime.errors import SandboxUnavailable
 
 # syscall: why a grader never needs it
 DENIED: dict[str, str] = {

@@ -12,13 +12,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, TypeVar
 
+from config.settings import Settings
 from mathrl.specs import DatasetRef, HeldoutEval, JobBase
 from mathrl.specs.resolved import ResolvedConfig
 
 if TYPE_CHECKING:
     from evaluator.backends.base import WarmEngineAddress
     from runtime.sink import Sink
-    from service.settings import Settings
     from trainer.memory_plan import Training
 
 S = TypeVar("S", bound=JobBase)
@@ -77,7 +77,7 @@ class Data:
     benchmark: str | None = None  # a registered benchmark it reads instead of a dataset (`benchmark`)
 
 
-# the server's per-job limits (service.settings.LimitsSettings) a kind's values are held to
+# the server's per-job limits (config.settings.LimitsSettings) a kind's values are held to
 LimitName = Literal["max_steps", "max_generations_per_step", "max_tokens", "max_checkpoints_per_job"]
 
 
@@ -123,7 +123,7 @@ class Kind(ABC, Generic[S, C]):
     @abstractmethod
     def admit(self, spec: S, config: C, settings: Settings) -> None:
         """The kind's own checks at submit, beyond the common ones (sources, benchmarks, limits,
-        placement, memory): raise mathrl.errors.Refused naming the field. May fill `config`."""
+        placement, memory): raise runtime.errors.Refused naming the field. May fill `config`."""
 
     @abstractmethod
     def limits(self, spec: S, config: C) -> list[Limit]:

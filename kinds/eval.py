@@ -5,14 +5,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from config.settings import Settings
 from kinds.base import Data, JobRun, Kind, Limit, Needs
 from mathrl.backends import uses_vllm
-from mathrl.errors import FieldError, Refused
+from mathrl.errors import FieldError
 from mathrl.specs import EvalSpec
 from mathrl.specs.resolved import ResolvedEval
+from runtime.errors import Refused
 
 if TYPE_CHECKING:
-    from service.settings import Settings
     from trainer.memory_plan import Training
 
 

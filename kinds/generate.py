@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from config.settings import Settings
 from kinds.base import Data, JobRun, Kind, Limit, Needs
 from mathrl.backends import names_vllm
-from mathrl.errors import NotAvailable
 from mathrl.specs import GenerateSpec
 from mathrl.specs.resolved import ResolvedConfig
+from runtime.errors import NotAvailable
 
 if TYPE_CHECKING:
-    from service.settings import Settings
     from trainer.memory_plan import Training
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from config.settings import Settings
 from kinds.base import Data, JobRun, Kind, Limit, Needs
 from mathrl.backends import names_vllm
 from mathrl.graders import LabelModelGrader, RewardModelGrader, ScoreModelGrader, parts
@@ -13,7 +14,6 @@ from mathrl.specs import GradeSpec
 from mathrl.specs.resolved import ResolvedConfig
 
 if TYPE_CHECKING:
-    from service.settings import Settings
     from trainer.memory_plan import Training
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from config.settings import Settings
 from kinds.base import Data, JobRun, Kind, Limit, LimitName, Needs, checkpoints
 from mathrl.backends import names_vllm, uses_vllm
 from mathrl.specs import GRPOSpec
@@ -13,7 +14,6 @@ from mathrl.specs.presets import resolve_grpo
 from mathrl.specs.resolved import ResolvedGRPO
 
 if TYPE_CHECKING:
-    from service.settings import Settings
     from trainer.memory_plan import Training
 
 

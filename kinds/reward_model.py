@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from config.settings import Settings
 from kinds.base import Data, JobRun, Kind, Limit, LimitName, Needs
 from mathrl.backends import uses_vllm
 from mathrl.specs import RewardModelSpec
 from mathrl.specs.resolved import ResolvedRewardModel
 
 if TYPE_CHECKING:
-    from service.settings import Settings
     from trainer.memory_plan import Training
 
 

@@ -11,13 +11,13 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from config.settings import Settings
 from kinds.base import Data, JobRun, Kind, Limit, Needs
-from mathrl.errors import Refused, StopRequested
 from mathrl.specs import SessionSpec
 from mathrl.specs.resolved import ResolvedConfig
+from runtime.errors import Refused, StopRequested
 
 if TYPE_CHECKING:
-    from service.settings import Settings
     from trainer.memory_plan import Training
 
 POLL_SECONDS = 0.5  # how often the job looks at its heartbeat, the finish call and a cancel

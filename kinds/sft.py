@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from config.settings import Settings
 from kinds.base import Data, JobRun, Kind, Limit, Needs, checkpoints
 from mathrl.specs import SFTSpec
 from mathrl.specs.base import knob_defaults
 from mathrl.specs.resolved import ResolvedSFT
 
 if TYPE_CHECKING:
-    from service.settings import Settings
     from trainer.memory_plan import Training
 
 

@@ -1,46 +1,29 @@
-"""Every exception the project raises, in one hierarchy under one base, MathRLException (as
-httpx's `_exceptions.py` keeps its own). Each also keeps the built-in base that callers catch it
-by (`except ValueError` still catches a FieldError). The modules that raise them re-export
-them, so `from evaluator.benchmarks import UnknownBenchmark` and the like still work; where a
-class came from is written beside it. This module imports nothing of the project, so every
-module can import it.
+"""The exceptions an SDK user can meet, and the one base every exception of the project is on,
+MathRLException (as httpx's `_exceptions.py` keeps its own): what the SDK's own code raises (a
+spec's field, a registry's unknown name, a grader's pattern, template or formula, an uploaded
+file's lines, a status move) and the service's error answers, a class per HTTP status family.
+Each also keeps the built-in base that callers catch it by (`except ValueError` still catches a
+FieldError). The server's own errors build on this base in `store/errors.py` (what the store
+refuses) and `runtime/errors.py` (what a job's process, a worker, a kind or the API raises and
+catches). This module imports nothing of the project, so every module can import it.
 
     MathRLException
     ├── FieldError (ValueError)       a spec's field is wrong (the API's problem details point at it)
-    │   └── Refused                   its kind refuses it at submit (kinds/<kind>.py admit), with a title
     ├── UnknownName (ValueError)      a name no registry entry has (mathrl.registry.Registry)
-    │   ├── UnknownBenchmark          evaluator.benchmarks' registry
-    │   ├── UnknownRecipe             evaluator.recipes' registry
-    │   └── UnknownReward             trainer.rewards' names
     ├── PatternError (ValueError)     a user's regular expression RE2 cannot run (mathrl.regex)
     ├── TemplateError (ValueError)    a grader template's variable that does not exist (mathrl.templates)
     ├── FormulaError (ValueError)     a multi grader's formula that cannot be parsed (mathrl.formula)
     │   └── FormulaVariableError      ... or names no grader
     ├── FileFormatError (ValueError)  an uploaded JSONL file's lines, in error (mathrl.jsonl_files)
     ├── IllegalTransition (ValueError)  a job status move the status graph lacks (mathrl.status)
-    ├── Unstorable (ValueError)       a NUL character no JSON column may hold (store.db)
-    ├── NotPausable (ValueError)      a job whose status no pause or resume applies to (store.jobs)
-    ├── RefusedURL (ValueError)       a dataset URL the server will not fetch (service.sources)
-    ├── RefError (ValueError)         a job or checkpoint reference that names nothing (worker.refs)
-    ├── ParquetError (ValueError)     not a parquet file, or its footer cannot be read (api.parquet_footer)
-    ├── SessionCallError (ValueError) a Tinker call a session cannot serve (trainer.session_server)
-    ├── NotAvailable (RuntimeError)   this worker cannot run the job (exit EXIT_UNAVAILABLE)
-    │   ├── SandboxUnavailable        no python grader sandbox on this machine (evaluator.sandbox)
-    │   ├── MemoryRefused             its memory plan needs more than the GPUs have (worker.child)
-    │   └── EngineUnfit               the job names vLLM for a model its CPU build cannot run (worker.supervisor)
-    ├── CheckpointWriteError (RuntimeError)  a checkpoint that could not be written (trainer.checkpoints)
-    ├── RayUnavailable (RuntimeError) the Ray cluster does not answer or refused (worker.ray_submit)
     ├── MathRLError                   an error answer from the service, with its problem details (the
     │   │                             SDK client raises it: mathrl.client), by its status (error_for):
     │   ├── BadRequestError 400, AuthenticationError 401, PermissionDeniedError 403, NotFoundError 404,
     │   └── ConflictError 409, UnprocessableEntityError 422, RateLimitError 429, InternalServerError 5xx
-    ├── StopRequested                 this job must stop now: a loop saw its sink's should_stop()
-    │   ├── Cancelled                 the job was cancelled (exit EXIT_STOPPED)
-    │   ├── Drained                   its worker is shutting down, or it was paused: a checkpoint
-    │   │                             was saved and the job is handed back (exit EXIT_DRAINED)
-    │   └── LeaseLost                 this attempt no longer owns the job: its writes are refused (EXIT_LOST)
     │
-    │   defined where they are used, on this base:
+    │   the server's own, on this base:
+    ├── store.errors                  Unstorable, NotPausable, OverQuota
+    ├── runtime.errors                Refused, UnknownBenchmark, ..., NotAvailable, StopRequested, ...
     ├── api.problems.Problem          an HTTP refusal (status, title, problem details, headers):
     │   │                             the API's own, raised and answered only in api/
     │   └── api.admission.QuotaProblem  a 429 with the pipeline step that crossed the quota
@@ -52,7 +35,8 @@ from __future__ import annotations
 
 from typing import Any
 
-# the message of Unstorable; the API answers it for a NUL character wherever one is found
+# the message of store.errors.Unstorable (mathrl.jsonl_files checks uploads for it too); the API
+# answers it for a NUL character wherever one is found
 UNSTORABLE = "A value holds a character that cannot be stored (NUL, \\u0000): remove it."
 
 
@@ -71,30 +55,9 @@ class FieldError(MathRLException, ValueError):
         self.field = field
 
 
-class Refused(FieldError):
-    """A job its kind refuses at submit (kinds/<kind>.py `admit`): the API answers 422 titled
-    `title`, pointing at `field`."""
-
-    def __init__(self, field: str, message: str, title: str = "Invalid job"):
-        super().__init__(field, message)
-        self.title = title
-
-
 class UnknownName(MathRLException, ValueError):
     """A name no registry entry has (mathrl.registry.Registry raises it, or the registry's own
     subclass, naming the close names and every known one)."""
-
-
-class UnknownBenchmark(UnknownName):
-    """A benchmark name the registry lacks (evaluator.benchmarks)."""
-
-
-class UnknownRecipe(UnknownName):
-    """A recipe name the registry lacks (evaluator.recipes)."""
-
-
-class UnknownReward(UnknownName):
-    """A reward name the trainer does not know (trainer.rewards)."""
 
 
 class PatternError(MathRLException, ValueError):
@@ -125,34 +88,11 @@ class FileFormatError(MathRLException, ValueError):
         super().__init__(f"{where}: {first[2]}{more}")
 
 
-class RefusedURL(MathRLException, ValueError):
-    """A dataset URL the server will not fetch (service.sources.url_refusal says why)."""
-
-
-class RefError(MathRLException, ValueError):
-    """A model reference ('job:<id>[@step-N|@final]') that names no job or checkpoint of the
-    project (worker.refs)."""
-
-
-class ParquetError(MathRLException, ValueError):
-    """Not a parquet file, or a footer that cannot be read (api.parquet_footer)."""
-
-
-# --- the store -------------------------------------------------------------------------------
+# --- a job's status ---------------------------------------------------------------------------
 
 
 class IllegalTransition(MathRLException, ValueError):
     """A job status move the status graph lacks (mathrl.status.check_move)."""
-
-
-class Unstorable(MathRLException, ValueError):
-    """A value no JSON column may hold: a NUL character (`pointer`: where, in the document). PostgreSQL
-    keeps the escape in a json column, and then every query that reads that row as text fails
-    ('unsupported Unicode escape sequence'). The API answers it as a 422 at that pointer."""
-
-    def __init__(self, pointer: str):
-        self.pointer = pointer or "/"
-        super().__init__(f"{self.pointer}: {UNSTORABLE}")
 
 
 def nul_pointer(value: Any, pointer: str = "") -> str | None:
@@ -175,91 +115,7 @@ def nul_pointer(value: Any, pointer: str = "") -> str | None:
     return None
 
 
-class NotPausable(MathRLException, ValueError):
-    """The job is not in a status a pause or a resume applies to (the message says which)."""
-
-
-class OverQuota(MathRLException, ValueError):
-    """Storing a file would take its project past its storage (store/files.py): `what` is 'files'
-    (their number, `count` stored) or 'bytes' (`used` with the new one, over `max_bytes`)."""
-
-    def __init__(self, what: str, count: int, used: int, max_bytes: int) -> None:
-        self.what, self.count, self.used, self.max_bytes = what, count, used, max_bytes
-        super().__init__(
-            f"the project stores {count} files, the limit"
-            if what == "files"
-            else f"the project's files would take {used} bytes, over its {max_bytes}"
-        )
-
-
-class SessionCallError(MathRLException, ValueError):
-    """A Tinker call a session job cannot serve as sent (a sampling client asked to train, a save
-    name it cannot take, a sampler it does not hold): the call's future fails with the message,
-    category 'user' (trainer/session_server.py)."""
-
-
-# --- a worker, a job's run -------------------------------------------------------------------
-
-
-class EngineError(MathRLException, RuntimeError):
-    """A warm vLLM engine refused or failed a Tinker sampler's request (trainer.session_engine): the
-    session then samples with transformers."""
-
-
-class NotAvailable(MathRLException, RuntimeError):
-    """This worker cannot run the job (a package it lacks, too few GPUs, a backend it keeps
-    none of); `event` is the job's event that records it, with `data`."""
-
-    event = "not_available"
-    data: dict[str, Any] | None = None
-
-
-class SandboxUnavailable(NotAvailable):
-    """No sandbox of the asked mode can be made on this machine: python graders are refused."""
-
-    event = "python_sandbox_unavailable"
-
-
-class MemoryRefused(NotAvailable):
-    """The job's memory plan (trainer/memory_plan.py) needs more than this worker's GPUs have."""
-
-    event = "memory_plan"
-
-    def __init__(self, detail: str, plan: dict[str, Any]):
-        super().__init__(detail)
-        self.data = plan
-
-
-class EngineUnfit(NotAvailable):
-    """The job names vLLM for a model this worker's vLLM cannot run (evaluator.backends.vllm.cpu_refusal)."""
-
-
-class CheckpointWriteError(MathRLException, RuntimeError):
-    """A checkpoint that could not be written (trainer.checkpoints): the message names the step
-    and the cause; the earlier checkpoints stay as they were."""
-
-
-class RayUnavailable(MathRLException, RuntimeError):
-    """The Ray cluster at the configured address does not answer, or refused the submission."""
-
-
-class StopRequested(MathRLException):
-    """This job must stop now (the training and generation loops raise it when their sink's
-    should_stop() says so; the worker tells which of the subclasses it was)."""
-
-
-class Cancelled(StopRequested):
-    """The job was cancelled."""
-
-
-class Drained(StopRequested):
-    """Stopped for a drain (a worker shutting down, or a pause): the job goes back to the queue,
-    or waits paused, to resume from its checkpoint."""
-
-
-class LeaseLost(StopRequested):
-    """This attempt no longer owns its job (its lease lapsed and the job was re-queued or
-    taken by another worker): its writes are refused and the process must stop."""
+# --- the service's error answers -------------------------------------------------------------
 
 
 class MathRLError(MathRLException):

@@ -15,7 +15,7 @@ def _url() -> str:
     url = config.get_main_option("sqlalchemy.url")
     if url:
         return url
-    from service.settings import get_settings
+    from config.settings import get_settings
 
     return get_settings().database.url
 

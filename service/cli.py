@@ -27,7 +27,7 @@ def api(
     """Serve the REST API (uvicorn)."""
     import uvicorn
 
-    from service.settings import get_settings
+    from config.settings import get_settings
 
     proxies = get_settings().trusted_proxies  # forwarded headers only from these (default: none)
     uvicorn.run(
@@ -88,7 +88,7 @@ def grading_pool(host: str = "127.0.0.1", port: int = 8100) -> None:
 @app.command()
 def migrate() -> None:
     """Bring the database schema to the latest version (alembic upgrade head)."""
-    from service.settings import get_settings
+    from config.settings import get_settings
     from store.migrate import upgrade
 
     upgrade(get_settings().database.url)
@@ -106,7 +106,7 @@ def keys_create(
     expires_in_days: int | None = None,
 ) -> None:
     """Create an API key for a project and print it (shown once)."""
-    from service.settings import get_settings
+    from config.settings import get_settings
     from store.db import session_scope
     from store.keys import create_key, get_or_create_project
 
@@ -221,7 +221,7 @@ def eval_local(
         from mathrl.paths import default_data_dir
 
         data_dir = default_data_dir()
-    from service.settings import get_settings
+    from config.settings import get_settings
 
     trust_remote_code_for(get_settings().sources.trust_remote_code_models)
     sink = PrintSink()

@@ -25,8 +25,8 @@ from fastapi import FastAPI, Header, HTTPException
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field
 
+from config.settings import Settings, get_settings
 from evaluator.sandbox import SandboxLimits, SandboxUnavailable, isolation, run_python
-from service.settings import Settings, get_settings
 
 
 class PoolLimits(BaseModel):

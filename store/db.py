@@ -19,8 +19,8 @@ from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, Stateme
 from sqlalchemy.orm import Session, sessionmaker
 
 from mathrl.errors import UNSTORABLE as UNSTORABLE  # raised here; its callers import them from here
-from mathrl.errors import Unstorable as Unstorable
 from mathrl.errors import nul_pointer
+from store.errors import Unstorable as Unstorable
 
 T = TypeVar("T")
 log = logging.getLogger("mathrl.db")

@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, func, or_, select
 from sqlalchemy.orm import Session
 
-from mathrl.errors import OverQuota as OverQuota  # raised here; its callers import it from here
+from store.errors import OverQuota as OverQuota  # raised here; its callers import it from here
 from store.jobs import files_read, readers_of
 from store.models import File, Project, as_utc, utcnow
 
@@ -29,7 +29,7 @@ class Quota:
 
     @classmethod
     def of(cls, files: Any) -> Quota:
-        """The quota the operator's `files` settings (service.settings.FilesSettings) set."""
+        """The quota the operator's `files` settings (config.settings.FilesSettings) set."""
         return cls(files.max_project_files, files.max_project_bytes)
 
 

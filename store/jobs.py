@@ -16,8 +16,8 @@ from sqlalchemy import ColumnElement, Update, and_, case, cast, exists, func, li
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Session
 
-from mathrl.errors import NotPausable as NotPausable  # raised here; its callers import it from here
 from mathrl.status import NOT_STARTED, TERMINAL, check_move
+from store.errors import NotPausable as NotPausable  # raised here; its callers import it from here
 from store.events import add_event as add_event  # every module that records an event imports it from here
 from store.models import Job, Pipeline, utcnow
 from store.pipelines import settle_all, settle_dependents

@@ -181,7 +181,7 @@ def app_client(db_url: str, broker_url: str, tmp_path_factory: pytest.TempPathFa
     env = service_env(db_url, broker_url, tmp_path_factory.mktemp("artifacts-inproc"))
     old = dict(os.environ)
     os.environ.update(env)
-    from service.settings import get_settings
+    from config.settings import get_settings
 
     get_settings.cache_clear()
     from fastapi.testclient import TestClient

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from mathrl.errors import CheckpointWriteError as CheckpointWriteError  # raised here; its callers import it from here
+from runtime.errors import CheckpointWriteError as CheckpointWriteError  # raised here; its callers import it from here
 from runtime.sink import Sink
 
 

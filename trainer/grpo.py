@@ -14,11 +14,11 @@ from evaluator.prompts import as_recipe
 from evaluator.python_tool import PythonTool, job_tool
 from evaluator.tool_formats import ToolFormat, tool_format
 from mathrl.backends import uses_vllm
-from mathrl.errors import StopRequested
 from mathrl.modelref import FINE_TUNING_TAG
 from mathrl.specs import GRPOSpec
 from mathrl.specs.resolved import ResolvedGRPO
 from mathrl.specs.tools import Tools
+from runtime.errors import StopRequested
 from runtime.sink import Sink
 from trainer.callbacks import SinkCallback
 from trainer.checkpoints import latest_checkpoint, save_checkpoints_atomically, save_final

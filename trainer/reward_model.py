@@ -22,8 +22,8 @@ from evaluator.data import Problem
 from evaluator.grading import grade
 from evaluator.metrics import maj_at_k, wilson_interval
 from evaluator.models import check_loaded_from_hub, load_tokenizer
-from mathrl.errors import StopRequested
 from mathrl.specs import RewardModelSpec
+from runtime.errors import StopRequested
 from runtime.processes import is_main
 from runtime.sink import Sink
 from trainer.data import load_problems

@@ -23,10 +23,10 @@ from typing import Any
 
 from evaluator.bounded import BoundedMatch
 from evaluator.chat import judges
-from mathrl.errors import UnknownReward as UnknownReward  # raised here; its callers import it from here
 from mathrl.graders import MathGrader, with_models
 from mathrl.registry import Registry
 from mathrl.specs import REWARD_NAMES, RewardRef
+from runtime.errors import UnknownReward as UnknownReward  # raised here; its callers import it from here
 from trainer.rm_scorer import RewardModelScorer, rm_scorers
 
 ITEM_SECONDS = 5.0  # per sample: math-verify's comparison of its answer with the gold

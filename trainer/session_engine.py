@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from evaluator.backends.base import WarmEngineAddress
-from mathrl.errors import EngineError as EngineError  # raised here
+from runtime.errors import EngineError as EngineError  # raised here
 from trainer.session_sampling import SampleCall
 from trainer.session_wire import Sampled
 

@@ -25,8 +25,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from mathrl.errors import SessionCallError as SessionCallError  # raised here
 from mathrl.modelref import SESSION_SUFFIX, ft_model_name
+from runtime.errors import SessionCallError as SessionCallError  # raised here
 from runtime.sink import Sink
 from trainer.session import AdamParams, TrainingSession
 from trainer.session_engine import EngineError, EngineSampler

@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Any
 from evaluator import prompts
 from evaluator.models import check_loaded_from_hub, load_tokenizer
 from evaluator.tool_formats import FORMATS, tool_format
-from mathrl.errors import StopRequested
 from mathrl.modelref import FINE_TUNING_TAG
 from mathrl.recipe import Recipe
 from mathrl.specs import DatasetRef, SFTSpec
 from mathrl.specs.resolved import ResolvedSFT
+from runtime.errors import StopRequested
 from runtime.sink import Sink
 from trainer.callbacks import SinkCallback
 from trainer.checkpoints import latest_checkpoint, save_checkpoints_atomically, save_final

@@ -29,16 +29,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from config.settings import Settings, get_settings
+from config.sources import local_path, storage_dirs
 from kinds import JobRun, home
-from mathrl.errors import Cancelled, Drained, NotAvailable, StopRequested
-from mathrl.errors import MemoryRefused as MemoryRefused  # raised here; its callers import it from here
 from mathrl.modelref import tiny_shape
 from mathrl.specs import AnySpec, model_refs, parse_spec, with_file_paths
 from mathrl.specs.resolved import ResolvedConfig, resolved
 from runtime.cpu_threads import apply_thread_count
+from runtime.errors import Cancelled, Drained, NotAvailable, StopRequested
+from runtime.errors import MemoryRefused as MemoryRefused  # raised here; its callers import it from here
 from runtime.processes import rank as rank_of_process
-from service.settings import Settings, get_settings
-from service.sources import local_path, storage_dirs
 from store.db import error_text, retry_transient, session_scope
 from store.models import Job
 from worker import hub_access
@@ -174,7 +174,7 @@ def _file_path(settings: Settings, project_id: str, field: str, file_id: str) ->
 def _fetch_dataset(spec: AnySpec, settings: Settings, work: Path, project_id: str) -> AnySpec:
     """Every uploaded file the spec reads ('file-...', each field typed FileRef) is read where the API
     stored it, if the job's project owns it (mathrl.specs.with_file_paths). A dataset URL is fetched
-    here, checked again now (service.sources.fetch_url: the prefix, the host's addresses as DNS
+    here, checked again now (config.sources.fetch_url: the prefix, the host's addresses as DNS
     answers now, and every redirect), and the job reads the copy."""
     spec = with_file_paths(spec, lambda where, file_id: _file_path(settings, project_id, where, file_id))
     dataset = home(spec).data(spec).dataset
@@ -183,7 +183,7 @@ def _fetch_dataset(spec: AnySpec, settings: Settings, work: Path, project_id: st
     url = dataset.path or "" if dataset is not None else ""
     if dataset is None or not url.lower().startswith(("http://", "https://")):
         return spec
-    from service.sources import fetch_url
+    from config.sources import fetch_url
 
     rank = rank_of_process()
     local = fetch_url(url, settings.sources.allowed_url_prefixes, work / "data" / f"rank-{rank}")

@@ -17,8 +17,8 @@ import threading
 from pathlib import Path
 from typing import Any, Protocol
 
+from config.settings import Settings
 from runtime.cpu_threads import job_thread_env
-from service.settings import Settings
 from worker.launch import describe, die_with_parent, job_groups
 
 log = logging.getLogger("mathrl.worker")

@@ -27,10 +27,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from config.settings import Settings
 from kinds import home
-from mathrl.errors import RayUnavailable as RayUnavailable  # raised here; its callers import it from here
 from mathrl.specs import AnySpec
-from service.settings import Settings
+from runtime.errors import RayUnavailable as RayUnavailable  # raised here; its callers import it from here
 from worker.attempt import AttemptDir
 from worker.child import EXIT_DRAINED, EXIT_ERROR, EXIT_OK, EXIT_STOPPED
 from worker.ray_train import WORKERS_LINE

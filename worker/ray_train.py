@@ -20,9 +20,9 @@ import threading
 import time
 from typing import Any
 
+from config.settings import Settings
 from mathrl.specs import GRPOSpec
 from mathrl.specs.resolved import ResolvedGRPO
-from service.settings import Settings
 from worker.attempt import AttemptDir
 
 WORKERS_LINE = "mathrl-workers: "
@@ -40,7 +40,7 @@ def train_worker(config: dict[str, Any]) -> None:
     """One Ray Train worker: a rank of the job (worker.child.run_rank), its code reported back."""
     import ray
 
-    from service.settings import get_settings
+    from config.settings import get_settings
     from worker.attempt import attempt_dir
     from worker.child import EXIT_ERROR, run_rank
     from worker.launch import error_file, rank
@@ -88,7 +88,7 @@ def run(job_id: str, owner: str, attempt: int, workers: int, gpus_per_worker: in
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
-    from service.settings import get_settings
+    from config.settings import get_settings
     from worker import hub_access
     from worker.attempt import attempt_dir
     from worker.child import EXIT_ERROR

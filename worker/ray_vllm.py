@@ -44,7 +44,7 @@ class GenerationServer:
 
         import ray
 
-        from service.settings import get_settings
+        from config.settings import get_settings
         from worker.vllm_server import free_port, launch, server_command, server_env
 
         host = ray.util.get_node_ip_address()

@@ -21,7 +21,7 @@ import time
 
 from celery import Celery
 
-from service.settings import Settings
+from config.settings import Settings
 from store.db import session_scope
 from store.files import delete_expired
 from store.jobs import mark_dispatched, reconcile

@@ -15,8 +15,8 @@ from typing import Any
 
 from sqlalchemy import select
 
+from config.settings import Settings
 from mathrl.modelref import FINE_TUNING_TAG, RESULTS_COLUMNS, RESULTS_PURPOSE, results_file_id
-from service.settings import Settings
 from store.db import retry_transient, session_scope
 from store.files import OverQuota, Quota, store_file
 from store.jobs import add_event, finish, hand_back

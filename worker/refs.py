@@ -8,8 +8,8 @@ import json
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from mathrl.errors import RefError as RefError  # raised here; its callers import it from here
 from mathrl.modelref import FINAL_DELETED_TAG, is_hub_id, split_job_ref
+from runtime.errors import RefError as RefError  # raised here; its callers import it from here
 from store.models import Checkpoint, Job
 
 HUB_PROBE_SECONDS = 5.0

@@ -26,7 +26,7 @@ from sqlalchemy import select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from mathrl.errors import LeaseLost as LeaseLost  # raised here; the worker and tests import it from here
+from runtime.errors import LeaseLost as LeaseLost  # raised here; the worker and tests import it from here
 from runtime.sink import promote
 from store.db import error_text, retry_transient, session_scope
 from store.ids import uuid7

@@ -13,14 +13,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from config.settings import Settings
 from evaluator.backends.vllm import cpu_build, cpu_refusal
 from kinds import home
-from mathrl.errors import EngineUnfit as EngineUnfit  # raised here; its callers import it from here
 from mathrl.modelref import is_hub_id
 from mathrl.specs import parse_spec
 from mathrl.specs.resolved import ResolvedConfig, ResolvedGRPO, resolved
 from runtime.cpu_threads import job_thread_env
-from service.settings import Settings
+from runtime.errors import EngineUnfit as EngineUnfit  # raised here; its callers import it from here
 from store.db import session_scope
 from store.jobs import claim
 from worker import hub_access, warm_engine

@@ -7,7 +7,7 @@ import logging
 from celery import Task
 from celery.signals import worker_init, worker_ready, worker_shutting_down
 
-from service.settings import get_settings
+from config.settings import get_settings
 from worker import hub_access, reconciler, warm_engine, watch
 from worker.celery_app import TASK_RUN_JOB, get_celery
 from worker.job_handle import fork_server

@@ -25,7 +25,7 @@ from typing import Any
 
 from sqlalchemy import func, select
 
-from service.settings import Settings, TrackingSettings
+from config.settings import Settings, TrackingSettings
 from store.db import session_scope
 from store.jobs import add_event
 from store.models import BenchmarkScore, Event, Job, Metric, Project
@@ -441,7 +441,7 @@ def main(argv: list[str] | None = None) -> int:
     call for some job (run it again: it goes on where it stopped), 2 when no tracking server is set."""
     import argparse
 
-    from service.settings import get_settings
+    from config.settings import get_settings
 
     p = argparse.ArgumentParser(prog="python -m worker.tracking", description="Runs mirrored to MLflow.")
     sub = p.add_subparsers(dest="command", required=True)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from service.settings import Settings
+    from config.settings import Settings
 
 import hashlib
 import hmac
@@ -28,9 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from config.settings import Settings
 from evaluator.backends.base import EngineSettings, WarmEngineAddress
 from mathrl.specs import AnySpec
-from service.settings import Settings
 from worker.vllm_server import VLLMServer, free_port, launch, server_env
 
 # what the supervisor sets in the process of a job it gave a warm engine

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from service.settings import Settings
+from config.settings import Settings
 from worker.attempt import AttemptDir
 from worker.child import EXIT_DRAINED, EXIT_ERROR, EXIT_LOST, EXIT_OK, EXIT_STOPPED
 from worker.job_handle import JobHandle

@@ -41,13 +41,13 @@ from sqlalchemy.orm import Session
 from api.deps import CallerDep, SettingsDep, owned
 from api.problems import Problem
 from api.submit import admit, check_job_refs, commit_and_dispatch, job_row
+from config.settings import Settings
 from evaluator import similarity
 from evaluator.bounded import CPU, DEADLINE, TIMED_OUT, run_bounded, warm
 from evaluator.graders import grade_item
 from mathrl.graders import needs_model, runs_code, uses_similarity
 from mathrl.schemas import GraderRunPending, GraderRunRequest, GraderRunResponse
 from mathrl.specs import GradeSpec, Resources, model_refs
-from service.settings import Settings
 from store.db import get_sessionmaker
 from store.models import Job, Sample
 

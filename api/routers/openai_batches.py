@@ -38,13 +38,13 @@ from api.routers.openai_inference import (
     sampled_model,
 )
 from api.submit import admit, job_row, submit_keyed
+from config.settings import Settings
 from kinds import home
 from mathrl.jsonl_files import BATCH_PURPOSE
 from mathrl.modelref import results_file_id, uuid_after
 from mathrl.shallow import JsonObject
 from mathrl.specs.generate import CHAT_ENDPOINT, GenerateSpec, sampling_fields
 from mathrl.status import TERMINAL
-from service.settings import Settings
 from store.files import OverQuota, Quota, store_file
 from store.jobs import has_tag, request_cancel
 from store.models import File, Job, Sample

@@ -30,6 +30,7 @@ from api.routers.openai_files import own_file
 from api.routers.openai_fine_tuning import grading_models_mapped, trainable_model
 from api.routers.openai_inference import own_ft_model
 from api.submit import admit, check_job_refs, job_row, submit_keyed
+from config.settings import Settings
 from mathrl.graders import Grader
 from mathrl.jsonl_files import check_item_line, item_of
 from mathrl.modelref import uuid_after
@@ -37,7 +38,6 @@ from mathrl.shallow import JsonObject
 from mathrl.specs import model_refs, parse_spec
 from mathrl.specs.generate import DEFAULT_MAX_TOKENS, effort_budget
 from mathrl.status import TERMINAL
-from service.settings import Settings
 from store.files import Quota, store_file
 from store.ids import uuid7
 from store.jobs import has_tag, request_cancel

@@ -25,9 +25,9 @@ from sqlalchemy.orm import Session
 from api.deps import CallerDep, SessionDep, SettingsDep
 from api.idempotency import earlier, request_hash
 from api.problems import Problem
+from config.settings import Settings
 from mathrl.jsonl_files import BATCH_PURPOSE, FileFormatError, check_jsonl
 from mathrl.modelref import RESULTS_PURPOSE
-from service.settings import Settings
 from store.files import OverQuota, Quota, expired, store_file, unexpired
 from store.ids import uuid7
 from store.jobs import FILE_ID, readers_of

@@ -24,11 +24,11 @@ from api.problems import Problem
 from api.routers.graders import grade_on_worker, grades_on_worker, require_sandbox, run_isolated
 from api.routers.openai_fine_tuning import grading_models_mapped
 from api.routers.openai_inference import under_client_timeout
+from config.settings import Settings
 from evaluator.bounded import TIMED_OUT
 from evaluator.graders import grade_openai
 from mathrl.graders import Grader, GraderItem
 from mathrl.shallow import JsonObject
-from service.settings import Settings
 
 router = APIRouter(prefix="/v1/fine_tuning/alpha/graders", tags=["openai: graders"])
 ROUTE = "fine_tuning/alpha/graders/run"

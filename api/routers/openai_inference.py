@@ -36,13 +36,13 @@ from api.problems import Problem, validation_errors
 from api.routers.openai_fine_tuning import TAG as FINE_TUNING
 from api.routers.openai_fine_tuning import fine_tuned_model
 from api.submit import admit, commit_and_dispatch, job_row
+from config.settings import Settings
 from evaluator.logprobs import as_completion_logprobs
 from mathrl.errors import FieldError
 from mathrl.modelref import FINAL_DELETED_TAG, ft_model_ref, split_job_ref
 from mathrl.specs import GenerateSpec
 from mathrl.specs.generate import MAX_CHOICES, MAX_TOKENS, MAX_TOP_LOGPROBS, sampling_fields
 from mathrl.status import WAIT_ENDS
-from service.settings import Settings
 from store.db import get_sessionmaker
 from store.jobs import has_tag, readers_of, request_cancel
 from store.models import Checkpoint, Event, Job, Sample

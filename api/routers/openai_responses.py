@@ -29,11 +29,11 @@ from api.routers.openai_inference import (
     submit_generation,
     wait_answer,
 )
+from config.settings import Settings
 from mathrl.errors import FieldError
 from mathrl.modelref import uuid_after
 from mathrl.specs.generate import MAX_TOKENS, MAX_TOP_LOGPROBS, effort_budget
 from mathrl.status import TERMINAL
-from service.settings import Settings
 from store.db import get_sessionmaker
 from store.jobs import request_cancel
 from store.models import Job, Sample

@@ -43,10 +43,10 @@ from api.tinker_common import (
     located,
     sessions_of,
 )
+from config.settings import Settings
 from mathrl.protobuf import read_varint
 from mathrl.specs import SessionSpec, model_refs
 from mathrl.status import TERMINAL, WAIT_ENDS
-from service.settings import Settings
 from store.db import get_sessionmaker
 from store.jobs import request_cancel
 from store.models import Endpoint, Job

@@ -22,8 +22,8 @@ from sqlalchemy import func, select
 from api.deps import SettingsDep
 from api.problems import Problem
 from api.tinker_common import RESPONSES, SAVE_KINDS, TinkerCaller, find_save, json_body, sessions_of
+from config.settings import Settings
 from mathrl.schemas import datetime
-from service.settings import Settings
 from store.db import get_sessionmaker
 from store.models import Checkpoint, Job
 

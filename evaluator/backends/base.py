@@ -14,7 +14,7 @@ from runtime.sink import Sink
 
 @dataclass(frozen=True)
 class EngineSettings:
-    """The operator's vLLM settings for every engine of ours (service/settings.py `VLLMSettings`)."""
+    """The operator's vLLM settings for every engine of ours (config/settings.py `VLLMSettings`)."""
 
     memory_fraction: float = 0.9  # a GPU engine's gpu_memory_utilization unless its spec says one
     cpu_kv_gib: float = 2.0  # a CPU engine's KV cache

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from evaluator.backends.base import Backend, Generation
-from mathrl.errors import StopRequested
+from runtime.errors import StopRequested
 from runtime.sink import Sink
 
 

@@ -25,7 +25,7 @@ def private_app(tmp: Path) -> Iterator[Any]:
     from fastapi.testclient import TestClient
 
     from api.app import create_app
-    from service.settings import get_settings
+    from config.settings import get_settings
     from store.migrate import upgrade
     from tests.helpers.service import service_env
 
@@ -87,7 +87,7 @@ def make_objects(app_client: Any, owner: dict[str, str]) -> dict[str, str]:
     assert ft.status_code == 200, ft.text
     ids["fine_tuning_job_id"] = ft.json()["id"]
     # a checkpoint of it, as a worker would record one: its `ft:` model is what /v1/models/{model} names
-    from service.settings import get_settings
+    from config.settings import get_settings
     from store.db import session_scope
     from store.models import Checkpoint
 
@@ -158,7 +158,7 @@ def make_objects(app_client: Any, owner: dict[str, str]) -> dict[str, str]:
 @contextlib.contextmanager
 def overridden(**blocks: dict[str, Any]) -> Iterator[None]:
     """Change live settings of the in-process app (e.g. limits={'burst': 3}) and restore them."""
-    from service.settings import get_settings
+    from config.settings import get_settings
 
     settings = get_settings()
     saved = {(b, k): getattr(getattr(settings, b), k) for b, values in blocks.items() for k in values}
@@ -182,7 +182,7 @@ def project_jobs(app_client: Any, headers: dict[str, str]) -> list[dict[str, Any
 
 
 def db(app_client: Any) -> Any:
-    from service.settings import get_settings
+    from config.settings import get_settings
     from store.db import get_engine
 
     return get_engine(get_settings().database.url)

@@ -33,9 +33,9 @@ def main(mode: str, model: str, out: str) -> None:
     from datasets import Dataset
     from trl import GRPOConfig
 
+    from config.settings import get_settings
     from evaluator.backends.vllm import engine_options
     from evaluator.models import load_tokenizer
-    from service.settings import get_settings
     from trainer.grpo_config import lora_config
     from trainer.grpo_loop import LoopOptions, MathrlGRPOTrainer
 

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from service.settings import Settings
+from config.settings import Settings
 from store.db import session_scope
 from store.jobs import add_event
 from store.migrate import upgrade

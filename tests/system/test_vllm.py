@@ -106,7 +106,7 @@ def test_a_warm_engine_that_dies_of_its_model_names_why(
     starts such an engine: tests/unit/worker/test_warm_engine.py; this is what a job gets where one dies)."""
     import httpx
 
-    from service.settings import Settings
+    from config.settings import Settings
     from tests.helpers.store import store_with_jobs
     from worker import record, warm_engine
     from worker.attempt import AttemptDir

@@ -22,9 +22,9 @@ from hypothesis import settings as hsettings
 from sqlalchemy import text
 
 from api.routers import openai_graders
+from config.settings import get_settings
 from kinds import HOMES
 from mathrl.specs import parse_spec
-from service.settings import get_settings
 from tests.helpers.api import admin_key, db, make_objects, overridden, project_jobs
 from tests.helpers.env import ADMIN_TOKEN
 from tests.helpers.jobs import PARKED, parked_eval, parked_grpo
@@ -822,8 +822,8 @@ def test_concurrent_submits_at_the_last_free_slot_admit_one(pg_url: str) -> None
     from api.admission import check_project_quota
     from api.problems import Problem
     from api.submit import admit, job_row
+    from config.settings import Settings
     from mathrl.specs import parse_spec
-    from service.settings import Settings
     from store.db import session_scope
     from store.keys import get_or_create_project
     from store.models import Job

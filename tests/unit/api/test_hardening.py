@@ -303,7 +303,7 @@ EMBEDDED_PUBLIC = [
 @pytest.mark.parametrize("address", EMBEDDED_PRIVATE)
 def test_embedded_ipv4_is_judged_by_the_address_it_carries(address: str) -> None:
     """Issue 31.4: is_public() said True for these: they are IPv6 forms of private IPv4 addresses."""
-    from service.sources import is_public
+    from config.sources import is_public
 
     assert is_public(address) is False
     assert is_public(f"[{address}]") is False
@@ -311,7 +311,7 @@ def test_embedded_ipv4_is_judged_by_the_address_it_carries(address: str) -> None
 
 @pytest.mark.parametrize("address", EMBEDDED_PUBLIC)
 def test_embedded_public_ipv4_stays_public(address: str) -> None:
-    from service.sources import is_public
+    from config.sources import is_public
 
     assert is_public(address) is True
 
@@ -337,13 +337,13 @@ def test_embedded_ipv4_urls_are_refused_at_submit(app_client: Any, url: str) -> 
 
 
 def test_embedded_ipv4_is_refused_again_when_the_job_fetches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The fetch-time check (service.sources.fetch_url) runs the same test: a host whose DNS
+    """The fetch-time check (config.sources.fetch_url) runs the same test: a host whose DNS
     now answers with a NAT64 address of the metadata service, and a redirect to a 6to4
     address of loopback, are refused before a connection is made."""
     import httpx
 
-    from service import sources
-    from service.sources import RefusedURL, fetch_url
+    from config import sources
+    from config.sources import RefusedURL, fetch_url
 
     real = socket.getaddrinfo
 

@@ -312,7 +312,7 @@ def test_a_completion_call_waits_under_the_clients_read_timeout() -> None:
     from starlette.requests import Request
 
     from api.routers.openai_inference import wait_limit
-    from service.settings import Settings
+    from config.settings import Settings
 
     settings = Settings(fine_tuning={"inference_timeout_seconds": 570})  # type: ignore[arg-type]
 
@@ -346,8 +346,8 @@ def test_a_metadata_filter_finds_a_job_behind_many_newer_ones(app_client: Any) -
     many newer jobs without the metadata, the first page came back empty with has_more, and the SDK's
     iteration stops at an empty page: the script saw no job. The database filters by it now."""
     from api.routers.openai_fine_tuning import METADATA_SCAN
+    from config.settings import get_settings
     from mathrl.modelref import job_uuid
-    from service.settings import get_settings
     from store.db import session_scope
     from store.models import Job
 
@@ -375,7 +375,7 @@ def test_a_succeeded_fine_tuning_job_has_its_step_metrics_as_a_results_file(
     """OpenAI's analysis pattern, `client.files.content(job.result_files[0])`: result_files was always
     empty (an IndexError). The worker writes the file when the job succeeds (worker/record.py), within
     the project's storage quota as an upload is (store/files.py)."""
-    from service.settings import get_settings
+    from config.settings import get_settings
     from worker.record import write_results_file
 
     h = admin_key(app_client)
@@ -578,7 +578,7 @@ def test_a_wait_on_a_paused_job_ends_at_once(app_client: Any) -> None:
 
     from api.problems import Problem
     from api.routers import graders, openai_inference, tinker
-    from service.settings import get_settings
+    from config.settings import get_settings
 
     h = admin_key(app_client)
     spec = {"kind": "eval", "model": "org/model", "limit": 5, "resources": {"pool": "objects-parked"}}
@@ -623,7 +623,7 @@ def test_paging_checkpoints_while_deleting_them_lists_every_one(app_client: Any,
     """`for ck in client.fine_tuning.jobs.checkpoints.list(id): client.models.delete(...)`: the next page's
     cursor is the page's last checkpoint, which the loop deleted; that page came back empty and the SDK's
     iterator stopped, so every checkpoint past the first page was skipped."""
-    from service.settings import get_settings
+    from config.settings import get_settings
     from store.db import session_scope
     from store.models import Checkpoint
 

@@ -171,7 +171,7 @@ def test_a_file_a_job_still_needs_is_not_deleted(app_client: Any) -> None:
 def test_file_limits(app_client: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     import openai
 
-    from service.settings import get_settings
+    from config.settings import get_settings
 
     client = _client(app_client)
     files = get_settings().files
@@ -196,7 +196,7 @@ def test_a_file_with_expires_after_goes_then_and_is_deleted_once_no_job_reads_it
     upload until the project's file quota refused the next one."""
     import openai
 
-    from service.settings import get_settings
+    from config.settings import get_settings
     from store.db import session_scope
     from store.files import delete_expired
     from tests.helpers.jobs import parked_grpo

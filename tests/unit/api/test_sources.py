@@ -11,8 +11,8 @@ from typing import Any, ClassVar
 
 import pytest
 
-from service import sources
-from service.sources import RefusedURL, fetch_url, under_prefix, url_refusal
+from config import sources
+from config.sources import RefusedURL, fetch_url, under_prefix, url_refusal
 
 pytestmark = pytest.mark.quick
 
@@ -107,8 +107,8 @@ def test_fetch_checks_the_host_again_when_it_fetches(
 
 
 def test_the_job_process_reads_its_own_checked_copy(server: str, tmp_path: Path) -> None:
+    from config.settings import Settings
     from mathrl.specs import parse_spec
-    from service.settings import Settings
     from worker.attempt import attempt_dir
     from worker.child import _fetch_dataset
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from service.settings import get_settings
+from config.settings import get_settings
 from tests.helpers.api import admin_key, make_objects, project_jobs
 from tests.helpers.jobs import parked_eval, parked_session
 

@@ -323,7 +323,7 @@ def test_artifacts_shared_by_api_and_workers(default: Rendered, gpu: Rendered) -
 
 @pytest.mark.quick
 def test_runs_are_mirrored_to_mlflow_by_the_workers_when_a_tracking_uri_is_set(default: Rendered) -> None:
-    from service.settings import Settings
+    from config.settings import Settings
 
     assert not any(k.startswith("MATHRL_TRACKING__") for d in default.workloads() for k in env_of(container(d)))
     tracking = {
@@ -378,7 +378,7 @@ def test_ingress_hpa_and_service_monitor(default: Rendered, gpu: Rendered) -> No
 @pytest.mark.quick
 def test_the_api_and_workers_know_the_queues_the_pools_consume(default: Rendered, gpu: Rendered) -> None:
     """resources.pool is refused unless a pool consumes it; a job in one holds a job slot's GPUs."""
-    from service.settings import Settings
+    from config.settings import Settings
 
     def pools(r: Rendered, deployment: str) -> dict[str, int]:
         return dict(json.loads(env_of(container(r.get("Deployment", deployment)))["MATHRL_WORKER__POOLS"]["value"]))
@@ -394,14 +394,14 @@ def test_the_api_and_workers_know_the_queues_the_pools_consume(default: Rendered
 
 @pytest.mark.quick
 def test_config_and_settings_names_are_real_settings(default: Rendered) -> None:
-    from service.settings import Settings
+    from config.settings import Settings
 
     values = {"config": {"MATHRL_WORKER__CANCEL_GRACE_SECONDS": 60}}
     cm = render(values).get("ConfigMap", "mathrl-config")
     assert cm["data"] == {"MATHRL_WORKER__CANCEL_GRACE_SECONDS": "60"}
     env = env_of(container(default.get("Deployment", "mathrl-api")))
     names = [n for n in env if n.startswith("MATHRL_")]
-    for name in names:  # each maps onto a field of service/settings.py
+    for name in names:  # each maps onto a field of config/settings.py
         parts = name.removeprefix("MATHRL_").lower().split("__")
         model: Any = Settings
         for part in parts:
@@ -865,6 +865,7 @@ def test_project_wheel_carries_the_migrations(tmp_path: Path) -> None:
         "evaluator",
         "runtime",
         "store",
+        "config",
         "service",
         "migrations",
     ):

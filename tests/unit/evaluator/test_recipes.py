@@ -86,10 +86,10 @@ def test_spec_fields_override_the_recipe() -> None:
 def test_a_job_runs_the_recipe_it_was_admitted_with(monkeypatch: pytest.MonkeyPatch) -> None:
     """The worker reads the recipe resolved at submit from the job's config: a registry entry
     changed between submit and run (a worker upgraded meanwhile) does not change the prompt."""
+    from config.settings import get_settings
     from evaluator.recipes import stored_recipe
     from kinds import HOMES, resolve_config
     from mathrl.specs.resolved import ResolvedEval, resolved
-    from service.settings import get_settings
 
     spec = EvalSpec(model="m", recipe="lm-eval-gsm8k", few_shot=3)
     config = resolve_config(spec).of(ResolvedEval)

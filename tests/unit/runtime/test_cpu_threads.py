@@ -58,8 +58,8 @@ def test_the_job_process_sizes_torchs_pool_from_its_environment() -> None:
 
 
 def test_the_worker_command_tells_its_jobs_how_many_run_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    from config.settings import Settings
     from service import cli
-    from service.settings import Settings
 
     seen: list[list[str]] = []
     monkeypatch.setenv("MATHRL_WORKER__JOB_SLOTS", "0")  # recorded, so the test's value goes again

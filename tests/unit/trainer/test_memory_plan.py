@@ -261,7 +261,7 @@ def test_model_config_read_from_a_directory_or_an_adapters_base(tmp_path: Path) 
 
 
 def settings_for(tmp_path: Path, **memory: Any) -> Any:
-    from service.settings import Settings
+    from config.settings import Settings
 
     return Settings(  # type: ignore[call-arg]
         artifact_dir=str(tmp_path / "artifacts"),
@@ -430,7 +430,7 @@ def test_worker_records_the_refusal_as_the_jobs_error(tmp_path: Path, monkeypatc
 
 
 def test_chart_gives_api_and_workers_each_gpu_pools_memory() -> None:
-    from service.settings import MemorySettings
+    from config.settings import MemorySettings
     from tests.helpers.deploy import container, env_of, render, workers
 
     values = {

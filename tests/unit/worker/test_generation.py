@@ -204,8 +204,8 @@ def test_the_backends_a_spec_accepts_are_the_registered_ones() -> None:
 def test_engine_settings_reach_every_engine_as_arguments(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """The operator's MATHRL_VLLM__* settings are read once, by the service's settings, and given to
     the evaluator and trainer as arguments; a job's warm engine comes from its supervisor's env."""
+    from config.settings import Settings
     from evaluator.backends import vllm
-    from service.settings import Settings
     from worker.warm_engine import ENGINE_ADAPTER_ENV, ENGINE_SALT_ENV, ENGINE_URL_ENV, cache_salt, given_engine
 
     monkeypatch.setenv("MATHRL_VLLM__ENFORCE_EAGER", "1")
@@ -333,7 +333,7 @@ def test_a_cpu_job_naming_vllm_for_a_model_it_cannot_run_is_refused_at_submit(tm
 
     from api.admission import admit_spec
     from api.problems import Problem
-    from service.settings import Settings
+    from config.settings import Settings
 
     settings = Settings(artifact_dir=str(tmp_path / "artifacts"), sources={"model_roots": [str(tmp_path)]})  # type: ignore[call-arg, arg-type]
     tiny = tmp_path / "tiny"
@@ -371,7 +371,7 @@ def test_the_job_process_fails_before_its_engine_loads_a_model_it_cannot_run(tmp
     reward model's sampling of its policy, which is the model vLLM loads there)."""
     import json
 
-    from mathrl.errors import NotAvailable
+    from runtime.errors import NotAvailable
     from worker.child import _check_engine_fit
 
     tiny, wide = tmp_path / "tiny", tmp_path / "wide"

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from config.settings import Settings
 from mathrl.specs import parse_spec
 from mathrl.specs.resolved import resolved
-from service.settings import Settings
 from store.db import session_scope
 from store.models import Job
 from tests.helpers.store import store_with_jobs

@@ -136,7 +136,7 @@ def test_an_explicit_token_is_taken_off_an_unlisted_repository(tmp_path: Path) -
     code = f"""
 import os
 from huggingface_hub import hf_hub_download
-from service.settings import get_settings
+from config.settings import get_settings
 from worker import hub_access
 from worker.attempt import AttemptDir, attempt_dir
 hub_access.install(get_settings().sources.hub_token_repos)

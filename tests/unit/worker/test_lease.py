@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from config.settings import Settings
 from mathrl.specs import parse_spec
 from mathrl.specs.resolved import resolved
-from service.settings import Settings
 from store.db import session_scope
 from store.jobs import claim, reconcile
 from store.models import Job

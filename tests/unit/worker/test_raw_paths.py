@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from config.settings import Settings
 from mathrl.specs import parse_spec
-from service.settings import Settings
 from worker.child import _check_raw_paths
 
 pytestmark = pytest.mark.quick

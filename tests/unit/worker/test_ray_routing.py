@@ -93,7 +93,7 @@ def test_a_ray_grpo_jobs_vllm_server_takes_its_gpus_from_the_whole_job_on_one_no
     cpu = parse_spec(grpo(resources={"nodes": 2}, generation={"backend": "vllm", "mode": "server"}, lora={"r": 8}))
     assert ray_workers(cpu) == 2  # a CPU job's server takes ray.server_cpus, no training process
     # the driver starts a server (and reads the store for it) only for a job in server mode
-    from service.settings import Settings
+    from config.settings import Settings
     from worker.ray_submit import entrypoint
 
     command, gpus, cpus = entrypoint(Settings(), cpu, "j", "o", 1)

@@ -103,7 +103,7 @@ def test_a_waiting_message_is_not_sent_again_a_lost_one_is(
     queue) was sent again every round: 4 copies after 4 minutes, growing without bound."""
     import uuid
 
-    from service.settings import Settings
+    from config.settings import Settings
     from worker.celery_app import make_celery
     from worker.reconciler import broker_backlog, reconcile_once
 
@@ -137,7 +137,7 @@ def test_a_job_the_broker_refuses_does_not_stop_the_others_of_the_round(tmp_path
 
     import redis
 
-    from service.settings import Settings
+    from config.settings import Settings
     from worker.celery_app import make_celery
     from worker.reconciler import broker_backlog, reconcile_once
 

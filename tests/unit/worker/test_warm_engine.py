@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from service.settings import Settings
+from config.settings import Settings
 from worker import warm_engine
 
 pytestmark = pytest.mark.quick
@@ -339,9 +339,9 @@ def test_an_adapter_past_vllms_largest_rank_says_why() -> None:
 
 BASE_CHECK = """
 import sys
-from mathrl.errors import RefError
+from runtime.errors import RefError
 from mathrl.specs import parse_spec
-from service.settings import Settings
+from config.settings import Settings
 from worker import supervisor, warm_engine
 warm_engine.server_command = lambda *a, **k: [sys.executable, "-c", "import time; time.sleep(60)"]
 supervisor.event = lambda *a, **k: None

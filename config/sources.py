@@ -18,7 +18,7 @@ import socket
 from pathlib import Path
 from urllib.parse import SplitResult, unquote, urljoin, urlsplit
 
-from mathrl.errors import RefusedURL as RefusedURL  # raised here; its callers import it from here
+from runtime.errors import RefusedURL as RefusedURL  # raised here; its callers import it from here
 
 MAX_REDIRECTS = 5
 
