@@ -8,9 +8,11 @@ lookup of where the file is (mathrl.specs.refs)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Any, get_args, get_origin
+from typing import Annotated, Any
 
 from pydantic import Field
+
+from mathrl.marks import field_mark
 
 FILE_ID_PATTERN = r"^file-[0-9a-f]{32}$"
 
@@ -29,17 +31,5 @@ FileRef = Annotated[str, NamesAFile(), Field(pattern=FILE_ID_PATTERN)]
 def names_a_file(field: Any) -> NamesAFile | None:
     """The mark of a pydantic field (its FieldInfo) typed FileRef, alone or in a union (`FileRef |
     None`); None for any other field."""
-    for meta in getattr(field, "metadata", ()):
-        if isinstance(meta, NamesAFile):
-            return meta
-    return _mark_in(getattr(field, "annotation", None))
-
-
-def _mark_in(annotation: Any) -> NamesAFile | None:
-    if get_origin(annotation) is Annotated:
-        marks = [m for m in annotation.__metadata__ if isinstance(m, NamesAFile)]
-        return marks[0] if marks else _mark_in(get_args(annotation)[0])
-    for arg in get_args(annotation):
-        if (mark := _mark_in(arg)) is not None:
-            return mark
-    return None
+    mark: NamesAFile | None = field_mark(field, lambda meta: isinstance(meta, NamesAFile))
+    return mark

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import re
 import uuid
-from typing import Annotated, Any, get_args, get_origin
+from typing import Annotated, Any
 
 from pydantic import AfterValidator, Field
+
+from mathrl.marks import field_mark
 
 # A model reference: a hub id ("org/name"), a local path ("/models/x", "./x"), or the
 # output of another job ("job:<id>" or "job:<id>@step-200").
@@ -174,17 +176,8 @@ ModelRef = Annotated[
 def names_a_model(field: Any) -> bool:
     """Whether a pydantic field (its FieldInfo) is typed ModelRef, alone or in a union (`ModelRef |
     None`): the one test by which mathrl.specs.model_refs finds every model a spec loads."""
-    if any(_is_check(m) for m in getattr(field, "metadata", ())):
-        return True
-    return _annotation_names_a_model(getattr(field, "annotation", None))
+    return field_mark(field, _is_check) is not None
 
 
 def _is_check(meta: Any) -> bool:
     return isinstance(meta, AfterValidator) and meta.func is check_model_ref
-
-
-def _annotation_names_a_model(annotation: Any) -> bool:
-
-    if get_origin(annotation) is Annotated:
-        return any(_is_check(m) for m in annotation.__metadata__) or _annotation_names_a_model(get_args(annotation)[0])
-    return any(_annotation_names_a_model(a) for a in get_args(annotation))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Self, TypeVar
 
 from pydantic import BaseModel, PrivateAttr
@@ -71,9 +72,33 @@ def file_refs(spec: BaseModel) -> dict[str, FileUse]:
 
 def with_file_paths(spec: M, where: Callable[[str, str], str]) -> M:
     """`spec` with each part that names an uploaded file told where it is: `where(field path, file
-    id)` gives the local path (or raises); the spec itself is not changed."""
-    resolved: M = _resolved(spec, "", where)
-    return resolved
+    id)` gives the local path (or raises); the spec itself is not changed. The parts are the ones
+    `file_refs` finds, each rebuilt along its path."""
+    out: M = spec
+    for at, use in file_refs(spec).items():
+        local = where(at, use.file_id)
+        out = _replaced(out, at.split("/")[:-1], partial(_told, local=local))
+    return out
+
+
+def _told(holder: Any, local: str) -> Any:
+    if not isinstance(holder, HoldsAFile):
+        raise TypeError(f"{type(holder).__name__} has a FileRef field: make it a HoldsAFile")
+    return holder.at_local_path(local)
+
+
+def _replaced(value: Any, steps: list[str], change: Callable[[Any], Any]) -> Any:
+    """A copy of `value` with what lies at `steps` (a field path's parts) changed; the rest is shared."""
+    if not steps:
+        return change(value)
+    step, rest = steps[0], steps[1:]
+    if isinstance(value, BaseModel):
+        return value.model_copy(update={step: _replaced(getattr(value, step), rest, change)})
+    if isinstance(value, list | tuple):
+        items = list(value)
+        items[int(step)] = _replaced(items[int(step)], rest, change)
+        return type(value)(items)
+    return {**value, step: _replaced(value[step], rest, change)}
 
 
 def _walk(value: Any, path: str, visit: Callable[[Any, str, str], bool]) -> None:
@@ -91,31 +116,3 @@ def _walk(value: Any, path: str, visit: Callable[[Any, str, str], bool]) -> None
     elif isinstance(value, dict):
         for key, item in value.items():
             _walk(item, f"{path}/{key}", visit)
-
-
-def _resolved(value: Any, path: str, where: Callable[[str, str], str]) -> Any:
-    if isinstance(value, BaseModel):
-        updates: dict[str, Any] = {}
-        local: str | None = None
-        for name, field in type(value).model_fields.items():
-            inner = getattr(value, name, None)
-            at = f"{path}/{name}" if path else name
-            if isinstance(inner, str) and inner and names_a_file(field) is not None:
-                local = where(at, inner)
-            elif (new := _resolved(inner, at, where)) is not inner:
-                updates[name] = new
-        if local is None and not updates:
-            return value
-        copy = value.model_copy(update=updates) if updates else value
-        if local is None:
-            return copy
-        if not isinstance(copy, HoldsAFile):
-            raise TypeError(f"{type(value).__name__} has a FileRef field: make it a HoldsAFile")
-        return copy.at_local_path(local)
-    if isinstance(value, list):
-        items = [_resolved(item, f"{path}/{i}", where) for i, item in enumerate(value)]
-        return value if all(a is b for a, b in zip(items, value, strict=True)) else items
-    if isinstance(value, dict):
-        entries = {key: _resolved(item, f"{path}/{key}", where) for key, item in value.items()}
-        return value if all(entries[k] is v for k, v in value.items()) else entries
-    return value
