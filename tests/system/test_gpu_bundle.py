@@ -71,7 +71,7 @@ def link_site(dists: set[str], site: Path) -> None:
 def test_the_bundle_is_all_a_bare_gpu_node_needs(tmp_path: Path) -> None:
     node = closure(NODE)
     bundle = {n.lower().replace("_", "-") for n in bundle_names()}
-    assert {"xxhash", "requests"} <= bundle
+    assert {"xxhash", "requests", "pydantic-settings"} <= bundle
     venv = tmp_path / "node"  # an empty environment: its site-packages gets the links
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     (site_packages,) = venv.glob("lib/python3*/site-packages")
