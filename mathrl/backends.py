@@ -13,18 +13,26 @@ from typing import TYPE_CHECKING, Literal
 from mathrl.registry import Registry
 
 
+TRLGeneration = Literal["transformers", "vllm"]  # how TRL's GRPOTrainer generates: use_vllm False or True
+
+
 @dataclass(frozen=True)
 class BackendInfo:
     name: str
-    vllm: bool  # generates on vLLM: the worker needs the vllm package, a warm engine can serve it, TRL's use_vllm
+    vllm: bool  # generates on vLLM: the worker needs the vllm package, a warm engine can serve it
     description: str
+    # how GRPO's trainer (TRL) generates its rollouts with this backend; None: TRL cannot, and a
+    # GRPO job naming it is refused (mathrl/specs/grpo.py), never run on another backend instead
+    trl: TRLGeneration | None = None
 
 
 GENERATION_BACKENDS: Registry[BackendInfo] = Registry("generation backend")
 for _info in (
-    BackendInfo("hf", vllm=False, description="Hugging Face transformers' generate, in the job's process"),
-    BackendInfo("vllm", vllm=True, description="vLLM's engine (in the process, a server beside it, or a warm one)"),
-):
+    BackendInfo("hf", vllm=False, description="Hugging Face transformers' generate, in the job's process",
+                trl="transformers"),
+    BackendInfo("vllm", vllm=True, description="vLLM's engine (in the process, a server beside it, or a warm one)",
+                trl="vllm"),
+):  # fmt: skip
     GENERATION_BACKENDS.add(_info.name, _info)
 
 if TYPE_CHECKING:
@@ -36,6 +44,15 @@ else:  # the specs' choices, read off the registry: pydantic validates and docum
 def uses_vllm(name: str) -> bool:
     """Whether the backend `name` ('auto' is resolved first by the spec) generates on vLLM."""
     return GENERATION_BACKENDS[name].vllm
+
+
+def trl_uses_vllm(name: str) -> bool:
+    """Whether GRPO's trainer generates with vLLM (TRL's use_vllm) on the backend `name`; a backend
+    TRL cannot run raises ValueError (a GRPO spec refuses it first: `GRPOSpec`'s generation check)."""
+    info = GENERATION_BACKENDS[name]
+    if info.trl is None:
+        raise ValueError(f"GRPO's trainer (TRL) cannot generate with the {name!r} backend")
+    return info.trl == "vllm"
 
 
 def names_vllm(choice: str) -> bool:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from mathrl.backends import uses_vllm
+from mathrl.backends import trl_uses_vllm
 from mathrl.specs import LoRA
 from mathrl.specs.resolved import ResolvedGRPO
 from trainer.training_args import training_args
@@ -61,12 +61,12 @@ def grpo_args(
     return GRPOConfig(
         **common_args(config, output_dir, use_cpu, server_url),
         **config.sync_loss().model_dump(),
-        use_vllm=uses_vllm(backend),
+        use_vllm=trl_uses_vllm(backend),
         vllm_mode=config.generation.mode,
         vllm_tensor_parallel_size=config.generation.tensor_parallel_size,
         # prompt + completion: the engine's KV cache is sized for this, not the model's 8k context
         vllm_max_model_length=config.max_prompt_length + config.max_completion_length,
-        **({} if uses_vllm(backend) else trl_args(hf_mode)),
+        **({} if trl_uses_vllm(backend) else trl_args(hf_mode)),
     )
 
 

@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from mathrl.backends import uses_vllm
+from mathrl.backends import GENERATION_BACKENDS, uses_vllm
 from mathrl.errors import FieldError
 from mathrl.fileref import FileRef
 from mathrl.modelref import ModelRef
@@ -301,6 +301,13 @@ class GRPOSpec(JobBase):
                 f"must divide the job's {self.resources.num_processes} process(es): use a divisor",
             )
         backend = gen.resolve(self.resources.gpus)
+        if GENERATION_BACKENDS[backend].trl is None:
+            can = ", ".join(repr(n) for n, info in GENERATION_BACKENDS.items() if info.trl is not None)
+            raise FieldError(
+                "generation/backend",
+                f"GRPO's trainer (TRL) cannot generate with the {backend!r} backend, which serves eval, generate "
+                f"and grade jobs: set generation.backend to one it runs ({can}, or 'auto')",
+            )
         if gen.mode == "server":
             self._check_server_mode(backend)
         elif gen.server_gpus is not None:

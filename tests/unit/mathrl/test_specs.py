@@ -171,6 +171,29 @@ def test_impossible_grpo_settings_say_how_to_fix(spec: dict, field: str, words: 
     assert words in err["msg"]
 
 
+def test_grpo_refuses_a_backend_its_trainer_cannot_generate_with(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A backend declared without TRL's way of generating (mathrl/backends.py `BackendInfo.trl`) is
+    refused by GRPO, naming the field and the backends it runs, where it once ran on hf quietly;
+    the trainer's own reading of the registry refuses it too."""
+    from mathrl.backends import GENERATION_BACKENDS, BackendInfo, trl_uses_vllm
+
+    assert trl_uses_vllm("vllm") and not trl_uses_vllm("hf")
+    toy = BackendInfo("hf", vllm=False, description="an engine for eval and generate only", trl=None)
+    monkeypatch.setitem(GENERATION_BACKENDS._entries, "hf", toy)  # the same name, so the specs' choices accept it
+    with pytest.raises(ValidationError) as info:
+        parse_spec({"kind": "grpo", "model": "org/m", "dataset": DATASET, "generation": {"backend": "hf"}})
+    err = info.value.errors()[0]
+    assert err["ctx"]["error"].field == "generation/backend"
+    assert "cannot generate with the 'hf' backend" in err["msg"] and "('vllm', or 'auto')" in err["msg"]
+    # a CPU job's 'auto' resolves to it as well, and is refused the same way
+    with pytest.raises(ValidationError, match="cannot generate with the 'hf' backend"):
+        parse_spec({"kind": "grpo", "model": "org/m", "dataset": DATASET})
+    with pytest.raises(ValueError, match="cannot generate with the 'hf' backend"):
+        trl_uses_vllm("hf")
+    # eval jobs still take it: only GRPO's trainer needs TRL to run it
+    assert parse_spec({"kind": "eval", "model": "org/m", "benchmark": "gsm8k", "backend": "hf"}).backend == "hf"
+
+
 def test_generation_backend_resolves_and_old_specs_translate() -> None:
     base = {"kind": "grpo", "model": "org/m", "dataset": DATASET}
     assert resolve_grpo(parse_spec(base))["generation_backend"] == "hf"  # auto on a CPU job
