@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Literal
 
 from mathrl.registry import Registry
 
-
 TRLGeneration = Literal["transformers", "vllm"]  # how TRL's GRPOTrainer generates: use_vllm False or True
 
 

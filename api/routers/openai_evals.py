@@ -24,6 +24,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from api.deps import CallerDep, SessionDep, SettingsDep
+from api.eval_run_counts import Tally, passed, run_criteria, tallies
 from api.idempotency import earlier, replayed, request_hash
 from api.problems import Problem, validation_errors
 from api.routers.openai_files import own_file
@@ -50,7 +51,6 @@ NOT_FOUND = "no eval with this id in your project"
 RUN_NOT_FOUND = "no run with this id in this eval"
 CRITERIA = ("string_check", "text_similarity", "python", "score_model", "label_model")
 MAX_CRITERIA = 16  # a multi grader's graders (mathrl/graders.py)
-DEFAULT_PASS = 0.5  # python and score_model criteria with no pass_threshold: OpenAI sets none
 MAX_GRADED = 1000  # items of a jsonl run: a grade job's (mathrl/specs/grade.py)
 EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 STATUS = {
@@ -176,13 +176,6 @@ def criteria(raw: list[dict[str, Any]], aliases: dict[str, str] | None = None) -
         rules.append({"name": c["name"], "type": kind, "pass_threshold": threshold})
     multi = TypeAdapter(Grader).validate_python({"type": "multi", "graders": graders, "calculate_output": "c0"})
     return multi, rules
-
-
-def passed(rule: dict[str, Any], score: float) -> bool:
-    if rule["type"] in ("string_check", "label_model"):
-        return score >= 1.0
-    threshold = rule["pass_threshold"]
-    return score >= (DEFAULT_PASS if threshold is None else threshold)
 
 
 def own_eval(session: Session, project_id: str, eval_id: str) -> Eval:
@@ -328,10 +321,6 @@ def _openai(job: Job) -> dict[str, Any]:
     return dict((job.resolved_config or {}).get("openai") or {})
 
 
-def _sample_rows(session: Session, job: Job) -> list[Sample]:
-    return list(session.scalars(select(Sample).where(Sample.job_id == job.id).order_by(Sample.index, Sample.id)))
-
-
 SCAN_BATCH = 200  # samples read at a time when paging output items
 
 
@@ -365,7 +354,7 @@ def _graded(job: Job, sample: Sample) -> tuple[dict[str, float], str | None, str
 
 
 def _results(job: Job, sample: Sample) -> tuple[list[dict[str, Any]], str | None, str]:
-    rules = _openai(job).get("criteria") or []
+    rules = run_criteria(job)
     scores, error, reason = _graded(job, sample)
     results = []
     for i, rule in enumerate(rules):
@@ -374,36 +363,22 @@ def _results(job: Job, sample: Sample) -> tuple[list[dict[str, Any]], str | None
     return results, error, reason
 
 
-def run_object(session: Session, job: Job) -> dict[str, Any]:
+def run_object(session: Session, job: Job, tally: Tally | None = None) -> dict[str, Any]:
+    """The run as OpenAI's `eval.run`; `tally`: its counts, already read with a page of runs
+    (api/eval_run_counts.py, in the database), else read here."""
     info = _openai(job)
     request = info.get("request") or {}
-    rules = info.get("criteria") or []
-    counts = {"total": 0, "passed": 0, "failed": 0, "errored": 0}
-    per = [{"testing_criteria": r["name"], "passed": 0, "failed": 0} for r in rules]
-    usage: dict[str, int] = {"invocation_count": 0, "prompt_tokens": 0, "completion_tokens": 0, "cached_tokens": 0}
-    if job.status == "succeeded":
-        for sample in _sample_rows(session, job):
-            results, grader_error, _ = _results(job, sample)
-            counts["total"] += 1
-            if grader_error:
-                counts["errored"] += 1
-            elif all(r["passed"] for r in results):
-                counts["passed"] += 1
-            else:
-                counts["failed"] += 1
-            for r, p in zip(results, per, strict=True):
-                p["passed" if r["passed"] else "failed"] += 1
-            data = sample.data or {}
-            if job.kind == "eval":
-                usage["invocation_count"] += 1
-                usage["prompt_tokens"] += int(data.get("prompt_tokens") or 0)
-                usage["completion_tokens"] += int(data.get("tokens") or 0)
+    tally = tally if tally is not None else tallies(session, [job])[job.id]
     model = info.get("model") or ""
     per_model = []
-    if usage["invocation_count"]:
-        per_model = [
-            {"model_name": model, **usage, "total_tokens": usage["prompt_tokens"] + usage["completion_tokens"]}
-        ]
+    if tally.invocations:
+        usage = {
+            "invocation_count": tally.invocations,
+            "prompt_tokens": tally.prompt_tokens,
+            "completion_tokens": tally.completion_tokens,
+            "cached_tokens": 0,
+        }
+        per_model = [{"model_name": model, **usage, "total_tokens": tally.prompt_tokens + tally.completion_tokens}]
     error: dict[str, str] | None = None
     if job.status == "failed":
         error = {"code": "job_failed", "message": job.error or "the run's job failed"}
@@ -417,8 +392,8 @@ def run_object(session: Session, job: Job) -> dict[str, Any]:
         "created_at": int(job.created_at.timestamp()),
         "data_source": request.get("data_source"),
         "metadata": request.get("metadata") or {},
-        "result_counts": counts,
-        "per_testing_criteria_results": per,
+        "result_counts": tally.counts(),
+        "per_testing_criteria_results": tally.per,
         "per_model_usage": per_model,
         "report_url": f"/ui/jobs/{job.id}",
         "error": error,
@@ -747,7 +722,9 @@ def list_runs(
             raise Problem(400, "Bad cursor", "query:/after: a run id from a previous page")
         q = q.where(Job.id > before if order == "asc" else Job.id < before)
     rows = list(session.scalars(q.order_by(Job.id.asc() if order == "asc" else Job.id.desc()).limit(limit + 1)))
-    return _page([run_object(session, j) for j in rows[:limit]], len(rows) > limit)
+    page = rows[:limit]
+    counts = tallies(session, page)  # one query per job kind for the page, not a read of every sample
+    return _page([run_object(session, j, counts[j.id]) for j in page], len(rows) > limit)
 
 
 @router.get("/{eval_id}/runs/{run_id}", responses={404: {"description": RUN_NOT_FOUND}})

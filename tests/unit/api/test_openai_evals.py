@@ -363,3 +363,76 @@ def test_a_large_runs_output_items_are_paged_from_the_database(app_client: Any) 
 
     with pytest.raises(openai.BadRequestError, match="an output item id from a previous page"):
         client.evals.runs.output_items.list(run.id, eval_id=ev.id, after="outputitem_" + "0" * 32)
+
+
+def test_run_counts_are_computed_in_the_database_and_load_no_sample(app_client: Any) -> None:
+    """A run's result counts were a read of every one of its samples, and a page of runs read every
+    run's (issue 68.2): now the database groups them (api/eval_run_counts.py). Scores stored as
+    booleans and as numbers, a grading error, a pass threshold and token usage are counted as before,
+    and neither retrieving a run nor listing runs loads a single sample."""
+    from sqlalchemy import event, update
+    from sqlalchemy.orm import Session
+
+    from store.models import Job, Sample
+
+    client = _client(app_client)
+    similar = {
+        "type": "text_similarity",
+        "name": "close",
+        "input": "{{sample.output_text}}",
+        "reference": "{{item.answer}}",
+        "evaluation_metric": "fuzzy_match",
+        "pass_threshold": 0.6,
+    }
+    ev = client.evals.create(data_source_config=SCHEMA, testing_criteria=[EXACT, similar])
+    items = _items(client, [{"question": "1 + 1?", "answer": "2"}])
+    data_source = {
+        "type": "completions",
+        "model": "org/model",
+        "input_messages": TEMPLATE,
+        "source": {"type": "file_id", "id": items.id},
+    }
+    runs = [client.evals.runs.create(ev.id, data_source=data_source) for _ in range(2)]
+    rows = [  # (exact, close, error): 7 pass both, 5 fail close, 3 fail exact, 2 errored
+        *[(True, 0.9, None)] * 4,
+        *[(1.0, 0.6, None)] * 3,
+        *[(1, 0.59, None)] * 5,
+        *[(False, 1.0, None)] * 3,
+        *[(True, 1.0, "the grader timed out")] * 2,
+    ]
+    with Session(db(app_client)) as s:
+        for run in runs:
+            job_id = str(uuid.UUID(run.id.removeprefix("evalrun_")))
+            s.add_all(
+                Sample(
+                    job_id=job_id,
+                    step=0,
+                    index=i,
+                    prompt="p",
+                    completion="c",
+                    data={"grader_sub": {"c0": a, "c1": b}, "grader_error": e, "prompt_tokens": 10, "tokens": 3},
+                )
+                for i, (a, b, e) in enumerate(rows)
+            )
+            s.execute(update(Job).where(Job.id == job_id).values(status="succeeded"))
+        s.commit()
+    loaded: list[object] = []
+
+    def count(_session: Any, instance: object) -> None:
+        if isinstance(instance, Sample):
+            loaded.append(instance)
+
+    event.listen(Session, "loaded_as_persistent", count)
+    try:
+        one = client.evals.runs.retrieve(runs[0].id, eval_id=ev.id)
+        listed = list(client.evals.runs.list(ev.id))
+    finally:
+        event.remove(Session, "loaded_as_persistent", count)
+    assert loaded == []
+    for run in [one, *listed]:
+        assert run.result_counts.model_dump() == {"total": 17, "passed": 7, "failed": 8, "errored": 2}
+        per = {p.testing_criteria: (p.passed, p.failed) for p in run.per_testing_criteria_results}
+        assert per == {"exact": (14, 3), "close": (12, 5)}  # the errored samples' scores count per criterion
+        (usage,) = run.per_model_usage
+        assert (usage.invocation_count, usage.prompt_tokens, usage.completion_tokens) == (17, 170, 51)
+    assert len(listed) == 2
