@@ -222,9 +222,9 @@ async def finite_body(request: Request) -> None:
     infinities, which JSON has no number for and Python's parser reads, are a 400 at that field, as
     the mathrl routes' strict models refuse them. Before, `"pass_threshold": NaN` in an eval's criteria
     was stored as null, and every later run of that eval was refused."""
-    from api.problems import OPENAI_PATHS, Problem
+    from api.problems import Problem, openai_paths
 
-    if not request.url.path.startswith(OPENAI_PATHS) or "json" not in request.headers.get("content-type", ""):
+    if not request.url.path.startswith(openai_paths()) or "json" not in request.headers.get("content-type", ""):
         return
     body = await request.body()
     if b"NaN" not in body and b"Infinity" not in body:

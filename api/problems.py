@@ -6,7 +6,7 @@ Messages are named constants so the OpenAPI `responses=` and the handlers say th
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -87,7 +87,7 @@ def problem_response(
     openai: bool | None = None,
 ) -> JSONResponse:
     """`openai`: with OpenAI's error object too (by default, on OpenAI's routes)."""
-    openai = instance.startswith(OPENAI_PATHS) if openai is None else openai
+    openai = instance.startswith(openai_paths()) if openai is None else openai
     if openai and status == 422:  # OpenAI answers invalid parameters with 400 (the SDK's BadRequestError)
         status = 400
     body: dict[str, Any] = {
@@ -127,17 +127,28 @@ SERVED = (
     "evals (and their runs and output items), models, chat.completions, completions, responses and batches "
     "(docs/openai-rft.md)"
 )
-# the routes shaped as OpenAI's API (api/routers/openai_*.py)
-OPENAI_PATHS = (
-    "/v1/fine_tuning/",
-    "/v1/files",
-    "/v1/evals",
-    "/v1/models",
-    "/v1/chat/",
-    "/v1/completions",
-    "/v1/responses",
-    "/v1/batches",
-)
+OPENAI_TAG = "openai:"  # what the tag of every router shaped as OpenAI's API starts with (api/routers/openai_*.py)
+_openai_paths: tuple[str, ...] = ()
+
+
+def openai_paths() -> tuple[str, ...]:
+    """The paths shaped as OpenAI's API, which answer a bad request with OpenAI's 400 and error
+    object: the root of each route tagged 'openai: ...' (/v1/evals, /v1/fine_tuning: a path under it
+    that no route serves answers OpenAI's 404), read off the app's routes by `install`. A router is
+    covered by its tag: none is listed by hand."""
+    return _openai_paths
+
+
+def learn_openai_paths(routes: Sequence[Any]) -> None:
+    global _openai_paths
+    tagged = {
+        "/".join(str(getattr(r, "path", "")).split("/")[:3])  # its resource's root: /v1/fine_tuning, /v1/chat
+        for r in routes
+        if any(str(tag).startswith(OPENAI_TAG) for tag in getattr(r, "tags", None) or ())
+    }
+    _openai_paths = tuple(sorted(set(_openai_paths) | tagged))
+
+
 MODEL_PATHS = ("/v1/models", "/v1/chat/", "/v1/completions")
 
 
@@ -281,7 +292,7 @@ def document_problems(schema: dict[str, Any]) -> dict[str, Any]:
                     responses.setdefault("400", {"description": BAD_CURSOR})
                 if params:
                     responses.setdefault("422", {"description": "A parameter is invalid."})
-            if path.startswith(OPENAI_PATHS) and "422" in responses:  # answered 400 there, as OpenAI does
+            if path.startswith(openai_paths()) and "422" in responses:  # answered 400 there, as OpenAI does
                 responses.setdefault("400", responses.pop("422"))
             for code, response in responses.items():
                 if code[0] in "45":
@@ -290,7 +301,11 @@ def document_problems(schema: dict[str, Any]) -> dict[str, Any]:
 
 
 def install(app: FastAPI) -> None:
+    """Problem details on `app`, whose routers are all included: its OpenAI-tagged routes answer in
+    OpenAI's shape (`openai_paths`)."""
     from fastapi.openapi.utils import get_openapi
+
+    learn_openai_paths(app.routes)
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:

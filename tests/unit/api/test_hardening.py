@@ -21,7 +21,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 from sqlalchemy import text
 
-from api.problems import OPENAI_PATHS
+from api.problems import openai_paths
 from tests.helpers.api import admin_key, db, make_objects, overridden, project_jobs
 from tests.helpers.env import ADMIN_TOKEN
 from tests.helpers.jobs import PARKED, parked_eval, parked_grpo
@@ -70,7 +70,7 @@ def test_every_numeric_query_parameter_is_bounded_and_named_when_out_of_range(ap
                     r = app_client.request(
                         method.upper(), path.format(**ids), params={name: value}, headers=h, json=body
                     )
-                    want = 400 if path.startswith(OPENAI_PATHS) else 422  # OpenAI's routes answer as OpenAI does
+                    want = 400 if path.startswith(openai_paths()) else 422  # OpenAI's routes answer as OpenAI does
                     assert r.status_code == want, (path, name, value, r.status_code, r.text[:300])
                     pointers = [e["pointer"] for e in r.json()["errors"]]
                     assert f"query:/{name}" in pointers, (path, name, r.text)
@@ -684,22 +684,41 @@ def test_a_stream_whose_client_went_away_before_it_began_gives_its_count_back(
     app_client.post(f"/v1/jobs/{job_id}/cancel", headers=owner)
 
 
-def test_every_route_of_an_openai_router_answers_as_openai_does() -> None:
-    """OPENAI_PATHS decides which routes answer a bad body with OpenAI's 400 and its error shape in
-    place of mathrl's 422 (issue 68): a router under api/routers/openai_*.py whose paths it does
-    not cover would answer the wrong shape, silently. Every route of those routers is covered, and
-    no route of mathrl's own routers is."""
+def test_every_route_of_an_openai_router_answers_as_openai_does(app_client: Any) -> None:
+    """Which routes answer a bad body with OpenAI's 400 and its error shape, in place of mathrl's
+    422, was a hand-kept list of paths (issue 68.2): a router missing from it answered the wrong
+    shape, silently. Now each route tagged 'openai: ...' is covered, read off the app's routes
+    (api/problems.py `openai_paths`): every route of the api/routers/openai_*.py routers, and no
+    route of mathrl's own routers; and a new router is covered by its tag alone."""
     import importlib
     import pkgutil
 
-    import api.routers
+    from fastapi import APIRouter, FastAPI
+    from fastapi.testclient import TestClient
 
+    import api.routers
+    from api import problems
+
+    assert app_client.app is not None  # the app is built: its routes were read
     for info in pkgutil.iter_modules(api.routers.__path__):
         module = importlib.import_module(f"api.routers.{info.name}")
         paths = [getattr(r, "path", "") for r in module.router.routes]
         if info.name.startswith("openai_"):
-            missed = [p for p in paths if not p.startswith(OPENAI_PATHS)]
-            assert not missed, f"api/routers/{info.name}.py: {missed} are not in api.problems.OPENAI_PATHS"
+            missed = [p for p in paths if not p.startswith(openai_paths())]
+            assert not missed, f"api/routers/{info.name}.py: {missed} are not tagged 'openai: ...'"
         elif info.name not in ("health",):
-            taken = [p for p in paths if p.startswith(OPENAI_PATHS)]
+            taken = [p for p in paths if p.startswith(openai_paths())]
             assert not taken, f"api/routers/{info.name}.py: {taken} would answer in OpenAI's shape"
+
+    toy = APIRouter(prefix="/v1/toy_resources", tags=["openai: toy resources"])
+
+    @toy.post("/{toy_id}/grow")
+    def grow(toy_id: str, size: int) -> dict[str, int]:
+        return {"size": size + 1}
+
+    app = FastAPI()
+    app.include_router(toy)
+    problems.install(app)
+    r = TestClient(app).post("/v1/toy_resources/t1/grow", params={"size": "big"})
+    assert r.status_code == 400, r.text  # mathrl's routes answer this 422
+    assert r.json()["error"]["type"] == "invalid_request_error" and r.json()["error"]["param"] == "size", r.text
