@@ -126,6 +126,19 @@ def pg_url() -> Iterator[str]:
     admin.dispose()
 
 
+@pytest.fixture(params=["postgresql", "sqlite"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A migrated database of each kind the store runs on, for rules that must hold on both
+    (PostgreSQL skips where the services are not run: MATHRL_TEST_SERVICES=embedded)."""
+    if request.param == "postgresql":
+        return str(request.getfixturevalue("pg_url"))
+    from store.migrate import upgrade
+
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    upgrade(url)
+    return url
+
+
 @pytest.fixture(scope="session")
 def redis_url() -> str:
     if EMBEDDED:

@@ -5,14 +5,11 @@ did."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from api.eval_run_counts import score_of, tallies
 from store.db import session_scope
 from store.keys import get_or_create_project
-from store.migrate import upgrade
 from store.models import Job, Sample
 
 pytestmark = pytest.mark.quick
@@ -31,15 +28,6 @@ ROWS = [
     (True, 1.0, 0.49, None),
     *[(True, 1.0, 1.0, "the grader timed out")] * 2,
 ]
-
-
-@pytest.fixture(params=["postgresql", "sqlite"])
-def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "postgresql":
-        return str(request.getfixturevalue("pg_url"))
-    url = f"sqlite:///{tmp_path / 'store.db'}"
-    upgrade(url)
-    return url
 
 
 def test_a_runs_counts_are_grouped_in_the_database_as_each_sample_reads(store_url: str) -> None:

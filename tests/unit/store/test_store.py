@@ -10,19 +10,9 @@ import pytest
 from store.db import UNSTORABLE, session_scope
 from store.jobs import add_event
 from store.keys import get_or_create_project
-from store.migrate import upgrade
 from store.models import Event, Job
 
 pytestmark = pytest.mark.quick
-
-
-@pytest.fixture(params=["postgresql", "sqlite"])
-def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "postgresql":
-        return str(request.getfixturevalue("pg_url"))
-    url = f"sqlite:///{tmp_path / 'store.db'}"
-    upgrade(url)
-    return url
 
 
 def test_json_columns_store_undefined_numbers_as_null(store_url: str) -> None:
