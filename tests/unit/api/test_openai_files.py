@@ -13,9 +13,13 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
-from tests.helpers.api import admin_key, db
+from tests.helpers.api import admin_key, db, private_app_client
 
 pytestmark = pytest.mark.quick
+
+# a database of the module's own: a suite worker's reconciler (the `service` fixture's, on the session's
+# database) deletes expired files each round, and took the expiry test's file before its own round did
+app_client = private_app_client()
 
 
 def _client(app_client: Any) -> Any:
