@@ -75,9 +75,10 @@ class ChatModel:
         seed: int = 0,
         should_stop: Callable[[], bool] | None = None,
         logprobs: int | None = None,
+        schema: dict[str, Any] | None = None,
     ) -> list[list[Choice]]:
         """Each prompt's `n` choices; with `logprobs`, each one's tokens' and that many most likely
-        alternatives' log-probabilities."""
+        alternatives' log-probabilities; with `schema`, each a JSON text it admits (evaluator/structured.py)."""
         from evaluator.backends.hf import eos_ids, generate
 
         out = generate(
@@ -91,6 +92,7 @@ class ChatModel:
             n=n,
             seed=seed,
             should_stop=should_stop,
+            constrain=self.constraint(schema),
         )
         choices = [[Choice(g.text, "length" if g.truncated else "stop", g.tokens) for g in gens] for gens in out]
         if logprobs is not None:
@@ -99,6 +101,15 @@ class ChatModel:
                 for g, c in zip(gens, made, strict=True):
                     c.logprobs = self.logprobs(prompt, kept_tokens(self.tokenizer, g.ids, stops, g.text), logprobs)
         return choices
+
+    def constraint(self, schema: dict[str, Any] | None) -> Callable[[], Any] | None:
+        """What holds an answer to `schema` (None: nothing)."""
+        if schema is None:
+            return None
+        from evaluator.backends.hf import eos_ids
+        from evaluator.structured import constraint
+
+        return constraint(self.model, self.tokenizer, schema, eos_ids(self.model, self.tokenizer))
 
     def logprobs(self, prompt: str, ids: list[int], top: int) -> list[Token]:
         """The log-probabilities of a completion's tokens `ids` after `prompt` (evaluator/logprobs.py)."""
@@ -116,6 +127,7 @@ class ChatModel:
         stop: list[str] | None = None,
         seed: int = 0,
         logprobs: int | None = None,
+        schema: dict[str, Any] | None = None,
     ) -> Choice:
         """One completion, its text passed to `on_text` piece by piece while it is generated
         (never past a stop string, which is cut as `answer` cuts it); its log-probabilities, asked
@@ -139,6 +151,8 @@ class ChatModel:
             kwargs.update(do_sample=True, temperature=temperature, top_p=top_p)
         else:
             kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+        if (constrain := self.constraint(schema)) is not None:
+            kwargs["logits_processor"] = [constrain()]
         result: dict[str, Any] = {}
 
         def run() -> None:
@@ -262,6 +276,7 @@ def _answer_here(spec: GenerateSpec, sink: Any, model: ChatModel, deltas: Any) -
         # no seed: a draw of its own, as OpenAI's repeated calls differ (0 made every call's answer the same)
         "seed": spec.seed if spec.seed is not None else secrets.randbits(31),
         "logprobs": spec.logprobs,
+        "schema": _schema(spec),
     }
     if spec.stream and spec.n == 1:
         choices = [model.stream(prompt, lambda text: deltas.add(0, text), **options)]
@@ -307,6 +322,12 @@ def _answer_with_tools(spec: GenerateSpec, sink: Any, model: ChatModel, sandbox:
     return rows
 
 
+def _schema(spec: GenerateSpec) -> dict[str, Any] | None:
+    """The JSON Schema a call's answer is held to (its response_format), None for plain text."""
+    held = spec.response_format
+    return held.target() if held is not None and held.constrains() else None
+
+
 def _rows(prompt: str, prompt_tokens: int, cached_tokens: int, choices: list[Choice]) -> list[dict[str, Any]]:
     """A call's choices as its sample rows."""
     return [
@@ -330,7 +351,17 @@ def _knobs(call: Any) -> tuple[Any, ...] | None:
     """What lines generated together must share (None: a line that did not parse, alone)."""
     if isinstance(call, Exception):
         return None
-    return (call.max_tokens, call.temperature, call.top_p, call.n, tuple(call.stop or ()), call.seed, call.logprobs)
+    schema = json.dumps(_schema(call), sort_keys=True)
+    return (
+        call.max_tokens,
+        call.temperature,
+        call.top_p,
+        call.n,
+        tuple(call.stop or ()),
+        call.seed,
+        call.logprobs,
+        schema,
+    )
 
 
 def _answer_many(calls: list[Any], sink: Any, model: ChatModel) -> list[list[dict[str, Any]]]:
@@ -349,6 +380,7 @@ def _answer_many(calls: list[Any], sink: Any, model: ChatModel) -> list[list[dic
         seed=first.seed if first.seed is not None else secrets.randbits(31),
         should_stop=sink.should_stop,
         logprobs=first.logprobs,
+        schema=_schema(first),
     )
     return [_rows(p, model.prompt_tokens(p), 0, c) for p, c in zip(prompts, choices, strict=True)]
 
@@ -529,6 +561,8 @@ def _generate_remote(spec: GenerateSpec, engine: RemoteEngine, deltas: DeltaWrit
         "stream": True,
         "stream_options": {"include_usage": True},
     })  # fmt: skip
+    if spec.response_format is not None and spec.response_format.constrains():  # the engine's guided decoding
+        body["response_format"] = spec.response_format.model_dump(mode="json", exclude_none=True)
     chat = spec.messages is not None
     if spec.messages is not None:
         path, body["messages"] = "/v1/chat/completions", [m.model_dump() for m in spec.messages]

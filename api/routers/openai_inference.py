@@ -42,6 +42,7 @@ from mathrl.errors import FieldError
 from mathrl.modelref import FINAL_DELETED_TAG, ft_model_ref, split_job_ref
 from mathrl.specs import GenerateSpec
 from mathrl.specs.generate import MAX_CHOICES, MAX_TOKENS, MAX_TOP_LOGPROBS, sampling_fields
+from mathrl.specs.response_format import ResponseFormat
 from mathrl.status import WAIT_ENDS
 from store.db import get_sessionmaker
 from store.jobs import has_tag, readers_of, request_cancel
@@ -99,10 +100,6 @@ class StreamOptions(_Open):
     include_obfuscation: bool | None = Field(None, description="Accepted; no obfuscation field is sent.")
 
 
-class TextFormat(_Open):
-    type: Literal["text"] = Field(..., description="Plain text, the only format served here.")
-
-
 # what clients (LangChain, litellm, lm-eval) send at their neutral values: accepted as no-ops; any
 # other value is a 400 naming the field, since nothing here would honour it
 Neutral = Annotated[float, Field(ge=0, le=0)]
@@ -152,7 +149,9 @@ class ChatCompletionParams(_Sampling):
         "(the models here have no reasoning-effort control): none, minimal and low 256, medium 1024, high and "
         "xhigh 4096 tokens.",
     )
-    response_format: TextFormat | None = Field(None, description="Only {'type': 'text'}.")
+    response_format: ResponseFormat | None = Field(
+        None, description="text, json_object or json_schema (structured outputs: the answer decoded under the schema)."
+    )
     parallel_tool_calls: bool | None = Field(None, description="Accepted; no tools here.")
     prompt_cache_key: Annotated[str, Field(max_length=256)] | None = Field(None, description="Accepted; not used.")
     safety_identifier: Annotated[str, Field(max_length=256)] | None = Field(None, description="Accepted; not used.")

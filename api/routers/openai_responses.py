@@ -71,7 +71,22 @@ class InputMessage(_Open):
 
 
 class TextFormat(_Open):
-    type: Literal["text"] = Field(..., description="Plain text, the only format served here.")
+    """The Responses API's format: chat's response_format with its json_schema's fields flattened."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, serialize_by_alias=True)
+
+    type: Literal["text", "json_object", "json_schema"] = Field(..., description="What the answer must be.")
+    name: str | None = Field(None, max_length=64, description="json_schema: the format's name.")
+    schema_: dict[str, Any] | None = Field(None, alias="schema", description="json_schema: the JSON Schema.")
+    description: str | None = Field(None, max_length=10_000, description="json_schema: what it is for.")
+    strict: bool | None = Field(None, description="json_schema: OpenAI's strict mode.")
+
+    def as_response_format(self) -> dict[str, Any]:
+        """The same format as a chat's response_format (mathrl/specs/response_format.py checks it)."""
+        if self.type != "json_schema":
+            return {"type": self.type}
+        schema = {"name": self.name, "schema": self.schema_, "description": self.description, "strict": self.strict}
+        return {"type": "json_schema", "json_schema": {k: v for k, v in schema.items() if v is not None}}
 
 
 class TextConfig(_Open):
@@ -193,7 +208,12 @@ def _request(body: ResponseParams) -> dict[str, Any]:
         "user": body.user,
         "top_logprobs": body.top_logprobs or 0,
         "background": bool(body.background),
+        "text": {"format": _format(body).model_dump(mode="json", exclude_none=True)},
     }
+
+
+def _format(body: ResponseParams) -> TextFormat:
+    return body.text.format if body.text is not None and body.text.format is not None else TextFormat(type="text")
 
 
 def _submit(project_id: str, settings: Settings, body: ResponseParams) -> str:
@@ -207,6 +227,7 @@ def _submit(project_id: str, settings: Settings, body: ResponseParams) -> str:
         "top_p": body.top_p or 1.0,
         "n": 1,
         "logprobs": (body.top_logprobs or 0) if body.include else None,
+        "response_format": _format(body).as_response_format(),
         "stream": bool(body.stream),
         "backend": settings.fine_tuning.inference_backend,
         "name": "responses",
@@ -222,9 +243,12 @@ def _submit(project_id: str, settings: Settings, body: ResponseParams) -> str:
         named = (
             "/input" if pointer.startswith("/messages") else "/max_output_tokens" if pointer == "/max_tokens" else None
         )
+        for theirs in ("/response_format/json_schema", "/response_format"):  # flattened in text.format
+            if named is None and pointer.startswith(theirs):
+                named = "/text/format" + pointer.removeprefix(theirs)
         if named is None:
             raise
-        raise Problem.at(named, detail, status=400) from None
+        raise Problem.at(named, detail.replace("response_format", "text.format"), status=400) from None
 
 
 def _usage(row: dict[str, Any] | None) -> dict[str, Any]:

@@ -39,8 +39,10 @@ def generate(
     batch_size: int = 16,
     on_batch: Callable[[int, int], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
+    constrain: Callable[[], Any] | None = None,
 ) -> list[list[Generation]]:
-    """`Backend.generate` with transformers (`HF`)."""
+    """`Backend.generate` with transformers (`HF`); `constrain`: a maker of the logits processor that holds
+    each batch's answers to a schema (evaluator/structured.py), through `model.generate`."""
     import torch
 
     tokenizer.padding_side = "left"
@@ -69,7 +71,9 @@ def generate(
             kwargs.update(do_sample=True, temperature=temperature, top_p=top_p)
         else:
             kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
-        if temperature > 0 or n > 1:
+        if constrain is not None:
+            kwargs["logits_processor"] = [constrain()]  # (one per call: it keeps its rows' state)
+        if temperature > 0 or n > 1 or constrain is not None:
             with torch.inference_mode():
                 out = model.generate(**enc, **kwargs)
             new = out[:, enc["input_ids"].shape[1] :].cpu().tolist()

@@ -15,6 +15,7 @@ from mathrl.jsonl_files import BATCH_PURPOSE
 from mathrl.modelref import ModelRef
 from mathrl.specs.base import Dtype, GenerationBackend, JobBase, StrictModel
 from mathrl.specs.refs import HoldsAFile
+from mathrl.specs.response_format import ResponseFormat
 from mathrl.specs.tools import Tools
 
 MAX_TOKENS = 32_768  # new tokens one call may ask for
@@ -66,6 +67,7 @@ def sampling_fields(body: Mapping[str, Any], chat: bool) -> dict[str, Any]:
         what: dict[str, Any] = {
             "messages": [{"role": m["role"], "content": _text(m.get("content"))} for m in body["messages"]],
             "logprobs": (body.get("top_logprobs") or 0) if body.get("logprobs") else None,
+            "response_format": body.get("response_format"),
         }
         max_tokens = (
             body.get("max_completion_tokens") or body.get("max_tokens") or effort_budget(body.get("reasoning_effort"))
@@ -128,6 +130,12 @@ class GenerateSpec(JobBase):
         "(OpenAI's logprobs and top_logprobs); unset: none.",
     )
     stream: bool = Field(False, description="Store the text as 'delta' events while it is generated.")
+    response_format: ResponseFormat | None = Field(
+        None,
+        description="What a chat's answer must be (OpenAI's structured outputs): json_object, any JSON object; "
+        "json_schema, JSON its schema admits, decoded under the schema on transformers (xgrammar) and on the warm "
+        "vLLM engine (its guided decoding).",
+    )
     backend: GenerationBackend | Literal["auto"] = Field(
         "hf", description="vllm: the worker's warm vLLM engine; auto: that engine where the worker has vLLM, else hf."
     )
@@ -156,6 +164,8 @@ class GenerateSpec(JobBase):
             raise FieldError(
                 "resources", "a generate job runs as one process on one node: drop resources.nodes/processes"
             )
+        if self.prompt is not None and self.response_format is not None and self.response_format.constrains():
+            raise FieldError("response_format", "a plain prompt is continued as text: send messages (a chat)")
         if self.tools is not None:
             self._check_tools()
         return self
@@ -172,6 +182,8 @@ class GenerateSpec(JobBase):
             why = "a rollout's tokens are the model's and the tool's: drop logprobs with tools"
         elif self.backend == "vllm":
             why = "tool rollouts run on transformers in the job's process, not the warm engine: use backend 'hf'"
+        elif self.response_format is not None and self.response_format.constrains():
+            why = "a rollout's turns are code and text, not one JSON answer: drop response_format with tools"
         elif self.tools.void_turns != "keep":
             why = "void_turns is how GRPO trains on void rollouts: drop it"
         if why:

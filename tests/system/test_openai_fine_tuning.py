@@ -10,7 +10,7 @@ import io
 import json
 import time
 import uuid
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import pytest
@@ -236,6 +236,19 @@ def _sample_the_fine_tuned_model(service: Service, client: Any, model: str, chec
         if e["type"] == "delta"
     ]
     print(f"\nstreamed {len(chunks)} chunks ({len(deltas)} delta events): {text!r}")
+    # structured outputs (issue 69.2): the answer decoded under the schema, which the SDK parses; the tiny
+    # model's free text is never this JSON
+    from pydantic import BaseModel
+
+    class Verdict(BaseModel):
+        verdict: Literal["yes", "no"]
+        sure: bool
+
+    ask = [{"role": "user", "content": "Is 12 + 30 = 42?"}]
+    parsed = client.chat.completions.parse(model=model, messages=ask, response_format=Verdict, max_tokens=64, seed=3)
+    assert isinstance(parsed.choices[0].message.parsed, Verdict), parsed
+    answered = client.responses.parse(model=model, input=ask[0]["content"], text_format=Verdict, max_output_tokens=64)
+    assert isinstance(answered.output_parsed, Verdict) and answered.text.format.type == "json_schema", answered
     # a plain prompt, no chat template
     done = client.completions.create(model=model, prompt="12 + 30 =", max_tokens=4, temperature=0, logprobs=1)
     assert done.object == "text_completion" and done.choices[0].finish_reason in ("stop", "length")
@@ -302,6 +315,16 @@ def _sample_the_fine_tuned_model(service: Service, client: Any, model: str, chec
         }
         for i, q in enumerate(asks)
     ]
+    schema = {
+        "type": "object",
+        "properties": {"verdict": {"type": "string", "enum": ["yes", "no"]}, "sure": {"type": "boolean"}},
+        "required": ["verdict", "sure"],
+        "additionalProperties": False,
+    }
+    held = {"type": "json_schema", "json_schema": {"name": "v", "strict": True, "schema": schema}}
+    lines.append(
+        {**lines[0], "custom_id": "q2", "body": {**lines[0]["body"], "max_tokens": 64, "response_format": held}}
+    )
     requests = client.files.create(file=("batch.jsonl", _jsonl(lines)), purpose="batch")
     batch = client.batches.create(input_file_id=requests.id, endpoint="/v1/chat/completions", completion_window="24h")
     batch = wait_for(
@@ -310,9 +333,10 @@ def _sample_the_fine_tuned_model(service: Service, client: Any, model: str, chec
         0.5,
         "the batch to end",
     )
-    assert batch.status == "completed" and batch.request_counts.completed == 2 and not batch.error_file_id, batch
+    assert batch.status == "completed" and batch.request_counts.completed == 3 and not batch.error_file_id, batch
     answers = [json.loads(x) for x in client.files.content(batch.output_file_id).text.splitlines()]
-    assert [a["custom_id"] for a in answers] == ["q0", "q1"], answers
+    assert [a["custom_id"] for a in answers] == ["q0", "q1", "q2"], answers
+    Verdict.model_validate_json(answers[2]["response"]["body"]["choices"][0]["message"]["content"])
     alone = client.chat.completions.create(
         model=model, messages=[{"role": "user", "content": asks[0]}], max_tokens=4, temperature=0
     )

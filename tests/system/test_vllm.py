@@ -241,6 +241,23 @@ def test_eval_job_on_a_worker_with_vllm(vllm_ready: Path, service: Service, mode
         deltas = [e.data["text"] for e in c.jobs.events(on_engine.id) if e.type == "delta"]
         assert "".join(deltas) == engine_text, (deltas, engine_text)
 
+        # a chat held to a JSON Schema (structured outputs, issue 69.2) answers on the warm engine under
+        # its guided decoding: JSON the schema admits, from a model whose free text is never JSON
+        verdict = {
+            "type": "object",
+            "properties": {"verdict": {"type": "string", "enum": ["yes", "no"]}, "sure": {"type": "boolean"}},
+            "required": ["verdict", "sure"],
+            "additionalProperties": False,
+        }
+        held = {"type": "json_schema", "json_schema": {"name": "v", "strict": True, "schema": verdict}}
+        chat = {"kind": "generate", "model": other, "messages": [{"role": "user", "content": "2 + 2 = 4?"}]}
+        structured = c.jobs.create({**chat, "max_tokens": 64, "response_format": held, "backend": "vllm", **on_vllm})
+        assert c.jobs.wait(structured.id, timeout=600).status == "succeeded", c.jobs.retrieve(structured.id).error
+        served = next(e for e in c.jobs.events(structured.id) if e.type == "vllm_engine")
+        assert served.data["how"] == "reused", served
+        answer = json.loads(c.jobs.samples(structured.id)[0].completion)
+        assert set(answer) == {"verdict", "sure"} and answer["verdict"] in ("yes", "no"), answer
+
         # a label_model grader's model answers on the warm engine too, as transformers would
         judge = {
             "type": "label_model",

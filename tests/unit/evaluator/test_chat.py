@@ -374,3 +374,86 @@ def test_a_batchs_lines_with_the_same_knobs_are_generated_together_on_transforme
     assert {k: got[k] for k in alone} == alone
     assert got["other"] == _generated(tiny_model, prompt="9 =", max_tokens=3, temperature=0)[0]["completion"]
     assert [r["prompt"] for r in sink.rows[:4]] == asks[:4]
+
+
+VERDICT = {
+    "type": "object",
+    "properties": {
+        "verdict": {"type": "string", "enum": ["yes", "no"]},
+        "sure": {"type": "boolean"},
+        "n": {"type": "integer", "minimum": 0, "maximum": 99},
+    },
+    "required": ["verdict", "sure", "n"],
+    "additionalProperties": False,
+}
+
+
+def test_a_call_held_to_a_schema_answers_json_the_schema_admits(tiny_model: str) -> None:
+    """Issue 69.2: structured outputs on transformers (evaluator/structured.py, xgrammar). The tiny model
+    writes random text unheld; held to a schema, every choice, sampled, greedy or streamed, is JSON that
+    validates against it, and nothing follows the JSON; json_object holds the answer to an object."""
+    import jsonschema
+
+    held = {"type": "json_schema", "json_schema": {"name": "verdict", "strict": True, "schema": VERDICT}}
+    chat = [{"role": "user", "content": "Is 2 + 2 = 4?"}]
+    free = _answers(tiny_model, prompt=None, messages=chat, max_tokens=60, n=4, seed=1)
+    assert not any(a.startswith('{"verdict"') for a in free), free
+    for over in ({"n": 4, "temperature": 1.0}, {"temperature": 0.0}, {"stream": True}):
+        spec = parse_spec(
+            {"kind": "generate", "model": tiny_model, "messages": chat, "max_tokens": 60, "seed": 2}
+            | {"response_format": held}
+            | over
+        )
+        sink = Recorded()
+        run_generate(spec, sink, tiny_model)
+        assert len(sink.rows) == over.get("n", 1)
+        for row in sink.rows:
+            assert row["data"]["finish_reason"] == "stop", (over, row)
+            jsonschema.validate(json.loads(row["completion"]), VERDICT)
+    spec = parse_spec(
+        {"kind": "generate", "model": tiny_model, "messages": chat, "max_tokens": 8, "n": 3, "seed": 2}
+        | {"response_format": {"type": "json_object"}}
+    )
+    sink = Recorded()
+    run_generate(spec, sink, tiny_model)
+    for row in sink.rows:  # a cut-short object is a prefix of one; an ended one parses as one
+        assert row["completion"].startswith("{"), row
+        if row["data"]["finish_reason"] == "stop":
+            assert isinstance(json.loads(row["completion"]), dict), row
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "object", "properties": {f: {"type": "string", "format": f}}}
+        for f in ("date-time", "time", "date", "duration", "email", "hostname", "ipv4", "ipv6", "uuid")
+    ]
+    + [
+        {"type": "object", "properties": {"a": {"type": "string", "pattern": "^[a-z]+$", "minLength": 2}}},
+        {"type": "object", "properties": {"a": {"anyOf": [{"type": "string"}, {"type": ["integer", "null"]}]}}},
+        {"type": "object", "properties": {"b": {"type": "array", "prefixItems": [{"type": "string"}], "maxItems": 3}}},
+        {
+            "type": "object",
+            "$defs": {
+                "node": {"type": "object", "properties": {"kids": {"type": "array", "items": {"$ref": "#/$defs/node"}}}}
+            },
+            "properties": {
+                "root": {"$ref": "#/$defs/node"},
+                "c": {"const": "x"},
+                "m": {"type": "number", "maximum": 1},
+            },
+        },
+    ],
+)
+def test_every_schema_feature_the_api_admits_compiles_for_the_decoder(tiny_model: str, schema: dict[str, Any]) -> None:
+    """What mathrl/specs/response_format.py lets through at submit, xgrammar can hold an answer to:
+    a schema the API admits never fails its job at the worker."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from evaluator.backends.hf import eos_ids
+    from evaluator.structured import constraint
+    from mathrl.specs.response_format import ResponseFormat
+
+    ResponseFormat.model_validate({"type": "json_schema", "json_schema": {"name": "s", "schema": schema}})
+    tokenizer, model = AutoTokenizer.from_pretrained(tiny_model), AutoModelForCausalLM.from_pretrained(tiny_model)
+    assert callable(constraint(model, tokenizer, schema, eos_ids(model, tokenizer)))
