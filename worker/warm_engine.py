@@ -31,6 +31,7 @@ from typing import Any
 from config.settings import Settings
 from evaluator.backends.base import EngineSettings, WarmEngineAddress
 from mathrl.specs import AnySpec
+from worker.model_family import model_family as model_family  # what one engine can reload in place
 from worker.vllm_server import VLLMServer, free_port, launch, server_env
 
 # what the supervisor sets in the process of a job it gave a warm engine
@@ -65,18 +66,6 @@ def given_engine(settings: Settings, environ: dict[str, str] | None = None) -> W
 
 log = logging.getLogger("mathrl.worker")
 SERVED_NAME = "mathrl-eval"
-# what must match, besides config.json, for a checkpoint's weights to be loaded into an engine
-FAMILY_FILES = (
-    "generation_config.json",  # vLLM's default sampling settings come from it
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "chat_template.jinja",
-    "vocab.json",
-    "merges.txt",
-    "tokenizer.model",
-)
-VOLATILE_CONFIG = ("_name_or_path", "transformers_version")  # differ between saves of one model
 RELOAD_TIMEOUT = 600.0
 LORAS_PER_BATCH = 2  # adapters one engine step can mix (vLLM keeps more loaded on the CPU side)
 
@@ -129,31 +118,6 @@ def max_model_len(model_path: str, cap: int) -> int:
     except (OSError, ValueError):
         return cap
     return min(int(config.get("max_position_embeddings") or cap), cap)
-
-
-def model_family(model_path: str) -> str | None:
-    """A fingerprint of what an engine's weights must fit: config.json (less the fields every save
-    rewrites), the generation config and the tokenizer's files. Two checkpoints of one training
-    run share it; None for what cannot be reloaded from disk (a hub id, an adapter, a GGUF file:
-    vLLM's reload reads safetensors shards from a directory)."""
-    import hashlib
-    import json
-
-    folder = Path(model_path)
-    try:
-        config = json.loads((folder / "config.json").read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(config, dict) or not any(folder.glob("*.safetensors")):
-        return None
-    for k in VOLATILE_CONFIG:
-        config.pop(k, None)
-    h = hashlib.sha256(json.dumps(config, sort_keys=True).encode())
-    for name in FAMILY_FILES:
-        f = folder / name
-        if f.is_file():
-            h.update(name.encode() + b"\0" + f.read_bytes())
-    return h.hexdigest()
 
 
 @dataclass

@@ -156,6 +156,43 @@ def test_checkpoints_of_one_model_share_a_family_and_other_models_do_not(tmp_pat
     assert warm_engine.model_family(step16) is None  # vLLM's reload reads safetensors
 
 
+def test_a_fine_tune_and_its_base_share_a_family_whatever_its_save_rewrote(tmp_path: Path) -> None:
+    """Issue 69.1: a trained model differs from its base in `use_cache`, in `eos_token_id: [2]` against `2`
+    and in re-serialised tokenizer files, so a base and its fine-tune never shared an engine: the first
+    chat with an `ft:` model, base warm, waited for a new engine (99.6 s here). What the files mean
+    decides now; what changes the engine's answers still parts them."""
+    import json
+
+    def save(folder: Path, eos: Any, tokenizer: dict[str, Any], tok_config: dict[str, Any], **config: Any) -> str:
+        indent = config.pop("indent", None)
+        path = _checkpoint(folder, b"w", eos_token_id=eos, use_cache=config.pop("use_cache", True), **config)
+        (folder / "tokenizer.json").write_text(json.dumps(tokenizer, indent=indent))
+        (folder / "tokenizer_config.json").write_text(json.dumps(tok_config))
+        (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": eos, "transformers_version": "5"}))
+        return path
+
+    vocab = {"a": 0, "b": 1, "ab": 2, "<eos>": 3}
+    tokenizer = {"model": {"type": "BPE", "vocab": vocab, "merges": ["a b"]}, "added_tokens": []}
+    template = {"chat_template": "{% for m in messages %}{{ m.content }}{% endfor %}", "eos_token": "<eos>"}
+    base = save(tmp_path / "base", 3, tokenizer, template)
+    resaved = {  # what another tokenizers version writes: merges as pairs, null fields, another order
+        "added_tokens": [],
+        "model": {"merges": [["a", "b"]], "vocab": vocab, "type": "BPE", "dropout": None},
+    }
+    fine_tune = save(
+        tmp_path / "ft", [3], resaved, {**template, "eos_token": {"content": "<eos>", "special": True}},
+        use_cache=False, indent=2,
+    )  # fmt: skip
+    family = warm_engine.model_family(base)
+    assert family is not None and warm_engine.model_family(fine_tune) == family
+    stops_more = save(tmp_path / "eos", [3, 2], tokenizer, template)  # the engine would not stop where it does
+    other_template = save(tmp_path / "tpl", 3, tokenizer, {**template, "chat_template": "{{ messages }}"})
+    other_merges = save(tmp_path / "bpe", 3, {**tokenizer, "model": {**tokenizer["model"], "merges": []}}, template)
+    deeper = save(tmp_path / "deep", 3, tokenizer, template, num_hidden_layers=4)
+    for other in (stops_more, other_template, other_merges, deeper):
+        assert warm_engine.model_family(other) != family, other
+
+
 def test_a_checkpoint_of_the_same_family_reloads_an_idle_engine_and_a_failed_reload_starts_anew(
     settings: Settings, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
