@@ -266,7 +266,11 @@ def test_a_batch_answers_each_line_as_a_call_and_a_bad_line_is_its_error(tiny_mo
     lines = [
         {"custom_id": "greedy", "body": {"model": "m", "prompt": "1 + 1 =", "max_tokens": 5, "temperature": 0}},
         {"custom_id": "too-long", "body": {"model": "m", "prompt": "1 +", "max_tokens": 10**6}},
-        {"custom_id": "two", "body": {"model": "m", "prompt": "2 +", "max_tokens": 3, "n": 2, "logprobs": 1}},
+        # seeded: a draw of its own could end at once, on the end-of-sequence token, and hold no log-probability
+        {
+            "custom_id": "two",
+            "body": {"model": "m", "prompt": "2 +", "max_tokens": 3, "n": 2, "logprobs": 1} | {"seed": 5},
+        },
     ]
     path = tmp_path / "batch.jsonl"
     path.write_text("".join(json.dumps({"method": "POST", "url": "/v1/completions", **x}) + "\n" for x in lines))
