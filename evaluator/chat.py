@@ -50,13 +50,13 @@ class ChatModel:
         self.model = load_model(path, dtype)
 
     def prompt(
-        self, messages: Sequence[Mapping[str, str]] | None, text: str | None = None, tools: list[Any] | None = None
+        self, messages: Sequence[Mapping[str, Any]] | None, text: str | None = None, tools: list[Any] | None = None
     ) -> str:
         """The text the model continues: the chat through its chat template (with `tools`, the schemas it
         renders), or `text` as it is."""
         if messages is None:
             return text or ""
-        chat = [{"role": m["role"], "content": m["content"]} for m in messages]
+        chat = [{k: v for k, v in m.items() if v is not None} for m in messages]  # (a tool message's fields too)
         extra = {"tools": tools} if tools else {}
         return str(self.tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True, **extra))
 
@@ -254,7 +254,7 @@ def _answer(
     spec: GenerateSpec, sink: Any, models: _Loaded, warm: WarmEngineAddress | None, deltas: Any
 ) -> list[dict[str, Any]]:
     """One call's choices as sample rows: on the warm engine where the call fits it, else on transformers."""
-    engine = _warm_engine_that_holds(spec, sink, warm) if warm is not None else None
+    engine = _warm_engine_that_holds(spec, sink, warm) if warm is not None and not spec.function_tools else None
     if engine is None:
         with models.lock:
             return _answer_here(spec, sink, models(), deltas)
@@ -265,9 +265,14 @@ def _answer(
 
 
 def _answer_here(spec: GenerateSpec, sink: Any, model: ChatModel, deltas: Any) -> list[dict[str, Any]]:
-    """One call's choices on transformers, in this process."""
-    messages = [m.model_dump() for m in spec.messages] if spec.messages is not None else None
-    prompt = model.prompt(messages, spec.prompt)
+    """One call's choices on transformers, in this process; with functions, each choice's calls read out
+    of its text (evaluator/function_calls.py)."""
+    from evaluator.function_calls import check_template, read_calls
+
+    functions = [t.model_dump(exclude_none=True) for t in spec.function_tools or []]
+    if functions:
+        check_template(model.tokenizer)
+    prompt = model.prompt(_template_messages(spec), spec.prompt, functions or None)
     options: dict[str, Any] = {
         "max_tokens": spec.max_tokens,
         "temperature": spec.temperature,
@@ -285,7 +290,20 @@ def _answer_here(spec: GenerateSpec, sink: Any, model: ChatModel, deltas: Any) -
         if spec.stream:  # several choices: each one's text comes whole, when all are done
             for i, c in enumerate(choices):
                 deltas.add(i, c.text)
-    return _rows(prompt, model.prompt_tokens(prompt), 0, choices)
+    rows = _rows(prompt, model.prompt_tokens(prompt), 0, choices)
+    for row in rows if functions and spec.tool_choice != "none" else []:
+        row["completion"], calls = read_calls(model.tokenizer, row["completion"], functions)
+        if calls:
+            row["data"].update(tool_calls=calls, finish_reason="tool_calls")
+    return rows
+
+
+def _template_messages(spec: GenerateSpec) -> list[dict[str, Any]] | None:
+    """The chat as the model's template reads it: calls' arguments as objects, tool messages named."""
+    if spec.messages is None:
+        return None
+    names = {c.id: c.function.name for m in spec.messages for c in m.tool_calls or []}
+    return [m.for_template(names) for m in spec.messages]
 
 
 def _answer_with_tools(spec: GenerateSpec, sink: Any, model: ChatModel, sandbox: Any) -> list[dict[str, Any]]:
@@ -349,8 +367,8 @@ def _rows(prompt: str, prompt_tokens: int, cached_tokens: int, choices: list[Cho
 
 def _knobs(call: Any) -> tuple[Any, ...] | None:
     """What lines generated together must share (None: a line that did not parse, alone)."""
-    if isinstance(call, Exception):
-        return None
+    if isinstance(call, Exception) or call.function_tools:
+        return None  # (a call with functions is answered alone: its calls are read from its text)
     schema = json.dumps(_schema(call), sort_keys=True)
     return (
         call.max_tokens,
@@ -367,9 +385,7 @@ def _knobs(call: Any) -> tuple[Any, ...] | None:
 def _answer_many(calls: list[Any], sink: Any, model: ChatModel) -> list[list[dict[str, Any]]]:
     """Calls with the same knobs (`_knobs`), generated as one batch on transformers: each one's rows."""
     first = calls[0]
-    prompts = [
-        model.prompt([m.model_dump() for m in c.messages] if c.messages is not None else None, c.prompt) for c in calls
-    ]
+    prompts = [model.prompt(_template_messages(c), c.prompt) for c in calls]
     choices = model.answer(
         prompts,
         max_tokens=first.max_tokens,
@@ -529,7 +545,7 @@ def _warm_engine_that_holds(spec: GenerateSpec, sink: Any, warm: WarmEngineAddre
     engine = connect(warm, sink.should_stop)
     body: dict[str, Any] = {"model": engine.model}
     if spec.messages is not None:
-        body["messages"] = [m.model_dump() for m in spec.messages]
+        body["messages"] = [m.model_dump(exclude_none=True) for m in spec.messages]
     else:
         body["prompt"] = spec.prompt
     r = httpx.post(engine.url + "/tokenize", json=body, timeout=60)  # vLLM's own count, its chat template's
@@ -565,7 +581,7 @@ def _generate_remote(spec: GenerateSpec, engine: RemoteEngine, deltas: DeltaWrit
         body["response_format"] = spec.response_format.model_dump(mode="json", exclude_none=True)
     chat = spec.messages is not None
     if spec.messages is not None:
-        path, body["messages"] = "/v1/chat/completions", [m.model_dump() for m in spec.messages]
+        path, body["messages"] = "/v1/chat/completions", [m.model_dump(exclude_none=True) for m in spec.messages]
     else:
         path, body["prompt"] = "/v1/completions", spec.prompt
     if spec.logprobs is not None:  # the engine's own (raw: its default logprobs-mode)

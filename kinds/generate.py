@@ -35,7 +35,8 @@ class GenerateKind(Kind[GenerateSpec, ResolvedConfig]):
 
     def needs(self, spec: GenerateSpec) -> Needs:
         vllm = names_vllm(spec.backend)
-        engine = spec.model if vllm or spec.backend == "auto" else None
+        # a call with functions is answered on transformers (evaluator/chat.py): no engine for it
+        engine = spec.model if (vllm or spec.backend == "auto") and not spec.function_tools else None
         return Needs(spec.model, engine_model=engine, vllm_field="backend" if vllm else None)
 
     def data(self, spec: GenerateSpec) -> Data:

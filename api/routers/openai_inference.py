@@ -41,7 +41,7 @@ from evaluator.logprobs import as_completion_logprobs
 from mathrl.errors import FieldError
 from mathrl.modelref import FINAL_DELETED_TAG, ft_model_ref, split_job_ref
 from mathrl.specs import GenerateSpec
-from mathrl.specs.generate import MAX_CHOICES, MAX_TOKENS, MAX_TOP_LOGPROBS, sampling_fields
+from mathrl.specs.generate import MAX_CHOICES, MAX_TOKENS, MAX_TOP_LOGPROBS, FunctionTool, sampling_fields
 from mathrl.specs.response_format import ResponseFormat
 from mathrl.status import WAIT_ENDS
 from store.db import get_sessionmaker
@@ -69,17 +69,31 @@ class TextPart(_Open):
     text: str = Field(..., max_length=100_000)
 
 
+class CalledFunction(_Open):
+    name: str = Field(..., min_length=1, max_length=64)
+    arguments: str = Field(..., max_length=100_000, description="JSON text, as the model wrote it.")
+
+
+class ToolCall(_Open):
+    id: str = Field(..., min_length=1, max_length=128)
+    type: Literal["function"]
+    function: CalledFunction
+
+
 class Message(_Open):
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Annotated[str, Field(max_length=100_000)] | list[TextPart] | None = Field(
         None, description="The text; an assistant's may be null (read as empty)."
     )
     name: str | None = Field(None, max_length=64)
     # what an assistant message the SDK returned carries, sent back as it is by a multi-turn script
-    # (messages.append(response.choices[0].message)): accepted empty, since no tools are served here
+    # (messages.append(response.choices[0].message))
     refusal: str | None = Field(None, max_length=100_000, description="Accepted; not used.")
-    tool_calls: Annotated[list[Any], Field(max_length=0)] | None = Field(None, description="No tools here: null.")
-    function_call: None = Field(None, description="No tools here: null.")
+    tool_calls: Annotated[list[ToolCall], Field(max_length=64)] | None = Field(
+        None, description="An assistant's: the functions it called (each answered by a tool message)."
+    )
+    tool_call_id: str | None = Field(None, max_length=128, description="A tool message's: the call it answers.")
+    function_call: None = Field(None, description="The deprecated form: use tools and tool_calls.")
     audio: None = Field(None, description="No audio here: null.")
     annotations: Annotated[list[Any], Field(max_length=0)] | None = Field(None, description="Accepted empty.")
 
@@ -152,7 +166,15 @@ class ChatCompletionParams(_Sampling):
     response_format: ResponseFormat | None = Field(
         None, description="text, json_object or json_schema (structured outputs: the answer decoded under the schema)."
     )
-    parallel_tool_calls: bool | None = Field(None, description="Accepted; no tools here.")
+    tools: Annotated[list[FunctionTool], Field(min_length=1, max_length=128)] | None = Field(
+        None,
+        description="Functions the model may call, through its chat template (one that carries tools: Qwen2.5, "
+        "Qwen3, SmolLM3); a call comes back as the message's tool_calls, finish_reason 'tool_calls'. Not streamed.",
+    )
+    tool_choice: Literal["none", "auto"] | None = Field(
+        None, description="auto (the default with tools) or none; 'required' and a named function are not served."
+    )
+    parallel_tool_calls: bool | None = Field(None, description="Accepted: a model may write several calls.")
     prompt_cache_key: Annotated[str, Field(max_length=256)] | None = Field(None, description="Accepted; not used.")
     safety_identifier: Annotated[str, Field(max_length=256)] | None = Field(None, description="Accepted; not used.")
 
@@ -378,7 +400,11 @@ def submit_generation(
             spec = GenerateSpec(model=ref, **{k: v for k, v in fields.items() if v is not None})
         except ValidationError as exc:
             err = validation_errors(exc.errors())[0]
-            raise Problem.at(err["pointer"], err["detail"]) from None
+            pointer = str(err["pointer"])  # the job's field, named as OpenAI's request names it
+            pointer = (
+                "/tools" + pointer.removeprefix("/function_tools") if pointer.startswith("/function_tools") else pointer
+            )
+            raise Problem.at(pointer, err["detail"]) from None
         config = admit({"": spec}, settings)[""]
         if openai is not None:
             config.openai = openai
@@ -489,6 +515,14 @@ def logprobs_of(row: dict[str, Any], chat: bool) -> dict[str, Any] | None:
     return {"content": tokens, "refusal": None} if chat else as_completion_logprobs(tokens)
 
 
+def _message(row: dict[str, Any]) -> dict[str, Any]:
+    """A choice's assistant message: its text, and the functions it called (content null where it only called)."""
+    calls = row.get("tool_calls")
+    if not calls:
+        return {"role": "assistant", "content": row["text"], "refusal": None}
+    return {"role": "assistant", "content": row["text"] or None, "refusal": None, "tool_calls": calls}
+
+
 def completion_object(job_id: str, model: str, rows: list[dict[str, Any]], chat: bool) -> dict[str, Any]:
     """A call's answer as OpenAI's chat.completion or text_completion object (its choices: the job's samples)."""
     base = {"id": _completion_id(job_id, chat), "created": int(time.time()), "model": model, "usage": _usage(rows)}
@@ -496,7 +530,7 @@ def completion_object(job_id: str, model: str, rows: list[dict[str, Any]], chat:
         choices = [
             {
                 "index": r["index"],
-                "message": {"role": "assistant", "content": r["text"], "refusal": None},
+                "message": _message(r),
                 "finish_reason": r["finish_reason"],
                 "logprobs": logprobs_of(r, chat),
             }

@@ -21,15 +21,75 @@ from mathrl.specs.tools import Tools
 MAX_TOKENS = 32_768  # new tokens one call may ask for
 
 
+class CalledFunction(StrictModel):
+    name: str = Field(..., min_length=1, max_length=64, description="The function's name.")
+    arguments: str = Field(..., max_length=100_000, description="Its arguments, as JSON text (as OpenAI sends them).")
+
+
+class ToolCall(StrictModel):
+    """A function call an assistant message made (OpenAI's `tool_calls` item)."""
+
+    id: str = Field(..., min_length=1, max_length=128, description="The call's id, which the tool message answers.")
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+
 class ChatMessage(StrictModel):
-    role: Literal["system", "developer", "user", "assistant"] = Field(..., description="Who said it.")
+    role: Literal["system", "developer", "user", "assistant", "tool"] = Field(..., description="Who said it.")
     content: str = Field(..., max_length=100_000, description="What was said.")
+    tool_calls: list[ToolCall] | None = Field(
+        None, max_length=64, description="An assistant's: the functions it called (answered by tool messages)."
+    )
+    tool_call_id: str | None = Field(None, max_length=128, description="A tool message's: the call it answers.")
 
     @model_validator(mode="after")
     def _developer_is_system(self) -> ChatMessage:
         if self.role == "developer":  # OpenAI's newer name for the system message
             self.role = "system"
+        if self.tool_calls is not None and self.role != "assistant":
+            raise FieldError("tool_calls", "only an assistant message carries tool_calls")
+        if (self.role == "tool") != (self.tool_call_id is not None):
+            raise FieldError("tool_call_id", "a tool message names the call it answers (tool_call_id), and only it")
         return self
+
+    def for_template(self, names: dict[str, str]) -> dict[str, Any]:
+        """The message as chat templates read it (Qwen2.5's, SmolLM3's): a call's arguments as an object, a
+        tool message with its function's name (`names`: call id -> name)."""
+        out: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            out["tool_calls"] = [
+                {"type": "function", "id": c.id, "function": {"name": c.function.name, "arguments": _args(c)}}
+                for c in self.tool_calls
+            ]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+            if self.tool_call_id in names:
+                out["name"] = names[self.tool_call_id]
+        return out
+
+
+def _args(call: ToolCall) -> Any:
+    import json
+
+    try:
+        return json.loads(call.function.arguments)
+    except ValueError:
+        return call.function.arguments  # (a model's own malformed JSON, sent back as it came)
+
+
+class FunctionDef(StrictModel):
+    name: str = Field(..., pattern=r"^[a-zA-Z0-9_-]{1,64}$", description="The function's name (letters, digits, _ -).")
+    description: str | None = Field(None, max_length=10_000, description="What it does, for the model.")
+    parameters: dict[str, Any] | None = Field(None, description="Its arguments, as a JSON Schema object.")
+    strict: bool | None = Field(None, description="Accepted; the arguments are the model's own JSON.")
+
+
+class FunctionTool(StrictModel):
+    """A function the caller runs itself (OpenAI's `tools` item): the model may call it, and the answer
+    carries the call for the caller to run and send back as a tool message."""
+
+    type: Literal["function"] = Field(..., description="Only functions.")
+    function: FunctionDef
 
 
 DEFAULT_MAX_TOKENS = 256  # a chat, a response or an eval run that names no length
@@ -58,6 +118,19 @@ def _text(content: Any) -> str:
     return content if isinstance(content, str) else "\n".join(str(p["text"]) for p in content)
 
 
+def _message(m: Mapping[str, Any]) -> dict[str, Any]:
+    """An OpenAI chat message as a generate job's: its text, and the calls it made or answers."""
+    out: dict[str, Any] = {"role": m["role"], "content": _text(m.get("content"))}
+    if m.get("tool_calls"):
+        out["tool_calls"] = [
+            {"id": c["id"], "type": "function", "function": {k: c["function"][k] for k in ("name", "arguments")}}
+            for c in m["tool_calls"]
+        ]
+    if m.get("tool_call_id") is not None:
+        out["tool_call_id"] = m["tool_call_id"]
+    return out
+
+
 def sampling_fields(body: Mapping[str, Any], chat: bool) -> dict[str, Any]:
     """An OpenAI chat (`chat`) or text completion request, already checked by its route's model
     (api/routers/openai_inference.py), as a generate job's fields: its chat or prompt, and its
@@ -65,7 +138,9 @@ def sampling_fields(body: Mapping[str, Any], chat: bool) -> dict[str, Any]:
     max_tokens None: the model's default budget (the route's, or the batch job's)."""
     if chat:
         what: dict[str, Any] = {
-            "messages": [{"role": m["role"], "content": _text(m.get("content"))} for m in body["messages"]],
+            "messages": [_message(m) for m in body["messages"]],
+            "function_tools": body.get("tools") or None,
+            "tool_choice": body.get("tool_choice"),
             "logprobs": (body.get("top_logprobs") or 0) if body.get("logprobs") else None,
             "response_format": body.get("response_format"),
         }
@@ -136,6 +211,17 @@ class GenerateSpec(JobBase):
         "json_schema, JSON its schema admits, decoded under the schema on transformers (xgrammar) and on the warm "
         "vLLM engine (its guided decoding).",
     )
+    function_tools: list[FunctionTool] | None = Field(
+        None,
+        min_length=1,
+        max_length=128,
+        description="Functions the model may call (OpenAI's chat `tools`): rendered by the model's chat template, "
+        "and a call the model writes comes back as the answer's tool_calls for the caller to run. On transformers; "
+        "the model's chat template must carry tools.",
+    )
+    tool_choice: Literal["auto", "none"] | None = Field(
+        None, description="auto: the model may call a function; none: it answers in text (its calls are not read)."
+    )
     backend: GenerationBackend | Literal["auto"] = Field(
         "hf", description="vllm: the worker's warm vLLM engine; auto: that engine where the worker has vLLM, else hf."
     )
@@ -168,7 +254,25 @@ class GenerateSpec(JobBase):
             raise FieldError("response_format", "a plain prompt is continued as text: send messages (a chat)")
         if self.tools is not None:
             self._check_tools()
+        if self.function_tools is not None:
+            self._check_function_tools()
         return self
+
+    def _check_function_tools(self) -> None:
+        """A chat's functions: the answer is read for calls once whole, on transformers."""
+        why = None
+        if self.messages is None:
+            why = "functions are offered in a chat: send messages"
+        elif self.tools is not None:
+            why = "the python tool runs its calls here, functions are run by the caller: give one of tools or functions"
+        elif self.stream:
+            why = "an answer's function calls are read once it is whole: drop stream with tools"
+        elif self.response_format is not None and self.response_format.constrains():
+            why = "an answer held to a schema calls no function: drop response_format or tools"
+        elif self.backend == "vllm":
+            why = "function calls are answered on transformers in the job's process: use backend 'hf' or 'auto'"
+        if why:
+            raise FieldError("function_tools", why)
 
     def _check_tools(self) -> None:
         """A tool rollout runs in turns on transformers in the job's process (evaluator/tool_rollouts.py)."""

@@ -117,3 +117,45 @@ def test_a_batch_line_with_a_schema_not_served_is_refused_naming_the_line(app_cl
         client.batches.create(input_file_id=requests.id, endpoint="/v1/chat/completions", completion_window="24h")
     assert "/input_file_id/line/2/body/response_format/json_schema/schema" in str(e.value.body), e.value.body
     assert _generate_specs(app_client, h) == []
+
+
+def test_a_chat_with_tools_is_the_jobs_functions_and_what_is_not_served_is_a_400_naming_tools(app_client: Any) -> None:
+    """Issue 69.2: chat completions with OpenAI's function `tools`, and the turns a script sends back (the
+    assistant's tool_calls, the tool message), become the generate job's functions and messages. (The model's
+    calls and its answer after the result: tests/unit/trainer/test_tool_chat_template.py.)"""
+    import openai
+
+    h = admin_key(app_client)
+    client = _client(app_client, h).with_options(timeout=6.0)
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "python",
+            "description": "Run Python.",
+            "parameters": {"type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"]},
+        },
+    }
+    call = {"id": "call_1", "type": "function", "function": {"name": "python", "arguments": '{"code": "print(2)"}'}}
+    chat = [
+        {"role": "user", "content": "What is 1 + 1?"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "2"},
+    ]
+    with overridden(fine_tuning=ALIAS):
+        with pytest.raises(openai.APIStatusError) as waited:  # no worker here
+            client.chat.completions.create(model="gpt-4o-2024-08-06", messages=chat, tools=[tool], tool_choice="auto")
+        assert waited.value.status_code == 504, waited.value.body
+        for bad, where in (
+            ({"stream": True}, "tools"),
+            ({"tool_choice": "required"}, "tool_choice"),
+            ({"response_format": {"type": "json_object"}}, "tools"),
+        ):
+            with pytest.raises(openai.BadRequestError) as refused:
+                client.chat.completions.create(model="gpt-4o-2024-08-06", messages=chat, tools=[tool], **bad)
+            assert refused.value.param == where, (bad, refused.value.body)
+        with pytest.raises(openai.BadRequestError) as refused:  # a tool message answers a call
+            client.chat.completions.create(model="gpt-4o-2024-08-06", messages=[{"role": "tool", "content": "2"}])
+        assert refused.value.param is not None and "tool_call_id" in refused.value.param, refused.value.body
+    (spec,) = _generate_specs(app_client, h)
+    assert spec["function_tools"][0]["function"]["name"] == "python" and spec["tool_choice"] == "auto", spec
+    assert spec["messages"][1]["tool_calls"] == [call] and spec["messages"][2]["tool_call_id"] == "call_1", spec

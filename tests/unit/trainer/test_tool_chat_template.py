@@ -112,3 +112,69 @@ def test_a_grpo_step_with_the_chat_templates_calls_keeps_the_tool_message_out_of
     step = sink.metrics_by_step[1]
     assert step["tool/calls_per_rollout"] >= 1.0 and step["tool/call_errors"] == 0.0, step
     assert step["rewards/accuracy/mean"] > 0, step  # graded on the answer after the tool message
+
+
+def test_a_chat_with_functions_answers_with_the_models_call_then_its_answer_after_the_result(
+    taught: tuple[Path, Path],
+) -> None:
+    """Issue 69.2: a model trained with a python tool answers a chat with `tools` as OpenAI's do. Offered
+    the function, the taught model's call comes back as the message's tool_calls (finish_reason
+    'tool_calls'), in the shape the `openai` package reads; the caller runs it and sends the result back
+    as a tool message, and the model answers after it. Nothing runs here: the caller runs its functions."""
+    from openai.types.chat import ChatCompletion
+
+    from api.routers.openai_inference import completion_object
+    from evaluator import prompts
+    from evaluator.chat import run_generate
+    from evaluator.models import load_tokenizer
+    from evaluator.tool_formats import PYTHON_SCHEMA, tool_format
+    from mathrl.specs import GenerateSpec
+    from tests.unit.evaluator.test_chat import Recorded
+
+    model, _ = taught
+    fmt = tool_format("chat-template", load_tokenizer(str(model)))
+    recipe = fmt.recipe_for(prompts.as_recipe("math-chat"))  # type: ignore[arg-type]
+    chat = prompts.messages(recipe, f"What is {QUESTIONS[0][0]}?")
+    ask = {"model": str(model), "function_tools": [PYTHON_SCHEMA], "temperature": 0, "max_tokens": 128}
+    sink = Recorded()
+    run_generate(GenerateSpec.model_validate({**ask, "messages": chat}), sink, str(model))
+    answer = ChatCompletion.model_validate(completion_object("0" * 32, "ft:m", [_row(sink.rows[0])], chat=True))
+    choice = answer.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None, choice
+    (call,) = choice.message.tool_calls or []
+    assert call.function.name == "python" and json.loads(call.function.arguments) == {"code": "print(17 * 23)"}
+    assert call.id.startswith("call_"), call
+    turn = {"role": "assistant", "content": "", "tool_calls": [call.model_dump()]}
+    result = {"role": "tool", "tool_call_id": call.id, "content": QUESTIONS[0][1]}
+    sink = Recorded()
+    run_generate(GenerateSpec.model_validate({**ask, "messages": [*chat, turn, result]}), sink, str(model))
+    row = sink.rows[0]
+    assert f"<tool_response>\n{QUESTIONS[0][1]}\n</tool_response>" in row["prompt"], row["prompt"]  # rendered back
+    assert row["data"]["finish_reason"] == "stop" and "tool_calls" not in row["data"], row
+    assert row["completion"] == f"The answer is \\boxed{{{QUESTIONS[0][1]}}}.", row["completion"]
+    sink = Recorded()  # tool_choice 'none': the model's call stays its text
+    run_generate(GenerateSpec.model_validate({**ask, "messages": chat, "tool_choice": "none"}), sink, str(model))
+    assert "tool_calls" not in sink.rows[0]["data"] and '"python"' in sink.rows[0]["completion"], sink.rows[0]
+
+
+def _row(sample: dict[str, Any]) -> dict[str, Any]:
+    """A stored sample as the route reads it (api/routers/openai_inference.py choices_of)."""
+    return {"text": sample["completion"], **sample["data"]}
+
+
+def test_a_chat_with_functions_on_a_model_whose_template_has_none_is_refused_naming_tools(tiny_model: str) -> None:
+    from evaluator.chat import run_generate
+    from mathrl.errors import FieldError
+    from mathrl.specs import GenerateSpec
+    from tests.unit.evaluator.test_chat import Recorded
+
+    spec = GenerateSpec.model_validate(
+        {
+            "model": tiny_model,
+            "messages": [{"role": "user", "content": "hi"}],
+            "function_tools": [{"type": "function", "function": {"name": "f"}}],
+        }
+    )
+    with pytest.raises(FieldError, match="renders no tools") as refused:
+        run_generate(spec, Recorded(), tiny_model)
+    assert refused.value.field == "tools"
