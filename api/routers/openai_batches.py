@@ -28,6 +28,7 @@ from sqlalchemy.orm import Session
 from api.admission import check_job_limits
 from api.deps import CallerDep, SessionDep, SettingsDep
 from api.idempotency import earlier, replayed, request_hash
+from api.openai.resource import JobResource, listed
 from api.problems import Problem, validation_errors
 from api.routers.openai_files import own_file
 from api.routers.openai_inference import (
@@ -41,12 +42,12 @@ from api.submit import admit, job_row, submit_keyed
 from config.settings import Settings
 from kinds import home
 from mathrl.jsonl_files import BATCH_PURPOSE
-from mathrl.modelref import results_file_id, uuid_after
+from mathrl.modelref import results_file_id
 from mathrl.shallow import JsonObject
 from mathrl.specs.generate import CHAT_ENDPOINT, GenerateSpec, sampling_fields
 from mathrl.status import TERMINAL
 from store.files import OverQuota, Quota, store_file
-from store.jobs import has_tag, request_cancel
+from store.jobs import request_cancel
 from store.models import File, Job, Sample
 
 router = APIRouter(prefix="/v1/batches", tags=["openai: batches"])
@@ -71,17 +72,7 @@ class BatchCreateParams(_Open):
     output_expires_after: JsonObject | None = Field(None, description="Accepted; the output files do not expire.")
 
 
-def batch_id(job_id: str) -> str:
-    return "batch_" + job_id.replace("-", "")
-
-
-def own_batch(session: Session, project_id: str, value: str) -> Job:
-    """The project's batch's job, else a 404 (the same for another project's and a missing one)."""
-    job_id = uuid_after("batch_", value)
-    job = session.get(Job, job_id) if job_id else None
-    if job is None or job.project_id != project_id or TAG not in (job.tags or []):
-        raise Problem(404, "Not found", NOT_FOUND)
-    return job
+BATCHES = JobResource("batch_", TAG, NOT_FOUND, "batch")
 
 
 def _output_ids(job_id: str) -> tuple[str, str]:
@@ -279,7 +270,7 @@ def batch_object(session: Session, job: Job, settings: Settings) -> dict[str, An
 
     created = job.created_at
     return {
-        "id": batch_id(str(job.id)),
+        "id": BATCHES.id_of(job),
         "object": "batch",
         "endpoint": request.get("endpoint"),
         "model": info.get("model"),
@@ -312,28 +303,20 @@ def list_batches(
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
 ) -> dict[str, Any]:
     """The project's batches, newest first (OpenAI's order)."""
-    query = select(Job).where(Job.project_id == caller.project_id, has_tag(session, TAG))
-    if after is not None:
-        job_id = uuid_after("batch_", after)
-        if job_id is None:
-            raise Problem.at("query:/after", "a batch id from a previous page ('batch_...')", status=400)
-        query = query.where(Job.id < job_id)
-    jobs = session.scalars(query.order_by(Job.id.desc()).limit(limit + 1)).all()
-    data = [batch_object(session, j, settings) for j in jobs[:limit]]
-    first, last = (data[0]["id"], data[-1]["id"]) if data else (None, None)
-    return {"object": "list", "data": data, "first_id": first, "last_id": last, "has_more": len(jobs) > limit}
+    jobs, more = BATCHES.page(session, caller.project_id, after, limit)
+    return listed([batch_object(session, j, settings) for j in jobs], more)
 
 
 @router.get("/{batch_id}", responses={404: {"description": NOT_FOUND}})
 def retrieve(batch_id: str, caller: CallerDep, session: SessionDep, settings: SettingsDep) -> dict[str, Any]:
-    return batch_object(session, own_batch(session, caller.project_id, batch_id), settings)
+    return batch_object(session, BATCHES.own(session, caller.project_id, batch_id), settings)
 
 
 @router.post("/{batch_id}/cancel", responses={404: {"description": NOT_FOUND}})
 def cancel(batch_id: str, caller: CallerDep, session: SessionDep, settings: SettingsDep) -> dict[str, Any]:
     """The batch's job is cancelled (at once if it has not started; between lines if it has): what it
     answered by then is its output, as OpenAI's cancelled batches' is."""
-    job = own_batch(session, caller.project_id, batch_id)
+    job = BATCHES.own(session, caller.project_id, batch_id)
     if job.status not in TERMINAL:
         request_cancel(session, job)
     return batch_object(session, job, settings)

@@ -26,6 +26,7 @@ from sqlalchemy.orm import Session
 from api.deps import CallerDep, SessionDep, SettingsDep
 from api.eval_run_counts import Tally, passed, run_criteria, tallies
 from api.idempotency import earlier, replayed, request_hash
+from api.openai.resource import listed
 from api.problems import Problem, validation_errors
 from api.routers.openai_files import own_file
 from api.routers.openai_fine_tuning import grading_models_mapped, trainable_model
@@ -231,12 +232,6 @@ def create_eval(
     return eval_object(row)
 
 
-def _page(data: list[dict[str, Any]], more: bool) -> dict[str, Any]:
-    first = data[0]["id"] if data else None
-    last = data[-1]["id"] if data else None
-    return {"object": "list", "data": data, "first_id": first, "last_id": last, "has_more": more}
-
-
 @router.get("", responses={400: {"description": "`after` is not an eval id."}})
 def list_evals(
     caller: CallerDep,
@@ -255,7 +250,7 @@ def list_evals(
         q = q.where(Eval.id > after if order == "asc" else Eval.id < after)
     q = q.order_by(Eval.id.asc() if order == "asc" else Eval.id.desc())
     rows = list(session.scalars(q.limit(limit + 1)))
-    return _page([eval_object(r) for r in rows[:limit]], len(rows) > limit)
+    return listed([eval_object(r) for r in rows[:limit]], len(rows) > limit)
 
 
 @router.get("/{eval_id}", responses={404: {"description": NOT_FOUND}})
@@ -724,7 +719,7 @@ def list_runs(
     rows = list(session.scalars(q.order_by(Job.id.asc() if order == "asc" else Job.id.desc()).limit(limit + 1)))
     page = rows[:limit]
     counts = tallies(session, page)  # one query per job kind for the page, not a read of every sample
-    return _page([run_object(session, j, counts[j.id]) for j in page], len(rows) > limit)
+    return listed([run_object(session, j, counts[j.id]) for j in page], len(rows) > limit)
 
 
 @router.get("/{eval_id}/runs/{run_id}", responses={404: {"description": RUN_NOT_FOUND}})
@@ -840,7 +835,7 @@ def list_output_items(
             items.append(item)
             if len(items) > limit:
                 break
-    return _page(items[:limit], len(items) > limit)
+    return listed(items[:limit], len(items) > limit)
 
 
 @router.get("/{eval_id}/runs/{run_id}/output_items/{output_item_id}", responses={404: {"description": "No such item."}})

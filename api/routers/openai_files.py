@@ -24,6 +24,7 @@ from sqlalchemy.orm import Session
 
 from api.deps import CallerDep, SessionDep, SettingsDep
 from api.idempotency import earlier, request_hash
+from api.openai.resource import listed
 from api.problems import Problem
 from config.settings import Settings
 from mathrl.jsonl_files import BATCH_PURPOSE, FileFormatError, check_jsonl
@@ -201,14 +202,7 @@ def list_files(
         query = query.where(FileRow.id < after if order == "desc" else FileRow.id > after)
     query = query.order_by(FileRow.id.desc() if order == "desc" else FileRow.id.asc()).limit(limit + 1)
     rows = list(session.scalars(query))
-    data = [file_object(r) for r in rows[:limit]]
-    return {
-        "object": "list",
-        "data": data,
-        "first_id": data[0]["id"] if data else None,
-        "last_id": data[-1]["id"] if data else None,
-        "has_more": len(rows) > limit,
-    }
+    return listed([file_object(r) for r in rows[:limit]], len(rows) > limit)
 
 
 @router.get("/{file_id}", responses={404: {"description": NOT_FOUND}})

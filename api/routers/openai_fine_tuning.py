@@ -29,6 +29,7 @@ from sqlalchemy.orm import Session
 from api.deps import CallerDep, SessionDep, SettingsDep
 from api.idempotency import earlier, replayed, request_hash
 from api.job_control import pause_job, resume_job
+from api.openai.resource import JobResource, listed
 from api.problems import Problem
 from api.routers.openai_files import own_file
 from api.submit import admit, check_job_refs, job_row, submit_keyed
@@ -39,7 +40,6 @@ from mathrl.modelref import (
     SESSION_SUFFIX,
     ft_model_name,
     ftjob_id,
-    job_uuid,
     results_file_id,
 )
 from mathrl.shallow import JsonObject
@@ -47,7 +47,7 @@ from mathrl.specs import GRPOSpec, SFTSpec, model_refs, parse_spec
 from mathrl.specs.base import knob_defaults
 from mathrl.specs.generate import REASONING_TOKENS
 from mathrl.specs.resolved import ResolvedConfig
-from store.jobs import has_tag, request_cancel
+from store.jobs import request_cancel
 from store.models import Checkpoint, Event, Job, Metric
 from store.models import File as FileRow
 
@@ -235,12 +235,7 @@ def to_spec(
     return spec, mapping
 
 
-def own_ftjob(session: Session, project_id: str, ft_id: str) -> Job:
-    job_id = job_uuid(ft_id)
-    job = session.get(Job, job_id) if job_id else None
-    if job is None or job.project_id != project_id or TAG not in (job.tags or []):
-        raise Problem(404, "Not found", NOT_FOUND)
-    return job
+FT_JOBS = JobResource("ftjob-", TAG, NOT_FOUND, "fine-tuning job")  # (ids: mathrl.modelref.ftjob_id)
 
 
 STATUS = {"waiting": "queued", "queued": "queued", "running": "running"}
@@ -449,10 +444,6 @@ def create(
     return job_object(session, submit_keyed(session, settings, caller.project_id, job, message, response))
 
 
-def _page(data: list[dict[str, Any]], more: bool) -> dict[str, Any]:
-    return {"object": "list", "data": data, "has_more": more}
-
-
 def metadata_filter(request: Request) -> dict[str, str]:
     """The `metadata[key]=value` query parameters, as a dict (a 400 naming one that is not)."""
     wanted: dict[str, str] = {}
@@ -481,13 +472,7 @@ def list_jobs(
     """The project's fine-tuning jobs, newest first; `after` a job id of the previous page;
     `metadata[key]=value` (what the SDK's `metadata={...}` sends): only jobs created with those."""
     wanted = metadata_filter(request)
-    q = select(Job).where(Job.project_id == caller.project_id, has_tag(session, TAG))
-    if after is not None:
-        before = job_uuid(after)
-        if before is None:
-            raise Problem(400, "Bad cursor", "query:/after: a fine-tuning job id from a previous page")
-        q = q.where(Job.id < before)
-    q = q.order_by(Job.id.desc())
+    q = FT_JOBS.newest_first(session, caller.project_id, after)
     # filtered by the database, no scan ('null' would be SQL's NULL in PostgreSQL's path array)
     for key in [k for k in wanted if SQL_METADATA_KEY.fullmatch(k) and k.lower() != "null"]:
         stored = Job.resolved_config[("openai", "request", "metadata", key)].as_string()
@@ -509,19 +494,19 @@ def list_jobs(
         rows = list(session.scalars(q.limit(limit + 1)))
     page = rows[:limit]
     tokens = trained_tokens(session, page)
-    return _page([job_object(session, j, tokens) for j in page], len(rows) > limit or capped)
+    return listed([job_object(session, j, tokens) for j in page], len(rows) > limit or capped, cursors=False)
 
 
 @router.get("/{fine_tuning_job_id}", responses={404: {"description": NOT_FOUND}})
 def retrieve(fine_tuning_job_id: str, caller: CallerDep, session: SessionDep) -> dict[str, Any]:
-    return job_object(session, own_ftjob(session, caller.project_id, fine_tuning_job_id))
+    return job_object(session, FT_JOBS.own(session, caller.project_id, fine_tuning_job_id))
 
 
 @router.post("/{fine_tuning_job_id}/cancel", responses={404: {"description": NOT_FOUND}})
 def cancel(fine_tuning_job_id: str, caller: CallerDep, session: SessionDep) -> dict[str, Any]:
     """Cancel it: at once if it has not started; a running one is `cancelled` from now on, as OpenAI
     answers, and its worker starts no further step (the step under way ends, then it stops)."""
-    return job_object(session, request_cancel(session, own_ftjob(session, caller.project_id, fine_tuning_job_id)))
+    return job_object(session, request_cancel(session, FT_JOBS.own(session, caller.project_id, fine_tuning_job_id)))
 
 
 @router.post(
@@ -531,7 +516,7 @@ def cancel(fine_tuning_job_id: str, caller: CallerDep, session: SessionDep) -> d
 def pause(fine_tuning_job_id: str, caller: CallerDep, session: SessionDep) -> dict[str, Any]:
     """Pause it: a queued job at once; a running one is `paused` from now on, as OpenAI answers, and
     saves a checkpoint at the end of the step under way and stops (no further step starts)."""
-    return job_object(session, pause_job(session, own_ftjob(session, caller.project_id, fine_tuning_job_id)))
+    return job_object(session, pause_job(session, FT_JOBS.own(session, caller.project_id, fine_tuning_job_id)))
 
 
 @router.post(
@@ -544,7 +529,7 @@ def pause(fine_tuning_job_id: str, caller: CallerDep, session: SessionDep) -> di
 )
 def resume_paused(fine_tuning_job_id: str, caller: CallerDep, session: SessionDep, settings: SettingsDep) -> Any:
     """Resume it: queued again, it goes on from its newest checkpoint."""
-    job = own_ftjob(session, caller.project_id, fine_tuning_job_id)
+    job = FT_JOBS.own(session, caller.project_id, fine_tuning_job_id)
     return job_object(session, resume_job(session, settings, job))
 
 
@@ -560,7 +545,7 @@ def events(
     limit: Annotated[int, Query(ge=1, le=1000)] = 20,
 ) -> dict[str, Any]:
     """The job's events, newest first (OpenAI's order); `after` an event id of the previous page."""
-    job = own_ftjob(session, caller.project_id, fine_tuning_job_id)
+    job = FT_JOBS.own(session, caller.project_id, fine_tuning_job_id)
     q = select(Event).where(Event.job_id == job.id)
     if after is not None:
         m = re.match(r"^ftevent-(\d{1,18})$", after)
@@ -581,7 +566,7 @@ def events(
         }
         for e in rows[:limit]
     ]
-    return _page(data, len(rows) > limit)
+    return listed(data, len(rows) > limit, cursors=False)
 
 
 def _checkpoint_metrics(step: int, logged: dict[str, float]) -> dict[str, float | None]:
@@ -605,7 +590,7 @@ def checkpoints(
     limit: Annotated[int, Query(ge=1, le=100)] = 10,
 ) -> dict[str, Any]:
     """The job's checkpoints, newest first, each with the training metrics at its step."""
-    job = own_ftjob(session, caller.project_id, fine_tuning_job_id)
+    job = FT_JOBS.own(session, caller.project_id, fine_tuning_job_id)
     q = select(Checkpoint).where(Checkpoint.job_id == job.id, Checkpoint.kind == "checkpoint")
     if after is not None:
         m = re.match(r"^ftckpt-([0-9a-f]{32})$", after)
@@ -642,4 +627,4 @@ def checkpoints(
                 "metrics": _checkpoint_metrics(c.step, values[c.step]),
             }
         )
-    return _page(data, len(rows) > limit)
+    return listed(data, len(rows) > limit, cursors=False)

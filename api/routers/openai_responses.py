@@ -20,6 +20,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from api.deps import CallerDep, SessionDep, SettingsDep
+from api.openai.resource import JobResource, listed
 from api.problems import Problem
 from api.routers.openai_inference import (
     RESPONSES,
@@ -31,7 +32,6 @@ from api.routers.openai_inference import (
 )
 from config.settings import Settings
 from mathrl.errors import FieldError
-from mathrl.modelref import uuid_after
 from mathrl.specs.generate import MAX_TOKENS, MAX_TOP_LOGPROBS, effort_budget
 from mathrl.status import TERMINAL
 from store.db import get_sessionmaker
@@ -148,21 +148,7 @@ class ResponseParams(_Open):
         return self
 
 
-def response_id(job_id: str) -> str:
-    return "resp_" + job_id.replace("-", "")
-
-
-def _job_id(resp_id: str) -> str | None:
-    return uuid_after("resp_", resp_id)
-
-
-def own_response(session: Session, project_id: str, resp_id: str) -> Job:
-    """The project's response's job, else a 404 (the same for another project's and a missing one)."""
-    job_id = _job_id(resp_id)
-    job = session.get(Job, job_id) if job_id else None
-    if job is None or job.project_id != project_id or RESPONSES_TAG not in (job.tags or []):
-        raise Problem(404, "Not found", NOT_FOUND)
-    return job
+RESPONSE_JOBS = JobResource("resp_", RESPONSES_TAG, NOT_FOUND, "response")
 
 
 def _info(job: Job) -> dict[str, Any]:
@@ -175,7 +161,7 @@ def _turns(session: Session, project_id: str, body: ResponseParams) -> list[dict
     turns: list[dict[str, str]] = []
     if body.previous_response_id is not None:
         try:
-            previous = own_response(session, project_id, body.previous_response_id)
+            previous = RESPONSE_JOBS.own(session, project_id, body.previous_response_id)
         except Problem:
             raise Problem.at("/previous_response_id", "no response with this id in your project", status=400) from None
         if previous.status != "succeeded":
@@ -296,7 +282,7 @@ def response_object(job: Job, row: dict[str, Any] | None) -> dict[str, Any]:
         else None
     )
     return {
-        "id": response_id(str(job.id)),
+        "id": RESPONSE_JOBS.id_of(job),
         "object": "response",
         "created_at": int(job.created_at.timestamp()),
         "status": status,
@@ -397,7 +383,7 @@ async def _stream(settings: Settings, job_id: str) -> AsyncIterator[str]:
 @router.get("/{response_id}", responses={404: {"description": NOT_FOUND}})
 def retrieve(response_id: str, caller: CallerDep, session: SessionDep, settings: SettingsDep) -> dict[str, Any]:
     """A response of the project: queued or in progress while its job runs, then its answer."""
-    job = own_response(session, caller.project_id, response_id)
+    job = RESPONSE_JOBS.own(session, caller.project_id, response_id)
     row = _answer_row(settings, str(job.id)) if job.status == "succeeded" else None
     return response_object(job, row)
 
@@ -408,7 +394,7 @@ def retrieve(response_id: str, caller: CallerDep, session: SessionDep, settings:
 def cancel(response_id: str, caller: CallerDep, session: SessionDep, settings: SettingsDep) -> dict[str, Any]:
     """A background response's job is cancelled (at once if it has not started); an ended one is
     returned as it is. Only a background response can be (as OpenAI's): the others' calls wait."""
-    job = own_response(session, caller.project_id, response_id)
+    job = RESPONSE_JOBS.own(session, caller.project_id, response_id)
     if not _info(job).get("request", {}).get("background"):
         raise Problem.at("/response_id", "only a response created with background: true can be cancelled", status=400)
     if job.status not in TERMINAL:
@@ -421,7 +407,7 @@ def cancel(response_id: str, caller: CallerDep, session: SessionDep, settings: S
 def delete(response_id: str, caller: CallerDep, session: SessionDep) -> dict[str, Any]:
     """The response goes from the Responses API (its id answers 404, and no response goes on from it);
     its job stays among the project's jobs, as every job does, tagged 'openai:responses-deleted'."""
-    job = own_response(session, caller.project_id, response_id)
+    job = RESPONSE_JOBS.own(session, caller.project_id, response_id)
     if job.status not in TERMINAL:
         raise Problem(409, "Conflict", "the response has not ended: wait for it")
     job.tags = [t if t != RESPONSES_TAG else "openai:responses-deleted" for t in job.tags or []]
@@ -439,7 +425,7 @@ def input_items(
     after: Annotated[str | None, Query(max_length=64)] = None,
 ) -> dict[str, Any]:
     """The messages the response answered (the previous responses' too), newest first by default."""
-    job = own_response(session, caller.project_id, response_id)
+    job = RESPONSE_JOBS.own(session, caller.project_id, response_id)
     base = str(job.id).replace("-", "")
     items = [
         {
@@ -458,6 +444,4 @@ def input_items(
         if after not in ids:
             raise Problem(400, "Bad cursor", "query:/after: an item id from a previous page")
         items = items[ids.index(after) + 1 :]
-    page = items[:limit]
-    first, last = (page[0]["id"], page[-1]["id"]) if page else (None, None)
-    return {"object": "list", "data": page, "first_id": first, "last_id": last, "has_more": len(items) > limit}
+    return listed(items[:limit], len(items) > limit)

@@ -80,7 +80,9 @@ def _args(call: ToolCall) -> Any:
 class FunctionDef(StrictModel):
     name: str = Field(..., pattern=r"^[a-zA-Z0-9_-]{1,64}$", description="The function's name (letters, digits, _ -).")
     description: str | None = Field(None, max_length=10_000, description="What it does, for the model.")
-    parameters: dict[str, Any] | None = Field(None, description="Its arguments, as a JSON Schema object.")
+    parameters: dict[str, Any] | None = Field(
+        None, max_length=64, description="Its arguments, as a JSON Schema object (its keywords)."
+    )
     strict: bool | None = Field(None, description="Accepted; the arguments are the model's own JSON.")
 
 

@@ -40,7 +40,9 @@ class JsonSchema(StrictModel):
     name: str = Field(..., pattern=r"^[a-zA-Z0-9_-]{1,64}$", description="The format's name (letters, digits, _ -).")
     description: str | None = Field(None, max_length=10_000, description="What the format is for.")
     # `schema` is a name BaseModel keeps: the field is `schema_`, read and written as 'schema'
-    schema_: dict[str, Any] = Field(..., alias="schema", description="A JSON Schema the answer must satisfy.")
+    schema_: dict[str, Any] = Field(
+        ..., alias="schema", max_length=64, description="A JSON Schema the answer must satisfy (its keywords)."
+    )
     strict: bool | None = Field(
         False, description="OpenAI's strict mode: every object closed and every property required, as it checks."
     )

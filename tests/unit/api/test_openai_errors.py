@@ -286,11 +286,17 @@ def test_a_multi_turn_script_sends_back_the_message_the_sdk_returned(app_client:
                 reasoning_effort="low",
             )
         assert e.value.code == "model_not_found" and (e.value.request_id or "").startswith("req_"), e.value.body
+    # a function call the model made and its result, sent back (issue 69.2: they were a 400 while no tools
+    # were served) reach the lookup too
     tool = {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}
     called = {"role": "assistant", "content": None, "tool_calls": [tool]}
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(
+            model=model, messages=[called, {"role": "tool", "tool_call_id": "c", "content": "1"}]
+        )
     with pytest.raises(openai.BadRequestError) as e:
-        client.chat.completions.create(model=model, messages=[called])
-    assert e.value.param == "messages.0.tool_calls", e.value.body
+        client.chat.completions.create(model=model, messages=[{**called, "tool_calls": [{**tool, "type": "custom"}]}])
+    assert e.value.param == "messages.0.tool_calls.0.type", e.value.body
     with pytest.raises(openai.BadRequestError, match="a user message needs content"):
         client.chat.completions.create(model=model, messages=[{"role": "user", "content": None}])
 
