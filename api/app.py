@@ -28,6 +28,7 @@ from api.routers import (
     openai_fine_tuning,
     openai_graders,
     openai_inference,
+    openai_models,
     openai_responses,
     pipelines,
     scores,
@@ -187,6 +188,7 @@ def create_app() -> FastAPI:
     routers += (
         openai_fine_tuning.router,
         openai_evals.router,
+        openai_models.router,
         openai_inference.router,
         openai_responses.router,
         openai_batches.router,

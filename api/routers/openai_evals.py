@@ -30,7 +30,7 @@ from api.openai.resource import listed
 from api.problems import Problem, validation_errors
 from api.routers.openai_files import own_file
 from api.routers.openai_fine_tuning import grading_models_mapped, trainable_model
-from api.routers.openai_inference import own_ft_model
+from api.routers.openai_models import own_ft_model
 from api.submit import admit, check_job_refs, job_row, submit_keyed
 from config.settings import Settings
 from mathrl.graders import Grader

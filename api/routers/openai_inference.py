@@ -16,333 +16,39 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import shutil
 import time
 from collections.abc import AsyncIterator
-from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import ValidationError
 from sqlalchemy import select
-from sqlalchemy.orm import Session
 
 from api.admission import QuotaProblem
 from api.deps import CallerDep, SettingsDep
 from api.job_wakeups import KEEPALIVE_SECONDS  # a quiet stream sends a comment line this often, as event streams do
+from api.openai.chat_params import ChatCompletionParams, CompletionParams, SamplingParams
 from api.problems import Problem, validation_errors
-from api.routers.openai_fine_tuning import TAG as FINE_TUNING
-from api.routers.openai_fine_tuning import fine_tuned_model
+from api.routers.openai_models import default_budget, sampled_model
 from api.submit import admit, commit_and_dispatch, job_row
 from config.settings import Settings
 from evaluator.logprobs import as_completion_logprobs
-from mathrl.errors import FieldError
-from mathrl.modelref import FINAL_DELETED_TAG, ft_model_ref, split_job_ref
 from mathrl.specs import GenerateSpec
-from mathrl.specs.generate import MAX_CHOICES, MAX_TOKENS, MAX_TOP_LOGPROBS, FunctionTool, sampling_fields
-from mathrl.specs.response_format import ResponseFormat
+from mathrl.specs.generate import sampling_fields
 from mathrl.status import WAIT_ENDS
 from store.db import get_sessionmaker
-from store.jobs import has_tag, readers_of, request_cancel
-from store.models import Checkpoint, Event, Job, Sample
+from store.jobs import request_cancel
+from store.models import Event, Job, Sample
 
 router = APIRouter(prefix="/v1", tags=["openai: models and completions"])
 
 TAG = "openai:inference"
 POLL_SECONDS = 0.2
-MAX_MODELS = 1000  # GET /v1/models lists the newest this many
-
-
-def _not_found(name: str) -> Problem:
-    detail = f"The model '{name}' does not exist or you do not have access to it."
-    return Problem.at("/model", detail, "Model not found", status=404)
-
-
-class _Open(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class TextPart(_Open):
-    type: Literal["text"]
-    text: str = Field(..., max_length=100_000)
-
-
-class CalledFunction(_Open):
-    name: str = Field(..., min_length=1, max_length=64)
-    arguments: str = Field(..., max_length=100_000, description="JSON text, as the model wrote it.")
-
-
-class ToolCall(_Open):
-    id: str = Field(..., min_length=1, max_length=128)
-    type: Literal["function"]
-    function: CalledFunction
-
-
-class Message(_Open):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: Annotated[str, Field(max_length=100_000)] | list[TextPart] | None = Field(
-        None, description="The text; an assistant's may be null (read as empty)."
-    )
-    name: str | None = Field(None, max_length=64)
-    # what an assistant message the SDK returned carries, sent back as it is by a multi-turn script
-    # (messages.append(response.choices[0].message))
-    refusal: str | None = Field(None, max_length=100_000, description="Accepted; not used.")
-    tool_calls: Annotated[list[ToolCall], Field(max_length=64)] | None = Field(
-        None, description="An assistant's: the functions it called (each answered by a tool message)."
-    )
-    tool_call_id: str | None = Field(None, max_length=128, description="A tool message's: the call it answers.")
-    function_call: None = Field(None, description="The deprecated form: use tools and tool_calls.")
-    audio: None = Field(None, description="No audio here: null.")
-    annotations: Annotated[list[Any], Field(max_length=0)] | None = Field(None, description="Accepted empty.")
-
-    @model_validator(mode="after")
-    def _has_text(self) -> Message:
-        if self.content is None and self.role != "assistant":
-            raise ValueError(f"a {self.role} message needs content")
-        return self
-
-    def text(self) -> str:
-        if self.content is None:
-            return ""
-        return self.content if isinstance(self.content, str) else "\n".join(p.text for p in self.content)
-
-
-class StreamOptions(_Open):
-    include_usage: bool | None = None
-    include_obfuscation: bool | None = Field(None, description="Accepted; no obfuscation field is sent.")
-
-
-# what clients (LangChain, litellm, lm-eval) send at their neutral values: accepted as no-ops; any
-# other value is a 400 naming the field, since nothing here would honour it
-Neutral = Annotated[float, Field(ge=0, le=0)]
-
-
-StopString = Annotated[str, Field(min_length=1, max_length=200)]
-
-
-class _Sampling(_Open):
-    model: str = Field(..., min_length=1, max_length=512, description="An 'ft:' model of your project.")
-    max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS)
-    temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, ge=0, le=1, description="0: only the most likely token (greedy), as OpenAI's.")
-    n: int | None = Field(None, ge=1, le=MAX_CHOICES)
-    stop: StopString | Annotated[list[StopString], Field(max_length=4)] | None = None
-    seed: int | None = Field(None, ge=0, le=2**32 - 1)
-    stream: bool | None = None
-    stream_options: StreamOptions | None = None
-    user: str | None = Field(None, max_length=256, description="Accepted; not used.")
-    frequency_penalty: Neutral | None = Field(None, description="Only 0: no penalties here.")
-    presence_penalty: Neutral | None = Field(None, description="Only 0: no penalties here.")
-    logit_bias: Annotated[dict[str, float], Field(max_length=0)] | None = Field(None, description="Only empty.")
-    service_tier: Annotated[str, Field(max_length=32)] | None = Field(None, description="Accepted; not used.")
-
-
-class ChatCompletionParams(_Sampling):
-    messages: list[Message] = Field(..., min_length=1, max_length=256)
-
-    @model_validator(mode="after")
-    def _top_logprobs_need_logprobs(self) -> ChatCompletionParams:
-        if self.top_logprobs and not self.logprobs:  # (0 with logprobs false: a client's neutral values)
-            raise FieldError("top_logprobs", "needs logprobs: true (as OpenAI's): send both, or drop top_logprobs")
-        return self
-
-    logprobs: bool | None = Field(None, description="Return each new token's log-probability (the model's own).")
-    top_logprobs: int | None = Field(
-        None, ge=0, le=MAX_TOP_LOGPROBS, description="And this many most likely tokens in its place (needs logprobs)."
-    )
-    max_completion_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS)
-    metadata: dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]] | None = Field(
-        None, max_length=16, description="Accepted; not stored."
-    )
-    store: bool | None = Field(None, description="Accepted; completions are kept as the job's samples either way.")
-    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = Field(
-        None,
-        description="A completion-length budget where max_completion_tokens is not given, as for fine-tuning "
-        "(the models here have no reasoning-effort control): none, minimal and low 256, medium 1024, high and "
-        "xhigh 4096 tokens.",
-    )
-    response_format: ResponseFormat | None = Field(
-        None, description="text, json_object or json_schema (structured outputs: the answer decoded under the schema)."
-    )
-    tools: Annotated[list[FunctionTool], Field(min_length=1, max_length=128)] | None = Field(
-        None,
-        description="Functions the model may call, through its chat template (one that carries tools: Qwen2.5, "
-        "Qwen3, SmolLM3); a call comes back as the message's tool_calls, finish_reason 'tool_calls'. Not streamed.",
-    )
-    tool_choice: Literal["none", "auto"] | None = Field(
-        None, description="auto (the default with tools) or none; 'required' and a named function are not served."
-    )
-    parallel_tool_calls: bool | None = Field(None, description="Accepted: a model may write several calls.")
-    prompt_cache_key: Annotated[str, Field(max_length=256)] | None = Field(None, description="Accepted; not used.")
-    safety_identifier: Annotated[str, Field(max_length=256)] | None = Field(None, description="Accepted; not used.")
-
-
-class CompletionParams(_Sampling):
-    prompt: Annotated[str, Field(max_length=100_000)] | list[Annotated[str, Field(max_length=100_000)]] = Field(
-        ..., description="One prompt (a list of one is accepted)."
-    )
-    echo: Literal[False] | None = None
-
-    @model_validator(mode="after")
-    def _one_prompt(self) -> CompletionParams:
-        if isinstance(self.prompt, list) and len(self.prompt) != 1:
-            raise FieldError("prompt", "one prompt per call here: send a string (or a list of one)")
-        return self
-
-    logprobs: int | None = Field(
-        None, ge=0, le=5, description="Return each new token's log-probability and this many most likely tokens."
-    )
-
-
-def own_ft_model(session: Session, project_id: str, name: str) -> str:
-    """The 'job:' reference of an `ft:` model of the project that exists now, else a 404."""
-    ref = ft_model_ref(name)
-    if ref is None:
-        raise _not_found(name)
-    job_id, at = split_job_ref(ref)
-    job = session.get(Job, job_id)
-    if job is None or job.project_id != project_id or not _names_ft_models(job):
-        raise _not_found(name)
-    if at == "@final":
-        if job.status != "succeeded" or job.kind == "session" or FINAL_DELETED_TAG in (job.tags or []):
-            raise _not_found(name)  # (a session's models are its saves)
-    else:
-        step = int(at.removeprefix("@step-"))
-        q = select(Checkpoint.id).where(Checkpoint.job_id == job_id, Checkpoint.step == step)
-        if session.scalar(q.where(Checkpoint.kind.in_(("checkpoint", "final")))) is None:
-            raise _not_found(name)
-    return ref
 
 
 QUOTA_RETRY_SECONDS = 2  # a completion call over its project's active-jobs quota: try again this soon
-
-
-def sampled_model(session: Session, project_id: str, settings: Settings, model: str) -> str:
-    """What a call's `model` samples: an operator's alias, its base model (a script's baseline before
-    fine-tuning, under the same name it fine-tunes from); any other name an 'ft:' model of the project."""
-    aliases = settings.fine_tuning.model_aliases
-    return str(aliases[model]) if model in aliases else own_ft_model(session, project_id, model)
-
-
-def default_budget(session: Session, ref: str) -> int | None:
-    """A chat that names no max_tokens: what the model was trained to write, its fine-tuning job's
-    completion budget (a reinforcement job's max_completion_length), else the generate spec's default.
-    OpenAI sets no cap of its own; a fixed 256 cut a trained model's answers short."""
-    job_id = split_job_ref(ref)[0]
-    job = session.get(Job, job_id) if job_id else None  # (an operator's alias names a base model)
-    budget = (job.resolved_config or {}).get("max_completion_length") if job is not None else None
-    return budget if isinstance(budget, int) and 0 < budget <= MAX_TOKENS else None
-
-
-def _names_ft_models(job: Job) -> bool:
-    """A fine-tuning job's model and checkpoints, and a Tinker session's saves, have `ft:` names."""
-    return job.kind == "session" or FINE_TUNING in (job.tags or [])
-
-
-def _model_object(name: str, created: Any, owner: str) -> dict[str, Any]:
-    return {"id": name, "object": "model", "created": int(created.timestamp()), "owned_by": owner}
-
-
-@router.get("/models")
-def list_models(caller: CallerDep, settings: SettingsDep) -> dict[str, Any]:
-    """The project's fine-tuned models, as OpenAI lists them: each succeeded fine-tuning job's model
-    and its checkpoints, newest first (a running, failed or cancelled job's checkpoints are not
-    listed; a checkpoint's own name still answers while its job runs), then the Tinker sessions' saves
-    (`save_state`, `save_weights_for_sampler`), newest first, whatever their session's status."""
-    with get_sessionmaker(settings.database.url)() as session:
-        q = select(Job).where(
-            Job.project_id == caller.project_id, has_tag(session, FINE_TUNING), Job.status == "succeeded"
-        )
-        jobs = list(session.scalars(q.order_by(Job.id.desc()).limit(MAX_MODELS)))
-        ids = [j.id for j in jobs]
-        ckpts = session.execute(
-            select(Checkpoint.job_id, Checkpoint.step, Checkpoint.created_at)
-            .where(Checkpoint.job_id.in_(ids), Checkpoint.kind == "checkpoint")
-            .order_by(Checkpoint.step.desc())
-        ).all()
-        by_job: dict[str, list[Any]] = {}
-        for job_id, step, created in ckpts:
-            by_job.setdefault(job_id, []).append((step, created))
-        data = []
-        for job in jobs:
-            if FINAL_DELETED_TAG not in (job.tags or []):
-                data.append(_model_object(fine_tuned_model(job), job.finished_at or job.created_at, caller.project_id))
-            for step, created in by_job.get(job.id, []):
-                data.append(_model_object(fine_tuned_model(job, step), created, caller.project_id))
-        saves = session.execute(  # Tinker sessions' saves, whatever the session's status: each is stored
-            select(Job, Checkpoint.step, Checkpoint.created_at)
-            .join(Checkpoint, Checkpoint.job_id == Job.id)
-            .where(Job.project_id == caller.project_id, Job.kind == "session", Checkpoint.kind == "checkpoint")
-            .order_by(Checkpoint.created_at.desc())
-            .limit(MAX_MODELS)
-        ).all()
-        for job, step, created in saves:
-            data.append(_model_object(fine_tuned_model(job, step), created, caller.project_id))
-    # the base models the operator serves under OpenAI's names (fine_tuning.model_aliases): a script checks
-    # `name in [m.id for m in client.models.list()]` before it samples one
-    data = data[: MAX_MODELS - len(settings.fine_tuning.model_aliases)]
-    data += [_alias_object(name) for name in sorted(settings.fine_tuning.model_aliases)]
-    return {"object": "list", "data": data}
-
-
-def _alias_object(name: str) -> dict[str, Any]:
-    return {"id": name, "object": "model", "created": 0, "owned_by": "system"}
-
-
-# `{model:path}`: a name with a slash ('openai/gpt-oss-20b', which the SDK sends as openai%2Fgpt-oss-20b and the
-# server decodes) is one model, not a path below another
-@router.get("/models/{model:path}", responses={404: {"description": "No such model in your project."}})
-def retrieve_model(model: str, caller: CallerDep, settings: SettingsDep) -> dict[str, Any]:
-    if model in settings.fine_tuning.model_aliases:  # a base model the operator serves under OpenAI's name
-        return _alias_object(model)
-    with get_sessionmaker(settings.database.url)() as session:
-        ref = own_ft_model(session, caller.project_id, model)
-        job = session.get(Job, split_job_ref(ref)[0])
-        assert job is not None  # own_ft_model found it
-        return _model_object(model, job.finished_at or job.created_at, caller.project_id)
-
-
-@router.delete(
-    "/models/{model:path}",
-    responses={404: {"description": "No such model in your project."}, 409: {"description": "A job uses it."}},
-)
-def delete_model(model: str, caller: CallerDep, settings: SettingsDep) -> dict[str, Any]:
-    """Delete a fine-tuned model (a job's final model, or one of its checkpoints): its weights leave the
-    artifact directory and its name answers 404 from then on. A 409 while a job of the project that has
-    not ended names the job's models ('job:<id>...'), which would then fail to load."""
-    with get_sessionmaker(settings.database.url)() as session:
-        ref = own_ft_model(session, caller.project_id, model)
-        job_id, at = split_job_ref(ref)
-        users = readers_of(session, caller.project_id, f"job:{job_id}")
-        if users:
-            detail = (
-                f"{model!r} is read by {len(users)} job(s) of your project that have not ended "
-                f"({', '.join(users[:5])}): cancel them or wait for them to end, then delete it"
-            )
-            raise Problem(409, "Model in use", detail)
-        rows = select(Checkpoint).where(Checkpoint.job_id == job_id)
-        if at == "@final":
-            rows = rows.where(Checkpoint.kind == "final")
-        else:  # the rows own_ft_model finds a checkpoint's name by: a final model's step is one of them
-            step = int(at.removeprefix("@step-"))
-            rows = rows.where(Checkpoint.kind.in_(("checkpoint", "final")), Checkpoint.step == step)
-        gone = list(session.scalars(rows))
-        if at == "@final" or any(row.kind == "final" for row in gone):  # the final model's name goes with it
-            job = session.get(Job, job_id)
-            assert job is not None  # own_ft_model found it
-            job.tags = [*(job.tags or []), FINAL_DELETED_TAG]
-        for row in gone:
-            session.delete(row)
-        session.add(Event(job_id=job_id, type="model_deleted", message=f"{model} deleted by DELETE /v1/models"))
-        session.commit()
-    artifacts = Path(settings.artifact_dir).expanduser().resolve()
-    for row in gone:  # after the commit: a failed removal leaves files, never a row without them
-        where = Path(row.uri).expanduser().resolve()
-        if where.is_relative_to(artifacts) and where != artifacts:
-            shutil.rmtree(where, ignore_errors=True)
-    return {"id": model, "object": "model", "deleted": True}
 
 
 RESPONSES: dict[int | str, dict[str, Any]] = {
@@ -368,7 +74,7 @@ async def completions(body: CompletionParams, caller: CallerDep, settings: Setti
     return await _answer(body, caller.project_id, settings, False, request)
 
 
-async def _answer(body: _Sampling, project_id: str, settings: Settings, chat: bool, request: Request) -> Any:
+async def _answer(body: SamplingParams, project_id: str, settings: Settings, chat: bool, request: Request) -> Any:
     fields: dict[str, Any] = {
         **sampling_fields(body.model_dump(), chat),  # the one reading of the knobs (a batch's lines' too)
         "stream": bool(body.stream),

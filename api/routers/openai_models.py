@@ -1,0 +1,179 @@
+"""OpenAI's models routes: GET /v1/models (the project's `ft:` models: each fine-tuning job's final
+model and checkpoints, each Tinker session's saves; and the operator's aliases of base models),
+GET and DELETE /v1/models/{model}; and what a completion call's `model` samples (`sampled_model`)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from api.deps import CallerDep, SettingsDep
+from api.problems import Problem
+from api.routers.openai_fine_tuning import TAG as FINE_TUNING
+from api.routers.openai_fine_tuning import fine_tuned_model
+from config.settings import Settings
+from mathrl.modelref import FINAL_DELETED_TAG, ft_model_ref, split_job_ref
+from mathrl.specs.generate import MAX_TOKENS
+from store.db import get_sessionmaker
+from store.jobs import has_tag, readers_of
+from store.models import Checkpoint, Event, Job
+
+router = APIRouter(prefix="/v1", tags=["openai: models and completions"])
+
+MAX_MODELS = 1000  # GET /v1/models lists the newest this many
+
+
+def _not_found(name: str) -> Problem:
+    detail = f"The model '{name}' does not exist or you do not have access to it."
+    return Problem.at("/model", detail, "Model not found", status=404)
+
+
+def own_ft_model(session: Session, project_id: str, name: str) -> str:
+    """The 'job:' reference of an `ft:` model of the project that exists now, else a 404."""
+    ref = ft_model_ref(name)
+    if ref is None:
+        raise _not_found(name)
+    job_id, at = split_job_ref(ref)
+    job = session.get(Job, job_id)
+    if job is None or job.project_id != project_id or not _names_ft_models(job):
+        raise _not_found(name)
+    if at == "@final":
+        if job.status != "succeeded" or job.kind == "session" or FINAL_DELETED_TAG in (job.tags or []):
+            raise _not_found(name)  # (a session's models are its saves)
+    else:
+        step = int(at.removeprefix("@step-"))
+        q = select(Checkpoint.id).where(Checkpoint.job_id == job_id, Checkpoint.step == step)
+        if session.scalar(q.where(Checkpoint.kind.in_(("checkpoint", "final")))) is None:
+            raise _not_found(name)
+    return ref
+
+
+def sampled_model(session: Session, project_id: str, settings: Settings, model: str) -> str:
+    """What a call's `model` samples: an operator's alias, its base model (a script's baseline before
+    fine-tuning, under the same name it fine-tunes from); any other name an 'ft:' model of the project."""
+    aliases = settings.fine_tuning.model_aliases
+    return str(aliases[model]) if model in aliases else own_ft_model(session, project_id, model)
+
+
+def default_budget(session: Session, ref: str) -> int | None:
+    """A chat that names no max_tokens: what the model was trained to write, its fine-tuning job's
+    completion budget (a reinforcement job's max_completion_length), else the generate spec's default.
+    OpenAI sets no cap of its own; a fixed 256 cut a trained model's answers short."""
+    job_id = split_job_ref(ref)[0]
+    job = session.get(Job, job_id) if job_id else None  # (an operator's alias names a base model)
+    budget = (job.resolved_config or {}).get("max_completion_length") if job is not None else None
+    return budget if isinstance(budget, int) and 0 < budget <= MAX_TOKENS else None
+
+
+def _names_ft_models(job: Job) -> bool:
+    """A fine-tuning job's model and checkpoints, and a Tinker session's saves, have `ft:` names."""
+    return job.kind == "session" or FINE_TUNING in (job.tags or [])
+
+
+def _model_object(name: str, created: Any, owner: str) -> dict[str, Any]:
+    return {"id": name, "object": "model", "created": int(created.timestamp()), "owned_by": owner}
+
+
+@router.get("/models")
+def list_models(caller: CallerDep, settings: SettingsDep) -> dict[str, Any]:
+    """The project's fine-tuned models, as OpenAI lists them: each succeeded fine-tuning job's model
+    and its checkpoints, newest first (a running, failed or cancelled job's checkpoints are not
+    listed; a checkpoint's own name still answers while its job runs), then the Tinker sessions' saves
+    (`save_state`, `save_weights_for_sampler`), newest first, whatever their session's status."""
+    with get_sessionmaker(settings.database.url)() as session:
+        q = select(Job).where(
+            Job.project_id == caller.project_id, has_tag(session, FINE_TUNING), Job.status == "succeeded"
+        )
+        jobs = list(session.scalars(q.order_by(Job.id.desc()).limit(MAX_MODELS)))
+        ids = [j.id for j in jobs]
+        ckpts = session.execute(
+            select(Checkpoint.job_id, Checkpoint.step, Checkpoint.created_at)
+            .where(Checkpoint.job_id.in_(ids), Checkpoint.kind == "checkpoint")
+            .order_by(Checkpoint.step.desc())
+        ).all()
+        by_job: dict[str, list[Any]] = {}
+        for job_id, step, created in ckpts:
+            by_job.setdefault(job_id, []).append((step, created))
+        data = []
+        for job in jobs:
+            if FINAL_DELETED_TAG not in (job.tags or []):
+                data.append(_model_object(fine_tuned_model(job), job.finished_at or job.created_at, caller.project_id))
+            for step, created in by_job.get(job.id, []):
+                data.append(_model_object(fine_tuned_model(job, step), created, caller.project_id))
+        saves = session.execute(  # Tinker sessions' saves, whatever the session's status: each is stored
+            select(Job, Checkpoint.step, Checkpoint.created_at)
+            .join(Checkpoint, Checkpoint.job_id == Job.id)
+            .where(Job.project_id == caller.project_id, Job.kind == "session", Checkpoint.kind == "checkpoint")
+            .order_by(Checkpoint.created_at.desc())
+            .limit(MAX_MODELS)
+        ).all()
+        for job, step, created in saves:
+            data.append(_model_object(fine_tuned_model(job, step), created, caller.project_id))
+    # the base models the operator serves under OpenAI's names (fine_tuning.model_aliases): a script checks
+    # `name in [m.id for m in client.models.list()]` before it samples one
+    data = data[: MAX_MODELS - len(settings.fine_tuning.model_aliases)]
+    data += [_alias_object(name) for name in sorted(settings.fine_tuning.model_aliases)]
+    return {"object": "list", "data": data}
+
+
+def _alias_object(name: str) -> dict[str, Any]:
+    return {"id": name, "object": "model", "created": 0, "owned_by": "system"}
+
+
+# `{model:path}`: a name with a slash ('openai/gpt-oss-20b', which the SDK sends as openai%2Fgpt-oss-20b and the
+# server decodes) is one model, not a path below another
+@router.get("/models/{model:path}", responses={404: {"description": "No such model in your project."}})
+def retrieve_model(model: str, caller: CallerDep, settings: SettingsDep) -> dict[str, Any]:
+    if model in settings.fine_tuning.model_aliases:  # a base model the operator serves under OpenAI's name
+        return _alias_object(model)
+    with get_sessionmaker(settings.database.url)() as session:
+        ref = own_ft_model(session, caller.project_id, model)
+        job = session.get(Job, split_job_ref(ref)[0])
+        assert job is not None  # own_ft_model found it
+        return _model_object(model, job.finished_at or job.created_at, caller.project_id)
+
+
+@router.delete(
+    "/models/{model:path}",
+    responses={404: {"description": "No such model in your project."}, 409: {"description": "A job uses it."}},
+)
+def delete_model(model: str, caller: CallerDep, settings: SettingsDep) -> dict[str, Any]:
+    """Delete a fine-tuned model (a job's final model, or one of its checkpoints): its weights leave the
+    artifact directory and its name answers 404 from then on. A 409 while a job of the project that has
+    not ended names the job's models ('job:<id>...'), which would then fail to load."""
+    with get_sessionmaker(settings.database.url)() as session:
+        ref = own_ft_model(session, caller.project_id, model)
+        job_id, at = split_job_ref(ref)
+        users = readers_of(session, caller.project_id, f"job:{job_id}")
+        if users:
+            detail = (
+                f"{model!r} is read by {len(users)} job(s) of your project that have not ended "
+                f"({', '.join(users[:5])}): cancel them or wait for them to end, then delete it"
+            )
+            raise Problem(409, "Model in use", detail)
+        rows = select(Checkpoint).where(Checkpoint.job_id == job_id)
+        if at == "@final":
+            rows = rows.where(Checkpoint.kind == "final")
+        else:  # the rows own_ft_model finds a checkpoint's name by: a final model's step is one of them
+            step = int(at.removeprefix("@step-"))
+            rows = rows.where(Checkpoint.kind.in_(("checkpoint", "final")), Checkpoint.step == step)
+        gone = list(session.scalars(rows))
+        if at == "@final" or any(row.kind == "final" for row in gone):  # the final model's name goes with it
+            job = session.get(Job, job_id)
+            assert job is not None  # own_ft_model found it
+            job.tags = [*(job.tags or []), FINAL_DELETED_TAG]
+        for row in gone:
+            session.delete(row)
+        session.add(Event(job_id=job_id, type="model_deleted", message=f"{model} deleted by DELETE /v1/models"))
+        session.commit()
+    artifacts = Path(settings.artifact_dir).expanduser().resolve()
+    for row in gone:  # after the commit: a failed removal leaves files, never a row without them
+        where = Path(row.uri).expanduser().resolve()
+        if where.is_relative_to(artifacts) and where != artifacts:
+            shutil.rmtree(where, ignore_errors=True)
+    return {"id": model, "object": "model", "deleted": True}
