@@ -14,17 +14,18 @@ from mathrl.errors import FieldError
 FIX = "use a model whose chat template carries tools (Qwen2.5, Qwen3, SmolLM3), or call without tools"
 
 
-def check_template(tokenizer: Any) -> None:
-    """Refuse a model whose chat template cannot offer functions, or whose calls TRL cannot read."""
+def check_template(tokenizer: Any, field: str = "tools", fix: str = FIX) -> None:
+    """Refuse a model whose chat template cannot render tool calls, or whose calls TRL cannot read (a
+    FieldError at `field` saying `fix`)."""
     from trl.chat_template_utils import add_response_schema, supports_tool_calling
 
     if not supports_tool_calling(tokenizer):
-        raise FieldError("tools", f"the model's chat template renders no tools: {FIX}")
+        raise FieldError(field, f"the model's chat template renders no tool calls: {fix}")
     if getattr(tokenizer, "response_template", None) is None and getattr(tokenizer, "response_schema", None) is None:
         try:
             add_response_schema(tokenizer)
         except ValueError:
-            raise FieldError("tools", f"TRL has no response parser for this model's chat template: {FIX}") from None
+            raise FieldError(field, f"TRL has no response parser for this model's chat template: {fix}") from None
 
 
 def read_calls(tokenizer: Any, text: str, tools: list[dict[str, Any]]) -> tuple[str, list[dict[str, Any]]]:

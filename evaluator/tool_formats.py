@@ -183,18 +183,10 @@ def _tool_message_suffix(tokenizer: Any) -> str:
     """What the chat template writes after an assistant's tool call, past its end of sequence: the
     tool message (its content SENTINEL) and the next assistant header (TRL's `_get_tool_suffix_ids`,
     as text). Refuses a template that cannot carry the calls, or whose calls TRL cannot parse."""
-    from trl.chat_template_utils import add_response_schema, supports_tool_calling
+    from evaluator.function_calls import check_template
 
     fix = "use format 'code-blocks', or a model whose chat template carries tools (Qwen2.5, Qwen3, SmolLM3)"
-    if not supports_tool_calling(tokenizer):
-        raise FieldError("tools/format", f"the model's chat template renders no tool calls: {fix}")
-    if getattr(tokenizer, "response_template", None) is None and getattr(tokenizer, "response_schema", None) is None:
-        try:
-            add_response_schema(tokenizer)
-        except ValueError:
-            raise FieldError(
-                "tools/format", f"TRL has no response parser for this model's chat template: {fix}"
-            ) from None
+    check_template(tokenizer, "tools/format", fix)
     call = [{"type": "function", "function": {"name": "python", "arguments": {"code": "print(1)"}}}]
     chat = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "", "tool_calls": call}]
     prefix = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=False, tools=[PYTHON_SCHEMA])

@@ -25,3 +25,13 @@ def wait_fine_tuning(client: Any, job_id: str, timeout: float = 300) -> Any:
             return job
         time.sleep(0.5)
     raise TimeoutError(f"{job_id} still {job.status}")
+
+
+# a strict JSON Schema a tiny model's answer can meet in a few tokens (structured outputs, issue 69.2)
+VERDICT_SCHEMA = {
+    "type": "object",
+    "properties": {"verdict": {"type": "string", "enum": ["yes", "no"]}, "sure": {"type": "boolean"}},
+    "required": ["verdict", "sure"],
+    "additionalProperties": False,
+}
+VERDICT_FORMAT = {"type": "json_schema", "json_schema": {"name": "verdict", "strict": True, "schema": VERDICT_SCHEMA}}

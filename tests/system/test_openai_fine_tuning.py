@@ -15,7 +15,7 @@ from typing import Any, Literal
 import httpx
 import pytest
 
-from tests.helpers.openai_sdk import openai_client, wait_fine_tuning
+from tests.helpers.openai_sdk import VERDICT_FORMAT, openai_client, wait_fine_tuning
 from tests.helpers.processes import wait_for
 from tests.helpers.service import Service
 
@@ -315,13 +315,7 @@ def _sample_the_fine_tuned_model(service: Service, client: Any, model: str, chec
         }
         for i, q in enumerate(asks)
     ]
-    schema = {
-        "type": "object",
-        "properties": {"verdict": {"type": "string", "enum": ["yes", "no"]}, "sure": {"type": "boolean"}},
-        "required": ["verdict", "sure"],
-        "additionalProperties": False,
-    }
-    held = {"type": "json_schema", "json_schema": {"name": "v", "strict": True, "schema": schema}}
+    held = VERDICT_FORMAT
     lines.append(
         {**lines[0], "custom_id": "q2", "body": {**lines[0]["body"], "max_tokens": 64, "response_format": held}}
     )

@@ -243,15 +243,11 @@ def test_eval_job_on_a_worker_with_vllm(vllm_ready: Path, service: Service, mode
 
         # a chat held to a JSON Schema (structured outputs, issue 69.2) answers on the warm engine under
         # its guided decoding: JSON the schema admits, from a model whose free text is never JSON
-        verdict = {
-            "type": "object",
-            "properties": {"verdict": {"type": "string", "enum": ["yes", "no"]}, "sure": {"type": "boolean"}},
-            "required": ["verdict", "sure"],
-            "additionalProperties": False,
-        }
-        held = {"type": "json_schema", "json_schema": {"name": "v", "strict": True, "schema": verdict}}
+        from tests.helpers.openai_sdk import VERDICT_FORMAT
+
         chat = {"kind": "generate", "model": other, "messages": [{"role": "user", "content": "2 + 2 = 4?"}]}
-        structured = c.jobs.create({**chat, "max_tokens": 64, "response_format": held, "backend": "vllm", **on_vllm})
+        held = {"max_tokens": 64, "response_format": VERDICT_FORMAT, "backend": "vllm"}
+        structured = c.jobs.create({**chat, **held, **on_vllm})
         assert c.jobs.wait(structured.id, timeout=600).status == "succeeded", c.jobs.retrieve(structured.id).error
         served = next(e for e in c.jobs.events(structured.id) if e.type == "vllm_engine")
         assert served.data["how"] == "reused", served

@@ -175,6 +175,6 @@ def test_a_chat_with_functions_on_a_model_whose_template_has_none_is_refused_nam
             "function_tools": [{"type": "function", "function": {"name": "f"}}],
         }
     )
-    with pytest.raises(FieldError, match="renders no tools") as refused:
+    with pytest.raises(FieldError, match="renders no tool calls") as refused:
         run_generate(spec, Recorded(), tiny_model)
     assert refused.value.field == "tools"
