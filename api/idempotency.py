@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, TypeVar
 
 from fastapi import Response
 from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from api.problems import IDEMPOTENCY_CONFLICT, Problem
@@ -64,3 +66,23 @@ def replayed(response: Response, status: int = 200) -> None:
     """Mark a response as a replay of an earlier create."""
     response.status_code = status
     response.headers["Idempotent-Replayed"] = "true"
+
+
+def commit_or_replay(
+    session: Session, row: Row, response: Response, commit: Callable[[], object] | None = None
+) -> tuple[Row, bool]:
+    """Store a created row (added to `session`) that carries its create's Idempotency-Key and request
+    hash, by `commit` (session.commit by default). Where a concurrent create with the same key stored
+    first (the key is unique per project and table), the row that one made, and the response says it is
+    a replay. Returns the row and whether it is the earlier one."""
+    held: Any = row
+    project_id, key, digest = held.project_id, held.idempotency_key, held.request_hash or ""
+    try:
+        (commit or session.commit)()
+    except IntegrityError:
+        session.rollback()
+        if (existing := earlier(session, type(row), project_id, key, digest)) is None:
+            raise
+        replayed(response)
+        return existing, True
+    return row, False

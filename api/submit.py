@@ -9,12 +9,11 @@ from typing import Any
 
 from fastapi import Response
 from sqlalchemy import select
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from api.admission import QuotaProblem, admit_spec, check_project_quota, held_gpus
 from api.dispatch import dispatch, new_task_id
-from api.idempotency import earlier, replayed
+from api.idempotency import commit_or_replay
 from api.problems import Problem
 from config.settings import Settings
 from kinds import HOMES, model_savers
@@ -142,13 +141,9 @@ def submit_keyed(
     request hash: where a concurrent create with the same key won the race (the key is unique per
     project), the job that one made, and the response says it is a replay (api/idempotency.py)."""
     session.add(job)
-    try:
-        commit_and_dispatch(session, settings, project_id, [(job, message)])
-    except IntegrityError:
-        session.rollback()
-        if (existing := earlier(session, Job, project_id, job.idempotency_key, job.request_hash or "")) is None:
-            raise
-        replayed(response)
-        return existing
-    session.refresh(job)  # what the database set on insert (its counters' trigger, defaults)
-    return job
+    stored, earlier_one = commit_or_replay(
+        session, job, response, lambda: commit_and_dispatch(session, settings, project_id, [(job, message)])
+    )
+    if not earlier_one:
+        session.refresh(stored)  # what the database set on insert (its counters' trigger, defaults)
+    return stored

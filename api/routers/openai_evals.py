@@ -20,12 +20,11 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Header, Query, Response
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from sqlalchemy import and_, or_, select
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from api.deps import CallerDep, SessionDep, SettingsDep
 from api.eval_run_counts import Tally, passed, run_criteria, tallies
-from api.idempotency import earlier, replayed, request_hash
+from api.idempotency import commit_or_replay, earlier, replayed, request_hash
 from api.openai.resource import listed
 from api.problems import Problem, validation_errors
 from api.routers.openai_files import own_file
@@ -221,15 +220,7 @@ def create_eval(
         request_hash=digest,
     )
     session.add(row)
-    try:
-        session.commit()
-    except IntegrityError:  # a concurrent retry with the same key won the race
-        session.rollback()
-        if (existing := earlier(session, Eval, caller.project_id, idempotency_key, digest)) is None:
-            raise
-        replayed(response)
-        return eval_object(existing)
-    return eval_object(row)
+    return eval_object(commit_or_replay(session, row, response)[0])
 
 
 @router.get("", responses={400: {"description": "`after` is not an eval id."}})

@@ -13,11 +13,10 @@ from fastapi import APIRouter, Body, Header, Query, Response
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 from sqlalchemy import select
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from api.deps import CallerDep, SessionDep, SettingsDep, owned, page_cursor
-from api.idempotency import earlier, replayed, request_hash
+from api.idempotency import commit_or_replay, earlier, replayed, request_hash
 from api.problems import PIPELINE_NOT_FOUND, Problem
 from api.submit import admit, check_file_refs, check_job_refs, commit_and_dispatch, job_row
 from kinds import HOMES, model_savers
@@ -168,14 +167,9 @@ def create_pipeline(
         request_hash=digest,
     )
     session.add(pipeline)
-    try:
-        session.flush()
-    except IntegrityError:  # a concurrent retry with the same key won the race
-        session.rollback()
-        if (existing := earlier(session, Pipeline, caller.project_id, idempotency_key, digest)) is None:
-            raise
-        replayed(response)
-        return view(existing, _jobs_of(session, [existing.id])[existing.id])
+    stored, earlier_one = commit_or_replay(session, pipeline, response, session.flush)
+    if earlier_one:  # a concurrent retry with the same key won the race
+        return view(stored, _jobs_of(session, [stored.id])[stored.id])
     jobs: list[Job] = []
     for step in order:
         final = finals[step]
