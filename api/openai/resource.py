@@ -5,6 +5,7 @@ first, paged by the last id seen (`after`)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +24,17 @@ class JobResource:
     tag: str  # what its jobs carry: 'openai:batches'
     not_found: str  # the 404's detail: 'No batch with this id in your project.'
     noun: str  # what a bad cursor names: 'batch'
+    statuses: Mapping[str, str]  # every job status (mathrl.status) -> OpenAI's word for it
+    stopping: str | None = None  # a running job whose cancel was asked (None: its running word)
+    pausing: str | None = None  # a running job whose pause was asked
+
+    def status(self, job: Job) -> str:
+        """The job's status as this resource's object says it."""
+        if job.status == "running" and job.cancel_requested and self.stopping is not None:
+            return self.stopping
+        if job.status == "running" and job.pause_requested and self.pausing is not None:
+            return self.pausing
+        return self.statuses[job.status]
 
     def id_of(self, job: Job | str) -> str:
         """The resource's id of a job (or a job's id)."""

@@ -68,7 +68,12 @@ class BatchCreateParams(_Open):
     output_expires_after: JsonObject | None = Field(None, description="Accepted; the output files do not expire.")
 
 
-BATCHES = JobResource("batch_", TAG, NOT_FOUND, "batch")
+BATCHES = JobResource(
+    "batch_", TAG, NOT_FOUND, "batch",
+    statuses={"waiting": "validating", "queued": "validating", "paused": "validating", "running": "in_progress",
+              "succeeded": "completed", "failed": "failed", "cancelled": "cancelled"},
+    stopping="cancelling",
+)  # fmt: skip
 
 
 def _output_ids(job_id: str) -> tuple[str, str]:
@@ -247,12 +252,7 @@ def batch_object(session: Session, job: Job, settings: Settings) -> dict[str, An
     info = dict((job.resolved_config or {}).get("openai") or {})
     request = dict(info.get("request") or {})
     done, failed = _counts(session, job)
-    status = {
-        "succeeded": "completed",
-        "failed": "failed",
-        "cancelled": "cancelled",
-        "running": "cancelling" if job.cancel_requested else "in_progress",
-    }.get(job.status, "validating")
+    status = BATCHES.status(job)
     output_id = error_id = None
     errors: dict[str, Any] | None = None
     if job.status in TERMINAL:

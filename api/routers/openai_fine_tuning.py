@@ -235,10 +235,13 @@ def to_spec(
     return spec, mapping
 
 
-FT_JOBS = JobResource("ftjob-", TAG, NOT_FOUND, "fine-tuning job")  # (ids: mathrl.modelref.ftjob_id)
-
-
-STATUS = {"waiting": "queued", "queued": "queued", "running": "running"}
+FT_JOBS = JobResource(  # (its ids: mathrl.modelref.ftjob_id)
+    "ftjob-", TAG, NOT_FOUND, "fine-tuning job",
+    statuses={"waiting": "queued", "queued": "queued", "paused": "paused", "running": "running",
+              "succeeded": "succeeded", "failed": "failed", "cancelled": "cancelled"},
+    stopping="cancelled",  # accepted: no further step starts (worker/sink.py)
+    pausing="paused",  # accepted: it checkpoints at this step's end
+)  # fmt: skip
 
 
 # OpenAI's own models: a script migrating from OpenAI names one of these, which no hub serves
@@ -321,11 +324,7 @@ def job_object(session: Session, job: Job, tokens: dict[str, float] | None = Non
     openai = ResolvedConfig.model_validate({"kind": job.kind, **(job.resolved_config or {})}).openai or {}
     request, mapping = openai.get("request", {}), openai.get("mapping", {})
     trained = (trained_tokens(session, [job]) if tokens is None else tokens).get(job.id)
-    status = STATUS.get(job.status, job.status)
-    if job.status == "running" and job.cancel_requested:  # accepted: no further step starts (worker/sink.py)
-        status = "cancelled"
-    elif job.status == "running" and job.pause_requested:  # accepted: it checkpoints at this step's end
-        status = "paused"
+    status = FT_JOBS.status(job)
     return {
         "id": ftjob_id(job.id),
         "object": "fine_tuning.job",

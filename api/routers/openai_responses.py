@@ -148,7 +148,12 @@ class ResponseParams(_Open):
         return self
 
 
-RESPONSE_JOBS = JobResource("resp_", RESPONSES_TAG, NOT_FOUND, "response")
+RESPONSE_JOBS = JobResource(
+    "resp_", RESPONSES_TAG, NOT_FOUND, "response",
+    statuses={"waiting": "queued", "queued": "queued", "paused": "queued", "running": "in_progress",
+              "succeeded": "completed", "failed": "failed", "cancelled": "cancelled"},
+    stopping="cancelled",  # its stop is under way: a cancel answers cancelled
+)  # fmt: skip
 
 
 def _info(job: Job) -> dict[str, Any]:
@@ -266,11 +271,7 @@ def response_object(job: Job, row: dict[str, Any] | None) -> dict[str, Any]:
     """The response as OpenAI's object: `row` is its answer (the job's sample), None before it ends."""
     info = _info(job)
     request = dict(info.get("request") or {})
-    status = {"succeeded": "completed", "failed": "failed", "cancelled": "cancelled", "running": "in_progress"}.get(
-        job.status, "queued"
-    )
-    if job.status == "running" and job.cancel_requested:  # its stop is under way: a cancel answers cancelled
-        status = "cancelled"
+    status = RESPONSE_JOBS.status(job)
     incomplete = None
     if status == "completed" and row is not None and row.get("finish_reason") == "length":
         status, incomplete = "incomplete", {"reason": "max_output_tokens"}
