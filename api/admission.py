@@ -50,13 +50,20 @@ def admit_spec(spec: AnySpec, settings: Settings) -> ResolvedConfig:
 
 
 def check_tool_format(spec: AnySpec, settings: Settings) -> None:
-    """`tools.format: chat-template` on a model whose chat template never reads `tools`, refused at
-    that field when the template can be read now: a 'tiny:' ref's (plain ChatML), or the tokenizer
-    files of a model the API can see (known_model_dir). The worker checks the rest before the job
-    generates (evaluator/tool_formats.py: the template must render the calls and TRL parse them)."""
-    tools = getattr(spec, "tools", None)
+    """`tools.format: chat-template` (or a chat's `function_tools`) on a model whose chat template never
+    reads `tools`, refused at that field when the template can be read now: a 'tiny:' ref's (plain
+    ChatML), or the tokenizer files of a model the API can see (known_model_dir). The worker checks the
+    rest before the job generates (evaluator/function_calls.py: the template must render the calls and
+    TRL parse them)."""
+    tools, functions = getattr(spec, "tools", None), getattr(spec, "function_tools", None)
     model = home(spec).needs(spec).model
-    if tools is None or tools.format != "chat-template" or model is None:
+    if tools is not None and tools.format == "chat-template":
+        field, fix = "/tools/format", "use format 'code-blocks', or a model whose chat template carries tools"
+    elif functions:  # a chat's functions (OpenAI's tools: evaluator/function_calls.py)
+        field, fix = "/function_tools", "call it without tools, or a model whose chat template carries tools"
+    else:
+        return
+    if model is None:
         return
     if model.startswith("tiny:"):
         template: str | None = ""  # trainer/tiny.py CHAT_TEMPLATE: messages only
@@ -65,10 +72,10 @@ def check_tool_format(spec: AnySpec, settings: Settings) -> None:
         template = read_chat_template(root) if root is not None else None
     if template is not None and "tools" not in template:
         detail = (
-            f"the chat template of {model!r} renders no tools, so the model has no tool calls to make: use "
-            "format 'code-blocks', or a model whose chat template carries tools (Qwen2.5, Qwen3, SmolLM3)"
+            f"the chat template of {model!r} renders no tools, so the model has no tool calls to make: {fix} "
+            "(Qwen2.5, Qwen3, SmolLM3)"
         )
-        raise Problem.at("/tools/format", detail, "Model has no tool calls")
+        raise Problem.at(field, detail, "Model has no tool calls")
 
 
 def read_chat_template(root: Path) -> str | None:

@@ -106,12 +106,14 @@ def submit_generation(
             spec = GenerateSpec(model=ref, **{k: v for k, v in fields.items() if v is not None})
         except ValidationError as exc:
             err = validation_errors(exc.errors())[0]
-            pointer = str(err["pointer"])  # the job's field, named as OpenAI's request names it
-            pointer = (
-                "/tools" + pointer.removeprefix("/function_tools") if pointer.startswith("/function_tools") else pointer
-            )
-            raise Problem.at(pointer, err["detail"]) from None
-        config = admit({"": spec}, settings)[""]
+            raise Problem.at(_as_requested(str(err["pointer"])), err["detail"]) from None
+        try:
+            config = admit({"": spec}, settings)[""]
+        except Problem as exc:  # (a model whose chat template has no tools, say)
+            err = (exc.errors or [{}])[0]
+            if "pointer" not in err:
+                raise
+            raise Problem.at(_as_requested(str(err["pointer"])), str(err["detail"]), exc.title) from None
         if openai is not None:
             config.openai = openai
         job = job_row(project_id, spec, config, settings)
@@ -128,6 +130,11 @@ def submit_generation(
                 e.errors, {"Retry-After": str(QUOTA_RETRY_SECONDS)},
             ) from None  # fmt: skip
         return str(job.id)
+
+
+def _as_requested(pointer: str) -> str:
+    """A generate job's field as OpenAI's request names it (its functions are the request's tools)."""
+    return "/tools" + pointer.removeprefix("/function_tools") if pointer.startswith("/function_tools") else pointer
 
 
 def _status(settings: Settings, job_id: str) -> tuple[str, str | None]:

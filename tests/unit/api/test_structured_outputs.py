@@ -153,6 +153,11 @@ def test_a_chat_with_tools_is_the_jobs_functions_and_what_is_not_served_is_a_400
             with pytest.raises(openai.BadRequestError) as refused:
                 client.chat.completions.create(model="gpt-4o-2024-08-06", messages=chat, tools=[tool], **bad)
             assert refused.value.param == where, (bad, refused.value.body)
+    with overridden(fine_tuning={"model_aliases": {"gpt-4o-mini": "tiny:2x64"}}):  # ChatML: no tools in it
+        with pytest.raises(openai.BadRequestError, match="renders no tools") as refused:
+            client.chat.completions.create(model="gpt-4o-mini", messages=chat, tools=[tool])
+        assert refused.value.param == "tools", refused.value.body
+    with overridden(fine_tuning=ALIAS):
         with pytest.raises(openai.BadRequestError) as refused:  # a tool message answers a call
             client.chat.completions.create(model="gpt-4o-2024-08-06", messages=[{"role": "tool", "content": "2"}])
         assert refused.value.param is not None and "tool_call_id" in refused.value.param, refused.value.body
