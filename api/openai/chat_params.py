@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from mathrl.errors import FieldError
-from mathrl.specs.generate import MAX_CHOICES, MAX_TOKENS, MAX_TOP_LOGPROBS, FunctionTool
+from mathrl.specs.generate import MAX_CHOICES, MAX_TOKENS, MAX_TOP_LOGPROBS, FunctionTool, ToolCall
 from mathrl.specs.response_format import ResponseFormat
 
 
@@ -20,17 +20,6 @@ class _Open(BaseModel):
 class TextPart(_Open):
     type: Literal["text"]
     text: str = Field(..., max_length=100_000)
-
-
-class CalledFunction(_Open):
-    name: str = Field(..., min_length=1, max_length=64)
-    arguments: str = Field(..., max_length=100_000, description="JSON text, as the model wrote it.")
-
-
-class ToolCall(_Open):
-    id: str = Field(..., min_length=1, max_length=128)
-    type: Literal["function"]
-    function: CalledFunction
 
 
 class Message(_Open):
