@@ -12,9 +12,10 @@ The price is the earlier blocks' time again, bounded by `max_calls`.
 Calls of one sandbox run side by side (`parallel` at once) and share nothing they can write: the
 sandbox has no writable directory, its filter adds sockets of every family and System V / POSIX IPC
 to the graders' list, and each call is its own process group, killed whole at its timeout or once
-it has printed `max_output_chars`. Calls share a uid: code that reaches past the audit hook could
-signal a sibling call of the same job (its result then reads as killed); no other job's calls are
-in its namespaces. A call that hangs ends at its timeout with an error as its output; the rollout
+it has printed `max_output_chars`. Calls share a uid, so each call adds a filter of its own that
+keeps it to its own processes (no signal, limit, priority or CPU pin for another pid: the calls
+beside it and the server stay out of reach) and is not dumpable; no other job's calls are in its
+namespaces. A call that hangs ends at its timeout with an error as its output; the rollout
 goes on. The sandbox fails closed as graders do (SandboxUnavailable); it runs only in the kernel
 mode (evaluator/run.py `python_tool` refuses the others)."""
 
@@ -117,6 +118,7 @@ class PythonTool:
                 "timeout_s": self.limits.timeout_s,
                 "max_output_bytes": 4 * self.limits.max_output_chars + 4,  # UTF-8's most per character
                 "parallel": self.limits.parallel,
+                "own_process_calls": sandbox_seccomp.own_process_calls(),
             },
         }
         proc = subprocess.Popen(

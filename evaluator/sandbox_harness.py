@@ -19,7 +19,7 @@ import traceback
 from typing import Any
 
 MB = 1024 * 1024
-PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 38, 22, 2
+PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER, PR_SET_DUMPABLE = 38, 22, 2, 4
 BPF_MAXINSNS = 4096  # the kernel's limit on a filter's length
 
 
@@ -189,6 +189,37 @@ def _filter_syscalls(program: bytes) -> None:
         raise SystemExit(f"could not load the system-call filter: {os.strerror(ctypes.get_errno())}")
 
 
+def _own_process_filter(me: int, calls: dict[str, list[int]]) -> bytes:
+    """A classic BPF program for this call's process `me` (evaluator/sandbox_seccomp.py
+    OWN_PROCESS_ONLY, NO_OTHER_PROCESS): the 'own' calls with arg 0 of 0, `me` or -`me` (its
+    group) allowed, the rest of them and every 'denied' call EPERM, anything else allowed."""
+    ld, jeq, ret = 0x20, 0x15, 0x06  # BPF_LD|BPF_W|BPF_ABS, BPF_JMP|BPF_JEQ|BPF_K, BPF_RET|BPF_K
+    allow, deny = 0x7FFF0000, 0x00050000 | 1  # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | EPERM
+    arg0 = 16 + (4 if sys.byteorder == "big" else 0)  # struct seccomp_data: the low 32 bits of args[0]
+    own, denied = list(calls.get("own") or ()), list(calls.get("denied") or ())
+    ok = [0, me, -me & 0xFFFFFFFF]
+    # the layout: load nr; a test per denied call (to DENY); a test per own call (to CHECK); ALLOW;
+    # CHECK: load arg 0, a test per allowed value (to ALLOW); DENY; ALLOW
+    n_tests = len(denied) + len(own)
+    check = 1 + n_tests + 1  # the index of CHECK's load
+    deny_at = check + 1 + len(ok)
+    allow_at = deny_at + 1
+    prog = [(ld, 0, 0, 0)]
+    for i, nr in enumerate(denied + own):
+        at = 1 + i
+        target = deny_at if i < len(denied) else check
+        prog.append((jeq, target - at - 1, 0, nr))
+    prog.append((ret, 0, 0, allow))
+    prog.append((ld, 0, 0, arg0))
+    for j, value in enumerate(ok):
+        at = check + 1 + j
+        prog.append((jeq, allow_at - at - 1, 0, value))
+    prog += [(ret, 0, 0, deny), (ret, 0, 0, allow)]
+    if any(not 0 <= jt <= 255 for _, jt, _, _ in prog):
+        raise SystemExit("refusing to run a tool call: its per-call filter's jumps do not fit")
+    return b"".join(struct.pack("@HBBI", code, jt, jf, k) for code, jt, jf, k in prog)
+
+
 def _detail(e: BaseException) -> str:
     """The end of what `e` says, at most 4,000 bytes as JSON (a character outside ASCII is up to 12):
     the caller takes a bounded result a case (evaluator/sandbox.py, RESULT_BYTES_PER_CASE)."""
@@ -325,7 +356,7 @@ def _serve(tool: dict[str, Any], out: Any, pending: bytes) -> None:
             r, w = os.pipe()
             pid = os.fork()
             if pid == 0:  # the call's own process: its code's output goes to the pipe, nothing else it can reach
-                _run_call(call, w, timeout, roots)
+                _run_call(call, w, timeout, roots, tool.get("own_process_calls") or {})
             with contextlib.suppress(OSError):  # its own group from the start (it sets it too): killed whole
                 os.setpgid(pid, pid)
             os.close(w)
@@ -358,14 +389,22 @@ def _serve(tool: dict[str, Any], out: Any, pending: bytes) -> None:
             finish(fd, "timeout")
 
 
-def _run_call(call: dict[str, Any], w: int, timeout: float, roots: list[str]) -> None:
-    """In the forked child: its own process group, CPU seconds for its timeout, the audit hook, its
-    history replayed with its output dropped, then its code, whose prints (and the last expression's
-    value, as a notebook shows it, or the error's last line) go to `w`. Never returns."""
+def _run_call(
+    call: dict[str, Any], w: int, timeout: float, roots: list[str], own_process_calls: dict[str, list[int]]
+) -> None:
+    """In the forked child: its own process group, a filter that keeps it to its own processes (the
+    calls beside it and the server share its uid), no longer dumpable, CPU seconds for its timeout,
+    the audit hook, its history replayed with its output dropped, then its code, whose prints (and
+    the last expression's value, as a notebook shows it, or the error's last line) go to `w`. Never
+    returns."""
     import ast
 
     try:
         os.setpgid(0, 0)
+        _filter_syscalls(_own_process_filter(os.getpid(), own_process_calls))
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:  # no process of its uid may read or trace it
+            raise SystemExit("could not make a tool call undumpable")
         null = os.open(os.devnull, os.O_WRONLY)
         for fd in (1, 2):  # the history's output is dropped
             os.dup2(null, fd)

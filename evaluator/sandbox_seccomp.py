@@ -118,6 +118,32 @@ INSTALL_HINT = "install libseccomp (Debian: apt-get install libseccomp2; the mat
 # loopback, abstract unix names) and System V / POSIX IPC objects
 TOOL_DENIED = ("socket", "socketpair", "shmget", "msgget", "semget", "mq_open")
 
+# what a tool call may do only to itself (arg 0: its own pid, 0, or its own group), and what it may not
+# do at all (by a pid file descriptor, which a /proc directory's also is, or to a whole uid or group):
+# the kernel lets a process signal, re-limit, renice and pin every other process of its uid, and the
+# calls of a sandbox share nobody with each other and with the server that forks them. The harness
+# adds this filter in each call's own process, where its pid is known (evaluator/sandbox_harness.py).
+OWN_PROCESS_ONLY = (
+    "kill", "tkill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo", "pidfd_open", "prlimit64",
+    "sched_setaffinity", "sched_setscheduler", "sched_setparam", "sched_setattr",
+)  # fmt: skip
+NO_OTHER_PROCESS = ("pidfd_send_signal", "process_madvise", "process_mrelease", "setpriority", "ioprio_set")
+
+
+def own_process_calls() -> dict[str, list[int]]:
+    """This machine's numbers of OWN_PROCESS_ONLY ('own') and NO_OTHER_PROCESS ('denied'), for the
+    harness's per-call filter (nothing of mathrl or libseccomp is loaded there)."""
+    try:
+        import pyseccomp as seccomp
+    except (ImportError, OSError, RuntimeError) as e:
+        raise SandboxUnavailable(f"the python tool's system-call filter needs libseccomp ({e}): {INSTALL_HINT}") from e
+
+    def numbers(names: tuple[str, ...]) -> list[int]:
+        found = (seccomp.resolve_syscall(seccomp.Arch.NATIVE, name) for name in names)
+        return [n for n in found if n >= 0]  # a call this architecture lacks resolves below 0
+
+    return {"own": numbers(OWN_PROCESS_ONLY), "denied": numbers(NO_OTHER_PROCESS)}
+
 
 @functools.lru_cache(maxsize=2)
 def program(tool: bool = False) -> bytes:

@@ -112,6 +112,45 @@ def test_no_call_can_write_anywhere_or_reach_another_call(tool: Any, bare: Any) 
     assert all(result == [-1, 1] for result in seen.values()), seen  # each EPERM: the tool's filter
 
 
+SIBLINGS = """
+import ctypes, errno, json, os, resource, signal
+libc = ctypes.CDLL(None, use_errno=True)
+me, seen = os.getpid(), {}
+def tried(name, f):
+    try:
+        f()
+        seen.setdefault(name, []).append('done')
+    except OSError as e:
+        seen.setdefault(name, []).append(errno.errorcode.get(e.errno, str(e.errno)))
+for pid in [p for p in range(1, 200) if p != me]:  # the sandbox's pid namespace: its server, the calls beside
+    tried('prlimit', lambda: resource.prlimit(pid, resource.RLIMIT_CPU, (0, 0)))
+    tried('affinity', lambda: os.sched_setaffinity(pid, {0}))
+    tried('nice', lambda: os.setpriority(os.PRIO_PROCESS, pid, 19))
+    tried('pidfd', lambda: os.close(os.pidfd_open(pid)))
+    tried('kill', lambda: os.kill(pid, signal.SIGKILL))
+tried('nice', lambda: os.setpriority(os.PRIO_USER, os.getuid(), 19))
+tried('killall', lambda: os.kill(-1, signal.SIGKILL))
+tried('own', lambda: os.sched_setaffinity(0, os.sched_getaffinity(0)))
+tried('own', lambda: resource.prlimit(me, resource.RLIMIT_CPU, resource.getrlimit(resource.RLIMIT_CPU)))
+tried('own', lambda: os.kill(me, 0))
+tried('own', lambda: os.killpg(0, 0))
+print(json.dumps({k: sorted(set(v)) for k, v in seen.items()}))
+"""
+
+
+def test_no_call_can_signal_or_limit_a_call_beside_it_or_the_server(bare: Any) -> None:
+    """Calls share a uid, which the kernel lets signal, renice, re-limit and pin one another: the
+    filter each call adds takes every such call to another process (the kernel alone: no audit hook)."""
+    victims = [("import time\ntime.sleep(1.5)\nprint('alive')", [])] * 2
+    *lived, attack = bare.run([*victims, (SIBLINGS, [])])
+    seen = json.loads(attack.output)
+    assert all((r.output, r.error) == ("alive\n", None) for r in lived), lived
+    assert all(seen[k] == ["EPERM"] for k in ("prlimit", "affinity", "nice", "pidfd", "kill", "killall")), seen
+    assert seen["own"] == ["done"], seen  # what it does to itself and its own group is left alone
+    (after,) = bare.run([("print('still serving')", [])])
+    assert after.output == "still serving\n", after
+
+
 PROBE = """
 import errno, json, os, signal
 seen = {}
@@ -147,7 +186,8 @@ def test_the_kernel_boundary_holds_for_a_call_without_the_audit_hook(bare: Any, 
     (r,) = bare.run([(f"T = {json.dumps(targets)}\n" + PROBE, [])])
     seen = json.loads(r.output)
     assert seen["other"].startswith("refused") and seen["secret"].startswith("refused"), seen
-    assert not seen["proc"] and seen["kill"] == "ESRCH" and seen["shell"] == "", seen
+    # the call's filter refuses any other pid (EPERM) before the pid namespace would (ESRCH)
+    assert not seen["proc"] and seen["kill"] == "EPERM" and seen["shell"] == "", seen
     assert os.waitpid(targets["victim"], os.WNOHANG) == (0, 0)
 
 
