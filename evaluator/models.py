@@ -39,6 +39,15 @@ def remote_code_kwargs(ref: str, allowed: list[str] | None = None) -> dict[str, 
     return {"trust_remote_code": True} if names & listed else {}
 
 
+def context_length(model_path: str, cap: int) -> int:
+    """The model's context length (config.json), at most `cap`; `cap` when the config says none."""
+    try:
+        config = json.loads((Path(model_path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return cap
+    return min(int(config.get("max_position_embeddings") or cap), cap)
+
+
 def load_tokenizer(ref: str) -> Any:
     from transformers import AutoTokenizer
 

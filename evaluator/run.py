@@ -13,14 +13,14 @@ from evaluator.backends import BackendOptions, backend
 from evaluator.benchmarks import Benchmark, find_benchmark, get_benchmark
 from evaluator.data import Problem, custom_source, load_benchmark, load_custom_set
 from evaluator.graders import Judge, RMScorer
-from evaluator.models import load_tokenizer
+from evaluator.models import context_length, load_tokenizer
 from evaluator.python_tool import job_tool
 from evaluator.recipes import ResolvedRecipe, resolve_recipe
 from evaluator.report import report_scores, write_items
 from evaluator.sandbox import SandboxLimits
 from evaluator.scoring import score
 from evaluator.tool_formats import tool_format
-from evaluator.tool_rollouts import generate_with_tools
+from evaluator.tool_rollouts import TOOL_OUTPUT_MARGIN, generate_with_tools
 from mathrl.specs import EvalSpec
 from runtime.sink import Sink
 
@@ -77,6 +77,10 @@ def run_eval(
     max_model_len = None  # the longest sequence this run needs, for an engine sized by it
     if engine.sized_by_sequence:
         max_model_len = max(prompt_tokens, default=0) + max_new_tokens
+        if spec.tools is not None:  # every turn, and each call's output with the format's text around it
+            t = spec.tools.python
+            max_model_len += t.max_calls * (max_new_tokens + t.max_output_chars + TOOL_OUTPUT_MARGIN)
+            max_model_len = context_length(model_path, max_model_len)
     model = engine.load(model_path, dtype=spec.dtype, seed=s.seed, max_model_len=max_model_len, sink=sink)
     sink.event("loaded", f"{spec.backend} backend ready in {time.monotonic() - t0:.1f}s")
 
@@ -95,9 +99,11 @@ def run_eval(
     tool_seconds = None
     if spec.tools is not None and fmt is not None:
         t = spec.tools.python
+        # the engine's own length (a warm engine's may be longer than asked): a turn past it is cut
+        length = getattr(model, "max_model_len", None) or max_model_len
         with job_tool(t.timeout_s, t.max_output_chars, sandbox) as tool:
             gens, tool_seconds = generate_with_tools(
-                engine, model, tokenizer, texts, tool=tool, fmt=fmt, max_calls=t.max_calls, **knobs
+                engine, model, tokenizer, texts, tool=tool, fmt=fmt, max_calls=t.max_calls, max_len=length, **knobs
             )
     else:
         gens = engine.generate(model, tokenizer, texts, **knobs)

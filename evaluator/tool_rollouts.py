@@ -20,6 +20,11 @@ from evaluator.backends.base import Backend, Generation
 from evaluator.python_tool import PythonTool
 from evaluator.tool_formats import ToolFormat
 
+# the tokens a call's output may take beyond its characters: the format's text around it (a code
+# block's fence, or the chat template's tool message and the next assistant header) and the note
+# of why it stopped
+TOOL_OUTPUT_MARGIN = 128
+
 
 @dataclass
 class Rollout:
@@ -114,26 +119,41 @@ def generate_with_tools(
     batch_size: int,
     on_batch: Callable[[int, int], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
+    max_len: int | None = None,
 ) -> tuple[list[list[Generation]], float]:
     """For each prompt its n rollouts as Generations (text: the whole rollout, its tool outputs
     included; `tool_turns`: each call, then the last turn as {answer}), and the seconds the calls'
     batches took (what the calls did is read off the turns: evaluator/scoring.py tool_metrics).
-    `max_new_tokens` is per model turn."""
-    first = engine.generate(
-        model, tokenizer, prompts, max_new_tokens=max_new_tokens, stop=[*stop, *fmt.stops(True)],
-        temperature=temperature, top_p=top_p, n=n, seed=seed, batch_size=batch_size, on_batch=on_batch,
-        should_stop=should_stop,
-    )  # fmt: skip
+    `max_new_tokens` is per model turn. `max_len`: the longest sequence the engine takes (a vLLM
+    engine's max_model_len), None for none: a turn is cut to the room its context leaves, and a
+    rollout whose context fills it ends there, truncated, without asking the engine."""
+
+    def turns(texts: list[str], may_call: bool, n: int, seed: int, on_batch: Any = None) -> list[list[Generation]]:
+        """Each text's n generations, each group of texts asking for what its room allows."""
+        knobs: dict[str, Any] = {
+            "stop": [*stop, *fmt.stops(may_call)], "temperature": temperature, "top_p": top_p, "n": n,
+            "seed": seed, "batch_size": batch_size, "should_stop": should_stop,
+        }  # fmt: skip
+        if max_len is None:
+            return engine.generate(model, tokenizer, texts, max_new_tokens=max_new_tokens, on_batch=on_batch, **knobs)
+        rooms = [max_len - len(tokenizer(t, add_special_tokens=False).input_ids) for t in texts]
+        out: list[list[Generation]] = [[Generation("", 0, True)] * n for _ in texts]  # no room: cut here
+        for budget in sorted({min(max_new_tokens, r) for r in rooms if r > 0}, reverse=True):
+            at = [i for i, r in enumerate(rooms) if r > 0 and min(max_new_tokens, r) == budget]
+            gens = engine.generate(model, tokenizer, [texts[i] for i in at], max_new_tokens=budget, **knobs)
+            for i, g in zip(at, gens, strict=True):
+                out[i] = g  # a turn cut at its room reads as truncated (its length), so its rollout ends
+        if on_batch is not None:
+            on_batch(len(texts), len(texts))
+        return out
+
+    first = turns(prompts, True, n, seed, on_batch)
     rollouts = [[Rollout(p) for _ in gens] for p, gens in zip(prompts, first, strict=True)]
     rounds = [0]
 
     def next_turns(open_: list[Rollout], may_call: bool) -> list[Turn]:
         rounds[0] += 1
-        gens = engine.generate(
-            model, tokenizer, [r.prompt + r.text for r in open_], max_new_tokens=max_new_tokens,
-            stop=[*stop, *fmt.stops(may_call)], temperature=temperature, top_p=top_p, n=1,
-            seed=seed + rounds[0], batch_size=batch_size, should_stop=should_stop,
-        )  # fmt: skip
+        gens = turns([r.prompt + r.text for r in open_], may_call, 1, seed + rounds[0])
         return [Turn(g[0].text, g[0].tokens, g[0].truncated) for g in gens]
 
     tool_seconds = run_turns(

@@ -182,7 +182,7 @@ class HeldoutEvalCallback(TrainerCallback):
             gens, _ = generate_with_tools(
                 backend("vllm"), engine.llm, self.tokenizer, self.texts, tool=t.tool, fmt=t.fmt,
                 max_calls=t.tools.python.max_calls, max_new_tokens=self.spec.max_new_tokens, stop=self.recipe.stop,
-                temperature=0.0, top_p=1.0, n=1, seed=0, batch_size=50,
+                temperature=0.0, top_p=1.0, n=1, seed=0, batch_size=50, max_len=engine.max_model_length,
             )  # fmt: skip
             where = "the colocated vLLM engine"
         else:

@@ -30,6 +30,7 @@ from typing import Any
 
 from config.settings import Settings
 from evaluator.backends.base import EngineSettings, WarmEngineAddress
+from evaluator.models import context_length
 from mathrl.specs import AnySpec
 from worker.model_family import model_family as model_family  # what one engine can reload in place
 from worker.vllm_server import VLLMServer, free_port, launch, server_env
@@ -109,15 +110,7 @@ def wants_warm_engine(spec: AnySpec, settings: Settings) -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
-def max_model_len(model_path: str, cap: int) -> int:
-    """The model's context length (config.json), at most `cap`; `cap` when the config says none."""
-    import json
-
-    try:
-        config = json.loads((Path(model_path) / "config.json").read_text())
-    except (OSError, ValueError):
-        return cap
-    return min(int(config.get("max_position_embeddings") or cap), cap)
+max_model_len = context_length  # the model's context length, at most the operator's cap
 
 
 @dataclass

@@ -94,6 +94,38 @@ def test_an_eval_with_the_python_tool_calls_it_and_grades_the_answer_after(bound
     accuracy = next(s for s in sink.scores if s["metric"] == "accuracy")
     assert accuracy["sampling"]["tools"] == spec.tools.model_dump()  # type: ignore[union-attr]
 
+    # an engine's length (vLLM's max_model_len) caps each turn at the room its context leaves: here
+    # the longest rollout has 4 tokens left after its call's output, and none runs past the length
+    from evaluator.backends import backend
+    from evaluator.python_tool import PythonTool, ToolLimits
+    from evaluator.tool_rollouts import generate_with_tools
+
+    def n_tokens(text: str) -> int:
+        return len(tok(text, add_special_tokens=False).input_ids)
+
+    texts = [item["prompt"] for item in items]
+    out_end = [c.index("```\n", c.index("```output")) + 4 for c in (item["completion"] for item in items)]
+    with_output = [n_tokens(t + item["completion"][:e]) for t, item, e in zip(texts, items, out_end, strict=True)]
+    hf = backend("hf")
+    for length in (max(with_output) + 4, min(with_output)):
+        with PythonTool(ToolLimits(timeout_s=5)) as tool:
+            gens, _ = generate_with_tools(
+                hf, hf.load(str(model)), tok, texts, tool=tool, fmt=fmt, max_calls=2, max_new_tokens=48,
+                stop=recipe.stop, temperature=0.0, top_p=1.0, n=1, seed=0, batch_size=8, max_len=length,
+            )  # fmt: skip
+        for text, (g,) in zip(texts, gens, strict=True):
+            # what the engine was asked and wrote stays within the length; an output that filled it is
+            # never sent (its rollout ends there, no turn asked)
+            asked = g.text[: g.text.rindex("```output")] if g.tool_turns[-1] == {"answer": ""} else g.text
+            assert n_tokens(text + asked) <= length and g.truncated, (length, g)
+        longest = gens[with_output.index(max(with_output))][0]
+        if length > max(with_output):  # its call ran, and its answer was cut at the 4 tokens left
+            assert longest.tool_turns[0]["output"] == QUESTIONS[with_output.index(max(with_output))][1], longest
+            assert 0 < n_tokens(longest.tool_turns[-1]["answer"]) <= 4, longest
+        else:  # the shortest filled the length with its output: its rollout ends there, no turn asked
+            shortest = gens[with_output.index(min(with_output))][0]
+            assert shortest.tool_turns[-1] == {"answer": ""} and "code" in shortest.tool_turns[0], shortest
+
 
 def test_the_specs_formats_are_the_evaluators() -> None:
     from typing import get_args
@@ -172,7 +204,7 @@ def test_a_generate_job_with_the_tool_answers_a_chat_after_the_output(boundary: 
     assert f"```output\n{a}\n```" in row["completion"] and "boxed{391}" in turns[-1]["answer"], row
 
 
-def chat_tool_model(tmp_path: Path) -> Path:
+def chat_tool_model(tmp_path: Path, hidden_size: int = 64, heads: int = 4) -> Path:
     """The tiny Llama with a chat template that carries tools: Qwen2.5's (TRL ships it, and its response
     parser), on the character tokenizer, whose end of sequence is then the template's <|im_end|> as an
     instruct model's is."""
@@ -181,7 +213,7 @@ def chat_tool_model(tmp_path: Path) -> Path:
 
     from trainer.tiny import build_tiny_model
 
-    model = build_tiny_model(tmp_path / "tiny", hidden_size=64, layers=2, heads=4, chat=True, arch="llama")
+    model = build_tiny_model(tmp_path / "tiny", hidden_size=hidden_size, layers=2, heads=heads, chat=True, arch="llama")
     tok = AutoTokenizer.from_pretrained(model)
     tok.chat_template = (Path(trl.__file__).parent / "chat_templates" / "qwen2_5.jinja").read_text()
     tok.eos_token = "<|im_end|>"
