@@ -733,3 +733,6 @@ def test_grpo_with_the_python_tool_on_the_colocated_engine(tmp_path: Path) -> No
     # each rollout's masked tokens are exactly what the sandbox printed, after the model's ```output
     assert sorted(set(out["tool_texts"])) == ["\n1023\n```\n", "\n391\n```\n", "\n66\n```\n"], out["tool_texts"]
     assert m["rewards/accuracy/mean"] > 0 and m["tool_share"] > 0, m
+    # the held-out answers on the colocated engine called the tool too, each turn within its length
+    held = out["heldout"]
+    assert held and held["backend"] == "the colocated vLLM engine, with the tool" and held["heldout/reward"] > 0, held

@@ -19,13 +19,12 @@ from tests.unit.trainer.test_tool_grpo import run_tool_job
 pytestmark = pytest.mark.slow  # the tiny model taught on prompts of some 1,000 characters
 
 
-@pytest.fixture(scope="module")
-def taught(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """The taught model and its question set (one teaching for both tests: about 250 steps)."""
+def taught_chat_model(tmp: Path, hidden_size: int = 64, heads: int = 4) -> tuple[Path, Path]:
+    """The tiny model taught to call the python tool through Qwen2.5's template for each question,
+    and the question set (about 250 steps; vLLM's CPU attention needs hidden_size 128, heads 2)."""
     from mathrl.recipe import Recipe
 
-    tmp = tmp_path_factory.mktemp("chat-tools")
-    model = chat_tool_model(tmp)
+    model = chat_tool_model(tmp, hidden_size=hidden_size, heads=heads)
     data = tmp / "set.jsonl"
     data.write_text("".join(json.dumps({"question": f"What is {q}?", "answer": a}) + "\n" for q, a in QUESTIONS))
     # the recipe both jobs resolve for a custom set: math-chat's, whose system text the tool joins
@@ -40,8 +39,22 @@ def taught(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     # each prompt ends with the assistant's header, where the call begins
     header = "<|im_start|>assistant\n"
     head = min(len(tok(t[: t.index(header) + len(header)]).input_ids) for t in traces)
-    _teach(model, traces, until=0.01, prompts=head)
+    _teach(model, traces, until=0.01, prompts=head, lr=1e-2 if hidden_size <= 64 else 3e-3)
     return model, data
+
+
+# the chat-template format's GRPO job: the schema and the template's tool text are some 900 characters
+CHAT_TOOL_JOB: dict[str, Any] = {
+    "max_completion_length": 256,
+    "max_prompt_length": 1024,
+    "tools": {"format": "chat-template", "python": {"max_calls": 2, "timeout_s": 5}},
+}
+
+
+@pytest.fixture(scope="module")
+def taught(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The taught model and its question set (one teaching for both tests)."""
+    return taught_chat_model(tmp_path_factory.mktemp("chat-tools"))
 
 
 def test_an_eval_with_the_chat_templates_calls_parses_them_and_answers_after_the_tool_message(
@@ -95,10 +108,8 @@ def test_a_grpo_step_with_the_chat_templates_calls_keeps_the_tool_message_out_of
         model,
         data,
         tmp_path / "out",
-        max_completion_length=256,
-        max_prompt_length=1024,  # the schema and the template's tool text: some 900 characters
         rewards=[{"name": "accuracy"}],
-        tools={"format": "chat-template", "python": {"max_calls": 2, "timeout_s": 5}},
+        **CHAT_TOOL_JOB,
     )
     tok = load_tokenizer(str(model))
     inputs = seen["inputs"]

@@ -140,6 +140,23 @@ def test_a_grpo_step_calls_the_tool_and_trains_only_on_the_models_tokens(
     assert "with the tool" in held["data"]["backend"] and held["data"]["heldout/reward"] > 0, held
 
 
+def test_a_grpo_step_with_the_tool_decodes_on_the_static_cache_copy_too(
+    boundary: Any,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """hf_mode 'static' (trainer/hf_generation.py): each turn decodes on the policy's decode copy with a
+    fixed-size cache, stopping at the call as the dynamic path does."""
+    model, data = taught_model(tmp_path)
+    sink = run_tool_job(
+        model, data, tmp_path / "out", rewards=[{"name": "accuracy"}], generation={"backend": "hf", "hf_mode": "static"}
+    )
+    gen = next(e for e in sink.events if e["type"] == "generation")
+    assert gen["data"]["hf_mode"] == "static", gen
+    step = sink.metrics_by_step[1]
+    assert step["tool/calls_per_rollout"] >= 1.0 and step["tool/call_errors"] == 0.0, step
+    assert step["rewards/accuracy/mean"] > 0, step  # the answer after the output, graded
+
+
 def _heldout_file(model: Path, path: Path) -> Path:
     """The taught questions as an uploaded messages file (OpenAI's validation format), its chats as
     the tool recipe renders them (a chat is rendered as its author wrote it)."""
