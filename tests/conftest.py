@@ -70,7 +70,22 @@ def figure(request: pytest.FixtureRequest) -> Any:
     return lambda text: request.node.user_properties.append(("figure", text))
 
 
+LANES: dict[str, list[float]] = {}  # an xdist worker's id -> its tests' seconds (setup, call, teardown)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """On the controller of an xdist run: each report's seconds, under the worker that ran it."""
+    node = getattr(report, "node", None)
+    worker = getattr(getattr(node, "gateway", None), "id", None)
+    if worker is not None:
+        LANES.setdefault(worker, []).append(report.duration)
+
+
 def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if LANES:  # which lane ends the run: the budget's figure is the longer one (docs/tests.md)
+        terminalreporter.section("lanes")
+        for worker, seconds in sorted(LANES.items()):
+            terminalreporter.line(f"{worker}: {sum(seconds):.1f} s of tests")
     lines = [
         f"{report.nodeid}: {value}"
         for key in ("passed", "failed")
