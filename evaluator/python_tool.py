@@ -17,18 +17,20 @@ keeps it to its own processes (no signal, limit, priority or CPU pin for another
 beside it and the server stay out of reach) and is not dumpable; no other job's calls are in its
 namespaces. A call that hangs ends at its timeout with an error as its output; the rollout
 goes on. The sandbox fails closed as graders do (SandboxUnavailable); it runs only in the kernel
-mode (evaluator/run.py `python_tool` refuses the others)."""
+mode, here or in a grading pool (PoolTool, service/grading_pool.py); `job_tool` picks which."""
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
 import select
 import subprocess
 import sys
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 from evaluator import sandbox, sandbox_seccomp
 from evaluator.sandbox import NOBODY, SandboxLimits, SandboxUnavailable, check_available
@@ -74,6 +76,28 @@ def raised(output: str) -> bool:
     last = output.strip().splitlines()[-1:] or [""]
     head = last[0].split(":", 1)[0]
     return head.endswith(("Error", "Exception")) or head in ("KeyboardInterrupt", "SystemExit")
+
+
+class Tool(Protocol):
+    """What a rollout calls: `run(calls)` answers a batch of (code, history) calls, each in a fresh
+    state, in the calls' order; `close()` ends it. PythonTool on this machine, PoolTool in a grading pool."""
+
+    limits: ToolLimits
+
+    def run(self, calls: list[tuple[str, list[str]]]) -> list[ToolResult]: ...
+
+    def close(self) -> None: ...
+
+    def __enter__(self) -> Tool: ...
+
+    def __exit__(self, *exc: object) -> None: ...
+
+
+def batch_deadline(limits: ToolLimits, n: int) -> float:
+    """The longest a batch of `n` calls may take before its sandbox is taken for stuck: their timeouts in
+    `parallel` lanes, and a margin for starting."""
+    rounds = -(-n // max(1, limits.parallel))
+    return rounds * (limits.timeout_s + 1.0) + 30.0
 
 
 class PythonTool:
@@ -160,10 +184,7 @@ class PythonTool:
             return [results.get(base + i, ToolResult("", "sandbox")) for i in range(len(calls))]
 
     def _deadline(self, n: int) -> float:
-        """How long a batch may take at most before the sandbox is taken for stuck: its calls' timeouts in
-        `parallel` lanes, and a margin for starting."""
-        rounds = -(-n // max(1, self.limits.parallel))
-        return time.monotonic() + rounds * (self.limits.timeout_s + 1.0) + 30.0
+        return time.monotonic() + batch_deadline(self.limits, n)
 
 
 def _feed_and_read(
@@ -207,13 +228,75 @@ def _feed_and_read(
             call = row.get("id") if isinstance(row, dict) else None
             if not isinstance(call, int) or not base <= call < base + n or call in results:
                 raise ValueError("the tool sandbox wrote an answer to no call of this batch")
-            output, error = row.get("output"), row.get("error")
-            results[call] = ToolResult(
-                output if isinstance(output, str) else "",
-                error if isinstance(error, str) or error is None else "sandbox",
-                time.monotonic() - started,
-            )
+            results[call] = _result(row, time.monotonic() - started)
     feeder.join(5)
+
+
+def _result(row: dict[str, Any], seconds: float) -> ToolResult:
+    """An untrusted answer as a ToolResult: an output string, an error string or None."""
+    output, error = row.get("output"), row.get("error")
+    return ToolResult(
+        output if isinstance(output, str) else "",
+        error if isinstance(error, str) or error is None else "sandbox",
+        seconds,
+    )
+
+
+class PoolTool:
+    """The python tool in a grading pool (service/grading_pool.py, POST /v1/tool): on Kubernetes,
+    where the workers' pods may not make bubblewrap's namespaces. A call replays its history, so a
+    batch needs no state between requests; the pool keeps this job's warm sandbox under a key of its
+    own (`key`), which no other job's calls share, and ends it on `close()`."""
+
+    def __init__(self, url: str, token: str | None, limits: ToolLimits):
+        import httpx
+
+        self.limits, self.url, self.key = limits, url.rstrip("/"), secrets.token_hex(16)
+        self._http = httpx.Client(headers={"Authorization": f"Bearer {token}"} if token else {})
+
+    def __enter__(self) -> PoolTool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _body(self) -> dict[str, Any]:
+        limits = {"timeout_s": self.limits.timeout_s, "max_output_chars": self.limits.max_output_chars}
+        return {"key": self.key, "limits": limits | {"memory_mb": self.limits.memory_mb}}
+
+    def run(self, calls: list[tuple[str, list[str]]]) -> list[ToolResult]:
+        """As PythonTool.run. A pool that cannot sandbox raises SandboxUnavailable (its 503); one that
+        does not answer, or answers what is not this batch's results, answers each call 'sandbox'."""
+        import httpx
+
+        if not calls:
+            return []
+        body = self._body() | {"calls": [{"code": code, "history": list(history)} for code, history in calls]}
+        failed = [ToolResult("", "sandbox")] * len(calls)
+        started = time.monotonic()
+        try:
+            r = self._http.post(f"{self.url}/v1/tool", json=body, timeout=batch_deadline(self.limits, len(calls)))
+        except httpx.HTTPError:
+            return failed
+        if r.status_code == 503:
+            raise SandboxUnavailable(f"the grading pool cannot run the python tool: {r.json().get('detail', r.text)}")
+        try:
+            rows = r.json().get("results") if r.status_code == 200 else None
+        except ValueError:
+            rows = None
+        if not isinstance(rows, list) or len(rows) != len(calls) or not all(isinstance(x, dict) for x in rows):
+            return failed
+        seconds = time.monotonic() - started
+        return [_result(row, seconds) for row in rows]
+
+    def close(self) -> None:
+        import httpx
+
+        try:
+            self._http.post(f"{self.url}/v1/tool/close", json={"key": self.key}, timeout=10)
+        except httpx.HTTPError:
+            pass  # the pool ends an idle job's sandbox itself
+        self._http.close()
 
 
 def _tool_seccomp() -> str:
@@ -222,13 +305,16 @@ def _tool_seccomp() -> str:
     return base64.b64encode(sandbox_seccomp.program(tool=True)).decode()
 
 
-def job_tool(timeout_s: float, max_output_chars: int, sandbox: SandboxLimits | None) -> PythonTool:
-    """The job's tool sandbox, within the operator's graders settings: only behind the kernel boundary
-    of this machine (not audit-hook mode, not a grading pool: the calls need the sandbox's namespaces)."""
+def job_tool(timeout_s: float, max_output_chars: int, sandbox: SandboxLimits | None) -> Tool:
+    """The job's tool sandbox, within the operator's graders settings: behind this machine's kernel
+    boundary, or in the grading pool where the operator runs python there (`graders.pool_url`, the
+    chart's `grading` block); audit-hook mode is refused (the calls need the sandbox's namespaces)."""
     limits = sandbox or SandboxLimits()
-    if limits.mode != "kernel" or limits.pool_url:
-        where = "a grading pool" if limits.pool_url else f"graders.python_sandbox={limits.mode!r}"
-        raise SandboxUnavailable(f"the python tool runs only behind this machine's kernel boundary, not in {where}")
-    return PythonTool(
-        ToolLimits(timeout_s=timeout_s, max_output_chars=max_output_chars, memory_mb=limits.memory_mb)
-    )  # fmt: skip
+    tool = ToolLimits(timeout_s=timeout_s, max_output_chars=max_output_chars, memory_mb=limits.memory_mb)
+    if limits.pool_url:
+        return PoolTool(limits.pool_url, limits.pool_token, tool)
+    if limits.mode != "kernel":
+        raise SandboxUnavailable(
+            f"the python tool runs only behind a kernel boundary, not in graders.python_sandbox={limits.mode!r}"
+        )
+    return PythonTool(tool)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from evaluator.backends.base import Backend, Generation
-from evaluator.python_tool import PythonTool
+from evaluator.python_tool import Tool
 from evaluator.tool_formats import ToolFormat
 
 # the tokens a call's output may take beyond its characters: the format's text around it (a code
@@ -60,7 +60,7 @@ def run_turns(
     first: list[Turn],
     next_turns: NextTurns,
     *,
-    tool: PythonTool,
+    tool: Tool,
     fmt: ToolFormat,
     max_calls: int,
     should_stop: Callable[[], bool] | None = None,
@@ -107,7 +107,7 @@ def generate_with_tools(
     tokenizer: Any,
     prompts: list[str],
     *,
-    tool: PythonTool,
+    tool: Tool,
     fmt: ToolFormat,
     max_calls: int,
     max_new_tokens: int,

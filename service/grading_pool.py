@@ -12,12 +12,19 @@ own). It is where user code runs on Kubernetes, away from everything worth steal
   saying why, so the pod shows not ready instead of running code unguarded.
 
 POST /v1/run {source, cases: [{sample, item}], limits} -> {results: [{score, error, detail}]}.
+POST /v1/tool {key, calls: [{code, history}], limits} -> {results: [{output, error}]}: the python
+tool's calls of one job (evaluator/python_tool.py PoolTool), in a warm tool sandbox kept for that
+job's `key` (no other job's calls share its namespaces); POST /v1/tool/close {key} ends it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
+import threading
+from collections import OrderedDict
+from collections.abc import AsyncIterator
 from dataclasses import asdict
 from typing import Annotated, Any
 
@@ -26,6 +33,7 @@ from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field
 
 from config.settings import Settings, get_settings
+from evaluator.python_tool import PythonTool, ToolLimits
 from evaluator.sandbox import SandboxLimits, SandboxUnavailable, isolation, run_python
 
 
@@ -50,12 +58,69 @@ class PoolRun(BaseModel):
     limits: PoolLimits = Field(default_factory=PoolLimits)
 
 
+class PoolToolLimits(BaseModel):
+    """A tool call's limits, within the spec's bounds (mathrl/specs/tools.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+    timeout_s: float = Field(5.0, gt=0, le=60)
+    max_output_chars: int = Field(1024, ge=16, le=16384)
+    memory_mb: int = Field(1024, ge=64, le=65536)
+
+
+class PoolToolCall(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    code: str = Field(max_length=200_000)
+    history: list[str] = Field(default_factory=list, max_length=16)  # a rollout's earlier calls (max_calls)
+
+
+class PoolToolKey(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    key: str = Field(pattern=r"^[0-9a-f]{32}$")
+
+
+class PoolToolRun(PoolToolKey):
+    calls: list[PoolToolCall] = Field(max_length=4096)
+    limits: PoolToolLimits = Field(default_factory=PoolToolLimits)
+
+
+class ToolSandboxes:
+    """The pool's warm tool sandboxes, one per job key and its limits; past `most`, the least recently
+    used is ended (its job's next batch starts it again)."""
+
+    def __init__(self, most: int):
+        self.most = most
+        self.lock = threading.Lock()
+        self.held: OrderedDict[tuple[str, ToolLimits], PythonTool] = OrderedDict()
+
+    def get(self, key: str, limits: ToolLimits) -> PythonTool:
+        with self.lock:
+            tool = self.held.pop((key, limits), None) or PythonTool(limits)
+            self.held[(key, limits)] = tool
+            ended = [self.held.popitem(last=False)[1] for _ in range(len(self.held) - self.most)]
+        for old in ended:
+            old.close()
+        return tool
+
+    def close(self, key: str | None = None) -> None:
+        with self.lock:
+            ended = [self.held.pop(k) for k in list(self.held) if key is None or k[0] == key]
+        for tool in ended:
+            tool.close()
+
+
 def create_pool(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
     graders = settings.graders
     mode = graders.python_sandbox
     slots = asyncio.Semaphore(graders.pool_concurrency)
-    app = FastAPI(title="mathrl grading pool", docs_url=None, redoc_url=None, openapi_url=None)
+    sandboxes = ToolSandboxes(4 * graders.pool_concurrency)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        sandboxes.close()  # the tool's warm sandboxes end with the pool
+
+    app = FastAPI(title="mathrl grading pool", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
 
     def _authorized(authorization: str | None) -> None:
         token = graders.pool_token or ""
@@ -85,5 +150,25 @@ def create_pool(settings: Settings | None = None) -> FastAPI:
             except SandboxUnavailable as e:
                 raise HTTPException(503, str(e)) from None
         return {"results": [asdict(r) for r in results]}
+
+    @app.post("/v1/tool")
+    async def tool(body: PoolToolRun, authorization: Annotated[str | None, Header()] = None) -> dict[str, Any]:
+        _authorized(authorization)
+        if mode != "kernel":  # the calls need the sandbox's namespaces, as on a worker (python_tool.job_tool)
+            raise HTTPException(503, f"the python tool runs only behind a kernel boundary; this pool runs {mode!r}")
+        limits = ToolLimits(**body.limits.model_dump())
+        calls = [(c.code, c.history) for c in body.calls]
+        async with slots:
+            try:
+                results = await run_in_threadpool(lambda: sandboxes.get(body.key, limits).run(calls))
+            except SandboxUnavailable as e:
+                raise HTTPException(503, str(e)) from None
+        return {"results": [{"output": r.output, "error": r.error} for r in results]}
+
+    @app.post("/v1/tool/close")
+    def close_tool(body: PoolToolKey, authorization: Annotated[str | None, Header()] = None) -> dict[str, Any]:
+        _authorized(authorization)
+        sandboxes.close(body.key)
+        return {"closed": body.key}
 
     return app

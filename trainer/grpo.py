@@ -11,7 +11,7 @@ from typing import Any
 from evaluator.backends.base import EngineSettings
 from evaluator.models import load_tokenizer
 from evaluator.prompts import as_recipe
-from evaluator.python_tool import PythonTool, job_tool
+from evaluator.python_tool import Tool, job_tool
 from evaluator.tool_formats import ToolFormat, tool_format
 from mathrl.backends import uses_vllm
 from mathrl.modelref import FINE_TUNING_TAG
@@ -74,7 +74,7 @@ def vllm_engine_options(spec: GRPOSpec, config: ResolvedGRPO, settings: EngineSe
 class ToolSetup:
     """A tool job's parts: its sandbox, the call format and the spec's settings (trainer/tool_grpo.py)."""
 
-    tool: PythonTool
+    tool: Tool
     fmt: ToolFormat
     tools: Tools
 

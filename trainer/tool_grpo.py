@@ -32,7 +32,7 @@ from typing import Any
 
 from evaluator.backends.base import Generation
 from evaluator.grading import extract_answer
-from evaluator.python_tool import PythonTool
+from evaluator.python_tool import Tool
 from evaluator.scoring import is_void, tool_metrics
 from evaluator.tool_formats import ToolFormat
 from evaluator.tool_rollouts import Rollout, Turn, run_turns
@@ -84,7 +84,7 @@ class ToolRollouts:
     completion_ids, logprobs, env_mask, answer_text, void_turn}`, a rollout per prompt row (TRL's
     sampler has already repeated each question for its group)."""
 
-    def __init__(self, tool: PythonTool, fmt: ToolFormat, tools: Tools) -> None:
+    def __init__(self, tool: Tool, fmt: ToolFormat, tools: Tools) -> None:
         self.tool, self.fmt, self.tools = tool, fmt, tools
 
     def __call__(self, prompts: list[str], trainer: Any) -> dict[str, Any]:

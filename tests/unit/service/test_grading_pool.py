@@ -77,6 +77,39 @@ def test_the_pool_runs_graders_for_its_callers_only(pool: str) -> None:
     assert r.status_code == 422, r.text
 
 
+def test_the_pool_runs_a_jobs_python_tool_calls_in_a_sandbox_of_its_own(pool: str) -> None:
+    """Where the workers cannot make namespaces (the chart's pods), the tool's calls go to the pool:
+    a batch as on a worker (a fresh state a call, its history replayed, a hung call stopped, as
+    nobody), each job's calls in a warm sandbox of their own, which `close` ends."""
+    if isolation("kernel").refused:
+        pytest.skip(f"no kernel boundary here: {isolation('kernel').refused}")
+    from evaluator.python_tool import PoolTool, job_tool
+
+    limits = SandboxLimits(pool_url=pool, pool_token=TOKEN)
+    with job_tool(2, 200, limits) as tool, job_tool(2, 200, limits) as other:
+        assert isinstance(tool, PoolTool) and tool.key != other.key
+        fresh, replayed, hung, who = tool.run(
+            [
+                ("import builtins\nbuiltins.SHARED = 1\nprint('set')", []),
+                ("x += 1\nx", ["x = 41"]),
+                ("while True:\n    pass", []),
+                ("import os\nos.getuid()", []),
+            ]
+        )
+        assert (fresh.output, replayed.output, who.output) == ("set\n", "42\n", "65534\n"), (fresh, replayed, who)
+        assert hung.error == "timeout" and "TimeoutError" in hung.text(tool.limits), hung
+        (clean,) = other.run([("print(getattr(__import__('builtins'), 'SHARED', 'clean'))", [])])
+        assert clean.output == "clean\n", clean
+    body = {"key": "0" * 32, "calls": [{"code": "print(1)"}]}
+    assert httpx.post(f"{pool}/v1/tool", json=body).status_code == 401  # its callers only
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    r = httpx.post(f"{pool}/v1/tool", json={**body, "limits": {"timeout_s": 10**6}}, headers=auth)
+    assert r.status_code == 422, r.text  # the spec's bounds
+    assert httpx.post(f"{pool}/v1/tool", json={**body, "key": "../x"}, headers=auth).status_code == 422
+    with pytest.raises(SandboxUnavailable, match="kernel boundary, not in graders.python_sandbox='audit-hook'"):
+        job_tool(2, 200, SandboxLimits(mode="audit-hook"))  # no pool: the hook alone never holds the tool
+
+
 def test_a_pool_that_cannot_sandbox_is_not_ready_and_refuses() -> None:
     """Fails closed: a pool whose machine has no bubblewrap says so on /readyz and to every call."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MATHRL_")}
@@ -86,6 +119,11 @@ def test_a_pool_that_cannot_sandbox_is_not_ready_and_refuses() -> None:
         assert ready.status_code == 503 and "bubblewrap" in ready.text, ready.text
         with pytest.raises(SandboxUnavailable, match="bubblewrap"):
             run_python("def grade(s, i):\n    return 1", [({}, {})], SandboxLimits(pool_url=url, pool_token=TOKEN))
+        from evaluator.python_tool import job_tool
+
+        with pytest.raises(SandboxUnavailable, match="grading pool cannot run the python tool.*bubblewrap"):
+            with job_tool(2, 200, SandboxLimits(pool_url=url, pool_token=TOKEN)) as tool:
+                tool.run([("print(1)", [])])
 
 
 def test_an_unreachable_pool_is_a_server_error_not_a_score(tmp_path: Any) -> None:
