@@ -12,6 +12,7 @@ from typing import Any
 from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
+from api.openai.records import EvalRunRecord
 from store.models import Job, Sample
 
 DEFAULT_PASS = 0.5  # python and score_model criteria with no pass_threshold: OpenAI sets none
@@ -28,7 +29,7 @@ def passed(rule: dict[str, Any], score: float) -> bool:
 
 def run_criteria(job: Job) -> list[dict[str, Any]]:
     """The run's testing criteria, as the run stored them."""
-    return list(((job.resolved_config or {}).get("openai") or {}).get("criteria") or [])
+    return EvalRunRecord.of(job).criteria
 
 
 @dataclass
