@@ -14,10 +14,9 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from sqlalchemy.orm import Session
 
+from api.openai.files import own_file
+from api.openai.models import grading_models_mapped, own_ft_model, trainable_model
 from api.problems import Problem, validation_errors
-from api.routers.openai_files import own_file
-from api.routers.openai_fine_tuning import grading_models_mapped, trainable_model
-from api.routers.openai_models import own_ft_model
 from config.settings import Settings
 from mathrl.graders import Grader
 from mathrl.jsonl_files import check_item_line, item_of

@@ -1,5 +1,5 @@
 """What OpenAI's eval objects look like (api/routers/openai_evals.py), read off the Eval rows and the
-runs' jobs: an eval, a run (`run_object`, its counts from api/eval_run_counts.py) and an output
+runs' jobs: an eval, a run (`run_object`, its counts from api/openai/eval_run_counts.py) and an output
 item (`output_item`: one of the job's samples, each criterion's result against its pass rule)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import and_, or_, select
 from sqlalchemy.orm import Session
 
-from api.eval_run_counts import Tally, passed, run_criteria, tallies
+from api.openai.eval_run_counts import Tally, passed, run_criteria, tallies
 from api.openai.records import EvalRunRecord
 from api.problems import Problem
 from mathrl.modelref import uuid_after
@@ -137,7 +137,7 @@ def results_of(job: Job, sample: Sample) -> tuple[list[dict[str, Any]], str | No
 
 def run_object(session: Session, job: Job, tally: Tally | None = None) -> dict[str, Any]:
     """The run as OpenAI's `eval.run`; `tally`: its counts, already read with a page of runs
-    (api/eval_run_counts.py, in the database), else read here."""
+    (api/openai/eval_run_counts.py, in the database), else read here."""
     info = EvalRunRecord.of(job)
     request = info.request
     tally = tally if tally is not None else tallies(session, [job])[job.id]

@@ -29,11 +29,12 @@ from api.admission import check_job_limits
 from api.deps import CallerDep, SessionDep, SettingsDep
 from api.idempotency import earlier, replayed, request_hash
 from api.openai.chat_params import ChatCompletionParams, CompletionParams
+from api.openai.files import own_file
+from api.openai.models import sampled_model
 from api.openai.resource import JobResource, listed
 from api.problems import Problem, validation_errors
-from api.routers.openai_files import own_file
 from api.routers.openai_inference import completion_object
-from api.routers.openai_models import default_budget, sampled_model
+from api.routers.openai_models import default_budget
 from api.submit import admit, job_row, submit_keyed
 from config.settings import Settings
 from kinds import home

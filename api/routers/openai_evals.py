@@ -15,7 +15,6 @@ from fastapi import APIRouter, Header, Query, Response
 from sqlalchemy import select
 
 from api.deps import CallerDep, SessionDep, SettingsDep
-from api.eval_run_counts import tallies
 from api.idempotency import commit_or_replay, earlier, replayed, request_hash
 from api.openai.eval_requests import (
     EvalCreateParams,
@@ -27,6 +26,7 @@ from api.openai.eval_requests import (
     job_spec,
     run_job,
 )
+from api.openai.eval_run_counts import tallies
 from api.openai.eval_views import (
     NOT_FOUND,
     RUN_NOT_FOUND,

@@ -20,16 +20,16 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
 
 from api.deps import CallerDep, SessionDep, SettingsDep
 from api.idempotency import earlier, request_hash
+from api.openai.files import NOT_FOUND, own_file
 from api.openai.resource import listed
 from api.problems import Problem
 from config.settings import Settings
 from mathrl.jsonl_files import BATCH_PURPOSE, FileFormatError, check_jsonl
 from mathrl.modelref import RESULTS_PURPOSE
-from store.files import OverQuota, Quota, expired, store_file, unexpired
+from store.files import OverQuota, Quota, store_file, unexpired
 from store.ids import uuid7
 from store.jobs import FILE_ID, readers_of
 from store.models import File as FileRow
@@ -39,7 +39,6 @@ router = APIRouter(prefix="/v1/files", tags=["openai: files"])
 
 # evals: OpenAI eval runs' items (api/routers/openai_evals.py); batch: a batch's requests (openai_batches.py)
 PURPOSES = ("fine-tune", "evals", BATCH_PURPOSE)
-NOT_FOUND = "no file with this id in your project"
 EXPIRES_SECONDS = (3600, 2_592_000)  # OpenAI's bounds on expires_after.seconds: an hour to 30 days
 
 
@@ -55,15 +54,6 @@ def file_object(row: FileRow) -> dict[str, Any]:
         "status_details": None,
         "expires_at": int(row.expires_at.timestamp()) if row.expires_at is not None else None,
     }
-
-
-def own_file(session: Session, project_id: str, file_id: str) -> FileRow:
-    """The project's file, else a 404 (the same for another project's file, a malformed id and an
-    expired file)."""
-    row = session.get(FileRow, file_id) if FILE_ID.fullmatch(file_id) else None
-    if row is None or row.project_id != project_id or expired(row):
-        raise Problem(404, "Not found", NOT_FOUND)
-    return row
 
 
 def _invalid(pointer: str, detail: str, status: int = 422, title: str = "Invalid file") -> Problem:

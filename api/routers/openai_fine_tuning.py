@@ -18,7 +18,6 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    TypeAdapter,
     ValidationError,
     ValidatorFunctionWrapHandler,
     WrapValidator,
@@ -29,9 +28,10 @@ from sqlalchemy.orm import Session
 from api.deps import CallerDep, SessionDep, SettingsDep
 from api.idempotency import earlier, replayed, request_hash
 from api.job_control import pause_job, resume_job
+from api.openai.files import own_file
+from api.openai.models import grading_models_mapped, trainable_model
 from api.openai.resource import JobResource, listed
 from api.problems import Problem
-from api.routers.openai_files import own_file
 from api.submit import admit, check_job_refs, job_row, submit_keyed
 from mathrl.graders import Grader
 from mathrl.modelref import (
@@ -245,43 +245,6 @@ FT_JOBS = JobResource(  # (its ids: mathrl.modelref.ftjob_id)
 
 
 # OpenAI's own models: a script migrating from OpenAI names one of these, which no hub serves
-OPENAI_MODEL = re.compile(r"^(gpt-|o\d|chatgpt-|davinci|babbage|text-|ft:gpt-|ft:o\d|computer-use-)", re.IGNORECASE)
-
-
-def trainable_model(name: str, aliases: dict[str, str], pointer: str = "/model", what: str = "train") -> str:
-    """The model mathrl trains (or grades with) for a request's `model`: the operator's alias for
-    it, else the name itself (a hub id, a path, 'job:' or an 'ft:' model); an OpenAI model's name
-    with no alias is a 400 at `pointer` that says what this server runs, before a job is stored."""
-    if name in aliases:
-        return aliases[name]
-    if OPENAI_MODEL.match(name):
-        listed = ", ".join(f"{k!r} (-> {v})" for k, v in sorted(aliases.items())) or "none are configured"
-        detail = (
-            f"{name!r} is an OpenAI model, which this server cannot {what}. It runs Hugging Face models: give a "
-            f"hub id ('org/name', e.g. 'Qwen/Qwen2.5-1.5B-Instruct'), a model path under the operator's model roots, "
-            f"or an 'ft:' model of your project; or ask the operator to map the name (fine_tuning.model_aliases; "
-            f"aliases here: {listed})"
-        )
-        raise Problem.at(pointer, detail, status=400)
-    return name
-
-
-def grading_models_mapped(grader: Any, aliases: dict[str, str], pointer: str) -> Any:
-    """`grader` with each grading model (score_model, label_model, inside a multi or weighted grader
-    too) named as a job's model is (trainable_model): an OpenAI judge's name ('gpt-4o-2024-08-06')
-    was taken for a hub id and failed on the worker."""
-    data = grader.model_dump(mode="json", exclude_none=True)
-
-    def walk(node: dict[str, Any], at: str) -> None:
-        if node.get("type") in ("score_model", "label_model"):
-            node["model"] = trainable_model(str(node["model"]), aliases, f"{at}/model", "grade with")
-        subs = node.get("graders")
-        for key, sub in subs.items() if isinstance(subs, dict) else enumerate(subs or []):
-            inner = sub.get("grader", sub) if isinstance(subs, list) else sub  # weighted: [{grader, weight}]
-            walk(inner, f"{at}/graders/{key}" + ("/grader" if isinstance(subs, list) else ""))
-
-    walk(data, pointer)
-    return TypeAdapter(Grader).validate_python(data)
 
 
 def fine_tuned_model(job: Job, step: int | None = None) -> str:

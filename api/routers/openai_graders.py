@@ -20,9 +20,9 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from api.deps import CallerDep, SettingsDep
+from api.openai.models import grading_models_mapped
 from api.problems import Problem
 from api.routers.graders import grade_on_worker, grades_on_worker, require_sandbox, run_isolated
-from api.routers.openai_fine_tuning import grading_models_mapped
 from api.routers.openai_inference import under_client_timeout
 from config.settings import Settings
 from evaluator.bounded import TIMED_OUT

@@ -30,8 +30,9 @@ from api.admission import QuotaProblem
 from api.deps import CallerDep, SettingsDep
 from api.job_wakeups import KEEPALIVE_SECONDS  # a quiet stream sends a comment line this often, as event streams do
 from api.openai.chat_params import ChatCompletionParams, CompletionParams, SamplingParams
+from api.openai.models import sampled_model
 from api.problems import Problem, validation_errors
-from api.routers.openai_models import default_budget, sampled_model
+from api.routers.openai_models import default_budget
 from api.submit import admit, commit_and_dispatch, job_row
 from config.settings import Settings
 from evaluator.logprobs import as_completion_logprobs

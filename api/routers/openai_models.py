@@ -13,11 +13,11 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from api.deps import CallerDep, SettingsDep
+from api.openai.models import own_ft_model
 from api.problems import Problem
 from api.routers.openai_fine_tuning import TAG as FINE_TUNING
 from api.routers.openai_fine_tuning import fine_tuned_model
-from config.settings import Settings
-from mathrl.modelref import FINAL_DELETED_TAG, ft_model_ref, split_job_ref
+from mathrl.modelref import FINAL_DELETED_TAG, split_job_ref
 from mathrl.specs.generate import MAX_TOKENS
 from store.db import get_sessionmaker
 from store.jobs import has_tag, readers_of
@@ -28,38 +28,6 @@ router = APIRouter(prefix="/v1", tags=["openai: models and completions"])
 MAX_MODELS = 1000  # GET /v1/models lists the newest this many
 
 
-def _not_found(name: str) -> Problem:
-    detail = f"The model '{name}' does not exist or you do not have access to it."
-    return Problem.at("/model", detail, "Model not found", status=404)
-
-
-def own_ft_model(session: Session, project_id: str, name: str) -> str:
-    """The 'job:' reference of an `ft:` model of the project that exists now, else a 404."""
-    ref = ft_model_ref(name)
-    if ref is None:
-        raise _not_found(name)
-    job_id, at = split_job_ref(ref)
-    job = session.get(Job, job_id)
-    if job is None or job.project_id != project_id or not _names_ft_models(job):
-        raise _not_found(name)
-    if at == "@final":
-        if job.status != "succeeded" or job.kind == "session" or FINAL_DELETED_TAG in (job.tags or []):
-            raise _not_found(name)  # (a session's models are its saves)
-    else:
-        step = int(at.removeprefix("@step-"))
-        q = select(Checkpoint.id).where(Checkpoint.job_id == job_id, Checkpoint.step == step)
-        if session.scalar(q.where(Checkpoint.kind.in_(("checkpoint", "final")))) is None:
-            raise _not_found(name)
-    return ref
-
-
-def sampled_model(session: Session, project_id: str, settings: Settings, model: str) -> str:
-    """What a call's `model` samples: an operator's alias, its base model (a script's baseline before
-    fine-tuning, under the same name it fine-tunes from); any other name an 'ft:' model of the project."""
-    aliases = settings.fine_tuning.model_aliases
-    return str(aliases[model]) if model in aliases else own_ft_model(session, project_id, model)
-
-
 def default_budget(session: Session, ref: str) -> int | None:
     """A chat that names no max_tokens: what the model was trained to write, its fine-tuning job's
     completion budget (a reinforcement job's max_completion_length), else the generate spec's default.
@@ -68,11 +36,6 @@ def default_budget(session: Session, ref: str) -> int | None:
     job = session.get(Job, job_id) if job_id else None  # (an operator's alias names a base model)
     budget = (job.resolved_config or {}).get("max_completion_length") if job is not None else None
     return budget if isinstance(budget, int) and 0 < budget <= MAX_TOKENS else None
-
-
-def _names_ft_models(job: Job) -> bool:
-    """A fine-tuning job's model and checkpoints, and a Tinker session's saves, have `ft:` names."""
-    return job.kind == "session" or FINE_TUNING in (job.tags or [])
 
 
 def _model_object(name: str, created: Any, owner: str) -> dict[str, Any]:

@@ -24,9 +24,8 @@ def refused(call: Any, *args: Any) -> tuple[int, str]:
     return e.value.status, e.value.errors[0]["pointer"]
 
 
-STRING_CHECK = {
-    "type": "string_check", "name": "exact", "input": "{{sample.output_text}}", "reference": "{{item.a}}", "operation": "eq",
-}  # fmt: skip
+STRING_CHECK = {"type": "string_check", "name": "exact", "input": "{{sample.output_text}}", "operation": "eq"}
+STRING_CHECK["reference"] = "{{item.a}}"
 SIMILAR = {"type": "text_similarity", "name": "close", "input": "{{sample.output_text}}", "reference": "{{item.a}}"}
 
 
@@ -43,7 +42,8 @@ def test_the_criteria_are_one_multi_grader_with_each_ones_pass_rule() -> None:
         "/testing_criteria/1/pass_threshold",
     )
     assert refused(criteria, [{**STRING_CHECK, "pass_threshold": 1}]) == (400, "/testing_criteria/0/pass_threshold")
-    assert refused(criteria, [{**STRING_CHECK, "operation": "sounds_like"}])[1].startswith("/testing_criteria/0/operation")
+    bad_operation = refused(criteria, [{**STRING_CHECK, "operation": "sounds_like"}])
+    assert bad_operation[1].startswith("/testing_criteria/0/operation"), bad_operation
 
 
 def test_openais_sampling_parameters_are_the_eval_jobs() -> None:

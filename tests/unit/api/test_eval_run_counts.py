@@ -1,4 +1,4 @@
-"""An eval run's counts, grouped by the database (api/eval_run_counts.py), on PostgreSQL and SQLite
+"""An eval run's counts, grouped by the database (api/openai/eval_run_counts.py), on PostgreSQL and SQLite
 alike: the two give a JSON score back differently (PostgreSQL's `#>>` as text, 'true' for a
 boolean; SQLite's json_extract as a number), and both must count as the Python reading of a sample
 did."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from api.eval_run_counts import score_of, tallies
+from api.openai.eval_run_counts import score_of, tallies
 from store.db import session_scope
 from store.keys import get_or_create_project
 from store.models import Job, Sample

@@ -367,7 +367,7 @@ def test_a_large_runs_output_items_are_paged_from_the_database(app_client: Any) 
 
 def test_run_counts_are_computed_in_the_database_and_load_no_sample(app_client: Any) -> None:
     """A run's result counts were a read of every one of its samples, and a page of runs read every
-    run's (issue 68.2): now the database groups them (api/eval_run_counts.py). Scores stored as
+    run's (issue 68.2): now the database groups them (api/openai/eval_run_counts.py). Scores stored as
     booleans and as numbers, a grading error, a pass threshold and token usage are counted as before,
     and neither retrieving a run nor listing runs loads a single sample."""
     from sqlalchemy import event, update
