@@ -31,6 +31,7 @@ from api.idempotency import earlier, replayed, request_hash
 from api.openai.chat_params import ChatCompletionParams, CompletionParams
 from api.openai.files import own_file
 from api.openai.models import sampled_model
+from api.openai.records import BatchRecord
 from api.openai.resource import JobResource, listed
 from api.problems import Problem, validation_errors
 from api.routers.openai_inference import completion_object
@@ -173,7 +174,7 @@ def create(
         max_attempts=1,  # a retry would answer every line again
     )
     config = admit({"": spec}, settings)[""]
-    config.openai = {"request": request, "model": model, "total": len(lines)}
+    config.openai = BatchRecord(request=request, model=model, total=len(lines)).model_dump(mode="json")
     job = job_row(caller.project_id, spec, config, settings, idempotency_key=idempotency_key, request_hash=digest)
     message = f"queued on '{job.queue}' by POST /v1/batches ({len(lines)} requests)"
     return batch_object(session, submit_keyed(session, settings, caller.project_id, job, message, response), settings)
@@ -198,7 +199,7 @@ def finish(
     wanted = {output_id: done - failed > 0, error_id: failed > 0}
     if all(session.get(File, i) is not None for i, want in wanted.items() if want):
         return (output_id if wanted[output_id] else None), (error_id if wanted[error_id] else None), None
-    info = dict((job.resolved_config or {}).get("openai") or {})
+    info = BatchRecord.of(job)
     chat = (job.spec.get("batch") or {}).get("endpoint") == CHAT_ENDPOINT
     rows = session.execute(
         select(Sample.id, Sample.step, Sample.index, Sample.completion, Sample.data)
@@ -209,7 +210,7 @@ def finish(
     for r in rows:
         by_line.setdefault(int(r.step or 0), []).append(r)
     out, err = [], []
-    model = str(info.get("model") or job.spec.get("model") or "")
+    model = str(info.model or job.spec.get("model") or "")
     for step, got in sorted(by_line.items()):
         data = dict(got[0].data or {})
         custom, request_id = data.get("custom_id"), f"req_{str(job.id).replace('-', '')}_{step}"
@@ -250,8 +251,8 @@ def finish(
 
 def batch_object(session: Session, job: Job, settings: Settings) -> dict[str, Any]:
     """The batch as OpenAI's object, its files written once its job has ended."""
-    info = dict((job.resolved_config or {}).get("openai") or {})
-    request = dict(info.get("request") or {})
+    info = BatchRecord.of(job)
+    request = info.request
     done, failed = _counts(session, job)
     status = BATCHES.status(job)
     output_id = error_id = None
@@ -270,7 +271,7 @@ def batch_object(session: Session, job: Job, settings: Settings) -> dict[str, An
         "id": BATCHES.id_of(job),
         "object": "batch",
         "endpoint": request.get("endpoint"),
-        "model": info.get("model"),
+        "model": info.model,
         "errors": errors,
         "input_file_id": request.get("input_file_id"),
         "completion_window": "24h",
@@ -286,7 +287,7 @@ def batch_object(session: Session, job: Job, settings: Settings) -> dict[str, An
         "expired_at": None,
         "cancelling_at": at(job.updated_at, bool(job.cancel_requested) and job.status in ("running", "cancelled")),
         "cancelled_at": at(job.finished_at, job.status == "cancelled"),
-        "request_counts": {"total": int(info.get("total", 0)), "completed": done - failed, "failed": failed},
+        "request_counts": {"total": info.total, "completed": done - failed, "failed": failed},
         "metadata": request.get("metadata") or {},
     }
 

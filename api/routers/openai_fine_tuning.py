@@ -30,6 +30,7 @@ from api.idempotency import earlier, replayed, request_hash
 from api.job_control import pause_job, resume_job
 from api.openai.files import own_file
 from api.openai.models import grading_models_mapped, trainable_model
+from api.openai.records import FineTuningRecord
 from api.openai.resource import JobResource, listed
 from api.problems import Problem
 from api.submit import admit, check_job_refs, job_row, submit_keyed
@@ -46,7 +47,6 @@ from mathrl.shallow import JsonObject
 from mathrl.specs import GRPOSpec, SFTSpec, model_refs, parse_spec
 from mathrl.specs.base import knob_defaults
 from mathrl.specs.generate import REASONING_TOKENS
-from mathrl.specs.resolved import ResolvedConfig
 from store.jobs import request_cancel
 from store.models import Checkpoint, Event, Job, Metric
 from store.models import File as FileRow
@@ -252,7 +252,7 @@ def fine_tuned_model(job: Job, step: int | None = None) -> str:
     A Tinker session's saves are its checkpoints, suffixed 'tinker' (its name holds colons)."""
     suffix = SESSION_SUFFIX if job.kind == "session" else job.name or "mathrl"
     base = str(job.spec.get("model", "model"))
-    asked = ((job.resolved_config or {}).get("openai") or {}).get("request", {}).get("model")
+    asked = FineTuningRecord.of(job).request.get("model")
     if base.startswith("job:") and isinstance(asked, str) and asked.startswith("ft:"):
         base = asked.split(":")[1]  # trained on from an 'ft:' model: named by that one's base, as OpenAI does
     return ft_model_name(base, suffix, job.id, step)
@@ -284,8 +284,8 @@ def _method(request: dict[str, Any], mapping: dict[str, Any]) -> dict[str, Any]:
 
 def job_object(session: Session, job: Job, tokens: dict[str, float] | None = None) -> dict[str, Any]:
     """The job as OpenAI's `fine_tuning.job`; `tokens`: trained_tokens of a page of jobs."""
-    openai = ResolvedConfig.model_validate({"kind": job.kind, **(job.resolved_config or {})}).openai or {}
-    request, mapping = openai.get("request", {}), openai.get("mapping", {})
+    record = FineTuningRecord.of(job)
+    request, mapping = record.request, record.mapping
     trained = (trained_tokens(session, [job]) if tokens is None else tokens).get(job.id)
     status = FT_JOBS.status(job)
     return {
@@ -400,7 +400,9 @@ def create(
         raise Problem.at(pointer, err["msg"]) from None
     check_job_refs(session, caller.project_id, model_refs(spec))
     config = admit({"": spec}, settings)[""]
-    config.openai = {"request": body.model_dump(mode="json", exclude_none=True), "mapping": mapping}
+    config.openai = FineTuningRecord(
+        request=body.model_dump(mode="json", exclude_none=True), mapping=mapping
+    ).model_dump(mode="json")
     job = job_row(caller.project_id, spec, config, settings, idempotency_key=idempotency_key, request_hash=digest)
     message = f"queued on '{job.queue}' by POST /v1/fine_tuning/jobs"
     return job_object(session, submit_keyed(session, settings, caller.project_id, job, message, response))
@@ -419,8 +421,7 @@ def metadata_filter(request: Request) -> dict[str, str]:
 
 
 def _metadata(job: Job) -> dict[str, Any]:
-    request = ((job.resolved_config or {}).get("openai") or {}).get("request") or {}
-    return dict(request.get("metadata") or {})
+    return dict(FineTuningRecord.of(job).request.get("metadata") or {})
 
 
 @router.get("", responses={400: {"description": "`after` is not a fine-tuning job id."}})

@@ -20,6 +20,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from api.deps import CallerDep, SessionDep, SettingsDep
+from api.openai.records import ResponseRecord
 from api.openai.resource import JobResource, listed
 from api.problems import Problem
 from api.routers.openai_inference import (
@@ -156,10 +157,6 @@ RESPONSE_JOBS = JobResource(
 )  # fmt: skip
 
 
-def _info(job: Job) -> dict[str, Any]:
-    return dict((job.resolved_config or {}).get("openai") or {})
-
-
 def _turns(session: Session, project_id: str, body: ResponseParams) -> list[dict[str, str]]:
     """The conversation this response answers: the previous response's (its turns and its answer),
     then this input."""
@@ -174,7 +171,7 @@ def _turns(session: Session, project_id: str, body: ResponseParams) -> list[dict
             raise Problem.at("/previous_response_id", detail, status=400)
         q = select(Sample.completion).where(Sample.job_id == previous.id).order_by(Sample.index).limit(1)
         answer = session.scalar(q)
-        turns = [*_info(previous).get("turns", []), {"role": "assistant", "content": answer or ""}]
+        turns = [*ResponseRecord.of(previous).turns, {"role": "assistant", "content": answer or ""}]
     if isinstance(body.input, str):
         turns.append({"role": "user", "content": body.input})
     else:
@@ -225,7 +222,7 @@ def _submit(project_id: str, settings: Settings, body: ResponseParams) -> str:
         "tags": [TAG, RESPONSES_TAG if body.store is not False else UNSTORED_TAG],
         "max_attempts": 1,
     }
-    info = {"turns": turns, "model": body.model, "request": _request(body)}
+    info = ResponseRecord(turns=turns, model=body.model, request=_request(body)).model_dump(mode="json")
     try:
         return submit_generation(project_id, settings, body.model, fields, info)
     except Problem as e:  # the generate spec's fields, named as this request names them
@@ -269,8 +266,8 @@ def _message(job_id: str, text: str, status: str, logprobs: list[dict[str, Any]]
 
 def response_object(job: Job, row: dict[str, Any] | None) -> dict[str, Any]:
     """The response as OpenAI's object: `row` is its answer (the job's sample), None before it ends."""
-    info = _info(job)
-    request = dict(info.get("request") or {})
+    info = ResponseRecord.of(job)
+    request = dict(info.request)
     status = RESPONSE_JOBS.status(job)
     incomplete = None
     if status == "completed" and row is not None and row.get("finish_reason") == "length":
@@ -287,7 +284,7 @@ def response_object(job: Job, row: dict[str, Any] | None) -> dict[str, Any]:
         "object": "response",
         "created_at": int(job.created_at.timestamp()),
         "status": status,
-        "model": info.get("model") or "",
+        "model": info.model,
         "output": output,
         "error": error,
         "incomplete_details": incomplete,
@@ -396,7 +393,7 @@ def cancel(response_id: str, caller: CallerDep, session: SessionDep, settings: S
     """A background response's job is cancelled (at once if it has not started); an ended one is
     returned as it is. Only a background response can be (as OpenAI's): the others' calls wait."""
     job = RESPONSE_JOBS.own(session, caller.project_id, response_id)
-    if not _info(job).get("request", {}).get("background"):
+    if not ResponseRecord.of(job).request.get("background"):
         raise Problem.at("/response_id", "only a response created with background: true can be cancelled", status=400)
     if job.status not in TERMINAL:
         request_cancel(session, job)
@@ -436,7 +433,7 @@ def input_items(
             "status": "completed",
             "content": [{"type": "input_text" if m["role"] != "assistant" else "output_text", "text": m["content"]}],
         }
-        for i, m in enumerate(_info(job).get("turns", []))
+        for i, m in enumerate(ResponseRecord.of(job).turns)
     ]
     if order == "desc":
         items.reverse()
