@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Literal
 from mathrl.registry import Registry
 
 TRLGeneration = Literal["transformers", "vllm"]  # how TRL's GRPOTrainer generates: use_vllm False or True
+ChatGeneration = Literal["transformers", "warm engine"]  # how evaluator/chat.py answers a generate job
 
 
 @dataclass(frozen=True)
@@ -23,14 +24,19 @@ class BackendInfo:
     # how GRPO's trainer (TRL) generates its rollouts with this backend; None: TRL cannot, and a
     # GRPO job naming it is refused (mathrl/specs/grpo.py), never run on another backend instead
     trl: TRLGeneration | None = None
+    # how a generate job (a chat or completion call, a batch) is answered with this backend
+    # (evaluator/chat.py: transformers in the job's process, or the worker's warm engine); None: it
+    # cannot be, and a generate job naming it is refused (mathrl/specs/generate.py), never answered
+    # on transformers instead
+    chats: ChatGeneration | None = None
 
 
 GENERATION_BACKENDS: Registry[BackendInfo] = Registry("generation backend")
 for _info in (
     BackendInfo("hf", vllm=False, description="Hugging Face transformers' generate, in the job's process",
-                trl="transformers"),
+                trl="transformers", chats="transformers"),
     BackendInfo("vllm", vllm=True, description="vLLM's engine (in the process, a server beside it, or a warm one)",
-                trl="vllm"),
+                trl="vllm", chats="warm engine"),
 ):  # fmt: skip
     GENERATION_BACKENDS.add(_info.name, _info)
 

@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
+from mathrl.backends import GENERATION_BACKENDS
 from mathrl.errors import FieldError
 from mathrl.fileref import FILE_ID_PATTERN, NamesAFile
 from mathrl.jsonl_files import BATCH_PURPOSE
@@ -254,6 +255,13 @@ class GenerateSpec(JobBase):
             )
         if self.prompt is not None and self.response_format is not None and self.response_format.constrains():
             raise FieldError("response_format", "a plain prompt is continued as text: send messages (a chat)")
+        if self.backend != "auto" and GENERATION_BACKENDS[self.backend].chats is None:
+            can = ", ".join(repr(n) for n, info in GENERATION_BACKENDS.items() if info.chats is not None)
+            raise FieldError(
+                "backend",
+                f"a generate job cannot be answered with the {self.backend!r} backend, which serves eval jobs: "
+                f"use one that answers calls ({can}, or 'auto')",
+            )
         if self.tools is not None:
             self._check_tools()
         if self.function_tools is not None:

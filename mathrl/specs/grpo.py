@@ -305,8 +305,8 @@ class GRPOSpec(JobBase):
             can = ", ".join(repr(n) for n, info in GENERATION_BACKENDS.items() if info.trl is not None)
             raise FieldError(
                 "generation/backend",
-                f"GRPO's trainer (TRL) cannot generate with the {backend!r} backend, which serves eval, generate "
-                f"and grade jobs: set generation.backend to one it runs ({can}, or 'auto')",
+                f"GRPO's trainer (TRL) cannot generate with the {backend!r} backend, which serves other jobs: "
+                f"set generation.backend to one it runs ({can}, or 'auto')",
             )
         if gen.mode == "server":
             self._check_server_mode(backend)

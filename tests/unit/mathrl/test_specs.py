@@ -194,6 +194,24 @@ def test_grpo_refuses_a_backend_its_trainer_cannot_generate_with(monkeypatch: py
     assert parse_spec({"kind": "eval", "model": "org/m", "benchmark": "gsm8k", "backend": "hf"}).backend == "hf"
 
 
+def test_a_generate_job_refuses_a_backend_that_answers_no_calls(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A backend declared without a way to answer a generate job's calls (`BackendInfo.chats`) is
+    refused by the generate spec, naming the field, where evaluator/chat.py would have answered on
+    transformers quietly; eval jobs still take it."""
+    from mathrl.backends import GENERATION_BACKENDS, BackendInfo
+
+    chat = {"kind": "generate", "model": "org/m", "messages": [{"role": "user", "content": "2+2?"}]}
+    assert parse_spec({**chat, "backend": "hf"}).backend == "hf"
+    toy = BackendInfo("hf", vllm=False, description="an engine for eval jobs only", trl="transformers", chats=None)
+    monkeypatch.setitem(GENERATION_BACKENDS._entries, "hf", toy)  # the same name, so the specs' choices accept it
+    with pytest.raises(ValidationError) as info:
+        parse_spec({**chat, "backend": "hf"})
+    err = info.value.errors()[0]
+    assert err["ctx"]["error"].field == "backend"
+    assert "cannot be answered with the 'hf' backend" in err["msg"] and "('vllm', or 'auto')" in err["msg"]
+    assert parse_spec({"kind": "eval", "model": "org/m", "benchmark": "gsm8k", "backend": "hf"}).backend == "hf"
+
+
 def test_generation_backend_resolves_and_old_specs_translate() -> None:
     base = {"kind": "grpo", "model": "org/m", "dataset": DATASET}
     assert resolve_grpo(parse_spec(base))["generation_backend"] == "hf"  # auto on a CPU job
