@@ -1,14 +1,12 @@
 """Admission: what a job may use and how much, checked before anything is stored or fetched.
 
-`admit_spec(spec, settings)` checks one job (sources, benchmarks, per-job limits on its
-config, resolved here once and returned for the job row); `check_project_quota` checks a
-whole submission (one job, or a pipeline's) against the project's quotas, with one read of
-the project's counters after the rows are inserted. api/submit.py calls both for every route
-that creates jobs. They raise a `Problem`
-(422 for a source or a per-job limit, 429 for a project quota) whose `errors[]` point at
-the offending field and say how to fix it. Nothing is fetched or opened: paths are resolved
-lexically (plus symlinks) and URL hosts are checked as literal addresses or by DNS.
-"""
+`admit_spec(spec, settings)` checks one job (sources, benchmarks, per-job limits on its config,
+resolved here once and returned for the job row); `check_project_quota` checks a whole submission
+(one job, or a pipeline's) against the project's quotas, with one read of the project's counters
+after the rows are inserted. api/submit.py calls both for every route that creates jobs. They raise
+a `Problem` (422 for a source or a per-job limit, a 429 `QuotaProblem` for a project quota) whose
+`errors[]` point at the field. Nothing is fetched: paths are resolved lexically (plus symlinks), URL
+hosts checked as literal addresses or by DNS. RELIABILITY.md, "Abuse"."""
 
 from __future__ import annotations
 

@@ -1,17 +1,12 @@
 """Idempotency-Key on the routes that create things (POST /v1/jobs, /v1/pipelines,
-/v1/fine_tuning/jobs, /v1/files): a careful client retries a create with the same key. The same
-key and the same request give back the object the first one created (200,
-`Idempotent-Replayed: true`); the same key with another request is 409. Keys are per project,
-stored on the created row (a unique (project_id, idempotency_key) per table), so a race between
-two retries leaves one row.
+/v1/fine_tuning/jobs, /v1/files): the same key and the same request give back the object the first
+one created (200, `Idempotent-Replayed: true`); the same key with another request is 409. Keys are
+per project, stored on the created row (`commit_or_replay`, `replayed`).
 
-The openai SDK sends no key: it retries a create that timed out or lost its connection (twice by
-default) and says which try it is in `x-stainless-retry-count`. On its routes (files, fine-tuning
-jobs) a retry (count 1 or more) without a key gives back the project's newest keyless row of the
-same request from the last RETRY_WINDOW_SECONDS, where there is one, as a keyed replay would. A
-count says the call was tried before, not that the try arrived: where it did not (refused before
-the route, or lost on the way) and the project made the very same request in that window, the
-retry gets that earlier object. A script that means two identical objects sends keys."""
+The openai SDK sends no key, but says a retry's count in `x-stainless-retry-count`: on its routes a
+retry without a key gives back the project's newest keyless row of the same request (`request_hash`)
+from the last RETRY_WINDOW_SECONDS (`earlier`). docs/using.md, "API"; docs/openai-rft.md, "What each
+route is here"."""
 
 from __future__ import annotations
 

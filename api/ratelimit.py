@@ -1,14 +1,11 @@
-"""Rate limits: a token bucket per API key and one per project (its keys together), in each API
-process; and one per client address for the requests that come without a valid key (missing,
-unknown, revoked, expired), which would otherwise be answered 401 as fast as they came.
+"""Rate limits, as token buckets in each API process (`take`, `enforce`): one per API key, one per
+project (its keys together), and one per client address for the requests that come without a valid
+key (`enforce_address`), which would otherwise be answered 401 as fast as they came.
 
-With N API processes a key can make up to N x the rate (each process keeps its own buckets);
-that bounds abuse without a shared store on the request path. Routes without a key (health,
-metrics) are not limited; neither is the operator's admin token, nor a valid key by its address.
-The address is the one the API process sees. X-Forwarded-For is believed only from the proxies the
-operator lists (settings.trusted_proxies, the chart's api.trustedProxies; default none, not even
-loopback): behind a proxy, list it, or all clients share its bucket.
-"""
+With N API processes a key can make up to N x the rate. Routes without a key (health, metrics), the
+operator's admin token, and a valid key by its address are not limited. X-Forwarded-For is believed
+only from the proxies the operator lists (settings.trusted_proxies; default none, not even
+loopback). What each limit promises, and why: RELIABILITY.md, "Abuse"."""
 
 from __future__ import annotations
 

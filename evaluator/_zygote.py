@@ -1,15 +1,12 @@
 """The process evaluator/bounded.py forks its grading processes from: `python -m evaluator._zygote FD`,
-started once per process that grades (an API process, a trainer), with math-verify, sympy and
-the graders imported and one answer parsed and compared, so that a child starts in milliseconds
-with its imports and sympy's caches warm (a fresh interpreter takes seconds).
+started once per process that grades (an API process, a trainer), with math-verify, sympy and the
+graders imported and warmed up, so that a child starts in milliseconds.
 
-It is single-threaded and holds nothing of its parent (not the API's threads and sockets, not a
-trainer's CUDA state; multiprocessing's own forkserver would re-import the parent's main module
-in every child: the whole trainer, with torch). On its control socket (FD) each request carries
-one end of a socket pair; it forks a child that reads its work from that socket and writes the
-results to it, and answers with the child's pid, which the parent kills at its limits. It exits
-when its parent closes the control socket (the parent has gone), and its children die with it
-(PR_SET_PDEATHSIG: the zygote is single-threaded, so its thread that forked them is the process)."""
+It is single-threaded and holds nothing of its parent. On its control socket (FD) each request
+carries one end of a socket pair; `serve` forks a child that reads its work from that socket and
+writes the results to it, and answers with the child's pid, which the parent kills at its limits. It
+exits when its parent closes the control socket, and its children die with it (PR_SET_PDEATHSIG).
+Why a zygote: docs/using.md, "Graders"."""
 
 from __future__ import annotations
 

@@ -1,21 +1,14 @@
-"""Grading work on untrusted input, within hard limits: `run_bounded(fn, items, ...)` runs
-`fn(*item)` for each item, one after another, in a short-lived child process, and kills it
-at the limits:
+"""Grading work on untrusted input, within hard limits: `run_bounded(fn, items, ...)` runs `fn(*item)`
+for each item, one after another, in a short-lived child process forked from a warm zygote
+(evaluator/_zygote.py), and kills it at the limits:
 
-- per item (`item_seconds`): an item that has no result in time is killed with its process;
-  it gets the outcome TIMED_OUT and a fresh process goes on from the next item;
-- per call (`deadline_seconds`, wall clock; `cpu_seconds`, RLIMIT_CPU of the processes, the
-  budget carried over to a replacement): past either, the call stops and the items without a
-  result get the outcome 'deadline' or 'cpu';
+- per item (`item_seconds`): the item gets TIMED_OUT and a fresh process goes on from the next;
+- per call (`deadline_seconds`, wall; `cpu_seconds`, RLIMIT_CPU, carried over to a replacement): the
+  items left get 'deadline' or 'cpu';
 - memory (`memory_mb`, RLIMIT_AS): a MemoryError is that item's error.
 
-A kill is the only bound that holds: math-verify's own timeouts are signal.alarm, which only
-a main thread may set (GRPO's async rollout thread has none) and which cannot interrupt
-sympy inside one long C call. The processes are forked by a zygote (evaluator/_zygote.py), a
-process started once per grading process with math-verify and sympy already imported and warmed
-up: a child starts in milliseconds. Each call has its own processes, so one call's timeout or
-crash never touches another's (POST /v1/graders:run: api/routers/graders.py; GRPO rewards:
-trainer/rewards.py)."""
+Each call has its own processes. `BoundedMatch` is GRPO's answer check (trainer/rewards.py). Why a
+kill is the only bound: docs/using.md, "Graders"."""
 
 from __future__ import annotations
 

@@ -1,17 +1,13 @@
 """What the graders of mathrl/graders.py compute: per completion a score and a reason. The one
-implementation of each formula: GRPO's named rewards are graders too (RewardRef.as_grader;
-trainer/rewards.py adapts them to TRL), as are eval graders and POST /v1/graders:run.
+implementation of each formula: GRPO's named rewards (trainer/rewards.py), eval graders and POST
+/v1/graders:run all grade here.
 
-A grader type is its data class in mathrl/graders.py (which the API validates without this
-module's dependencies) and one function here, registered with `@scores(TheGrader)`.
-
-`grade_items(grader, completions, answers)` scores a batch. A reward-model grader needs a
-scorer for its model (`rm_scorer(model_ref) -> score(prompts, completions)`), which the
-caller that has one passes (GRPO: trainer/rewards.py; eval jobs: the worker); without it,
-such a grader is refused. Math answers are compared by `match` (default: here, in this
-process; GRPO passes evaluator.bounded.BoundedMatch, which compares them in a child process
-with a time limit per answer). `grade_item` is one item of POST /v1/graders:run, as
-evaluator/bounded.py runs it in the call's own process."""
+A grader type is its data class in mathrl/graders.py and one function here, registered with
+`@scores(TheGrader)` (SCORERS). `grade_items(grader, completions, answers)` scores a batch; a
+reward-model grader needs the caller's scorer (`rm_scorer`), else it is refused. Math answers are
+compared by `match` (`match_here` by default; GRPO passes evaluator.bounded.BoundedMatch).
+`grade_item` is one item of POST /v1/graders:run, and `grade_openai` one call of OpenAI's graders
+route, as evaluator/bounded.py runs them. docs/using.md, "Graders"."""
 
 from __future__ import annotations
 

@@ -1,23 +1,13 @@
 """The python tool a rollout calls: the model's code runs behind the python graders' kernel boundary
-(evaluator/sandbox.py: bubblewrap's namespaces, the system-call filter, nobody, the audit hook), in
-one warm sandbox per job that forks a fresh interpreter state for each call.
+(evaluator/sandbox.py), in one warm sandbox per job that forks a fresh interpreter state for each
+call (`PythonTool`).
 
-A call replays: it runs the rollout's earlier code blocks (their output dropped), then its own, in
-a child forked from a server that never runs the user's code. So each call starts from the same
-clean state plus its own rollout's history, whatever ran before it in the job or beside it in the
-batch, and a rollout holds no process between its turns (a session kept open per rollout would tie
-a process to every rollout of a step, and a call that hung or was killed would lose the state).
-The price is the earlier blocks' time again, bounded by `max_calls`.
-
-Calls of one sandbox run side by side (`parallel` at once) and share nothing they can write: the
-sandbox has no writable directory, its filter adds sockets of every family and System V / POSIX IPC
-to the graders' list, and each call is its own process group, killed whole at its timeout or once
-it has printed `max_output_chars`. Calls share a uid, so each call adds a filter of its own that
-keeps it to its own processes (no signal, limit, priority or CPU pin for another pid: the calls
-beside it and the server stay out of reach) and is not dumpable; no other job's calls are in its
-namespaces. A call that hangs ends at its timeout with an error as its output; the rollout
-goes on. The sandbox fails closed as graders do (SandboxUnavailable); it runs only in the kernel
-mode, here or in a grading pool (PoolTool, service/grading_pool.py); `job_tool` picks which."""
+A call replays its rollout's earlier code blocks (their output dropped), then runs its own: a clean
+state plus its rollout's history. Calls run side by side (`parallel`), each its own process group,
+kept to its own processes, killed at its timeout or past `max_output_chars`. The sandbox fails
+closed (SandboxUnavailable); it runs here or in a grading pool (`PoolTool`,
+service/grading_pool.py), and `job_tool` picks which. Why replay, and what a call can reach:
+docs/tools.md, "What runs where"."""
 
 from __future__ import annotations
 

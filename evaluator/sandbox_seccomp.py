@@ -1,25 +1,13 @@
 """The python grader's system-call filter (seccomp), beneath its namespaces and its audit hook.
 
-A grader needs Python: files in its directory, memory, arithmetic. The calls below serve none of
-that; each opens a part of the kernel that sandbox escapes go through. New namespaces above all:
-a user namespace hands its creator every capability inside it, and with them mount, netfilter
-and the other code paths written for root. The filter answers each with EPERM (clone3, whose
-flags it cannot read, with ENOSYS, so the C library falls back to clone, whose it can), refuses
-sockets but unix, IPv4 and IPv6 (the last two bounded by the grader's own network namespace;
-unix ones by its filesystem, which in kernel mode holds no socket of the machine's), kills
-the process on a foreign architecture's calls (32-bit `int 0x80`, x32), and lets the rest through.
-
-A deny list, where Docker's default profile is an allow list: an allow list has to follow every
-call the interpreter, numpy and the C library make, on each architecture and release, and one it
-misses breaks graders that did nothing wrong. The calls denied are mostly those Docker's profile
-refuses a process without capabilities, with ptrace and its kin, which no grader needs. Where the
-grader's pods have no profile of their own (the chart's grading pool runs Unconfined: bubblewrap
-needs unshare), this list is what stands in for the runtime's default.
-
-Built here with libseccomp (pyseccomp's bindings: the library bubblewrap, Docker and systemd use),
-exported as a classic BPF program, and loaded by the harness (evaluator/sandbox_harness.py) with
-prctl(PR_SET_SECCOMP) before it drops to nobody and reads the user's code, in both sandbox modes.
-A filter cannot be removed, and no_new_privs (set with it) keeps a later exec from gaining rights."""
+A deny list (DENIED): new namespaces, mounts, another program (execve), the keyring, eBPF, perf,
+userfaultfd, io_uring, ptrace and the kernel's other rarer doors answer EPERM (clone3 ENOSYS),
+sockets other than unix, IPv4 and IPv6 are refused, and a foreign architecture's calls kill the
+process. The python tool's filter adds TOOL_DENIED, and each call's own filter keeps it to its own
+processes (`own_process_calls`). `program` builds it with libseccomp (pyseccomp) as a classic BPF
+program, which the harness (evaluator/sandbox_harness.py) loads before it drops to nobody, in both
+sandbox modes. Why a deny list, and what each refusal shuts: RELIABILITY.md,
+"`evaluator/sandbox.py`: how the boundary is built"."""
 
 from __future__ import annotations
 

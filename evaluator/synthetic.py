@@ -1,17 +1,12 @@
-"""Built-in synthetic tasks for laptops: two-digit additions ("37+48=" -> "85"), and the same
-asked in words of an instruction-tuned model ("37 + 48" under the prompt "What is {question}?
-Give the final answer as a number."), with two or three digits (`TASKS`); and two-step word
-problems, closer to GSM8K ("Ann has 37 apples. She buys 48 more and gives 19 away. How many
-apples does she have now?" -> "66"; `WORD_PROBLEMS`).
+"""Built-in synthetic tasks for laptops (`TASKS`): two-digit additions ("37+48=" -> "85"), the same
+asked in words of an instruction-tuned model with two or three digits, and two-step word problems
+closer to GSM8K (`WORD_PROBLEMS`: "Ann has 37 apples. She buys 48 more and gives 19 away. How many
+apples does she have now?" -> "66").
 
-Deterministic from a seed, so the held-out set is fixed and the train stream never
-contains a held-out problem.
-
-`train(..., carry_slip=p)` imitates imperfect demonstrations: a teacher who forgets the
-carry from the units in a fraction p of the problems that need one ("37+48=" -> "75").
-A model fine-tuned on them learns the slip; a correctness reward, which checks the true
-sum, can unlearn it. The demo pipeline uses this to show what RL adds over imitation.
-"""
+Deterministic from a seed, so the held-out set (`heldout`) is fixed and the train stream (`train`)
+never contains a held-out problem. `train(..., carry_slip=p)` imitates a teacher who forgets the
+carry from the units in a fraction p of the problems that need one ("37+48=" -> "75"): the demo
+pipeline shows a correctness reward unlearning the slip (docs/benchmarks.md, "The demo")."""
 
 from __future__ import annotations
 

@@ -1,13 +1,14 @@
 """How a model calls a tool, as data beside the prompt recipes (evaluator/recipes.py): where its call
 ends, how its code is found in the turn, how the output comes back into the context, and what the
-prompt tells the model. Two formats:
+prompt tells the model (`ToolFormat`, FORMATS, `tool_format`). Two formats:
 
 - `code-blocks`, ToRL's and Qwen2.5-Math-TIR's: a ```python block, then ```output, at which
-  generation stops; the tool's output follows as an output block, and the model goes on after it;
-- `chat-template`, the model's own tool calls (Qwen2.5, Qwen3, SmolLM3, Llama 3.1): the prompt is
-  rendered with the python tool's schema (`PYTHON_SCHEMA`), the model's turn ends at its end of
-  sequence, TRL's response parser finds the call in it, and the output comes back as the template's
-  tool message, then the next assistant header (`ChatToolCalls`, bound to the model's tokenizer)."""
+  generation stops; the output follows as an output block;
+- `chat-template`, the model's own tool calls (`ChatToolCalls`, bound to the model's tokenizer): the
+  prompt carries `PYTHON_SCHEMA`, TRL's response parser finds the call, and the output comes back as
+  the template's tool message.
+
+docs/tools.md."""
 
 from __future__ import annotations
 

@@ -1,13 +1,11 @@
-"""Multi-turn rollouts with a tool: the one loop, for eval jobs and for GRPO.
+"""Multi-turn rollouts with a tool: the one loop, for eval jobs and for GRPO (`run_turns`).
 
 Each turn generates for every open rollout until the format's call stop; a turn that ends with a
 code block is called (evaluator/python_tool.py, the calls of a turn as one batch), its output
 appended, and the rollout goes on; a turn without one is the rollout's answer. After `max_calls`
-calls a rollout's next turn has no call stop, and any call it writes is its answer.
-
-`run_turns` is the loop; what generates a turn is the caller's. Eval jobs generate text on any
-backend (`generate_with_tools`: the same `generate` every job calls); GRPO generates token ids on
-the trainer's own engine and keeps the tool's tokens out of the loss (trainer/tool_grpo.py)."""
+calls a rollout's next turn has no call stop. What generates a turn is the caller's: eval jobs
+generate text on any backend (`generate_with_tools`); GRPO generates token ids on the trainer's own
+engine (trainer/tool_grpo.py). docs/tools.md."""
 
 from __future__ import annotations
 

@@ -1,16 +1,12 @@
 """Loading new weights into a running vLLM engine: a checkpoint into a warm eval engine
-(worker/warm_engine.py, through the server's /collective_rpc), or the policy's weights into
-GRPO's colocated engine (trainer/vllm_generation.py).
+(worker/warm_engine.py, through the server's /collective_rpc: `CheckpointReload`), or the policy's
+weights into GRPO's colocated engine (trainer/vllm_generation.py).
 
 Both go through vLLM's `reload_weights` (layerwise reload), which re-runs each layer's weight
-processing, so on the CPU the new weights are packed for the fast kernels again. One layer it
-cannot reload: a language-model head tied to the input embedding (`tie_word_embeddings`, as in
-SmolLM2 and Qwen2's small models). The checkpoint holds no `lm_head.weight`, the head's layer
-loads nothing, and vLLM puts its old tensors back; on the CPU the head computes logits from its
-own packed copy of the embedding (vllm.model_executor.layers.utils.dispatch_cpu_unquantized_gemm),
-so it would keep scoring tokens with the old embedding while the new one embeds the input.
-`retie_lm_head` points the head at the reloaded embedding and packs it again.
-"""
+processing, so on the CPU the new weights are packed for the fast kernels again. A language-model
+head tied to the input embedding (`tie_word_embeddings`: SmolLM2, Qwen2's small models) is the one
+layer it cannot reload: `retie_lm_head` points the head at the reloaded embedding and packs it
+again. Why: docs/vllm.md, "`worker/warm_engine.py`: warm engines"."""
 
 from __future__ import annotations
 

@@ -1,18 +1,12 @@
 """How the SDK's calls are written once and run both sync and async (mathrl/client.py).
 
-A call is an operation: a generator that yields the steps it needs done (send a request, open a
-streamed answer and read its lines, sleep, ask how often it may retry) and is sent each step's
-result, so it holds the whole logic of the call (its requests and retries, error mapping, parsing,
-paging, polling) and does no I/O itself.
-Two thin transports carry the steps out: `SyncTransport` on an httpx.Client, `AsyncTransport` on
-an httpx.AsyncClient. An exception a step raises is thrown into the operation where it yielded,
-so the operation handles it as if it had made the call itself.
-
-A resource (client.jobs, ...) is a class of operations decorated with `call` (the method returns
-the operation's value) or `iterator` (the method returns an iterator of what it yields as `Item`s);
-`SyncResource` and `AsyncResource` turn them into plain methods, or coroutine methods and async
-iterators, with the same parameters.
-"""
+A call is an operation: a generator that yields the steps it needs done (`Send` a request, `Open` a
+streamed answer and read its lines, `Sleep`, ask the `RetryLimit`) and is sent each step's result,
+so it holds the call's whole logic and does no I/O itself. `SyncTransport` (on an httpx.Client) and
+`AsyncTransport` (on an httpx.AsyncClient) carry the steps out; an exception a step raises is thrown
+into the operation where it yielded. A resource is a class of operations decorated with `call` or
+`iterator`; `SyncResource` and `AsyncResource` turn them into plain methods, or coroutine methods
+and async iterators, with the same parameters."""
 
 from __future__ import annotations
 

@@ -1,35 +1,16 @@
 """The exceptions an SDK user can meet, and the one base every exception of the project is on,
-MathRLException (as httpx's `_exceptions.py` keeps its own): what the SDK's own code raises (a
-spec's field, a registry's unknown name, a grader's pattern, template or formula, an uploaded
-file's lines, a status move) and the service's error answers, a class per HTTP status family.
-Each also keeps the built-in base that callers catch it by (`except ValueError` still catches a
-FieldError). The server's own errors build on this base in `store/errors.py` (what the store
-refuses) and `runtime/errors.py` (what a job's process, a worker, a kind or the API raises and
-catches). This module imports nothing of the project, so every module can import it.
+MathRLException (as httpx's `_exceptions.py` keeps its own).
 
-    MathRLException
-    ├── FieldError (ValueError)       a spec's field is wrong (the API's problem details point at it)
-    ├── UnknownName (ValueError)      a name no registry entry has (mathrl.registry.Registry)
-    ├── PatternError (ValueError)     a user's regular expression RE2 cannot run (mathrl.regex)
-    ├── TemplateError (ValueError)    a grader template's variable that does not exist (mathrl.templates)
-    ├── FormulaError (ValueError)     a multi grader's formula that cannot be parsed (mathrl.formula)
-    │   └── FormulaVariableError      ... or names no grader
-    ├── FileFormatError (ValueError)  an uploaded JSONL file's lines, in error (mathrl.jsonl_files)
-    ├── IllegalTransition (ValueError)  a job status move the status graph lacks (mathrl.status)
-    ├── MathRLError                   an error answer from the service, with its problem details (the
-    │   │                             SDK client raises it: mathrl.client), by its status (error_for):
-    │   ├── BadRequestError 400, AuthenticationError 401, PermissionDeniedError 403, NotFoundError 404,
-    │   └── ConflictError 409, UnprocessableEntityError 422, RateLimitError 429, InternalServerError 5xx
-    │
-    │   the server's own, on this base:
-    ├── store.errors                  Unstorable, NotPausable, OverQuota
-    ├── runtime.errors                Refused, UnknownBenchmark, ..., NotAvailable, StopRequested, ...
-    ├── api.problems.Problem          an HTTP refusal (status, title, problem details, headers):
-    │   │                             the API's own, raised and answered only in api/
-    │   └── api.admission.QuotaProblem  a 429 with the pipeline step that crossed the quota
-    └── evaluator.grading._TooBig     private: a sympy answer too large to evaluate, caught
-                                      where it is raised
-"""
+- What the SDK's own code raises, each also a ValueError: FieldError (a spec's field), UnknownName
+  (a registry's unknown name), PatternError, TemplateError, FormulaError and FormulaVariableError (a
+  grader's pattern, template or formula), FileFormatError (an uploaded file's lines),
+  IllegalTransition (a status move).
+- MathRLError: the service's error answers with their problem details, a class per HTTP status
+  family (`error_for`): BadRequestError, AuthenticationError, PermissionDeniedError, NotFoundError,
+  ConflictError, UnprocessableEntityError, RateLimitError, InternalServerError.
+
+The server's own errors build on this base in store/errors.py and runtime/errors.py. This module
+imports nothing of the project, so every module can import it. docs/using.md."""
 
 from __future__ import annotations
 

@@ -1,15 +1,12 @@
-"""What an uploaded fine-tuning file must hold (POST /v1/files, purpose 'fine-tune'): JSONL in
-OpenAI's fine-tuning formats, checked line by line at upload, with errors that name the line
-and the field.
+"""What an uploaded file must hold (POST /v1/files): JSONL checked line by line at upload
+(`check_jsonl`), with errors that name the line and the field.
 
-Every line is a JSON object with `messages`, a non-empty list of {role, content}: role one of
-system, developer, user, assistant, tool; content a string or a list of text parts
-({type: text, text}). Other fields are kept: a reinforcement file's items carry the fields its
-grader reads ('{{item.reference_answer}}'). What a file can train is recorded (`FileStats`):
-- supervised: every line ends with an assistant message (the target) answering a user message
-  (as the trainer reads it: evaluator/data.py; only the last assistant message is learned);
-- reinforcement: every line's messages end with a user message (the prompt the policy answers),
-  after any system/developer messages."""
+A 'fine-tune' file is in OpenAI's fine-tuning formats (`check_line`): every line a JSON object with
+`messages`, a non-empty list of {role, content} (ROLES; content a string or text parts); other
+fields are kept for its grader. What it can train is recorded (`FileStats`): supervised (every line
+ends with an assistant message answering a user message) or reinforcement (every line's messages end
+with a user message). An evals file's lines are items (`check_item_line`), a batch's requests
+(`check_batch_line`). docs/openai-rft.md, "What each route is here"."""
 
 from __future__ import annotations
 

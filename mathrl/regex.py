@@ -1,16 +1,11 @@
-"""Users' regular expressions (a regex grader's `pattern`, an `answer_pattern` of a math grader or
-a recipe): every one is compiled here, and runs on RE2 (google-re2), whose matching takes time
-linear in the text. Python's `re` backtracks: `(a+)+$` on 50,000 'a' and a '!' would take
-longer than the universe has. RE2 has no backreferences, lookarounds, atomic groups or
-possessive quantifiers (they need backtracking): a pattern with one is refused when the spec is
-validated, naming the field. RE2's `\\d`, `\\w`, `\\s` and `\\b` are ASCII (Python's `re` matches
-Unicode digits and letters with them); `\\p{N}`, `\\p{L}` are the Unicode classes.
-
-google-re2 is in the `server` extra, not the SDK's own dependencies (a compiled extension; a
-user's `pip install mathrl` should not need a wheel for their platform): where it is not
-installed (an SDK user's machine), `check` falls back to Python's syntax check and the server,
-which has it, gives the final word with a 422. Grading always runs server-side, on RE2
-(`compile_pattern`), never on `re`."""
+"""Users' regular expressions (a regex grader's `pattern`, an `answer_pattern` of a math grader or a
+recipe): every one is compiled here (`compile_pattern`) and runs on RE2 (google-re2), whose matching
+takes time linear in the text, never on Python's backtracking `re`. A pattern that needs
+backtracking (backreferences, lookarounds, atomic groups, possessive quantifiers) is refused when
+the spec is validated, naming the field (`check`, `check_regex`). Where google-re2 is not installed
+(it is the `server` extra: an SDK user's machine), `check` falls back to Python's syntax check and
+the server gives the final word with a 422. RE2's character classes, and why the extra:
+docs/using.md, "Graders"; RELIABILITY.md."""
 
 from __future__ import annotations
 

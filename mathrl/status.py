@@ -1,23 +1,12 @@
-"""A job's status and the moves between them: the one definition. The SDK types responses
-with it, the store enforces it on every status change (store.jobs.move, and the Job model's
-status validator), and the status pages get it from the page shell (api/web/router.py).
+"""A job's status and the moves between them: the one definition (STATUSES, TRANSITIONS, TERMINAL,
+ACTIVE, WAIT_ENDS, `check_move`). The SDK types responses with it, the store enforces it on every
+status change (store.jobs.move, and the Job model's status validator), and the status pages get it
+from the page shell (api/web/router.py).
 
-    waiting ──dependencies succeeded──> queued        (pipeline jobs; store/pipelines.py)
-      └──a dependency failed / was cancelled──> failed | cancelled
-
-    queued ──claim──> running ──finish──> succeeded | failed | cancelled
-      │                  │
-      │                  ├─lease lapsed (reconciler)──> queued   (attempts < max_attempts)
-      │                  │                          └──> failed | cancelled
-      │                  ├─drained (its worker got SIGTERM: checkpoint, hand back)──> queued
-      │                  │                                    (not counted against max_attempts)
-      │                  └─pause requested: drained the same way, handed back──> paused
-      ├──pause──> paused ──resume──> queued (resumes from its newest checkpoint)
-      │             └──cancel──> cancelled
-      └──cancel──> cancelled          running ──cancel requested──> (supervisor stops it) cancelled
-
-A paused job holds no quota (it is not ACTIVE) and nothing claims it until it is resumed.
-"""
+waiting moves to queued, failed or cancelled (pipeline jobs); queued to running, paused, failed or
+cancelled; running to succeeded, failed, cancelled, back to queued (a lapsed lease, a drain) or to
+paused; paused to queued or cancelled. A paused job holds no quota (it is not ACTIVE) and nothing
+claims it until it is resumed. The graph with each move's cause: docs/how-jobs-run.md."""
 
 from __future__ import annotations
 

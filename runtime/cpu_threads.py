@@ -1,16 +1,11 @@
-"""How many CPU threads a job process computes with, and how its idle threads wait.
+"""How many CPU threads a job process computes with, and how its idle threads wait (`job_thread_env`,
+`apply_thread_count`).
 
-PyTorch's CPU build runs its intra-op work on an OpenMP pool (libgomp) with one thread per core it
-sees, and libgomp's idle threads spin before they sleep. Two such processes on one machine (a
-job beside another job, a vLLM server, the embedded API) each run a pool the size of the whole
-machine: twice the threads there are cores, each spinning through the other's time slices.
-A job process therefore gets:
-- `OMP_NUM_THREADS` (and MKL's and OpenBLAS's): the cores this worker may use (its CPU affinity,
-  capped by its cgroup's CPU quota: a pod's CPU limit) divided by the jobs it runs at once, or
-  the operator's `worker.job_threads`;
-- `OMP_WAIT_POLICY=PASSIVE`: an idle thread sleeps at once instead of spinning.
-A value the operator already set in the worker's environment is kept. bench/cpu_threads.py
-measures an SFT job beside a busy neighbour with and without these settings (docs/benchmarks.md)."""
+A job process gets `OMP_NUM_THREADS` (and MKL's and OpenBLAS's: THREAD_VARS) set to the cores this
+worker may use (`available_cores`: its CPU affinity, capped by its cgroup's CPU quota) divided by
+the jobs it runs at once, or the operator's `worker.job_threads`; and `OMP_WAIT_POLICY=PASSIVE`. A
+value the operator already set in the worker's environment is kept. Why: docs/how-jobs-run.md; what
+it changes (bench/cpu_threads.py): docs/benchmarks.md."""
 
 from __future__ import annotations
 

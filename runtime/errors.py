@@ -1,32 +1,14 @@
 """The server's own errors, on the project's base (mathrl.errors.MathRLException): what a job's
 process, a worker, a kind or the API raises and catches itself. An SDK user meets none of them as
-such, only the API's answer or the job's recorded end; what the SDK can meet is mathrl/errors.py.
-The modules that raise them re-export them (`from evaluator.benchmarks import UnknownBenchmark`).
+such; what the SDK can meet is mathrl/errors.py. The modules that raise them re-export them.
 
-    MathRLException (mathrl.errors)
-    ├── FieldError (mathrl.errors)
-    │   └── Refused                   its kind refuses it at submit (kinds/<kind>.py admit), with a title
-    ├── UnknownName (mathrl.errors)
-    │   ├── UnknownBenchmark          evaluator.benchmarks' registry
-    │   ├── UnknownRecipe             evaluator.recipes' registry
-    │   └── UnknownReward             trainer.rewards' names
-    ├── RefusedURL (ValueError)       a dataset URL the server will not fetch (config.sources)
-    ├── RefError (ValueError)         a job or checkpoint reference that names nothing (worker.refs)
-    ├── ParquetError (ValueError)     not a parquet file, or its footer cannot be read (api.parquet_footer)
-    ├── SessionCallError (ValueError) a Tinker call a session cannot serve (trainer.session_server)
-    ├── EngineError (RuntimeError)    a warm vLLM engine refused a Tinker sampler (trainer.session_engine)
-    ├── NotAvailable (RuntimeError)   this worker cannot run the job (exit EXIT_UNAVAILABLE)
-    │   ├── SandboxUnavailable        no python grader sandbox on this machine (evaluator.sandbox)
-    │   ├── MemoryRefused             its memory plan needs more than the GPUs have (worker.child)
-    │   └── EngineUnfit               the job names vLLM for a model its CPU build cannot run (worker.supervisor)
-    ├── CheckpointWriteError (RuntimeError)  a checkpoint that could not be written (trainer.checkpoints)
-    ├── RayUnavailable (RuntimeError) the Ray cluster does not answer or refused (worker.ray_submit)
-    └── StopRequested                 this job must stop now: a loop saw its sink's should_stop()
-        ├── Cancelled                 the job was cancelled (exit EXIT_STOPPED)
-        ├── Drained                   its worker is shutting down, or it was paused: a checkpoint
-        │                             was saved and the job is handed back (exit EXIT_DRAINED)
-        └── LeaseLost                 this attempt no longer owns the job: its writes are refused (EXIT_LOST)
-"""
+- On FieldError: Refused (a kind refuses a job at submit). On UnknownName: UnknownBenchmark,
+  UnknownRecipe, UnknownReward.
+- ValueErrors: RefusedURL, RefError, ParquetError, SessionCallError.
+- RuntimeErrors: EngineError, CheckpointWriteError, RayUnavailable, and NotAvailable (this worker
+  cannot run the job) with SandboxUnavailable, MemoryRefused and EngineUnfit.
+- StopRequested (the job must stop now) with Cancelled, Drained and LeaseLost, each ending the job
+  process with its own exit code (worker.child)."""
 
 from __future__ import annotations
 

@@ -1,16 +1,13 @@
 """The laptop demos, run through the embedded service exactly as a user would (API + worker).
 
-- `run_pipeline_demo`: the README's first command. Submits examples/arith-pipeline.yaml (SFT
-  on a sloppy teacher's additions -> outcome RM -> GRPO with the rule reward and the RM ->
-  evaluation before and after), shows progress, and prints the scores with the gain. Any other
-  pipeline file runs the same way (`--pipeline examples/smollm2-arith.yaml`).
+- `run_pipeline_demo`: the README's first command. Submits examples/arith-pipeline.yaml (SFT on a
+  sloppy teacher's additions -> outcome RM -> GRPO with the rule reward and the RM -> evaluation
+  before and after), shows progress, and prints the scores with the gain. Any other pipeline file
+  runs the same way (`--pipeline examples/smollm2-arith.yaml`).
 - `run_eval_demo`: one eval job, e.g. SmolLM2-135M-Instruct on the first GSM8K problems.
 
-Run again after an interrupted run (Ctrl-C, a closed terminal), a demo finds that run's work
-unfinished in the home's database, and the one worker would resume it before anything new
-(`earlier_runs`): the pipeline demo picks up an unfinished pipeline with the very same spec and
-cancels everything else unfinished, the eval demo cancels it all, and both say which.
-"""
+Run again after an interrupted run, a demo resumes or cancels that run's unfinished work first
+(`earlier_runs`): docs/benchmarks.md, "The demo"."""
 
 from __future__ import annotations
 

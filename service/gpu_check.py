@@ -1,20 +1,12 @@
 """The GPU acceptance run (`scripts/gpu-check`): the training path of a job, run on this machine's
-accelerator and measured, with a JSON report and a short table.
+accelerator and measured, with a JSON report and a short table (`run_check`).
 
-It calls what a job calls (trainer.grpo.run_grpo, trainer.sft.run_sft, evaluator.run.run_eval)
-on the example's own jobs (examples/smollm2-arith.yaml: SmolLM2-135M-Instruct, `add2-words`),
-and checks:
-- held-out accuracy before and after GRPO, with a floor on the gain (`--min-gain`);
-- where a GRPO step's time goes (generation, training), generated and trained tokens per
-  second per device, MFU against the device's stated bf16 peak (trainer.throughput.GPU_PEAK_TFLOPS);
-- the memory plan (trainer/memory_plan.py) against torch.cuda.max_memory_allocated;
-- with two or more GPUs, SFT on two data-parallel ranks against one rank (the same global
-  batch, so the same losses up to rounding), and GRPO's step on two ranks.
-
-`--device cpu` runs the same code on the CPU with the tests' tiny model, so the suite keeps it
-from rotting. Exit status: 0 when every check held, 1 when one failed (the report says which),
-2 for a usage error.
-"""
+It calls what a job calls (trainer.grpo.run_grpo, trainer.sft.run_sft, evaluator.run.run_eval) on
+the example's own jobs (examples/smollm2-arith.yaml) and checks held-out accuracy before and after
+GRPO against a floor (`--min-gain`), where a step's time goes, tokens per second and MFU per device,
+the memory plan against the measured peak, and with two or more GPUs two data-parallel ranks against
+one. `--device cpu` runs the same code with the tests' tiny model. Exit status 0 when every check
+held, 1 when one failed, 2 for a usage error. docs/gpu.md."""
 
 from __future__ import annotations
 

@@ -1,21 +1,15 @@
-"""The grading pool: a process that only runs python graders' sandboxes for the API and the
-workers (`mathrl-server grading-pool`; the chart's `grading` block runs it as a Deployment of its
-own). It is where user code runs on Kubernetes, away from everything worth stealing:
+"""The grading pool (`mathrl-server grading-pool`; the chart's `grading` block): a process that only
+runs python graders' sandboxes for the API and the workers, away from every credential
+(`create_pool`).
 
-- it holds no database or broker credentials, no admin token and no service-account token: its
-  one secret is the token its callers present (graders.pool_token);
-- its pods deny all egress (a NetworkPolicy) and accept only the API's and the workers' pods;
-- its root filesystem is read-only, and it may run under a sandbox runtime (runtimeClassName,
-  e.g. gVisor);
-- inside it each call is still sandboxed as on any machine (evaluator/sandbox.py), in the pool's
-  own mode, never the caller's; where that cannot be made, /readyz and every call answer 503
-  saying why, so the pod shows not ready instead of running code unguarded.
+- POST /v1/run {source, cases, limits} -> {results: [{score, error, detail}]}.
+- POST /v1/tool {key, calls, limits} -> {results: [{output, error}]}: one job's python tool calls
+  (evaluator/python_tool.py PoolTool) in a warm sandbox kept for its `key` (`ToolSandboxes`); POST
+  /v1/tool/close {key} ends it.
 
-POST /v1/run {source, cases: [{sample, item}], limits} -> {results: [{score, error, detail}]}.
-POST /v1/tool {key, calls: [{code, history}], limits} -> {results: [{output, error}]}: the python
-tool's calls of one job (evaluator/python_tool.py PoolTool), in a warm tool sandbox kept for that
-job's `key` (no other job's calls share its namespaces); POST /v1/tool/close {key} ends it.
-"""
+Each call is sandboxed in the pool's own mode (evaluator/sandbox.py); where that cannot be made,
+/readyz and every call answer 503. What its pods hold and reach: RELIABILITY.md,
+"`evaluator/sandbox.py`: how the boundary is built"."""
 
 from __future__ import annotations
 

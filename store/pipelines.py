@@ -1,20 +1,11 @@
 """Pipelines: when a job ends, the jobs that wait on it move on.
 
-A pipeline job is created `waiting` with the ids of the jobs it depends on (the jobs whose
-output its spec refers to). When a job reaches a terminal status, `settle_dependents`
-(called in the same transaction) moves the waiting jobs of its pipeline:
-
-- every dependency succeeded       -> queued (undispatched; the worker or reconciler sends it)
-- a dependency failed              -> failed, with the upstream job's name and error
-- a dependency was cancelled       -> cancelled
-
-and repeats until nothing changes, so a failure reaches every job downstream of it. The
-pipeline row is locked while this runs: two upstream jobs finishing at the same moment are
-settled one after the other, and the second sees the first. The reconciler also sweeps
-waiting jobs (`settle_all`) in case a worker died between finishing and settling.
-
-A pipeline's status is derived from its jobs (`pipeline_status`), never stored twice.
-"""
+A pipeline job is created `waiting` on the jobs whose output its spec refers to. When a job reaches
+a terminal status, `settle_dependents` (in the same transaction, the pipeline row locked) moves its
+pipeline's waiting jobs: to queued when every dependency succeeded, to failed (naming the upstream
+job and its error) when one failed, to cancelled when one was cancelled; and repeats until nothing
+changes. The reconciler also sweeps waiting jobs (`settle_all`). A pipeline's status is derived from
+its jobs (`pipeline_status`), never stored twice. docs/using.md, "Pipelines"."""
 
 from __future__ import annotations
 

@@ -1,17 +1,12 @@
-"""Asynchronous GRPO (experimental): TRL's AsyncGRPOTrainer on the job's vLLM server.
+"""Asynchronous GRPO (experimental): TRL's AsyncGRPOTrainer on the job's vLLM server
+(`build_async_trainer`).
 
 A rollout worker process keeps generating on the server (worker.vllm_server) while the trainer
-trains on finished samples; a sample more than `max_staleness` weight updates behind the policy
-is dropped. Weights reach the server as LoRA adapters (/v1/load_lora_adapter) on any device, or
-over NCCL without LoRA (GPUs only, untested here). TRL records `sample/staleness_mean` and
-`sample/staleness_max`, stored with the job's other metrics.
-
-TRL 1.16's async trainer assumes CUDA in two places, both replaced on a CPU only (`_cpu_shims`):
-its packed "tree attention" asks the hub for a FlashAttention-3 kernel (`varlen_causal_attention`
-computes the same attention with torch's SDPA, one segment at a time), and it reads the GPU's
-name for its MFU metric (on a CPU there is no peak-FLOPs figure: MFU is left out, as TRL does for
-GPUs it does not know).
-"""
+trains on finished samples at most `max_staleness` weight updates old; weights reach the server as
+LoRA adapters, or over NCCL without LoRA (GPUs only). TRL 1.16's async trainer assumes CUDA in two
+places, both replaced on a CPU only (`_cpu_shims`): its tree attention's FlashAttention-3 kernel
+(`varlen_causal_attention`: torch's SDPA) and the GPU name its MFU metric reads. docs/vllm.md, "GRPO
+generation"."""
 
 from __future__ import annotations
 

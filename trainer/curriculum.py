@@ -1,16 +1,11 @@
-"""Difficulty-aware question selection for GRPO: each question's pass rate, kept from the
-rollouts themselves, decides how often it is drawn.
+"""Difficulty-aware question selection for GRPO (`PassRateCurriculum`): each question's pass rate, kept
+from the rollouts themselves, decides how often it is drawn.
 
-Anchor: "Learning to Reason at the Frontier of Learnability" (Foster and Foerster, 2025,
-arXiv:2502.12272). A question solved with probability p gives a GRPO group a non-zero advantage
-most often when p is near 1/2; they sample questions in proportion to the learnability p(1 - p).
-Here p is an exponential moving average of each group's pass rate (`decay` per new group), with
-1/2 for a question not yet seen, and every weight gets `floor` added, so that no question is
-never drawn again (a question the policy can now solve may have become unsolved, and back).
-
-The state is two arrays (pass rate, groups seen) saved in every checkpoint
-(`curriculum.json`) and restored on resume. Draws are seeded by (seed, step, round, rank),
-so a resumed run draws what the uninterrupted one drew."""
+Questions are drawn in proportion to the learnability p(1 - p) (Foster and Foerster 2025,
+arXiv:2502.12272) plus `floor`, where p is an exponential moving average of the question's group
+pass rates (`decay` per new group; 1/2 for one not yet seen). The state is saved in every checkpoint
+(STATE_FILE) and restored on resume; draws are seeded by (seed, step, round, rank), so a resumed run
+draws what the uninterrupted one drew. docs/grpo-loop.md, "Curriculum"."""
 
 from __future__ import annotations
 

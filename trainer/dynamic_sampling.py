@@ -1,16 +1,12 @@
-"""Dynamic sampling (DAPO, Yu et al. 2025, section 3.2): a group whose grading signal has zero
-variance gives every completion the same reward, hence zero advantage and no gradient. Such
-groups are dropped and more questions are generated until the step holds as many informative
-groups as it asked for, or `max_rounds` generation rounds have run; a step still short is filled
-with the dropped groups (zero advantage: trainer/grpo_loop.py skips their forward and backward).
-
-The signal is the correctness verdict by default (metric 'correct': an accuracy or binary
-reward above 0), not the shaped reward: a length or format term varies inside a group of
-all-wrong answers, and filtering on it keeps groups that teach only the shaping (a verl recipe
-that filtered on the shaped score lost its policy in 40 steps, verl-recipe PR #125).
+"""Dynamic sampling (DAPO, Yu et al. 2025, section 3.2): a group whose grading signal has zero variance
+gives no gradient, so such groups are dropped and more questions are generated until the step holds
+as many informative groups as it asked for, or `max_rounds` rounds have run; a step still short is
+filled with the dropped groups. The signal is the correctness verdict by default, not the shaped
+reward.
 
 What is here works on the tensors TRL's `_generate_and_score_completions` returns: which groups
-carry signal, and the rows of several rounds joined into one batch."""
+carry signal (`informative`), and the rows of several rounds joined into one batch (`join_rows`).
+Why, and what it costs: docs/grpo-loop.md, "Dynamic sampling"."""
 
 from __future__ import annotations
 

@@ -1,24 +1,15 @@
-"""mathrl's GRPO loop on TRL's GRPOTrainer: what it does that the trainer it wraps does not.
+"""mathrl's GRPO loop on TRL's GRPOTrainer (`MathrlGRPOTrainer`, `LoopOptions`): what it does that the
+trainer it wraps does not.
 
-- Dynamic sampling (trainer/dynamic_sampling.py): groups with no grading signal are dropped and
-  more questions generated, up to `max_rounds` rounds per step.
-- A curriculum (trainer/curriculum.py): questions drawn by their pass rate so far.
-- No work for no gradient: a completion whose advantage is exactly zero (or whose tokens are all
-  masked) adds nothing to the loss when beta is 0 and no per-token term (entropy bonus, entropy
-  mask, auxiliary loss) needs it, so its forward and backward are skipped. The loss is rescaled
-  for the loss types that average over rows, so the update equals TRL's (tests/system/test_grpo_loop.py).
-- Overlapped generation (trainer/overlap.py, the spec's `generation.overlap`): on the hf backend
-  the next step's completions are generated on a copy of the policy while this step trains, and
-  train one step later against the sampler's log-probabilities.
-- One forward fewer with vLLM: TRL recomputes every completion's log-probabilities in a no-grad
-  pass after generation to weigh the sampler/trainer mismatch. When the policy cannot have moved
-  between generation and training (one iteration per round, generation aligned with the optimizer
-  step), those are the training forward's own values: the ratio is computed there instead
-  (tests/helpers/vllm_sync_check.py compares the two).
+- Dynamic sampling (trainer/dynamic_sampling.py) and a pass-rate curriculum (trainer/curriculum.py).
+- No work for no gradient: the forward and backward of zero-advantage completions are skipped where
+  the update stays TRL's (SKIPPABLE_LOSSES).
+- Overlapped generation on the hf backend (trainer/overlap.py).
+- One forward fewer with vLLM: the sampler/trainer ratio is taken from the training forward.
 
 Every step logs what it did: `dynamic_sampling/*`, `curriculum/*`, `skip/trained_fraction`,
-`overlap/*`, and with vLLM the mismatch (`sampling/sampling_logp_difference/*`, `sampling/importance_sampling_ratio/*`).
-"""
+`overlap/*`, and with vLLM the mismatch. How each part works and what was measured:
+docs/grpo-loop.md."""
 
 from __future__ import annotations
 

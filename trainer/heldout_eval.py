@@ -1,19 +1,12 @@
-"""Held-out evaluation during training (a spec's `eval: {benchmark, limit, every}`): every N
-optimizer steps, and after the last, the weights being trained answer the benchmark's first
-`limit` problems greedily and are graded as eval jobs grade (evaluator.grading.grade, the
-benchmark's own recipe). Stored per step as the series `heldout/accuracy`, `heldout/ci_low`,
-`heldout/ci_high` (Wilson 95%) and `heldout/seconds`, and as a `heldout` event.
+"""Held-out evaluation during training (a spec's `eval`): `HeldoutEvalCallback` scores the weights
+being trained every `every` optimizer steps and after the last.
 
-With `eval: {file}` (an uploaded file in OpenAI's fine-tuning format: OpenAI's validation file)
-the set is that file's first `limit` items, and a GRPO job's own rewards score the answers,
-weighted as in training: the series `heldout/reward` (the mean) and `heldout/seconds`.
-
-Generation: a GRPO job's colocated vLLM engine, which already holds the policy, after syncing
-the step's weights into it (so no second engine starts); otherwise the trained model itself
-through evaluator.backends.hf. One process generates (the main rank); the others wait.
-
-The time it takes is kept out of the step's training time (`eval_seconds` in the trainer's
-timings, trainer/callbacks.py)."""
+With `eval: {benchmark, limit}` the benchmark's first `limit` problems are answered greedily and
+graded as eval jobs grade: the series `heldout/accuracy`, `heldout/ci_low`, `heldout/ci_high`,
+`heldout/seconds`, and a `heldout` event. With `eval: {file}` (OpenAI's validation file) the job's
+own rewards score the answers: `heldout/reward`. A GRPO job generates on its colocated vLLM engine
+when it has one, else the trained model does through evaluator.backends.hf; the time is kept out of
+the step's. docs/grpo-loop.md, "Held-out evaluation during training"."""
 
 from __future__ import annotations
 

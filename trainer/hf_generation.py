@@ -1,26 +1,16 @@
-"""How the `hf` generation backend decodes GRPO's rollouts (the spec's `generation.hf_mode`), as
-TRL's GRPOTrainer runs each way:
+"""How the `hf` generation backend decodes GRPO's rollouts (the spec's `generation.hf_mode`), as TRL's
+GRPOTrainer runs each way (HF_MODES):
 
-- `dynamic`: transformers' `generate` on a left-padded batch with a cache that grows a token at a
-  time, compilation off: TRL's default.
-- `static`: the same `generate` with a fixed-size cache and the decode step compiled
-  (`torch.compile`, CUDA graphs on a GPU), on a copy of the policy (below). On a CPU transformers
-  does not compile, so this is only the fixed-size cache there.
-- `continuous`: transformers' continuous batching (`generate_batch`: paged attention, finished
-  sequences leave the batch): TRL's `use_transformers_continuous_batching`.
+- `dynamic`: transformers' `generate` with a cache that grows a token at a time, compilation off:
+  TRL's default;
+- `static`: a fixed-size cache and a compiled decode step, on a `DecodeCopy` of the policy in the
+  run's compute dtype, synced in place before each generation;
+- `continuous`: transformers' continuous batching (TRL's `use_transformers_continuous_batching`).
 
-`static` in a trainer decodes on a `DecodeCopy` of the policy: its weights in the run's
-compute dtype (bf16 on a GPU), synced in place before each generation. The policy itself trains
-in float32 under bf16 autocast, and a fixed-size cache cannot decode on it: the cache takes the
-dtype of the first keys written, and the keys of the policy's autocast forward do not all share
-one dtype, so the cache refuses some (seen on an H200 in the prefill: `index_copy_(): self and source expected
-to have the same dtype, but got (self) Float and (source) BFloat16`). The copy is what vLLM does
-too: generation on its own weights, synced each step.
-
-`decode` runs one batch: the trainer's `static` path and bench/hf_generation.py (each mode, with
-the generation config TRL builds) call it; `trl_args` is what the trainer sets for `continuous`,
-which TRL runs itself.
-"""
+`decode` runs one batch (the trainer's `static` path and bench/hf_generation.py call it); `trl_args`
+is what the trainer sets for `continuous`; `cuda_graphs_in_this_thread` readies overlap's thread for
+the compiled step. Why `static` decodes on a copy, and each mode's figures: docs/gpu.md;
+docs/vllm.md, "GRPO generation"."""
 
 from __future__ import annotations
 

@@ -1,21 +1,13 @@
-"""Overlapped generation (the spec's `generation.overlap`, hf backend): the next step's completions
-are generated on a copy of the policy in a background thread while this step trains, so that a
-step can take about the longer of the two instead of their sum.
+"""Overlapped generation (the spec's `generation.overlap`, hf backend): the next step's completions are
+generated on a copy of the policy in a background thread while this step trains, so that a step can
+take about the longer of the two instead of their sum.
 
-- The next step's prompts are known one update early: the trainer reads the dataloader one
-  optimizer step ahead (`Lookahead`), which leaves the order of the batches as it was.
-- Before this step's update, a copy of the policy (trainer/hf_generation.py DecodeCopy) is synced
-  to it; the thread decodes the next batch on the copy, then scores each sampled token with a
-  forward pass of the copy through TRL's fused LM head (the trainer's own temperature-scaled
-  log-probabilities, on the layout the training forward will see).
-- Those completions train one step later, after one update: one step stale. Their sampler
-  log-probabilities are the PPO ratio's old policy (`old_per_token_logps`), so the clip bounds the
-  update, as in TRL's async GRPO (whose `old_log_probs` are the sampler's).
-- A step with nothing prefetched (the first of a run, of a resume, of an epoch) generates on the
-  policy as without overlap: on-policy.
-- On a GPU the thread runs on a CUDA stream of its own, so its kernels can run beside training's;
-  on a CPU the two share the cores.
-"""
+`Lookahead` reads the dataloader one optimizer step ahead. `BackgroundGenerator` syncs the copy
+(trainer/hf_generation.py DecodeCopy) before this step's update, decodes the next batch on it and
+scores its sampled tokens (`sampler_logprobs`), on a CUDA stream of its own on a GPU. That batch
+(`Prefetched`) trains one step stale, its sampler log-probabilities as the PPO ratio's old policy; a
+step with nothing prefetched generates on the spot. How, why and what it measured:
+docs/grpo-loop.md, "Overlapped generation"."""
 
 from __future__ import annotations
 

@@ -1,20 +1,12 @@
-"""GRPO's rewards: graders (mathrl/graders.py, scored by evaluator/graders.py) adapted to the
-way TRL calls rewards, `reward(completions, answer=[...], **columns) -> list[float | None]`,
-where `answer` is the gold answer column of the training set. Every named reward of a spec is a
-grader (`RewardRef.as_grader`: accuracy is the math grader, binary the math grader with -1 and
--0.5, format the boxed-format grader, overlong the length penalty, reward_model the RM grader),
-so each formula has one implementation. The API never runs user code: a spec can only name
-these or give a grader, which is data.
+"""GRPO's rewards: graders (mathrl/graders.py, scored by evaluator/graders.py) adapted to the way TRL
+calls rewards, `reward(completions, answer=[...], **columns) -> list[float | None]` (`GraderReward`,
+`reward_for`, `get_reward`). Every named reward of a spec is a grader (`RewardRef.as_grader`), so
+each formula has one implementation; a spec names rewards or gives a grader, never code.
 
-Answers are compared with math-verify in a child process, `item_seconds` (5) at most per
-sample and `call_seconds` (120) per call (evaluator.bounded.BoundedMatch): a completion whose
-answer sympy cannot settle in time (a huge binomial, a polynomial to expand) gets the score of
-a wrong answer, is counted in the reward's `timed_out` (logged as `rewards/<name>/timed_out`,
-trainer/callbacks.py; async GRPO scores in its rollout process, which logs a warning line
-instead) and does not hold up the step; power towers are refused before sympy evaluates them
-(evaluator.grading.too_big), also as a wrong answer. Otherwise a policy could learn to answer
-what cannot be checked.
-"""
+Answers are compared with math-verify in a child process (evaluator.bounded.BoundedMatch:
+ITEM_SECONDS per sample, CALL_SECONDS per call): an answer not settled in time, or a power tower,
+scores as a wrong answer, is counted in `rewards/<name>/timed_out` and does not hold up the step.
+RELIABILITY.md, "Rewards in GRPO"; docs/using.md, "Graders"."""
 
 from __future__ import annotations
 

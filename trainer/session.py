@@ -1,19 +1,14 @@
-"""A training session's model, held in memory between a client's calls (Tinker's primitives): a
-base model with a LoRA adapter and an AdamW optimizer.
+"""A training session's model, held in memory between a client's calls (Tinker's primitives):
+`TrainingSession`, a base model with a LoRA adapter (`LoraOptions`) and an AdamW optimizer.
 
 - `forward_backward(data, loss_fn)` adds the gradients of one of trainer/session_losses.py's losses
-  to what earlier calls left (gradients accumulate until the next `optim_step`) and returns each
-  datum's log-probabilities of its target tokens and the summed loss (`loss:sum`);
-  `forward_backward(..., forward_only=True)` computes the same without gradients (Tinker's `forward`).
-- `optim_step(adam)` applies the accumulated gradients with the call's Adam parameters
-  (`torch.optim.AdamW`: decoupled weight decay; `grad_clip_norm` 0 clips nothing) and clears them.
-- `save(dir, optimizer=True)` writes the adapter (peft's adapter directory: what vLLM and
-  transformers load for sampling) and, for a state to resume from, the optimizer's state;
-  `load(dir, optimizer=...)` reads them back, so a session that stops and resumes takes the same
-  next step, bit for bit on a CPU.
+  to what earlier calls left and returns each `Datum`'s log-probabilities of its target tokens and
+  the summed loss; `forward_only=True` computes them without gradients (Tinker's `forward`).
+- `optim_step(AdamParams)` applies the accumulated gradients (`torch.optim.AdamW`) and clears them.
+- `save(dir, optimizer=True)` writes the peft adapter and the optimizer's state; `load` reads them
+  back, so a resumed session takes the same next step.
 
-A datum is a token sequence and its loss inputs, each aligned with the tokens: position i of
-`tokens` predicts `target_tokens[i]` (the next token), as in Tinker's `Datum`."""
+Datums, losses and saves as Tinker's: docs/tinker-protocol.md, sections 7 and 8."""
 
 from __future__ import annotations
 

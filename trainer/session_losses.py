@@ -1,28 +1,12 @@
-"""The losses a training session's `forward_backward` computes, by the names Tinker's SDK gives
-them (`loss_fn`). Each takes one datum's learner log-probabilities of its target tokens and that
-datum's inputs (`loss_fn_inputs`, aligned with the tokens) and returns the datum's loss, summed
-over its tokens (Tinker's convention: token losses are summed, never averaged; a user who wants a
-mean scales `weights` or `advantages`).
+"""The losses a training session's `forward_backward` computes, by the names Tinker's SDK gives them
+(`loss_fn`): `cross_entropy`, `importance_sampling`, `ppo`, `cispo`, `dro` and `gspo` (GSPO-token),
+in LOSSES.
 
-- `cross_entropy`: `-(logprobs * weights).sum()`
-- `importance_sampling`: `r = exp(logprobs - sampling_logprobs)`, `-(r * advantages).sum()`
-- `ppo`: `-min(r * A, clip(r, low, high) * A).sum()`, `low`/`high` per token from the datum's
-  inputs or the config (`clip_low_threshold`, `clip_high_threshold`: 0.8 and 1.2 when unset)
-- `cispo`: `-(clip(r, low, high).detach() * logprobs * A).sum()`
-- `dro`: `-(logprobs * A - beta / 2 * (logprobs - sampling_logprobs) ** 2).sum()` (`beta` from the config)
-- `gspo` (GSPO-token, Zheng et al. 2025): the sequence ratio `s = exp(mean(logprobs - sampling_logprobs))` over
-  the tokens `sequence_ratio_mask` marks; each token's ratio has `s`'s value and its own log-probability's
-  gradient, `s_t = sg(s) * exp(logprobs - sg(logprobs))`, then `-min(s_t * A, clip(s_t, low, high) * A).sum()`
-  (the clip range as ppo's). A datum whose mask marks no token has `s = 1`. Without a `sequence_ratio_mask`
-  the ratio runs over the tokens with a nonzero advantage: the sampled tokens, in the SDK's and the cookbook's
-  datums, whose prompt positions carry advantage 0 (Tinker does not publish its own default; the cookbook's
-  `rl.train` sends gspo datums without a mask).
-
-Not served: `stable_reinforce`. Tinker's page for it (alpha) does not publish its objective, only that it
-reads information recorded at sampling time, so there is nothing here to implement faithfully;
-`forward_backward` refuses it and names the losses that are served.
-
-`sampling_logprobs` is the datum's `logprobs` input: what the sampler gave each token."""
+Each takes one datum's learner log-probabilities of its target tokens and that datum's inputs
+(`loss_fn_inputs`, aligned with the tokens; `sampling_logprobs` is its `logprobs` input) and returns
+the datum's loss, summed over its tokens, as Tinker sums. `stable_reinforce` is not served
+(NOT_SERVED): `forward_backward` refuses it and names the losses that are. The formulas, and why
+stable_reinforce is left out: docs/tinker.md, "What is compatible, and what is not"."""
 
 from __future__ import annotations
 

@@ -1,14 +1,13 @@
-"""A session job's server (kind `session`): its client's calls, forwarded by the API's Tinker routes
-(api/routers/tinker.py), run on the model this process holds (trainer/session.py), one at a time, in
-the order they came (the SDK sends a training client's calls one by one, in `seq_id` order).
+"""A session job's server (kind `session`; `SessionService`, `serve`): its client's calls, forwarded by
+the API's Tinker routes (api/routers/tinker.py), run on the model this process holds
+(trainer/session.py), one at a time, in the order they came.
 
 Each call is answered at once with a request id, and its result is fetched with `retrieve_future`,
-held until it is ready or `LONG_POLL_SECONDS` passed (then `try_again`): Tinker's futures
-(docs/tinker-protocol.md, section 4). A call that fails answers its future with
-`{"error", "category"}`. Every request counts as the client's heartbeat.
-
-The server listens on the worker's `session_host`, and answers only requests that carry the job's
-token (written with its address to the store's `endpoints` table, which only the API reads)."""
+held until it is ready or LONG_POLL_SECONDS passed (then `try_again`): Tinker's futures
+(docs/tinker-protocol.md, section 4). A call that fails answers its future with `{"error",
+"category"}`. Every request counts as the client's heartbeat. The server listens on the worker's
+`session_host` and answers only requests that carry the job's token (stored with its address in the
+store's `endpoints` table)."""
 
 from __future__ import annotations
 

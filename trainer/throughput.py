@@ -1,20 +1,10 @@
-"""Model FLOPs utilisation (MFU): the FLOPs a training step needed, from the model's shape,
-against a stated peak of the device it ran on.
+"""Model FLOPs utilisation (MFU): the FLOPs a training step needed, from the model's shape, against a
+stated peak of the device it ran on.
 
-FLOPs per trained token: 6 x parameters (forward 2N, backward 4N; Kaplan et al. 2020), plus
-attention's 12 x layers x hidden x context (PaLM, Chowdhery et al. 2022, appendix B), where
-context is the step's mean sequence length. Only the training forward and backward count: the
-no-grad passes (reference model, TRL's old log-probabilities) and generation are left out, as
-MFU usually does.
-
-Peaks (dense, the dtype the job trains in):
-- NVIDIA GPUs by name (`GPU_PEAK_TFLOPS`, dense bf16 from the vendors' datasheets, no
-  sparsity): H100 and H200 SXM 989.4 TFLOPS, A100 312, and so on;
-- a CPU: cores x clock x FP32 FLOPs per cycle per core, 64 with AVX-512 (two FMA units of 16
-  lanes), 32 with AVX2, 8 otherwise; the clock is /proc/cpuinfo's "cpu MHz" (this machine's
-  current clock, not a turbo figure). A stated ceiling, not a measured one.
-- `MATHRL_PEAK_TFLOPS` overrides both (a device this table does not know).
-"""
+`flops_per_token`: 6 x parameters plus attention's 12 x layers x hidden x context per trained token,
+the training forward and backward only. `peak_flops`: NVIDIA GPUs by name (`GPU_PEAK_TFLOPS`, dense
+bf16, `gpu_peak_tflops`), a CPU from its cores, clock and vector width; `MATHRL_PEAK_TFLOPS`
+overrides both. Where the formula and the peaks come from: docs/grpo-loop.md, "Per-step metrics"."""
 
 from __future__ import annotations
 

@@ -1,28 +1,12 @@
-"""GRPO with a tool: multi-turn rollouts as TRL's `rollout_func`, on the trainer's own engine.
+"""GRPO with a tool: multi-turn rollouts as TRL's `rollout_func` (`ToolRollouts`), on the trainer's own
+engine (the hf policy, `static` on its decode copy, or the colocated vLLM engine).
 
-TRL 1.16 runs tools through the chat template's tool calls (`tools=`, `environment_factory=`);
-the code-block format is no chat-template call, so its loop cannot drive it. TRL's `rollout_func`
-can: it hands over the batch's prompts and takes back each rollout's ids, its sampler
-log-probabilities and an `env_mask`, which TRL treats as its `tool_mask` (1: the model's token,
-trained on; 0: the tool's, in the context but never in the loss, nor in the lengths it logs).
-
-The turns are evaluator/tool_rollouts.py's `run_turns`, the loop eval jobs run, over token ids:
-
-- a turn generates for every open rollout on the trainer's engine (the hf policy as TRL decodes
-  it, `static` on its decode copy; or the colocated vLLM engine, synced by TRL first), stopping at
-  the format's call stop. Its ids are kept as sampled, cut just past the stop;
-- the call's output comes back as tokens after the stop (`env_mask` 0), so what the model is
-  trained on is exactly the context it sampled from: nothing is re-tokenized;
-- `max_completion_length` is the whole rollout's budget, the tool's tokens too. A rollout that
-  spends it ends there, cut (TRL's `mask_truncated_completions` then leaves it out of the loss);
-- each rollout's graded text is its own words (the output blocks taken out: `answer_text`, which
-  trainer/rewards.py grades in place of the completion);
-- a void rollout, whose last turn holds neither a call nor an answer (SimpleTIR's void turn), is
-  trained as any other, left out of the loss (`void_turns: drop`) or penalised (`penalize`).
-
-The zero-advantage skip reads the tool mask (trainer/grpo_loop.py), dynamic sampling joins it
-with the rest of a round's rows, and held-out evals run the same tool (trainer/heldout_eval.py).
-"""
+The turns are evaluator/tool_rollouts.py's `run_turns` over token ids (`TokenRollout`): each turn's
+ids are kept as sampled, cut just past the call stop (`cut_at`); the call's output comes back as
+tokens kept out of the loss (`env_mask`, TRL's `tool_mask`); `max_completion_length` is the whole
+rollout's budget; the graded text is the model's own words (`answer_text`); a void rollout is kept,
+dropped or penalised (`void_turns`, `VoidTurnPenalty`). How each works, and why TRL's own tool loop
+is not used: docs/tools.md, "GRPO with the tool"."""
 
 from __future__ import annotations
 

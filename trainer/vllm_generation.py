@@ -1,17 +1,16 @@
-"""GRPO generation with vLLM: TRL's colocated engine with our engine options, a weight sync that
-keeps vLLM's fast CPU kernels, a server mode that syncs LoRA adapters, and per-step timing of
-generation and weight sync.
+"""GRPO generation with vLLM: TRL's colocated engine with our engine options, a weight sync that keeps
+vLLM's fast CPU kernels, a server mode that syncs LoRA adapters, and per-step timing of generation
+and weight sync.
 
-TRL 1.16 builds its `VLLMGeneration` inside `GRPOTrainer.__init__` with a fixed set of engine
-arguments (no dtype, no KV-cache size, no prefix caching) and a server mode whose weight sync
-is NCCL only. `TimedGRPOTrainer` swaps in `MathrlVLLMGeneration`, which
-- colocate: builds the engine from `evaluator.backends.vllm.engine_options` (the same dtype and
-  cache rules as eval jobs);
-- server with a LoRA model: talks to the worker's `vllm serve --enable-lora` (worker.vllm_server)
-  through `AdapterServerClient`, and syncs by saving the adapter and loading it by name;
-- server without LoRA: TRL's own path (`trl vllm-serve`, NCCL; GPUs only);
-and times every sync.
-"""
+TRL 1.16 builds its `VLLMGeneration` with a fixed set of engine arguments (no dtype, no KV-cache
+size, no prefix caching) and an NCCL-only server sync. `TimedGRPOTrainer` swaps in
+`MathrlVLLMGeneration`, which times every sync and
+- colocate: builds the engine from `evaluator.backends.vllm.engine_options`, as eval jobs do;
+- server with LoRA: saves the adapter and loads it by name into the worker's `vllm serve
+  --enable-lora` (`AdapterServerClient`);
+- server without LoRA: takes TRL's own path (NCCL; GPUs only).
+
+docs/vllm.md, "GRPO generation"."""
 
 from __future__ import annotations
 

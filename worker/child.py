@@ -1,23 +1,12 @@
-"""The job process. The supervisor starts `python -m worker.child <job_id> <owner> <attempt>`;
-a crash, an OOM or a hung CUDA context here cannot take the worker down, and the accelerator's
-memory is returned when this process exits.
+"""The job process. The supervisor starts `python -m worker.child <job_id> <owner> <attempt>`; a crash,
+an OOM or a hung CUDA context here cannot take the worker down, and the accelerator's memory is
+returned when this process exits.
 
-Exit codes: 0 done, 2 stopped on request, 3 job kind not available here, 4 lost the job (its
-lease lapsed and the job was re-queued: every write was refused from then on), 5 drained (the
-worker is shutting down: a training job saved a checkpoint of the step it stopped at, and the
-supervisor hands the job back to the queue), 1 error.
-
-Each attempt works in a directory of its own, <job dir>/attempt-N: its log, error.txt, the
-exit-code file, and what the trainer writes (checkpoints before they are the job's). What
-the job keeps, in <job dir>/train and <job dir>/eval, is moved there by the sink only while
-the attempt owns the job (worker.sink), so a process that lost its job cannot overwrite the
-checkpoints of the one that took it over.
-
-A multi-process training job (worker.launch) runs this module once per rank under
-`accelerate launch`: every rank loads the job and resolves its model refs the same way, only
-the main rank (RANK 0) writes to the database, error.txt and the exit-code file; the other
-ranks report through a sink that drops writes but still sees stop requests.
-"""
+Exit codes: 0 done, 1 error, 2 stopped on request, 3 job kind not available here, 4 lost the job
+(its lease lapsed), 5 drained. Each attempt works in <job dir>/attempt-N; what the job keeps is
+moved into <job dir>/train and <job dir>/eval by the fenced sink (worker.sink). A multi-process
+training job (worker.launch) runs `run_rank` once per rank, and only the main rank writes.
+docs/how-jobs-run.md."""
 
 from __future__ import annotations
 

@@ -1,14 +1,10 @@
-"""This worker's GPUs, each lent to one running job at a time.
+"""This worker's GPUs, each lent to one running job at a time (`GPUSlots`).
 
 A worker pod of a pool with `concurrency` over 1 runs that many jobs at once, each with a slot's
 share of the pod's GPUs (workerPools: `gpus` over `concurrency`). Each job's process, its vLLM
-server and its warm engine see only the devices lent to it (CUDA_VISIBLE_DEVICES): before, every
-job started on the pod's first devices, so two projects' jobs shared GPUs 0..n-1 while the others
-sat idle, and one's memory use failed or slowed the other's job.
-
-A job waits here while the devices it needs are lent out (a job asking for more than a slot in a
-pool), keeping its lease; it gives up when it loses its lease or is cancelled.
-"""
+server and its warm engine see only the devices lent to it (CUDA_VISIBLE_DEVICES). A job waits here
+while the devices it needs are lent out, keeping its lease; it gives up when it loses its lease or
+is cancelled. Why: RELIABILITY.md, "Tenants" (jobs at once on one worker pod)."""
 
 from __future__ import annotations
 

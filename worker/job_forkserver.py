@@ -1,17 +1,12 @@
-"""The process a worker forks its single-process jobs from: `python -m worker.job_forkserver FD`.
+"""The process a worker forks its single-process jobs from: `python -m worker.job_forkserver FD`
+(worker.job_handle.ForkedJob is the supervisor's side).
 
-A fresh job process imports torch, transformers and TRL first: 9.4 s on this 2-core CPU for a
-training job (TRL's GRPO trainer imports vLLM), 3.9 s for an eval. This process imports them
-once and forks a child per job (worker.job_handle.ForkedJob is the supervisor's side).
-
-It is single-threaded, holds no connection and calls nothing it imported: no settings read, no
-database engine, no CUDA (on a CUDA build it leaves vLLM and TRL's GRPO trainer out: importing
-vLLM may touch the driver, which a fork cannot carry). A request on the control socket (FD,
-SOCK_SEQPACKET) carries the job's argv, environment, directory and log, and one end of a socket
-pair on which it answers the child's pid, then its exit status (negative: killed by that signal).
-It exits when the worker closes the control socket; its children die with it (PR_SET_PDEATHSIG).
-The child is what `python -m worker.child` would be: its own session, the job's environment,
-stdout and stderr unbuffered into the job's log, default signal handlers, NumPy reseeded."""
+It imports torch, transformers and TRL once (PRELOAD; a CUDA build leaves CUDA_UNSAFE out) and forks
+a child per job, which is what `python -m worker.child` would be. A request on the control socket
+(FD, SOCK_SEQPACKET) carries the job's argv, environment, directory and log, and one end of a socket
+pair, on which `serve` answers the child's pid, then its exit status (negative: killed by that
+signal). It exits when the worker closes the control socket; its children die with it
+(PR_SET_PDEATHSIG). What it saves, and what it must not touch: docs/how-jobs-run.md."""
 
 from __future__ import annotations
 

@@ -1,14 +1,10 @@
-"""A claimed job's lease, kept alive on a thread from the claim to the attempt's recorded end:
-while the worker prepares the attempt (waits for the GPUs another job of this worker holds,
-starts a warm vLLM engine or loads a model's weights into one, up to
-worker/warm_engine.RELOAD_TIMEOUT, starts the job's own vLLM server, submits the Ray job), and
-while the watch loop (worker.watch) watches it, which acts on each renewal's answer (`next_beat`):
-the lease lost, a cancel, a pause. One renewer for the whole attempt.
-
-Before, the lease was renewed only by the watch loop (and by the Ray submission's wait): a
-preparation longer than `worker.lease_seconds` (a 7B model's weights loaded into an engine, on
-a busy node) let the lease lapse, and the reconciler took the job from a worker still running
-it. A generate job (one attempt) failed with "worker lost"."""
+"""A claimed job's lease, kept alive on a thread from the claim to the attempt's recorded end
+(`LeaseKeeper`): one renewer for the whole attempt. It renews while the worker prepares the attempt
+(waits for the GPUs another job of this worker holds, starts a warm vLLM engine or loads a model's
+weights into one, up to worker/warm_engine.RELOAD_TIMEOUT, starts the job's own vLLM server, submits
+the Ray job) and while the watch loop (worker.watch) watches it, acting on each renewal's answer
+(`next_beat`): the lease lost, a cancel, a pause. Why the preparation needs it:
+docs/how-jobs-run.md."""
 
 from __future__ import annotations
 

@@ -1,19 +1,12 @@
-"""A job on the operator's Ray cluster, seen from the worker that supervises it: submitted
-through Ray's Jobs API (ray.job_submission, HTTP to the dashboard at MATHRL_RAY__ADDRESS; no
-Kubernetes RBAC needed), watched, stopped. The worker itself needs no GPUs.
+"""A job on the operator's Ray cluster, seen from the worker that supervises it: submitted through
+Ray's Jobs API (HTTP to the dashboard at MATHRL_RAY__ADDRESS; no Kubernetes RBAC needed), watched,
+stopped. The worker itself needs no GPUs.
 
-- Submission id `mathrl-<job id>-<attempt>`: Ray refuses a reused id, and before an attempt
-  starts the previous attempts' Ray jobs are stopped, so a retry never runs beside the attempt
-  it replaces.
-- `RayJob` is a `JobHandle` (worker.job_handle) as a local process is, so heartbeat, cancel,
-  drain and the end's bookkeeping are the same code for both (worker.watch).
-- Ray's status changes and the job's log go into the job's events (`ray_status`, `ray_log`,
-  `ray_workers` with each rank's node and pid, and `vllm_server` with where Ray placed a GRPO
-  job's vLLM server, read from worker.ray_train's lines), and the log into the attempt's job.log.
-- A Ray cluster that does not answer at submit fails the job naming MATHRL_RAY__ADDRESS; one
-  that stops answering (head gone) for ray.lost_after_seconds, or a submission that vanished,
-  fails it with that message: never a job left `running`.
-"""
+`RayJob` is a `JobHandle` (worker.job_handle) as a local process is, so heartbeat, cancel, drain and
+the end's bookkeeping are the same code for both (worker.watch). A submission's id is `mathrl-<job
+id>-<attempt>` (`submission_id`), and earlier attempts' Ray jobs are stopped first. Ray's status,
+the log, where the ranks and the vLLM server run become the job's events; a cluster that does not
+answer fails the job, never leaving it `running`. docs/how-jobs-run.md, "Past one node: Ray"."""
 
 from __future__ import annotations
 

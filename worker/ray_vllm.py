@@ -1,21 +1,11 @@
 """The vLLM server of a GRPO job in server mode on the Ray cluster, placed by Ray.
 
-On one node the supervising worker starts the job's server beside the job process
-(worker.vllm_server). On Ray the job's driver (worker.ray_train) asks Ray for an actor holding the
-server's own resources: `generation.server_gpus` GPUs (GPU jobs; Ray sets CUDA_VISIBLE_DEVICES)
-and `ray.server_cpus` CPUs. Ray places it before the Train workers, so it never shares a GPU (or
-a reserved CPU) with a trainer; with the cluster's GPUs busy it waits like any Ray task, up to
-PLACEMENT_SECONDS. In the actor the server is the same command as on one node
-(worker.vllm_server.server_command), listening on the node's address instead of loopback, under
-the same guard: when the actor dies (the driver ended, the Ray job was stopped, the node went
-away) the guard kills the server's whole process group.
-
-The trainers reach it at its URL (MATHRL_VLLM_SERVER_URL in each rank, as on one node) and sync:
-- LoRA: rank 0 saves the adapter under the attempt's directory and the server loads it by path,
-  so the server's node must see MATHRL_ARTIFACT_DIR at the same path (the shared volume every
-  Ray node mounts already: checkpoints need it too). Runs, and is tested, on CPU.
-- Full weights: TRL's NCCL sync from the trainers to the server (GPUs only; untested here).
-"""
+The job's driver (worker.ray_train) calls `start`: a Ray actor (`GenerationServer`) holding the
+server's own resources, `generation.server_gpus` GPUs and `ray.server_cpus` CPUs, placed before the
+Train workers and waited for up to PLACEMENT_SECONDS. In it runs the same command as on one node
+(worker.vllm_server.server_command), on the node's address, under the same guard. The ranks reach it
+at MATHRL_VLLM_SERVER_URL: a LoRA adapter is loaded by path from the shared artifact directory; full
+weights go over TRL's NCCL sync (GPUs only). docs/how-jobs-run.md, "Past one node: Ray"."""
 
 from __future__ import annotations
 

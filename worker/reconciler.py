@@ -1,17 +1,12 @@
-"""The reconciler: re-delivers what the broker lost, takes back jobs whose worker died, and
-deletes uploaded files past their expires_at (store.files.delete_expired).
+"""The reconciler: re-delivers what the broker lost, takes back jobs whose worker died, and deletes
+uploaded files past their expires_at (store.files.delete_expired). It runs in every worker process,
+a daemon thread (`start`, `reconcile_once`); several at once are safe, since the claim skips a
+re-sent message for a job someone already claimed.
 
-It runs in every worker process (a daemon thread). Several reconcilers at once are safe:
-a re-sent message for a job someone already claimed is skipped by the claim.
-
-A database outage longer than a lease lets every running job's lease lapse, since no
-heartbeat can renew it. Those workers are alive: their heartbeats renew within
-`heartbeat_seconds` of the database coming back. So a reconciler takes lapsed leases only
-once it has reached the database without a failure for a whole lease period (also right
-after it starts: it cannot know what happened before). This needs `lease_seconds` >
-`reconcile_seconds` + `heartbeat_seconds`, so an outage too short for a reconcile round to
-notice is also too short for a lease to lapse (the defaults: 30 > 15 + 5).
-"""
+A database outage longer than a lease lets every lease lapse while the workers live, so a reconciler
+takes lapsed leases only once it has reached the database without a failure for a whole lease period
+(`Reachability`). This needs `lease_seconds` > `reconcile_seconds` + `heartbeat_seconds`.
+RELIABILITY.md, "Drills"."""
 
 from __future__ import annotations
 

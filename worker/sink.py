@@ -1,15 +1,12 @@
-"""DatabaseSink: what the job process reports goes straight into the database.
+"""DatabaseSink: what the job process reports goes straight into the database (`ReadOnlySink`: the
+other ranks', which drops writes and still sees stop requests).
 
-Every write is one transaction retried through a database outage (store.db.retry_transient),
-so a job running while PostgreSQL restarts loses no metric, sample or event; it gives up,
-failing the job with the reason, only after `give_up_after` seconds.
-
-Every write is also fenced (store.jobs.holds_lease): it commits only while this attempt still
-owns the job. A process cut off from the database while its lease lapsed and another worker
-took the job over finds, once it reaches the database again, its writes refused: it counts
-them (a line each in its attempt's `rejected-writes.log`), raises LeaseLost and stops.
-Checkpoints are written into the attempt's own directory and moved into the job's, where
-resume and later jobs read them, inside the same fenced transaction that records them."""
+Every write is one transaction retried through a database outage (store.db.retry_transient), failing
+the job only after `give_up_after` seconds, and fenced (store.jobs.holds_lease, `Fence`): it commits
+only while this attempt still owns the job. A process whose writes are refused counts them in its
+attempt's `rejected-writes.log`, raises LeaseLost and stops. Checkpoints are moved from the
+attempt's directory into the job's inside the fenced transaction that records them. RELIABILITY.md,
+drills 4 and 6."""
 
 from __future__ import annotations
 

@@ -1,24 +1,13 @@
-"""The vLLM server a GRPO job in server mode generates with, managed by the worker (on a Ray
-cluster, by the job's driver: worker.ray_vllm runs the same command in a Ray actor).
+"""The vLLM server a GRPO job in server mode generates with, managed by the worker (on a Ray cluster,
+by the job's driver: worker.ray_vllm runs the same `server_command` in a Ray actor).
 
-The supervisor starts it next to the job's process, on the job's last `generation.server_gpus`
-GPUs (the training processes get the others), on a free loopback port, and hands its URL to
-the job process in MATHRL_VLLM_SERVER_URL. The trainer waits for it to answer /health. It is
-stopped (its whole process group) when the job ends, fails or is cancelled, and it dies with
-the worker: it runs under a small guard (`python -m worker.vllm_server --guard PPID -- CMD`) that
-leads the server's process group, gets SIGTERM from the kernel when the worker dies
-(PR_SET_PDEATHSIG), and then SIGKILLs the whole group. The guard is needed because `vllm serve`
-starts processes of its own (the engine core, multiprocessing's resource tracker) that outlive a
-killed parent. If the server exits while the job runs, the tail of its log goes into the job's
-events and the job is stopped.
-
-Two kinds of server, by how the trainer syncs weights:
-- LoRA jobs: `vllm serve --enable-lora` (OpenAI API). After each optimizer step the trainer saves
-  the adapter and loads it through /v1/load_lora_adapter; generation names the newest adapter.
-  No NCCL, no CUDA needed: this is what runs (and is tested) on CPU.
-- Full-weight jobs (GPU only): TRL's `trl vllm-serve`, which receives the weights over NCCL
-  from the trainer. Untested here (no GPUs on the test machines).
-"""
+`start_server` starts it on the job's last `generation.server_gpus` GPUs (`split_gpus`), on a free
+loopback port, and hands its URL to the job process in MATHRL_VLLM_SERVER_URL; it is stopped,
+process group and all, when the job ends. It runs under a guard (`python -m worker.vllm_server
+--guard PPID -- CMD`) that leads its process group and kills the whole group when the worker dies
+(PR_SET_PDEATHSIG). LoRA jobs get `vllm serve --enable-lora`; full-weight jobs TRL's `trl
+vllm-serve` (NCCL, GPUs only). `engine_reason` says why an engine died. docs/vllm.md, "GRPO
+generation"."""
 
 from __future__ import annotations
 

@@ -1,24 +1,12 @@
-"""POST /v1/graders:run: try a grader (mathrl/graders.py) on given completions and answers,
-without starting a job, before paying for a run.
+"""POST /v1/graders:run: try a grader (mathrl/graders.py) on given completions and answers, without
+starting a job; and GET /v1/graders/runs/{job_id}.
 
-math-verify runs here, in the API, on purpose: it is pure Python (sympy and an ANTLR parser, no
-torch), and a reward checked in milliseconds is worth more than one queued behind training
-jobs. Each call grades in its own short-lived process (evaluator/bounded.py), never in the API
-process: a pathological input cannot stall the API or another call. Its limits are the
-`graders` settings: an item with no score after `item_timeout_seconds` is killed with its
-process and scored 0, the rest go on in a fresh one; a call past `timeout_seconds` (wall) or
-`cpu_seconds_per_call` (RLIMIT_CPU) is killed and answered 504. A project may have
-`max_concurrent_per_project` calls in flight (429 past it) and all projects together
-`max_concurrent` (503 past it), per API process. User regexes run on RE2 (mathrl/regex.py) and
-power towers are refused before sympy evaluates them (evaluator.grading.too_big).
-
-A grader that loads a model (reward_model, score_model, label_model) needs it loaded, and the
-API image has no torch: the call becomes a short 'grade' job (mathrl.specs.GradeSpec; quotas
-and pools as for any job) that a worker runs, and the route waits for it up to `wait` seconds:
-200 with the scores, or 202 with the job's id, whose results GET /v1/graders/runs/{job_id}
-gives when it has finished. So does a text_similarity grader where this API lacks its metrics'
-libraries (the API image leaves their 100 MB out: docs/images.md); where it has them (an
-embedded install), it is scored here."""
+A grader that needs no model is scored here, in the API, each call in its own short-lived processes
+(evaluator/bounded.py), under the `graders` settings' limits. A grader that loads a model
+(reward_model, score_model, label_model), or a text_similarity grader where this API lacks its
+metrics' libraries, becomes a short 'grade' job (mathrl.specs.GradeSpec) that a worker runs, and the
+route waits for it up to `wait` seconds: 200 with the scores, else 202 with the job's id. The
+limits, and why math-verify runs in the API: docs/using.md, "Graders"; RELIABILITY.md."""
 
 from __future__ import annotations
 

@@ -1,16 +1,12 @@
 """OpenAI's Batch API (`client.batches.create`, `.retrieve`, `.list`, `.cancel`): a file of requests
-(purpose 'batch', a request per line: {custom_id, method, url, body}) answered off-line, the
-answers as an output file and the failures as an error file, both files of the project.
+(purpose 'batch', a request per line) answered off-line, the answers as an output file and the
+failures as an error file, both files of the project.
 
-A batch is a generate job of the project (mathrl.specs.GenerateSpec `batch`: the file and the
-endpoint), tagged 'openai:batches', under the project's quotas, on the same engines as a chat
-(`fine_tuning.inference_backend`). Every line is checked at create against its route's request
-(api/routers/openai_inference.py: the same 400s, here naming the line), and all lines sample one
-model, as OpenAI's. The job answers each line as a call of its own (evaluator/chat.py
-`run_batch`), its choices the samples of step <line>; the output and error files are written from
-them by the first look at the batch after its job ended (`finish`), partial for a cancelled or
-failed batch, as OpenAI's are. `completion_window` is OpenAI's only value, 24h: the job is not
-expired here, it runs until it ends."""
+A batch is a generate job of the project (mathrl.specs.GenerateSpec `batch`), tagged
+'openai:batches', under the project's quotas. Every line is checked at create as its route checks a
+call (api/routers/openai_inference.py), and all lines sample one model. The job answers each line as
+a call of its own (evaluator/chat.py `run_batch`); `finish` writes the files at the first look after
+the job ended. docs/openai-rft.md, "What each route is here"."""
 
 from __future__ import annotations
 

@@ -1,12 +1,10 @@
-"""OpenAI's files API, for code written against the `openai` SDK (`client.files.create(...)`):
-POST /v1/files (multipart: file, purpose), list, retrieve, delete and content. A file belongs to
-the caller's project, as a job does; its bytes live under the artifact directory
-(`files/<project>/<id>.jsonl`) and a row records it (store.models.File). A 'fine-tune' file is
-checked at upload (mathrl/jsonl_files.py): a bad line is a 422 naming the line and the field,
-and nothing is stored. Limits are the `files` settings: bytes per file (413), bytes and files
-per project (413, 429). OpenAI's `expires_after` ({"anchor": "created_at", "seconds": 3600 to
-2592000}) sets the file's `expires_at`: from then it is gone to every route here and to new jobs,
-and the workers' reconciler deletes it once the jobs that read it have ended (store.files)."""
+"""OpenAI's files API, for code written against the `openai` SDK (`client.files.create(...)`): POST
+/v1/files (multipart: file, purpose), list, retrieve, delete and content. A file belongs to the
+caller's project; its bytes live under the artifact directory (`files/<project>/<id>.jsonl`) and a
+row records it (store.models.File). A 'fine-tune' file is checked at upload (mathrl/jsonl_files.py):
+a bad line is refused naming the line and the field, and nothing is stored. Limits are the `files`
+settings. OpenAI's `expires_after` sets the file's `expires_at` (EXPIRES_SECONDS), after which the
+workers' reconciler deletes it (store.files). docs/openai-rft.md, "What each route is here"."""
 
 from __future__ import annotations
 

@@ -1,15 +1,13 @@
-"""Sampling fine-tuned models the way the `openai` SDK does: GET /v1/models, POST
-/v1/chat/completions and POST /v1/completions, for the `ft:` models of this project's fine-tuning
-jobs (a job's final model, or any checkpoint: `...:ckpt-step-N`) and of its Tinker sessions (each save:
-`ft:<base>:tinker:ftjob-<id>:ckpt-step-<save number>`).
+"""Sampling fine-tuned models the way the `openai` SDK does: POST /v1/chat/completions and POST
+/v1/completions (the models: api/routers/openai_models.py), for the `ft:` models of this project's
+fine-tuning jobs (a final model, or any checkpoint) and of its Tinker sessions' saves.
 
-Each call is a short 'generate' job (mathrl.specs.GenerateSpec) in the one job store, under the
-project's quotas, tagged 'openai:inference': a worker answers it on its warm vLLM engine or with
-transformers (evaluator/chat.py; `fine_tuning.inference_backend`), and the route waits for it.
-With `stream`, the job stores the text as 'delta' events while it is generated and the route
-relays them as OpenAI's server-sent chunks, then `data: [DONE]`. A call that outlives
-`fine_tuning.inference_timeout_seconds`, or whose client goes away while streaming, cancels its
-job."""
+Each call is a short 'generate' job (mathrl.specs.GenerateSpec) under the project's quotas, tagged
+'openai:inference': a worker answers it on its warm vLLM engine or with transformers
+(evaluator/chat.py; `fine_tuning.inference_backend`), and the route waits for it. With `stream`, the
+job's 'delta' events are relayed as OpenAI's server-sent chunks, then `data: [DONE]`. A call that
+outlives `fine_tuning.inference_timeout_seconds`, or whose client goes away while streaming, cancels
+its job. docs/openai-rft.md."""
 
 from __future__ import annotations
 

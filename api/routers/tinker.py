@@ -1,18 +1,12 @@
-"""The Tinker API (`/api/v1/...`), as the `tinker` SDK calls it (docs/tinker.md; the wire protocol:
-docs/tinker-protocol.md): a view over mathrl's jobs, not a second system.
+"""The Tinker API (`/api/v1/...`), as the `tinker` SDK calls it: a view over mathrl's jobs, not a
+second system.
 
-- A training client (`create_model`, or `load_weights` from a saved state) is a job of kind
-  `session` named `<session id>:train:<n>`, the model id the SDK derives; a sampling client on a
-  base model, or on a save whose job has ended, is a `session` job named `<session id>:sample:<n>`.
-  Keys, projects, quotas, cancel and the job pages apply as to any job.
-- Every call on a model or sampler is forwarded to its job's process (its address and token in the
-  store's `endpoints` table), which queues it and answers with a request id `<job id>:<n>`;
-  `retrieve_future` is forwarded there too. Sampler ids are `<job id>:sample:<n>`.
-- Saves are the job's checkpoints (`job:<id>@step-N` models); their `tinker://` paths are looked up
-  in the checkpoint rows of the job the path names, in the caller's project only.
-
-The SDK sends its key as `X-API-Key`, and refuses one that does not start with `tml-`: give it
-`tml-` + a mathrl key (the prefix is dropped here)."""
+A training client is a `session` job named `<session id>:train:<n>`; a sampling client on a base
+model, or on a save whose job has ended, a `session` job named `<session id>:sample:<n>`. Every call
+on a model or sampler, `retrieve_future` too, is forwarded to its job's process (its address and
+token in the store's `endpoints` table). Saves are the job's checkpoints, their `tinker://` paths
+looked up in the caller's project only. The SDK's key is `tml-` + a mathrl key (the prefix is
+dropped here). docs/tinker.md; the wire protocol: docs/tinker-protocol.md."""
 
 from __future__ import annotations
 

@@ -1,16 +1,14 @@
 """Job specs: what a user submits, validated the same way by the SDK, the API and the worker.
 
-A spec is discriminated by ``kind``. Every field carries a description (it becomes the
-OpenAPI documentation) and every impossible setting fails with a message that says how
-to fix it. GRPO knobs left unset are filled by a preset (see ``mathrl.specs.presets``); the
-run stores the fully resolved values, never the preset name alone.
+A spec is discriminated by ``kind``. Every field carries a description (it becomes the OpenAPI
+documentation) and every impossible setting fails with a message that says how to fix it. GRPO knobs
+left unset are filled by a preset (``mathrl.specs.presets``); the run stores the fully resolved
+values.
 
-One module per job kind (eval, grpo, reward_model, sft, grade, generate, session), what they share (base:
-the strict model, resources and queues, the common job fields; inputs: datasets and sampling;
-rewards; lora), the union of kinds (job: `AnySpec`, `KINDS`, `parse_spec`), pipelines, and the
-models and files a spec refers to (refs). Import
-from `mathrl.specs`: every name is here.
-"""
+One module per job kind (eval, grpo, reward_model, sft, grade, generate, session), what they share
+(base, inputs, rewards, lora), the union of kinds (job: `AnySpec`, `KINDS`, `parse_spec`),
+pipelines, and the models and files a spec refers to (refs). Import from `mathrl.specs`: every name
+is here."""
 
 from __future__ import annotations
 
