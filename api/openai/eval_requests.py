@@ -14,7 +14,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from sqlalchemy.orm import Session
 
-from api.openai.files import own_file
+from api.openai.files import own_file, store_jsonl
 from api.openai.models import grading_models_mapped, own_ft_model, trainable_model
 from api.problems import Problem, validation_errors
 from config.settings import Settings
@@ -23,7 +23,6 @@ from mathrl.jsonl_files import check_item_line, item_of
 from mathrl.shallow import JsonObject
 from mathrl.specs import AnySpec, parse_spec
 from mathrl.specs.generate import DEFAULT_MAX_TOKENS, effort_budget
-from store.files import Quota, store_file
 from store.ids import uuid7
 
 CRITERIA = ("string_check", "text_similarity", "python", "score_model", "label_model")
@@ -126,21 +125,12 @@ def items_file(settings: Settings, session: Session, project_id: str, content: l
     for n, row in enumerate(content):
         if bad := check_item_line(row):
             raise Problem.at(f"{at}/{n}/{bad[0][0]}".rstrip("/"), bad[0][1], status=400)
-        lines.append(json.dumps({"item": item_of(row)}))
-    data = ("\n".join(lines) + "\n").encode()
+        lines.append({"item": item_of(row)})
     file_id = "file-" + uuid7().replace("-", "")
+    data = {"lines": len(lines), "fields": sorted(item_of(content[0]))}
     try:
-        store_file(
-            session,
-            settings.artifact_dir,
-            Quota.of(settings.files),
-            file_id=file_id,
-            project_id=project_id,
-            suffix=".jsonl",
-            content=data,
-            filename="eval-run-items.jsonl",
-            purpose="evals",
-            data={"lines": len(lines), "fields": sorted(item_of(content[0]))},
+        store_jsonl(
+            session, settings, project_id, file_id, lines, filename="eval-run-items.jsonl", purpose="evals", data=data
         )
     except OverQuota as e:
         raise Problem(429, "Too many files", f"the run's items are stored as a file of your project: {e}") from None

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 from sqlalchemy.orm import Session
 
 from api.problems import Problem
-from store.files import expired
+from config.settings import Settings
+from store.files import Quota, expired, store_file
 from store.jobs import FILE_ID
 from store.models import File as FileRow
 
@@ -19,3 +23,22 @@ def own_file(session: Session, project_id: str, file_id: str) -> FileRow:
     if row is None or row.project_id != project_id or expired(row):
         raise Problem(404, "Not found", NOT_FOUND)
     return row
+
+
+def store_jsonl(
+    session: Session, settings: Settings, project_id: str, file_id: str, lines: list[Any], **row: Any
+) -> FileRow:
+    """`lines` written as a JSONL file of the project (`row`: its filename, purpose and data), within
+    its file quota (store.files.OverQuota past it): what a route stores for a job to read or a caller
+    to download."""
+    content = "".join(json.dumps(line) + "\n" for line in lines).encode()
+    return store_file(
+        session,
+        settings.artifact_dir,
+        Quota.of(settings.files),
+        file_id=file_id,
+        project_id=project_id,
+        suffix=".jsonl",
+        content=content,
+        **row,
+    )

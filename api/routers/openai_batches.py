@@ -25,7 +25,7 @@ from api.admission import check_job_limits
 from api.deps import CallerDep, SessionDep, SettingsDep
 from api.idempotency import earlier, replayed, request_hash
 from api.openai.chat_params import ChatCompletionParams, CompletionParams
-from api.openai.files import own_file
+from api.openai.files import own_file, store_jsonl
 from api.openai.models import sampled_model
 from api.openai.records import BatchRecord
 from api.openai.resource import JobResource, listed
@@ -40,7 +40,7 @@ from mathrl.modelref import results_file_id
 from mathrl.shallow import JsonObject
 from mathrl.specs.generate import CHAT_ENDPOINT, GenerateSpec, sampling_fields
 from mathrl.status import TERMINAL
-from store.files import OverQuota, Quota, store_file
+from store.files import OverQuota
 from store.jobs import request_cancel
 from store.models import File, Job, Sample
 
@@ -224,20 +224,11 @@ def finish(
         if not items:
             written[file_id] = None
             continue
-        content = "".join(json.dumps(i) + "\n" for i in items).encode()
         try:
-            store_file(
-                session,
-                settings.artifact_dir,
-                Quota.of(settings.files),
-                file_id=file_id,
-                project_id=job.project_id,
-                suffix=".jsonl",
-                content=content,
-                filename=name,
-                purpose=OUTPUT_PURPOSE,
+            store_jsonl(
+                session, settings, job.project_id, file_id, items, filename=name, purpose=OUTPUT_PURPOSE,
                 data={"lines": len(items)},
-            )
+            )  # fmt: skip
         except OverQuota as exc:
             message = f"the output files were not stored: {exc}; delete files, then retrieve the batch again"
             return None, None, {"object": "list", "data": [{"code": "file_quota", "message": message}]}
