@@ -268,12 +268,14 @@ class PoolTool:
             r = self._http.post(f"{self.url}/v1/tool", json=body, timeout=batch_deadline(self.limits, len(calls)))
         except httpx.HTTPError:
             return failed
-        if r.status_code == 503:
-            raise SandboxUnavailable(f"the grading pool cannot run the python tool: {r.json().get('detail', r.text)}")
         try:
-            rows = r.json().get("results") if r.status_code == 200 else None
+            answer = r.json()
         except ValueError:
-            rows = None
+            answer = None
+        if r.status_code == 503:
+            why = answer.get("detail", r.text) if isinstance(answer, dict) else r.text[:500]
+            raise SandboxUnavailable(f"the grading pool cannot run the python tool: {why}")
+        rows = answer.get("results") if r.status_code == 200 and isinstance(answer, dict) else None
         if not isinstance(rows, list) or len(rows) != len(calls) or not all(isinstance(x, dict) for x in rows):
             return failed
         seconds = time.monotonic() - started
