@@ -54,7 +54,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from evaluator.backends.base import EngineSettings, WarmEngineAddress
-    from evaluator.backends.vllm import connect
+    from evaluator.backends.warm import connect
     from evaluator.chat import run_batch
     from mathrl.specs import parse_spec
     from runtime.processes import free_port

@@ -10,7 +10,6 @@ from kinds.base import Data, JobRun, Kind, Limit, Needs
 from mathrl.backends import names_vllm
 from mathrl.specs import GenerateSpec
 from mathrl.specs.resolved import ResolvedConfig
-from runtime.errors import NotAvailable
 
 if TYPE_CHECKING:
     from trainer.memory_plan import Training
@@ -45,10 +44,5 @@ class GenerateKind(Kind[GenerateSpec, ResolvedConfig]):
     def run(self, run: JobRun[GenerateSpec, ResolvedConfig]) -> None:
         from evaluator.chat import run_generate
 
-        if names_vllm(run.spec.backend) and run.warm is None:
-            raise NotAvailable(
-                "backend 'vllm' answers on the worker's warm engine, which this job did not get (the worker "
-                "keeps none: worker.warm_engines is 0; or its engine of this LoRA adapter's base model was busy): "
-                "set backend to 'auto' or 'hf'"
-            )
+        # backend vllm without the warm engine it answers on: NotAvailable (evaluator/backends/vllm.py VLLM.chat)
         run_generate(run.spec, run.sink, run.model_path, run.warm, sandbox=run.settings.graders.sandbox())

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Literal
 from mathrl.registry import Registry
 
 TRLGeneration = Literal["transformers", "vllm"]  # how TRL's GRPOTrainer generates: use_vllm False or True
-ChatGeneration = Literal["transformers", "warm engine"]  # how evaluator/chat.py answers a generate job
+ChatGeneration = Literal["transformers", "warm engine"]  # what a backend's Chat answers a generate job with
 
 
 @dataclass(frozen=True)
@@ -24,10 +24,10 @@ class BackendInfo:
     # how GRPO's trainer (TRL) generates its rollouts with this backend; None: TRL cannot, and a
     # GRPO job naming it is refused (mathrl/specs/grpo.py), never run on another backend instead
     trl: TRLGeneration | None = None
-    # how a generate job (a chat or completion call, a batch) is answered with this backend
-    # (evaluator/chat.py: transformers in the job's process, or the worker's warm engine); None: it
-    # cannot be, and a generate job naming it is refused (mathrl/specs/generate.py), never answered
-    # on transformers instead
+    # how a generate job (a chat or completion call, a batch) is answered with this backend (its
+    # `Backend.chat` in evaluator/backends/: transformers in the job's process, or the worker's warm
+    # engine; a quick test holds the two to each other); None: it cannot be, and a generate job naming
+    # it is refused (mathrl/specs/generate.py), never answered on transformers instead
     chats: ChatGeneration | None = None
 
 

@@ -5,7 +5,7 @@ With `eval: {benchmark, limit}` the benchmark's first `limit` problems are answe
 graded as eval jobs grade: the series `heldout/accuracy`, `heldout/ci_low`, `heldout/ci_high`,
 `heldout/seconds`, and a `heldout` event. With `eval: {file}` (OpenAI's validation file) the job's
 own rewards score the answers: `heldout/reward`. A GRPO job generates on its colocated vLLM engine
-when it has one, else the trained model does through evaluator.backends.hf; the time is kept out of
+when it has one, else the trained model does through evaluator.backends.hf_generate; the time is kept out of
 the step's. docs/grpo-loop.md, "Held-out evaluation during training"."""
 
 from __future__ import annotations
@@ -145,13 +145,13 @@ class HeldoutEvalCallback(TrainerCallback):
             )
             outs = [o.outputs[0] for o in engine.llm.generate(self.texts, params, use_tqdm=False)]
             return [o.text for o in outs], [o.finish_reason == "length" for o in outs], "the colocated vLLM engine"
-        from evaluator.backends import hf
+        from evaluator.backends import hf_generate
 
         model = self.trainer.accelerator.unwrap_model(self.trainer.model)
         was_training, side = model.training, self.tokenizer.padding_side
         model.eval()
         try:
-            gens = hf.generate(
+            gens = hf_generate.generate(
                 model,
                 self.tokenizer,
                 self.texts,

@@ -30,7 +30,7 @@ class EngineSampler:
     def __init__(self, warm: WarmEngineAddress) -> None:
         import httpx
 
-        from evaluator.backends.vllm import connect
+        from evaluator.backends.warm import connect
 
         try:
             # waits for /health, as an eval's; the session's adapters are loaded by name, not `warm.adapter`
@@ -54,10 +54,10 @@ class EngineSampler:
 
     def load(self, adapter_dir: Path) -> str:
         """The adapter at `adapter_dir` in the engine (loaded unless it is there already, under the
-        name an eval of that directory gets: evaluator.backends.vllm.load_adapter); its name."""
+        name an eval of that directory gets: evaluator.backends.warm.load_adapter); its name."""
         import httpx
 
-        from evaluator.backends.vllm import adapter_name, load_adapter
+        from evaluator.backends.warm import adapter_name, load_adapter
 
         name = adapter_name(str(adapter_dir))
         if name in self._loaded:

@@ -1,7 +1,10 @@
 """Generation backends, one module each, all registered in `BACKENDS` by name:
 
-- `hf` (evaluator/backends/hf.py): Hugging Face transformers;
-- `vllm` (evaluator/backends/vllm.py): vLLM's offline engine, or the worker's warm server.
+- `hf` (evaluator/backends/hf.py): Hugging Face transformers (decoding: hf_generate.py; calls: hf_chat.py);
+- `vllm` (evaluator/backends/vllm.py): vLLM's offline engine, or the worker's warm server (warm.py).
+
+Each generates for evals (`Backend.generate`) and holds a model for calls as a `Chat`
+(`Backend.chat`, chat_base.py): a generate job's calls, a batch's lines, graders' models.
 
 A new backend is a `Backend` subclass (evaluator/backends/base.py) in a module here, added below.
 Each is declared once, by name, in the SDK's registry (mathrl/backends.py: what the specs accept and

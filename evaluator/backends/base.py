@@ -1,15 +1,19 @@
-"""What every generation backend is: `Backend` (load a model, generate completions), the
-`Generation` it returns for each completion, and the `BackendOptions` the worker gives it (the
-operator's engine settings, the warm engine a job was given): arguments, never environment reads."""
+"""What every generation backend is: `Backend` (load a model and generate completions for an eval;
+hold a model as a `Chat` for calls), the `Generation` it returns for each completion, and the
+`BackendOptions` the worker gives it (the operator's engine settings, the warm engine a job was
+given): arguments, never environment reads."""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from runtime.sink import Sink
+
+if TYPE_CHECKING:
+    from evaluator.backends.chat_base import Chat, ModelPath
 
 
 @dataclass(frozen=True)
@@ -54,8 +58,9 @@ class Generation:
 
 
 class Backend(ABC):
-    """A generation engine for eval, generate and reward-model sampling jobs. Subclasses live in
-    their own module under evaluator/backends/ and are registered in `BACKENDS` by `name`."""
+    """A generation engine for eval, generate and reward-model sampling jobs, and graders' models.
+    Subclasses live in their own module under evaluator/backends/ and are registered in `BACKENDS`
+    by `name`."""
 
     name: ClassVar[str]
 
@@ -97,3 +102,9 @@ class Backend(ABC):
     ) -> list[list[Generation]]:
         """For each prompt in order, its n generations. A completion ends at EOS or at the first of
         the `stop` strings, which is cut off (as lm-evaluation-harness does)."""
+
+    @abstractmethod
+    def chat(self, model_path: ModelPath, *, dtype: str = "auto") -> Chat:
+        """The model at `model_path` held for calls (evaluator/backends/chat_base.py): a generate
+        job's chats and prompts, a batch's lines, a grading model's answers. A backend that cannot
+        answer calls raises NotAvailable (mathrl/backends.py `BackendInfo.chats` is None for it)."""

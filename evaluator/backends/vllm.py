@@ -9,11 +9,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from evaluator.backends.base import Backend, EngineSettings, Generation, WarmEngineAddress
-from runtime.errors import StopRequested
+from evaluator.backends.warm import RemoteEngine, WarmChat, connect
+from runtime.errors import NotAvailable, StopRequested
 from runtime.sink import Sink
+
+if TYPE_CHECKING:
+    from evaluator.backends.chat_base import ModelPath
+    from evaluator.backends.warm import WarmChat
 
 
 def backend_version() -> str:
@@ -173,67 +178,6 @@ def load_engine(
     return llm
 
 
-class RemoteEngine:
-    """A vLLM OpenAI server the worker keeps warm between eval jobs (worker/warm_engine.py)."""
-
-    def __init__(self, url: str, max_model_len: int, model: str, cache_salt: str | None = None):
-        self.url, self.max_model_len, self.model = url.rstrip("/"), max_model_len, model
-        self.cache_salt = cache_salt  # the job's project's (WarmEngineAddress.cache_salt)
-
-    def salted(self, body: dict[str, Any]) -> dict[str, Any]:
-        """A request's body, its prompt's cached blocks the project's own."""
-        return {**body, "cache_salt": self.cache_salt} if self.cache_salt else body
-
-
-def connect(warm: WarmEngineAddress, should_stop: Callable[[], bool] | None = None) -> RemoteEngine:
-    """Wait up to `warm.start_seconds` for the server at `warm.url` to answer /health (a new one
-    loads and compiles first) and read the model name and context length it serves. With
-    `warm.adapter` (the job's model is a LoRA checkpoint of the engine's model), the adapter is
-    loaded into the engine under a name of its own, unless it is already, and that name is what the
-    requests ask for."""
-    import time
-
-    import httpx
-
-    url, timeout, adapter = warm.url, warm.start_seconds, warm.adapter
-    deadline = time.monotonic() + timeout
-    while True:
-        if should_stop is not None and should_stop():
-            raise StopRequested("stop requested")
-        try:
-            if httpx.get(f"{url}/health", timeout=5).status_code == 200:
-                cards = httpx.get(f"{url}/v1/models", timeout=30).json()["data"]
-                base = cards[0]
-                model = base["id"] if adapter is None else load_adapter(url, adapter, cards)
-                return RemoteEngine(url, int(base["max_model_len"]), model, warm.cache_salt)
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"the worker's vLLM engine at {url} did not answer /health in {timeout:.0f}s")
-        time.sleep(0.5)
-
-
-def adapter_name(path: str) -> str:
-    """The name a LoRA adapter directory is served under: one per path (checkpoints never change)."""
-    import hashlib
-
-    return "adapter-" + hashlib.sha256(path.encode()).hexdigest()[:16]
-
-
-def load_adapter(url: str, path: str, cards: list[dict[str, Any]]) -> str:
-    """Load the LoRA adapter at `path` into the server at `url` (`cards`: what it serves now),
-    unless it is there already; its served name."""
-    import httpx
-
-    name = adapter_name(path)
-    if any(card["id"] == name for card in cards):
-        return name
-    r = httpx.post(f"{url}/v1/load_lora_adapter", json={"lora_name": name, "lora_path": path}, timeout=300)
-    if r.status_code != 200:
-        raise RuntimeError(f"the warm engine did not load the LoRA adapter {path}: {r.status_code} {r.text[:300]}")
-    return name
-
-
 def generate_remote(
     engine: RemoteEngine,
     tokenizer: Any,
@@ -254,7 +198,7 @@ def generate_remote(
 
     import httpx
 
-    from evaluator.backends.hf import eos_ids
+    from evaluator.backends.hf_generate import eos_ids
 
     body = engine.salted({
         "model": engine.model,
@@ -325,7 +269,7 @@ def generate(
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from evaluator.backends.hf import eos_ids
+    from evaluator.backends.hf_generate import eos_ids
 
     params = SamplingParams(
         n=n,
@@ -395,3 +339,16 @@ class VLLM(Backend):
         )
 
     generate = staticmethod(generate)
+
+    def chat(self, model_path: ModelPath, *, dtype: str = "auto") -> WarmChat:
+        """The worker's warm engine (a generate job on vLLM runs on no engine of its own); the model
+        on transformers for the calls it does not take."""
+        from evaluator.backends.hf_chat import HFChat
+
+        if self.options.warm is None:
+            raise NotAvailable(
+                "backend 'vllm' answers calls on the worker's warm engine, which this job did not get (the worker "
+                "keeps none: worker.warm_engines is 0; or its engine of this LoRA adapter's base model was busy): "
+                "set backend to 'auto' or 'hf'"
+            )
+        return WarmChat(self.options.warm, HFChat(model_path, dtype))

@@ -171,13 +171,13 @@ def test_greedy_batches_drop_finished_rows_and_keep_generates_text(smollm2: str)
     `model.generate` gives for the same left-padded batch, stop strings included."""
     import torch
 
-    from evaluator.backends import hf
+    from evaluator.backends import hf_generate
     from evaluator.models import load_model, load_tokenizer
 
     model, tok = load_model(smollm2), load_tokenizer(smollm2)
     prompts = ["The capital of France is", "Count to thirty: 1, 2, 3, 4,", "Question: what is 2 plus 3?\nAnswer:"]
     stop = ["."]
-    ours = hf.generate(model, tok, prompts, max_new_tokens=24, stop=stop, batch_size=3)
+    ours = hf_generate.generate(model, tok, prompts, max_new_tokens=24, stop=stop, batch_size=3)
 
     tok.padding_side = "left"
     enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
@@ -185,10 +185,10 @@ def test_greedy_batches_drop_finished_rows_and_keep_generates_text(smollm2: str)
         out = model.generate(
             **enc, max_new_tokens=24, do_sample=False, pad_token_id=tok.pad_token_id, stop_strings=stop, tokenizer=tok
         )
-    ids = hf.eos_ids(model, tok)
+    ids = hf_generate.eos_ids(model, tok)
     for row, new in enumerate(out[:, enc["input_ids"].shape[1] :].tolist()):
         end = next((j for j, t in enumerate(new) if t in ids), len(new))
-        expected, stopped = hf.cut_at_stop(tok.decode(new[:end], skip_special_tokens=True), stop)
+        expected, stopped = hf_generate.cut_at_stop(tok.decode(new[:end], skip_special_tokens=True), stop)
         assert ours[row][0].text == expected, (row, ours[row][0].text, expected)
         assert ours[row][0].truncated == (end == len(new) and not stopped)
     assert sorted(g[0].truncated for g in ours) == [False, False, True], ours  # two rows left early

@@ -119,7 +119,10 @@ def test_a_call_past_the_warm_engines_context_is_answered_with_transformers(tiny
     threading.Thread(target=server.serve_forever, daemon=True).start()
     warm = WarmEngineAddress(f"http://127.0.0.1:{server.server_port}", None, 10.0, cache_salt="project-salt")
     try:
-        spec = parse_spec({"kind": "generate", "model": tiny_model, "prompt": "1 + 1 =", "max_tokens": 8})
+        # (the worker gives a job a warm engine where its backend is 'auto' or 'vllm': kinds/generate.py needs)
+        spec = parse_spec(
+            {"kind": "generate", "model": tiny_model, "prompt": "1 + 1 =", "max_tokens": 8, "backend": "auto"}
+        )
         fits = Recorded()
         run_generate(spec, fits, tiny_model, warm)
         assert [r["completion"] for r in fits.rows] == ["2"] and "/v1/completions" in _Engine.calls
@@ -127,7 +130,9 @@ def test_a_call_past_the_warm_engines_context_is_answered_with_transformers(tiny
         # tests/system/test_vllm.py)
         assert _Engine.bodies[-1]["cache_salt"] == "project-salt"
         _Engine.calls = []
-        spec = parse_spec({"kind": "generate", "model": tiny_model, "prompt": "1 + 1 =", "max_tokens": 60})
+        spec = parse_spec(
+            {"kind": "generate", "model": tiny_model, "prompt": "1 + 1 =", "max_tokens": 60, "backend": "auto"}
+        )
         past = Recorded()
         run_generate(spec, past, tiny_model, warm)
     finally:
@@ -202,6 +207,7 @@ def test_a_warm_engines_logprobs_are_kept_per_choice(tiny_model: str) -> None:
     try:
         spec = parse_spec(
             {"kind": "generate", "model": tiny_model, "prompt": "1 + 1 =", "max_tokens": 8, "logprobs": 2}
+            | {"backend": "vllm"}
         )
         sink = Recorded()
         run_generate(spec, sink, tiny_model, warm)
@@ -317,9 +323,8 @@ def test_a_batch_sends_its_lines_to_a_warm_engine_together(tiny_model: str, tmp_
     lines = [{"custom_id": f"r{i}", "body": {"model": "m", "prompt": f"{i} +", "max_tokens": 4}} for i in range(12)]
     path = tmp_path / "batch.jsonl"
     path.write_text("".join(json.dumps({"method": "POST", "url": "/v1/completions", **x}) + "\n" for x in lines))
-    spec = parse_spec(
-        {"kind": "generate", "model": tiny_model, "batch": {"file": "file-" + "0" * 32, "endpoint": "/v1/completions"}}
-    )
+    batch = {"file": "file-" + "0" * 32, "endpoint": "/v1/completions"}
+    spec = parse_spec({"kind": "generate", "model": tiny_model, "batch": batch, "backend": "vllm"})
     spec.batch._path = str(path)
     _Engine.calls, _Engine.bodies, _Engine.answer_seconds, _Engine.busiest = [], [], 0.3, 0
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Engine)
@@ -356,16 +361,16 @@ def test_a_batchs_lines_with_the_same_knobs_are_generated_together_on_transforme
         {"kind": "generate", "model": tiny_model, "batch": {"file": "file-" + "0" * 32, "endpoint": "/v1/completions"}}
     )
     spec.batch._path = str(path)
-    from evaluator.chat import ChatModel
+    from evaluator.backends.hf_chat import HFChat
 
     calls: list[int] = []
-    answer = ChatModel.answer
+    answer = HFChat.answer
 
     def counted(self: Any, prompts: list[str], **kw: Any) -> Any:
         calls.append(len(prompts))
         return answer(self, prompts, **kw)
 
-    monkeypatch.setattr(ChatModel, "answer", counted)
+    monkeypatch.setattr(HFChat, "answer", counted)
     sink = Recorded()
     run_batch(spec, sink, tiny_model, None, in_flight=4)
     assert calls == [4, 1, 1], calls  # r0-r3 together, then r4, then 'other' (its own knobs)
@@ -454,10 +459,45 @@ def test_every_schema_feature_the_api_admits_compiles_for_the_decoder(tiny_model
     a schema the API admits never fails its job at the worker."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from evaluator.backends.hf import eos_ids
+    from evaluator.backends.hf_generate import eos_ids
     from evaluator.structured import constraint
     from mathrl.specs.response_format import ResponseFormat
 
     ResponseFormat.model_validate({"type": "json_schema", "json_schema": {"name": "s", "schema": schema}})
     tokenizer, model = AutoTokenizer.from_pretrained(tiny_model), AutoModelForCausalLM.from_pretrained(tiny_model)
     assert callable(constraint(model, tokenizer, schema, eos_ids(model, tokenizer)))
+
+
+def test_every_call_goes_through_its_backends_chat_and_vllm_without_a_warm_engine_is_refused() -> None:
+    """Issue 68.3: a generate job, a batch and a grading model each ask `backend(name).chat(...)` for
+    the model that answers them. Each registered backend's `Chat` is what the SDK's registry says it
+    answers with (`BackendInfo.chats`); 'auto' picks the warm engine the job was given, else
+    transformers; vLLM without a warm engine is refused, naming the setting, never answered on
+    transformers instead; and a grading model is neither resolved nor loaded before its first call."""
+    from evaluator.backends import BACKENDS, BackendOptions
+    from evaluator.backends.base import WarmEngineAddress
+    from evaluator.backends.hf_chat import HFChat
+    from evaluator.backends.warm import WarmChat
+    from evaluator.chat import chat_for, judges
+    from mathrl.backends import GENERATION_BACKENDS
+    from runtime.errors import NotAvailable
+
+    warm = WarmEngineAddress("http://127.0.0.1:9", None, 1.0)
+    answers_with = {"transformers": HFChat, "warm engine": WarmChat}
+    for name, cls in BACKENDS.items():
+        info = GENERATION_BACKENDS[name]
+        assert info.chats is not None, name  # (a backend with none: the generate spec refuses it, test_specs.py)
+        assert type(cls(BackendOptions(warm=warm)).chat("unused")) is answers_with[info.chats], name
+    assert isinstance(chat_for("auto", "unused"), HFChat)
+    assert isinstance(chat_for("auto", "unused", warm=warm), WarmChat)
+    assert isinstance(chat_for("hf", "unused", warm=warm), HFChat)
+    with pytest.raises(NotAvailable, match="warm_engines is 0.*set backend to 'auto' or 'hf'"):
+        chat_for("vllm", "unused")
+
+    def refuse(ref: str) -> str:
+        raise AssertionError(f"{ref} resolved before its first call")
+
+    held: dict[str, Any] = {}
+    judges(refuse, held, warm)("ref")  # the warm engine answers: nothing resolved or loaded here
+    judges(refuse, held)("other")  # transformers: resolved and loaded at the first chat it answers
+    assert type(held["ref"]) is WarmChat and type(held["other"]) is HFChat

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from evaluator import prompts
-from evaluator.backends.hf import cut_at_stop
+from evaluator.backends.hf_generate import cut_at_stop
 from evaluator.benchmarks import REGISTRY, get_benchmark
 from evaluator.data import load_benchmark
 from evaluator.grading import grade

@@ -93,7 +93,7 @@ def test_rm_scores_the_text_as_the_reward_trainer_trained_it(tmp_path: Path) -> 
 def test_process_rm_grades_a_step_by_the_whole_solution_its_rollout_finishes() -> None:
     """A prefix that already states the answer, and a rollout that stops at once: the step is
     good (graded alone, the empty continuation had no answer and the step was labelled bad)."""
-    from evaluator.backends.hf import Generation
+    from evaluator.backends.base import Generation
     from trainer.reward_model import step_rollout_correct
 
     solved = "40 + 2 = 42\nThe answer is 42\n"
