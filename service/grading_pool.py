@@ -18,7 +18,7 @@ import contextlib
 import hmac
 import threading
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import asdict
 from typing import Annotated, Any
 
@@ -27,7 +27,7 @@ from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field
 
 from config.settings import Settings, get_settings
-from evaluator.python_tool import PythonTool, ToolLimits
+from evaluator.python_tool import PythonTool, ToolLimits, ToolResult
 from evaluator.sandbox import SandboxLimits, SandboxUnavailable, isolation, run_python
 
 
@@ -79,27 +79,54 @@ class PoolToolRun(PoolToolKey):
 
 class ToolSandboxes:
     """The pool's warm tool sandboxes, one per job key and its limits; past `most`, the least recently
-    used is ended (its job's next batch starts it again)."""
+    used that no call is using is ended (its job's next batch starts it again). A sandbox in use is
+    never ended under its call: `most` is passed by at most the calls running at once."""
 
     def __init__(self, most: int):
         self.most = most
         self.lock = threading.Lock()
         self.held: OrderedDict[tuple[str, ToolLimits], PythonTool] = OrderedDict()
+        self.busy: dict[tuple[str, ToolLimits], int] = {}  # the calls using each now
 
-    def get(self, key: str, limits: ToolLimits) -> PythonTool:
+    @contextlib.contextmanager
+    def using(self, key: str, limits: ToolLimits) -> Iterator[PythonTool]:
+        """The job's sandbox for one batch of its calls, held in use until the batch is done."""
+        held = (key, limits)
         with self.lock:
-            tool = self.held.pop((key, limits), None) or PythonTool(limits)
-            self.held[(key, limits)] = tool
-            ended = [self.held.popitem(last=False)[1] for _ in range(len(self.held) - self.most)]
-        for old in ended:
-            old.close()
-        return tool
+            tool = self.held.pop(held, None) or PythonTool(limits)
+            self.held[held] = tool
+            self.busy[held] = self.busy.get(held, 0) + 1
+            ended = self._over()
+        self._end(ended)
+        try:
+            yield tool
+        finally:
+            with self.lock:
+                self.busy[held] -= 1
+                if not self.busy[held]:
+                    del self.busy[held]
+                ended = self._over()
+            self._end(ended)
+
+    def _over(self) -> list[PythonTool]:
+        """The idle sandboxes past `most`, least recently used first, taken out (under the lock)."""
+        ended: list[PythonTool] = []
+        for held in list(self.held):
+            if len(self.held) <= self.most:
+                break
+            if held not in self.busy:
+                ended.append(self.held.pop(held))
+        return ended
+
+    @staticmethod
+    def _end(tools: list[PythonTool]) -> None:
+        for tool in tools:
+            tool.close()
 
     def close(self, key: str | None = None) -> None:
         with self.lock:
             ended = [self.held.pop(k) for k in list(self.held) if key is None or k[0] == key]
-        for tool in ended:
-            tool.close()
+        self._end(ended)
 
 
 def create_pool(settings: Settings | None = None) -> FastAPI:
@@ -154,7 +181,12 @@ def create_pool(settings: Settings | None = None) -> FastAPI:
         calls = [(c.code, c.history) for c in body.calls]
         async with slots:
             try:
-                results = await run_in_threadpool(lambda: sandboxes.get(body.key, limits).run(calls))
+
+                def batch() -> list[ToolResult]:
+                    with sandboxes.using(body.key, limits) as tool:
+                        return tool.run(calls)
+
+                results = await run_in_threadpool(batch)
             except SandboxUnavailable as e:
                 raise HTTPException(503, str(e)) from None
         return {"results": [{"output": r.output, "error": r.error} for r in results]}

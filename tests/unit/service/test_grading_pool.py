@@ -110,6 +110,36 @@ def test_the_pool_runs_a_jobs_python_tool_calls_in_a_sandbox_of_its_own(pool: st
         job_tool(2, 200, SandboxLimits(mode="audit-hook"))  # no pool: the hook alone never holds the tool
 
 
+def test_a_tool_sandbox_in_use_is_never_ended_for_others_past_the_most_held() -> None:
+    """The pool keeps at most `most` warm tool sandboxes, ending the least recently used: one whose
+    job's batch was still running was ended under it (its calls then all answered 'sandbox'). A
+    sandbox in use is passed over, and the idle ones are ended in its place."""
+    if isolation("kernel").refused:
+        pytest.skip(f"no kernel boundary here: {isolation('kernel').refused}")
+    from evaluator.python_tool import ToolLimits
+    from service.grading_pool import ToolSandboxes
+
+    sandboxes, limits = ToolSandboxes(most=1), ToolLimits(timeout_s=5)
+    try:
+        with sandboxes.using("long", limits) as long:
+            (first,) = long.run([("print('started')", [])])
+            others = []
+            for key in ("a", "b", "c"):  # other jobs' batches, each past `most`, while 'long' runs
+                with sandboxes.using(key, limits) as other:
+                    assert [r.output for r in other.run([(f"print('{key}')", [])])] == [f"{key}\n"]
+                others.append(other)
+            assert ("long", limits) in sandboxes.held and long._proc is not None  # not ended under its call
+            (second,) = long.run([("print('still')", [])])
+            assert (first.output, second.output) == ("started\n", "still\n"), (first, second)
+            assert all(o._proc is None for o in others)  # each ended once idle: the one in use held the room
+        assert list(sandboxes.held) == [("long", limits)]  # within `most` again
+        with sandboxes.using("d", limits):
+            pass
+        assert list(sandboxes.held) == [("d", limits)] and long._proc is None  # idle, least recently used: ended
+    finally:
+        sandboxes.close()
+
+
 def test_a_pool_that_cannot_sandbox_is_not_ready_and_refuses() -> None:
     """Fails closed: a pool whose machine has no bubblewrap says so on /readyz and to every call."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MATHRL_")}
