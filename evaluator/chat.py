@@ -22,7 +22,9 @@ from evaluator.backends.chat_base import Chat, Choice, ModelPath, NoDeltas, answ
 
 if TYPE_CHECKING:
     from evaluator.backends.hf_chat import HFChat
+    from evaluator.sandbox import SandboxLimits
     from mathrl.specs import GenerateSpec
+    from runtime.sink import Sink
 
 DELTA_SECONDS = 0.2  # the longest a streamed delta waits to be stored
 
@@ -39,7 +41,7 @@ def chat_for(name: str, model_path: ModelPath, dtype: str = "auto", warm: WarmEn
 class DeltaWriter:
     """Streamed text stored as 'delta' events, each holding what came in at most DELTA_SECONDS."""
 
-    def __init__(self, sink: Any):
+    def __init__(self, sink: Sink):
         self.sink = sink
         self.pending: dict[int, str] = {}
         self.last = time.monotonic()
@@ -58,7 +60,11 @@ class DeltaWriter:
 
 
 def run_generate(
-    spec: GenerateSpec, sink: Any, model_path: str, warm: WarmEngineAddress | None = None, sandbox: Any = None
+    spec: GenerateSpec,
+    sink: Sink,
+    model_path: str,
+    warm: WarmEngineAddress | None = None,
+    sandbox: SandboxLimits | None = None,
 ) -> None:
     """A generate job: its choices as samples (and 'delta' events while streaming), on its backend's
     `Chat` (`chat_for`). A batch: `run_batch`. With `tools`, rollouts with their calls in the job's
@@ -79,7 +85,9 @@ def run_generate(
     sink.event("generated", f"{len(made)} choice(s), {tokens} tokens", data={"completion_tokens": tokens})
 
 
-def _answer_with_tools(spec: GenerateSpec, sink: Any, model: HFChat, sandbox: Any) -> list[dict[str, Any]]:
+def _answer_with_tools(
+    spec: GenerateSpec, sink: Sink, model: HFChat, sandbox: SandboxLimits | None
+) -> list[dict[str, Any]]:
     """One call's choices as tool rollouts (evaluator/tool_rollouts.py, the loop eval jobs run) on the
     model on transformers (`Chat.here`; the `hf` backend's generate): a chat gets the format's instruction
     as its system text; each row keeps its turns (`tool_turns`)."""
@@ -140,7 +148,7 @@ BATCH_IN_FLIGHT = 16
 
 def run_batch(
     spec: GenerateSpec,
-    sink: Any,
+    sink: Sink,
     model_path: str,
     warm: WarmEngineAddress | None = None,
     in_flight: int = BATCH_IN_FLIGHT,

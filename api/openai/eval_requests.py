@@ -347,8 +347,9 @@ def job_spec(spec: dict[str, Any]) -> AnySpec:
     try:
         return parse_spec(spec)
     except ValidationError as e:
-        where = validation_errors(e.errors())[0]["pointer"]
+        first = validation_errors(e.errors())[0]
+        where = first["pointer"]
         at = next(
             (v + where.removeprefix(k) for k, v in SPEC_POINTERS.items() if where.startswith(k)), f"/data_source{where}"
         )
-        raise Problem.at(at, validation_errors(e.errors())[0]["detail"], status=400) from None
+        raise Problem.at(at, first["detail"], status=400) from None
