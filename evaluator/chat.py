@@ -159,7 +159,7 @@ def run_batch(
     a row with the same knobs generated as one batch (`Chat.calls`). A line
     that cannot be answered (a prompt past the model's context, say) is stored as its error and the
     batch goes on, as OpenAI's error file has it; the API writes the output and error files from
-    the samples once the job ends (api/routers/openai_batches.py). A stop keeps what was answered,
+    the samples once the job ends (api/openai/batch_views.py `finish`). A stop keeps what was answered,
     and a resumed batch (after a drain or a pause) goes on after the lines stored."""
     from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 

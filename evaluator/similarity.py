@@ -18,7 +18,7 @@ import importlib.util
 from typing import Any
 
 # what the metrics import; the API image leaves them out (its 300 MB budget, docs/images.md), and an
-# API without them sends text_similarity graders to a worker as a 'grade' job (api/routers/graders.py)
+# API without them sends text_similarity graders to a worker as a 'grade' job (api/grading.py)
 LIBRARIES = ("rapidfuzz", "sacrebleu", "nltk", "rouge_score")
 
 

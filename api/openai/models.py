@@ -1,6 +1,6 @@
 """Which model a request's `model` means (OpenAI's routers share these): an operator's alias, a
 model this server runs, or an `ft:` model of the project; an OpenAI model's name with no alias a
-400 that says what runs here."""
+400 that says what runs here. And what a call that names no max_tokens may write (`default_budget`)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from api.problems import Problem
 from config.settings import Settings
 from mathrl.graders import Grader
 from mathrl.modelref import FINAL_DELETED_TAG, FINE_TUNING_TAG, ft_model_ref, split_job_ref
+from mathrl.specs.generate import MAX_TOKENS
 from store.models import Checkpoint, Job
 
 OPENAI_MODEL = re.compile(r"^(gpt-|o\d|chatgpt-|davinci|babbage|text-|ft:gpt-|ft:o\d|computer-use-)", re.IGNORECASE)
@@ -91,3 +92,13 @@ def sampled_model(session: Session, project_id: str, settings: Settings, model: 
 def _names_ft_models(job: Job) -> bool:
     """A fine-tuning job's model and checkpoints, and a Tinker session's saves, have `ft:` names."""
     return job.kind == "session" or FINE_TUNING_TAG in (job.tags or [])
+
+
+def default_budget(session: Session, ref: str) -> int | None:
+    """A chat that names no max_tokens: what the model was trained to write, its fine-tuning job's
+    completion budget (a reinforcement job's max_completion_length), else the generate spec's default.
+    OpenAI sets no cap of its own; a fixed 256 cut a trained model's answers short."""
+    job_id = split_job_ref(ref)[0]
+    job = session.get(Job, job_id) if job_id else None  # (an operator's alias names a base model)
+    budget = (job.resolved_config or {}).get("max_completion_length") if job is not None else None
+    return budget if isinstance(budget, int) and 0 < budget <= MAX_TOKENS else None

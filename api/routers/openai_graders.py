@@ -3,7 +3,7 @@
 /v1/fine_tuning/alpha/graders/run and /validate. The graders are mathrl's (mathrl/graders.py, in
 OpenAI's JSON: string_check, text_similarity, python, score_model, label_model, multi), graded in
 the call's own processes within the `graders` limits as POST /v1/graders:run grades
-(api/routers/graders.py), with python graders in their sandbox (evaluator/sandbox.py). A grader
+(api/grading.py), with python graders in their sandbox (evaluator/sandbox.py). A grader
 with a model in it (score_model, label_model), or a text_similarity grader where the API lacks its
 libraries (the API image), is a short 'grade' job on a worker, as there, awaited up to MODEL_WAIT
 seconds. Responses are shaped as OpenAI's: the reward, each named grader's
@@ -20,10 +20,10 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from api.deps import CallerDep, SettingsDep
+from api.grading import grade_on_worker, grades_on_worker, require_sandbox, run_isolated
+from api.openai.generation_calls import under_client_timeout
 from api.openai.models import grading_models_mapped
 from api.problems import Problem
-from api.routers.graders import grade_on_worker, grades_on_worker, require_sandbox, run_isolated
-from api.routers.openai_inference import under_client_timeout
 from config.settings import Settings
 from evaluator.bounded import TIMED_OUT
 from evaluator.graders import grade_openai

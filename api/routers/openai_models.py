@@ -1,6 +1,6 @@
 """OpenAI's models routes: GET /v1/models (the project's `ft:` models: each fine-tuning job's final
 model and checkpoints, each Tinker session's saves; and the operator's aliases of base models),
-GET and DELETE /v1/models/{model}; and what a completion call's `model` samples (`sampled_model`)."""
+GET and DELETE /v1/models/{model}. What a call's `model` samples, and its default length: api/openai/models.py."""
 
 from __future__ import annotations
 
@@ -10,15 +10,12 @@ from typing import Any
 
 from fastapi import APIRouter
 from sqlalchemy import select
-from sqlalchemy.orm import Session
 
 from api.deps import CallerDep, SettingsDep
+from api.openai.fine_tuning_views import fine_tuned_model
 from api.openai.models import own_ft_model
 from api.problems import Problem
-from api.routers.openai_fine_tuning import TAG as FINE_TUNING
-from api.routers.openai_fine_tuning import fine_tuned_model
-from mathrl.modelref import FINAL_DELETED_TAG, split_job_ref
-from mathrl.specs.generate import MAX_TOKENS
+from mathrl.modelref import FINAL_DELETED_TAG, FINE_TUNING_TAG, split_job_ref
 from store.db import get_sessionmaker
 from store.jobs import has_tag, readers_of
 from store.models import Checkpoint, Event, Job
@@ -26,16 +23,6 @@ from store.models import Checkpoint, Event, Job
 router = APIRouter(prefix="/v1", tags=["openai: models and completions"])
 
 MAX_MODELS = 1000  # GET /v1/models lists the newest this many
-
-
-def default_budget(session: Session, ref: str) -> int | None:
-    """A chat that names no max_tokens: what the model was trained to write, its fine-tuning job's
-    completion budget (a reinforcement job's max_completion_length), else the generate spec's default.
-    OpenAI sets no cap of its own; a fixed 256 cut a trained model's answers short."""
-    job_id = split_job_ref(ref)[0]
-    job = session.get(Job, job_id) if job_id else None  # (an operator's alias names a base model)
-    budget = (job.resolved_config or {}).get("max_completion_length") if job is not None else None
-    return budget if isinstance(budget, int) and 0 < budget <= MAX_TOKENS else None
 
 
 def _model_object(name: str, created: Any, owner: str) -> dict[str, Any]:
@@ -50,7 +37,7 @@ def list_models(caller: CallerDep, settings: SettingsDep) -> dict[str, Any]:
     (`save_state`, `save_weights_for_sampler`), newest first, whatever their session's status."""
     with get_sessionmaker(settings.database.url)() as session:
         q = select(Job).where(
-            Job.project_id == caller.project_id, has_tag(session, FINE_TUNING), Job.status == "succeeded"
+            Job.project_id == caller.project_id, has_tag(session, FINE_TUNING_TAG), Job.status == "succeeded"
         )
         jobs = list(session.scalars(q.order_by(Job.id.desc()).limit(MAX_MODELS)))
         ids = [j.id for j in jobs]

@@ -317,7 +317,7 @@ def test_answers_a_retry_cannot_change_say_so_to_the_sdk(app_client: Any) -> Non
 def test_a_completion_call_waits_under_the_clients_read_timeout() -> None:
     from starlette.requests import Request
 
-    from api.routers.openai_inference import wait_limit
+    from api.openai.generation_calls import wait_limit
     from config.settings import Settings
 
     settings = Settings(fine_tuning={"inference_timeout_seconds": 570})  # type: ignore[arg-type]
@@ -531,9 +531,9 @@ def test_a_stream_that_waits_sends_keep_alives_the_sdk_skips(app_client: Any, mo
     client's read timeout (the SDK's timeout=60 is per read) broke it. Comment lines now; the SDK skips them."""
     import openai
 
-    from api.routers import openai_inference
+    from api.openai import generation_calls
 
-    monkeypatch.setattr(openai_inference, "KEEPALIVE_SECONDS", 0.2)
+    monkeypatch.setattr(generation_calls, "KEEPALIVE_SECONDS", 0.2)
     h = admin_key(app_client)
     ids = make_objects(app_client, h)
     body = {"model": ids["model"], "prompt": "1 + 1 =", "max_tokens": 2, "stream": True}
@@ -582,8 +582,10 @@ def test_a_wait_on_a_paused_job_ends_at_once(app_client: Any) -> None:
 
     from starlette.requests import Request
 
+    from api.grading import grade_result
+    from api.openai.generation_calls import wait_answer
     from api.problems import Problem
-    from api.routers import graders, openai_inference, tinker
+    from api.routers import openai_inference, tinker
     from config.settings import get_settings
 
     h = admin_key(app_client)
@@ -600,7 +602,7 @@ def test_a_wait_on_a_paused_job_ends_at_once(app_client: Any) -> None:
     with overridden(fine_tuning={"inference_timeout_seconds": 5.0}):
         t0 = time.monotonic()
         with pytest.raises(Problem) as waited:
-            asyncio.run(openai_inference.wait_answer(settings, job["id"], request))
+            asyncio.run(wait_answer(settings, job["id"], request))
         assert waited.value.status == 409 and "paused" in waited.value.detail, waited.value.detail
 
         async def streamed() -> list[str]:
@@ -619,7 +621,7 @@ def test_a_wait_on_a_paused_job_ends_at_once(app_client: Any) -> None:
         s.flush()
         grade_id = grading.id
     with pytest.raises(Problem) as graded:
-        graders._grade_result(settings, project, grade_id)
+        grade_result(settings, project, grade_id)
     assert graded.value.status == 409
     started = tinker._create_status(settings, project, job["id"])
     assert started is not None and "paused" in started["error"], started

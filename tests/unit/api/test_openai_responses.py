@@ -148,7 +148,7 @@ def test_usage_has_every_field_the_sdk_requires() -> None:
     """Issue 69.5: input_tokens_details.cache_write_tokens was missing; the SDK's ResponseUsage requires it."""
     from openai.types.responses import ResponseUsage
 
-    from api.routers.openai_responses import _usage
+    from api.openai.responses_views import _usage
 
     usage = ResponseUsage.model_validate(_usage({"prompt_tokens": 7, "completion_tokens": 2, "cached_tokens": 3}))
     assert usage.input_tokens_details.cache_write_tokens == 0 and usage.input_tokens_details.cached_tokens == 3

@@ -134,7 +134,7 @@ def test_a_chat_with_functions_answers_with_the_models_call_then_its_answer_afte
     as a tool message, and the model answers after it. Nothing runs here: the caller runs its functions."""
     from openai.types.chat import ChatCompletion
 
-    from api.routers.openai_inference import completion_object
+    from api.openai.completion_views import completion_object
     from evaluator import prompts
     from evaluator.chat import run_generate
     from evaluator.models import load_tokenizer
@@ -169,7 +169,7 @@ def test_a_chat_with_functions_answers_with_the_models_call_then_its_answer_afte
 
 
 def _row(sample: dict[str, Any]) -> dict[str, Any]:
-    """A stored sample as the route reads it (api/routers/openai_inference.py choices_of)."""
+    """A stored sample as the route reads it (api/openai/generation_calls.py choices_of)."""
     return {"text": sample["completion"], **sample["data"]}
 
 
