@@ -1,5 +1,5 @@
 """The protobuf wire format's varint, read once for the whole service: the Tinker routes read a
-request's model id with it (api/routers/tinker.py) and the session job decodes Tinker's messages
+request's model id with it (api/tinker/bodies.py) and the session job decodes Tinker's messages
 with it (trainer/session_wire.py). Here, on the ground floor, it needs neither torch nor numpy,
 which the API's image lacks."""
 

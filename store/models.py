@@ -197,8 +197,9 @@ class Checkpoint(Base):
 
 class Endpoint(Base):
     """Where a running session job (kind `session`) serves its client's calls: the API's Tinker
-    routes (api/routers/tinker.py) forward each call there with the token. The job writes it once
-    its server is up and removes it when it ends; the token never leaves the server side."""
+    routes (api/routers/tinker.py, through api/tinker/forwarding.py) forward each call there with
+    the token. The job writes it once its server is up and removes it when it ends; the token never
+    leaves the server side."""
 
     __tablename__ = "endpoints"
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)

@@ -1,6 +1,6 @@
 """Sampling a Tinker session's samplers on the worker's warm vLLM engine (worker/warm_engine.py):
 each sampler's adapter is written once as a peft directory (a save's own directory is used as it is),
-loaded into the engine as a LoRA adapter as an eval of a LoRA checkpoint is (evaluator.backends.vllm
+loaded into the engine as a LoRA adapter as an eval of a LoRA checkpoint is (evaluator.backends.warm
 `connect` and `load_adapter`), and
 sampled through the engine's /v1/completions on the prompt's token ids. The session's own
 transformers path (trainer/session_sampling.py) is used where the worker has no such engine.

@@ -9,6 +9,7 @@ anything is stored.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
@@ -325,17 +326,35 @@ def jsonl_spec(session: Session, project_id: str, ds: dict[str, Any], grader: An
 
 
 def run_job(
-    session: Session, settings: Settings, project_id: str, ds: dict[str, Any], grader: Any
-) -> tuple[dict[str, Any], str, str | None]:
-    """A run's job spec by its data source's type, the model's name as the run reports it, and the
-    file its inline items were stored as (None: none stored)."""
+    session: Session,
+    settings: Settings,
+    project_id: str,
+    ds: dict[str, Any],
+    grader: Any,
+    tags: Sequence[str] = (),
+    name: str | None = None,
+) -> tuple[AnySpec, str, str | None]:
+    """A run's job spec by its data source's type (with the run's `tags` and `name`), the model's
+    name as the run reports it, and the file its inline items were stored as (None: none stored;
+    a spec refused drops it)."""
     if ds.get("type") == "completions":
-        return completions_spec(session, settings, project_id, ds, grader)
-    if ds.get("type") == "jsonl":
-        return jsonl_spec(session, project_id, ds, grader), "", None
-    if ds.get("type") == "responses":
-        return completions_spec(session, settings, project_id, as_sampled(ds), grader)
-    raise Problem.at("/data_source/type", f"{ds.get('type')!r}: 'completions', 'responses' or 'jsonl'", status=400)
+        fields, model, inline = completions_spec(session, settings, project_id, ds, grader)
+    elif ds.get("type") == "jsonl":
+        fields, model, inline = jsonl_spec(session, project_id, ds, grader), "", None
+    elif ds.get("type") == "responses":
+        fields, model, inline = completions_spec(session, settings, project_id, as_sampled(ds), grader)
+    else:
+        detail = f"{ds.get('type')!r}: 'completions', 'responses' or 'jsonl'"
+        raise Problem.at("/data_source/type", detail, status=400)
+    fields["tags"] = list(tags)
+    if name:
+        fields["name"] = name[:200]
+    try:
+        return job_spec(fields), model, inline
+    except Problem:
+        if inline is not None:
+            drop_file(session, inline)
+        raise
 
 
 # where a field of a run's job spec is in the run's request

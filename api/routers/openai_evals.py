@@ -23,7 +23,6 @@ from api.openai.eval_requests import (
     check_source_config,
     criteria,
     drop_file,
-    job_spec,
     run_job,
 )
 from api.openai.eval_run_counts import tallies
@@ -178,13 +177,10 @@ def create_run(
         replayed(response)
         return run_object(session, existing)
     grader, rules = criteria(row.testing_criteria, settings.fine_tuning.model_aliases)
-    spec_dict, model, inline = run_job(session, settings, caller.project_id, dict(body.data_source), grader)
+    tags = [TAG, eval_tag(eval_id)]
+    spec, model, inline = run_job(session, settings, caller.project_id, dict(body.data_source), grader, tags, body.name)
     record = EvalRunRecord(eval_id=eval_id, request=request, criteria=rules, model=model)
     try:
-        spec_dict["tags"] = [TAG, eval_tag(eval_id)]
-        if body.name:
-            spec_dict["name"] = body.name[:200]
-        spec = job_spec(spec_dict)
         check_job_refs(session, caller.project_id, model_refs(spec))
         config = admit({"": spec}, settings)[""]
         config.openai = record.model_dump(mode="json")

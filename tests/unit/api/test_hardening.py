@@ -123,11 +123,11 @@ def test_a_database_error_in_a_started_stream_ends_it_cleanly(app_client: Any, m
     (with a comment saying why) instead of an unhandled exception dropping the connection."""
     from sqlalchemy.exc import DataError
 
-    import api.routers.jobs as jobs
+    import api.job_stream as job_stream
 
     h = admin_key(app_client)
     job_id = app_client.post("/v1/jobs", json=parked_eval(), headers=h).json()["id"]  # parked: never ends
-    real = jobs._events_after
+    real = job_stream.events_after
     calls: list[int] = []
 
     def flaky(*args: Any, **kwargs: Any) -> Any:
@@ -136,7 +136,7 @@ def test_a_database_error_in_a_started_stream_ends_it_cleanly(app_client: Any, m
             raise DataError("SELECT", {}, Exception("value out of range"))
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(jobs, "_events_after", flaky)
+    monkeypatch.setattr(job_stream, "events_after", flaky)
     r = app_client.get(f"/v1/jobs/{job_id}/events/stream", headers=h)
     assert r.status_code == 200
     assert "event: queued" in r.text and r.text.rstrip().splitlines()[-1].startswith(":"), r.text

@@ -585,7 +585,8 @@ def test_a_wait_on_a_paused_job_ends_at_once(app_client: Any) -> None:
     from api.grading import grade_result
     from api.openai.generation_calls import wait_answer
     from api.problems import Problem
-    from api.routers import openai_inference, tinker
+    from api.routers import openai_inference
+    from api.tinker.futures import create_status
     from config.settings import get_settings
 
     h = admin_key(app_client)
@@ -623,7 +624,7 @@ def test_a_wait_on_a_paused_job_ends_at_once(app_client: Any) -> None:
     with pytest.raises(Problem) as graded:
         grade_result(settings, project, grade_id)
     assert graded.value.status == 409
-    started = tinker._create_status(settings, project, job["id"])
+    started = create_status(settings, project, job["id"])
     assert started is not None and "paused" in started["error"], started
 
 

@@ -191,9 +191,9 @@ def test_a_project_reads_a_few_forward_backward_bodies_at_once(
     async def job(settings: Any, caller: Any, model_id: str) -> str:
         return model_id
 
-    monkeypatch.setattr(tinker, "_forward", forward)
-    monkeypatch.setattr(tinker, "_model_job", job)
-    monkeypatch.setattr(tinker, "_proto_model_id", lambda body: "s:train:0")
+    monkeypatch.setattr(tinker, "forward", forward)
+    monkeypatch.setattr(tinker, "model_job", job)
+    monkeypatch.setattr(tinker, "proto_model_id", lambda body: "s:train:0")
     key = _tinker(admin_key(app_client))
 
     async def calls() -> list[int]:
@@ -232,6 +232,9 @@ def test_one_projects_long_polls_do_not_hold_the_calls_of_another(
     import httpx
 
     from api.routers import tinker
+    from api.tinker import forwarding
+    from api.tinker.common import Located
+    from api.tinker.forwarding import FORWARDS_PER_PROJECT
 
     beats: list[str] = []
 
@@ -261,17 +264,17 @@ def test_one_projects_long_polls_do_not_hold_the_calls_of_another(
 
     async def located(settings: Any, caller: Any, value: str, what: str) -> Any:
         job = SimpleNamespace(id=value.split(":")[0], project_id=caller.project_id, status="running")
-        return tinker.Located(job, (url, "token"))  # type: ignore[arg-type]
+        return Located(job, (url, "token"))  # type: ignore[arg-type]
 
-    monkeypatch.setattr(tinker, "_id_job", located)
+    monkeypatch.setattr(tinker, "id_job", located)
 
     def session_jobs(settings: Any, project_id: str, session_id: str) -> list[Any]:
         job = SimpleNamespace(id="j", project_id=project_id, status="running", spec={"session": session_id})
-        return [tinker.Located(job, (url, "token"))]  # type: ignore[arg-type]
+        return [Located(job, (url, "token"))]  # type: ignore[arg-type]
 
-    monkeypatch.setattr(tinker, "_session_jobs", session_jobs)
-    monkeypatch.setattr(tinker, "_client", None)  # a client of this test's event loop
-    monkeypatch.setattr(tinker, "FORWARD_WAIT_SECONDS", 1.0)
+    monkeypatch.setattr(tinker, "session_jobs", session_jobs)
+    monkeypatch.setattr(forwarding, "_client", None)  # a client of this test's event loop
+    monkeypatch.setattr(forwarding, "FORWARD_WAIT_SECONDS", 1.0)
     noisy, other = _tinker(admin_key(app_client)), _tinker(admin_key(app_client))
     many = 100 + 20  # past httpx's default pool
 
@@ -295,7 +298,7 @@ def test_one_projects_long_polls_do_not_hold_the_calls_of_another(
                 # the busy project's own heartbeat is not held up behind its polls: its session lives on
                 beat = await client.post("/api/v1/session_heartbeat", json={"session_id": "s"}, headers=noisy)
                 assert beat.status_code == 200 and beats, (beat.text, beats)
-            await tinker._http().aclose()
+            await forwarding._http().aclose()
             return took, codes
 
     try:
@@ -303,4 +306,4 @@ def test_one_projects_long_polls_do_not_hold_the_calls_of_another(
     finally:
         server.shutdown()
     assert took < 1.0, took  # before: it waited for the first project's polls to end (4 s)
-    assert sorted(codes) == [200] * tinker.FORWARDS_PER_PROJECT + [429] * (many - tinker.FORWARDS_PER_PROJECT), codes
+    assert sorted(codes) == [200] * FORWARDS_PER_PROJECT + [429] * (many - FORWARDS_PER_PROJECT), codes

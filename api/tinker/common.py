@@ -1,5 +1,6 @@
-"""What both Tinker routers (api/routers/tinker.py, api/routers/tinker_runs.py) read: the caller the
-SDK's key names, the session jobs and saves of the caller's project, and a call's JSON body."""
+"""What both Tinker routers (api/routers/tinker.py, api/routers/tinker_runs.py) and their helpers
+in api/tinker/ read: the caller the SDK's key names, the session jobs and saves of the caller's
+project, and a call's JSON body."""
 
 from __future__ import annotations
 
