@@ -23,8 +23,18 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
+from runtime.cpu_threads import THREAD_VARS, available_cores, job_thread_env
 from tests.helpers.env import EMBEDDED, NEEDS_SERVICES, PG_SERVER, REDIS, free_port
 from tests.helpers.service import Service, service_env
+
+# Under pytest-xdist each worker process, and every process it starts (the API, Celery workers, their
+# job processes, the demo), computes with its share of the cores and waits passively, as a worker's job
+# processes do (runtime/cpu_threads.py): set before anything imports torch. With torch's defaults each
+# lane's processes ran a pool of one thread per core, spinning through the other lane's time slices.
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT", "").isdigit() and not any(v in os.environ for v in THREAD_VARS):
+    os.environ.update(
+        job_thread_env(dict(os.environ), int(os.environ["PYTEST_XDIST_WORKER_COUNT"]), cores=available_cores())
+    )
 
 # `scripts/test` (the whole suite) runs pytest on two xdist workers in two lanes. The files that
 # train and generate most are one unit of work, run one after another on one worker; every other
