@@ -412,7 +412,10 @@ def _run_call(
             os.dup2(w, 3)
         os.closerange(4, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
         os.close(0)
-        _limit(resource.RLIMIT_CPU, max(1, math.ceil(timeout)))
+        # the CPU limit a second past the wall timeout: a call that computes on one thread meets the
+        # timeout (at 2 s both fired together, and an idle machine's loop read 'cpu_limit' as often as
+        # not); one that computes on several threads meets this
+        _limit(resource.RLIMIT_CPU, max(1, math.ceil(timeout)) + 1)
         if call.get("audit_hook", True):  # off only in the tests that show the kernel holds by itself
             _install_hook("/nonexistent-tool-dir", roots)  # no directory of its own: it writes nowhere
         namespace: dict[str, Any] = {"__name__": "__main__"}
