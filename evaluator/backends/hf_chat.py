@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 class HFChat(Chat):
     """A causal LM and its tokenizer on transformers, in this process, loaded at its first use (a
     call a warm engine answers needs none; `HF.chat`), answering chats or plain prompts: `answer`
-    generates for prompts; `call`, `calls`, `call_with_tools` and `judge` are `Chat`'s. One call at
+    generates for prompts; `call`, `calls`, `here` and `judge` are `Chat`'s. One call at
     a time on the model (`lock`: a batch's lines past a warm engine's context come from its threads)."""
 
     def __init__(self, path: ModelPath, dtype: str = "auto"):
@@ -42,6 +42,12 @@ class HFChat(Chat):
         self.lock = threading.RLock()
 
     def prepare(self) -> None:
+        if self._model is not None:  # (loaded: no lock, which a streaming call's generating thread can't take)
+            return
+        with self.lock:  # a batch's threads: loaded once
+            self._load()
+
+    def _load(self) -> None:
         if self._model is None:
             from evaluator.models import load_model, load_tokenizer
 

@@ -8,6 +8,7 @@ then)."""
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -91,12 +92,22 @@ class WarmChat(Chat):
 
     def __init__(self, warm: WarmEngineAddress, fallback: HFChat):
         self.warm, self.fallback = warm, fallback
+        self._engine: RemoteEngine | None = None
+        self._lock = threading.Lock()
+
+    def engine(self, should_stop: Callable[[], bool] | None = None) -> RemoteEngine:
+        """The engine, connected to once (`connect`: its health, model, context and the job's adapter
+        loaded), not again for each call or batch line."""
+        with self._lock:
+            if self._engine is None:
+                self._engine = connect(self.warm, should_stop)
+            return self._engine
 
     def prepare(self) -> None:
         """Nothing: the engine holds its model, and transformers' loads for the first call it does not take."""
 
     def call(self, spec: GenerateSpec, sink: Sink, deltas: Deltas) -> list[dict[str, Any]]:
-        engine = holding(spec, sink, self.warm) if not spec.function_tools else None
+        engine = holding(spec, sink, self.engine(sink.should_stop)) if not spec.function_tools else None
         if engine is None:
             return self.fallback.call(spec, sink, deltas)
         # cached: the prompt's tokens found in the engine's prefix cache (its project's own: cache_salt)
@@ -111,17 +122,16 @@ class WarmChat(Chat):
         return self.fallback
 
     def judge(self, chats: Sequence[list[dict[str, str]]], params: Mapping[str, Any]) -> list[str]:
-        return judge_remote(self.warm, chats, judge_params(params))
+        return judge_remote(self.engine(), chats, judge_params(params))
 
 
-def holding(spec: GenerateSpec, sink: Sink, warm: WarmEngineAddress) -> RemoteEngine | None:
+def holding(spec: GenerateSpec, sink: Sink, engine: RemoteEngine) -> RemoteEngine | None:
     """The warm engine, where the call's prompt and max_tokens fit its context
     (worker.warm_engine_max_model_len, 4096 by default, not the model's own); None: answer with
     transformers, as an eval that needs more loads an engine of its own. Before, the engine refused
     such a call (vLLM's 400) and the client got a 502 where OpenAI answers."""
     import httpx
 
-    engine = connect(warm, sink.should_stop)
     body: dict[str, Any] = {"model": engine.model}
     if spec.messages is not None:
         body["messages"] = [m.model_dump(exclude_none=True) for m in spec.messages]
@@ -202,14 +212,13 @@ def generate_remote(spec: GenerateSpec, engine: RemoteEngine, deltas: Deltas) ->
     return int(usage.get("prompt_tokens", 0)), int(cached), choices
 
 
-def judge_remote(warm: WarmEngineAddress, chats: Sequence[list[dict[str, str]]], p: Mapping[str, Any]) -> list[str]:
+def judge_remote(engine: RemoteEngine, chats: Sequence[list[dict[str, str]]], p: Mapping[str, Any]) -> list[str]:
     """The chats sent to the warm engine's own /v1/chat/completions at once (its scheduler batches
     them), with the sampling parameters transformers would use."""
     from concurrent.futures import ThreadPoolExecutor
 
     import httpx
 
-    engine = connect(warm)
     body = engine.salted({
         "model": engine.model,
         "max_tokens": int(p["max_completions_tokens"]),

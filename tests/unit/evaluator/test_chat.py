@@ -339,6 +339,7 @@ def test_a_batch_sends_its_lines_to_a_warm_engine_together(tiny_model: str, tmp_
         _Engine.answer_seconds = 0.0
     assert sorted(r["data"]["custom_id"] for r in sink.rows) == sorted(x["custom_id"] for x in lines)
     assert _Engine.busiest == 4, _Engine.busiest  # (one at a time before)
+    assert _Engine.calls.count("/health") == 1, _Engine.calls  # connected to once, not once a line as before
     print(f"12 lines of 0.3 s each, 4 at once: {took:.2f} s")
 
 
