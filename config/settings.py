@@ -360,7 +360,7 @@ class GradersSettings(BaseModel):
     python_file_mb: int = Field(16, ge=1, description="The largest file a python grader may write, in MiB.")
     python_sandbox: Literal["kernel", "audit-hook"] = Field(
         "kernel",
-        description="Where python graders run. 'kernel': behind bubblewrap's namespaces, as nobody, or not at "
+        description="Where python graders run. 'kernel': behind bubblewrap's namespaces, never as root, or not at "
         "all (503 naming what to install); 'audit-hook': behind the in-interpreter audit hook alone, which is no "
         "security boundary: only for a single-user install (evaluator/sandbox.py, RELIABILITY.md).",
     )

@@ -11,6 +11,7 @@ docs/tools.md, "What runs where"."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -23,7 +24,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from evaluator import sandbox, sandbox_seccomp
-from evaluator.sandbox import NOBODY, SandboxLimits, SandboxUnavailable, check_available
+from evaluator.sandbox import SandboxLimits, SandboxUnavailable, check_available
+from evaluator.sandbox_uids import box_uid
 
 # the server's own CPU seconds: it only forks and reads; past them it is started again
 SERVER_CPU_SECONDS = 3600
@@ -37,8 +39,7 @@ class ToolLimits:
     max_output_chars: int = 1024
     parallel: int = 8  # calls at once in the sandbox
     memory_mb: int = 1024  # address space of the sandbox and each call
-    # threads and processes (RLIMIT_NPROC, which counts every process of nobody on the machine): under
-    # the graders' 64, so a fork bomb in a call leaves python graders room to run
+    # threads and processes of the sandbox's uid (RLIMIT_NPROC): the server and every call it runs
     processes: int = 32
     audit_hook: bool = True  # off only in the tests that show the kernel boundary holds by itself
 
@@ -46,7 +47,8 @@ class ToolLimits:
 @dataclass(frozen=True)
 class ToolResult:
     output: str  # what the call printed (and its last expression's value, or its error's last line)
-    error: str | None = None  # None, 'timeout', 'output_limit', 'cpu_limit', 'killed ...' or 'sandbox'
+    # None, 'timeout', 'output_limit', 'cpu_limit', 'killed ...', 'process_limit' (it could not start) or 'sandbox'
+    error: str | None = None
     seconds: float = 0.0  # from its batch's start to its answer
 
     def text(self, limits: ToolLimits) -> str:
@@ -56,6 +58,8 @@ class ToolResult:
             out += f"\nTimeoutError: the code ran over {limits.timeout_s:g} s and was stopped"
         elif self.error == "output_limit" or len(self.output) > limits.max_output_chars:
             out += f"\n[output cut at {limits.max_output_chars} characters]"
+        elif self.error == "process_limit":
+            out += f"\nError: the code did not run: the sandbox's {limits.processes} processes were all in use"
         elif self.error is not None:
             out += f"\nError: the code was stopped ({self.error})"
         return out.strip("\n")
@@ -97,6 +101,7 @@ class PythonTool:
     def __init__(self, limits: ToolLimits = ToolLimits()):
         self.limits = limits
         self._proc: subprocess.Popen[bytes] | None = None
+        self._uid = contextlib.ExitStack()  # the uid its sandbox runs as, held while it runs (root only)
         self._lock = threading.Lock()
         self._next = 0
 
@@ -114,6 +119,7 @@ class PythonTool:
                     pipe.close()
             sandbox._kill_group(proc)
             proc.wait()
+        self._uid.close()
 
     def _start(self) -> subprocess.Popen[bytes]:
         check_available("kernel")
@@ -126,7 +132,8 @@ class PythonTool:
                 "file_mb": 0,
                 "processes": self.limits.processes,
             },
-            "uid": NOBODY if root else None,
+            # its own: what its calls fork counts against it alone (RLIMIT_NPROC counts a uid's processes)
+            "uid": self._uid.enter_context(box_uid()) if root else None,
             "seccomp": _tool_seccomp(),
             "tool": {
                 "timeout_s": self.limits.timeout_s,

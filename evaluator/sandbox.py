@@ -2,13 +2,13 @@
 (evaluator/sandbox_harness.py), one process per batch of cases, never in the caller's process.
 
 `run_python` runs it behind the kernel's boundary (`mode="kernel"`, the default: bubblewrap's
-namespaces over a root filesystem of its own, as nobody), or behind the audit hook alone
-(`mode="audit-hook"`, settings: graders.python_sandbox, for single-user installs). In both modes a
-system-call filter (evaluator/sandbox_seccomp.py), resource limits (`SandboxLimits`) and an audit
-hook hold inside the process. It fails closed: where the boundary cannot be made it raises
-SandboxUnavailable (the API answers 503). RESULT_BYTES and STDERR_TAIL bound its output. What is
-mounted, what each layer refuses and what the hook does not hold: RELIABILITY.md,
-"`evaluator/sandbox.py`: how the boundary is built".
+namespaces over a root filesystem of its own, as a uid of its own: evaluator/sandbox_uids.py), or
+behind the audit hook alone (`mode="audit-hook"`, settings: graders.python_sandbox, for single-user
+installs). In both modes a system-call filter (evaluator/sandbox_seccomp.py), resource limits
+(`SandboxLimits`) and an audit hook hold inside the process. It fails closed: where the boundary
+cannot be made it raises SandboxUnavailable (the API answers 503). RESULT_BYTES and STDERR_TAIL
+bound its output. What is mounted, what each layer refuses and what the hook does not hold:
+RELIABILITY.md, "`evaluator/sandbox.py`: how the boundary is built".
 """
 
 from __future__ import annotations
@@ -32,10 +32,11 @@ from pathlib import Path
 from typing import Any
 
 from evaluator import sandbox_seccomp
+from evaluator.sandbox_uids import BOX_USER, box_uid
+from evaluator.sandbox_uids import NOBODY as NOBODY  # the user a sandbox without root is seen as
 from runtime.errors import SandboxUnavailable as SandboxUnavailable  # raised here; its callers import it from here
 
 HARNESS = Path(__file__).with_name("sandbox_harness.py")
-NOBODY = 65534
 MODES = ("kernel", "audit-hook")
 INSIDE_HARNESS = "/sandbox/harness.py"  # where bwrap mounts the harness
 NOEXEC_FAILED = "noexec: not held"  # what the harness prints where it could not (evaluator/sandbox_harness.py)
@@ -174,9 +175,9 @@ def _user(root: bool) -> tuple[str, str | None]:
     if not root:
         return "the caller's user (not root)", None
     if all(_readable_by_others(d) for d in _python_dirs()):
-        return "nobody", None
-    return "nobody", (
-        "the Python installation is not readable by nobody (a Python under /root?), and a grader never runs as "
+        return BOX_USER, None
+    return BOX_USER, (
+        "the Python installation is not readable by other users (a Python under /root?), and a grader never runs as "
         "root: use the default mode, kernel (bubblewrap's read-only bind makes the installation readable), or "
         "a Python installation that others may read"
     )
@@ -220,12 +221,12 @@ def _find_isolation(mode: str) -> Isolation:
             return Isolation("none", (), "nobody", "bubblewrap (bwrap) is not installed: " + INSTALL_HINT)
         prefix = tuple(_bwrap_prefix(64))
         notes: list[str] = []
-        probe = _probe(list(prefix), INSIDE_HARNESS, NOBODY if root else None, notes)
+        probe = _probe(list(prefix), INSIDE_HARNESS, root, notes)
         if probe and sandbox_seccomp.REFUSED in probe:
             return Isolation("none", (), "nobody", f"{probe}: {sandbox_seccomp.LOAD_HINT}")
         if probe:
             return Isolation("none", (), "nobody", f"bubblewrap is installed, but {_why_bwrap_failed(probe)}")
-        return Isolation("bwrap", prefix, "nobody", executable_dir=notes[0] if notes else None)
+        return Isolation("bwrap", prefix, BOX_USER if root else "nobody", executable_dir=notes[0] if notes else None)
     user, refused = _user(root)
     if refused:
         return Isolation("none", (), user, refused)
@@ -238,7 +239,7 @@ def _find_isolation(mode: str) -> Isolation:
             if subprocess.run([*prefix, "true"], capture_output=True, timeout=10).returncode == 0:
                 iso = Isolation("unshare-net", prefix, user)
                 break
-    probe = _probe(list(iso.prefix), str(HARNESS), NOBODY if root else None)
+    probe = _probe(list(iso.prefix), str(HARNESS), root)
     if probe:  # the filter, most likely: the rest of this mode is the interpreter alone
         hint = sandbox_seccomp.LOAD_HINT if sandbox_seccomp.REFUSED in probe else "see evaluator/sandbox.py"
         return Isolation("none", (), user, f"a python grader could not start here ({probe}): {hint}")
@@ -253,9 +254,15 @@ def _why_bwrap_failed(probe: str) -> str:
     return f"the interpreter did not start inside the sandbox ({probe}): see evaluator/sandbox.py, _bwrap_prefix"
 
 
-def _probe(prefix: list[str], harness: str, uid: int | None, notes: list[str] | None = None) -> str | None:
-    """Run a trivial grader through `prefix`: None if it scored, else what went wrong. `notes`
-    (bwrap's probe): gets why the grader's directory could not be made noexec, where it could not."""
+def _probe(prefix: list[str], harness: str, root: bool, notes: list[str] | None = None) -> str | None:
+    """Run a trivial grader through `prefix` (as a uid of its own where `root`): None if it scored, else
+    what went wrong. `notes` (bwrap's probe): gets why the grader's directory could not be made
+    noexec, where it could not."""
+    with box_uid() if root else contextlib.nullcontext(None) as uid:
+        return _probe_as(uid, prefix, harness, notes)
+
+
+def _probe_as(uid: int | None, prefix: list[str], harness: str, notes: list[str] | None) -> str | None:
     request: dict[str, Any] = {"source": "def grade(s, i):\n    return 1", "cases": [{"sample": {}, "item": {}}]}
     request |= {"uid": uid, "limits": {"cpu_seconds": 10, "memory_mb": 1024, "file_mb": 1, "processes": 64}}
     request |= {"seccomp": _seccomp(), "noexec": notes is not None}
@@ -305,8 +312,18 @@ def run_python(
         return _run_in_pool(source, cases, limits)
     check_available(limits.mode)
     iso = isolation(limits.mode)
-    root = os.geteuid() == 0
-    uid = NOBODY if root else None  # the harness drops to it (never root: isolation() refused otherwise)
+    # root: the harness drops to a uid of this run's own (never root: isolation() refused otherwise)
+    with box_uid() if os.geteuid() == 0 else contextlib.nullcontext(None) as uid:
+        return _run_as(uid, iso, source, cases, limits)
+
+
+def _run_as(
+    uid: int | None,
+    iso: Isolation,
+    source: str,
+    cases: list[tuple[dict[str, Any], dict[str, Any]]],
+    limits: SandboxLimits,
+) -> list[CaseResult]:
     request = {
         "source": source,
         "cases": [{"sample": s, "item": i} for s, i in cases],

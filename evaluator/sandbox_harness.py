@@ -244,7 +244,7 @@ def _enter(request: dict[str, Any]) -> Any:
     _limit(resource.RLIMIT_FSIZE, int(limits["file_mb"]) * MB)
     _limit(resource.RLIMIT_NOFILE, 64)
     _limit(resource.RLIMIT_CORE, 0)
-    if os.getuid() == 0 and request.get("uid") is not None:  # root (in bwrap: no other capability): become nobody
+    if os.getuid() == 0 and request.get("uid") is not None:  # root (in bwrap: no other capability): the sandbox's uid
         os.setgroups([])
         os.setgid(request["uid"])
         os.setuid(request["uid"])
@@ -354,7 +354,16 @@ def _serve(tool: dict[str, Any], out: Any, pending: bytes) -> None:
         while waiting and len(running) < parallel:
             call = waiting.popleft()
             r, w = os.pipe()
-            pid = os.fork()
+            try:
+                pid = _fork(patient=not running)
+            except BlockingIOError:  # the sandbox's processes (RLIMIT_NPROC) are held by its running calls
+                os.close(r)
+                os.close(w)
+                if running:  # one of them ends at the latest at its timeout, and gives its share back
+                    waiting.appendleft(call)
+                    break
+                answer(call.get("id"), "", "process_limit")
+                continue
             if pid == 0:  # the call's own process: its code's output goes to the pipe, nothing else it can reach
                 _run_call(call, w, timeout, roots, tool.get("own_process_calls") or {})
             with contextlib.suppress(OSError):  # its own group from the start (it sets it too): killed whole
@@ -387,6 +396,19 @@ def _serve(tool: dict[str, Any], out: Any, pending: bytes) -> None:
         now = time.monotonic()
         for fd in [fd for fd, j in running.items() if j["deadline"] <= now]:
             finish(fd, "timeout")
+
+
+def _fork(patient: bool) -> int:
+    """os.fork. `patient` (none of the sandbox's calls runs): first waits up to a second for the
+    processes of calls just killed to be reaped, which hold their share of RLIMIT_NPROC till then."""
+    import time
+
+    for _ in range(20 if patient else 0):
+        try:
+            return os.fork()
+        except BlockingIOError:
+            time.sleep(0.05)
+    return os.fork()
 
 
 def _run_call(

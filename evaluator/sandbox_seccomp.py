@@ -109,7 +109,7 @@ TOOL_DENIED = ("socket", "socketpair", "shmget", "msgget", "semget", "mq_open")
 # what a tool call may do only to itself (arg 0: its own pid, 0, or its own group), and what it may not
 # do at all (by a pid file descriptor, which a /proc directory's also is, or to a whole uid or group):
 # the kernel lets a process signal, re-limit, renice and pin every other process of its uid, and the
-# calls of a sandbox share nobody with each other and with the server that forks them. The harness
+# calls of a sandbox share its uid with each other and with the server that forks them. The harness
 # adds this filter in each call's own process, where its pid is known (evaluator/sandbox_harness.py).
 OWN_PROCESS_ONLY = (
     "kill", "tkill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo", "pidfd_open", "prlimit64",

@@ -46,9 +46,6 @@ if os.environ.get("PYTEST_XDIST_WORKER_COUNT", "").isdigit() and not any(v in os
 # the other lane now.
 CPU_BOUND = ("test_vllm.py", "test_example.py", "test_embedded.py")  # ~1,250 s beside the other lane
 LONGEST_FIRST = ["test_ray.py", "test_drills.py", "test_trainer.py"]  # ~370 s, ~150 s, ~90 s there
-# the files whose sandboxes exhaust nobody's processes on purpose (fork bombs: RLIMIT_NPROC counts every
-# process of the uid, on the machine): one unit, one after another, so no bomb starves the other's probes
-SANDBOX_BOMBS = ("test_sandbox.py", "test_python_tool.py")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -69,7 +66,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
         def _split_scope(self, nodeid: str) -> str:
             path = nodeid.split("::", 1)[0]
             name = Path(path).name
-            return "cpu-bound" if name in CPU_BOUND else "sandbox-bombs" if name in SANDBOX_BOMBS else path
+            return "cpu-bound" if name in CPU_BOUND else path
 
     return Lanes(config, log)
 

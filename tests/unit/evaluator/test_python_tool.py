@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from typing import Any
 
 import pytest
 
 from evaluator.python_tool import PythonTool, ToolLimits
-from tests.unit.evaluator.test_sandbox import boundary, targets  # noqa: F401  (the fixtures)
+from tests.unit.evaluator.test_sandbox import boundary, sandbox_uid, targets  # noqa: F401  (the fixtures)
 
 pytestmark = pytest.mark.quick
 
@@ -49,7 +50,8 @@ def test_each_call_starts_clean_and_replays_its_own_rollouts_history(tool: Any) 
 def test_an_error_is_the_calls_output_and_never_runs_as_root(tool: Any) -> None:
     err, who = tool.run([("1/0", []), ("import os\nos.getuid(), os.geteuid()", [])])
     assert err.output == "ZeroDivisionError: division by zero\n" and err.error is None, err
-    assert who.output == "(65534, 65534)\n", who
+    uid, euid = json.loads(who.output.replace("(", "[").replace(")", "]"))
+    assert uid == euid and sandbox_uid(uid), who
 
 
 def test_a_call_that_hangs_ends_at_its_timeout_and_stalls_no_other(tool: Any) -> None:
@@ -70,9 +72,33 @@ def test_huge_prints_memory_and_fork_bombs_are_bounded(tool: Any, bare: Any) -> 
     assert "MemoryError" in memory.output, memory
     bomb = "import os\nfor _ in range(10000):\n    if os.fork() == 0:\n        import time; time.sleep(30)"
     (forked,) = bare.run([(bomb, [])])
-    assert "BlockingIOError" in forked.output or forked.error == "timeout", forked  # RLIMIT_NPROC
+    assert forked.error == "timeout", forked  # RLIMIT_NPROC
     (after,) = tool.run([("print('still serving')", [])])  # the bomb's group was killed with its call
     assert after.output == "still serving\n", after
+
+
+def test_a_fork_bomb_holds_its_own_sandboxs_processes_and_no_other_sandboxs(boundary: Any) -> None:  # noqa: F811
+    """RLIMIT_NPROC counts a uid's processes on the whole machine. While every sandbox ran as nobody, a
+    call's fork bomb, held until its timeout, left every other sandbox here unable to fork: CI's stop 77
+    failed on an eval whose tool calls all answered 'sandbox' beside this file's bomb. Each sandbox runs
+    as a uid of its own now (evaluator/sandbox_uids.py); in the bomb's own sandbox, the calls that cannot
+    start wait for the bomb's end, where before the server died and took them all with it."""
+    # every process it can get, held until its timeout: it takes each one that comes free, as it comes
+    bomb = "import os, time\nwhile True:\n    try:\n        if os.fork() == 0:\n            time.sleep(30)\n"
+    bomb += "    except BlockingIOError:\n        pass"
+    got: list[Any] = []
+    with PythonTool(ToolLimits(timeout_s=3, parallel=2, audit_hook=False)) as bombed, PythonTool() as other:
+        # beside the bomb, a call that ends once the bomb holds every process: the next cannot fork then
+        calls = [(bomb, []), ("import time\ntime.sleep(1)\nprint('after')", [])] + [("print('after')", [])] * 3
+        held = threading.Thread(target=lambda: got.extend(bombed.run(calls)))
+        held.start()
+        time.sleep(1.5)  # the bomb holds all of its sandbox's processes by now
+        (beside,) = other.run([("print(17 * 23)", [])])
+        held.join(60)
+    assert (beside.output, beside.error) == ("391\n", None), beside
+    forked, *after = got
+    assert forked.error == "timeout", forked
+    assert [(r.output, r.error) for r in after] == [("after\n", None)] * 4, after
 
 
 WRITES = """
