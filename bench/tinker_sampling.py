@@ -2,9 +2,9 @@
 
 One session (a LoRA adapter on the model, `train_unembed` off, as the engine needs), one sampler
 snapshot, the same calls, timed side by side in this run:
-- transformers: `trainer.session_sampling.sample` on the session's own model (what a session does
+- transformers: `evaluator.backends.hf_sampling.HFTokenSampler` on the session's own model (what a session does
   where its worker has no warm engine);
-- the engine: `trainer.session_engine.EngineSampler` on a `vllm serve` of the base model with LoRA
+- the engine: `evaluator.backends.warm_sampling.EngineSampler` on a `vllm serve` of the base model with LoRA
   on, started here with the command a worker's warm engine gets, the snapshot loaded as an adapter.
 Every call samples `--samples` completions of exactly `--max-tokens` tokens (no stop), at
 temperature 1, each call with its own seed. The engine's start is timed apart: a session never
@@ -54,10 +54,12 @@ def main() -> int:
 
     from config.settings import Settings
     from evaluator.backends.base import WarmEngineAddress
+    from evaluator.backends.hf_sampling import HFTokenSampler
+    from evaluator.backends.token_sampler import SampleCall
+    from evaluator.backends.warm_sampling import EngineSampler
     from service.embedded import prepare_model
     from trainer.session import LoraOptions, TrainingSession
-    from trainer.session_engine import EngineSampler
-    from trainer.session_sampling import SampleCall, sample, use_weights
+    from trainer.session_sampling import SnapshotWeights, lora_weights
     from worker import warm_engine
     from worker.vllm_server import free_port, launch, server_env
 
@@ -70,9 +72,12 @@ def main() -> int:
     def call(seed: int) -> SampleCall:
         return SampleCall(prompt, args.samples, args.max_tokens, temperature=1.0, stop=[], seed=seed + 1)
 
+    adapter = home / "adapter"
+    weights = SnapshotWeights(session, lora_weights(session), None, adapter)
+    on_transformers = HFTokenSampler(session.model, session.tokenizer)
+
     def on_hf(seed: int) -> None:
-        with use_weights(session, None):
-            rows, _ = sample(session, call(seed))
+        rows, _ = on_transformers.sample(call(seed), weights)
         assert all(len(r.tokens) == args.max_tokens for r in rows)
 
     if args.prefill:
@@ -88,14 +93,13 @@ def main() -> int:
     try:
         engine = EngineSampler(WarmEngineAddress(server.url, None, settings.worker.warm_engine_start_seconds))
         started = time.perf_counter() - t0
-        adapter = home / "adapter"
-        session.model.save_pretrained(str(adapter))
+        weights.directory()  # written once, as a session writes a sampler's
         t0 = time.perf_counter()
-        name = engine.load(adapter)
+        engine.load(adapter)
         loaded = time.perf_counter() - t0
 
         def on_engine(seed: int) -> None:
-            rows, _ = engine.sample(name, call(seed))
+            rows, _ = engine.sample(call(seed), weights)
             assert all(len(r.tokens) == args.max_tokens for r in rows), [len(r.tokens) for r in rows]
 
         vllm = _timed(on_engine, args.calls)
@@ -116,7 +120,7 @@ def main() -> int:
 def _prefill_side_by_side(on_hf: Any, args: argparse.Namespace, prompt_len: int) -> int:
     """Each call timed with the shared prefill, then without it (the module's `shared_prefill`
     swapped for one that gives `generate` no cache), in turn, so both see the same machine."""
-    import trainer.session_sampling as sampling
+    import evaluator.backends.hf_sampling as sampling
 
     shared = sampling.shared_prefill
     times: dict[bool, list[float]] = {True: [], False: []}

@@ -53,6 +53,7 @@ class SessionKind(Kind[SessionSpec, ResolvedConfig]):
         return Data()
 
     def run(self, run: JobRun[SessionSpec, ResolvedConfig]) -> None:
+        from evaluator.backends import BackendOptions
         from trainer.session import LoraOptions, TrainingSession
         from trainer.session_server import SessionService, serve
 
@@ -66,18 +67,17 @@ class SessionKind(Kind[SessionSpec, ResolvedConfig]):
         gc.collect()  # the model's objects never become garbage: out of the collector's way (as the API's)
         gc.freeze()
         model_id = run.spec.name or run.job_id
-        engine = None
-        if run.warm is not None:  # the supervisor gave it the worker's idle engine of its base model
-            from trainer.session_engine import EngineSampler
-
-            engine = EngineSampler(run.warm)
-        # (no addresses in events: a tenant reads them, and the worker's hosts and ports are the operator's)
+        # the backend its samplers run on: vllm where the supervisor gave it the worker's idle engine of
+        # its base model, else hf (no addresses in events: a tenant reads them, and the worker's hosts
+        # and ports are the operator's)
+        sampling = "vllm" if run.warm is not None else "hf"
         where = "the worker's warm vLLM engine" if run.warm else "transformers in this process"
         if run.warm is None and spec.warm_engine and spec.train_unembed:
             where += " (vLLM's LoRA cannot adapt lm_head: train_unembed=False samples on a warm engine)"
-        sink.event("sampling", f"samplers run on {where}", data={"backend": "vllm" if engine else "hf"})
+        sink.event("sampling", f"samplers run on {where}", data={"backend": sampling})
         service = SessionService(
-            session, sink, run.job_id, model_id, run.work, run.out, spec.train, spec.model, engine
+            session, sink, run.job_id, model_id, run.work, run.out, spec.train, spec.model,
+            sampling, BackendOptions(warm=run.warm),
         )  # fmt: skip
         token = secrets.token_urlsafe(24)
         server = serve(service, run.settings.worker.session_host, token)

@@ -58,7 +58,7 @@ class SessionCallError(MathRLException, ValueError):
 
 
 class EngineError(MathRLException, RuntimeError):
-    """A warm vLLM engine refused or failed a Tinker sampler's request (trainer.session_engine): the
+    """A warm vLLM engine refused or failed a Tinker sampler's request (evaluator/backends/warm_sampling.py): the
     session then samples with transformers."""
 
 

@@ -24,12 +24,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from evaluator.backends import BackendOptions, backend
 from mathrl.modelref import SESSION_SUFFIX, ft_model_name
+from runtime.errors import EngineError
 from runtime.errors import SessionCallError as SessionCallError  # raised here
 from runtime.sink import Sink
 from trainer.session import AdamParams, TrainingSession
-from trainer.session_engine import EngineError, EngineSampler
-from trainer.session_sampling import lora_weights, sample, sample_call, use_weights
+from trainer.session_sampling import SnapshotWeights, lora_weights, sample_call, use_weights
 from trainer.session_wire import ForwardBackwardCall, decode_forward_backward, encode_forward_backward, encode_sample
 
 log = logging.getLogger(__name__)
@@ -83,13 +84,15 @@ class SessionService:
         out: Path,
         train: bool,
         base_model: str = "",
-        engine: EngineSampler | None = None,
+        sampling: str = "hf",
+        options: BackendOptions | None = None,
     ) -> None:
         self.session, self.sink, self.job_id, self.model_id = session, sink, job_id, model_id
         self.work, self.out, self.train = work, out, train
         self.base_model = base_model or session.model_path  # the spec's `model`: a save's `ft:` name starts with it
-        self.engine = engine  # the worker's warm vLLM engine, where it has one: samplers run there
-        self._engine_dirs: dict[str, Path] = {}  # sampler -> its adapter directory (a save's own, or written)
+        # the backend its samplers run on (evaluator/backends): vllm, the worker's warm engine given to it
+        self.sampling = sampling
+        self.sampler = backend(sampling, options).token_sampler(session.model, session.tokenizer)
         self.last_seen = time.monotonic()
         self.finished: str | None = None  # why the client ended it ('finish')
         self._results: dict[str, Result] = {}
@@ -98,7 +101,8 @@ class SessionService:
         self._count = 0
         self._by_seq: dict[tuple[str, int], str] = {}  # (op, seq_id) -> request id: a resent call runs once
         self._saves = 0
-        self._samplers: dict[str, dict[str, Any]] = {f"{job_id}:sample:0": lora_weights(session)}
+        self._samplers: dict[str, SnapshotWeights] = {}
+        self._add_sampler(lora_weights(session))
         self._pending: dict[str, float] = {}  # the loss and sizes since the last optim_step
         self._thread = threading.Thread(target=self._work, name="session-calls", daemon=True)
         self._thread.start()
@@ -176,8 +180,7 @@ class SessionService:
     def close(self) -> None:
         self._queue.put(None)
         self._thread.join(timeout=60)
-        if self.engine is not None:
-            self.engine.close()
+        self.sampler.close()
 
     # --- the queue -------------------------------------------------------------------------
 
@@ -273,9 +276,7 @@ class SessionService:
     def _save_for_sampler(self, data: dict[str, Any]) -> Result:
         name = data.get("path")
         if not name:  # a sampling client on the weights now (save_weights_and_get_sampling_client)
-            sampler = f"{self.job_id}:sample:{len(self._samplers)}"
-            self._samplers[sampler] = lora_weights(self.session)
-            return _json({"sampling_session_id": sampler})
+            return _json({"sampling_session_id": self._add_sampler(lora_weights(self.session))})
         save = self._save("sampler_weights", str(name))
         self.session.save(save.work, optimizer=False)
         path = f"tinker://{self.model_id}/sampler_weights/{name}"
@@ -300,9 +301,12 @@ class SessionService:
                 for name, p in self.session.model.named_parameters():
                     if name in now:
                         p.copy_(now[name])
+        return self._add_sampler(weights, saved=directory)  # the save's adapter, as an engine loads it
+
+    def _add_sampler(self, weights: dict[str, Any], saved: Path | None = None) -> str:
         sampler = f"{self.job_id}:sample:{len(self._samplers)}"
-        self._samplers[sampler] = weights
-        self._engine_dirs[sampler] = directory  # the save's adapter, as the engine loads it
+        spill = self.work / "engine_adapters" / sampler.replace(":", "_")
+        self._samplers[sampler] = SnapshotWeights(self.session, weights, saved, spill)
         return sampler
 
     def _adapter_into_model(self, directory: Path) -> None:
@@ -325,32 +329,20 @@ class SessionService:
             raise SessionCallError(f"sampling_session_id: no sampler {sampler} in this session")
         call = sample_call(data)
         self.session.check_tokens(call.prompt, "prompt")  # before either sampler: the engine's too
-        if self.engine is not None:
-            try:
-                sequences, prompt_lp = self.engine.sample(self._on_engine(sampler), call)
-                return Result(encode_sample(sequences, prompt_lp), PROTOBUF)
-            except EngineError as exc:
-                self.sink.event(
-                    "sampling", f"the warm vLLM engine failed ({exc}): sampling with transformers from now on",
-                    data={"backend": "hf", "reason": str(exc)[:500]},
-                )  # fmt: skip
-                self.engine.close()
-                self.engine = None
-        with use_weights(self.session, self._samplers[sampler]):
-            sequences, prompt_lp = sample(self.session, call)
+        weights = self._samplers[sampler]
+        try:
+            sequences, prompt_lp = self.sampler.sample(call, weights)
+        except EngineError as exc:
+            if self.sampling == "hf":
+                raise
+            self.sink.event(
+                "sampling", f"the warm vLLM engine failed ({exc}): sampling with transformers from now on",
+                data={"backend": "hf", "reason": str(exc)[:500]},
+            )  # fmt: skip
+            self.sampler.close()
+            self.sampling, self.sampler = "hf", backend("hf").token_sampler(self.session.model, self.session.tokenizer)
+            sequences, prompt_lp = self.sampler.sample(call, weights)
         return Result(encode_sample(sequences, prompt_lp), PROTOBUF)
-
-    def _on_engine(self, sampler: str) -> str:
-        """The sampler's adapter loaded into the engine (written first for a snapshot of weights);
-        its served name."""
-        assert self.engine is not None
-        directory = self._engine_dirs.get(sampler)
-        if directory is None:
-            directory = self.work / "engine_adapters" / sampler.replace(":", "_")
-            with use_weights(self.session, self._samplers[sampler]):
-                self.session.model.save_pretrained(str(directory))
-            self._engine_dirs[sampler] = directory
-        return self.engine.load(directory)
 
 
 def serve(service: SessionService, host: str, token: str) -> ThreadingHTTPServer:

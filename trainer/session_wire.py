@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from evaluator.backends.token_sampler import Sampled
 from mathrl.protobuf import read_varint
 from trainer.session import Datum
 
@@ -197,15 +198,6 @@ def encode_forward_backward(logprobs: Sequence[Sequence[float]], metrics: Mappin
     for name, value in metrics.items():
         out += _put(3, _put(1, name) + _put_double(2, float(value)))
     return out
-
-
-@dataclass(frozen=True)
-class Sampled:
-    """One sampled sequence: its tokens, their log-probabilities, and why it stopped."""
-
-    tokens: Sequence[int]
-    logprobs: Sequence[float]
-    stop_reason: str  # 'stop' (a stop sequence or EOS) or 'length' (max_tokens)
 
 
 def encode_sample(sequences: Sequence[Sampled], prompt_logprobs: Sequence[float | None] | None = None) -> bytes:

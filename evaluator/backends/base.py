@@ -1,7 +1,7 @@
 """What every generation backend is: `Backend` (load a model and generate completions for an eval;
-hold a model as a `Chat` for calls), the `Generation` it returns for each completion, and the
-`BackendOptions` the worker gives it (the operator's engine settings, the warm engine a job was
-given): arguments, never environment reads."""
+hold a model as a `Chat` for calls; sample token ids on a session's weights), the `Generation` it
+returns for each completion, and the `BackendOptions` the worker gives it (the operator's engine
+settings, the warm engine a job was given): arguments, never environment reads."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from runtime.sink import Sink
 
 if TYPE_CHECKING:
     from evaluator.backends.chat_base import Chat, ModelPath
+    from evaluator.backends.token_sampler import TokenSampler
 
 
 @dataclass(frozen=True)
@@ -108,3 +109,9 @@ class Backend(ABC):
         """The model at `model_path` held for calls (evaluator/backends/chat_base.py): a generate
         job's chats and prompts, a batch's lines, a grading model's answers. A backend that cannot
         answer calls raises NotAvailable (mathrl/backends.py `BackendInfo.chats` is None for it)."""
+
+    @abstractmethod
+    def token_sampler(self, model: Any, tokenizer: Any) -> TokenSampler:
+        """A Tinker session's sampler (evaluator/backends/token_sampler.py): token ids in, token ids
+        and their log-probabilities out, on the weights of `model` (the session's, in this process)
+        that each call names. A backend that cannot raises NotAvailable."""

@@ -1,5 +1,6 @@
 """The Hugging Face transformers backend (`HF`): a model loaded by evaluator.models, generating
-with evaluator/backends/hf_generate.py, and held for calls as an `HFChat` (hf_chat.py)."""
+with evaluator/backends/hf_generate.py, held for calls as an `HFChat` (hf_chat.py), and sampling a
+session's token ids on its own model (hf_sampling.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from evaluator.backends import hf_generate
 from evaluator.backends.base import Backend
 from evaluator.backends.chat_base import ModelPath
 from evaluator.backends.hf_chat import HFChat
+from evaluator.backends.hf_sampling import HFTokenSampler
 from runtime.sink import Sink
 
 
@@ -32,3 +34,6 @@ class HF(Backend):
 
     def chat(self, model_path: ModelPath, *, dtype: str = "auto") -> HFChat:
         return HFChat(model_path, dtype)
+
+    def token_sampler(self, model: Any, tokenizer: Any) -> HFTokenSampler:
+        return HFTokenSampler(model, tokenizer)

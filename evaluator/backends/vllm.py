@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from evaluator.backends.base import Backend, EngineSettings, Generation, WarmEngineAddress
 from evaluator.backends.warm import RemoteEngine, WarmChat, connect
+from evaluator.backends.warm_sampling import EngineSampler
 from runtime.errors import NotAvailable, StopRequested
 from runtime.sink import Sink
 
@@ -352,3 +353,13 @@ class VLLM(Backend):
                 "set backend to 'auto' or 'hf'"
             )
         return WarmChat(self.options.warm, HFChat(model_path, dtype))
+
+    def token_sampler(self, model: Any, tokenizer: Any) -> EngineSampler:
+        """The worker's warm engine of the session's base model, each sampler's weights loaded into
+        it as a LoRA adapter (warm_sampling.py); `model` is not read."""
+        if self.options.warm is None:
+            raise NotAvailable(
+                "backend 'vllm' samples a session's tokens on the worker's warm engine, which this session did "
+                "not get (sessions.warm_engine is off, or the worker had no idle engine of its base model)"
+            )
+        return EngineSampler(self.options.warm)

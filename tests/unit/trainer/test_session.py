@@ -182,20 +182,23 @@ def test_a_stop_string_ends_a_sample_at_its_first_stop_in_the_generated_text(ses
     in the prompt does not count (transformers' `stop_strings`, which `sample` used before, matched
     across the prompt and cut this sample after one token). The untrained tiny model answers
     "=========" to "12+34=": with the stop "==", the sample is its first two tokens."""
-    from trainer.session_sampling import SampleCall, first_stop, sample, use_weights
+    from evaluator.backends.hf_sampling import first_stop, sample
+    from evaluator.backends.token_sampler import SampleCall
+    from trainer.session_sampling import use_weights
 
     tok = session.tokenizer
+    model, device = session.model, session.device
     prompt = tok.encode("12+34=", add_special_tokens=False)
     with use_weights(session, None):  # eval mode, no gradients
-        (free,), _ = sample(session, SampleCall(prompt=prompt, max_tokens=8, temperature=0.0, stop=[]))
+        (free,), _ = sample(model, tok, device, SampleCall(prompt=prompt, max_tokens=8, temperature=0.0, stop=[]))
         text = tok.decode(free.tokens)
         assert len(free.tokens) == 8 and text.startswith("=="), text
-        (ended,), _ = sample(session, SampleCall(prompt=prompt, max_tokens=8, temperature=0.0, stop=["=="]))
+        (ended,), _ = sample(model, tok, device, SampleCall(prompt=prompt, max_tokens=8, temperature=0.0, stop=["=="]))
         at = first_stop(list(free.tokens), tok.decode, ["=="])
         assert at is not None and at >= 1
         assert ended.stop_reason == "stop" and list(ended.tokens) == list(free.tokens[: at + 1]), (ended, free)
         # a stop string the reply never holds: it runs to max_tokens
-        (long,), _ = sample(session, SampleCall(prompt=prompt, max_tokens=8, temperature=0.0, stop=["zz"]))
+        (long,), _ = sample(model, tok, device, SampleCall(prompt=prompt, max_tokens=8, temperature=0.0, stop=["zz"]))
         assert long.stop_reason == "length" and list(long.tokens) == list(free.tokens)
 
 
@@ -203,14 +206,19 @@ def test_a_calls_samples_share_one_prefill_and_their_logprobs_are_the_learners(s
     """n samples of one prompt run the prompt once (`shared_prefill`), then generate from copies of
     its cache. A wrong cache would change what the rows see: each sampled token's log-probability
     must still be the learner's for the same tokens, and a greedy row the one-sample greedy text."""
-    from trainer.session_sampling import SampleCall, sample, use_weights
+    from evaluator.backends.hf_sampling import sample
+    from evaluator.backends.token_sampler import SampleCall
+    from trainer.session_sampling import use_weights
 
     tok = session.tokenizer
+    model, device = session.model, session.device
     prompt = tok.encode("Q: 12 + 30 = ? A: 42. Q: 7 + 8 = ? A:", add_special_tokens=False)
     with use_weights(session, None):
-        rows, _ = sample(session, SampleCall(prompt=prompt, num_samples=4, max_tokens=6, stop=[], seed=3))
-        (one,), _ = sample(session, SampleCall(prompt=prompt, max_tokens=6, temperature=0.0, stop=[]))
-        greedy, _ = sample(session, SampleCall(prompt=prompt, num_samples=3, max_tokens=6, temperature=0.0, stop=[]))
+        rows, _ = sample(model, tok, device, SampleCall(prompt=prompt, num_samples=4, max_tokens=6, stop=[], seed=3))
+        (one,), _ = sample(model, tok, device, SampleCall(prompt=prompt, max_tokens=6, temperature=0.0, stop=[]))
+        greedy, _ = sample(
+            model, tok, device, SampleCall(prompt=prompt, num_samples=3, max_tokens=6, temperature=0.0, stop=[])
+        )
     assert len({tuple(r.tokens) for r in rows}) > 1  # sampled: the rows differ
     assert all(list(g.tokens) == list(one.tokens) for g in greedy)
     for row in rows:

@@ -1,11 +1,11 @@
-"""Where a sampled sequence stops on a stop string (trainer/session_sampling.py `first_stop`): the
+"""Where a sampled sequence stops on a stop string (evaluator/backends/hf_sampling.py `first_stop`): the
 first token whose prefix's text holds one, found in O(log n) decodes."""
 
 from __future__ import annotations
 
 import pytest
 
-from trainer.session_sampling import first_stop
+from evaluator.backends.hf_sampling import first_stop
 
 pytestmark = pytest.mark.quick
 

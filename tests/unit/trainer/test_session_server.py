@@ -157,3 +157,22 @@ def test_bad_numbers_and_tokens_are_the_callers_error_and_leave_the_session_as_i
             assert r.status_code == 400 and r.json()["category"] == "user", r.text
     finally:
         server.shutdown()
+
+
+def test_a_sessions_samplers_run_on_the_backend_it_names(tiny_model: str, tmp_path: Path) -> None:
+    """Issue 68.3: a session samples through `backend(name).token_sampler(...)`: transformers (`hf`)
+    where the worker gave it no warm engine; `vllm` only on the engine it was given, refused without
+    one, never sampled on transformers in its place."""
+    from evaluator.backends.hf_sampling import HFTokenSampler
+    from runtime.errors import NotAvailable
+
+    session = TrainingSession(tiny_model, LoraOptions(rank=4, seed=0))
+    svc = SessionService(session, PrintSink(), JOB, "s:train:0", tmp_path / "work", tmp_path / "out", train=True)
+    try:
+        assert (svc.sampling, type(svc.sampler)) == ("hf", HFTokenSampler)
+    finally:
+        svc.close()
+    with pytest.raises(NotAvailable, match="warm engine, which this session did not get"):
+        SessionService(
+            session, PrintSink(), JOB, "s:train:0", tmp_path / "w", tmp_path / "o", train=True, sampling="vllm"
+        )

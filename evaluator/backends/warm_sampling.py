@@ -1,9 +1,9 @@
-"""Sampling a Tinker session's samplers on the worker's warm vLLM engine (worker/warm_engine.py):
-each sampler's adapter is written once as a peft directory (a save's own directory is used as it is),
-loaded into the engine as a LoRA adapter as an eval of a LoRA checkpoint is (evaluator.backends.warm
-`connect` and `load_adapter`), and
-sampled through the engine's /v1/completions on the prompt's token ids. The session's own
-transformers path (trainer/session_sampling.py) is used where the worker has no such engine.
+"""The `vllm` backend's token sampler (`EngineSampler`, evaluator/backends/token_sampler.py): a Tinker
+session's samplers on the worker's warm vLLM engine (worker/warm_engine.py). Each sampler's adapter
+directory (`SamplerWeights.directory`: a save's own, or written once) is loaded into the engine as a
+LoRA adapter as an eval of a LoRA checkpoint is (evaluator/backends/warm.py `connect` and
+`load_adapter`), and sampled through the engine's /v1/completions on the prompt's token ids. Where
+the worker has no such engine the session samples on `hf` (evaluator/backends/hf_sampling.py).
 
 What comes back is what that path returns: the tokens, each one's log-probability (vLLM's raw
 log-probabilities, the model's at temperature 1, as the learner computes them), why it stopped, and
@@ -16,14 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from evaluator.backends.base import WarmEngineAddress
+from evaluator.backends.token_sampler import SampleCall, Sampled, SamplerWeights, TokenSampler
 from runtime.errors import EngineError as EngineError  # raised here
-from trainer.session_sampling import SampleCall
-from trainer.session_wire import Sampled
 
 TIMEOUT = 600.0  # one call's tokens; a CPU engine is slow on long completions
 
 
-class EngineSampler:
+class EngineSampler(TokenSampler):
     """The warm engine the worker gave the session, and the adapters this session loaded into it
     (their served names)."""
 
@@ -72,8 +71,9 @@ class EngineSampler:
             self._loaded.add(name)
         return name
 
-    def sample(self, name: str, call: SampleCall) -> tuple[list[Sampled], list[float | None] | None]:
-        """`call` on the adapter loaded as `name`."""
+    def sample(self, call: SampleCall, weights: SamplerWeights) -> tuple[list[Sampled], list[float | None] | None]:
+        """`call` on `weights`' adapter, loaded into the engine at its first call."""
+        name = self.load(weights.directory())
         stop_ids = [s for s in call.stop or [] if isinstance(s, int)]
         stop_strings = [s for s in call.stop or [] if isinstance(s, str)]
         greedy = call.temperature <= 0  # vLLM serves n=1 only, greedy: the prompt n times, one each
