@@ -4,9 +4,9 @@ being trained every `every` optimizer steps and after the last.
 With `eval: {benchmark, limit}` the benchmark's first `limit` problems are answered greedily and
 graded as eval jobs grade: the series `heldout/accuracy`, `heldout/ci_low`, `heldout/ci_high`,
 `heldout/seconds`, and a `heldout` event. With `eval: {file}` (OpenAI's validation file) the job's
-own rewards score the answers: `heldout/reward`. A GRPO job generates on its colocated vLLM engine
-when it has one, else the trained model does through evaluator.backends.hf_generate; the time is kept out of
-the step's. docs/grpo-loop.md, "Held-out evaluation during training"."""
+own rewards score the answers: `heldout/reward`. It generates through `backend(name)`, as eval jobs
+do: `vllm` on a GRPO job's colocated engine where it has one, else `hf` on the trained model; the
+time is kept out of the step's. docs/grpo-loop.md, "Held-out evaluation during training"."""
 
 from __future__ import annotations
 
@@ -134,31 +134,25 @@ class HeldoutEvalCallback(TrainerCallback):
     def _generate(self, engine: Any) -> tuple[list[str], list[bool], str]:
         if self.tooling is not None:
             return self._generate_with_tools(engine)
-        if engine is not None:
-            from vllm import SamplingParams
+        from evaluator.backends import backend
 
+        if engine is not None:  # the vllm backend on TRL's engine, as the tool's rollouts below
             if self._longest is None:  # the prompts are fixed: measured once
                 self._longest = max(len(self.tokenizer(t, add_special_tokens=False).input_ids) for t in self.texts)
             room = engine.max_model_length - self._longest if engine.max_model_length else self.spec.max_new_tokens
-            params = SamplingParams(
-                temperature=0.0, max_tokens=max(1, min(self.spec.max_new_tokens, room)), stop=self.recipe.stop
-            )
-            outs = [o.outputs[0] for o in engine.llm.generate(self.texts, params, use_tqdm=False)]
-            return [o.text for o in outs], [o.finish_reason == "length" for o in outs], "the colocated vLLM engine"
-        from evaluator.backends import hf_generate
-
+            gens = backend("vllm").generate(
+                engine.llm, self.tokenizer, self.texts,
+                max_new_tokens=max(1, min(self.spec.max_new_tokens, room)), stop=self.recipe.stop,
+            )  # fmt: skip
+            return [g[0].text for g in gens], [g[0].truncated for g in gens], "the colocated vLLM engine"
         model = self.trainer.accelerator.unwrap_model(self.trainer.model)
         was_training, side = model.training, self.tokenizer.padding_side
         model.eval()
         try:
-            gens = hf_generate.generate(
-                model,
-                self.tokenizer,
-                self.texts,
-                max_new_tokens=self.spec.max_new_tokens,
-                stop=self.recipe.stop,
+            gens = backend("hf").generate(
+                model, self.tokenizer, self.texts, max_new_tokens=self.spec.max_new_tokens, stop=self.recipe.stop,
                 batch_size=50,
-            )
+            )  # fmt: skip
         finally:
             model.train(was_training)
             self.tokenizer.padding_side = side
