@@ -137,7 +137,9 @@ def _bwrap_prefix(tmp_mb: int, writable: bool = True) -> list[str]:
     root = os.geteuid() == 0
     argv = ["bwrap", "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-net", "--unshare-ipc"]
     argv += ["--unshare-uts", "--unshare-cgroup-try"]
-    if root:  # the harness drops to nobody itself (CAP_SYS_ADMIN: only to make its directory noexec first)
+    if (
+        root
+    ):  # the harness drops to the sandbox's own uid itself (CAP_SYS_ADMIN: only to make its directory noexec first)
         argv += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
         argv += ["--cap-add", "CAP_SYS_ADMIN"] if writable else []
     else:  # a user namespace of its own, the caller's uid seen as nobody, no capabilities

@@ -231,7 +231,7 @@ def _detail(e: BaseException) -> str:
 
 def _enter(request: dict[str, Any]) -> Any:
     """Everything before the user's code, in this order: the noexec directory, the filter, the
-    limits, nobody. Returns the stdout it was given (the user's prints go to stderr)."""
+    limits, the sandbox's uid. Returns the stdout it was given (the user's prints go to stderr)."""
     limits = request["limits"]
     if request.get("noexec"):  # bwrap's tmpfs, before the filter (which refuses mount and unshare)
         _noexec(os.getcwd())
@@ -400,13 +400,19 @@ def _serve(tool: dict[str, Any], out: Any, pending: bytes) -> None:
 
 def _fork(patient: bool) -> int:
     """os.fork. `patient` (none of the sandbox's calls runs): first waits up to a second for the
-    processes of calls just killed to be reaped, which hold their share of RLIMIT_NPROC till then."""
+    processes of calls just killed to be reaped, which hold their share of RLIMIT_NPROC till then;
+    then ends every other process of its uid in its namespace, which can only be what a call left
+    outside its group (a child that made a session of its own, which killing the group missed), and
+    tries once more."""
     import time
 
-    for _ in range(20 if patient else 0):
+    for attempt in range(30 if patient else 0):
         try:
             return os.fork()
         except BlockingIOError:
+            if attempt == 19:
+                with contextlib.suppress(OSError):  # not this process, nor the namespace's init (root)
+                    os.kill(-1, signal.SIGKILL)
             time.sleep(0.05)
     return os.fork()
 

@@ -5,7 +5,7 @@ userfaultfd, io_uring, ptrace and the kernel's other rarer doors answer EPERM (c
 sockets other than unix, IPv4 and IPv6 are refused, and a foreign architecture's calls kill the
 process. The python tool's filter adds TOOL_DENIED, and each call's own filter keeps it to its own
 processes (`own_process_calls`). `program` builds it with libseccomp (pyseccomp) as a classic BPF
-program, which the harness (evaluator/sandbox_harness.py) loads before it drops to nobody, in both
+program, which the harness (evaluator/sandbox_harness.py) loads before it drops to the sandbox's uid, in both
 sandbox modes. Why a deny list, and what each refusal shuts: RELIABILITY.md,
 "`evaluator/sandbox.py`: how the boundary is built"."""
 

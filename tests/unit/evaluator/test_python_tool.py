@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import textwrap
 import threading
 import time
 from typing import Any
@@ -99,6 +100,40 @@ def test_a_fork_bomb_holds_its_own_sandboxs_processes_and_no_other_sandboxs(boun
     forked, *after = got
     assert forked.error == "timeout", forked
     assert [(r.output, r.error) for r in after] == [("after\n", None)] * 4, after
+
+
+def test_what_a_call_left_outside_its_group_is_ended_once_it_holds_the_sandboxs_processes(boundary: Any) -> None:  # noqa: F811
+    """A call's children that make sessions of their own outlive the kill of its group. Holding the
+    sandbox's processes, they left every later call unable to start (answered `process_limit`, the
+    server alive): the server now ends every process of its uid in its namespace, then forks."""
+    escape = textwrap.dedent(
+        """
+        import os, time
+        def hold():
+            os.setsid()  # a session, and a group, of its own
+            os.close(1), os.close(2)
+            time.sleep(0.5)  # then the place its parent leaves, once the call ends
+            try:
+                if os.fork() == 0:
+                    time.sleep(60)
+            except BlockingIOError:
+                pass
+            time.sleep(60)
+        for _ in range(64):
+            try:
+                if os.fork() == 0:
+                    hold()
+            except BlockingIOError:
+                break
+        print('left')
+        """
+    )
+    with PythonTool(ToolLimits(timeout_s=3, parallel=2, audit_hook=False)) as tool:
+        (left,) = tool.run([(escape, [])])
+        time.sleep(1.5)  # every process of the sandbox held
+        (after,) = tool.run([("print('after')", [])])
+    assert (left.output, left.error) == ("left\n", None), left
+    assert (after.output, after.error) == ("after\n", None), after
 
 
 WRITES = """
