@@ -385,6 +385,12 @@ def test_scores_page_shows_stored_scores(
     acc = {s.model_ref: s for s in scores if s.metric == "accuracy"}
     assert set(models) <= set(acc)
 
+    # the step charts wait on their job's checkpoints: the page is loaded only once they are drawn,
+    # however slow that answer (here the browser holds it back two seconds)
+    page.add_init_script(
+        "const f = window.fetch; window.fetch = (u, o) => /checkpoints/.test(String(u))"
+        " ? new Promise((ok) => setTimeout(ok, 2000)).then(() => f(u, o)) : f(u, o);"
+    )
     sign_in(page, f"{service.url}/ui/scores", key)
     board = page.eval_on_selector_all(
         "#leaderboard tbody tr", "rows => rows.map(r => [r.dataset.model, r.cells[2].innerText])"

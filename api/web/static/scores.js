@@ -10,9 +10,9 @@ const isRate = (metric) => /accuracy|pass@|maj@/.test(metric);
 boot(async (main) => {
   const params = new URLSearchParams(location.search);
   const all = (await api("/v1/scores", { limit: 2000 })).data; // newest first
-  main.dataset.loaded = "true";
   if (!all.length) {
     main.replaceChildren(h("h1", {}, "Scores"), h("p", { class: "muted", id: "noscores" }, "No scores stored in this project yet: run an eval job."));
+    main.dataset.loaded = "true";
     return;
   }
   const metrics = [...new Set(all.map((s) => s.metric))].sort();
@@ -84,13 +84,15 @@ boot(async (main) => {
     }
     return jobInfo.get(id);
   }
+  let stepsRender = 0; // a later render (a metric change) supersedes one still awaiting its jobs
   async function renderSteps() {
-    const metric = metricSel.value;
+    const metric = metricSel.value, mine = ++stepsRender;
     const ids = [...new Set(all.map((s) => s.model_ref.match(STEP_REF)?.[1]).filter(Boolean))];
-    steps.replaceChildren();
-    if (!ids.length) { steps.append(h("p", { class: "muted" }, "No checkpoint of a training job has been scored yet (eval a model 'job:<id>@step-N').")); return; }
+    const charts = [];
+    if (!ids.length) charts.push(h("p", { class: "muted" }, "No checkpoint of a training job has been scored yet (eval a model 'job:<id>@step-N')."));
     for (const id of ids) {
       const meta = await info(id);
+      if (mine !== stepsRender) return;
       const series = new Map(); // benchmark -> Map(step -> value)
       for (const s of [...all].reverse()) {
         if (s.metric !== metric) continue;
@@ -107,8 +109,9 @@ boot(async (main) => {
       const chart = new LineChart(`${metric}: ${name}`, { format: (v) => fmt(metric, v), yRange: isRate(metric) ? [0, 1] : null });
       for (const [bench, pts] of series) chart.append(bench, [...pts].sort((a, b) => a[0] - b[0]).map(([x, y]) => ({ x, y })));
       chart.render();
-      steps.append(chart.el);
+      charts.push(chart.el);
     }
+    steps.replaceChildren(...charts);
   }
 
   const all3 = () => { renderBoard(); renderCompare(); return renderSteps(); };
@@ -116,6 +119,7 @@ boot(async (main) => {
   selA.addEventListener("change", renderCompare);
   selB.addEventListener("change", renderCompare);
   await all3();
+  main.dataset.loaded = "true"; // after the step charts, which wait on their jobs
 });
 
 function ciText(s) {
