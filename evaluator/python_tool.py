@@ -123,7 +123,6 @@ class PythonTool:
 
     def _start(self) -> subprocess.Popen[bytes]:
         check_available("kernel")
-        root = os.geteuid() == 0
         cmd = [*sandbox._bwrap_prefix(1, writable=False), sys.executable, "-I", "-B", sandbox.INSIDE_HARNESS]
         request = {
             "limits": {
@@ -133,7 +132,7 @@ class PythonTool:
                 "processes": self.limits.processes,
             },
             # its own: what its calls fork counts against it alone (RLIMIT_NPROC counts a uid's processes)
-            "uid": self._uid.enter_context(box_uid()) if root else None,
+            "uid": self._uid.enter_context(box_uid()),
             "seccomp": _tool_seccomp(),
             "tool": {
                 "timeout_s": self.limits.timeout_s,

@@ -137,9 +137,8 @@ def _bwrap_prefix(tmp_mb: int, writable: bool = True) -> list[str]:
     root = os.geteuid() == 0
     argv = ["bwrap", "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-net", "--unshare-ipc"]
     argv += ["--unshare-uts", "--unshare-cgroup-try"]
-    if (
-        root
-    ):  # the harness drops to the sandbox's own uid itself (CAP_SYS_ADMIN: only to make its directory noexec first)
+    if root:
+        # the harness drops to the sandbox's own uid itself (CAP_SYS_ADMIN: only to make its directory noexec first)
         argv += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
         argv += ["--cap-add", "CAP_SYS_ADMIN"] if writable else []
     else:  # a user namespace of its own, the caller's uid seen as nobody, no capabilities
@@ -223,7 +222,7 @@ def _find_isolation(mode: str) -> Isolation:
             return Isolation("none", (), "nobody", "bubblewrap (bwrap) is not installed: " + INSTALL_HINT)
         prefix = tuple(_bwrap_prefix(64))
         notes: list[str] = []
-        probe = _probe(list(prefix), INSIDE_HARNESS, root, notes)
+        probe = _probe(list(prefix), INSIDE_HARNESS, notes)
         if probe and sandbox_seccomp.REFUSED in probe:
             return Isolation("none", (), "nobody", f"{probe}: {sandbox_seccomp.LOAD_HINT}")
         if probe:
@@ -241,7 +240,7 @@ def _find_isolation(mode: str) -> Isolation:
             if subprocess.run([*prefix, "true"], capture_output=True, timeout=10).returncode == 0:
                 iso = Isolation("unshare-net", prefix, user)
                 break
-    probe = _probe(list(iso.prefix), str(HARNESS), root)
+    probe = _probe(list(iso.prefix), str(HARNESS))
     if probe:  # the filter, most likely: the rest of this mode is the interpreter alone
         hint = sandbox_seccomp.LOAD_HINT if sandbox_seccomp.REFUSED in probe else "see evaluator/sandbox.py"
         return Isolation("none", (), user, f"a python grader could not start here ({probe}): {hint}")
@@ -256,11 +255,11 @@ def _why_bwrap_failed(probe: str) -> str:
     return f"the interpreter did not start inside the sandbox ({probe}): see evaluator/sandbox.py, _bwrap_prefix"
 
 
-def _probe(prefix: list[str], harness: str, root: bool, notes: list[str] | None = None) -> str | None:
-    """Run a trivial grader through `prefix` (as a uid of its own where `root`): None if it scored, else
+def _probe(prefix: list[str], harness: str, notes: list[str] | None = None) -> str | None:
+    """Run a trivial grader through `prefix` (as a uid of its own where root): None if it scored, else
     what went wrong. `notes` (bwrap's probe): gets why the grader's directory could not be made
     noexec, where it could not."""
-    with box_uid() if root else contextlib.nullcontext(None) as uid:
+    with box_uid() as uid:
         return _probe_as(uid, prefix, harness, notes)
 
 
@@ -315,7 +314,7 @@ def run_python(
     check_available(limits.mode)
     iso = isolation(limits.mode)
     # root: the harness drops to a uid of this run's own (never root: isolation() refused otherwise)
-    with box_uid() if os.geteuid() == 0 else contextlib.nullcontext(None) as uid:
+    with box_uid() as uid:
         return _run_as(uid, iso, source, cases, limits)
 
 

@@ -76,10 +76,14 @@ def _named(uid: int) -> bool:
 
 
 @contextlib.contextmanager
-def box_uid() -> Iterator[int]:
-    """A uid for one sandbox, held until the block ends. Starts at a random place in the range, so
-    machines whose sandboxes cannot see each other's locks (containers, each /run its own) seldom
-    meet; where LOCK_DIR is not ours, a random free-of-accounts uid, unlocked."""
+def box_uid() -> Iterator[int | None]:
+    """A uid for one sandbox, held until the block ends; None where this process is not root (then
+    bubblewrap's user namespace sees the sandbox as nobody, and there is no uid to give). Starts at a
+    random place in the range, so machines whose sandboxes cannot see each other's locks (containers,
+    each /run its own) seldom meet; where LOCK_DIR is not ours, a random free-of-accounts uid, unlocked."""
+    if os.geteuid() != 0:
+        yield None
+        return
     where = _lock_dir()
     try:
         start = random.randrange(UIDS)
