@@ -40,17 +40,17 @@ def prompts_for(model: str, limit: int, data_dir: str) -> list[str]:
 
 
 def time_backend(backend: str, model: str, texts: list[str], max_new_tokens: int, batch_size: int) -> dict:
+    from evaluator.backends import Decoding
     from evaluator.backends import backend as named
     from evaluator.models import load_tokenizer
 
     tok = load_tokenizer(model)
     t0 = time.perf_counter()
-    b = named(backend)
-    engine = b.load(model, seed=0, max_model_len=2048)
+    gen = named(backend).load(model, tok, seed=0, max_model_len=2048)
     startup = time.perf_counter() - t0
-    b.generate(engine, tok, texts[:2], max_new_tokens=8, batch_size=2)  # warm-up
+    gen.generate(texts[:2], Decoding(8, batch_size=2))  # warm-up
     t1 = time.perf_counter()
-    gens = b.generate(engine, tok, texts, max_new_tokens=max_new_tokens, batch_size=batch_size)
+    gens = gen.generate(texts, Decoding(max_new_tokens, batch_size=batch_size))
     seconds = time.perf_counter() - t1
     tokens = sum(g[0].tokens for g in gens)
     return {

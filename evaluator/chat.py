@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from evaluator.backends import BackendOptions, backend
+from evaluator.backends import BackendOptions, Decoding, backend
 from evaluator.backends.base import WarmEngineAddress
 from evaluator.backends.chat_base import Chat, Choice, ModelPath, NoDeltas, answer_schema, rows
 
@@ -109,12 +109,11 @@ def _answer_with_tools(
     with model.lock:
         prompt = model.prompt(messages, spec.prompt, fmt.chat_tools)
         with job_tool(python.timeout_s, python.max_output_chars, sandbox) as tool:
+            seed = spec.seed if spec.seed is not None else secrets.randbits(31)
+            decoding = Decoding(spec.max_tokens, tuple(spec.stop or ()), spec.temperature, spec.top_p, spec.n, seed)
             gens, _ = generate_with_tools(
-                backend("hf"), model.model, model.tokenizer, [prompt], tool=tool, fmt=fmt,
-                max_calls=python.max_calls, max_new_tokens=spec.max_tokens, stop=list(spec.stop or []),
-                temperature=spec.temperature, top_p=spec.top_p, n=spec.n,
-                seed=spec.seed if spec.seed is not None else secrets.randbits(31), batch_size=spec.n,
-                should_stop=sink.should_stop,
+                backend("hf").generator(model.model, model.tokenizer), [prompt], decoding, tool=tool, fmt=fmt,
+                max_calls=python.max_calls, should_stop=sink.should_stop,
             )  # fmt: skip
         choices = [Choice(g.text, "length" if g.truncated else "stop", g.tokens) for g in gens[0]]
         made = rows(prompt, model.prompt_tokens(prompt), 0, choices)

@@ -6,10 +6,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from evaluator import prompts
-from evaluator.backends import BackendOptions, backend
+from evaluator.backends import BackendOptions, Decoding, backend
 from evaluator.benchmarks import Benchmark, find_benchmark, get_benchmark
 from evaluator.data import Problem, custom_source, load_benchmark, load_custom_set
 from evaluator.graders import Judge, RMScorer
@@ -81,7 +80,7 @@ def run_eval(
             t = spec.tools.python
             max_model_len += t.max_calls * (max_new_tokens + t.max_output_chars + TOOL_OUTPUT_MARGIN)
             max_model_len = context_length(model_path, max_model_len)
-    model = engine.load(model_path, dtype=spec.dtype, seed=s.seed, max_model_len=max_model_len, sink=sink)
+    gen = engine.load(model_path, tokenizer, dtype=spec.dtype, seed=s.seed, max_model_len=max_model_len, sink=sink)
     sink.event("loaded", f"{spec.backend} backend ready in {time.monotonic() - t0:.1f}s")
 
     t1 = time.monotonic()
@@ -92,21 +91,19 @@ def run_eval(
             last[0] = time.monotonic()
             sink.progress(done, total, f"generating ({done / max(time.monotonic() - t1, 1e-9):.2f} problems/s)")
 
-    knobs: dict[str, Any] = {
-        "max_new_tokens": max_new_tokens, "stop": recipe.stop, "temperature": s.temperature, "top_p": s.top_p,
-        "n": s.n, "seed": s.seed, "batch_size": spec.batch_size, "on_batch": on_batch, "should_stop": sink.should_stop,
-    }  # fmt: skip
+    decoding = Decoding(
+        max_new_tokens, tuple(recipe.stop), s.temperature, s.top_p, s.n, s.seed, batch_size=spec.batch_size
+    )
     tool_seconds = None
     if spec.tools is not None and fmt is not None:
         t = spec.tools.python
-        # the engine's own length (a warm engine's may be longer than asked): a turn past it is cut
-        length = getattr(model, "max_model_len", None) or max_model_len
         with job_tool(t.timeout_s, t.max_output_chars, sandbox) as tool:
             gens, tool_seconds = generate_with_tools(
-                engine, model, tokenizer, texts, tool=tool, fmt=fmt, max_calls=t.max_calls, max_len=length, **knobs
-            )
+                gen, texts, decoding, tool=tool, fmt=fmt, max_calls=t.max_calls, on_batch=on_batch,
+                should_stop=sink.should_stop,
+            )  # fmt: skip
     else:
-        gens = engine.generate(model, tokenizer, texts, **knobs)
+        gens = gen.generate(texts, decoding, on_batch=on_batch, should_stop=sink.should_stop)
     gen_seconds = time.monotonic() - t1
 
     scored = score(spec, recipe, problems, texts, gens, gen_seconds, rm_scorer=rm_scorer, judge=judge, sandbox=sandbox)

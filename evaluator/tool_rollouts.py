@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from evaluator.backends.base import Backend, Generation
+from evaluator.backends.base import Decoding, Generation, Generator
 from evaluator.python_tool import Tool
 from evaluator.tool_formats import ToolFormat
 
@@ -100,58 +100,47 @@ def run_turns(
 
 
 def generate_with_tools(
-    engine: Backend,
-    model: Any,
-    tokenizer: Any,
+    gen: Generator,
     prompts: list[str],
+    decoding: Decoding,
     *,
     tool: Tool,
     fmt: ToolFormat,
     max_calls: int,
-    max_new_tokens: int,
-    stop: list[str],
-    temperature: float,
-    top_p: float,
-    n: int,
-    seed: int,
-    batch_size: int,
     on_batch: Callable[[int, int], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
-    max_len: int | None = None,
 ) -> tuple[list[list[Generation]], float]:
     """For each prompt its n rollouts as Generations (text: the whole rollout, its tool outputs
     included; `tool_turns`: each call, then the last turn as {answer}), and the seconds the calls'
     batches took (what the calls did is read off the turns: evaluator/scoring.py tool_metrics).
-    `max_new_tokens` is per model turn. `max_len`: the longest sequence the engine takes (a vLLM
-    engine's max_model_len), None for none: a turn is cut to the room its context leaves, and a
-    rollout whose context fills it ends there, truncated, without asking the engine."""
+    `decoding.max_new_tokens` is per model turn. Where the generator's length is bounded (a vLLM
+    engine's max_model_len), a turn is cut to the room its context leaves, and a rollout whose
+    context fills it ends there, truncated, without asking the engine."""
+    max_len, tokenizer, n = gen.max_model_len, gen.tokenizer, decoding.n
 
     def turns(texts: list[str], may_call: bool, n: int, seed: int, on_batch: Any = None) -> list[list[Generation]]:
         """Each text's n generations, each group of texts asking for what its room allows."""
-        knobs: dict[str, Any] = {
-            "stop": [*stop, *fmt.stops(may_call)], "temperature": temperature, "top_p": top_p, "n": n,
-            "seed": seed, "batch_size": batch_size, "should_stop": should_stop,
-        }  # fmt: skip
+        d = decoding.but(stop=(*decoding.stop, *fmt.stops(may_call)), n=n, seed=seed)
         if max_len is None:
-            return engine.generate(model, tokenizer, texts, max_new_tokens=max_new_tokens, on_batch=on_batch, **knobs)
+            return gen.generate(texts, d, on_batch=on_batch, should_stop=should_stop)
         rooms = [max_len - len(tokenizer(t, add_special_tokens=False).input_ids) for t in texts]
         out: list[list[Generation]] = [[Generation("", 0, True)] * n for _ in texts]  # no room: cut here
-        for budget in sorted({min(max_new_tokens, r) for r in rooms if r > 0}, reverse=True):
-            at = [i for i, r in enumerate(rooms) if r > 0 and min(max_new_tokens, r) == budget]
-            gens = engine.generate(model, tokenizer, [texts[i] for i in at], max_new_tokens=budget, **knobs)
-            for i, g in zip(at, gens, strict=True):
+        for budget in sorted({min(d.max_new_tokens, r) for r in rooms if r > 0}, reverse=True):
+            at = [i for i, r in enumerate(rooms) if r > 0 and min(d.max_new_tokens, r) == budget]
+            made = gen.generate([texts[i] for i in at], d.but(max_new_tokens=budget), should_stop=should_stop)
+            for i, g in zip(at, made, strict=True):
                 out[i] = g  # a turn cut at its room reads as truncated (its length), so its rollout ends
         if on_batch is not None:
             on_batch(len(texts), len(texts))
         return out
 
-    first = turns(prompts, True, n, seed, on_batch)
+    first = turns(prompts, True, n, decoding.seed, on_batch)
     rollouts = [[Rollout(p) for _ in gens] for p, gens in zip(prompts, first, strict=True)]
     rounds = [0]
 
     def next_turns(open_: list[Rollout], may_call: bool) -> list[Turn]:
         rounds[0] += 1
-        gens = turns([r.prompt + r.text for r in open_], may_call, 1, seed + rounds[0])
+        gens = turns([r.prompt + r.text for r in open_], may_call, 1, decoding.seed + rounds[0])
         return [Turn(g[0].text, g[0].tokens, g[0].truncated) for g in gens]
 
     tool_seconds = run_turns(

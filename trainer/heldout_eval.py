@@ -134,25 +134,21 @@ class HeldoutEvalCallback(TrainerCallback):
     def _generate(self, engine: Any) -> tuple[list[str], list[bool], str]:
         if self.tooling is not None:
             return self._generate_with_tools(engine)
-        from evaluator.backends import backend
+        from evaluator.backends import Decoding, backend
 
         if engine is not None:  # the vllm backend on TRL's engine, as the tool's rollouts below
             if self._longest is None:  # the prompts are fixed: measured once
                 self._longest = max(len(self.tokenizer(t, add_special_tokens=False).input_ids) for t in self.texts)
             room = engine.max_model_length - self._longest if engine.max_model_length else self.spec.max_new_tokens
-            gens = backend("vllm").generate(
-                engine.llm, self.tokenizer, self.texts,
-                max_new_tokens=max(1, min(self.spec.max_new_tokens, room)), stop=self.recipe.stop,
-            )  # fmt: skip
+            decoding = Decoding(max(1, min(self.spec.max_new_tokens, room)), tuple(self.recipe.stop))
+            gens = backend("vllm").generator(engine.llm, self.tokenizer).generate(self.texts, decoding)
             return [g[0].text for g in gens], [g[0].truncated for g in gens], "the colocated vLLM engine"
         model = self.trainer.accelerator.unwrap_model(self.trainer.model)
         was_training, side = model.training, self.tokenizer.padding_side
         model.eval()
         try:
-            gens = backend("hf").generate(
-                model, self.tokenizer, self.texts, max_new_tokens=self.spec.max_new_tokens, stop=self.recipe.stop,
-                batch_size=50,
-            )  # fmt: skip
+            decoding = Decoding(self.spec.max_new_tokens, tuple(self.recipe.stop), batch_size=50)
+            gens = backend("hf").generator(model, self.tokenizer).generate(self.texts, decoding)
         finally:
             model.train(was_training)
             self.tokenizer.padding_side = side
@@ -161,27 +157,23 @@ class HeldoutEvalCallback(TrainerCallback):
     def _generate_with_tools(self, engine: Any) -> tuple[list[str], list[bool], str]:
         """Greedy rollouts with the job's tool (evaluator/tool_rollouts.py, the loop eval jobs run):
         each answer is the model's own words, the tool's outputs taken out."""
-        from evaluator.backends import backend
+        from evaluator.backends import Decoding, backend
         from evaluator.tool_rollouts import generate_with_tools
 
         t = self.tooling
+        decoding = Decoding(self.spec.max_new_tokens, tuple(self.recipe.stop), batch_size=50)  # greedy
+        calls = t.tools.python.max_calls
         if engine is not None:
-            gens, _ = generate_with_tools(
-                backend("vllm"), engine.llm, self.tokenizer, self.texts, tool=t.tool, fmt=t.fmt,
-                max_calls=t.tools.python.max_calls, max_new_tokens=self.spec.max_new_tokens, stop=self.recipe.stop,
-                temperature=0.0, top_p=1.0, n=1, seed=0, batch_size=50, max_len=engine.max_model_length,
-            )  # fmt: skip
+            gen = backend("vllm").generator(engine.llm, self.tokenizer, engine.max_model_length)
+            gens, _ = generate_with_tools(gen, self.texts, decoding, tool=t.tool, fmt=t.fmt, max_calls=calls)
             where = "the colocated vLLM engine"
         else:
             model = self.trainer.accelerator.unwrap_model(self.trainer.model)
             was_training, side = model.training, self.tokenizer.padding_side
             model.eval()
             try:
-                gens, _ = generate_with_tools(
-                    backend("hf"), model, self.tokenizer, self.texts, tool=t.tool, fmt=t.fmt,
-                    max_calls=t.tools.python.max_calls, max_new_tokens=self.spec.max_new_tokens,
-                    stop=self.recipe.stop, temperature=0.0, top_p=1.0, n=1, seed=0, batch_size=50,
-                )  # fmt: skip
+                gen = backend("hf").generator(model, self.tokenizer)
+                gens, _ = generate_with_tools(gen, self.texts, decoding, tool=t.tool, fmt=t.fmt, max_calls=calls)
             finally:
                 model.train(was_training)
                 self.tokenizer.padding_side = side

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from evaluator import prompts
-from evaluator.backends import HF, Backend, BackendOptions, backend
+from evaluator.backends import Backend, BackendOptions, Decoding, Generator, backend
 from evaluator.data import Problem
 from evaluator.grading import grade
 from evaluator.metrics import maj_at_k, wilson_interval
@@ -48,8 +48,8 @@ class Sampled:
 def load_policy(
     spec: RewardModelSpec, policy_path: str, prompts_for_length: list[str], tok: Any,
     options: BackendOptions | None = None,
-) -> tuple[Backend, Any]:  # fmt: skip
-    """(backend, model or engine) for the spec's sampling backend."""
+) -> tuple[Backend, Generator]:  # fmt: skip
+    """(backend, the policy it holds) for the spec's sampling backend."""
     engine = backend(spec.backend, options)
     max_model_len = None
     if engine.sized_by_sequence:
@@ -57,7 +57,7 @@ def load_policy(
         # process-RM rollouts continue a prefix of a sampled solution: room for two completions
         max_new_tokens = spec.sampling.max_new_tokens
         max_model_len = longest + max_new_tokens * (2 if spec.type == "process" else 1)
-    return engine, engine.load(policy_path, seed=spec.seed, max_model_len=max_model_len)
+    return engine, engine.load(policy_path, tok, seed=spec.seed, max_model_len=max_model_len)
 
 
 def sample_solutions(
@@ -66,29 +66,23 @@ def sample_solutions(
     policy_path: str,
     problems: list[Problem],
     template: str,
-    policy: tuple[Backend, Any] | None = None,
+    policy: tuple[Backend, Generator] | None = None,
 ) -> list[Sampled]:
     tok = load_tokenizer(policy_path)
     texts = [prompts.render(template, p.question, tok) for p in problems]
-    sampler, model = policy or load_policy(spec, policy_path, texts, tok)
+    sampler, gen = policy or load_policy(spec, policy_path, texts, tok)
     sink.event(
         "sampling",
         f"sampling with the {spec.backend} backend ({sampler.version()})",
         data={"backend": spec.backend, "version": sampler.version()},
     )
     s = spec.sampling
-    gens = sampler.generate(
-        model,
-        tok,
-        texts,
-        max_new_tokens=s.max_new_tokens,
-        temperature=s.temperature,
-        top_p=s.top_p,
-        n=spec.samples_per_question,
-        seed=spec.seed,
+    decoding = Decoding(
+        s.max_new_tokens, (), s.temperature, s.top_p, spec.samples_per_question, spec.seed,
         batch_size=max(spec.samples_per_question, 32),
-        on_batch=lambda d, t: sink.progress(d, t, "sampling solutions"),
-        should_stop=sink.should_stop,
+    )  # fmt: skip
+    gens = gen.generate(
+        texts, decoding, on_batch=lambda d, t: sink.progress(d, t, "sampling solutions"), should_stop=sink.should_stop
     )
     out = []
     for p, text, outs in zip(problems, texts, gens, strict=True):
@@ -117,14 +111,14 @@ def step_rollout_correct(solved: str, rollout: Any, gold: str) -> bool:
 
 
 def process_labels(
-    spec: RewardModelSpec, sink: Sink, model: Any, tok: Any, sampled: list[Sampled], sampler: Backend | None = None
+    spec: RewardModelSpec, sink: Sink, policy: Generator, sampled: list[Sampled]
 ) -> list[dict[str, Any]]:
     """Math-Shepherd hard labels: step i is good if one of k completions from steps[:i+1] is right.
     A completion is graded as the whole solution it finishes (the prefix's steps, then the
     continuation): a prefix that already states the answer is not judged by a continuation that
     need not repeat it."""
-    sampler = sampler or HF()
-    max_new_tokens = spec.sampling.max_new_tokens
+    k = spec.completions_per_step
+    decoding = Decoding(spec.sampling.max_new_tokens, temperature=spec.sampling.temperature, n=k, batch_size=k)
     rows = []
     total = sum(len(s.completions) for s in sampled)
     done = 0
@@ -137,16 +131,7 @@ def process_labels(
                     labels.append(int(ok))  # the last step's label is the outcome itself
                     continue
                 solved = STEP_TAG.join(steps[: i + 1]) + STEP_TAG
-                gens = sampler.generate(
-                    model,
-                    tok,
-                    [s.prompt + solved],
-                    max_new_tokens=max_new_tokens,
-                    temperature=spec.sampling.temperature,
-                    n=spec.completions_per_step,
-                    seed=spec.seed + i,
-                    batch_size=spec.completions_per_step,
-                )[0]
+                gens = policy.generate([s.prompt + solved], decoding.but(seed=spec.seed + i))[0]
                 labels.append(int(any(step_rollout_correct(solved, g, s.problem.gold) for g in gens)))
             if steps:
                 rows.append({"prompt": s.prompt, "steps": steps, "labels": labels})
@@ -391,7 +376,7 @@ def run_reward_model(
         model, tok, steps = _train_outcome(spec, pairs, model_path, work, sink)
         score_fn = outcome_scores
     else:
-        rows = process_labels(spec, sink, policy[1], policy_tok, s_train, policy[0])
+        rows = process_labels(spec, sink, policy[1], s_train)
         good = sum(sum(r["labels"]) for r in rows)
         total = sum(len(r["labels"]) for r in rows)
         sink.event("labelled", f"{total} steps labelled, {good} good", data={"steps": total, "good": good})

@@ -3,7 +3,8 @@
 - `hf` (evaluator/backends/hf.py): Hugging Face transformers (decoding: hf_generate.py; calls: hf_chat.py);
 - `vllm` (evaluator/backends/vllm.py): vLLM's offline engine, or the worker's warm server (warm.py).
 
-Each generates for evals (`Backend.generate`) and holds a model for calls as a `Chat`
+Each loads a model as a `Generator` of an eval's completions (`Backend.load`; decoded as `Decoding`
+says, the same knobs on every backend) and holds a model for calls as a `Chat`
 (`Backend.chat`, chat_base.py): a generate job's calls, a batch's lines, graders' models.
 
 A new backend is a `Backend` subclass (evaluator/backends/base.py) in a module here, added below.
@@ -12,7 +13,15 @@ what it generates on); a quick test holds that registry to this one."""
 
 from __future__ import annotations
 
-from evaluator.backends.base import Backend, BackendOptions, EngineSettings, Generation, WarmEngineAddress
+from evaluator.backends.base import (
+    Backend,
+    BackendOptions,
+    Decoding,
+    EngineSettings,
+    Generation,
+    Generator,
+    WarmEngineAddress,
+)
 from evaluator.backends.hf import HF
 from evaluator.backends.vllm import VLLM
 from mathrl.registry import Registry
@@ -33,8 +42,10 @@ __all__ = [
     "VLLM",
     "Backend",
     "BackendOptions",
+    "Decoding",
     "EngineSettings",
     "Generation",
+    "Generator",
     "WarmEngineAddress",
     "backend",
 ]

@@ -1,10 +1,12 @@
-"""What every generation backend is: `Backend` (load a model and generate completions for an eval;
-hold a model as a `Chat` for calls; sample token ids on a session's weights), the `Generation` it
-returns for each completion, and the `BackendOptions` the worker gives it (the operator's engine
-settings, the warm engine a job was given): arguments, never environment reads."""
+"""What every generation backend is: `Backend` (load a model as a `Generator` of an eval's
+completions, decoded as `Decoding` says; hold a model as a `Chat` for calls; sample token ids on a
+session's weights), the `Generation` it returns for each completion, and the `BackendOptions` the
+worker gives it (the operator's engine settings, the warm engine a job was given): arguments, never
+environment reads."""
 
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -58,6 +60,45 @@ class Generation:
     answer_text: str | None = None
 
 
+@dataclass(frozen=True)
+class Decoding:
+    """How an eval's completions are decoded: the same knobs on every backend. A completion ends at
+    EOS or at the first of the `stop` strings, which is cut off (as lm-evaluation-harness does)."""
+
+    max_new_tokens: int
+    stop: tuple[str, ...] = ()
+    temperature: float = 0.0
+    top_p: float = 1.0
+    n: int = 1  # completions per prompt
+    seed: int = 0
+    batch_size: int | None = None  # prompts a batch (vLLM: between progress reports); None: the backend's own
+
+    def but(self, **changes: Any) -> Decoding:
+        """These knobs with `changes` (a tool rollout's turn: its stops, its budget)."""
+        return dataclasses.replace(self, **changes)
+
+
+class Generator(ABC):
+    """A model a backend holds for an eval's completions (`Backend.load`, `Backend.generator`), with the
+    tokenizer its prompts are tokenized by (no special tokens added: the prompt is the rendered text)."""
+
+    def __init__(self, model: Any, tokenizer: Any, max_model_len: int | None = None):
+        self.model, self.tokenizer = model, tokenizer
+        self.max_model_len = max_model_len  # the longest sequence it takes (None: no bound known)
+
+    @abstractmethod
+    def generate(
+        self,
+        prompts: list[str],
+        decoding: Decoding,
+        *,
+        on_batch: Callable[[int, int], None] | None = None,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> list[list[Generation]]:
+        """For each prompt in order, its `decoding.n` generations. `on_batch(done, total)` after each
+        batch; `should_stop()` true raises StopRequested between batches."""
+
+
 class Backend(ABC):
     """A generation engine for eval, generate and reward-model sampling jobs, and graders' models.
     Subclasses live in their own module under evaluator/backends/ and are registered in `BACKENDS`
@@ -77,32 +118,17 @@ class Backend(ABC):
 
     @abstractmethod
     def load(
-        self, model_path: str, *, dtype: str = "auto", seed: int = 0, max_model_len: int | None = None,
+        self, model_path: str, tokenizer: Any, *, dtype: str = "auto", seed: int = 0, max_model_len: int | None = None,
         sink: Sink | None = None,
-    ) -> Any:  # fmt: skip
-        """The model (or engine) for `model_path`; `max_model_len`: the longest sequence the job
-        needs, for a backend `sized_by_sequence`. `sink`: where to say what was loaded, and to
-        see stop requests while waiting."""
+    ) -> Generator:  # fmt: skip
+        """The model (or engine) for `model_path`, held for generation; `max_model_len`: the longest
+        sequence the job needs, for a backend `sized_by_sequence`. `sink`: where to say what was
+        loaded, and to see stop requests while waiting."""
 
     @abstractmethod
-    def generate(
-        self,
-        model: Any,
-        tokenizer: Any,
-        prompts: list[str],
-        *,
-        max_new_tokens: int,
-        stop: list[str] | None = None,
-        temperature: float = 0.0,
-        top_p: float = 1.0,
-        n: int = 1,
-        seed: int = 0,
-        batch_size: int = 16,
-        on_batch: Callable[[int, int], None] | None = None,
-        should_stop: Callable[[], bool] | None = None,
-    ) -> list[list[Generation]]:
-        """For each prompt in order, its n generations. A completion ends at EOS or at the first of
-        the `stop` strings, which is cut off (as lm-evaluation-harness does)."""
+    def generator(self, model: Any, tokenizer: Any, max_model_len: int | None = None) -> Generator:
+        """A model already in this process held for generation: a trainer's model (`hf`), TRL's
+        colocated engine (`vllm`)."""
 
     @abstractmethod
     def chat(self, model_path: ModelPath, *, dtype: str = "auto") -> Chat:

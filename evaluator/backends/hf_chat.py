@@ -11,6 +11,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from evaluator.backends.base import Decoding
 from evaluator.backends.chat_base import (
     Chat,
     Choice,
@@ -95,18 +96,9 @@ class HFChat(Chat):
     ) -> list[list[Choice]]:
         """Each prompt's `n` choices; with `logprobs`, each one's tokens' and that many most likely
         alternatives' log-probabilities; with `schema`, each a JSON text it admits (evaluator/structured.py)."""
+        decoding = Decoding(max_tokens, tuple(stop or ()), temperature, top_p, n, seed)
         out = generate(
-            self.model,
-            self.tokenizer,
-            prompts,
-            max_new_tokens=max_tokens,
-            stop=stop,
-            temperature=temperature,
-            top_p=top_p,
-            n=n,
-            seed=seed,
-            should_stop=should_stop,
-            constrain=self.constraint(schema),
+            self.model, self.tokenizer, prompts, decoding, should_stop=should_stop, constrain=self.constraint(schema)
         )
         choices = [[Choice(g.text, "length" if g.truncated else "stop", g.tokens) for g in gens] for gens in out]
         if logprobs is not None:

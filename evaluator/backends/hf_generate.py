@@ -10,11 +10,13 @@ batch's longest completion (a decode step at batch 16 costs ~0.47 s on 2 cores w
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from evaluator.backends.base import Generation
+from evaluator.backends.base import Decoding, Generation
 from runtime.errors import StopRequested
+
+HF_BATCH = 16  # prompts a batch where the decoding names none
 
 
 def backend_version() -> str:
@@ -28,28 +30,25 @@ def generate(
     model: Any,
     tokenizer: Any,
     prompts: list[str],
+    decoding: Decoding,
     *,
-    max_new_tokens: int,
-    stop: list[str] | None = None,
-    temperature: float = 0.0,
-    top_p: float = 1.0,
-    n: int = 1,
-    seed: int = 0,
-    batch_size: int = 16,
     on_batch: Callable[[int, int], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
     constrain: Callable[[], Any] | None = None,
 ) -> list[list[Generation]]:
-    """`Backend.generate` with transformers (evaluator/backends/hf.py `HF`); `constrain`: a maker of the
-    logits processor that holds each batch's answers to a schema (evaluator/structured.py), through `model.generate`."""
+    """`Generator.generate` with transformers (evaluator/backends/hf.py `HFGenerator`); `constrain`: a maker
+    of the logits processor that holds each batch's answers to a schema (evaluator/structured.py), through
+    `model.generate`."""
     import torch
 
+    max_new_tokens, stop, temperature, n = decoding.max_new_tokens, decoding.stop, decoding.temperature, decoding.n
+    batch_size = decoding.batch_size or HF_BATCH
     tokenizer.padding_side = "left"
     stop_ids = eos_ids(model, tokenizer)
     lengths = [len(tokenizer(p, add_special_tokens=False).input_ids) for p in prompts]
     order = sorted(range(len(prompts)), key=lambda i: -lengths[i])
     results: list[list[Generation]] = [[] for _ in prompts]
-    torch.manual_seed(seed)
+    torch.manual_seed(decoding.seed)
     done = 0
     per_batch = max(1, batch_size // n) if n > 1 else batch_size
     for start in range(0, len(order), per_batch):
@@ -67,7 +66,7 @@ def generate(
         if stop:
             kwargs.update(stop_strings=list(stop), tokenizer=tokenizer)
         if temperature > 0:
-            kwargs.update(do_sample=True, temperature=temperature, top_p=top_p)
+            kwargs.update(do_sample=True, temperature=temperature, top_p=decoding.top_p)
         else:
             kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
         if constrain is not None:
@@ -92,7 +91,13 @@ def generate(
 
 
 def greedy(
-    model: Any, tokenizer: Any, enc: dict[str, Any], *, max_new_tokens: int, stop_ids: list[int], stop: list[str] | None
+    model: Any,
+    tokenizer: Any,
+    enc: dict[str, Any],
+    *,
+    max_new_tokens: int,
+    stop_ids: list[int],
+    stop: Sequence[str] | None,
 ) -> list[list[int]]:
     """Greedy completions of a left-padded batch, with `model.generate(do_sample=False)`'s
     arithmetic (position ids from the attention mask, a DynamicCache, argmax of the last
@@ -180,7 +185,7 @@ def _prefill_rows(model: Any, ids: Any, mask: Any) -> tuple[Any, Any]:
     return cache, torch.cat(first)
 
 
-def cut_at_stop(text: str, stop: list[str] | None) -> tuple[str, bool]:
+def cut_at_stop(text: str, stop: Sequence[str] | None) -> tuple[str, bool]:
     """The text before the earliest stop string, and whether one was found."""
     cuts = [i for i in (text.find(s) for s in stop or [] if s) if i >= 0]
     return (text[: min(cuts)], True) if cuts else (text, False)

@@ -11,7 +11,7 @@ import os
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from evaluator.backends.base import Backend, EngineSettings, Generation, WarmEngineAddress
+from evaluator.backends.base import Backend, Decoding, EngineSettings, Generation, Generator, WarmEngineAddress
 from evaluator.backends.warm import RemoteEngine, WarmChat, connect
 from evaluator.backends.warm_sampling import EngineSampler
 from runtime.errors import NotAvailable, StopRequested
@@ -28,6 +28,7 @@ def backend_version() -> str:
     return f"vllm-{vllm.__version__}"
 
 
+VLLM_CHUNK = 256  # prompts between progress reports where the decoding names no batch
 BATCHED_TOKENS = 4096  # tokens per engine step (TRL's colocated default); at least max_model_len on CPUs
 # The attention head sizes vLLM's CPU build (0.31) runs: the cases of its kernels' dispatch
 # (csrc/cpu/generate_cpu_attn_dispatch.py), the same in each of its _C, _C_AVX2 and _C_AVX512
@@ -183,13 +184,7 @@ def generate_remote(
     engine: RemoteEngine,
     tokenizer: Any,
     prompts: list[str],
-    *,
-    max_new_tokens: int,
-    stop: list[str] | None,
-    temperature: float,
-    top_p: float,
-    n: int,
-    seed: int,
+    decoding: Decoding,
     on_batch: Callable[[int, int], None] | None,
     should_stop: Callable[[], bool] | None,
 ) -> list[list[Generation]]:
@@ -199,17 +194,9 @@ def generate_remote(
 
     import httpx
 
-    from evaluator.backends.hf_generate import eos_ids
-
     body = engine.salted({
         "model": engine.model,
-        "max_tokens": max_new_tokens,
-        "temperature": temperature,
-        "top_p": top_p if temperature > 0 else 1.0,
-        "n": n,
-        "seed": seed,
-        "stop": list(stop) if stop else None,
-        "stop_token_ids": eos_ids(None, tokenizer),
+        **_sampling(decoding, tokenizer),
         "skip_special_tokens": True,
         "return_token_ids": True,
     })  # fmt: skip
@@ -247,60 +234,60 @@ def generate_remote(
     return [r for r in results if r is not None]
 
 
-def generate(
-    model: Any,
-    tokenizer: Any,
-    prompts: list[str],
-    *,
-    max_new_tokens: int,
-    stop: list[str] | None = None,
-    temperature: float = 0.0,
-    top_p: float = 1.0,
-    n: int = 1,
-    seed: int = 0,
-    batch_size: int = 256,
-    on_batch: Callable[[int, int], None] | None = None,
-    should_stop: Callable[[], bool] | None = None,
-) -> list[list[Generation]]:
-    if isinstance(model, RemoteEngine):
-        return generate_remote(
-            model, tokenizer, prompts, max_new_tokens=max_new_tokens, stop=stop, temperature=temperature,
-            top_p=top_p, n=n, seed=seed, on_batch=on_batch, should_stop=should_stop,
-        )  # fmt: skip
-    from vllm import SamplingParams
-    from vllm.inputs import TokensPrompt
-
+def _sampling(decoding: Decoding, tokenizer: Any) -> dict[str, Any]:
+    """vLLM's sampling settings for `decoding`, the same for the offline engine and a server."""
     from evaluator.backends.hf_generate import eos_ids
 
-    params = SamplingParams(
-        n=n,
-        temperature=temperature,
-        top_p=top_p if temperature > 0 else 1.0,
-        max_tokens=max_new_tokens,
-        seed=seed,
-        stop_token_ids=eos_ids(None, tokenizer),
-        stop=list(stop) if stop else None,  # vLLM cuts the text before the stop string
-        skip_special_tokens=True,
-    )
-    results: list[list[Generation]] = []
-    # chunks only so progress and stop requests are seen; vLLM schedules within a chunk
-    for start in range(0, len(prompts), batch_size):
-        if should_stop is not None and should_stop():
-            raise StopRequested("stop requested")
-        chunk = [
-            TokensPrompt(prompt_token_ids=tokenizer(p, add_special_tokens=False).input_ids)
-            for p in prompts[start : start + batch_size]
-        ]
-        for out in model.generate(chunk, params, use_tqdm=False):
-            results.append(
-                [
-                    Generation(text=o.text, tokens=len(o.token_ids), truncated=o.finish_reason == "length")
-                    for o in out.outputs
-                ]
-            )
-        if on_batch is not None:
-            on_batch(len(results), len(prompts))
-    return results
+    d = decoding
+    return {
+        "n": d.n,
+        "temperature": d.temperature,
+        "top_p": d.top_p if d.temperature > 0 else 1.0,
+        "max_tokens": d.max_new_tokens,
+        "seed": d.seed,
+        "stop_token_ids": eos_ids(None, tokenizer),
+        "stop": list(d.stop) or None,  # vLLM cuts the text before the stop string
+    }
+
+
+class VLLMGenerator(Generator):
+    """An offline engine (vLLM's `LLM`: the job's own, or TRL's colocated one) or the worker's warm
+    server (`RemoteEngine`), prompts sent as token ids."""
+
+    def generate(
+        self,
+        prompts: list[str],
+        decoding: Decoding,
+        *,
+        on_batch: Callable[[int, int], None] | None = None,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> list[list[Generation]]:
+        if isinstance(self.model, RemoteEngine):
+            return generate_remote(self.model, self.tokenizer, prompts, decoding, on_batch, should_stop)
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        params = SamplingParams(**_sampling(decoding, self.tokenizer), skip_special_tokens=True)
+        batch_size = decoding.batch_size or VLLM_CHUNK
+        results: list[list[Generation]] = []
+        # chunks only so progress and stop requests are seen; vLLM schedules within a chunk
+        for start in range(0, len(prompts), batch_size):
+            if should_stop is not None and should_stop():
+                raise StopRequested("stop requested")
+            chunk = [
+                TokensPrompt(prompt_token_ids=self.tokenizer(p, add_special_tokens=False).input_ids)
+                for p in prompts[start : start + batch_size]
+            ]
+            for out in self.model.generate(chunk, params, use_tqdm=False):
+                results.append(
+                    [
+                        Generation(text=o.text, tokens=len(o.token_ids), truncated=o.finish_reason == "length")
+                        for o in out.outputs
+                    ]
+                )
+            if on_batch is not None:
+                on_batch(len(results), len(prompts))
+        return results
 
 
 def warm_engine(sink: Sink, needed: int, warm: WarmEngineAddress) -> RemoteEngine | None:
@@ -330,16 +317,18 @@ class VLLM(Backend):
         return backend_version()
 
     def load(
-        self, model_path: str, *, dtype: str = "auto", seed: int = 0, max_model_len: int | None = None,
+        self, model_path: str, tokenizer: Any, *, dtype: str = "auto", seed: int = 0, max_model_len: int | None = None,
         sink: Sink | None = None,
-    ) -> Any:  # fmt: skip
+    ) -> VLLMGenerator:  # fmt: skip
         warm = self.options.warm
         engine = warm_engine(sink, max_model_len or 0, warm) if sink is not None and warm is not None else None
-        return engine or load_engine(
-            model_path, dtype=dtype, seed=seed, max_model_len=max_model_len, settings=self.options.engine
-        )
+        if engine is not None:  # the warm engine's own length, which may be longer than asked
+            return VLLMGenerator(engine, tokenizer, engine.max_model_len)
+        llm = load_engine(model_path, dtype=dtype, seed=seed, max_model_len=max_model_len, settings=self.options.engine)
+        return VLLMGenerator(llm, tokenizer, max_model_len)
 
-    generate = staticmethod(generate)
+    def generator(self, model: Any, tokenizer: Any, max_model_len: int | None = None) -> VLLMGenerator:
+        return VLLMGenerator(model, tokenizer, max_model_len)
 
     def chat(self, model_path: ModelPath, *, dtype: str = "auto") -> WarmChat:
         """The worker's warm engine (a generate job on vLLM runs on no engine of its own); the model

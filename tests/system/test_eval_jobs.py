@@ -171,13 +171,13 @@ def test_greedy_batches_drop_finished_rows_and_keep_generates_text(smollm2: str)
     `model.generate` gives for the same left-padded batch, stop strings included."""
     import torch
 
-    from evaluator.backends import hf_generate
+    from evaluator.backends import Decoding, hf_generate
     from evaluator.models import load_model, load_tokenizer
 
     model, tok = load_model(smollm2), load_tokenizer(smollm2)
     prompts = ["The capital of France is", "Count to thirty: 1, 2, 3, 4,", "Question: what is 2 plus 3?\nAnswer:"]
     stop = ["."]
-    ours = hf_generate.generate(model, tok, prompts, max_new_tokens=24, stop=stop, batch_size=3)
+    ours = hf_generate.generate(model, tok, prompts, Decoding(24, tuple(stop), batch_size=3))
 
     tok.padding_side = "left"
     enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)

@@ -96,7 +96,7 @@ def test_an_eval_with_the_python_tool_calls_it_and_grades_the_answer_after(bound
 
     # an engine's length (vLLM's max_model_len) caps each turn at the room its context leaves: here
     # the longest rollout has 4 tokens left after its call's output, and none runs past the length
-    from evaluator.backends import backend
+    from evaluator.backends import Decoding, backend
     from evaluator.python_tool import PythonTool, ToolLimits
     from evaluator.tool_rollouts import generate_with_tools
 
@@ -107,11 +107,12 @@ def test_an_eval_with_the_python_tool_calls_it_and_grades_the_answer_after(bound
     out_end = [c.index("```\n", c.index("```output")) + 4 for c in (item["completion"] for item in items)]
     with_output = [n_tokens(t + item["completion"][:e]) for t, item, e in zip(texts, items, out_end, strict=True)]
     hf = backend("hf")
+    loaded = hf.load(str(model), tok).model
     for length in (max(with_output) + 4, min(with_output)):
         with PythonTool(ToolLimits(timeout_s=5)) as tool:
             gens, _ = generate_with_tools(
-                hf, hf.load(str(model)), tok, texts, tool=tool, fmt=fmt, max_calls=2, max_new_tokens=48,
-                stop=recipe.stop, temperature=0.0, top_p=1.0, n=1, seed=0, batch_size=8, max_len=length,
+                hf.generator(loaded, tok, max_model_len=length), texts,
+                Decoding(48, tuple(recipe.stop), batch_size=8), tool=tool, fmt=fmt, max_calls=2,
             )  # fmt: skip
         for text, (g,) in zip(texts, gens, strict=True):
             # what the engine was asked and wrote stays within the length; an output that filled it is
