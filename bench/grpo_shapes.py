@@ -159,7 +159,7 @@ def main() -> None:
     if args.one:
         print("RESULT " + json.dumps(one(args.one, args), default=str), flush=True)
         return
-    from service.gpu_check import child_env
+    from service.gpu_ranks import child_env
 
     results = []
     for run in args.runs.split(","):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from service.gpu_check import mfu
+from service.gpu_figures import mfu
 from trainer.throughput import gpu_peak_tflops as peak_tflops
 
 

@@ -221,7 +221,8 @@ def _grpo_job(generation: dict[str, Any], tiny_model: str, out: Path, steps: int
     """A GRPO job on the tiny model through `run_grpo`, as a worker runs it: its result and what it recorded."""
     from kinds import resolve_config
     from mathrl.specs.resolved import ResolvedGRPO
-    from service.gpu_check import RecordSink, _data_dir
+    from service.gpu_check import _data_dir
+    from service.gpu_figures import RecordSink
     from trainer.grpo import run_grpo
 
     spec = parse_spec(

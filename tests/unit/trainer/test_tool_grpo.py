@@ -67,7 +67,7 @@ def run_tool_job(model: Path, data: Path, out: Path, heldout: Path | None = None
     `heldout`, a messages file scored after the step (`eval.file`, as the worker resolves one)."""
     from kinds import resolve_config
     from mathrl.specs.resolved import ResolvedGRPO
-    from service.gpu_check import RecordSink
+    from service.gpu_figures import RecordSink
     from trainer.grpo import run_grpo
 
     if heldout is not None:
