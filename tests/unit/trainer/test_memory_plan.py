@@ -430,7 +430,7 @@ def test_worker_records_the_refusal_as_the_jobs_error(tmp_path: Path, monkeypatc
 
 
 def test_chart_gives_api_and_workers_each_gpu_pools_memory() -> None:
-    from config.settings import MemorySettings
+    from config.worker_settings import MemorySettings
     from tests.helpers.deploy import container, env_of, render, workers
 
     values = {
