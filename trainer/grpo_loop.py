@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
@@ -27,6 +26,7 @@ import torch
 from trainer.curriculum import PassRateCurriculum
 from trainer.dynamic_sampling import COMPLETION_SIDE, informative, join_rows
 from trainer.hf_generation import DecodeCopy, decode
+from trainer.importance_ratio import importance_ratio, mismatch_metrics
 from trainer.overlap import BackgroundGenerator, Lookahead
 from trainer.vllm_generation import TimedGRPOTrainer
 
@@ -472,46 +472,11 @@ class MathrlGRPOTrainer(TimedGRPOTrainer):
             del self._get_per_token_logps_and_entropies  # the class's method again
 
     def importance_ratio(self, old: torch.Tensor, sampling: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """TRL 1.16's vLLM importance-sampling ratio (GRPOTrainer._generate_and_score_completions),
-        from the trainer's log-probabilities `old` and the sampler's, and its sampling metrics."""
-        diff = torch.nan_to_num((old - sampling) * mask, nan=0.0)
+        """TRL 1.16's vLLM importance-sampling ratio from the trainer's log-probabilities `old` and the
+        sampler's (trainer/importance_ratio.py), its `sampling/*` metrics logged."""
         mode = self.vllm_importance_sampling_mode
-        sequence = mode in ("sequence_mask", "sequence_truncate")
-        ratio = torch.exp(diff.sum(dim=-1, keepdim=True) if sequence else diff)
         lo, hi = self.vllm_importance_sampling_clip_min, self.vllm_importance_sampling_clip_max
-        if mode in ("sequence_truncate", "token_truncate"):
-            ratio = torch.clamp(ratio, min=lo, max=hi)
-        elif mode in ("sequence_mask", "token_mask"):
-            low = lo if lo is not None else -math.inf
-            high = hi if hi is not None else math.inf
-            ratio = ratio.masked_fill((ratio < low) | (ratio > high), value=0.0)
-        else:
-            raise ValueError(f"Unknown vLLM importance sampling level: {mode}")
-        self._log_mismatch(old, sampling, mask, ratio, sequence)
+        ratio = importance_ratio(old, sampling, mask, mode, lo, hi)
+        for name, value in mismatch_metrics(old, sampling, mask, ratio, mode, self.accelerator.gather).items():
+            self._metrics["train"][name].append(value)
         return ratio
-
-    def _log_mismatch(
-        self, old: torch.Tensor, sampling: torch.Tensor, mask: torch.Tensor, ratio: torch.Tensor, sequence: bool
-    ) -> None:
-        acc, metrics = self.accelerator, self._metrics["train"]
-        bool_mask = mask.bool()
-        delta = torch.abs(old - sampling)[bool_mask]
-        delta = delta[~torch.isnan(delta)]
-        zero = torch.tensor(0.0, device=old.device)
-        metrics["sampling/sampling_logp_difference/mean"].append(
-            acc.gather(delta.mean() if delta.numel() else zero).mean().item()
-        )
-        metrics["sampling/sampling_logp_difference/max"].append(
-            acc.gather(delta.max() if delta.numel() else zero).max().item()
-        )
-        flat = ratio.flatten() if sequence else ratio[bool_mask]
-        for stat, fn in (("min", torch.min), ("mean", torch.mean), ("max", torch.max)):
-            value = fn(flat) if flat.numel() else zero
-            gathered = acc.gather(value.reshape(1))
-            reducers: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-                "min": torch.min,
-                "mean": torch.mean,
-                "max": torch.max,
-            }
-            reduce = reducers[stat]
-            metrics[f"sampling/importance_sampling_ratio/{stat}"].append(reduce(gathered).item())
