@@ -16,7 +16,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
-import math
 import os
 import selectors
 import shutil
@@ -32,6 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from evaluator import sandbox_seccomp
+from evaluator.sandbox_results import CaseResult as CaseResult  # what run_python returns
+from evaluator.sandbox_results import read_results
 from evaluator.sandbox_uids import BOX_USER, box_uid
 from evaluator.sandbox_uids import NOBODY as NOBODY  # the user a sandbox without root is seen as
 from runtime.errors import SandboxUnavailable as SandboxUnavailable  # raised here; its callers import it from here
@@ -95,13 +96,6 @@ class Isolation:
             )
         net = "a network namespace of its own" if self.kernel == "unshare-net" else "no network namespace"
         return f"python graders behind the audit hook only (single-user mode, {net}), as {self.user}"
-
-
-@dataclass
-class CaseResult:
-    score: float | None = None
-    error: str | None = None  # 'runtime' (the user's code raised) or 'server' (the sandbox stopped it)
-    detail: str | None = None
 
 
 def _readable_by_others(path: str) -> bool:
@@ -376,49 +370,7 @@ def _run_as(
             return [CaseResult(error="server", detail=detail)] * len(cases)
     if proc.returncode != 0:
         return [CaseResult(error="server", detail=_stopped(proc.returncode, err, limits))] * len(cases)
-    try:
-        rows = json.loads(out, parse_constant=_no_constant)
-    except ValueError as e:
-        return _unreadable(e, len(cases), "the sandbox gave no result")
-    return checked_results(rows, len(cases))
-
-
-NOT_FINITE = "the grader wrote a score that is not a finite number"
-CASE_ERRORS = ("runtime", "server")
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{NOT_FINITE} ({name})")
-
-
-def _unreadable(e: ValueError, n: int, otherwise: str) -> list[CaseResult]:
-    """Results that are no JSON: NaN or Infinity (written to the result pipe past the harness) are
-    the grader's error; anything else, the sandbox's."""
-    if str(e).startswith(NOT_FINITE):
-        return [CaseResult(error="runtime", detail=f"{e}: a score is a finite number")] * n
-    return [CaseResult(error="server", detail=otherwise)] * n
-
-
-def checked_results(rows: Any, n: int) -> list[CaseResult]:
-    """What the sandbox (or a grading pool) wrote, read as `n` results and never trusted: the user's
-    code holds the result pipe, and can write to it past the harness's own checks. A score that is
-    not a finite number, a row of another shape, or another count of rows is the grader's error."""
-    if not isinstance(rows, list) or len(rows) != n:
-        got = f"{len(rows)} results" if isinstance(rows, list) else type(rows).__name__
-        return [CaseResult(error="runtime", detail=f"the grader wrote {got} for {n} cases")] * n
-    return [_checked(row) for row in rows]
-
-
-def _checked(row: Any) -> CaseResult:
-    if not isinstance(row, dict):
-        return CaseResult(error="runtime", detail=f"the grader wrote a {type(row).__name__} as a case's result")
-    score, error, detail = row.get("score"), row.get("error"), row.get("detail")
-    detail = detail[-4000:] if isinstance(detail, str) else None
-    if error is not None:
-        return CaseResult(error=error if error in CASE_ERRORS else "runtime", detail=detail or str(error)[:200])
-    if isinstance(score, bool) or not isinstance(score, int | float) or not math.isfinite(score):
-        return CaseResult(error="runtime", detail=f"grade() returned {score!r:.80}, not a finite number")
-    return CaseResult(float(score))
+    return read_results(out, len(cases), "the sandbox gave no result")
 
 
 POOL_LIMITS = ("cpu_seconds", "memory_mb", "file_mb", "processes", "wall_seconds")
@@ -447,11 +399,7 @@ def _run_in_pool(
         raise SandboxUnavailable(str(r.json().get("detail", r.text)))
     if r.status_code != 200:
         return [CaseResult(error="server", detail=f"the grading pool answered {r.status_code}")] * len(cases)
-    try:
-        body = json.loads(r.content, parse_constant=_no_constant)
-    except ValueError as e:
-        return _unreadable(e, len(cases), "the grading pool gave no result")
-    return checked_results(body.get("results") if isinstance(body, dict) else body, len(cases))
+    return read_results(r.content, len(cases), "the grading pool gave no result", key="results")
 
 
 def _communicate(
