@@ -14,7 +14,7 @@ from trainer.importance_ratio import importance_ratio, mismatch_metrics
 pytestmark = pytest.mark.quick
 
 OLD = torch.tensor([[-1.0, -2.0, -0.5], [-0.2, -0.1, -3.0]])
-SAMPLING = torch.tensor([[-1.5, -1.0, float("nan")], [-0.2, -0.4, -1.0]])
+SAMPLING = torch.tensor([[-1.5, -1.0, -3.5], [-0.2, -0.4, -1.0]])
 MASK = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])  # the first row's last token is padding
 
 
@@ -28,7 +28,7 @@ def test_per_token_ratios_are_truncated_or_masked_at_their_limits() -> None:
 
 def test_a_sequence_ratio_is_one_per_completion_over_its_own_tokens() -> None:
     got = importance_ratio(OLD, SAMPLING, MASK, "sequence_truncate", None, 3.0)
-    assert got.shape == (2, 1)  # padding (and the sampler's nan there) counts for nothing
+    assert got.shape == (2, 1)  # padding counts for nothing
     assert got.flatten().tolist() == pytest.approx([math.exp(-0.5), math.exp(-1.7)])
     got = importance_ratio(OLD, SAMPLING, MASK, "sequence_mask", 0.5, 3.0)
     assert got.flatten().tolist() == pytest.approx([math.exp(-0.5), 0.0])
@@ -37,17 +37,19 @@ def test_a_sequence_ratio_is_one_per_completion_over_its_own_tokens() -> None:
 
 
 def test_the_mismatch_metrics_cover_every_ranks_tokens() -> None:
-    ratio = importance_ratio(OLD, SAMPLING, MASK, "token_truncate", None, 10.0)
+    sampling = SAMPLING.clone()
+    sampling[1, 2] = float("nan")  # a token the sampler gave no log-probability for: ratio 1, no difference
+    ratio = importance_ratio(OLD, sampling, MASK, "token_truncate", None, 10.0)
     other_rank = torch.tensor(4.0)  # what a second rank's gather adds
 
     def gather(t: torch.Tensor) -> torch.Tensor:
         return torch.stack([t.reshape(()), other_rank])
 
-    got = mismatch_metrics(OLD, SAMPLING, MASK, ratio, "token_truncate", gather)
-    diffs = [0.5, 1.0, 0.0, 0.3, 2.0]  # the masked tokens' |old - sampling|
-    assert got["sampling/sampling_logp_difference/mean"] == pytest.approx((sum(diffs) / 5 + 4.0) / 2)
+    got = mismatch_metrics(OLD, sampling, MASK, ratio, "token_truncate", gather)
+    diffs = [0.5, 1.0, 0.0, 0.3]  # the completion tokens' |old - sampling|, padding and the nan left out
+    assert got["sampling/sampling_logp_difference/mean"] == pytest.approx((sum(diffs) / 4 + 4.0) / 2)
     assert got["sampling/sampling_logp_difference/max"] == 4.0
-    kept = [math.exp(0.5), math.exp(-1.0), 1.0, math.exp(0.3), math.exp(-2.0)]
+    kept = [math.exp(0.5), math.exp(-1.0), 1.0, math.exp(0.3), 1.0]
     assert got["sampling/importance_sampling_ratio/min"] == pytest.approx(min(kept))
     assert got["sampling/importance_sampling_ratio/mean"] == pytest.approx((sum(kept) / 5 + 4.0) / 2)
     assert got["sampling/importance_sampling_ratio/max"] == 4.0
