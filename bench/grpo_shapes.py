@@ -165,13 +165,7 @@ def main() -> None:
     for run in args.runs.split(","):
         cmd = [sys.executable, __file__, "--one", run, *sys.argv[1:]]
         t0 = time.monotonic()
-        proc = subprocess.run(
-            cmd,
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            env=child_env(),
-        )
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=child_env())
         lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
         if proc.returncode or not lines:
             row: dict[str, Any] = {"run": run, "error": proc.stderr[-3000:]}

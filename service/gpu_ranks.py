@@ -93,13 +93,7 @@ def ranks_run(kind: str, job: dict[str, Any], ranks: int, work: Path) -> dict[st
         json.dumps(job),
         str(log),
     ]
-    proc = subprocess.run(
-        cmd,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        env=child_env(),
-    )
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=child_env())
     if proc.returncode != 0 or not log.exists():
         raise RuntimeError(f"{kind} on {ranks} ranks failed ({proc.returncode}): {proc.stderr[-3000:]}")
     data = json.loads(log.read_text())

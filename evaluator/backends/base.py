@@ -60,6 +60,10 @@ class Generation:
     answer_text: str | None = None
 
 
+OnBatch = Callable[[int, int], None] | None  # told (done, total) after each batch of a generation
+Asked = Callable[[], bool] | None  # whether a stop was asked for (the job's sink.should_stop)
+
+
 @dataclass(frozen=True)
 class Decoding:
     """How an eval's completions are decoded: the same knobs on every backend. A completion ends at
@@ -88,12 +92,7 @@ class Generator(ABC):
 
     @abstractmethod
     def generate(
-        self,
-        prompts: list[str],
-        decoding: Decoding,
-        *,
-        on_batch: Callable[[int, int], None] | None = None,
-        should_stop: Callable[[], bool] | None = None,
+        self, prompts: list[str], decoding: Decoding, *, on_batch: OnBatch = None, should_stop: Asked = None
     ) -> list[list[Generation]]:
         """For each prompt in order, its `decoding.n` generations. `on_batch(done, total)` after each
         batch; `should_stop()` true raises StopRequested between batches."""

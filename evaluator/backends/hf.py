@@ -4,11 +4,10 @@ session's token ids on its own model (hf_sampling.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from evaluator.backends import hf_generate
-from evaluator.backends.base import Backend, Decoding, Generation, Generator
+from evaluator.backends.base import Asked, Backend, Decoding, Generation, Generator, OnBatch
 from evaluator.backends.chat_base import ModelPath
 from evaluator.backends.hf_chat import HFChat
 from evaluator.backends.hf_sampling import HFTokenSampler
@@ -19,12 +18,7 @@ class HFGenerator(Generator):
     """A transformers model in this process, generating with hf_generate.py."""
 
     def generate(
-        self,
-        prompts: list[str],
-        decoding: Decoding,
-        *,
-        on_batch: Callable[[int, int], None] | None = None,
-        should_stop: Callable[[], bool] | None = None,
+        self, prompts: list[str], decoding: Decoding, *, on_batch: OnBatch = None, should_stop: Asked = None
     ) -> list[list[Generation]]:
         return hf_generate.generate(
             self.model, self.tokenizer, prompts, decoding, on_batch=on_batch, should_stop=should_stop

@@ -11,7 +11,16 @@ import os
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from evaluator.backends.base import Backend, Decoding, EngineSettings, Generation, Generator, WarmEngineAddress
+from evaluator.backends.base import (
+    Asked,
+    Backend,
+    Decoding,
+    EngineSettings,
+    Generation,
+    Generator,
+    OnBatch,
+    WarmEngineAddress,
+)
 from evaluator.backends.warm import RemoteEngine, WarmChat, connect
 from evaluator.backends.warm_sampling import EngineSampler
 from runtime.errors import NotAvailable, StopRequested
@@ -255,12 +264,7 @@ class VLLMGenerator(Generator):
     server (`RemoteEngine`), prompts sent as token ids."""
 
     def generate(
-        self,
-        prompts: list[str],
-        decoding: Decoding,
-        *,
-        on_batch: Callable[[int, int], None] | None = None,
-        should_stop: Callable[[], bool] | None = None,
+        self, prompts: list[str], decoding: Decoding, *, on_batch: OnBatch = None, should_stop: Asked = None
     ) -> list[list[Generation]]:
         if isinstance(self.model, RemoteEngine):
             return generate_remote(self.model, self.tokenizer, prompts, decoding, on_batch, should_stop)
