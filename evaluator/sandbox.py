@@ -6,9 +6,9 @@ namespaces over a root filesystem of its own, as a uid of its own: evaluator/san
 behind the audit hook alone (`mode="audit-hook"`, settings: graders.python_sandbox, for single-user
 installs). In both modes a system-call filter (evaluator/sandbox_seccomp.py), resource limits
 (`SandboxLimits`) and an audit hook hold inside the process. It fails closed: where the boundary
-cannot be made it raises SandboxUnavailable (the API answers 503). RESULT_BYTES and STDERR_TAIL
-bound its output. What is mounted, what each layer refuses and what the hook does not hold:
-RELIABILITY.md, "`evaluator/sandbox.py`: how the boundary is built".
+cannot be made it raises SandboxUnavailable (the API answers 503). What is mounted, what each
+layer refuses and what the hook does not hold: RELIABILITY.md, "`evaluator/sandbox.py`: how the
+boundary is built".
 """
 
 from __future__ import annotations

@@ -1,12 +1,10 @@
 """A uid of its own for each sandbox that root starts (evaluator/sandbox.py, evaluator/python_tool.py).
 
-RLIMIT_NPROC counts every process of a uid on the machine. When every sandbox ran as nobody they
-shared one count: a tool call's fork bomb, held at its limit until its timeout, left every other
-job's tool calls and graders on the machine unable to fork. Each sandbox now takes a uid from
-FIRST_UID .. FIRST_UID + UIDS - 1 that no account or group names and no other sandbox here holds,
-and drops to it; its processes count against it alone. Isolate (the IOI's sandbox) does the same:
-box N runs as uid 60000 + N. A uid is held by a lock on a file of its own in LOCK_DIR, which the
-kernel lets go when its holder ends, however it ends."""
+RLIMIT_NPROC counts every process of a uid on the machine: when every sandbox ran as nobody, one
+tool call's fork bomb left every other sandbox on the machine unable to fork. Each sandbox now
+takes a uid in FIRST_UID .. FIRST_UID + UIDS - 1 that no account or group names and no other
+sandbox here holds, as isolate (the IOI's sandbox) does: box N runs as uid 60000 + N. A uid is
+held by a lock on a file of its own in LOCK_DIR, which the kernel lets go when its holder ends."""
 
 from __future__ import annotations
 

@@ -1,13 +1,11 @@
 """The SDK's request layer (mathrl/client.py): what every call sends, how it is sent again, and how its
-answer is read, once for both clients. Each is an operation (mathrl/_transport.py): it yields the
-steps it needs and does no I/O itself.
+answer is read, as operations (mathrl/_transport.py) for both clients.
 
-Retries, as openai-python's: an answer that says `x-should-retry` is taken at its word (the API says
-false for a final answer: a conflict, a quota, a failed completion, api/problems.py final_answer);
-otherwise 408, 409, 429 and every 5xx are sent again, after Retry-After when it says at most a minute,
-else after 0.5 s, 1 s, 2 s ... (at most 8 s, less up to a quarter at random); so are a connection
-refused or cut and a timeout. A create carries an Idempotency-Key (one made here when the caller gives
-none), so a create sent twice makes one object."""
+Retries, as openai-python's: `x-should-retry` is taken at its word (the API says false for a final
+answer, api/problems.py final_answer); otherwise 408, 409, 429, every 5xx, a cut connection and a
+timeout are sent again, after Retry-After up to a minute, else 0.5 s, 1 s, 2 s ... (8 s at most,
+jittered). A create carries an Idempotency-Key (made here if the caller gives none), so a create
+sent twice makes one object."""
 
 from __future__ import annotations
 
