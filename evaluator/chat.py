@@ -110,7 +110,9 @@ def _answer_with_tools(
         prompt = model.prompt(messages, spec.prompt, fmt.chat_tools)
         with job_tool(python.timeout_s, python.max_output_chars, sandbox) as tool:
             seed = spec.seed if spec.seed is not None else secrets.randbits(31)
-            decoding = Decoding(spec.max_tokens, tuple(spec.stop or ()), spec.temperature, spec.top_p, spec.n, seed)
+            decoding = Decoding(
+                spec.max_tokens, tuple(spec.stop or ()), spec.temperature, spec.top_p, spec.n, seed, batch_size=spec.n
+            )
             gens, _ = generate_with_tools(
                 backend("hf").generator(model.model, model.tokenizer), [prompt], decoding, tool=tool, fmt=fmt,
                 max_calls=python.max_calls, should_stop=sink.should_stop,

@@ -25,6 +25,7 @@ from typing import Any
 
 import httpx
 
+from mathrl._requests import RETRIED_STATUSES as RETRIED_STATUSES  # the retry rules, public here before
 from mathrl._requests import (
     as_dict,
     create_key,
@@ -38,6 +39,8 @@ from mathrl._requests import (
     until_ended,
     until_stream_ends,
 )
+from mathrl._requests import retry_delay as retry_delay
+from mathrl._requests import should_retry as should_retry
 from mathrl._transport import (
     AsyncResource,
     AsyncTransport,

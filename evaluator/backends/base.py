@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class EngineSettings:
-    """The operator's vLLM settings for every engine of ours (config/settings.py `VLLMSettings`)."""
+    """The operator's vLLM settings for every engine of ours (config/worker_settings.py `VLLMSettings`)."""
 
     memory_fraction: float = 0.9  # a GPU engine's gpu_memory_utilization unless its spec says one
     cpu_kv_gib: float = 2.0  # a CPU engine's KV cache

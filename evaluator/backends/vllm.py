@@ -95,7 +95,7 @@ def engine_options(
     settings: EngineSettings | None = None,
 ) -> dict[str, Any]:
     """The vLLM engine arguments every engine of ours gets (eval jobs and GRPO's colocated engine),
-    with the operator's `settings` (config/settings.py `VLLMSettings`, MATHRL_VLLM__*).
+    with the operator's `settings` (config/worker_settings.py `VLLMSettings`, MATHRL_VLLM__*).
 
     On a GPU, vLLM's gpu_memory_utilization is the given fraction, else `settings.memory_fraction`
     (default 0.9). On the CPU build the KV cache gets a fixed size instead, `settings.cpu_kv_gib`

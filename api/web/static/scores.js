@@ -84,15 +84,20 @@ boot(async (main) => {
     }
     return jobInfo.get(id);
   }
-  let stepsRender = 0; // a later render (a metric change) supersedes one still awaiting its jobs
-  async function renderSteps() {
-    const metric = metricSel.value, mine = ++stepsRender;
+  // a later render (a metric change) supersedes one still awaiting its jobs: that one ends when the latest does
+  let stepsRender = 0, latestSteps = Promise.resolve();
+  function renderSteps() {
+    latestSteps = drawSteps(++stepsRender);
+    return latestSteps;
+  }
+  async function drawSteps(mine) {
+    const metric = metricSel.value;
     const ids = [...new Set(all.map((s) => s.model_ref.match(STEP_REF)?.[1]).filter(Boolean))];
     const charts = [];
     if (!ids.length) charts.push(h("p", { class: "muted" }, "No checkpoint of a training job has been scored yet (eval a model 'job:<id>@step-N')."));
     for (const id of ids) {
       const meta = await info(id);
-      if (mine !== stepsRender) return;
+      if (mine !== stepsRender) return latestSteps;
       const series = new Map(); // benchmark -> Map(step -> value)
       for (const s of [...all].reverse()) {
         if (s.metric !== metric) continue;
