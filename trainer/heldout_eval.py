@@ -10,8 +10,10 @@ time is kept out of the step's. docs/grpo-loop.md, "Held-out evaluation during t
 
 from __future__ import annotations
 
+import contextlib
 import time
-from typing import Any
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 from transformers import TrainerCallback
 
@@ -24,6 +26,9 @@ from evaluator.recipes import RECIPES
 from mathrl.specs import DatasetRef, HeldoutEval
 from runtime.sink import Sink
 from trainer.data import item_column, render_prompt
+
+if TYPE_CHECKING:
+    from evaluator.backends import Generator
 
 
 class HeldoutEvalCallback(TrainerCallback):
@@ -131,51 +136,47 @@ class HeldoutEvalCallback(TrainerCallback):
             return None
         return gen
 
-    def _generate(self, engine: Any) -> tuple[list[str], list[bool], str]:
-        if self.tooling is not None:
-            return self._generate_with_tools(engine)
-        from evaluator.backends import Decoding, backend
+    @contextlib.contextmanager
+    def _generator(self, engine: Any) -> Iterator[tuple[Generator, str]]:
+        """What the answers are generated on, and its name for the event: TRL's colocated vLLM engine
+        (its weights synced for the step), else the trained model on transformers, in eval mode
+        while held."""
+        from evaluator.backends import backend
 
-        if engine is not None:  # the vllm backend on TRL's engine, as the tool's rollouts below
-            if self._longest is None:  # the prompts are fixed: measured once
-                self._longest = max(len(self.tokenizer(t, add_special_tokens=False).input_ids) for t in self.texts)
-            room = engine.max_model_length - self._longest if engine.max_model_length else self.spec.max_new_tokens
-            decoding = Decoding(max(1, min(self.spec.max_new_tokens, room)), tuple(self.recipe.stop))
-            gens = backend("vllm").generator(engine.llm, self.tokenizer).generate(self.texts, decoding)
-            return [g[0].text for g in gens], [g[0].truncated for g in gens], "the colocated vLLM engine"
+        if engine is not None:
+            yield (
+                backend("vllm").generator(engine.llm, self.tokenizer, engine.max_model_length),
+                "the colocated vLLM engine",
+            )
+            return
         model = self.trainer.accelerator.unwrap_model(self.trainer.model)
         was_training, side = model.training, self.tokenizer.padding_side
         model.eval()
         try:
-            decoding = Decoding(self.spec.max_new_tokens, tuple(self.recipe.stop), batch_size=50)
-            gens = backend("hf").generator(model, self.tokenizer).generate(self.texts, decoding)
+            yield backend("hf").generator(model, self.tokenizer), "hf"
         finally:
             model.train(was_training)
             self.tokenizer.padding_side = side
-        return [g[0].text for g in gens], [g[0].truncated for g in gens], "hf"
 
-    def _generate_with_tools(self, engine: Any) -> tuple[list[str], list[bool], str]:
-        """Greedy rollouts with the job's tool (evaluator/tool_rollouts.py, the loop eval jobs run):
-        each answer is the model's own words, the tool's outputs taken out."""
-        from evaluator.backends import Decoding, backend
+    def _generate(self, engine: Any) -> tuple[list[str], list[bool], str]:
+        """Greedy answers (with the job's tool: the loop eval jobs run, evaluator/tool_rollouts.py, each
+        answer the model's own words, the tool's outputs taken out), which are truncated, and where."""
+        from evaluator.backends import Decoding
         from evaluator.tool_rollouts import generate_with_tools
 
-        t = self.tooling
-        decoding = Decoding(self.spec.max_new_tokens, tuple(self.recipe.stop), batch_size=50)  # greedy
-        calls = t.tools.python.max_calls
-        if engine is not None:
-            gen = backend("vllm").generator(engine.llm, self.tokenizer, engine.max_model_length)
-            gens, _ = generate_with_tools(gen, self.texts, decoding, tool=t.tool, fmt=t.fmt, max_calls=calls)
-            where = "the colocated vLLM engine"
-        else:
-            model = self.trainer.accelerator.unwrap_model(self.trainer.model)
-            was_training, side = model.training, self.tokenizer.padding_side
-            model.eval()
-            try:
-                gen = backend("hf").generator(model, self.tokenizer)
-                gens, _ = generate_with_tools(gen, self.texts, decoding, tool=t.tool, fmt=t.fmt, max_calls=calls)
-            finally:
-                model.train(was_training)
-                self.tokenizer.padding_side = side
-            where = "hf"
-        return [g[0].answer_text or "" for g in gens], [g[0].truncated for g in gens], f"{where}, with the tool"
+        decoding = Decoding(self.spec.max_new_tokens, tuple(self.recipe.stop), batch_size=50)
+        with self._generator(engine) as (gen, where):
+            if self.tooling is not None:
+                t = self.tooling
+                gens, _ = generate_with_tools(
+                    gen, self.texts, decoding, tool=t.tool, fmt=t.fmt, max_calls=t.tools.python.max_calls
+                )
+                answers = [g[0].answer_text or "" for g in gens]
+                return answers, [g[0].truncated for g in gens], f"{where}, with the tool"
+            if engine is not None:  # vLLM schedules the whole set, and refuses a prompt past its length
+                if self._longest is None:  # the prompts are fixed: measured once
+                    self._longest = max(len(self.tokenizer(t, add_special_tokens=False).input_ids) for t in self.texts)
+                room = gen.max_model_len - self._longest if gen.max_model_len else decoding.max_new_tokens
+                decoding = decoding.but(max_new_tokens=max(1, min(decoding.max_new_tokens, room)), batch_size=None)
+            gens = gen.generate(self.texts, decoding)
+            return [g[0].text for g in gens], [g[0].truncated for g in gens], where
