@@ -140,6 +140,9 @@ def _parse_answer(text: str) -> list[object]:
     return parsed
 
 
+# two bare integers (the arithmetic sets' answers, most of GSM8K's) are compared as integers: math-verify
+# parses each through sympy, 1.2 ms a pair, which was a fifth of the demo's GRPO steps and labelling
+_PLAIN_INTEGER = re.compile(r"-?\d{1,1000}")
 MAX_DIGITS = 100_000  # an answer with a number past this many digits is not evaluated (no answer is that long)
 
 
@@ -226,6 +229,8 @@ def check_answers(predicted: str, gold: str) -> tuple[bool, str | None]:
     """(whether math-verify finds the two answers equal, a note when they were not compared: one
     of them is too big to evaluate). Module-level and of plain data: evaluator/bounded.py runs it
     in a child process."""
+    if _PLAIN_INTEGER.fullmatch(a := predicted.strip()) and _PLAIN_INTEGER.fullmatch(b := gold.strip()):
+        return int(a) == int(b), None  # what math-verify finds for two integers, ~1000x sooner
     gold_parsed = _parse_answer(gold)
     pred_parsed = _parse_answer(predicted)
     for which, parsed in (("the answer", pred_parsed), ("the gold answer", gold_parsed)):
