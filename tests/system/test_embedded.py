@@ -27,8 +27,8 @@ def test_embedded_demo_pipeline_runs_every_step_and_prints_the_gain(tmp_path: Pa
     """The README's first command, shortened (--quick: the full SFT and RM, 40 GRPO steps; the same
     pipeline file otherwise), and what it is for: the reward model ranks the policy's answers
     well above chance and better than majority vote, and GRPO improves held-out accuracy.
-    With the fixed seeds this run gave pairwise 86.6%, best-of-8 75.0% vs maj-of-8 68.0%, and a
-    GRPO gain of +18.3 points (63.0% -> 81.3%); the floors leave room for other CPUs' arithmetic."""
+    With the fixed seeds this run gave pairwise 92.2%, best-of-8 78.2% vs maj-of-8 60.9%, and a
+    GRPO gain of +22.0 points (62.7% -> 84.7%); the floors leave room for other CPUs' arithmetic."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MATHRL_")}
     env["MATHRL_DATA_DIR"] = data_dir()
     out = subprocess.run(
@@ -37,8 +37,8 @@ def test_embedded_demo_pipeline_runs_every_step_and_prints_the_gain(tmp_path: Pa
         env=env,
         capture_output=True,
         text=True,
-        # 283-319 s alone here on 2026-11-28, 530 s beside the suite's other lane (two pytest-xdist
-        # workers, scripts/test's default), and the machine is twice as slow on some days
+        # 242 s alone on one thread here on 2026-12-07 (359 s before the RM's 2 epochs and the integer
+        # grading), about 1.6x that beside the suite's other lane, and the machine is twice as slow on some days
         timeout=1200,
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
