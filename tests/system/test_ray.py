@@ -176,27 +176,6 @@ def test_two_node_sft_runs_one_rank_per_node_and_matches_one_worker(ray_service:
 
 
 @pytest.mark.slow
-def test_two_node_grpo_stores_each_step_once(ray_service: Service, tiny_model: str, pg_url: str) -> None:
-    """GRPO samples differently on each rank; what must hold: the job's whole batch is generated
-    each step (the same number of completions as asked for) and rank 0 alone stores metrics."""
-    c = ray_service.client()
-    spec = grpo(model=tiny_model, dataset={**ARITH, "limit": 200}, resources={"nodes": 2}, global_batch_size=16)
-    job = c.jobs.create(spec)
-    done = c.jobs.wait(job.id, timeout=300)
-    assert done.status == "succeeded", done.error
-    events = c.jobs.events(job.id)
-    assert_stored_once(pg_url, job.id, events)
-    assert next(e for e in events if e.type == "ray_workers").data["nodes"] == 2
-    config = c.jobs.retrieve(job.id).resolved_config
-    assert config["world_size"] == 2 and config["global_batch_size"] == 16
-    with session_scope(pg_url) as s:
-        made = s.execute(
-            select(Metric.step, Metric.value).where(Metric.job_id == job.id, Metric.name == "completions_per_step")
-        ).all()
-    assert sorted(made) == [(step, 16.0) for step in range(1, 5)], made  # 8 on each rank, every step
-
-
-@pytest.mark.slow
 def test_two_node_grpo_generates_on_a_vllm_server_that_ray_places_apart(
     ray_service: Service, model_for_vllm: str, pg_url: str
 ) -> None:
@@ -205,7 +184,8 @@ def test_two_node_grpo_generates_on_a_vllm_server_that_ray_places_apart(
     the two nodes the server left free and the server's node is none of theirs. Every step rank 0
     saves its LoRA adapter to the shared artifact directory and the server (reached at its node's
     address) loads it; the whole batch is generated each step and stored once; the server is gone
-    after the job."""
+    after the job. (Each rank generating its own share, GRPO's default off vLLM, is tested on two
+    processes of one worker in test_multiprocess_jobs.py; ranks placed by Ray, in the SFT test above.)"""
     c = ray_service.client()
     spec = grpo(
         model=model_for_vllm,
@@ -230,6 +210,8 @@ def test_two_node_grpo_generates_on_a_vllm_server_that_ray_places_apart(
     gen = next(e for e in events if e.type == "generation")
     assert gen.data["mode"] == "server" and "LoRA adapter" in gen.message, gen
     metrics = {m.name: [p.value for p in m.points] for m in c.jobs.metrics(job.id)}
+    config = c.jobs.retrieve(job.id).resolved_config
+    assert config["world_size"] == 2 and config["global_batch_size"] == 16, config
     assert metrics["completions_per_step"] == [16.0, 16.0], metrics  # the whole batch, from the server
     assert metrics["weight_sync_seconds"][1] > 0, metrics  # the adapter loaded by the server
     wait_for(lambda: not _alive(server["pid"]) and not _alive(server["actor_pid"]), 30, 0.5, "the server to stop")
