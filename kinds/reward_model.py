@@ -21,7 +21,10 @@ class RewardModelKind(Kind[RewardModelSpec, ResolvedRewardModel]):
     config = ResolvedRewardModel
 
     def resolve(self, spec: RewardModelSpec) -> ResolvedRewardModel:
-        return self.resolved(spec, {})
+        checkpointing = spec.gradient_checkpointing
+        if checkpointing is None:  # the trainer's own default: TRL's RewardTrainer on, transformers' Trainer off
+            checkpointing = spec.type == "outcome"
+        return self.resolved(spec, {"gradient_checkpointing": checkpointing})
 
     def admit(self, spec: RewardModelSpec, config: ResolvedRewardModel, settings: Settings) -> None:
         return None

@@ -151,6 +151,7 @@ def _rm_training_args(spec: RewardModelSpec, out_dir: Path, use_cpu: bool) -> Tr
         per_device_train_batch_size=spec.per_device_train_batch_size,
         logging_steps=5,
         save_steps=None,
+        gradient_checkpointing=spec.gradient_checkpointing,  # unset: the trainer class's default
     )
 
 

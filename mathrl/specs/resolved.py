@@ -159,6 +159,9 @@ class ResolvedRewardModel(ResolvedConfig):
     samples_per_question: int = _from(RewardModelSpec, "samples_per_question")
     max_length: int = _from(RewardModelSpec, "max_length")
     sampling: RMSampling = _from(RewardModelSpec, "sampling")
+    gradient_checkpointing: bool | None = Field(
+        None, description="Whether the RM trains with gradient checkpointing (None: a job from before it was kept)."
+    )
 
 
 class ResolvedEval(ResolvedConfig):

@@ -166,8 +166,9 @@ def test_two_bare_integers_are_compared_as_math_verify_compares_them() -> None:
     big numbers included; anything else still goes to math-verify."""
     import itertools
 
-    from evaluator.grading import _parse_answer, check_answers
     from math_verify import verify
+
+    from evaluator.grading import _parse_answer, check_answers
 
     values = ["0", "00", "-0", "7", "07", "-7", "-07", "12", "012", "120", "198", "99999999999999999999",
               "099999999999999999999", "10" * 40, "-" + "10" * 40, " 12 ", "12\n"]  # fmt: skip
