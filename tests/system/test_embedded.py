@@ -37,8 +37,8 @@ def test_embedded_demo_pipeline_runs_every_step_and_prints_the_gain(tmp_path: Pa
         env=env,
         capture_output=True,
         text=True,
-        # 242 s alone on one thread here on 2026-12-07 (359 s before the RM's 2 epochs and the integer
-        # grading), about 1.6x that beside the suite's other lane, and the machine is twice as slow on some days
+        # 194 s alone on one thread here on 2026-12-07 (359 s before the RM's cuts and the integer grading),
+        # 359 s beside the suite's other lane that day, and the machine is twice as slow on some days
         timeout=1200,
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
