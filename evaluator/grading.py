@@ -141,8 +141,9 @@ def _parse_answer(text: str) -> list[object]:
 
 
 # two bare integers (the arithmetic sets' answers, most of GSM8K's) are compared as integers: math-verify
-# parses each through sympy, 1.2 ms a pair, which was a fifth of the demo's GRPO steps and labelling
-_PLAIN_INTEGER = re.compile(r"-?\d{1,1000}")
+# parses each through sympy, 1.2 ms a pair, which was a fifth of the demo's GRPO steps and labelling. ASCII
+# digits only: int() also reads '٣' or '３' as 3, where math-verify parses nothing and the answers differ
+_PLAIN_INTEGER = re.compile(r"-?[0-9]{1,1000}")
 MAX_DIGITS = 100_000  # an answer with a number past this many digits is not evaluated (no answer is that long)
 
 
@@ -230,7 +231,12 @@ def check_answers(predicted: str, gold: str) -> tuple[bool, str | None]:
     of them is too big to evaluate). Module-level and of plain data: evaluator/bounded.py runs it
     in a child process."""
     if _PLAIN_INTEGER.fullmatch(a := predicted.strip()) and _PLAIN_INTEGER.fullmatch(b := gold.strip()):
-        return int(a) == int(b), None  # what math-verify finds for two integers, ~1000x sooner
+        return int(a) == int(b), None  # what verify_answers finds for two integers, ~1000x sooner
+    return verify_answers(predicted, gold)
+
+
+def verify_answers(predicted: str, gold: str) -> tuple[bool, str | None]:
+    """check_answers through math-verify for every pair (two unparsed answers: equal as written)."""
     gold_parsed = _parse_answer(gold)
     pred_parsed = _parse_answer(predicted)
     for which, parsed in (("the answer", pred_parsed), ("the gold answer", gold_parsed)):
