@@ -16,7 +16,7 @@ from tests.helpers.service import Service
 EXAMPLE = ROOT / "examples" / "smollm2-arith.yaml"
 # GRPO steps: on this 2-core CPU with the fixed seeds, 18.0% -> 64.0% (+46.0 points) after 8 steps,
 # 56.0% (+38.0) after 6, 52.0% (+34.0) after 5, 46.0% (+28.0) after 3 (a run of that many steps each;
-# the learning rate decays over the run); a step takes 21-35 s here alone on one thread (2026-12-07)
+# the learning rate decays over the run); a step takes 21-43 s here alone on one thread (2026-12-07)
 STEPS = 3
 HELDOUT = 50  # one eval batch (the example's batch_size): a second, short batch cost as much as the first
 # Points of held-out accuracy the shortened run must gain: 13 points under what 3 steps gave here,
